@@ -1,0 +1,30 @@
+// AdamW (Loshchilov & Hutter): decoupled weight decay, bias correction, on fp32 master weights.
+//
+// For each i: g = grad[i]·grad_scale; m = β1·m + (1-β1)·g; v = β2·v + (1-β2)·g²;
+// m̂ = m/(1-β1^t); v̂ = v/(1-β2^t); master -= lr·(m̂/(√v̂ + eps) + weight_decay·master).
+// `step` t counts from 1. If `working` is non-null (bf16 runs) the updated master is rounded into
+// it (round-to-nearest-even).
+#pragma once
+
+#include <cstddef>
+
+#include "keel/core/dtype.h"
+
+namespace keel::kernels {
+
+struct AdamWParams {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;  // e.g. the clipping factor
+  int step = 1;
+};
+
+void AdamWUpdate(float* master, float* m, float* v, const float* grad, size_t n,
+                 const AdamWParams& p);
+void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
+                 const AdamWParams& p);
+
+}  // namespace keel::kernels

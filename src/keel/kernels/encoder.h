@@ -1,0 +1,23 @@
+// Token + position embedding.
+//
+// Legend: B batch, T time, C channels, V (padded) vocabulary rows of wte, maxT rows of wpe.
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+// Backward *adds* into dwte/dwpe (fp32). It is deterministic whatever the thread count: threads
+// split the channels, and each walks the tokens in order.
+#pragma once
+
+#include <cstdint>
+
+#include "keel/core/dtype.h"
+
+namespace keel::kernels {
+
+template <typename T>
+void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
+                    int C);
+
+template <typename T>
+void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_,
+                     int C);
+
+}  // namespace keel::kernels

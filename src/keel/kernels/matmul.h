@@ -1,0 +1,49 @@
+// Matrix products on the CPU through oneDNN (brgemm kernels, AVX-512 / AMX / bf16 dot products).
+//
+// Legend: M rows of the input (B*T), K input features, N output features.
+// Forward/backward pair in llm.c's order (outputs, inputs, weights, sizes). Backward *adds* into
+// parameter gradients (fp32) and *overwrites* activation gradients.
+//
+//   MatmulForward(out, inp, weight, bias, M, K, N);   // out = inp · weightᵀ + bias
+#pragma once
+
+#include <cstddef>
+
+#include "keel/core/dtype.h"
+
+namespace keel::kernels {
+
+// The general product C = alpha·op(A)·op(B) + beta·C, with op(X) = X or Xᵀ, row-major, leading
+// dimensions in elements. A and B share one dtype (fp32 or bf16), C may be fp32 or A's dtype;
+// accumulation is fp32. `beta` must be 0 or 1. `bias` (length N, dtype of C or fp32) may be null.
+// Primitives are created once per shape and cached.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int M = 0, N = 0, K = 0;
+  const void* A = nullptr;
+  int lda = 0;
+  const void* B = nullptr;
+  int ldb = 0;
+  void* C = nullptr;
+  int ldc = 0;
+  DType ab_type = DType::kF32;
+  DType c_type = DType::kF32;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  const float* bias = nullptr;  // fp32 bias, added after alpha·AB
+};
+void Gemm(const GemmArgs& args);
+
+// out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N); bias may be null. If `accumulate`, the product
+// is added to what `out` holds (used to fold a residual add into the projection).
+template <typename T>
+void MatmulForward(T* out, const T* inp, const T* weight, const float* bias, int M, int K, int N,
+                   bool accumulate = false);
+
+// dinp (M,K) = dout · weight  (overwritten; skipped if null)
+// dweight (N,K) += doutᵀ · inp;  dbias (N) += column sums of dout (skipped if null)
+template <typename T>
+void MatmulBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                    const T* weight, int M, int K, int N);
+
+}  // namespace keel::kernels
