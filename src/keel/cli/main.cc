@@ -1,0 +1,48 @@
+// keel: train GPT-style models and keep long runs alive. `keel help` lists the verbs.
+#include <cstdio>
+#include <cstdlib>
+
+#include "keel/cli/verbs.h"
+#include "keel/core/error.h"
+
+namespace keel::cli {
+
+std::string AssetDir() {
+  if (const char* env = std::getenv("KEEL_ASSETS")) return env;
+  return KEEL_ASSET_DIR;
+}
+
+}  // namespace keel::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"keel: train GPT-style language models, from one CPU to a cluster", "keel"};
+  app.require_subcommand(1);
+  keel::cli::RegisterTrain(app);
+  keel::cli::RegisterGenerate(app);
+  keel::cli::RegisterData(app);
+  auto* help = app.add_subcommand("help", "Explain a verb with an example: keel help train");
+  std::string verb;
+  help->add_option("verb", verb, "the verb to explain");
+  help->callback([&] {
+    if (verb.empty()) {
+      std::printf("%s", app.help().c_str());
+      return;
+    }
+    auto* sub = app.get_subcommand_no_throw(verb);
+    if (!sub) keel::ThrowBadInput("help: unknown verb \"" + verb + "\"");
+    std::printf("%s", sub->help().c_str());
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : int(keel::ExitCode::kBadInput);
+  } catch (const keel::Error& e) {
+    std::fprintf(stderr, "keel: error: %s\n", e.what());
+    return int(e.code());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "keel: error: %s\n", e.what());
+    return int(keel::ExitCode::kRuntime);
+  }
+  return 0;
+}

@@ -1,0 +1,17 @@
+// The verbs of the `keel` command. Each lives in its own file and registers a CLI11 subcommand
+// whose callback does the work; errors are thrown as keel::Error and turned into one line and an
+// exit code by main().
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace keel::cli {
+
+void RegisterTrain(CLI::App& app);
+void RegisterGenerate(CLI::App& app);
+void RegisterData(CLI::App& app);
+
+// Where the GPT-2 tokenizer files live: $KEEL_ASSETS, else next to the executable's source tree.
+std::string AssetDir();
+
+}  // namespace keel::cli

@@ -1,0 +1,43 @@
+// A read-only token dataset: a keel-tokens folder (meta.json + memory-mapped shards, DESIGN.md)
+// or a flat file of little-endian uint16 tokens. Tokens are addressed by a global index that runs
+// across shards in order.
+//
+//   auto ds = keel::data::TokenDataset::Open("data/brown/train");
+//   std::vector<int32_t> window(T + 1);
+//   ds.Read(start, T + 1, window.data());
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace keel::data {
+
+class TokenDataset {
+ public:
+  // Throws keel::Error (bad input) naming the path and what is wrong: missing, truncated, bad
+  // meta.json, wrong format or version.
+  static TokenDataset Open(const std::string& path);
+
+  TokenDataset(TokenDataset&&) noexcept;
+  TokenDataset& operator=(TokenDataset&&) noexcept;
+  ~TokenDataset();
+
+  size_t size() const;        // tokens in all shards
+  int vocab_size() const;     // from meta.json; 50257 for a flat file
+  int eos_id() const;         // from meta.json; 50256 for a flat file
+  const std::string& path() const;
+
+  // out[i] = token[start + i] for i < n; start + n <= size(). Crosses shard boundaries.
+  void Read(size_t start, size_t n, int32_t* out) const;
+
+  // Scans every token: throws keel::Error naming the file and offset of the first id >= vocab.
+  void CheckIds(int vocab) const;
+
+ private:
+  struct Impl;
+  explicit TokenDataset(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel::data

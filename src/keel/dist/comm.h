@@ -1,0 +1,63 @@
+// The communicator seam: every collective keel uses, behind one interface, so that the trainer
+// does not know whether it runs alone, over MPI, or (later) over NCCL.
+//
+// Asynchronous operations return a handle; the caller may overlap compute and then Wait. A Wait
+// with a timeout returns false when the deadline passes (a hang or a lost peer; the caller turns
+// that into exit code 75).
+//
+//   auto comm = keel::dist::CreateComm();          // MPI under mpirun, local otherwise
+//   auto h = comm->AllReduceSumAsync(grads, n);    // starts now, runs beside backward
+//   ...
+//   if (!h->Wait(/*timeout_s=*/300)) throw ...;
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+namespace keel::dist {
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // True once the operation has completed; false if timeout_s passed first (the operation is
+  // then still in flight). A negative timeout waits forever.
+  [[nodiscard]] virtual bool Wait(double timeout_s = -1) = 0;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* name() const = 0;  // "local", "mpi"
+
+  // In-place sum over all ranks. The buffer must stay alive and untouched until Wait returns true.
+  // Operations complete in the order they were issued.
+  virtual std::unique_ptr<Work> AllReduceSumAsync(float* data, size_t n) = 0;
+  // recv (n/size floats) = this rank's slice of the sum of send (n floats); n % size == 0.
+  virtual std::unique_ptr<Work> ReduceScatterSumAsync(const float* send, float* recv,
+                                                      size_t n) = 0;
+  // recv (n·size floats) = concatenation of every rank's send (n floats), in rank order.
+  virtual std::unique_ptr<Work> AllGatherAsync(const float* send, float* recv, size_t n) = 0;
+
+  virtual void Broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void Send(const void* data, size_t bytes, int peer) = 0;
+  virtual void Recv(void* data, size_t bytes, int peer) = 0;
+  virtual void Barrier() = 0;
+
+  // Blocking conveniences.
+  void AllReduceSum(float* data, size_t n);
+  double AllReduceSum(double x);  // a scalar, e.g. a loss or a squared norm
+  double AllReduceMax(double x);
+
+ protected:
+  virtual void AllReduceDoubles(double* data, size_t n, bool max) = 0;
+};
+
+std::unique_ptr<Comm> MakeLocalComm();
+// Initializes MPI (once per process; finalized at exit). Throws keel::Error if MPI fails.
+std::unique_ptr<Comm> MakeMpiComm();
+// MPI when the process was started by mpirun/srun (size > 1 in the environment), local otherwise.
+std::unique_ptr<Comm> CreateComm();
+
+}  // namespace keel::dist

@@ -1,0 +1,104 @@
+// The run configuration: one TOML file with the sections of DESIGN.md, each mapped to a typed
+// struct with a documented default for every field (docs/CONFIG.md lists them all).
+//
+// Unknown keys and wrong types are errors naming the file and key; `--set section.key=value`
+// overrides any key after the file is read.
+//
+//   keel::train::RunConfig cfg = keel::train::LoadConfig("configs/quickstart.toml", {"optim.lr=1e-3"});
+//   std::string resolved = keel::train::ToToml(cfg);   // written to runs/NAME/config.toml
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "keel/model/config.h"
+
+namespace keel::train {
+
+struct ModelSection {
+  std::string name = "gpt2-mini";  // a named config; the keys below override its shapes when > 0
+  int n_layer = 0;
+  int n_head = 0;
+  int n_embd = 0;
+  int vocab_size = 0;
+  int block_size = 0;
+  std::string recompute = "none";  // "none" | "attn" | "full"
+  float init_std = 0.02f;
+};
+
+struct DataSection {
+  std::string train;  // a keel-tokens dataset folder, or a flat file of little-endian uint16 tokens
+  std::string val;    // same; empty = no validation
+  int seq_len = 256;  // tokens per sample (T)
+};
+
+struct TrainSection {
+  std::string name = "run";      // run directory: out_dir/name
+  std::string out_dir = "runs";
+  int steps = 100;
+  int batch_size = 8;            // global batch, in sequences, over all ranks and micro-batches
+  int micro_batch_size = 0;      // sequences per rank per forward/backward; 0 = batch_size / ranks
+  std::string precision = "bf16";  // "bf16" | "fp32"
+  uint64_t seed = 1337;
+  int val_every = 50;            // steps between validation passes; 0 = only at the end
+  int val_batches = 8;           // batches of batch_size sequences per validation pass
+  int log_every = 1;             // steps between progress lines
+  std::string sample_prompt = "The";  // prompt for the samples printed at the end ("" = none)
+  int sample_tokens = 48;
+  int sample_count = 3;
+};
+
+struct OptimSection {
+  float lr = 6e-4f;
+  float min_lr = 6e-5f;          // the floor the decay ends at
+  int warmup_steps = 10;
+  std::string schedule = "cosine";  // "cosine" | "linear" | "constant"
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;     // on matrices only (not biases, LayerNorm or position embedding)
+  float grad_clip = 1.0f;        // global L2 norm; 0 = off
+};
+
+struct ParallelSection {
+  float bucket_mb = 25.0f;       // gradient all-reduce bucket size
+  float comm_timeout_s = 600.0f;  // a collective that takes longer is a hang: exit 75
+};
+
+struct CheckpointSection {
+  bool save_final = true;        // write model.safetensors at the end (and on Ctrl-C)
+};
+
+struct ResilienceSection {
+  bool stop_on_nonfinite = true;  // a NaN/Inf loss stops the run with a clear message
+};
+
+struct MonitorSection {
+  double peak_gflops = 0;        // per rank, for MFU; 0 = the built-in figure for this CPU
+  bool metrics_jsonl = true;
+};
+
+struct RunConfig {
+  std::string source;  // the file it was read from, for messages
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  OptimSection optim;
+  ParallelSection parallel;
+  CheckpointSection checkpoint;
+  ResilienceSection resilience;
+  MonitorSection monitor;
+
+  // The model shapes: the named config with any explicit overrides applied, validated.
+  model::ModelConfig ResolvedModel() const;
+};
+
+// Reads `path` (may be empty: defaults only), applies `overrides` ("section.key=value", value in
+// TOML syntax or a bare string), validates every value. Throws keel::Error (bad input) with one
+// line naming the file and key.
+RunConfig LoadConfig(const std::string& path, const std::vector<std::string>& overrides);
+
+// The fully resolved config as TOML text (every key, with its value).
+std::string ToToml(const RunConfig& cfg);
+
+}  // namespace keel::train
