@@ -25,8 +25,9 @@ inline std::vector<double> RandomVector(size_t n, uint64_t seed, double scale = 
 }
 
 // d/dx_i of f at x, by central differences with step eps (float64 throughout).
-inline std::vector<double> NumericalGradient(const std::function<double(const std::vector<double>&)>& f,
-                                             std::vector<double> x, double eps = 1e-6) {
+inline std::vector<double> NumericalGradient(
+    const std::function<double(const std::vector<double>&)>& f, std::vector<double> x,
+    double eps = 1e-6) {
   std::vector<double> g(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     double keep = x[i];

@@ -2,7 +2,8 @@
 // line with an exit code. KEEL_CHECK is for invariants whose failure means a bug in keel.
 //
 //   if (n_embd % n_head != 0)
-//     throw keel::Error(keel::ExitCode::kBadInput, "[model] n_embd: expected a multiple of n_head");
+//     throw keel::Error(keel::ExitCode::kBadInput, "[model] n_embd: expected a multiple of
+//     n_head");
 #pragma once
 
 #include <stdexcept>
@@ -39,7 +40,7 @@ class Error : public std::runtime_error {
 
 }  // namespace keel
 
-#define KEEL_CHECK(cond, msg)                                                \
-  do {                                                                       \
-    if (!(cond)) ::keel::CheckFailed(__FILE__, __LINE__, #cond, (msg));      \
+#define KEEL_CHECK(cond, msg)                                           \
+  do {                                                                  \
+    if (!(cond)) ::keel::CheckFailed(__FILE__, __LINE__, #cond, (msg)); \
   } while (0)

@@ -23,9 +23,9 @@ class TokenDataset {
   TokenDataset& operator=(TokenDataset&&) noexcept;
   ~TokenDataset();
 
-  size_t size() const;        // tokens in all shards
-  int vocab_size() const;     // from meta.json; 50257 for a flat file
-  int eos_id() const;         // from meta.json; 50256 for a flat file
+  size_t size() const;     // tokens in all shards
+  int vocab_size() const;  // from meta.json; 50257 for a flat file
+  int eos_id() const;      // from meta.json; 50256 for a flat file
   const std::string& path() const;
 
   // out[i] = token[start + i] for i < n; start + n <= size(). Crosses shard boundaries.

@@ -35,8 +35,7 @@ class Comm {
   // Operations complete in the order they were issued.
   virtual std::unique_ptr<Work> AllReduceSumAsync(float* data, size_t n) = 0;
   // recv (n/size floats) = this rank's slice of the sum of send (n floats); n % size == 0.
-  virtual std::unique_ptr<Work> ReduceScatterSumAsync(const float* send, float* recv,
-                                                      size_t n) = 0;
+  virtual std::unique_ptr<Work> ReduceScatterSumAsync(const float* send, float* recv, size_t n) = 0;
   // recv (n·size floats) = concatenation of every rank's send (n floats), in rank order.
   virtual std::unique_ptr<Work> AllGatherAsync(const float* send, float* recv, size_t n) = 0;
 

@@ -9,12 +9,9 @@ namespace {
 
 const std::map<std::string, ModelConfig>& Table() {
   static const std::map<std::string, ModelConfig> table = {
-      {"gpt2-tiny", {2, 2, 32, 50257, 64}},
-      {"gpt2-mini", {4, 4, 256, 50257, 256}},
-      {"gpt2-small6", {6, 6, 384, 50257, 1024}},
-      {"gpt2", {12, 12, 768, 50257, 1024}},
-      {"gpt2-medium", {24, 16, 1024, 50257, 1024}},
-      {"gpt2-large", {36, 20, 1280, 50257, 1024}},
+      {"gpt2-tiny", {2, 2, 32, 50257, 64}},         {"gpt2-mini", {4, 4, 256, 50257, 256}},
+      {"gpt2-small6", {6, 6, 384, 50257, 1024}},    {"gpt2", {12, 12, 768, 50257, 1024}},
+      {"gpt2-medium", {24, 16, 1024, 50257, 1024}}, {"gpt2-large", {36, 20, 1280, 50257, 1024}},
       {"gpt2-xl", {48, 25, 1600, 50257, 1024}},
   };
   return table;

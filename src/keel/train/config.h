@@ -4,10 +4,12 @@
 // Unknown keys and wrong types are errors naming the file and key; `--set section.key=value`
 // overrides any key after the file is read.
 //
-//   keel::train::RunConfig cfg = keel::train::LoadConfig("configs/quickstart.toml", {"optim.lr=1e-3"});
-//   std::string resolved = keel::train::ToToml(cfg);   // written to runs/NAME/config.toml
+//   keel::train::RunConfig cfg = keel::train::LoadConfig("configs/quickstart.toml",
+//   {"optim.lr=1e-3"}); std::string resolved = keel::train::ToToml(cfg);   // written to
+//   runs/NAME/config.toml
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,58 +26,74 @@ struct ModelSection {
   int block_size = 0;
   std::string recompute = "none";  // "none" | "attn" | "full"
   float init_std = 0.02f;
+
+  bool operator==(const ModelSection&) const = default;
 };
 
 struct DataSection {
   std::string train;  // a keel-tokens dataset folder, or a flat file of little-endian uint16 tokens
   std::string val;    // same; empty = no validation
   int seq_len = 256;  // tokens per sample (T)
+
+  bool operator==(const DataSection&) const = default;
 };
 
 struct TrainSection {
-  std::string name = "run";      // run directory: out_dir/name
+  std::string name = "run";  // run directory: out_dir/name
   std::string out_dir = "runs";
   int steps = 100;
-  int batch_size = 8;            // global batch, in sequences, over all ranks and micro-batches
-  int micro_batch_size = 0;      // sequences per rank per forward/backward; 0 = batch_size / ranks
+  int batch_size = 8;        // global batch, in sequences, over all ranks and micro-batches
+  int micro_batch_size = 0;  // sequences per rank per forward/backward; 0 = batch_size / ranks
   std::string precision = "bf16";  // "bf16" | "fp32"
   uint64_t seed = 1337;
-  int val_every = 50;            // steps between validation passes; 0 = only at the end
-  int val_batches = 8;           // batches of batch_size sequences per validation pass
-  int log_every = 1;             // steps between progress lines
+  int val_every = 50;                 // steps between validation passes; 0 = only at the end
+  int val_batches = 8;                // batches of batch_size sequences per validation pass
+  int log_every = 1;                  // steps between progress lines
   std::string sample_prompt = "The";  // prompt for the samples printed at the end ("" = none)
   int sample_tokens = 48;
   int sample_count = 3;
+
+  bool operator==(const TrainSection&) const = default;
 };
 
 struct OptimSection {
   float lr = 6e-4f;
-  float min_lr = 6e-5f;          // the floor the decay ends at
+  float min_lr = 6e-5f;  // the floor the decay ends at
   int warmup_steps = 10;
   std::string schedule = "cosine";  // "cosine" | "linear" | "constant"
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
-  float weight_decay = 0.1f;     // on matrices only (not biases, LayerNorm or position embedding)
-  float grad_clip = 1.0f;        // global L2 norm; 0 = off
+  float weight_decay = 0.1f;  // on matrices only (not biases, LayerNorm or position embedding)
+  float grad_clip = 1.0f;     // global L2 norm; 0 = off
+
+  bool operator==(const OptimSection&) const = default;
 };
 
 struct ParallelSection {
-  float bucket_mb = 25.0f;       // gradient all-reduce bucket size
+  float bucket_mb = 25.0f;        // gradient all-reduce bucket size
   float comm_timeout_s = 600.0f;  // a collective that takes longer is a hang: exit 75
+
+  bool operator==(const ParallelSection&) const = default;
 };
 
 struct CheckpointSection {
-  bool save_final = true;        // write model.safetensors at the end (and on Ctrl-C)
+  bool save_final = true;  // write model.safetensors at the end (and on Ctrl-C)
+
+  bool operator==(const CheckpointSection&) const = default;
 };
 
 struct ResilienceSection {
   bool stop_on_nonfinite = true;  // a NaN/Inf loss stops the run with a clear message
+
+  bool operator==(const ResilienceSection&) const = default;
 };
 
 struct MonitorSection {
-  double peak_gflops = 0;        // per rank, for MFU; 0 = the built-in figure for this CPU
+  double peak_gflops = 0;  // per rank, for MFU; 0 = the built-in figure for this CPU
   bool metrics_jsonl = true;
+
+  bool operator==(const MonitorSection&) const = default;
 };
 
 struct RunConfig {
@@ -91,6 +109,9 @@ struct RunConfig {
 
   // The model shapes: the named config with any explicit overrides applied, validated.
   model::ModelConfig ResolvedModel() const;
+
+  // Compares every value, `source` included (a round-trip test resets it first).
+  bool operator==(const RunConfig&) const = default;
 };
 
 // Reads `path` (may be empty: defaults only), applies `overrides` ("section.key=value", value in
@@ -98,7 +119,13 @@ struct RunConfig {
 // line naming the file and key.
 RunConfig LoadConfig(const std::string& path, const std::vector<std::string>& overrides);
 
-// The fully resolved config as TOML text (every key, with its value).
+// The fully resolved config as TOML text (every key, with its value); LoadConfig reads it back
+// to an equal config.
 std::string ToToml(const RunConfig& cfg);
+
+// Checks what only the trainer can: that the global batch splits evenly over `world_size` ranks
+// and micro-batches. Throws keel::Error (bad input), e.g.
+// "config a.toml: [train] batch_size: 10 is not divisible by ranks (2) × micro_batch_size (4)".
+void ValidateBatch(const RunConfig& cfg, int world_size);
 
 }  // namespace keel::train

@@ -1,0 +1,185 @@
+// Matmul and the fused classifier loss against float64 references and finite differences.
+#include "keel/kernels/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fd_check.h"
+#include "keel/kernels/classifier.h"
+#include "keel/kernels/vec_math.h"
+
+namespace keel::kernels {
+namespace {
+
+using test::MaxRelError;
+using test::NumericalGradient;
+using test::RandomVector;
+using test::RoundTrip;
+using test::ToDouble;
+using test::ToTyped;
+
+// out = inp·Wᵀ + bias, float64.
+std::vector<double> RefLinear(const std::vector<double>& inp, const std::vector<double>& w,
+                              const std::vector<double>& b, int M, int K, int N) {
+  std::vector<double> out(size_t(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double s = b.empty() ? 0 : b[n];
+      for (int k = 0; k < K; ++k) s += inp[m * K + k] * w[n * K + k];
+      out[m * N + n] = s;
+    }
+  return out;
+}
+
+double Dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+template <typename T>
+void CheckLinear(int M, int K, int N, double fwd_tol, double bwd_tol) {
+  auto inp = RoundTrip<T>(RandomVector(size_t(M) * K, 1));
+  auto w = RoundTrip<T>(RandomVector(size_t(N) * K, 2, 0.5));
+  auto b = RandomVector(N, 3);
+  auto r = RoundTrip<T>(RandomVector(size_t(M) * N, 4));  // dout
+
+  std::vector<T> out(size_t(M) * N), dinp(size_t(M) * K);
+  std::vector<float> bias(b.begin(), b.end()), dw(size_t(N) * K, 0.5f), db(N, 0.25f);
+  auto inp_t = ToTyped<T>(inp), w_t = ToTyped<T>(w), r_t = ToTyped<T>(r);
+  MatmulForward(out.data(), inp_t.data(), w_t.data(), bias.data(), M, K, N);
+  EXPECT_LT(MaxRelError(ToDouble(out), RefLinear(inp, w, b, M, K, N)), fwd_tol);
+
+  MatmulBackward(dinp.data(), dw.data(), db.data(), r_t.data(), inp_t.data(), w_t.data(), M, K, N);
+  auto loss = [&](const std::vector<double>& i, const std::vector<double>& ww,
+                  const std::vector<double>& bb) { return Dot(RefLinear(i, ww, bb, M, K, N), r); };
+  auto g_inp = NumericalGradient([&](const std::vector<double>& v) { return loss(v, w, b); }, inp);
+  auto g_w = NumericalGradient([&](const std::vector<double>& v) { return loss(inp, v, b); }, w);
+  auto g_b = NumericalGradient([&](const std::vector<double>& v) { return loss(inp, w, v); }, b);
+  // Parameter gradients accumulate: subtract what was there before.
+  std::vector<double> dw_d(dw.begin(), dw.end()), db_d(db.begin(), db.end());
+  for (auto& x : dw_d) x -= 0.5;
+  for (auto& x : db_d) x -= 0.25;
+  EXPECT_LT(MaxRelError(ToDouble(dinp), g_inp), bwd_tol);
+  EXPECT_LT(MaxRelError(dw_d, g_w), bwd_tol);
+  EXPECT_LT(MaxRelError(db_d, g_b), bwd_tol);
+}
+
+// fp32: the finite difference in float64 is exact to ~1e-9; what remains is fp32 accumulation.
+TEST(Matmul, Fp32MatchesFiniteDifferences) { CheckLinear<float>(5, 7, 9, 1e-5, 1e-4); }
+TEST(Matmul, Fp32OddSizes) { CheckLinear<float>(1, 17, 33, 1e-5, 1e-4); }
+// bf16: inputs are rounded to bf16 before the reference sees them, so the only extra error is the
+// bf16 rounding of the outputs and of dinp (2^-8 relative).
+TEST(Matmul, Bf16MatchesFiniteDifferences) { CheckLinear<bf16>(6, 19, 13, 1e-2, 1e-2); }
+
+TEST(Matmul, AccumulateAddsIntoOutput) {
+  const int M = 3, K = 4, N = 5;
+  auto inp = ToTyped<float>(RandomVector(M * K, 5));
+  auto w = ToTyped<float>(RandomVector(N * K, 6));
+  std::vector<float> a(M * N), b(M * N, 2.0f);
+  MatmulForward(a.data(), inp.data(), w.data(), nullptr, M, K, N);
+  MatmulForward(b.data(), inp.data(), w.data(), nullptr, M, K, N, /*accumulate=*/true);
+  for (int i = 0; i < M * N; ++i) EXPECT_NEAR(b[i], a[i] + 2.0f, 1e-5);
+}
+
+// Loss of every row, float64, with the padded columns masked.
+std::vector<double> RefLosses(const std::vector<double>& x, const std::vector<double>& wte,
+                              const std::vector<int32_t>& tgt, int M, int C, int V) {
+  std::vector<double> losses(M);
+  for (int m = 0; m < M; ++m) {
+    std::vector<double> l(V);
+    double mx = -1e300;
+    for (int v = 0; v < V; ++v) {
+      double s = 0;
+      for (int c = 0; c < C; ++c) s += x[m * C + c] * wte[size_t(v) * C + c];
+      l[v] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0;
+    for (int v = 0; v < V; ++v) sum += std::exp(l[v] - mx);
+    losses[m] = tgt[m] < 0 ? 0 : mx + std::log(sum) - l[tgt[m]];
+  }
+  return losses;
+}
+
+template <typename T>
+void CheckClassifier(int M, int C, int V, double fwd_tol, double bwd_tol) {
+  const int Vp = (V + 127) / 128 * 128;
+  auto x = RoundTrip<T>(RandomVector(size_t(M) * C, 7));
+  auto wte = RoundTrip<T>(RandomVector(size_t(Vp) * C, 8, 0.3));
+  // Padded rows hold garbage on purpose: the mask must keep them out.
+  for (size_t i = size_t(V) * C; i < wte.size(); ++i) wte[i] = 5.0;
+  std::vector<int32_t> tgt(M);
+  for (int m = 0; m < M; ++m) tgt[m] = (m * 7919) % V;
+  if (M > 2) tgt[1] = -1;  // no loss at this row
+  const double dloss = 1.0 / M;
+
+  auto x_t = ToTyped<T>(x), w_t = ToTyped<T>(wte);
+  std::vector<float> losses(M), dwte(size_t(Vp) * C, 0.0f);
+  std::vector<T> dx(size_t(M) * C);
+  ClassifierForwardBackward(losses.data(), dx.data(), dwte.data(), x_t.data(), w_t.data(),
+                            tgt.data(), float(dloss), M, C, V, Vp);
+  auto ref = RefLosses(x, wte, tgt, M, C, V);
+  EXPECT_LT(MaxRelError(std::vector<double>(losses.begin(), losses.end()), ref), fwd_tol);
+
+  std::vector<float> fwd_only(M);
+  ClassifierForward(fwd_only.data(), x_t.data(), w_t.data(), tgt.data(), M, C, V, Vp);
+  EXPECT_EQ(fwd_only, losses);
+
+  auto total = [&](const std::vector<double>& xx, const std::vector<double>& ww) {
+    double s = 0;
+    for (double l : RefLosses(xx, ww, tgt, M, C, V)) s += l * dloss;
+    return s;
+  };
+  auto g_x = NumericalGradient([&](const std::vector<double>& v) { return total(v, wte); }, x);
+  EXPECT_LT(MaxRelError(ToDouble(dx), g_x), bwd_tol);
+  // Only the real vocabulary's rows are checked by differences; padded rows must get nothing.
+  std::vector<double> w_real(wte.begin(), wte.begin() + size_t(V) * C);
+  auto g_w = NumericalGradient(
+      [&](const std::vector<double>& v) {
+        auto full = wte;
+        std::copy(v.begin(), v.end(), full.begin());
+        return total(x, full);
+      },
+      w_real);
+  std::vector<double> dw_real(dwte.begin(), dwte.begin() + size_t(V) * C);
+  EXPECT_LT(MaxRelError(dw_real, g_w), bwd_tol);
+  for (size_t i = size_t(V) * C; i < dwte.size(); ++i) ASSERT_EQ(dwte[i], 0.0f) << i;
+}
+
+TEST(Classifier, Fp32MatchesFiniteDifferences) { CheckClassifier<float>(5, 12, 37, 1e-5, 1e-3); }
+TEST(Classifier, Fp32MoreRowsThanATile) { CheckClassifier<float>(131, 3, 5, 1e-5, 1e-3); }
+TEST(Classifier, Bf16MatchesFiniteDifferences) { CheckClassifier<bf16>(4, 9, 21, 1e-4, 2e-2); }
+
+// V = 50257 (GPT-2): only the loss is compared (finite differences over 50257·C entries would be
+// slow), and the gradient's rows must sum to zero over the vocabulary (softmax minus one-hot).
+TEST(Classifier, Gpt2VocabularyLoss) {
+  const int M = 3, C = 16, V = 50257, Vp = 50304;
+  auto x = RandomVector(size_t(M) * C, 9);
+  auto wte = RandomVector(size_t(Vp) * C, 10, 0.2);
+  std::vector<int32_t> tgt = {0, 50256, 12345};
+  auto x_t = ToTyped<float>(x), w_t = ToTyped<float>(wte);
+  std::vector<float> losses(M), dx(size_t(M) * C), dwte(size_t(Vp) * C, 0.0f);
+  ClassifierForwardBackward(losses.data(), dx.data(), dwte.data(), x_t.data(), w_t.data(),
+                            tgt.data(), 1.0f, M, C, V, Vp);
+  auto ref = RefLosses(x, wte, tgt, M, C, V);
+  for (int m = 0; m < M; ++m) EXPECT_NEAR(losses[m], ref[m], 1e-4 * std::abs(ref[m]));
+  // Σ_v dwte[v, c] = Σ_m (Σ_v g[m,v]) x[m,c] = 0.
+  for (int c = 0; c < C; ++c) {
+    double s = 0;
+    for (int v = 0; v < Vp; ++v) s += dwte[size_t(v) * C + c];
+    EXPECT_NEAR(s, 0.0, 1e-3);
+  }
+}
+
+TEST(VecMath, ExpApproxMatchesStdExp) {
+  for (float x = -80; x < 80; x += 0.0137f) {
+    float want = std::exp(x);
+    EXPECT_NEAR(ExpApprox(x), want, 4e-7f * want) << x;
+  }
+  EXPECT_EQ(ExpApprox(-100.0f), 0.0f);
+}
+
+}  // namespace
+}  // namespace keel::kernels
