@@ -64,7 +64,7 @@ struct OptimSection {
   float beta1 = 0.9f;
   float beta2 = 0.95f;
   float eps = 1e-8f;
-  float weight_decay = 0.1f;  // on matrices only (not biases, LayerNorm or position embedding)
+  float weight_decay = 0.1f;  // on matrices and embeddings only (not biases or LayerNorm)
   float grad_clip = 1.0f;     // global L2 norm; 0 = off
 
   bool operator==(const OptimSection&) const = default;
