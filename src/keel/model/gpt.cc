@@ -1,0 +1,263 @@
+// GPT-2 forward and backward, one block at a time, in llm.c's shape.
+//
+// Legend: B batch, T time, C channels, NH heads, L layers, V vocabulary, Vp padded vocabulary.
+// Block l reads resid[l] and writes resid[l+1]:
+//   ln1 = LN(resid[l]); qkv = ln1·Wqkvᵀ + b; atty = attn(qkv); res2 = resid[l] + atty·Wprojᵀ + b
+//   ln2 = LN(res2); fch = ln2·Wfcᵀ + b; fch_gelu = gelu(fch); resid[l+1] = res2 + fch_gelu·Wfcpᵀ +
+//   b
+// The residual adds are folded into the projections (MatmulForward's accumulate).
+#include "keel/model/gpt.h"
+
+#include <cstring>
+#include <vector>
+
+#include "keel/core/buffer.h"
+#include "keel/core/error.h"
+#include "keel/kernels/attention.h"
+#include "keel/kernels/classifier.h"
+#include "keel/kernels/encoder.h"
+#include "keel/kernels/gelu.h"
+#include "keel/kernels/layernorm.h"
+#include "keel/kernels/matmul.h"
+
+namespace keel::model {
+
+namespace k = keel::kernels;
+
+struct GptModel::Impl {
+  ModelConfig cfg;
+  DType dtype;
+  int B, T;
+  Recompute recompute;
+  ParamLayout layout;
+  ActivationPlan plan;
+  Buffer master, grads, working, arena;
+
+  Impl(const ModelConfig& c, DType d, int b, int t, Recompute r)
+      : cfg(c),
+        dtype(d),
+        B(b),
+        T(t),
+        recompute(r),
+        layout(ParamLayout::Gpt2(c)),
+        plan(PlanActivations(c, b, t, d, r)),
+        master(layout.total() * 4),
+        grads(layout.total() * 4),
+        working(d == DType::kBF16 ? layout.total() * 2 : 0),
+        arena(plan.total_bytes) {
+    std::memset(master.data(), 0, master.bytes());
+    std::memset(grads.data(), 0, grads.bytes());
+    std::memset(arena.data(), 0, arena.bytes());
+  }
+
+  template <typename U>
+  U* Act(const char* name, int copy = 0) const {
+    const ActivationBuffer& b = plan.Find(name);
+    size_t idx = b.count == 1 ? 0 : size_t(copy);
+    return reinterpret_cast<U*>(arena.as<char>() + b.offset + idx * b.elems * b.elem_bytes);
+  }
+};
+
+namespace {
+
+// Pointers of one block: weights W (working dtype), biases (fp32 master), gradients (fp32).
+template <typename T>
+struct BlockParams {
+  const T *ln1w, *ln1b, *qkvw, *projw, *ln2w, *ln2b, *fcw, *fcpw;
+  const float *qkvb, *projb, *fcb, *fcpb;
+  float *d_ln1w, *d_ln1b, *d_qkvw, *d_qkvb, *d_projw, *d_projb, *d_ln2w, *d_ln2b, *d_fcw, *d_fcb,
+      *d_fcpw, *d_fcpb;
+};
+
+template <typename T>
+struct BlockActs {
+  T *in, *out, *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu;
+  float *ln1_mean, *ln1_rstd, *lse, *ln2_mean, *ln2_rstd;
+};
+
+template <typename T>
+const T* Working(GptModel::Impl& m) {
+  if constexpr (std::is_same_v<T, float>)
+    return m.master.as<float>();
+  else
+    return m.working.as<bf16>();
+}
+
+template <typename T>
+BlockParams<T> Block(GptModel::Impl& m, int l) {
+  const T* w = Working<T>(m);
+  const float* f = m.master.as<float>();
+  float* g = m.grads.as<float>();
+  const std::string h = "h." + std::to_string(l) + ".";
+  auto off = [&](const char* n) { return m.layout.Find(h + n).offset; };
+  BlockParams<T> p;
+  p.ln1w = w + off("ln_1.weight"), p.ln1b = w + off("ln_1.bias");
+  p.qkvw = w + off("attn.c_attn.weight"), p.qkvb = f + off("attn.c_attn.bias");
+  p.projw = w + off("attn.c_proj.weight"), p.projb = f + off("attn.c_proj.bias");
+  p.ln2w = w + off("ln_2.weight"), p.ln2b = w + off("ln_2.bias");
+  p.fcw = w + off("mlp.c_fc.weight"), p.fcb = f + off("mlp.c_fc.bias");
+  p.fcpw = w + off("mlp.c_proj.weight"), p.fcpb = f + off("mlp.c_proj.bias");
+  p.d_ln1w = g + off("ln_1.weight"), p.d_ln1b = g + off("ln_1.bias");
+  p.d_qkvw = g + off("attn.c_attn.weight"), p.d_qkvb = g + off("attn.c_attn.bias");
+  p.d_projw = g + off("attn.c_proj.weight"), p.d_projb = g + off("attn.c_proj.bias");
+  p.d_ln2w = g + off("ln_2.weight"), p.d_ln2b = g + off("ln_2.bias");
+  p.d_fcw = g + off("mlp.c_fc.weight"), p.d_fcb = g + off("mlp.c_fc.bias");
+  p.d_fcpw = g + off("mlp.c_proj.weight"), p.d_fcpb = g + off("mlp.c_proj.bias");
+  return p;
+}
+
+template <typename T>
+BlockActs<T> Acts(GptModel::Impl& m, int l) {
+  BlockActs<T> a;
+  a.in = m.Act<T>("resid", l), a.out = m.Act<T>("resid", l + 1);
+  a.ln1 = m.Act<T>("ln1", l), a.qkv = m.Act<T>("qkv", l), a.atty = m.Act<T>("atty", l);
+  a.res2 = m.Act<T>("res2", l), a.ln2 = m.Act<T>("ln2", l);
+  a.fch = m.Act<T>("fch", l), a.fch_gelu = m.Act<T>("fch_gelu", l);
+  a.ln1_mean = m.Act<float>("ln1_mean", l), a.ln1_rstd = m.Act<float>("ln1_rstd", l);
+  a.lse = m.Act<float>("att_lse", l);
+  a.ln2_mean = m.Act<float>("ln2_mean", l), a.ln2_rstd = m.Act<float>("ln2_rstd", l);
+  return a;
+}
+
+template <typename T>
+void AttentionSublayerForward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, BT, C);
+  k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * C);
+  k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, C, m.cfg.n_head);
+}
+
+template <typename T>
+void BlockForward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  AttentionSublayerForward(m, p, a);
+  std::memcpy(a.res2, a.in, sizeof(T) * BT * C);
+  k::MatmulForward(a.res2, a.atty, p.projw, p.projb, BT, C, C, /*accumulate=*/true);
+  k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, BT, C);
+  k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * C);
+  k::GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * C);
+  std::memcpy(a.out, a.res2, sizeof(T) * BT * C);
+  k::MatmulForward(a.out, a.fch_gelu, p.fcpw, p.fcpb, BT, 4 * C, C, /*accumulate=*/true);
+}
+
+// dres holds ∂loss/∂resid[l+1] on entry and ∂loss/∂resid[l] on exit.
+template <typename T>
+void BlockBackward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a, T* dres) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  T* dtmp = m.Act<T>("dtmp");
+  T* dqkv = m.Act<T>("dqkv");
+  T* dfch_gelu = m.Act<T>("dfch_gelu");
+  T* dfch = m.Act<T>("dfch");
+  k::MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, dres, a.fch_gelu, p.fcpw, BT, 4 * C, C);
+  k::GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * C);
+  k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, a.ln2, p.fcw, BT, C, 4 * C);
+  k::LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT,
+                       C);
+  k::MatmulBackward(dtmp, p.d_projw, p.d_projb, dres, a.atty, p.projw, BT, C, C);
+  k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, C, m.cfg.n_head);
+  k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, a.ln1, p.qkvw, BT, C, 3 * C);
+  k::LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+}
+
+// Runs the embedding and every block; leaves the final LayerNorm's output in "lnf".
+template <typename T>
+void Trunk(GptModel::Impl& m, const int32_t* tokens) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  const T* w = Working<T>(m);
+  k::EncoderForward(m.Act<T>("resid", 0), tokens, w + m.layout.Find("wte.weight").offset,
+                    w + m.layout.Find("wpe.weight").offset, m.B, m.T, C);
+  for (int l = 0; l < m.cfg.n_layer; ++l) BlockForward(m, Block<T>(m, l), Acts<T>(m, l));
+  k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"),
+                      m.Act<T>("resid", m.cfg.n_layer), w + m.layout.Find("ln_f.weight").offset,
+                      w + m.layout.Find("ln_f.bias").offset, BT, C);
+}
+
+double SumLosses(const float* losses, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += losses[i];
+  return s;
+}
+
+template <typename T>
+double Forward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  Trunk<T>(m, tokens);
+  float* losses = m.Act<float>("losses");
+  k::ClassifierForward(losses, m.Act<T>("lnf"), Working<T>(m), targets, BT, C, m.cfg.vocab_size,
+                       m.cfg.padded_vocab());
+  return SumLosses(losses, BT);
+}
+
+template <typename T>
+double ForwardBackward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets,
+                       float dloss, const GradsReady& ready) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd, L = m.cfg.n_layer;
+  Trunk<T>(m, tokens);
+  const T* w = Working<T>(m);
+  float* g = m.grads.as<float>();
+  const size_t wte = m.layout.Find("wte.weight").offset;
+  const size_t lnfw = m.layout.Find("ln_f.weight").offset, lnfb = m.layout.Find("ln_f.bias").offset;
+  float* losses = m.Act<float>("losses");
+  T* dres = m.Act<T>("dres");
+  T* dtmp = m.Act<T>("dtmp");
+  k::ClassifierForwardBackward(losses, dtmp, g + wte, m.Act<T>("lnf"), w + wte, targets, dloss, BT,
+                               C, m.cfg.vocab_size, m.cfg.padded_vocab());
+  std::memset(dres, 0, sizeof(T) * BT * C);
+  k::LayerNormBackward(dres, g + lnfw, g + lnfb, dtmp, m.Act<T>("resid", L), w + lnfw,
+                       m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"), BT, C);
+  for (int l = L - 1; l >= 0; --l) {
+    BlockParams<T> p = Block<T>(m, l);
+    BlockActs<T> a = Acts<T>(m, l);
+    if (m.recompute == Recompute::kFull)
+      BlockForward(m, p, a);
+    else if (m.recompute == Recompute::kAttn)
+      AttentionSublayerForward(m, p, a);
+    BlockBackward(m, p, a, dres);
+    if (ready) ready(m.layout.layer_start(l));
+  }
+  k::EncoderBackward(g + wte, g + m.layout.Find("wpe.weight").offset, dres, tokens, m.B, m.T, C);
+  if (ready) ready(0);
+  return SumLosses(losses, BT);
+}
+
+}  // namespace
+
+GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute) {
+  Validate(cfg);
+  if (T > cfg.block_size)
+    ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
+                  "(block_size " + std::to_string(cfg.block_size) + ")");
+  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute);
+}
+GptModel::~GptModel() = default;
+
+const ModelConfig& GptModel::config() const { return impl_->cfg; }
+const ParamLayout& GptModel::layout() const { return impl_->layout; }
+const ActivationPlan& GptModel::activation_plan() const { return impl_->plan; }
+DType GptModel::dtype() const { return impl_->dtype; }
+int GptModel::batch() const { return impl_->B; }
+int GptModel::seq_len() const { return impl_->T; }
+float* GptModel::master() { return impl_->master.as<float>(); }
+float* GptModel::grads() { return impl_->grads.as<float>(); }
+bf16* GptModel::working_bf16() { return impl_->working.as<bf16>(); }
+
+void GptModel::ZeroGrads() { std::memset(impl_->grads.data(), 0, impl_->grads.bytes()); }
+
+void GptModel::SyncWorking() {
+  if (impl_->dtype == DType::kBF16)
+    ConvertF32ToBf16(impl_->working.as<bf16>(), master(), impl_->layout.total());
+}
+
+double GptModel::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss,
+                                 const GradsReady& ready) {
+  return impl_->dtype == DType::kF32
+             ? model::ForwardBackward<float>(*impl_, tokens, targets, dloss, ready)
+             : model::ForwardBackward<bf16>(*impl_, tokens, targets, dloss, ready);
+}
+
+double GptModel::Forward(const int32_t* tokens, const int32_t* targets) {
+  return impl_->dtype == DType::kF32 ? model::Forward<float>(*impl_, tokens, targets)
+                                     : model::Forward<bf16>(*impl_, tokens, targets);
+}
+
+}  // namespace keel::model

@@ -1,0 +1,62 @@
+// A GPT-2 model for training: flat parameter, gradient and master buffers (ParamLayout), one
+// activation arena (PlanActivations), and forward/backward built from keel's kernels.
+//
+// Precision: in fp32 the working weights are the master weights. In bf16 the working weights are
+// a bf16 copy of the fp32 master (SyncWorking after every optimizer step); biases are read from
+// the fp32 master, since they are added in fp32 inside the matrix products.
+// Gradients are always fp32 and accumulate across micro-batches until ZeroGrads.
+//
+//   GptModel m(cfg, DType::kBF16, /*B=*/4, /*T=*/256, Recompute::kNone);
+//   InitParams(m.layout(), cfg, seed, m.master()); m.SyncWorking();
+//   m.ZeroGrads();
+//   double loss = m.ForwardBackward(tokens, targets, 1.0f / (B * T), on_grads_ready);
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "keel/core/dtype.h"
+#include "keel/model/activations.h"
+#include "keel/model/config.h"
+#include "keel/model/params.h"
+
+namespace keel::model {
+
+// Called during backward with `offset`: gradients [offset, layout.total()) are final for this
+// micro-batch. Offsets only decrease; the last call has offset 0.
+using GradsReady = std::function<void(size_t offset)>;
+
+class GptModel {
+ public:
+  GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute);
+  ~GptModel();
+  GptModel(const GptModel&) = delete;
+  GptModel& operator=(const GptModel&) = delete;
+
+  const ModelConfig& config() const;
+  const ParamLayout& layout() const;
+  const ActivationPlan& activation_plan() const;
+  DType dtype() const;
+  int batch() const;
+  int seq_len() const;
+
+  float* master();       // fp32 master weights, layout().total() floats
+  float* grads();        // fp32 gradients, same layout
+  bf16* working_bf16();  // the bf16 working copy; null in fp32 runs
+
+  void ZeroGrads();
+  void SyncWorking();  // working ← master (no-op in fp32)
+
+  // tokens, targets: (B,T) int32. Adds dloss·∂(Σ row losses)/∂θ into grads(); returns Σ losses.
+  double ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss,
+                         const GradsReady& ready = nullptr);
+  // Σ losses of the rows, forward only.
+  double Forward(const int32_t* tokens, const int32_t* targets);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace keel::model

@@ -1,0 +1,71 @@
+#include "keel/model/params.h"
+
+#include <cmath>
+
+#include "keel/core/error.h"
+#include "keel/core/rng.h"
+
+namespace keel::model {
+
+void ParamLayout::Add(std::string name, std::vector<int> shape, bool decay, float std,
+                      float value) {
+  size_t numel = 1;
+  for (int d : shape) numel *= size_t(d);
+  params_.push_back({std::move(name), std::move(shape), total_, numel, decay, std, value});
+  total_ += numel;
+}
+
+ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
+  ParamLayout p;
+  const int C = cfg.n_embd, L = cfg.n_layer;
+  // GPT-2 scales the residual projections by 1/√(2L) so that the residual stream's variance does
+  // not grow with depth.
+  const float proj_std = init_std / std::sqrt(2.0f * L);
+  p.Add("wte.weight", {cfg.padded_vocab(), C}, true, init_std);
+  p.Add("wpe.weight", {cfg.block_size, C}, true, init_std);
+  for (int l = 0; l < L; ++l) {
+    p.layer_start_.push_back(p.total_);
+    const std::string h = "h." + std::to_string(l) + ".";
+    p.Add(h + "ln_1.weight", {C}, false, 0, 1.0f);
+    p.Add(h + "ln_1.bias", {C}, false, 0);
+    p.Add(h + "attn.c_attn.weight", {3 * C, C}, true, init_std);
+    p.Add(h + "attn.c_attn.bias", {3 * C}, false, 0);
+    p.Add(h + "attn.c_proj.weight", {C, C}, true, proj_std);
+    p.Add(h + "attn.c_proj.bias", {C}, false, 0);
+    p.Add(h + "ln_2.weight", {C}, false, 0, 1.0f);
+    p.Add(h + "ln_2.bias", {C}, false, 0);
+    p.Add(h + "mlp.c_fc.weight", {4 * C, C}, true, init_std);
+    p.Add(h + "mlp.c_fc.bias", {4 * C}, false, 0);
+    p.Add(h + "mlp.c_proj.weight", {C, 4 * C}, true, proj_std);
+    p.Add(h + "mlp.c_proj.bias", {C}, false, 0);
+  }
+  p.layer_start_.push_back(p.total_);
+  p.Add("ln_f.weight", {C}, false, 0, 1.0f);
+  p.Add("ln_f.bias", {C}, false, 0);
+  return p;
+}
+
+const ParamInfo& ParamLayout::Find(const std::string& name) const {
+  for (const auto& p : params_)
+    if (p.name == name) return p;
+  ThrowRuntime("no parameter named \"" + name + "\"");
+}
+
+void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed, float* out) {
+  const auto& ps = layout.params();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const ParamInfo& p = ps[i];
+    float* w = out + p.offset;
+    if (p.init_std == 0) {
+      for (size_t j = 0; j < p.numel; ++j) w[j] = p.init_value;
+      continue;
+    }
+    const Philox rng(seed, /*stream=*/i);
+    // Padded vocabulary rows stay zero: they are masked out and must not drift.
+    const size_t live = p.name == "wte.weight" ? size_t(cfg.vocab_size) * cfg.n_embd : p.numel;
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < p.numel; ++j) w[j] = j < live ? p.init_std * rng.Normal(j) : 0.0f;
+  }
+}
+
+}  // namespace keel::model

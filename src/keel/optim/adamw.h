@@ -1,0 +1,56 @@
+// AdamW over flat fp32 buffers, with global gradient-norm clipping.
+//
+// The optimizer owns the two moment buffers (fp32, one allocation each) and the step count. It
+// sees the parameters as ranges of one flat buffer, each with its own weight-decay flag, so it
+// does not depend on the model.
+//
+//   AdamW opt(ranges, total, hyper);
+//   double norm = GlobalGradNorm(grads, total);
+//   opt.Step(master, working_bf16_or_null, grads, lr, ClipScale(norm, 1.0));
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "keel/core/buffer.h"
+#include "keel/core/dtype.h"
+
+namespace keel::optim {
+
+struct ParamRange {
+  size_t offset = 0, numel = 0;
+  bool decay = false;
+};
+
+struct AdamWHyper {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<ParamRange> ranges, size_t total, const AdamWHyper& hyper);
+
+  // One update of every range; `working` (bf16 runs) receives the rounded new master.
+  void Step(float* master, bf16* working, const float* grads, float lr, float grad_scale);
+
+  int step() const { return step_; }
+  float* m() { return m_.as<float>(); }
+  float* v() { return v_.as<float>(); }
+  size_t total() const { return total_; }
+
+ private:
+  std::vector<ParamRange> ranges_;
+  size_t total_;
+  AdamWHyper hyper_;
+  Buffer m_, v_;
+  int step_ = 0;
+};
+
+// √Σ g², summed in float64 over fixed-size blocks in order: the same bits whatever the thread
+// count.
+double GlobalGradNorm(const float* grads, size_t n);
+
+// The factor that brings `norm` down to `max_norm` (1 if already below, or if max_norm is 0).
+float ClipScale(double norm, float max_norm);
+
+}  // namespace keel::optim
