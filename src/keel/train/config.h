@@ -4,9 +4,9 @@
 // Unknown keys and wrong types are errors naming the file and key; `--set section.key=value`
 // overrides any key after the file is read.
 //
-//   keel::train::RunConfig cfg = keel::train::LoadConfig("configs/quickstart.toml",
-//   {"optim.lr=1e-3"}); std::string resolved = keel::train::ToToml(cfg);   // written to
-//   runs/NAME/config.toml
+//   keel::train::RunConfig cfg =
+//       keel::train::LoadConfig("configs/quickstart.toml", {"optim.lr=1e-3"});
+//   std::string resolved = keel::train::ToToml(cfg);  // written to runs/NAME/config.toml
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,179 @@
+// Range, enum and cross-key checks of a RunConfig (train/config.h), run by LoadConfig after the
+// file and the --set overrides are applied, so that a value is checked whatever its source.
+//
+// Each check throws one line naming where the value came from (file and key, or --set flag), what
+// was expected and what was found. Float checks are written as !(ok) so that NaN fails them.
+#include <cmath>
+#include <initializer_list>
+
+#include "keel/core/error.h"
+#include "keel/train/config.h"
+#include "keel/train/config_schema.h"
+
+namespace keel::train {
+namespace internal {
+namespace {
+
+class Checker {
+ public:
+  Checker(const Provenance& prov, std::string_view section) : prov_(prov), section_(section) {}
+
+  void Positive(std::string_view key, int v) const {
+    if (v <= 0) Fail(key, "expected an integer > 0, got " + std::to_string(v));
+  }
+  void NonNegative(std::string_view key, int v) const {
+    if (v < 0) Fail(key, "expected an integer >= 0, got " + std::to_string(v));
+  }
+  template <typename T>
+  void FinitePositive(std::string_view key, T v) const {
+    if (!(std::isfinite(v) && v > 0))
+      Fail(key, "expected a finite number > 0, got " + FormatNumber(v));
+  }
+  template <typename T>
+  void FiniteNonNegative(std::string_view key, T v) const {
+    if (!(std::isfinite(v) && v >= 0))
+      Fail(key, "expected a finite number >= 0, got " + FormatNumber(v));
+  }
+  void UnitInterval(std::string_view key, float v) const {
+    if (!(v >= 0 && v < 1)) Fail(key, "expected a number in [0, 1), got " + FormatNumber(v));
+  }
+  void NonEmpty(std::string_view key, const std::string& v) const {
+    if (v.empty()) Fail(key, "expected a non-empty string");
+  }
+  void OneOf(std::string_view key, const std::string& v,
+             std::initializer_list<std::string_view> allowed) const {
+    std::string list;
+    for (auto a : allowed) {
+      if (v == a) return;
+      list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    Fail(key, "expected one of " + list + "; got \"" + v + "\"");
+  }
+  [[noreturn]] void Fail(std::string_view key, const std::string& what) const {
+    ThrowBadInput(prov_.Where(section_, key) + ": " + what);
+  }
+
+ private:
+  const Provenance& prov_;
+  std::string_view section_;
+};
+
+}  // namespace
+
+model::ModelConfig ResolveModel(const ModelSection& m, const Provenance& prov) {
+  try {
+    model::ModelConfig c = model::NamedConfig(m.name);
+    if (m.n_layer > 0) c.n_layer = m.n_layer;
+    if (m.n_head > 0) c.n_head = m.n_head;
+    if (m.n_embd > 0) c.n_embd = m.n_embd;
+    if (m.vocab_size > 0) c.vocab_size = m.vocab_size;
+    if (m.block_size > 0) c.block_size = m.block_size;
+    model::Validate(c);
+    return c;
+  } catch (const Error& e) {
+    // model/ names the key as "[model] KEY: ..."; say where that key was set. A shape check
+    // can involve other keys (n_embd against n_head), so any [model] overrides are listed too.
+    std::string msg = e.what();
+    const std::string prefix = "[model] ";
+    size_t colon = msg.find(": ");
+    if (msg.rfind(prefix, 0) == 0 && colon != std::string::npos) {
+      std::string key = msg.substr(prefix.size(), colon - prefix.size());
+      msg = prov.Where("model", key) + msg.substr(colon);
+    } else {
+      msg = prov.File() + ": " + msg;
+    }
+    std::string overrides = prov.OverridesIn("model");
+    if (!overrides.empty() && msg.rfind("--set ", 0) != 0) msg += " (after " + overrides + ")";
+    ThrowBadInput(msg);
+  }
+}
+
+void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
+  const Checker model(prov, "model");
+  const ModelSection& m = cfg.model;
+  // 0 means "as in the named config"; a negative shape is a typo, not a request.
+  model.NonNegative("n_layer", m.n_layer);
+  model.NonNegative("n_head", m.n_head);
+  model.NonNegative("n_embd", m.n_embd);
+  model.NonNegative("vocab_size", m.vocab_size);
+  model.NonNegative("block_size", m.block_size);
+  model.OneOf("recompute", m.recompute, {"none", "attn", "full"});
+  model.FinitePositive("init_std", m.init_std);
+
+  const Checker data(prov, "data");
+  data.Positive("seq_len", cfg.data.seq_len);
+
+  const Checker train(prov, "train");
+  const TrainSection& t = cfg.train;
+  train.NonEmpty("name", t.name);
+  train.NonEmpty("out_dir", t.out_dir);
+  train.Positive("steps", t.steps);
+  train.Positive("batch_size", t.batch_size);
+  train.NonNegative("micro_batch_size", t.micro_batch_size);
+  if (t.micro_batch_size > t.batch_size)
+    train.Fail("micro_batch_size", "expected at most batch_size = " + std::to_string(t.batch_size) +
+                                       ", got " + std::to_string(t.micro_batch_size));
+  train.OneOf("precision", t.precision, {"bf16", "fp32"});
+  train.NonNegative("val_every", t.val_every);
+  train.Positive("val_batches", t.val_batches);
+  train.Positive("log_every", t.log_every);
+  train.NonNegative("sample_tokens", t.sample_tokens);
+  train.NonNegative("sample_count", t.sample_count);
+
+  const Checker optim(prov, "optim");
+  const OptimSection& o = cfg.optim;
+  optim.FinitePositive("lr", o.lr);
+  optim.FiniteNonNegative("min_lr", o.min_lr);
+  if (o.min_lr > o.lr)
+    optim.Fail("min_lr",
+               "expected at most lr = " + FormatNumber(o.lr) + ", got " + FormatNumber(o.min_lr));
+  optim.NonNegative("warmup_steps", o.warmup_steps);
+  optim.OneOf("schedule", o.schedule, {"cosine", "linear", "constant"});
+  optim.UnitInterval("beta1", o.beta1);
+  optim.UnitInterval("beta2", o.beta2);
+  optim.FinitePositive("eps", o.eps);
+  optim.FiniteNonNegative("weight_decay", o.weight_decay);
+  optim.FiniteNonNegative("grad_clip", o.grad_clip);
+
+  const Checker parallel(prov, "parallel");
+  parallel.FinitePositive("bucket_mb", cfg.parallel.bucket_mb);
+  parallel.FinitePositive("comm_timeout_s", cfg.parallel.comm_timeout_s);
+
+  const Checker monitor(prov, "monitor");
+  monitor.FiniteNonNegative("peak_gflops", cfg.monitor.peak_gflops);
+
+  // Cross-section: a sample longer than the position embedding has no positions to use.
+  model::ModelConfig resolved = ResolveModel(m, prov);
+  if (cfg.data.seq_len > resolved.block_size)
+    data.Fail("seq_len", std::to_string(cfg.data.seq_len) + " is longer than block_size " +
+                             std::to_string(resolved.block_size) + " of model \"" + m.name + "\"");
+}
+
+}  // namespace internal
+
+model::ModelConfig RunConfig::ResolvedModel() const {
+  return internal::ResolveModel(model, internal::Provenance(source));
+}
+
+void ValidateBatch(const RunConfig& cfg, int world_size) {
+  const internal::Provenance prov(cfg.source);
+  const std::string where = prov.Where("train", "batch_size");
+  if (world_size <= 0)
+    ThrowBadInput(where + ": cannot split over " + std::to_string(world_size) + " ranks");
+  const int batch = cfg.train.batch_size;
+  const int micro = cfg.train.micro_batch_size;
+  if (micro == 0) {
+    if (batch % world_size != 0)
+      ThrowBadInput(where + ": " + std::to_string(batch) + " is not divisible by ranks (" +
+                    std::to_string(world_size) + ")");
+    return;
+  }
+  // int64: ranks × micro can overflow int at large scale.
+  const int64_t per_step = int64_t{world_size} * micro;
+  if (batch % per_step != 0)
+    ThrowBadInput(where + ": " + std::to_string(batch) + " is not divisible by ranks (" +
+                  std::to_string(world_size) + ") × micro_batch_size (" + std::to_string(micro) +
+                  ")");
+}
+
+}  // namespace keel::train
