@@ -73,4 +73,23 @@ std::vector<double> RoundTrip(const std::vector<double>& v) {
   return ToDouble(ToTyped<T>(v));
 }
 
+// NumericalGradient at the listed indices only (result[k] is d/dx_{indices[k]}): for inputs too
+// large to difference element by element in a unit test's time.
+inline std::vector<double> NumericalGradientAt(
+    const std::function<double(const std::vector<double>&)>& f, std::vector<double> x,
+    const std::vector<size_t>& indices, double eps = 1e-6) {
+  std::vector<double> g(indices.size());
+  for (size_t k = 0; k < indices.size(); ++k) {
+    size_t i = indices[k];
+    double keep = x[i];
+    x[i] = keep + eps;
+    double up = f(x);
+    x[i] = keep - eps;
+    double down = f(x);
+    x[i] = keep;
+    g[k] = (up - down) / (2 * eps);
+  }
+  return g;
+}
+
 }  // namespace keel::test
