@@ -1,0 +1,116 @@
+// File helpers for the data subsystem; see file_util.h.
+#include "keel/data/file_util.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "keel/core/error.h"
+
+namespace keel::data {
+namespace {
+
+// Closes a file descriptor on every path out of a function.
+class FdGuard {
+ public:
+  explicit FdGuard(int fd) : fd_(fd) {}
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  ~FdGuard() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+std::string Reason() { return std::strerror(errno); }
+
+}  // namespace
+
+std::string ReadWholeFile(const std::string& path) {
+  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) ThrowBadInput(path + ": cannot read: " + Reason());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) ThrowBadInput(path + ": cannot stat: " + Reason());
+  if (S_ISDIR(st.st_mode)) ThrowBadInput(path + ": expected a file, found a folder");
+  std::string out;
+  out.resize(size_t(st.st_size));
+  size_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::read(fd.get(), out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ThrowBadInput(path + ": cannot read: " + Reason());
+    if (n == 0) break;  // the file shrank under us; return what is there
+    done += size_t(n);
+  }
+  out.resize(done);
+  return out;
+}
+
+void SyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+void WriteFileAtomic(const std::string& path, std::string_view bytes) {
+  std::string tmp = path + ".tmp";
+  {
+    FdGuard fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.get() < 0) ThrowRuntime(tmp + ": cannot create: " + Reason());
+    size_t done = 0;
+    while (done < bytes.size()) {
+      ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) ThrowRuntime(tmp + ": cannot write: " + Reason());
+      done += size_t(n);
+    }
+    if (::fsync(fd.get()) != 0) ThrowRuntime(tmp + ": cannot fsync: " + Reason());
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ThrowRuntime(tmp + ": cannot rename to " + path + ": " + Reason());
+  }
+  size_t slash = path.find_last_of('/');
+  SyncDir(slash == std::string::npos ? "." : path.substr(0, slash));
+}
+
+MappedFile MappedFile::Open(const std::string& path) {
+  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) ThrowBadInput(path + ": cannot open: " + Reason());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) ThrowBadInput(path + ": cannot stat: " + Reason());
+  if (!S_ISREG(st.st_mode)) ThrowBadInput(path + ": expected a regular file");
+  MappedFile f;
+  f.size_ = size_t(st.st_size);
+  if (f.size_ == 0) return f;  // mmap of length 0 is an error; an empty view is fine
+  void* p = ::mmap(nullptr, f.size_, PROT_READ, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) ThrowRuntime(path + ": cannot mmap: " + Reason());
+  f.data_ = static_cast<const uint8_t*>(p);
+  return f;  // the mapping outlives the descriptor, as POSIX guarantees
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+}  // namespace keel::data
