@@ -1,0 +1,148 @@
+#include "keel/ckpt/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "keel/core/dtype.h"
+#include "keel/core/error.h"
+
+namespace keel::ckpt {
+namespace {
+
+void WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      ThrowRuntime("write " + path + ": " + std::strerror(errno));
+    }
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+}  // namespace
+
+void SafetensorsWriter::Add(const std::string& name, std::vector<int64_t> shape,
+                            const float* data) {
+  entries_.push_back({name, std::move(shape), data});
+}
+
+void SafetensorsWriter::SetMetadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+void SafetensorsWriter::Write(const std::string& path) const {
+  nlohmann::ordered_json header;
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  size_t offset = 0;
+  for (const auto& e : entries_) {
+    size_t n = 1;
+    for (int64_t d : e.shape) n *= size_t(d);
+    header[e.name] = {
+        {"dtype", "F32"}, {"shape", e.shape}, {"data_offsets", {offset, offset + n * 4}}};
+    offset += n * 4;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // the data then starts 8-byte aligned
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) ThrowRuntime("open " + tmp + ": " + std::strerror(errno));
+  try {
+    uint64_t len = h.size();
+    WriteAll(fd, &len, 8, tmp);
+    WriteAll(fd, h.data(), h.size(), tmp);
+    for (const auto& e : entries_) {
+      size_t n = 1;
+      for (int64_t d : e.shape) n *= size_t(d);
+      WriteAll(fd, e.data, n * 4, tmp);
+    }
+    if (::fsync(fd) != 0) ThrowRuntime("fsync " + tmp + ": " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    ThrowRuntime("rename " + tmp + " to " + path + ": " + std::strerror(errno));
+}
+
+SafetensorsFile SafetensorsFile::Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ThrowBadInput(path + ": cannot open (expected a .safetensors file)");
+  in.seekg(0, std::ios::end);
+  const uint64_t size = uint64_t(in.tellg());
+  in.seekg(0);
+  uint64_t hlen = 0;
+  if (size < 8 || !in.read(reinterpret_cast<char*>(&hlen), 8))
+    ThrowBadInput(path + ": shorter than the 8-byte header length");
+  if (hlen > size - 8)
+    ThrowBadInput(path + ": header length " + std::to_string(hlen) + " runs past the end of the " +
+                  std::to_string(size) + "-byte file");
+  std::string h(hlen, '\0');
+  in.read(h.data(), std::streamsize(hlen));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(h);
+  } catch (const std::exception& e) {
+    ThrowBadInput(path + ": header is not valid JSON (" + e.what() + ")");
+  }
+  SafetensorsFile f;
+  f.path_ = path;
+  const uint64_t data_start = 8 + hlen, data_size = size - data_start;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      for (auto m = it->begin(); m != it->end(); ++m) f.metadata_[m.key()] = m->get<std::string>();
+      continue;
+    }
+    const std::string where = path + ": tensor \"" + it.key() + "\"";
+    try {
+      const std::string dtype = it->at("dtype").get<std::string>();
+      Fp32Tensor t;
+      t.shape = it->at("shape").get<std::vector<int64_t>>();
+      auto off = it->at("data_offsets").get<std::vector<uint64_t>>();
+      size_t n = 1;
+      for (int64_t d : t.shape) n *= size_t(d);
+      const size_t esize = dtype == "F32" ? 4 : (dtype == "BF16" || dtype == "F16") ? 2 : 0;
+      if (esize == 0) ThrowBadInput(where + ": dtype " + dtype + " (expected F32, BF16 or F16)");
+      if (off.size() != 2 || off[1] < off[0] || off[1] > data_size || off[1] - off[0] != n * esize)
+        ThrowBadInput(where + ": data_offsets do not match its shape and the file's size");
+      std::vector<char> raw(off[1] - off[0]);
+      in.seekg(std::streamoff(data_start + off[0]));
+      in.read(raw.data(), std::streamsize(raw.size()));
+      t.data.resize(n);
+      if (dtype == "F32") {
+        std::memcpy(t.data.data(), raw.data(), n * 4);
+      } else if (dtype == "BF16") {
+        ConvertBf16ToF32(t.data.data(), reinterpret_cast<const bf16*>(raw.data()), n);
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          uint16_t hbits;
+          std::memcpy(&hbits, raw.data() + 2 * i, 2);
+          _Float16 hv;
+          std::memcpy(&hv, &hbits, 2);
+          t.data[i] = float(hv);
+        }
+      }
+      f.tensors_[it.key()] = std::move(t);
+    } catch (const nlohmann::json::exception& e) {
+      ThrowBadInput(where + ": malformed entry (" + e.what() + ")");
+    }
+  }
+  return f;
+}
+
+const Fp32Tensor& SafetensorsFile::Get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) ThrowBadInput(path_ + ": no tensor named \"" + name + "\"");
+  return it->second;
+}
+
+}  // namespace keel::ckpt

@@ -1,0 +1,60 @@
+// safetensors files: an 8-byte little-endian header length, a JSON header naming each tensor's
+// dtype, shape and byte range, then the raw little-endian data. The format Hugging Face tools
+// read, and the one `keel generate` loads a trained model from.
+//
+//   SafetensorsWriter w;
+//   w.Add("wte.weight", {50304, 768}, data);
+//   w.SetMetadata("keel.n_layer", "12");
+//   w.Write("runs/x/model.safetensors");     // tmp file + fsync + rename: never half-written
+//
+//   auto f = SafetensorsFile::Read("runs/x/model.safetensors");
+//   const auto& t = f.Get("wte.weight");      // t.shape, t.data (fp32)
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace keel::ckpt {
+
+struct Fp32Tensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+class SafetensorsWriter {
+ public:
+  // Copies nothing: `data` must stay alive until Write.
+  void Add(const std::string& name, std::vector<int64_t> shape, const float* data);
+  void SetMetadata(const std::string& key, const std::string& value);
+  // Writes atomically (temporary name, fsync, rename). Throws keel::Error on I/O failure.
+  void Write(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    std::vector<int64_t> shape;
+    const float* data;
+  };
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+class SafetensorsFile {
+ public:
+  // Reads every tensor (F32, F16 or BF16; converted to fp32). Throws keel::Error (bad input)
+  // naming the file and what is wrong: short file, bad header, out-of-range offsets.
+  static SafetensorsFile Read(const std::string& path);
+
+  const Fp32Tensor& Get(const std::string& name) const;  // throws if missing
+  bool Has(const std::string& name) const { return tensors_.count(name) > 0; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, Fp32Tensor>& tensors() const { return tensors_; }
+
+ private:
+  std::string path_;
+  std::map<std::string, Fp32Tensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace keel::ckpt

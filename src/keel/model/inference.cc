@@ -1,0 +1,131 @@
+// Legend: C channels, NH heads, hs head size, L layers, V vocabulary.
+#include "keel/model/inference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "keel/core/error.h"
+#include "keel/core/rng.h"
+#include "keel/kernels/classifier.h"
+#include "keel/kernels/gelu.h"
+#include "keel/kernels/layernorm.h"
+#include "keel/kernels/matmul.h"
+
+namespace keel::model {
+
+namespace k = keel::kernels;
+
+Generator::Generator(const ModelConfig& cfg, std::vector<float> weights)
+    : cfg_(cfg), layout_(ParamLayout::Gpt2(cfg)), w_(std::move(weights)) {
+  KEEL_CHECK(w_.size() == layout_.total(), "Generator: weights do not match the config");
+  const size_t C = cfg.n_embd;
+  k_cache_.resize(size_t(cfg.n_layer) * cfg.block_size * C);
+  v_cache_.resize(k_cache_.size());
+  x_.resize(C), ln_.resize(C), qkv_.resize(3 * C), y_.resize(C);
+  fc_.resize(4 * C), fc_gelu_.resize(4 * C), logits_.resize(cfg.vocab_size);
+  scores_.resize(cfg.block_size), mean_.resize(1), rstd_.resize(1);
+}
+
+const std::vector<float>& Generator::Step(int32_t token) {
+  KEEL_CHECK(pos_ < cfg_.block_size, "Generator: context is full");
+  KEEL_CHECK(token >= 0 && token < cfg_.vocab_size, "Generator: token out of range");
+  const int C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH, t = pos_;
+  auto P = [&](const std::string& name) { return w_.data() + layout_.Find(name).offset; };
+  const float* wte = P("wte.weight");
+  const float* wpe = P("wpe.weight");
+  for (int c = 0; c < C; ++c) x_[c] = wte[size_t(token) * C + c] + wpe[size_t(t) * C + c];
+  for (int l = 0; l < cfg_.n_layer; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_1.weight"),
+                        P(h + "ln_1.bias"), 1, C);
+    k::MatmulForward(qkv_.data(), ln_.data(), P(h + "attn.c_attn.weight"),
+                     P(h + "attn.c_attn.bias"), 1, C, 3 * C);
+    float* kc = k_cache_.data() + size_t(l) * cfg_.block_size * C;
+    float* vc = v_cache_.data() + size_t(l) * cfg_.block_size * C;
+    std::memcpy(kc + size_t(t) * C, qkv_.data() + C, sizeof(float) * C);
+    std::memcpy(vc + size_t(t) * C, qkv_.data() + 2 * C, sizeof(float) * C);
+    const float scale = 1.0f / std::sqrt(float(hs));
+    for (int hd = 0; hd < NH; ++hd) {
+      const float* q = qkv_.data() + hd * hs;
+      float mx = -INFINITY;
+      for (int j = 0; j <= t; ++j) {
+        const float* kj = kc + size_t(j) * C + hd * hs;
+        float s = 0;
+        for (int i = 0; i < hs; ++i) s += q[i] * kj[i];
+        scores_[j] = s * scale;
+        mx = std::max(mx, scores_[j]);
+      }
+      float sum = 0;
+      for (int j = 0; j <= t; ++j) sum += (scores_[j] = std::exp(scores_[j] - mx));
+      float* y = y_.data() + hd * hs;
+      std::fill(y, y + hs, 0.0f);
+      for (int j = 0; j <= t; ++j) {
+        const float p = scores_[j] / sum;
+        const float* vj = vc + size_t(j) * C + hd * hs;
+        for (int i = 0; i < hs; ++i) y[i] += p * vj[i];
+      }
+    }
+    k::MatmulForward(x_.data(), y_.data(), P(h + "attn.c_proj.weight"), P(h + "attn.c_proj.bias"),
+                     1, C, C, /*accumulate=*/true);
+    k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_2.weight"),
+                        P(h + "ln_2.bias"), 1, C);
+    k::MatmulForward(fc_.data(), ln_.data(), P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), 1, C,
+                     4 * C);
+    k::GeluForward(fc_gelu_.data(), fc_.data(), size_t(4) * C);
+    k::MatmulForward(x_.data(), fc_gelu_.data(), P(h + "mlp.c_proj.weight"),
+                     P(h + "mlp.c_proj.bias"), 1, 4 * C, C, /*accumulate=*/true);
+  }
+  k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P("ln_f.weight"),
+                      P("ln_f.bias"), 1, C);
+  k::ClassifierLogits(logits_.data(), ln_.data(), wte, 1, C, cfg_.vocab_size);
+  ++pos_;
+  return logits_;
+}
+
+std::vector<int32_t> Generator::Generate(const std::vector<int32_t>& prompt,
+                                         const SampleOptions& opt) {
+  if (prompt.empty()) ThrowBadInput("generate: the prompt is empty (expected at least one token)");
+  if (int(prompt.size()) >= cfg_.block_size)
+    ThrowBadInput("generate: the prompt has " + std::to_string(prompt.size()) +
+                  " tokens; the model's context is " + std::to_string(cfg_.block_size));
+  Reset();
+  const std::vector<float>* logits = nullptr;
+  for (int32_t tok : prompt) logits = &Step(tok);
+  std::vector<int32_t> out;
+  const Philox rng(opt.seed, /*stream=*/0);
+  std::vector<int> order(cfg_.vocab_size);
+  std::vector<double> probs(cfg_.vocab_size);
+  while (int(out.size()) < opt.max_tokens && pos_ < cfg_.block_size) {
+    const std::vector<float>& lg = *logits;
+    int next;
+    if (opt.temperature <= 0) {
+      next = int(std::max_element(lg.begin(), lg.end()) - lg.begin());
+    } else {
+      std::iota(order.begin(), order.end(), 0);
+      int keep = opt.top_k > 0 ? std::min(opt.top_k, cfg_.vocab_size) : cfg_.vocab_size;
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(),
+                        [&](int a, int b) { return lg[a] > lg[b]; });
+      const double mx = lg[order[0]];
+      double sum = 0;
+      for (int i = 0; i < keep; ++i)
+        sum += (probs[i] = std::exp((lg[order[i]] - mx) / opt.temperature));
+      double u = rng.Uniform(out.size()) * sum;
+      next = order[keep - 1];
+      for (int i = 0; i < keep; ++i) {
+        u -= probs[i];
+        if (u <= 0) {
+          next = order[i];
+          break;
+        }
+      }
+    }
+    out.push_back(next);
+    if (next == opt.stop_token || pos_ >= cfg_.block_size) break;
+    logits = &Step(next);
+  }
+  return out;
+}
+
+}  // namespace keel::model

@@ -1,0 +1,49 @@
+#include "keel/train/grad_sync.h"
+
+#include "keel/core/error.h"
+#include "keel/core/timer.h"
+
+namespace keel::train {
+
+GradSync::GradSync(dist::Comm& comm, float* grads, size_t total, size_t bucket_elems,
+                   double timeout_s)
+    : comm_(comm),
+      grads_(grads),
+      total_(total),
+      bucket_elems_(std::max<size_t>(1, bucket_elems)),
+      timeout_s_(timeout_s) {}
+
+void GradSync::Begin() {
+  pending_end_ = total_;
+  buckets_ = 0;
+  wait_ms_ = 0;
+}
+
+void GradSync::Issue(size_t lo, size_t hi) {
+  inflight_.push_back(comm_.AllReduceSumAsync(grads_ + lo, hi - lo));
+  ++buckets_;
+  pending_end_ = lo;
+}
+
+void GradSync::Ready(size_t offset) {
+  if (comm_.size() == 1) return;
+  KEEL_CHECK(offset <= pending_end_, "GradSync: gradients reported final out of order");
+  if (offset == 0 || pending_end_ - offset >= bucket_elems_) Issue(offset, pending_end_);
+}
+
+void GradSync::Finish() {
+  if (comm_.size() == 1) return;
+  if (pending_end_ > 0) Issue(0, pending_end_);
+  Timer t;
+  for (auto& w : inflight_) {
+    double left = timeout_s_ - t.Seconds();
+    if (left <= 0 || !w->Wait(left))
+      throw Error(ExitCode::kTempFail,
+                  "gradient all-reduce did not complete within [parallel] comm_timeout_s = " +
+                      std::to_string(timeout_s_) + " s: a peer is lost or hung");
+  }
+  inflight_.clear();
+  wait_ms_ = t.Millis();
+}
+
+}  // namespace keel::train

@@ -1,0 +1,223 @@
+#include "keel/train/trainer.h"
+
+#include <omp.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "keel/ckpt/model_file.h"
+#include "keel/core/error.h"
+#include "keel/core/log.h"
+#include "keel/core/timer.h"
+#include "keel/data/dataset.h"
+#include "keel/data/loader.h"
+#include "keel/model/gpt.h"
+#include "keel/monitor/flops.h"
+#include "keel/monitor/jsonl.h"
+#include "keel/optim/adamw.h"
+#include "keel/optim/schedule.h"
+#include "keel/train/grad_sync.h"
+#include "keel/train/samples.h"
+
+namespace keel::train {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop = true; }
+
+// Entropy of the token distribution (nats): the loss of the best model that ignores context.
+// A model that learned anything sits well below it. Counts at most the first 20M tokens.
+double UnigramEntropy(const data::TokenDataset& ds) {
+  const size_t n = std::min<size_t>(ds.size(), 20'000'000);
+  std::vector<uint64_t> counts(ds.vocab_size(), 0);
+  std::vector<int32_t> chunk(1 << 16);
+  for (size_t i = 0; i < n; i += chunk.size()) {
+    size_t m = std::min(chunk.size(), n - i);
+    ds.Read(i, m, chunk.data());
+    for (size_t j = 0; j < m; ++j) counts[chunk[j]]++;
+  }
+  double h = 0;
+  for (uint64_t c : counts)
+    if (c) h -= double(c) / n * std::log(double(c) / n);
+  return h;
+}
+
+struct Setup {
+  model::ModelConfig mcfg;
+  int world, local_batch, micro_batch, n_micro;
+  DType dtype;
+};
+
+Setup Validate(const RunConfig& cfg, int world) {
+  Setup s;
+  s.mcfg = cfg.ResolvedModel();
+  s.world = world;
+  const TrainSection& t = cfg.train;
+  s.micro_batch = t.micro_batch_size > 0 ? t.micro_batch_size : t.batch_size / world;
+  if (s.micro_batch <= 0 || t.batch_size % (world * s.micro_batch) != 0)
+    ThrowBadInput("[train] batch_size: " + std::to_string(t.batch_size) +
+                  " is not divisible by ranks (" + std::to_string(world) +
+                  ") × micro_batch_size (" + std::to_string(s.micro_batch) + ")");
+  s.local_batch = t.batch_size / world;
+  s.n_micro = s.local_batch / s.micro_batch;
+  s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
+  if (cfg.data.train.empty()) ThrowBadInput("[data] train: expected a dataset path, got nothing");
+  return s;
+}
+
+}  // namespace
+
+TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
+  const bool lead = comm.rank() == 0;
+  const Setup s = Validate(cfg, comm.size());
+  const int T = cfg.data.seq_len;
+  const auto& mcfg = s.mcfg;
+
+  // Everything that can be wrong with the input is found before the run directory exists.
+  data::TokenDataset train_ds = data::TokenDataset::Open(cfg.data.train);
+  train_ds.CheckIds(mcfg.vocab_size);
+  std::unique_ptr<data::TokenDataset> val_ds;
+  if (!cfg.data.val.empty()) {
+    val_ds = std::make_unique<data::TokenDataset>(data::TokenDataset::Open(cfg.data.val));
+    val_ds->CheckIds(mcfg.vocab_size);
+  }
+  data::BatchLoader loader(train_ds, T, cfg.train.batch_size, comm.rank(), comm.size(),
+                           cfg.train.seed, /*shuffle=*/true);
+  std::unique_ptr<data::BatchLoader> val_loader;
+  if (val_ds)
+    val_loader = std::make_unique<data::BatchLoader>(*val_ds, T, cfg.train.batch_size, comm.rank(),
+                                                     comm.size(), cfg.train.seed, false);
+
+  model::GptModel model(mcfg, s.dtype, s.micro_batch, T,
+                        model::ParseRecompute(cfg.model.recompute));
+  model::InitParams(model.layout(), mcfg, cfg.train.seed, model.master());
+  model.SyncWorking();
+
+  std::vector<optim::ParamRange> ranges;
+  for (const auto& p : model.layout().params()) ranges.push_back({p.offset, p.numel, p.decay});
+  optim::AdamW opt(ranges, model.layout().total(),
+                   {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay});
+  optim::LrSchedule sched{optim::LrSchedule::ParseKind(cfg.optim.schedule), cfg.optim.lr,
+                          cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.train.steps};
+  GradSync sync(comm, model.grads(), model.layout().total(),
+                size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4), cfg.parallel.comm_timeout_s);
+
+  TrainSummary sum;
+  sum.run_dir = (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
+  monitor::JsonlWriter metrics;
+  if (lead) {
+    std::filesystem::create_directories(sum.run_dir);
+    std::ofstream(sum.run_dir + "/config.toml") << ToToml(cfg);
+    std::filesystem::remove(sum.run_dir + "/metrics.jsonl");
+    std::filesystem::remove(sum.run_dir + "/model.safetensors");
+    if (cfg.monitor.metrics_jsonl) metrics = monitor::JsonlWriter(sum.run_dir + "/metrics.jsonl");
+    sum.unigram_entropy = UnigramEntropy(train_ds);
+  }
+
+  size_t matmul_params = model.layout().total() - model.layout().Find("wpe.weight").numel;
+  const double flops_per_token =
+      monitor::TrainFlopsPerToken(double(matmul_params), mcfg.n_layer, mcfg.n_embd, T);
+  const int threads = omp_get_max_threads();
+  const double peak = monitor::PeakFlops(s.dtype, threads, cfg.monitor.peak_gflops) * comm.size();
+  const double tokens_per_step = double(cfg.train.batch_size) * T;
+  const float dloss = float(1.0 / tokens_per_step);
+  if (lead)
+    Log("keel: %s %s, %zu parameters, %d rank(s) × %d thread(s), batch %d × %d tokens, "
+        "%d micro-batch(es) of %d, activations %.1f MiB",
+        cfg.model.name.c_str(), DTypeName(s.dtype), model.layout().total(), comm.size(), threads,
+        cfg.train.batch_size, T, s.n_micro, s.micro_batch,
+        model.activation_plan().total_bytes / 1048576.0);
+
+  std::vector<int32_t> tokens(size_t(s.micro_batch) * T), targets(tokens.size());
+  auto validate = [&]() {
+    double total = 0;
+    for (int b = 0; b < cfg.train.val_batches; ++b)
+      for (int k = 0; k < s.n_micro; ++k) {
+        val_loader->Fill(b, k, s.micro_batch, tokens.data(), targets.data());
+        total += model.Forward(tokens.data(), targets.data());
+      }
+    return comm.AllReduceSum(total) / (tokens_per_step * cfg.train.val_batches);
+  };
+
+  g_stop = false;
+  auto old_int = std::signal(SIGINT, OnSignal);
+  auto old_term = std::signal(SIGTERM, OnSignal);
+  for (int step = 0; step < cfg.train.steps; ++step) {
+    Timer step_timer;
+    double data_ms = 0;
+    model.ZeroGrads();
+    sync.Begin();
+    double loss_sum = 0;
+    for (int k = 0; k < s.n_micro; ++k) {
+      Timer dt;
+      loader.Fill(step, k, s.micro_batch, tokens.data(), targets.data());
+      data_ms += dt.Millis();
+      const bool last = k == s.n_micro - 1;
+      loss_sum += model.ForwardBackward(
+          tokens.data(), targets.data(), dloss,
+          last ? model::GradsReady([&](size_t off) { sync.Ready(off); }) : model::GradsReady());
+    }
+    sync.Finish();
+    const double loss = comm.AllReduceSum(loss_sum) / tokens_per_step;
+    if (!std::isfinite(loss) && cfg.resilience.stop_on_nonfinite)
+      ThrowRuntime("step " + std::to_string(step) + ": the loss is " + std::to_string(loss) +
+                   "; stopping (lower [optim] lr, or set [resilience] stop_on_nonfinite = false)");
+    Timer ot;
+    const double norm = optim::GlobalGradNorm(model.grads(), model.layout().total());
+    const float lr = sched.At(step);
+    opt.Step(model.master(), model.working_bf16(), model.grads(), lr,
+             optim::ClipScale(norm, cfg.optim.grad_clip));
+    const double optim_ms = ot.Millis();
+    const double ms = step_timer.Millis();
+    const double tok_s = tokens_per_step / (ms / 1e3);
+    const double mfu = flops_per_token * tok_s / peak;
+    sum.steps_done = step + 1;
+    sum.last_loss = loss;
+    double val = -1;
+    const bool last_step = step + 1 == cfg.train.steps;
+    if (val_loader &&
+        ((cfg.train.val_every > 0 && (step + 1) % cfg.train.val_every == 0) || last_step))
+      val = sum.val_loss = validate();
+    if (lead) {
+      if (cfg.train.log_every > 0 && (step % cfg.train.log_every == 0 || last_step))
+        std::printf(
+            "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | MFU %5.1f%% | "
+            "%7.1f ms%s\n",
+            step + 1, cfg.train.steps, loss, lr, norm, tok_s, 100 * mfu, ms,
+            val >= 0 ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "");
+      std::fflush(stdout);
+      nlohmann::json m = {{"step", step + 1},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"grad_norm", norm},
+                          {"tokens_per_s", tok_s},
+                          {"mfu", mfu},
+                          {"ms", ms},
+                          {"data_ms", data_ms},
+                          {"comm_wait_ms", sync.wait_ms()},
+                          {"optim_ms", optim_ms},
+                          {"compute_ms", ms - data_ms - sync.wait_ms() - optim_ms}};
+      if (val >= 0) m["val_loss"] = val;
+      metrics.Write(m);
+    }
+    // Every rank must agree to stop at the same step, or the next collective hangs.
+    if (comm.AllReduceMax(g_stop ? 1.0 : 0.0) > 0) {
+      sum.interrupted = true;
+      if (lead) Log("keel: interrupted at step %d; saving the model", step + 1);
+      break;
+    }
+  }
+  std::signal(SIGINT, old_int);
+  std::signal(SIGTERM, old_term);
+
+  if (lead && cfg.checkpoint.save_final)
+    ckpt::WriteModel(sum.run_dir + "/model.safetensors", mcfg, model.layout(), model.master());
+  if (lead && !sum.interrupted) PrintSamples(cfg, mcfg, model.layout(), model.master());
+  return sum;
+}
+
+}  // namespace keel::train

@@ -1,0 +1,26 @@
+// The trainer: wires one step of everything (data, model, gradient sync, optimizer, metrics) and
+// runs the loop. Parse, build, train, close on every path.
+//
+//   auto comm = keel::dist::CreateComm();
+//   TrainSummary s = keel::train::Train(cfg, *comm);
+#pragma once
+
+#include "keel/dist/comm.h"
+#include "keel/train/config.h"
+
+namespace keel::train {
+
+struct TrainSummary {
+  int steps_done = 0;
+  double last_loss = 0;
+  double val_loss = -1;        // < 0 when there is no validation set
+  double unigram_entropy = 0;  // nats per token of the training data
+  bool interrupted = false;    // stopped by SIGINT/SIGTERM
+  std::string run_dir;
+};
+
+// Throws keel::Error: kBadInput for a config or data problem found before the first step (and
+// then nothing is written), kTempFail for a lost peer, kRuntime otherwise.
+TrainSummary Train(const RunConfig& cfg, dist::Comm& comm);
+
+}  // namespace keel::train
