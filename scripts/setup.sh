@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what keel needs from Debian's archive (idempotent) and builds it in build/.
+#   scripts/setup.sh            # packages + release build
+#   KEEL_SKIP_APT=1 scripts/setup.sh   # build only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  libdnnl-dev              # CPU matrix products (oneDNN)
+  libopenmpi-dev openmpi-bin  # data parallel across processes and machines
+  libtomlplusplus-dev      # run configs
+  nlohmann-json3-dev       # manifests, metrics, tokenizer vocabulary
+  libcli11-dev             # the command line
+  libxxhash-dev            # integrity hashes
+  libpcre2-dev             # GPT-2 pre-tokenization (Unicode classes, JIT)
+  zlib1g-dev libzstd-dev   # compressed corpora
+  libgtest-dev libbenchmark-dev  # tests and benchmarks
+  python3-torch python3-numpy    # the PyTorch oracle in tests (never needed at run time)
+)
+
+if [[ "${KEEL_SKIP_APT:-0}" != 1 ]]; then
+  missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "setup: installing ${missing[*]}"
+    SUDO=""
+    [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  fi
+fi
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C build -j"$(nproc)"
+echo "setup: built build/keel"
