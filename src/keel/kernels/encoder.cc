@@ -1,0 +1,68 @@
+// Token + position embedding forward/backward; the contract is in encoder.h.
+//
+// Legend: B batch, T time, C channels, V (padded) vocabulary rows of wte, maxT rows of wpe.
+//
+// Backward scatters into dwte rows picked by the tokens, and a token may repeat, so threads cannot
+// split the tokens without racing or reordering sums. They split the channels instead: each thread
+// owns a fixed channel range and walks all B*T tokens in order, so every dwte/dwpe element receives
+// its additions in (b, t) order whatever the thread count — bitwise deterministic.
+#include "keel/kernels/encoder.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstddef>
+
+namespace keel::kernels {
+namespace {
+
+// Channel ranges are cut at multiples of a cache line of fp32 (64 bytes), so that two threads never
+// write to the same line of dwte/dwpe.
+constexpr int kChannelAlign = 16;
+
+}  // namespace
+
+template <typename T>
+void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
+                    int C) {
+#pragma omp parallel for schedule(static)
+  for (int bt = 0; bt < B * T_; ++bt) {
+    const T* te = wte + size_t(tokens[bt]) * C;
+    const T* pe = wpe + size_t(bt % T_) * C;
+    T* o = out + size_t(bt) * C;
+#pragma omp simd
+    for (int c = 0; c < C; ++c) o[c] = FromFloat<T>(ToFloat(te[c]) + ToFloat(pe[c]));
+  }
+}
+
+template <typename T>
+void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_,
+                     int C) {
+#pragma omp parallel
+  {
+    const int threads = omp_get_num_threads();
+    const int chunks = (C + kChannelAlign - 1) / kChannelAlign;
+    const int thread = omp_get_thread_num();
+    const int c_begin = std::min(C, chunks * thread / threads * kChannelAlign);
+    const int c_end = std::min(C, chunks * (thread + 1) / threads * kChannelAlign);
+    for (int bt = 0; bt < B * T_; ++bt) {
+      const T* g = dout + size_t(bt) * C;
+      float* dte = dwte + size_t(tokens[bt]) * C;
+      float* dpe = dwpe + size_t(bt % T_) * C;
+#pragma omp simd
+      for (int c = c_begin; c < c_end; ++c) {
+        const float gc = ToFloat(g[c]);
+        dte[c] += gc;
+        dpe[c] += gc;
+      }
+    }
+  }
+}
+
+template void EncoderForward<float>(float*, const int32_t*, const float*, const float*, int, int,
+                                    int);
+template void EncoderForward<bf16>(bf16*, const int32_t*, const bf16*, const bf16*, int, int, int);
+template void EncoderBackward<float>(float*, float*, const float*, const int32_t*, int, int, int);
+template void EncoderBackward<bf16>(float*, float*, const bf16*, const int32_t*, int, int, int);
+
+}  // namespace keel::kernels
