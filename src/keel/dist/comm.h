@@ -3,7 +3,11 @@
 //
 // Asynchronous operations return a handle; the caller may overlap compute and then Wait. A Wait
 // with a timeout returns false when the deadline passes (a hang or a lost peer; the caller turns
-// that into exit code 75).
+// that into exit code 75, keel::ExitCode::kTempFail, so that the supervisor restarts the run).
+//
+// Every rank must issue the collectives of one communicator in the same order (MPI's rule).
+// Operations, blocking ones included, run one at a time in issue order, so they also complete in
+// issue order. Blocking operations wait without a deadline; hangs there are the watchdog's job.
 //
 //   auto comm = keel::dist::CreateComm();          // MPI under mpirun, local otherwise
 //   auto h = comm->AllReduceSumAsync(grads, n);    // starts now, runs beside backward
@@ -20,7 +24,8 @@ class Work {
  public:
   virtual ~Work() = default;
   // True once the operation has completed; false if timeout_s passed first (the operation is
-  // then still in flight). A negative timeout waits forever.
+  // then still in flight). A negative timeout waits forever. Throws keel::Error if the operation
+  // failed (e.g. an MPI error, whose message it carries).
   [[nodiscard]] virtual bool Wait(double timeout_s = -1) = 0;
 };
 
@@ -54,9 +59,12 @@ class Comm {
 };
 
 std::unique_ptr<Comm> MakeLocalComm();
-// Initializes MPI (once per process; finalized at exit). Throws keel::Error if MPI fails.
+// Initializes MPI on a dedicated communication thread (once per process) and shares it between the
+// MPI Comms alive; MPI is finalized when the last one is destroyed, after which no new one can be
+// made (MPI cannot restart). Throws keel::Error if MPI fails.
 std::unique_ptr<Comm> MakeMpiComm();
 // MPI when the process was started by mpirun/srun (size > 1 in the environment), local otherwise.
+// The environment variable KEEL_COMM=local|mpi overrides the choice.
 std::unique_ptr<Comm> CreateComm();
 
 }  // namespace keel::dist

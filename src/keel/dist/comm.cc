@@ -1,0 +1,62 @@
+// What every communicator shares: the blocking conveniences written once over the virtual
+// operations, and CreateComm(), which picks the implementation from how the process was started.
+#include "keel/dist/comm.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "keel/core/error.h"
+
+namespace keel::dist {
+namespace {
+
+// Reads a positive integer from the environment; 0 when unset, empty or not a number.
+long EnvSize(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return 0;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  return (*end == '\0' && x > 0) ? x : 0;
+}
+
+}  // namespace
+
+void Comm::AllReduceSum(float* data, size_t n) {
+  auto work = AllReduceSumAsync(data, n);
+  // A negative timeout waits forever, so Wait can only return true (or throw).
+  KEEL_CHECK(work->Wait(-1), "Wait without a timeout returned false");
+}
+
+double Comm::AllReduceSum(double x) {
+  AllReduceDoubles(&x, 1, /*max=*/false);
+  return x;
+}
+
+double Comm::AllReduceMax(double x) {
+  AllReduceDoubles(&x, 1, /*max=*/true);
+  return x;
+}
+
+std::unique_ptr<Comm> CreateComm() {
+  // KEEL_COMM=local|mpi overrides the guess, e.g. to exercise the MPI path with one process.
+  if (const char* forced = std::getenv("KEEL_COMM"); forced != nullptr && *forced != '\0') {
+    const std::string f = forced;
+    if (f == "local") return MakeLocalComm();
+    if (f == "mpi") return MakeMpiComm();
+    ThrowBadInput("environment KEEL_COMM: expected \"local\" or \"mpi\", got \"" + f + "\"");
+  }
+  // The launcher tells us the world size before MPI is initialized: OpenMPI's mpirun sets
+  // OMPI_COMM_WORLD_SIZE, MPICH/Hydra and Slurm's PMI2 set PMI_SIZE. A size of 1 stays local:
+  // initializing MPI for one rank costs startup time and buys nothing.
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (long n = EnvSize(var); n > 0) return n > 1 ? MakeMpiComm() : MakeLocalComm();
+  }
+  // A PMIx launch (srun --mpi=pmix) sets PMIX_RANK but no portable size; Slurm says how many tasks.
+  if (std::getenv("PMIX_RANK") != nullptr) {
+    long n = EnvSize("SLURM_NTASKS");
+    return n == 1 ? MakeLocalComm() : MakeMpiComm();
+  }
+  return MakeLocalComm();
+}
+
+}  // namespace keel::dist

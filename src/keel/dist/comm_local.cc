@@ -1,0 +1,83 @@
+// The size-1 communicator: a process that trains alone. Collectives over one rank are identities
+// (or copies when the output is a separate buffer), so every handle is complete when returned.
+// Keeping this a real Comm, rather than `if (size > 1)` branches in the trainer, means the
+// single-process path runs the same code as the distributed one.
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/dist/comm.h"
+
+namespace keel::dist {
+namespace {
+
+class CompletedWork final : public Work {
+ public:
+  bool Wait(double /*timeout_s*/) override { return true; }
+};
+
+class LocalComm final : public Comm {
+ public:
+  LocalComm() = default;
+  LocalComm(const LocalComm&) = delete;
+  LocalComm& operator=(const LocalComm&) = delete;
+
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const char* name() const override { return "local"; }
+
+  std::unique_ptr<Work> AllReduceSumAsync(float* /*data*/, size_t /*n*/) override {
+    return std::make_unique<CompletedWork>();
+  }
+
+  std::unique_ptr<Work> ReduceScatterSumAsync(const float* send, float* recv, size_t n) override {
+    // memmove: callers may pass the same buffer for send and recv.
+    if (n > 0 && send != recv) std::memmove(recv, send, n * sizeof(float));
+    return std::make_unique<CompletedWork>();
+  }
+
+  std::unique_ptr<Work> AllGatherAsync(const float* send, float* recv, size_t n) override {
+    if (n > 0 && send != recv) std::memmove(recv, send, n * sizeof(float));
+    return std::make_unique<CompletedWork>();
+  }
+
+  void Broadcast(void* /*data*/, size_t /*bytes*/, int root) override {
+    KEEL_CHECK(root == 0, "Broadcast root " + std::to_string(root) + " on a size-1 communicator");
+  }
+
+  // Messages to oneself are queued, so that code written for N ranks (send to the next stage,
+  // receive from the previous one) also runs with one rank as long as each Send precedes its Recv.
+  void Send(const void* data, size_t bytes, int peer) override {
+    KEEL_CHECK(peer == 0, "Send to rank " + std::to_string(peer) + " on a size-1 communicator");
+    const auto* p = static_cast<const unsigned char*>(data);
+    pending_.emplace_back(p, p + bytes);
+  }
+
+  void Recv(void* data, size_t bytes, int peer) override {
+    KEEL_CHECK(peer == 0, "Recv from rank " + std::to_string(peer) + " on a size-1 communicator");
+    if (pending_.empty())
+      ThrowRuntime("local communicator: Recv of " + std::to_string(bytes) +
+                   " bytes with no matching Send (with one rank this would wait forever)");
+    std::vector<unsigned char> msg = std::move(pending_.front());
+    pending_.pop_front();
+    if (msg.size() != bytes)
+      ThrowRuntime("local communicator: Recv expected " + std::to_string(bytes) +
+                   " bytes, the matching Send had " + std::to_string(msg.size()));
+    if (bytes > 0) std::memcpy(data, msg.data(), bytes);
+  }
+
+  void Barrier() override {}
+
+ protected:
+  void AllReduceDoubles(double* /*data*/, size_t /*n*/, bool /*max*/) override {}
+
+ private:
+  std::deque<std::vector<unsigned char>> pending_;  // Sends to self not yet received, in order
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> MakeLocalComm() { return std::make_unique<LocalComm>(); }
+
+}  // namespace keel::dist
