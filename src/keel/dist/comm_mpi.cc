@@ -1,0 +1,394 @@
+// The OpenMPI communicator. One dedicated thread owns every MPI call in the process; callers put
+// operations on a FIFO queue and get a handle they can wait on, with a deadline.
+//
+// Why a thread: MPI's own nonblocking collectives (MPI_Iallreduce) only make progress while some
+// thread is inside the MPI library, so a caller busy in backward would see its all-reduce start
+// when it next calls MPI_Test/MPI_Wait, i.e. not overlap at all. A thread that sits in blocking
+// MPI calls keeps the transfer moving while the caller computes. Owning all calls on that thread
+// also means MPI needs only MPI_THREAD_SERIALIZED, the cheapest level that is safe here.
+//
+// Why a FIFO: every rank must issue collectives in the same order (MPI's rule); running them one
+// at a time in issue order keeps that true by construction and makes completion order equal issue
+// order, which the gradient buckets rely on.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "keel/core/error.h"
+#include "keel/core/log.h"
+#include "keel/dist/comm.h"
+
+namespace keel::dist {
+namespace {
+
+// MPI counts are ints; larger buffers are sent in pieces of this many elements (or bytes).
+constexpr size_t kMaxChunk = size_t{1} << 30;
+// How long destruction waits for operations still in flight before giving up on them (they are
+// stuck on a peer that is gone or hung; the process is about to exit with code 75 anyway).
+constexpr double kShutdownGraceS = 5.0;
+
+std::string MpiErrorString(int rc) {
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
+  return std::string(msg, static_cast<size_t>(len));
+}
+
+// Completion of one operation, shared by the caller's handle and the comm thread.
+struct OpState {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::string error;  // empty on success
+};
+
+void Complete(OpState& state, std::string error) {
+  {
+    std::lock_guard lock(state.mu);
+    state.done = true;
+    state.error = std::move(error);
+  }
+  state.cv.notify_all();
+}
+
+class MpiWork final : public Work {
+ public:
+  explicit MpiWork(std::shared_ptr<OpState> state) : state_(std::move(state)) {}
+
+  bool Wait(double timeout_s) override {
+    std::unique_lock lock(state_->mu);
+    auto done = [&] { return state_->done; };
+    if (timeout_s < 0) {
+      state_->cv.wait(lock, done);
+    } else {
+      // Clamped so that a huge timeout cannot overflow the clock arithmetic.
+      auto d = std::chrono::duration<double>(std::min(timeout_s, 1e9));
+      auto deadline = std::chrono::steady_clock::now() +
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(d);
+      if (!state_->cv.wait_until(lock, deadline, done)) return false;
+    }
+    if (!state_->error.empty()) throw Error(ExitCode::kRuntime, state_->error);
+    return true;
+  }
+
+ private:
+  std::shared_ptr<OpState> state_;
+};
+
+// An operation for the comm thread: `run` makes the MPI calls and returns "" or an error message.
+struct Op {
+  std::function<std::string()> run;
+  std::shared_ptr<OpState> state;
+};
+
+// The queue, shared between the engine and its thread through a shared_ptr so that the thread
+// may outlive the engine when it is stuck in MPI at shutdown (see ~MpiEngine).
+struct Queue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Op> ops;
+  bool busy = false;  // the thread is running an op taken off `ops`
+  bool stop = false;  // drain what is queued, then finalize and exit
+  bool exited = false;
+};
+
+// The process's MPI: the comm thread, MPI_Init_thread/MPI_Finalize, and keel's own duplicate of
+// MPI_COMM_WORLD (so keel's messages never match another library's). Shared by every MpiComm.
+class MpiEngine {
+ public:
+  // The live engine, or a new one. MPI cannot be initialized twice in a process, so once the last
+  // MpiComm is gone a new one cannot be made.
+  static std::shared_ptr<MpiEngine> Acquire() {
+    static std::mutex mu;
+    static std::weak_ptr<MpiEngine> live;
+    static bool used = false;
+    std::lock_guard lock(mu);
+    if (auto e = live.lock()) return e;
+    if (used)
+      ThrowRuntime(
+          "MPI was already finalized in this process: keep one MPI Comm alive for the run");
+    used = true;
+    std::shared_ptr<MpiEngine> e(new MpiEngine());
+    live = e;
+    return e;
+  }
+
+  MpiEngine(const MpiEngine&) = delete;
+  MpiEngine& operator=(const MpiEngine&) = delete;
+
+  ~MpiEngine() {
+    std::unique_lock lock(queue_->mu);
+    const bool pending = queue_->busy || !queue_->ops.empty();
+    queue_->stop = true;
+    queue_->cv.notify_all();
+    auto exited = [&] { return queue_->exited; };
+    if (!pending) {
+      // A clean shutdown: MPI_Finalize waits for the other ranks to get there too.
+      queue_->cv.wait(lock, exited);
+    } else if (!queue_->cv.wait_for(lock, std::chrono::duration<double>(kShutdownGraceS), exited)) {
+      // An operation is stuck in MPI (a lost or hung peer). Joining would hang the exit; instead
+      // fail what has not started, leave the thread blocked, and skip MPI_Finalize. mpirun then
+      // sees this rank exit unfinalized and ends the job, which the supervisor restarts.
+      for (Op& op : queue_->ops) Complete(*op.state, "MPI communicator destroyed before this ran");
+      queue_->ops.clear();
+      lock.unlock();
+      Log("keel: MPI operation still in flight at shutdown after %.0f s; skipping MPI_Finalize",
+          kShutdownGraceS);
+      thread_.detach();
+      return;
+    }
+    lock.unlock();
+    thread_.join();
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return comm_; }
+
+  // Queues `run` behind every earlier operation; the handle completes when it has run.
+  std::shared_ptr<OpState> Submit(std::function<std::string()> run) {
+    auto state = std::make_shared<OpState>();
+    {
+      std::lock_guard lock(queue_->mu);
+      KEEL_CHECK(!queue_->stop, "operation submitted to a communicator being destroyed");
+      queue_->ops.push_back(Op{std::move(run), state});
+    }
+    queue_->cv.notify_all();
+    return state;
+  }
+
+  // Submit and wait for it; throws keel::Error if the MPI call failed.
+  void Run(std::function<std::string()> run) {
+    MpiWork work(Submit(std::move(run)));
+    KEEL_CHECK(work.Wait(-1), "Wait without a timeout returned false");
+  }
+
+ private:
+  MpiEngine() : queue_(std::make_shared<Queue>()) {
+    std::promise<std::string> started;
+    auto started_future = started.get_future();
+    // The promise moves into the thread: set_value may still be running when get() returns.
+    thread_ = std::thread(
+        [this, q = queue_, started = std::move(started)]() mutable { Loop(q, started); });
+    if (std::string err = started_future.get(); !err.empty()) {
+      thread_.join();
+      ThrowRuntime(err);
+    }
+  }
+
+  // The comm thread. Initializes MPI, reports through `started`, then runs ops until stopped.
+  // It reaches the engine only before `started` is set (to store rank/size/comm); afterwards it
+  // touches just `q` and MPI, so that it can be detached safely.
+  void Loop(std::shared_ptr<Queue> q, std::promise<std::string>& started) {
+    int flag = 0;
+    MPI_Finalized(&flag);
+    if (flag) return started.set_value("MPI was already finalized in this process");
+    MPI_Initialized(&flag);
+    if (flag)
+      return started.set_value(
+          "MPI was initialized outside keel::dist; keel's comm thread must own MPI");
+    int provided = 0;
+    if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+        rc != MPI_SUCCESS)
+      return started.set_value("MPI_Init_thread failed: " + MpiErrorString(rc));
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::string err;
+    if (provided < MPI_THREAD_SERIALIZED) {
+      // Only this thread calls MPI, so FUNNELED would do in practice, but ask for what we use.
+      err = "MPI_Init_thread: MPI_THREAD_SERIALIZED not supported (got level " +
+            std::to_string(provided) + ")";
+    } else if (int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm); rc != MPI_SUCCESS) {
+      err = "MPI_Comm_dup: " + MpiErrorString(rc);
+    } else {
+      // Errors come back as codes that become keel::Error, instead of aborting the job.
+      MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+      MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(comm, &rank_);
+      MPI_Comm_size(comm, &size_);
+      comm_ = comm;
+    }
+    if (!err.empty()) {
+      MPI_Finalize();
+      return started.set_value(err);
+    }
+    started.set_value("");  // from here on `this` may be gone (detached at shutdown)
+
+    std::unique_lock lock(q->mu);
+    for (;;) {
+      q->cv.wait(lock, [&] { return q->stop || !q->ops.empty(); });
+      if (q->ops.empty()) break;  // stopped and drained
+      Op op = std::move(q->ops.front());
+      q->ops.pop_front();
+      q->busy = true;
+      lock.unlock();
+      std::string error = op.run();
+      Complete(*op.state, std::move(error));
+      lock.lock();
+      q->busy = false;
+    }
+    lock.unlock();
+    MPI_Comm_free(&comm);
+    MPI_Finalize();
+    lock.lock();
+    q->exited = true;
+    q->cv.notify_all();
+  }
+
+  std::shared_ptr<Queue> queue_;
+  std::thread thread_;
+  int rank_ = -1;
+  int size_ = 0;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+// Formats a failed MPI call for keel::Error; "" when rc is MPI_SUCCESS.
+std::string Check(int rc, const char* call, int rank) {
+  if (rc == MPI_SUCCESS) return "";
+  return std::string(call) + " failed on rank " + std::to_string(rank) + ": " + MpiErrorString(rc);
+}
+
+int ToCount(size_t n, const char* call) {
+  if (n > static_cast<size_t>(INT_MAX))
+    ThrowRuntime(std::string(call) + ": " + std::to_string(n) +
+                 " elements per rank exceeds MPI's int count");
+  return static_cast<int>(n);
+}
+
+class MpiComm final : public Comm {
+ public:
+  explicit MpiComm(std::shared_ptr<MpiEngine> engine)
+      : engine_(std::move(engine)),
+        comm_(engine_->comm()),
+        rank_(engine_->rank()),
+        size_(engine_->size()) {}
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "mpi"; }
+
+  std::unique_ptr<Work> AllReduceSumAsync(float* data, size_t n) override {
+    return Async([data, n, comm = comm_, rank = rank_]() -> std::string {
+      for (size_t off = 0; off < n; off += kMaxChunk) {
+        int count = static_cast<int>(std::min(kMaxChunk, n - off));
+        int rc = MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, comm);
+        if (rc != MPI_SUCCESS) return Check(rc, "MPI_Allreduce", rank);
+      }
+      return "";
+    });
+  }
+
+  std::unique_ptr<Work> ReduceScatterSumAsync(const float* send, float* recv, size_t n) override {
+    KEEL_CHECK(n % static_cast<size_t>(size_) == 0, "ReduceScatter of " + std::to_string(n) +
+                                                        " floats over " + std::to_string(size_) +
+                                                        " ranks");
+    int count = ToCount(n / static_cast<size_t>(size_), "MPI_Reduce_scatter_block");
+    return Async([=, comm = comm_, rank = rank_] {
+      return Check(MPI_Reduce_scatter_block(send, recv, count, MPI_FLOAT, MPI_SUM, comm),
+                   "MPI_Reduce_scatter_block", rank);
+    });
+  }
+
+  std::unique_ptr<Work> AllGatherAsync(const float* send, float* recv, size_t n) override {
+    int count = ToCount(n, "MPI_Allgather");
+    // MPI forbids aliasing send and recv unless said with MPI_IN_PLACE; allow the common case
+    // where this rank's piece already sits at its place in recv.
+    const void* sendbuf = (send == recv + n * static_cast<size_t>(rank_)) ? MPI_IN_PLACE : send;
+    return Async([=, comm = comm_, rank = rank_] {
+      return Check(MPI_Allgather(sendbuf, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm),
+                   "MPI_Allgather", rank);
+    });
+  }
+
+  void Broadcast(void* data, size_t bytes, int root) override {
+    engine_->Run([=, comm = comm_, rank = rank_]() -> std::string {
+      auto* p = static_cast<char*>(data);
+      for (size_t off = 0; off < bytes; off += kMaxChunk) {
+        int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
+        if (int rc = MPI_Bcast(p + off, count, MPI_BYTE, root, comm); rc != MPI_SUCCESS)
+          return Check(rc, "MPI_Bcast", rank);
+      }
+      return "";
+    });
+  }
+
+  void Send(const void* data, size_t bytes, int peer) override {
+    engine_->Run([=, comm = comm_, rank = rank_]() -> std::string {
+      const auto* p = static_cast<const char*>(data);
+      // Both sides cut a message into the same chunks, so they match one to one.
+      for (size_t off = 0; off == 0 || off < bytes; off += kMaxChunk) {
+        int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
+        if (int rc = MPI_Send(p + off, count, MPI_BYTE, peer, kTag, comm); rc != MPI_SUCCESS)
+          return Check(rc, "MPI_Send", rank);
+      }
+      return "";
+    });
+  }
+
+  void Recv(void* data, size_t bytes, int peer) override {
+    engine_->Run([=, comm = comm_, rank = rank_]() -> std::string {
+      auto* p = static_cast<char*>(data);
+      for (size_t off = 0; off == 0 || off < bytes; off += kMaxChunk) {
+        int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
+        MPI_Status status;
+        if (int rc = MPI_Recv(p + off, count, MPI_BYTE, peer, kTag, comm, &status);
+            rc != MPI_SUCCESS)
+          return Check(rc, "MPI_Recv", rank);
+        int got = 0;
+        MPI_Get_count(&status, MPI_BYTE, &got);
+        if (got != count)
+          return "MPI_Recv on rank " + std::to_string(rank) + " from rank " + std::to_string(peer) +
+                 ": expected " + std::to_string(bytes) + " bytes, the sender sent fewer";
+      }
+      return "";
+    });
+  }
+
+  void Barrier() override {
+    engine_->Run(
+        [comm = comm_, rank = rank_] { return Check(MPI_Barrier(comm), "MPI_Barrier", rank); });
+  }
+
+ protected:
+  void AllReduceDoubles(double* data, size_t n, bool max) override {
+    int count = ToCount(n, "MPI_Allreduce");
+    engine_->Run([=, comm = comm_, rank = rank_] {
+      return Check(
+          MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, max ? MPI_MAX : MPI_SUM, comm),
+          "MPI_Allreduce", rank);
+    });
+  }
+
+ private:
+  static constexpr int kTag = 0;  // one stream per pair; MPI keeps it in order
+
+  std::unique_ptr<Work> Async(std::function<std::string()> run) {
+    return std::make_unique<MpiWork>(engine_->Submit(std::move(run)));
+  }
+
+  std::shared_ptr<MpiEngine> engine_;  // keeps MPI up while this Comm lives
+  MPI_Comm comm_;
+  int rank_;
+  int size_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> MakeMpiComm() {
+  auto comm = std::make_unique<MpiComm>(MpiEngine::Acquire());
+  SetLogRank(comm->size() > 1 ? comm->rank() : -1);
+  return comm;
+}
+
+}  // namespace keel::dist
