@@ -117,8 +117,8 @@ class MpiEngine {
     if (used)
       ThrowRuntime(
           "MPI was already finalized in this process: keep one MPI Comm alive for the run");
+    std::shared_ptr<MpiEngine> e(new MpiEngine());  // throws if MPI does not come up
     used = true;
-    std::shared_ptr<MpiEngine> e(new MpiEngine());
     live = e;
     return e;
   }
