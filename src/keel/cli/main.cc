@@ -28,8 +28,10 @@ int main(int argc, char** argv) {
       std::printf("%s", app.help().c_str());
       return;
     }
-    auto* sub = app.get_subcommand_no_throw(verb);
-    if (!sub) keel::ThrowBadInput("help: unknown verb \"" + verb + "\"");
+    CLI::App* sub = nullptr;
+    for (auto* s : app.get_subcommands({}))
+      if (s->get_name() == verb) sub = s;
+    if (!sub) keel::ThrowBadInput("help: unknown verb \"" + verb + "\" (try: keel help)");
     std::printf("%s", sub->help().c_str());
   });
   try {

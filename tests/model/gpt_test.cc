@@ -1,0 +1,129 @@
+// Whole-model tests that need no oracle: the loss at initialization, recomputation changing
+// nothing, bitwise repeatability, and parameter/activation accounting. The PyTorch oracle
+// (tests/reference) checks the numbers themselves.
+#include "keel/model/gpt.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "keel/core/rng.h"
+#include "keel/model/params.h"
+
+namespace keel::model {
+namespace {
+
+ModelConfig Tiny() { return {2, 2, 32, 50257, 64}; }
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch RandomBatch(int B, int T, int V, uint64_t seed) {
+  Philox rng(seed, 0);
+  Batch b;
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(int32_t(rng.Bits(2 * i)[0] % V));
+    b.targets.push_back(int32_t(rng.Bits(2 * i + 1)[0] % V));
+  }
+  return b;
+}
+
+std::vector<float> RunGrads(DType dtype, Recompute rc, double* loss) {
+  const int B = 2, T = 16;
+  GptModel m(Tiny(), dtype, B, T, rc);
+  InitParams(m.layout(), m.config(), 7, m.master());
+  m.SyncWorking();
+  Batch b = RandomBatch(B, T, 50257, 3);
+  m.ZeroGrads();
+  *loss = m.ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f / (B * T));
+  return std::vector<float>(m.grads(), m.grads() + m.layout().total());
+}
+
+TEST(Gpt, InitialLossIsNearLogVocab) {
+  double loss;
+  RunGrads(DType::kF32, Recompute::kNone, &loss);
+  EXPECT_NEAR(loss / 32, std::log(50257.0), 0.1);
+}
+
+TEST(Gpt, RecomputeGivesBitwiseIdenticalGradients) {
+  for (DType d : {DType::kF32, DType::kBF16}) {
+    double l0, l1, l2;
+    auto g0 = RunGrads(d, Recompute::kNone, &l0);
+    auto g1 = RunGrads(d, Recompute::kAttn, &l1);
+    auto g2 = RunGrads(d, Recompute::kFull, &l2);
+    EXPECT_EQ(l0, l1);
+    EXPECT_EQ(l0, l2);
+    EXPECT_TRUE(g0 == g1) << DTypeName(d);
+    EXPECT_TRUE(g0 == g2) << DTypeName(d);
+  }
+}
+
+TEST(Gpt, RepeatedStepsAreBitwiseIdentical) {
+  double a, b;
+  EXPECT_TRUE(RunGrads(DType::kBF16, Recompute::kNone, &a) ==
+              RunGrads(DType::kBF16, Recompute::kNone, &b));
+  EXPECT_EQ(a, b);
+}
+
+TEST(Gpt, ForwardMatchesForwardBackwardLoss) {
+  const int B = 2, T = 16;
+  GptModel m(Tiny(), DType::kF32, B, T, Recompute::kNone);
+  InitParams(m.layout(), m.config(), 7, m.master());
+  Batch b = RandomBatch(B, T, 50257, 3);
+  double fwd = m.Forward(b.tokens.data(), b.targets.data());
+  double fb = m.ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f);
+  EXPECT_EQ(fwd, fb);
+}
+
+TEST(Gpt, GradsReadyReportsShrinkingSuffixesEndingAtZero) {
+  const int B = 1, T = 8;
+  GptModel m(Tiny(), DType::kF32, B, T, Recompute::kNone);
+  InitParams(m.layout(), m.config(), 1, m.master());
+  Batch b = RandomBatch(B, T, 50257, 5);
+  std::vector<size_t> offsets;
+  m.ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f,
+                    [&](size_t off) { offsets.push_back(off); });
+  ASSERT_EQ(offsets.size(), 3u);  // two layers, then the embeddings
+  EXPECT_EQ(offsets[0], m.layout().layer_start(1));
+  EXPECT_EQ(offsets[1], m.layout().layer_start(0));
+  EXPECT_EQ(offsets[2], 0u);
+}
+
+TEST(Gpt, Gpt2SmallHas124MParameters) {
+  auto layout = ParamLayout::Gpt2(NamedConfig("gpt2"));
+  // 124,439,808 with the real vocabulary; padding to 50304 rows adds 47·768.
+  EXPECT_EQ(layout.total(), 124439808u + 47u * 768u);
+  auto xl = ParamLayout::Gpt2(NamedConfig("gpt2-xl"));
+  EXPECT_NEAR(double(xl.total()), 1.558e9, 0.002e9);
+}
+
+TEST(Gpt, RecomputationShrinksTheActivationArena) {
+  auto cfg = NamedConfig("gpt2");
+  size_t none = PlanActivations(cfg, 4, 256, DType::kBF16, Recompute::kNone).total_bytes;
+  size_t attn = PlanActivations(cfg, 4, 256, DType::kBF16, Recompute::kAttn).total_bytes;
+  size_t full = PlanActivations(cfg, 4, 256, DType::kBF16, Recompute::kFull).total_bytes;
+  EXPECT_LT(attn, none);
+  EXPECT_LT(full, attn);
+  GptModel m(cfg, DType::kBF16, 4, 256, Recompute::kFull);
+  EXPECT_EQ(m.activation_plan().total_bytes, full);
+}
+
+TEST(Gpt, InitIsAFunctionOfTheSeedOnly) {
+  auto cfg = Tiny();
+  auto layout = ParamLayout::Gpt2(cfg);
+  std::vector<float> a(layout.total()), b(layout.total()), c(layout.total());
+  InitParams(layout, cfg, 11, a.data());
+  InitParams(layout, cfg, 11, b.data());
+  InitParams(layout, cfg, 12, c.data());
+  EXPECT_TRUE(a == b);
+  EXPECT_FALSE(a == c);
+  // Padded vocabulary rows start at zero.
+  const auto& wte = layout.Find("wte.weight");
+  for (size_t i = size_t(cfg.vocab_size) * cfg.n_embd; i < wte.numel; ++i)
+    ASSERT_EQ(a[wte.offset + i], 0.0f);
+}
+
+}  // namespace
+}  // namespace keel::model
