@@ -1,0 +1,187 @@
+// TokenDataset: a keel-tokens folder or a flat uint16 file, memory-mapped; see dataset.h.
+#include "keel/data/dataset.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/data/dataset_meta.h"
+#include "keel/data/file_util.h"
+
+namespace keel::data {
+namespace internal {
+
+// TokenDataset::Impl is private; the helpers below work on this base.
+struct DatasetState {
+  struct Shard {
+    std::string path;
+    MappedFile tokens;
+    MappedFile index;    // empty for a flat file
+    uint64_t begin = 0;  // global index of its first token
+    uint64_t size = 0;
+  };
+  std::string path;
+  int vocab_size = 50257;
+  int eos_id = 50256;
+  size_t width = 2;  // bytes per token
+  std::vector<Shard> shards;
+  std::vector<uint64_t> begins;  // shards[i].begin, for binary search
+  uint64_t total = 0;
+
+  int32_t At(const Shard& s, uint64_t i) const {
+    if (width == 2) {
+      uint16_t v;
+      std::memcpy(&v, s.tokens.data() + i * 2, 2);
+      return int32_t(v);
+    }
+    uint32_t v;
+    std::memcpy(&v, s.tokens.data() + i * 4, 4);
+    return int32_t(v);
+  }
+};
+
+}  // namespace internal
+
+struct TokenDataset::Impl : internal::DatasetState {};
+
+namespace {
+
+using internal::DatasetState;
+
+uint64_t ReadU64(const MappedFile& f, uint64_t i) {
+  uint64_t v;
+  std::memcpy(&v, f.data() + i * 8, 8);
+  return v;
+}
+
+void OpenFolder(DatasetState* d) {
+  DatasetMeta meta = ReadDatasetMeta(d->path);
+  d->vocab_size = meta.vocab_size;
+  d->eos_id = meta.eos_id;
+  d->width = meta.token_bytes();
+  for (const ShardMeta& sm : meta.shards) {
+    DatasetState::Shard s;
+    s.path = d->path + "/" + sm.file;
+    s.tokens = MappedFile::Open(s.path);
+    if (s.tokens.size() != sm.tokens * d->width) {
+      ThrowBadInput(s.path + ": expected " + std::to_string(sm.tokens * d->width) + " bytes (" +
+                    std::to_string(sm.tokens) + " " + meta.dtype +
+                    " tokens per meta.json), found " + std::to_string(s.tokens.size()) +
+                    (s.tokens.size() < sm.tokens * d->width ? " (truncated?)" : ""));
+    }
+    const std::string idx_path = d->path + "/" + sm.index;
+    s.index = MappedFile::Open(idx_path);
+    if (s.index.size() != (sm.documents + 1) * 8) {
+      ThrowBadInput(idx_path + ": expected " + std::to_string((sm.documents + 1) * 8) + " bytes (" +
+                    std::to_string(sm.documents) +
+                    " document offsets plus the end, uint64), found " +
+                    std::to_string(s.index.size()));
+    }
+    // The first and last entries are cheap to check here; `keel data verify` checks them all.
+    if (ReadU64(s.index, 0) != 0 || ReadU64(s.index, sm.documents) != sm.tokens) {
+      ThrowBadInput(idx_path + ": expected offsets from 0 to " + std::to_string(sm.tokens) +
+                    ", found " + std::to_string(ReadU64(s.index, 0)) + " to " +
+                    std::to_string(ReadU64(s.index, sm.documents)));
+    }
+    s.begin = d->total;
+    s.size = sm.tokens;
+    d->total += sm.tokens;
+    d->shards.push_back(std::move(s));
+  }
+}
+
+void OpenFlat(DatasetState* d) {
+  DatasetState::Shard s;
+  s.path = d->path;
+  s.tokens = MappedFile::Open(d->path);
+  if (s.tokens.size() % 2 != 0) {
+    ThrowBadInput(d->path +
+                  ": expected a flat file of uint16 tokens (an even number of bytes), "
+                  "found " +
+                  std::to_string(s.tokens.size()) + " bytes");
+  }
+  s.size = s.tokens.size() / 2;
+  d->total = s.size;
+  d->shards.push_back(std::move(s));
+}
+
+}  // namespace
+
+TokenDataset TokenDataset::Open(const std::string& path) {
+  auto d = std::make_unique<Impl>();
+  d->path = path;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    ThrowBadInput(path +
+                  ": not found: expected a keel-tokens folder (with meta.json) or a flat "
+                  "file of uint16 tokens");
+  }
+  if (S_ISDIR(st.st_mode)) {
+    OpenFolder(d.get());
+  } else {
+    OpenFlat(d.get());
+  }
+  for (const auto& s : d->shards) d->begins.push_back(s.begin);
+  return TokenDataset(std::move(d));
+}
+
+TokenDataset::TokenDataset(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TokenDataset::TokenDataset(TokenDataset&&) noexcept = default;
+TokenDataset& TokenDataset::operator=(TokenDataset&&) noexcept = default;
+TokenDataset::~TokenDataset() = default;
+
+size_t TokenDataset::size() const { return impl_->total; }
+int TokenDataset::vocab_size() const { return impl_->vocab_size; }
+int TokenDataset::eos_id() const { return impl_->eos_id; }
+const std::string& TokenDataset::path() const { return impl_->path; }
+
+void TokenDataset::Read(size_t start, size_t n, int32_t* out) const {
+  const Impl& d = *impl_;
+  if (start > d.total || n > d.total - start) {
+    ThrowRuntime(d.path + ": read of tokens [" + std::to_string(start) + ", " +
+                 std::to_string(start + n) + ") past the end (" + std::to_string(d.total) +
+                 " tokens)");
+  }
+  if (n == 0) return;
+  // The last shard whose begin <= start; empty shards share a begin with the next one and are
+  // skipped by the loop below.
+  size_t si =
+      size_t(std::upper_bound(d.begins.begin(), d.begins.end(), start) - d.begins.begin()) - 1;
+  uint64_t pos = start - d.shards[si].begin;
+  while (n > 0) {
+    const auto& s = d.shards[si];
+    const uint64_t take = std::min<uint64_t>(n, s.size - pos);
+    if (d.width == 2) {
+      const uint8_t* p = s.tokens.data() + pos * 2;
+      for (uint64_t i = 0; i < take; ++i) {
+        uint16_t v;
+        std::memcpy(&v, p + i * 2, 2);
+        out[i] = int32_t(v);
+      }
+    } else {
+      std::memcpy(out, s.tokens.data() + pos * 4, take * 4);
+    }
+    out += take;
+    n -= take;
+    pos = 0;
+    ++si;
+  }
+}
+
+void TokenDataset::CheckIds(int vocab) const {
+  for (const auto& s : impl_->shards) {
+    for (uint64_t i = 0; i < s.size; ++i) {
+      int32_t t = impl_->At(s, i);
+      if (t < 0 || t >= vocab) {
+        ThrowBadInput(s.path + ": token " + std::to_string(t) + " at offset " + std::to_string(i) +
+                      " (byte " + std::to_string(i * impl_->width) + "): expected an id < " +
+                      std::to_string(vocab));
+      }
+    }
+  }
+}
+
+}  // namespace keel::data

@@ -1,0 +1,144 @@
+// Reading and writing keel-tokens meta.json; see dataset_meta.h.
+#include "keel/data/dataset_meta.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "keel/core/error.h"
+#include "keel/data/file_util.h"
+
+namespace keel::data {
+namespace {
+
+using nlohmann::json;
+
+// Shard file names are plain names inside the folder: a meta.json must not point elsewhere.
+bool IsPlainName(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
+}
+
+class MetaReader {
+ public:
+  explicit MetaReader(std::string path) : path_(std::move(path)) {}
+
+  [[noreturn]] void Fail(const std::string& key, const std::string& expected) const {
+    ThrowBadInput(path_ + ": " + key + ": expected " + expected);
+  }
+  const json& Get(const json& obj, const std::string& key, const std::string& where) const {
+    auto it = obj.find(key);
+    if (it == obj.end()) Fail(where + key, "a value (missing)");
+    return *it;
+  }
+  std::string String(const json& obj, const std::string& key, const std::string& where = "") const {
+    const json& v = Get(obj, key, where);
+    if (!v.is_string()) Fail(where + key, "a string, got " + v.dump());
+    return v.get<std::string>();
+  }
+  uint64_t Count(const json& obj, const std::string& key, const std::string& where = "") const {
+    const json& v = Get(obj, key, where);
+    if (!v.is_number_unsigned()) Fail(where + key, "an integer >= 0, got " + v.dump());
+    return v.get<uint64_t>();
+  }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+uint64_t DatasetMeta::tokens() const {
+  uint64_t n = 0;
+  for (const auto& s : shards) n += s.tokens;
+  return n;
+}
+
+uint64_t DatasetMeta::documents() const {
+  uint64_t n = 0;
+  for (const auto& s : shards) n += s.documents;
+  return n;
+}
+
+std::string HashHex(uint64_t hash) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hash));
+  return buf;
+}
+
+DatasetMeta ReadDatasetMeta(const std::string& dir) {
+  const std::string path = dir + "/meta.json";
+  std::string text;
+  try {
+    text = ReadWholeFile(path);
+  } catch (const Error&) {
+    ThrowBadInput(path +
+                  ": missing or unreadable: expected a keel-tokens dataset (an interrupted "
+                  "`keel data prepare` leaves no meta.json)");
+  }
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    ThrowBadInput(path + ": expected JSON: " + e.what());
+  }
+  MetaReader r(path);
+  if (!j.is_object()) r.Fail("top level", "a JSON object");
+  if (r.String(j, "format") != kDatasetFormat) {
+    r.Fail("format", std::string("\"") + kDatasetFormat + "\", got " + j["format"].dump());
+  }
+  if (r.Count(j, "version") != uint64_t(kDatasetVersion)) {
+    r.Fail("version", std::to_string(kDatasetVersion) + ", got " + j["version"].dump() +
+                          " (written by a newer keel?)");
+  }
+  DatasetMeta m;
+  m.tokenizer = r.String(j, "tokenizer");
+  uint64_t vocab = r.Count(j, "vocab_size");
+  if (vocab == 0 || vocab > (uint64_t(1) << 31)) r.Fail("vocab_size", "a value in [1, 2^31)");
+  m.vocab_size = int(vocab);
+  uint64_t eos = r.Count(j, "eos_id");
+  if (eos >= vocab) r.Fail("eos_id", "an id < vocab_size " + std::to_string(vocab));
+  m.eos_id = int(eos);
+  m.dtype = r.String(j, "dtype");
+  if (m.dtype != "uint16" && m.dtype != "uint32") {
+    r.Fail("dtype", "\"uint16\" or \"uint32\", got \"" + m.dtype + "\"");
+  }
+  if (m.dtype == "uint16" && vocab > 65536) r.Fail("dtype", "uint32 for a vocab over 65536");
+  const json& shards = r.Get(j, "shards", "");
+  if (!shards.is_array()) r.Fail("shards", "an array");
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string where = "shards[" + std::to_string(i) + "].";
+    const json& s = shards[i];
+    if (!s.is_object()) r.Fail(where.substr(0, where.size() - 1), "an object");
+    ShardMeta sm;
+    sm.file = r.String(s, "file", where);
+    sm.index = r.String(s, "index", where);
+    if (!IsPlainName(sm.file)) r.Fail(where + "file", "a file name inside the folder");
+    if (!IsPlainName(sm.index)) r.Fail(where + "index", "a file name inside the folder");
+    sm.tokens = r.Count(s, "tokens", where);
+    sm.documents = r.Count(s, "documents", where);
+    sm.xxh3 = r.String(s, "xxh3", where);
+    sm.index_xxh3 = r.String(s, "index_xxh3", where);
+    m.shards.push_back(std::move(sm));
+  }
+  if (j.contains("tokens") && j["tokens"] != m.tokens()) {
+    r.Fail("tokens", "the sum over shards, " + std::to_string(m.tokens()));
+  }
+  return m;
+}
+
+std::string DatasetMetaToJson(const DatasetMeta& m) {
+  json shards = json::array();
+  for (const auto& s : m.shards) {
+    shards.push_back({{"file", s.file},
+                      {"index", s.index},
+                      {"tokens", s.tokens},
+                      {"documents", s.documents},
+                      {"xxh3", s.xxh3},
+                      {"index_xxh3", s.index_xxh3}});
+  }
+  json j = {{"format", kDatasetFormat},   {"version", kDatasetVersion}, {"tokenizer", m.tokenizer},
+            {"vocab_size", m.vocab_size}, {"eos_id", m.eos_id},         {"dtype", m.dtype},
+            {"tokens", m.tokens()},       {"documents", m.documents()}, {"shards", shards}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace keel::data

@@ -1,0 +1,54 @@
+// The meta.json of a keel-tokens dataset folder (DESIGN.md, "Formats"): what it holds, how it is
+// read with errors that name the key, and how it is written. Shared by the reader
+// (TokenDataset), the writer (ShardWriter), `keel data inspect` and `keel data verify`.
+//
+//   {"format": "keel-tokens", "version": 1, "tokenizer": "gpt2", "vocab_size": 50257,
+//    "eos_id": 50256, "dtype": "uint16", "tokens": 2048, "documents": 3,
+//    "shards": [{"file": "shard_00000.bin", "index": "shard_00000.idx", "tokens": 2048,
+//                "documents": 3, "xxh3": "0123456789abcdef", "index_xxh3": "..."}]}
+//
+// shard_NNNNN.bin holds little-endian tokens of `dtype`; shard_NNNNN.idx holds documents + 1
+// little-endian uint64 offsets (in tokens, within the shard): each document's start, then the
+// end. xxh3 is XXH3-64 of the file's bytes, as 16 lowercase hex digits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace keel::data {
+
+inline constexpr const char* kDatasetFormat = "keel-tokens";
+inline constexpr int kDatasetVersion = 1;
+
+struct ShardMeta {
+  std::string file;   // token file name inside the folder
+  std::string index;  // document index file name inside the folder
+  uint64_t tokens = 0;
+  uint64_t documents = 0;
+  std::string xxh3;        // of the token file
+  std::string index_xxh3;  // of the index file
+};
+
+struct DatasetMeta {
+  std::string tokenizer = "gpt2";
+  int vocab_size = 50257;
+  int eos_id = 50256;
+  std::string dtype = "uint16";  // "uint16" or "uint32"
+  std::vector<ShardMeta> shards;
+
+  size_t token_bytes() const { return dtype == "uint16" ? 2 : 4; }
+  uint64_t tokens() const;
+  uint64_t documents() const;
+};
+
+// Reads DIR/meta.json. Throws keel::Error (bad input) naming the file and key: missing (which is
+// what an interrupted write leaves), not JSON, wrong format or version, a key of the wrong type.
+DatasetMeta ReadDatasetMeta(const std::string& dir);
+
+std::string DatasetMetaToJson(const DatasetMeta& meta);
+
+// 16 lowercase hex digits, the spelling of hashes in meta.json.
+std::string HashHex(uint64_t hash);
+
+}  // namespace keel::data

@@ -1,0 +1,59 @@
+// VerifyDataset; see verify.h.
+#include "keel/data/verify.h"
+
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "keel/core/error.h"
+#include "keel/data/dataset.h"
+#include "keel/data/dataset_meta.h"
+#include "keel/data/file_util.h"
+
+namespace keel::data {
+
+VerifySummary VerifyDataset(const std::string& path) {
+  // Open first: it gives the clear error for a missing meta.json, wrong sizes, a flat file.
+  TokenDataset ds = TokenDataset::Open(path);
+  VerifySummary sum;
+  sum.tokens = ds.size();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    const DatasetMeta meta = ReadDatasetMeta(path);
+    for (const ShardMeta& s : meta.shards) {
+      for (const auto& [name, want] : {std::pair{s.file, s.xxh3}, {s.index, s.index_xxh3}}) {
+        const std::string file = path + "/" + name;
+        MappedFile f = MappedFile::Open(file);
+        const std::string got = HashHex(XXH3_64bits(f.data(), f.size()));
+        if (got != want) {
+          ThrowBadInput(file + ": xxh3 " + got + ", expected " + want +
+                        " (from meta.json): the "
+                        "file is corrupt or was changed after writing");
+        }
+        sum.bytes += f.size();
+      }
+      MappedFile idx = MappedFile::Open(path + "/" + s.index);
+      uint64_t prev = 0;
+      for (uint64_t i = 0; i <= s.documents; ++i) {
+        uint64_t v;
+        std::memcpy(&v, idx.data() + i * 8, 8);
+        if (v < prev || v > s.tokens) {
+          ThrowBadInput(path + "/" + s.index + ": entry " + std::to_string(i) + " is " +
+                        std::to_string(v) + ": expected offsets non-decreasing within [" +
+                        std::to_string(prev) + ", " + std::to_string(s.tokens) + "]");
+        }
+        prev = v;
+      }
+      ++sum.shards;
+      sum.documents += s.documents;
+    }
+  } else {
+    sum.shards = 1;
+    sum.bytes = ds.size() * 2;
+  }
+  ds.CheckIds(ds.vocab_size());
+  return sum;
+}
+
+}  // namespace keel::data
