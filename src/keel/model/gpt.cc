@@ -189,6 +189,13 @@ double Forward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets)
 }
 
 template <typename T>
+void ForwardLogits(GptModel::Impl& m, const int32_t* tokens, float* logits) {
+  Trunk<T>(m, tokens);
+  k::ClassifierLogits(logits, m.Act<T>("lnf"), Working<T>(m), m.B * m.T, m.cfg.n_embd,
+                      m.cfg.vocab_size);
+}
+
+template <typename T>
 double ForwardBackward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets,
                        float dloss, const GradsReady& ready) {
   const int BT = m.B * m.T, C = m.cfg.n_embd, L = m.cfg.n_layer;
@@ -258,6 +265,13 @@ double GptModel::ForwardBackward(const int32_t* tokens, const int32_t* targets, 
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets) {
   return impl_->dtype == DType::kF32 ? model::Forward<float>(*impl_, tokens, targets)
                                      : model::Forward<bf16>(*impl_, tokens, targets);
+}
+
+void GptModel::ForwardLogits(const int32_t* tokens, float* logits) {
+  if (impl_->dtype == DType::kF32)
+    model::ForwardLogits<float>(*impl_, tokens, logits);
+  else
+    model::ForwardLogits<bf16>(*impl_, tokens, logits);
 }
 
 }  // namespace keel::model

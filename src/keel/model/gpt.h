@@ -52,6 +52,8 @@ class GptModel {
                          const GradsReady& ready = nullptr);
   // Σ losses of the rows, forward only.
   double Forward(const int32_t* tokens, const int32_t* targets);
+  // logits (B·T, vocab_size) fp32 of a forward pass, for tests and evaluation.
+  void ForwardLogits(const int32_t* tokens, float* logits);
 
   struct Impl;
 
