@@ -128,6 +128,9 @@ template <class... Fs>
 struct Overloaded : Fs... {
   using Fs::operator()...;
 };
+// Spelled out because clang before 17 lacks deduction for aggregates.
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
 
 // A TOML basic string: quotes, backslashes and control characters escaped; UTF-8 kept as is.
 std::string Quote(std::string_view s) {
