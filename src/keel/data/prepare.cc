@@ -1,0 +1,274 @@
+// Prepare: the reader (this thread) cuts the input into batches of raw items, worker threads
+// parse and tokenize them, and this thread writes finished batches strictly in input order, so
+// the output does not depend on the number of workers. Filtering (min_chars, dedup) and the
+// train/val split happen at write time, in order, for the same reason.
+#include "keel/data/prepare.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <unordered_set>
+
+#include "keel/core/error.h"
+#include "keel/data/prepare_input.h"
+#include "keel/data/shard_writer.h"
+#include "keel/data/tokenizer.h"
+
+namespace keel::data {
+namespace {
+
+using internal::RawItem;
+
+// Batches of about this much text keep the hand-off overhead small and memory bounded.
+constexpr size_t kBatchBytes = size_t(1) << 20;
+constexpr size_t kBatchItems = 4096;
+
+struct ItemResult {
+  std::vector<int32_t> tokens;
+  uint64_t hash = 0;
+  uint64_t chars = 0;
+};
+
+struct Batch {
+  std::vector<RawItem> items;
+  std::vector<ItemResult> results;
+  std::string error;  // the first bad item's message; reported when the batch is written
+  bool done = false;
+};
+
+// Parses (JSONL) and tokenizes one batch. Errors are recorded, not thrown: they must surface in
+// input order on the writing thread, whichever worker meets them first.
+void ProcessBatch(const PrepareOptions& o, const Tokenizer& tok,
+                  const std::vector<std::string>& files, Batch* b) {
+  b->results.resize(b->items.size());
+  std::string text;
+  for (size_t i = 0; i < b->items.size(); ++i) {
+    RawItem& item = b->items[i];
+    ItemResult& r = b->results[i];
+    std::string_view view = item.bytes;
+    if (item.kind == RawItem::Kind::kJsonLine) {
+      try {
+        auto j = nlohmann::json::parse(item.bytes);
+        auto it = j.is_object() ? j.find(o.field) : j.end();
+        if (!j.is_object() || it == j.end() || !it->is_string()) throw std::invalid_argument("");
+        text = it->get<std::string>();
+      } catch (const std::exception&) {
+        b->error = files[item.file] + ":" + std::to_string(item.line) +
+                   ": expected a JSON object with a string field \"" + o.field + "\"";
+        return;
+      }
+      view = text;
+    }
+    if (item.has_stats) {
+      r.hash = item.hash;
+      r.chars = item.chars;
+    } else if (item.first && item.last) {
+      r.hash = o.dedup ? XXH3_64bits(view.data(), view.size()) : 0;
+      r.chars = internal::CountCodePoints(view.data(), view.size());
+    }
+    // A short whole document is dropped anyway; don't spend time tokenizing it.
+    if (item.first && r.chars < o.min_chars) continue;
+    tok.EncodeAppend(view, &r.tokens);
+  }
+}
+
+// Worker threads over a queue of batches; joined on destruction, also when unwinding.
+class Workers {
+ public:
+  Workers(int n, const PrepareOptions& o, const Tokenizer& tok,
+          const std::vector<std::string>& files) {
+    for (int i = 0; i < n; ++i) {
+      threads_.emplace_back([this, &o, &tok, &files] {
+        while (Batch* b = Take()) {
+          ProcessBatch(o, tok, files, b);
+          std::lock_guard lock(mu_);
+          b->done = true;
+          done_cv_.notify_all();
+        }
+      });
+    }
+  }
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+  ~Workers() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  void Submit(Batch* b) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(b);
+    }
+    work_cv_.notify_one();
+  }
+  void Wait(const Batch* b) {
+    std::unique_lock lock(mu_);
+    done_cv_.wait(lock, [b] { return b->done; });
+  }
+
+ private:
+  Batch* Take() {
+    std::unique_lock lock(mu_);
+    work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) return nullptr;
+    Batch* b = queue_.front();
+    queue_.pop_front();
+    return b;
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::deque<Batch*> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+bool GoesToVal(uint64_t doc_index, const PrepareOptions& o) {
+  if (o.val_fraction <= 0) return false;
+  uint64_t h = XXH3_64bits_withSeed(&doc_index, sizeof doc_index, o.seed);
+  return double(h >> 11) * 0x1.0p-53 < o.val_fraction;
+}
+
+class Progress {
+ public:
+  explicit Progress(bool on) : on_(on), tty_(::isatty(2) == 1) {}
+  void Update(const PrepareSummary& s, bool final_line) {
+    if (!on_) return;
+    auto now = Clock::now();
+    if (!final_line && now - last_ < std::chrono::seconds(2)) return;
+    last_ = now;
+    double secs = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "%sprepare: %.1f MB read, %llu docs, %llu tokens, %.1f MB/s%s",
+                 tty_ ? "\r" : "", s.bytes_read / 1e6,
+                 static_cast<unsigned long long>(s.documents_read),
+                 static_cast<unsigned long long>(s.train_tokens + s.val_tokens),
+                 secs > 0 ? s.bytes_read / 1e6 / secs : 0.0, tty_ && !final_line ? "" : "\n");
+    printed_ = true;
+  }
+  bool printed() const { return printed_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool on_, tty_, printed_ = false;
+  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
+};
+
+}  // namespace
+
+PrepareSummary Prepare(const PrepareOptions& o) {
+  if (o.out.empty()) ThrowBadInput("prepare: expected an output folder (--out)");
+  if (o.val_fraction < 0 || o.val_fraction >= 1) {
+    ThrowBadInput("prepare: --val-fraction: expected a value in [0, 1), got " +
+                  std::to_string(o.val_fraction));
+  }
+  if (o.workers < 1 || o.workers > 1024) {
+    ThrowBadInput("prepare: --workers: expected 1..1024, got " + std::to_string(o.workers));
+  }
+  if (o.shard_tokens == 0) ThrowBadInput("prepare: --shard-tokens: expected a value > 0");
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tokenizer tok = Tokenizer::LoadGpt2(o.tokenizer_dir);
+  internal::InputReader reader(o.inputs, o.text_chunk_bytes);
+
+  ShardWriterOptions wo;
+  wo.tokenizer = "gpt2";
+  wo.vocab_size = tok.vocab_size();
+  wo.eos_id = tok.eos_id();
+  wo.shard_tokens = o.shard_tokens;
+  ShardWriter train(o.out + "/train", wo);
+  std::unique_ptr<ShardWriter> val;
+  if (o.val_fraction > 0) {
+    val = std::make_unique<ShardWriter>(o.out + "/val", wo);
+  } else {
+    // A val/ left by an earlier run with another split would silently disagree with train/.
+    std::error_code ec;
+    std::filesystem::remove(o.out + "/val/meta.json", ec);
+  }
+
+  PrepareSummary sum;
+  sum.files = reader.files().size();
+  std::unordered_set<uint64_t> seen;
+  Progress progress(o.progress);
+  ShardWriter* target = nullptr;  // where the current document goes; nullptr when dropped
+  const int32_t eos = tok.eos_id();
+
+  auto write = [&](Batch& b) {
+    for (size_t i = 0; i < b.items.size(); ++i) {
+      const RawItem& item = b.items[i];
+      const ItemResult& r = b.results[i];
+      if (item.first) {
+        uint64_t index = sum.documents_read++;
+        target = GoesToVal(index, o) ? val.get() : &train;
+        if (r.chars < o.min_chars) {
+          ++sum.dropped_short;
+          target = nullptr;
+        } else if (o.dedup && !seen.insert(r.hash).second) {
+          ++sum.dropped_duplicate;
+          target = nullptr;
+        }
+      }
+      if (!target) continue;
+      target->Append(r.tokens);
+      if (item.last) target->AddDocument({&eos, 1});
+    }
+  };
+
+  {
+    // Declared before the workers so that it outlives them when an error unwinds this block.
+    std::deque<std::unique_ptr<Batch>> inflight;
+    Workers workers(o.workers, o, tok, reader.files());
+    const size_t max_inflight = size_t(o.workers) * 2 + 2;
+    RawItem item;
+    bool more = true;
+    while (more || !inflight.empty()) {
+      while (more && inflight.size() < max_inflight) {
+        auto b = std::make_unique<Batch>();
+        size_t bytes = 0;
+        while (bytes < kBatchBytes && b->items.size() < kBatchItems &&
+               (more = reader.Next(&item))) {
+          bytes += item.bytes.size();
+          b->items.push_back(std::move(item));
+        }
+        if (b->items.empty()) break;
+        workers.Submit(b.get());
+        inflight.push_back(std::move(b));
+      }
+      if (inflight.empty()) break;
+      workers.Wait(inflight.front().get());
+      Batch& b = *inflight.front();
+      if (!b.error.empty()) ThrowBadInput(b.error);
+      write(b);
+      inflight.pop_front();
+      sum.bytes_read = reader.bytes_read();
+      sum.train_documents = train.documents();
+      sum.train_tokens = train.tokens();
+      sum.val_documents = val ? val->documents() : 0;
+      sum.val_tokens = val ? val->tokens() : 0;
+      progress.Update(sum, false);
+    }
+  }
+  train.Finish();
+  if (val) val->Finish();
+  sum.bytes_read = reader.bytes_read();
+  sum.train_documents = train.documents();
+  sum.train_tokens = train.tokens();
+  sum.val_documents = val ? val->documents() : 0;
+  sum.val_tokens = val ? val->tokens() : 0;
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (progress.printed()) progress.Update(sum, true);
+  return sum;
+}
+
+}  // namespace keel::data

@@ -1,0 +1,58 @@
+// `keel data prepare`: turns text (JSONL, .txt, folders of them) into keel-tokens datasets
+// OUT/train and OUT/val, each document followed by the eos token.
+//
+//   keel::data::PrepareOptions o;
+//   o.inputs = {"corpus/"};
+//   o.out = "data/corpus";
+//   o.tokenizer_dir = keel::cli::AssetDir() + "/gpt2";
+//   keel::data::PrepareSummary s = keel::data::Prepare(o);
+//
+// Output is a function of the inputs and options only: any number of workers gives the same bytes.
+// Memory is bounded by the documents in flight (a few per worker), not by the corpus.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace keel::data {
+
+struct PrepareOptions {
+  // Files or folders. A folder contributes its *.jsonl and *.txt files, recursively, in sorted
+  // path order. A .jsonl file holds one document per line; any other file is one document.
+  std::vector<std::string> inputs;
+  std::string out;             // gets train/ and, when val_fraction > 0, val/
+  std::string tokenizer_dir;   // holds encoder.json and vocab.bpe
+  std::string field = "text";  // the JSONL field holding the document text
+  // Each document goes to val with this probability, decided by a hash of (seed, its index in
+  // the input), so the split does not depend on filtering or on the number of workers.
+  double val_fraction = 0.05;
+  uint64_t seed = 1;
+  uint64_t min_chars = 0;  // drop documents with fewer code points
+  bool dedup = false;      // drop exact repeats (XXH3 of the text), keeping the first
+  int workers = 1;         // tokenizer threads
+  uint64_t shard_tokens = uint64_t(1) << 27;
+  bool progress = true;  // a progress line on stderr every two seconds
+  // A non-JSONL file bigger than this is tokenized in pieces cut at line breaks where the GPT-2
+  // pre-tokenizer cannot join across the cut, so the ids are those of the whole text. Exposed
+  // for tests.
+  uint64_t text_chunk_bytes = uint64_t(64) << 20;
+};
+
+struct PrepareSummary {
+  uint64_t files = 0;
+  uint64_t bytes_read = 0;
+  uint64_t documents_read = 0;
+  uint64_t train_documents = 0, train_tokens = 0;
+  uint64_t val_documents = 0, val_tokens = 0;
+  uint64_t dropped_short = 0;
+  uint64_t dropped_duplicate = 0;
+  double seconds = 0;
+};
+
+// Throws keel::Error (bad input) naming the file and line for unreadable input, a JSONL line
+// that is not an object with a string `field`, or no input files at all. On any error no
+// meta.json is written, so a partial output is never mistaken for a dataset.
+PrepareSummary Prepare(const PrepareOptions& options);
+
+}  // namespace keel::data

@@ -1,0 +1,183 @@
+// Prepare tests: brown.jsonl gives exactly tiktoken's ids plus eos per document; any worker count
+// gives identical bytes; filters, split, text chunking; a failed prepare leaves no dataset.
+#include "keel/data/prepare.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "data/temp_dir.h"
+#include "keel/core/error.h"
+#include "keel/data/dataset.h"
+#include "keel/data/tokenizer.h"
+#include "keel/data/verify.h"
+
+namespace keel::data {
+namespace {
+
+const std::string kBrown = std::string(KEEL_SHARED_DATA) + "/brown/brown.jsonl";
+
+PrepareOptions Options(const TempDir& tmp, const std::string& out) {
+  PrepareOptions o;
+  o.inputs = {kBrown};
+  o.out = tmp / out;
+  o.tokenizer_dir = std::string(KEEL_ASSET_DIR) + "/gpt2";
+  o.progress = false;
+  o.shard_tokens = 200000;
+  return o;
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<int32_t> ReadAll(const std::string& path) {
+  auto ds = TokenDataset::Open(path);
+  std::vector<int32_t> v(ds.size());
+  ds.Read(0, v.size(), v.data());
+  return v;
+}
+
+TEST(Prepare, BrownIsTiktokenIdsWithEos) {
+  TempDir tmp;
+  PrepareOptions o = Options(tmp, "out");
+  o.val_fraction = 0;
+  PrepareSummary s = Prepare(o);
+  EXPECT_EQ(s.documents_read, 500u);
+  EXPECT_EQ(s.train_documents, 500u);
+  EXPECT_EQ(s.train_tokens, 1299167u + 500u);
+  EXPECT_FALSE(std::filesystem::exists(tmp / "out/val/meta.json"));
+
+  const std::string ref = Slurp(std::string(KEEL_SHARED_DATA) + "/brown/brown.gpt2.u16");
+  std::istringstream counts(Slurp(std::string(KEEL_SHARED_DATA) + "/brown/brown.gpt2.counts"));
+  std::vector<int32_t> want;
+  size_t pos = 0;
+  for (size_t n; counts >> n;) {
+    for (size_t i = 0; i < n; ++i, ++pos) {
+      uint16_t v;
+      std::memcpy(&v, ref.data() + 2 * pos, 2);
+      want.push_back(v);
+    }
+    want.push_back(50256);
+  }
+  EXPECT_EQ(ReadAll(tmp / "out/train"), want);
+  EXPECT_EQ(VerifyDataset(tmp / "out/train").documents, 500u);
+}
+
+TEST(Prepare, WorkerCountDoesNotChangeTheOutput) {
+  TempDir tmp;
+  PrepareOptions o1 = Options(tmp, "w1");
+  o1.workers = 1;
+  PrepareOptions o3 = Options(tmp, "w3");
+  o3.workers = 3;
+  Prepare(o1);
+  Prepare(o3);
+  size_t compared = 0;
+  for (const std::string split : {"train", "val"}) {
+    for (const auto& e : std::filesystem::directory_iterator(tmp / ("w1/" + split))) {
+      const std::string name = e.path().filename().string();
+      EXPECT_EQ(Slurp(e.path().string()), Slurp(tmp / ("w3/" + split + "/" + name)))
+          << split << "/" << name;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 2u * 3 + 4);  // meta.json + at least one shard pair each, train has several
+}
+
+TEST(Prepare, SplitFiltersAndDedup) {
+  TempDir tmp;
+  {
+    std::ofstream f(tmp / "a.jsonl");
+    f << R"({"body": "short"})"
+      << "\n\n";
+    for (int i = 0; i < 50; ++i)
+      f << R"({"body": "a document that is long enough )" << i << "\"}\n";
+    f << R"({"body": "a document that is long enough 7"})"
+      << "\n";  // duplicate
+  }
+  PrepareOptions o = Options(tmp, "out");
+  o.inputs = {tmp / "a.jsonl"};
+  o.field = "body";
+  o.min_chars = 10;
+  o.dedup = true;
+  o.val_fraction = 0.3;
+  PrepareSummary s = Prepare(o);
+  EXPECT_EQ(s.documents_read, 52u);
+  EXPECT_EQ(s.dropped_short, 1u);
+  EXPECT_EQ(s.dropped_duplicate, 1u);
+  EXPECT_EQ(s.train_documents + s.val_documents, 50u);
+  EXPECT_GT(s.val_documents, 5u);
+  EXPECT_GT(s.train_documents, 20u);
+  EXPECT_EQ(TokenDataset::Open(tmp / "out/val").size(), s.val_tokens);
+}
+
+TEST(Prepare, ChunkedTextGivesTheSameIdsAsWholeText) {
+  TempDir tmp;
+  // A text file with long lines, blank lines, indentation and unicode; cut into ~100-byte pieces.
+  std::string text;
+  for (int i = 0; i < 300; ++i) {
+    text += "Line " + std::to_string(i) + " has words, numbers 12345 and caf\xc3\xa9.\n";
+    if (i % 7 == 0) text += "\n  indented\n\n\n";
+    if (i % 11 == 0) text += "\t\xe2\x80\x83spaces \n";
+  }
+  std::filesystem::create_directories(tmp / "in/sub");
+  std::ofstream(tmp / "in/sub/t.txt") << text;
+  std::ofstream(tmp / "in/ignored.bin") << "not text";
+  PrepareOptions o = Options(tmp, "out");
+  o.inputs = {tmp / "in"};
+  o.val_fraction = 0;
+  o.text_chunk_bytes = 100;
+  PrepareSummary s = Prepare(o);
+  EXPECT_EQ(s.files, 1u);
+  EXPECT_EQ(s.train_documents, 1u);
+  auto tok = Tokenizer::LoadGpt2(o.tokenizer_dir);
+  auto want = tok.Encode(text);
+  want.push_back(50256);
+  EXPECT_EQ(ReadAll(tmp / "out/train"), want);
+}
+
+TEST(Prepare, BadLineFailsWithoutLeavingADataset) {
+  TempDir tmp;
+  {
+    std::ofstream f(tmp / "bad.jsonl");
+    for (int i = 0; i < 100; ++i)
+      f << R"({"text": "fine line"})"
+        << "\n";
+    f << R"({"txt": "wrong field"})"
+      << "\n";
+  }
+  PrepareOptions o = Options(tmp, "out");
+  o.inputs = {tmp / "bad.jsonl"};
+  o.workers = 2;
+  try {
+    Prepare(o);
+    FAIL() << "expected an error";
+  } catch (const keel::Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    EXPECT_NE(std::string(e.what()).find(tmp / "bad.jsonl:101"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("\"text\""), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp / "out/train/meta.json"));
+  EXPECT_THROW(TokenDataset::Open(tmp / "out/train"), keel::Error);
+}
+
+TEST(Prepare, MissingInputIsAClearError) {
+  TempDir tmp;
+  PrepareOptions o = Options(tmp, "out");
+  o.inputs = {tmp / "nope.jsonl"};
+  try {
+    Prepare(o);
+    FAIL();
+  } catch (const keel::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(tmp / "nope.jsonl"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace keel::data
