@@ -120,7 +120,8 @@ void LayerNormBackward(T* dinp, float* dweight, float* dbias, const T* dout, con
   // Ordered reduction over blocks, folded into block 0's partial so that the channel loops stay
   // plain vectorizable streams. Channels are independent, so threads split them; every loop below
   // has the same 2C iterations (dweight's C, then dbias's C) and the same static schedule, so each
-  // thread owns the same floats throughout (OpenMP guarantees that assignment) and `nowait` is safe.
+  // thread owns the same floats throughout (OpenMP guarantees that assignment) and `nowait` is
+  // safe.
   float* total = partial;
 #pragma omp parallel
   {
