@@ -1,0 +1,171 @@
+// `keel data prepare|inspect|verify`: build token datasets from text, look inside them, and check
+// their integrity. The work is in keel/data; this file maps flags to options and prints results.
+#include <sys/stat.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "keel/cli/verbs.h"
+#include "keel/core/error.h"
+#include "keel/data/dataset.h"
+#include "keel/data/dataset_meta.h"
+#include "keel/data/prepare.h"
+#include "keel/data/tokenizer.h"
+#include "keel/data/verify.h"
+
+namespace keel::cli {
+namespace {
+
+std::string Mb(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MB", double(bytes) / 1e6);
+  return buf;
+}
+
+bool IsDir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Shows text with control characters escaped, so one sample stays readable on a terminal.
+std::string Printable(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (uint8_t(c) < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", uint8_t(c));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void PrintSummary(const data::PrepareOptions& o, const data::PrepareSummary& s) {
+  std::printf("prepared %s: %" PRIu64 " files, %s, %" PRIu64 " documents in %.1f s (%.1f MB/s)\n",
+              o.out.c_str(), s.files, Mb(s.bytes_read).c_str(), s.documents_read, s.seconds,
+              s.seconds > 0 ? double(s.bytes_read) / 1e6 / s.seconds : 0.0);
+  std::printf("  train: %" PRIu64 " documents, %" PRIu64 " tokens\n", s.train_documents,
+              s.train_tokens);
+  if (o.val_fraction > 0) {
+    std::printf("  val:   %" PRIu64 " documents, %" PRIu64 " tokens\n", s.val_documents,
+                s.val_tokens);
+  }
+  std::printf("  dropped: %" PRIu64 " shorter than %" PRIu64 " chars, %" PRIu64 " duplicates%s\n",
+              s.dropped_short, o.min_chars, s.dropped_duplicate, o.dedup ? "" : " (dedup off)");
+}
+
+void Inspect(const std::string& path) {
+  data::TokenDataset ds = data::TokenDataset::Open(path);
+  if (IsDir(path)) {
+    const data::DatasetMeta m = data::ReadDatasetMeta(path);
+    std::printf("%s: %s v%d, tokenizer %s, vocab %d, eos %d, %s tokens\n", path.c_str(),
+                data::kDatasetFormat, data::kDatasetVersion, m.tokenizer.c_str(), m.vocab_size,
+                m.eos_id, m.dtype.c_str());
+    std::printf("  %" PRIu64 " tokens, %" PRIu64 " documents (%.1f tokens each), %zu shards, %s\n",
+                m.tokens(), m.documents(),
+                m.documents() ? double(m.tokens()) / double(m.documents()) : 0.0, m.shards.size(),
+                Mb(m.tokens() * m.token_bytes()).c_str());
+    for (const auto& s : m.shards) {
+      std::printf("  %s  %12" PRIu64 " tokens  %9" PRIu64 " documents  xxh3 %s\n", s.file.c_str(),
+                  s.tokens, s.documents, s.xxh3.c_str());
+    }
+  } else {
+    std::printf("%s: flat uint16 token file, %zu tokens, %s (vocab %d, eos %d assumed)\n",
+                path.c_str(), ds.size(), Mb(ds.size() * 2).c_str(), ds.vocab_size(), ds.eos_id());
+  }
+  // A decoded sample: the start of the first document.
+  const size_t n = std::min<size_t>(ds.size(), 80);
+  if (n == 0) return;
+  std::vector<int32_t> ids(n);
+  ds.Read(0, n, ids.data());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == ds.eos_id()) {
+      ids.resize(i + 1);
+      break;
+    }
+  }
+  auto tok = data::Tokenizer::LoadGpt2(AssetDir() + "/gpt2");
+  if (ds.vocab_size() != tok.vocab_size()) return;  // another tokenizer: ids are not GPT-2's
+  for (int32_t& id : ids) {
+    if (id < 0 || id >= tok.vocab_size()) id = tok.eos_id();  // verify reports bad ids
+  }
+  std::printf("sample (first %zu tokens, GPT-2 decoded):\n  %s\n", ids.size(),
+              Printable(tok.Decode(ids)).c_str());
+}
+
+}  // namespace
+
+void RegisterData(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "Build, inspect and verify token datasets");
+  data->require_subcommand(1);
+  data->footer(
+      "Examples:\n"
+      "  keel data prepare corpus.jsonl --out data/corpus --workers 8\n"
+      "  keel data inspect data/corpus/train\n"
+      "  keel data verify data/corpus/train");
+
+  auto opts = std::make_shared<data::PrepareOptions>();
+  opts->workers = int(std::max(1u, std::thread::hardware_concurrency()));
+  auto* prepare = data->add_subcommand(
+      "prepare", "Tokenize text (JSONL, .txt, folders) into OUT/train and OUT/val datasets");
+  prepare->add_option("inputs", opts->inputs, "JSONL or text files, or folders of them")
+      ->required();
+  prepare->add_option("--out", opts->out, "output folder; gets train/ and val/")->required();
+  prepare->add_option("--field", opts->field, "JSONL field that holds the text")
+      ->capture_default_str();
+  prepare
+      ->add_option("--val-fraction", opts->val_fraction,
+                   "fraction of documents for val/ (0: no val/)")
+      ->capture_default_str();
+  prepare->add_option("--seed", opts->seed, "seed of the train/val split")->capture_default_str();
+  prepare->add_option("--min-chars", opts->min_chars, "drop documents shorter than this")
+      ->capture_default_str();
+  prepare->add_flag("--dedup", opts->dedup, "drop exact duplicate documents (keeps the first)");
+  prepare
+      ->add_option("--workers", opts->workers,
+                   "tokenizer threads (the output is the same for any number)")
+      ->capture_default_str();
+  prepare->add_option("--shard-tokens", opts->shard_tokens, "tokens per shard file")
+      ->capture_default_str();
+  prepare->footer(
+      "Each document is followed by <|endoftext|> (50256). A .jsonl file holds one document per "
+      "line; any other file is one document.\n"
+      "Example:\n"
+      "  keel data prepare shared/data/brown/brown.jsonl --out data/brown --val-fraction 0.05");
+  prepare->callback([opts] {
+    opts->tokenizer_dir = AssetDir() + "/gpt2";
+    data::PrepareSummary s = data::Prepare(*opts);
+    PrintSummary(*opts, s);
+  });
+
+  auto inspect_path = std::make_shared<std::string>();
+  auto* inspect = data->add_subcommand(
+      "inspect", "Show a dataset's counts, sizes and shards, and a decoded sample");
+  inspect->add_option("path", *inspect_path, "dataset folder or flat uint16 token file")
+      ->required();
+  inspect->footer("Example:\n  keel data inspect data/brown/train");
+  inspect->callback([inspect_path] { Inspect(*inspect_path); });
+
+  auto verify_path = std::make_shared<std::string>();
+  auto* verify = data->add_subcommand(
+      "verify", "Check every shard's xxh3, document index and token ids; exit 2 on a problem");
+  verify->add_option("path", *verify_path, "dataset folder or flat uint16 token file")->required();
+  verify->footer("Example:\n  keel data verify data/brown/train");
+  verify->callback([verify_path] {
+    data::VerifySummary s = data::VerifyDataset(*verify_path);
+    std::printf("ok: %s: %" PRIu64 " shards, %" PRIu64 " tokens, %" PRIu64
+                " documents; hashes, index and ids check out\n",
+                verify_path->c_str(), s.shards, s.tokens, s.documents);
+  });
+}
+
+}  // namespace keel::cli
