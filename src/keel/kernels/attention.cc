@@ -13,6 +13,8 @@
 // Results are therefore bitwise identical for any thread count.
 #include "keel/kernels/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -36,13 +38,27 @@ constexpr int kLanes = 16;
 using V16 = float __attribute__((vector_size(64)));
 using V16i = int32_t __attribute__((vector_size(64)));
 
+#if defined(__AVX512F__)
+inline V16 Load(const float* p) { return _mm512_loadu_ps(p); }
+inline void Store(float* p, V16 v) { _mm512_storeu_ps(p, v); }
+#else
 inline V16 Load(const float* p) {
   V16 v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 inline void Store(float* p, V16 v) { std::memcpy(p, &v, sizeof v); }
-inline V16 Splat(float x) { return V16{} + x; }
+#endif
+// Not V16{} + x: adding 0 is not the identity for -0, so that would cost an add per broadcast.
+inline V16 Splat(float x) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#else
+  V16 v;
+  for (int i = 0; i < kLanes; ++i) v[i] = x;
+  return v;
+#endif
+}
 inline V16 Max(V16 a, V16 b) { return a > b ? a : b; }
 
 // a·b + c, fused where the target has it. Written out because -std=c++20 (not gnu++20) turns off
@@ -86,19 +102,27 @@ inline V16 Exp(V16 x) {
 template <int NV>
 inline void GemmBlock(float* c, int ldc, const float* a, int a_rs, int a_cs, const float* b,
                       int ldb, int K, bool accumulate) {
+  // Unrolled by hand-held pragmas so that acc lives in 4·NV registers, not on the stack.
   V16 acc[4][NV];
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? Load(c + i * ldc + v * kLanes) : V16{};
   for (int k = 0; k < K; ++k) {
     V16 bv[NV];
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) bv[v] = Load(b + size_t(k) * ldb + v * kLanes);
     const float* ak = a + size_t(k) * a_cs;
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       V16 ai = Splat(ak[i * a_rs]);
+#pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = Fma(ai, bv[v], acc[i][v]);
     }
   }
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) Store(c + i * ldc + v * kLanes, acc[i][v]);
 }
 
@@ -161,25 +185,54 @@ Scratch& ThreadScratch() {
 
 int RoundUpTo(int x, int m) { return (x + m - 1) / m * m; }
 
-// dst[0, hsp) = src[0, hs) in fp32, then zeros.
+// Consecutive time steps of one head are 3C (or C) elements apart, a page or more at GPT-2 sizes,
+// so the hardware prefetchers, which stop at page boundaries, never run ahead of the row loops
+// that gather and scatter them; those loops prefetch kAhead rows early by hand instead.
+constexpr int kAhead = 8;
+
+template <int kForWrite, typename T>
+inline void PrefetchRow(const T* p, int n) {
+  const char* bytes = reinterpret_cast<const char*>(p);
+  for (size_t i = 0; i < size_t(n) * sizeof(T); i += 64)
+    __builtin_prefetch(bytes + i, kForWrite, 3);
+}
+
+// dst[0, hsp) = scale·src[0, hs) in fp32, then zeros.
 template <typename T>
-inline void LoadRow(float* dst, const T* src, int hs, int hsp) {
-  for (int d = 0; d < hs; ++d) dst[d] = ToFloat(src[d]);
+inline void LoadRow(float* dst, const T* src, int hs, int hsp, float scale = 1.0f) {
+  for (int d = 0; d < hs; ++d) dst[d] = ToFloat(src[d]) * scale;
   for (int d = hs; d < hsp; ++d) dst[d] = 0.0f;
 }
 
-// Rows [row0, row0 + nrows) of one head's q, k or v (src points at that head's channel 0 of time
-// step 0, rows 3C apart) into a kTile × hsp row-major tile; rows past nrows are zero.
+// dst[0, hs) = scale·src[0, hs), rounded to T.
 template <typename T>
-void LoadTile(float* tile, const T* src, int row0, int nrows, int C3, int hs, int hsp,
-              float scale = 1.0f) {
-  for (int j = 0; j < nrows; ++j) {
-    float* dst = tile + size_t(j) * hsp;
-    LoadRow(dst, src + size_t(row0 + j) * C3, hs, hsp);
-    if (scale != 1.0f)
-      for (int d = 0; d < hs; ++d) dst[d] *= scale;
+inline void StoreRow(T* dst, const float* src, int hs, float scale = 1.0f) {
+  for (int d = 0; d < hs; ++d) dst[d] = FromFloat<T>(src[d] * scale);
+}
+
+// One head's k and v at time steps [0, n) and q at [q_lo, n), pre-scaled by `scale`, into
+// row-major (·, hsp) fp32 arrays indexed by time step; rows [n, n rounded up to kTile) are zero.
+// q_base points at the head's q channel 0 of time step 0.
+template <typename T>
+void GatherHead(float* Q, float* K, float* V, const T* q_base, int q_lo, int n, int C, int hs,
+                int hsp, float scale) {
+  const size_t C3 = 3 * size_t(C);
+  for (int i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const T* ahead = q_base + size_t(i + kAhead) * C3;
+      if (i + kAhead >= q_lo) PrefetchRow<0>(ahead, hs);
+      PrefetchRow<0>(ahead + C, hs);
+      PrefetchRow<0>(ahead + 2 * C, hs);
+    }
+    const T* row = q_base + size_t(i) * C3;
+    if (i >= q_lo) LoadRow(Q + size_t(i) * hsp, row, hs, hsp, scale);
+    LoadRow(K + size_t(i) * hsp, row + C, hs, hsp);
+    LoadRow(V + size_t(i) * hsp, row + 2 * C, hs, hsp);
   }
-  std::memset(tile + size_t(nrows) * hsp, 0, sizeof(float) * size_t(kTile - nrows) * hsp);
+  const size_t pad = size_t(RoundUpTo(n, kTile) - n) * hsp;
+  std::memset(Q + size_t(std::max(n, q_lo)) * hsp, 0, sizeof(float) * pad);
+  std::memset(K + size_t(n) * hsp, 0, sizeof(float) * pad);
+  std::memset(V + size_t(n) * hsp, 0, sizeof(float) * pad);
 }
 
 // Scores above the diagonal of a diagonal tile (key j after query r) never count.
@@ -191,75 +244,95 @@ inline void MaskDiagonal(float* St) {
 
 }  // namespace
 
+namespace {
+
+// Forward for one query tile of one head, given that head's Q (pre-scaled), K and V in fp32
+// scratch up to the end of this tile. Writes out and lse for rows [i0, i0 + nq).
+template <typename T>
+void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const float* V, int qt,
+                      int T_, int C, int hsp, int hs, float* work) {
+  const int i0 = qt * kTile, nq = std::min(kTile, T_ - i0);
+  float* Qt = work;                      // (hsp, kTile)
+  float* Ot = Qt + size_t(hsp) * kTile;  // (hsp, kTile)
+  float* St = Ot + size_t(hsp) * kTile;  // (kTile keys, kTile queries)
+  float* m = St + kTile * kTile;
+  float* l = m + kTile;
+  float* row = l + kTile;  // (hsp)
+
+  for (int d = 0; d < hsp; ++d)
+    for (int r = 0; r < kTile; ++r) Qt[d * kTile + r] = Q[size_t(i0 + r) * hsp + d];
+  std::memset(Ot, 0, sizeof(float) * size_t(hsp) * kTile);
+  std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
+  std::fill(l, l + kTile, 0.0f);
+
+  for (int kt = 0; kt <= qt; ++kt) {
+    const float* Kj = K + size_t(kt) * kTile * hsp;
+    const float* Vj = V + size_t(kt) * kTile * hsp;
+    Gemm(St, kTile, Kj, hsp, 1, Qt, kTile, kTile, kTile, hsp, false);
+    // Padded keys of the last tile sit above the diagonal of it, so the mask covers them too.
+    if (kt == qt) MaskDiagonal(St);
+    // Online softmax, 16 query rows at a time.
+    for (int r = 0; r < kTile; r += kLanes) {
+      V16 m_old = Load(m + r), m_new = m_old;
+      for (int j = 0; j < kTile; ++j) m_new = Max(m_new, Load(St + j * kTile + r));
+      V16 sum{};
+      for (int j = 0; j < kTile; ++j) {
+        V16 p = Exp(Load(St + j * kTile + r) - m_new);
+        Store(St + j * kTile + r, p);
+        sum += p;
+      }
+      V16 alpha = Exp(m_old - m_new);  // 0 on the first tile, where m_old = -inf
+      Store(l + r, Fma(Load(l + r), alpha, sum));
+      Store(m + r, m_new);
+      if (kt > 0)
+        for (int d = 0; d < hsp; ++d) Store(Ot + d * kTile + r, Load(Ot + d * kTile + r) * alpha);
+    }
+    // Ot[d][r] += Σ_j V[j][d]·P[j][r]
+    Gemm(Ot, kTile, Vj, 1, hsp, St, kTile, hsp, kTile, kTile, true);
+  }
+
+  for (int r = 0; r < nq; ++r) {
+    if (r + kAhead < nq) PrefetchRow<1>(out + size_t(i0 + r + kAhead) * C, hs);
+    for (int d = 0; d < hs; ++d) row[d] = Ot[d * kTile + r];
+    StoreRow(out + size_t(i0 + r) * C, row, hs, 1.0f / l[r]);
+    lse[i0 + r] = m[r] + std::log(l[r]);
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH) {
   const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), C3 = 3 * C;
   const int ntiles = (T_ + kTile - 1) / kTile;
   const float scale = 1.0f / std::sqrt(float(hs));
-  const int nitems = B * NH * ntiles;
-  // Items run from the last query tile (most key tiles) to the first, so that dynamic scheduling
-  // ends with the small ones.
+  // Whole heads per item when there are enough heads to keep every thread busy, so that a head's
+  // q, k and v are gathered once; otherwise one query tile per item. Either way each row's
+  // arithmetic is the same, so the choice only moves time.
+  const bool per_head = B * NH >= 4 * omp_get_max_threads();
+  const int nitems = per_head ? B * NH : B * NH * ntiles;
+  // In per-tile mode items run from the last query tile (most key tiles) to the first, so that
+  // dynamic scheduling ends with the small ones.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int item = 0; item < nitems; ++item) {
-    const int qt = ntiles - 1 - item / (B * NH);
-    const int b = item % (B * NH) / NH, h = item % NH;
-    const int i0 = qt * kTile, nq = std::min(kTile, T_ - i0);
-    const T* q_base = qkv + size_t(b) * T_ * C3 + size_t(h) * hs;
-    const T* k_base = q_base + C;
-    const T* v_base = q_base + 2 * C;
+    const int bh = item % (B * NH), b = bh / NH, h = bh % NH;
+    const int qt_hi = per_head ? ntiles - 1 : ntiles - 1 - item / (B * NH);
+    const int qt_lo = per_head ? 0 : qt_hi;
+    const int nrows = std::min(T_, (qt_hi + 1) * kTile);
+    const size_t rows = size_t(qt_hi + 1) * kTile * hsp;
+    const size_t work = 2 * size_t(hsp) * kTile + kTile * kTile + 2 * kTile + hsp;
 
     Scratch& scratch = ThreadScratch();
-    scratch.Reserve(4 * Scratch::RoundUp(size_t(kTile) * hsp) + kTile * kTile + 2 * kTile);
-    float* Qt = scratch.Take(size_t(hsp) * kTile);  // (hsp, kTile), pre-scaled by 1/√hs
-    float* K = scratch.Take(size_t(kTile) * hsp);   // (kTile, hsp)
-    float* V = scratch.Take(size_t(kTile) * hsp);   // (kTile, hsp)
-    float* Ot = scratch.Take(size_t(hsp) * kTile);  // (hsp, kTile)
-    float* St = scratch.Take(kTile * kTile);        // (kTile keys, kTile queries)
-    float* m = scratch.Take(kTile);
-    float* l = scratch.Take(kTile);
-
-    std::memset(Qt, 0, sizeof(float) * size_t(hsp) * kTile);
-    for (int r = 0; r < nq; ++r) {
-      const T* q = q_base + size_t(i0 + r) * C3;
-      for (int d = 0; d < hs; ++d) Qt[d * kTile + r] = ToFloat(q[d]) * scale;
-    }
-    std::memset(Ot, 0, sizeof(float) * size_t(hsp) * kTile);
-    std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
-    std::fill(l, l + kTile, 0.0f);
-
-    for (int kt = 0; kt <= qt; ++kt) {
-      const int j0 = kt * kTile, nk = std::min(kTile, T_ - j0);
-      LoadTile(K, k_base, j0, nk, C3, hs, hsp);
-      LoadTile(V, v_base, j0, nk, C3, hs, hsp);
-      Gemm(St, kTile, K, hsp, 1, Qt, kTile, kTile, kTile, hsp, false);
-      // Padded keys of the last tile sit above the diagonal of it, so the mask covers them too.
-      if (kt == qt) MaskDiagonal(St);
-      // Online softmax, 16 query rows at a time.
-      for (int r = 0; r < kTile; r += kLanes) {
-        V16 m_old = Load(m + r), m_new = m_old;
-        for (int j = 0; j < kTile; ++j) m_new = Max(m_new, Load(St + j * kTile + r));
-        V16 sum{};
-        for (int j = 0; j < kTile; ++j) {
-          V16 p = Exp(Load(St + j * kTile + r) - m_new);
-          Store(St + j * kTile + r, p);
-          sum += p;
-        }
-        V16 alpha = Exp(m_old - m_new);  // 0 on the first tile, where m_old = -inf
-        Store(l + r, Fma(Load(l + r), alpha, sum));
-        Store(m + r, m_new);
-        for (int d = 0; d < hsp; ++d) Store(Ot + d * kTile + r, Load(Ot + d * kTile + r) * alpha);
-      }
-      // Ot[d][r] += Σ_j V[j][d]·P[j][r]
-      Gemm(Ot, kTile, V, 1, hsp, St, kTile, hsp, kTile, kTile, true);
-    }
-
-    for (int r = 0; r < nq; ++r) {
-      const size_t row = size_t(b) * T_ + i0 + r;
-      const float inv_l = 1.0f / l[r];
-      T* o = out + row * C + size_t(h) * hs;
-      for (int d = 0; d < hs; ++d) o[d] = FromFloat<T>(Ot[d * kTile + r] * inv_l);
-      lse[(size_t(b) * NH + h) * T_ + i0 + r] = m[r] + std::log(l[r]);
-    }
+    scratch.Reserve(3 * Scratch::RoundUp(rows) + work);
+    float* Q = scratch.Take(rows);  // (·, hsp) by time step, pre-scaled; rows < qt_lo·kTile unused
+    float* K = scratch.Take(rows);
+    float* V = scratch.Take(rows);
+    GatherHead(Q, K, V, qkv + size_t(b) * T_ * C3 + size_t(h) * hs, qt_lo * kTile, nrows, C, hs,
+               hsp, scale);
+    float* w = scratch.Take(work);
+    for (int qt = qt_hi; qt >= qt_lo; --qt)
+      ForwardQueryTile(out + size_t(b) * T_ * C + size_t(h) * hs, lse + size_t(bh) * T_, Q, K, V,
+                       qt, T_, C, hsp, hs, w);
   }
 }
 
@@ -280,58 +353,62 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
     T* dq_base = dqkv + size_t(b) * T_ * C3 + size_t(h) * hs;
 
     Scratch& scratch = ThreadScratch();
-    scratch.Reserve(7 * Scratch::RoundUp(head) + 2 * Scratch::RoundUp(size_t(kTile) * hsp) +
-                    2 * kTile * kTile + 2 * size_t(Tp));
+    scratch.Reserve(9 * Scratch::RoundUp(head) + 2 * kTile * kTile + 2 * size_t(Tp) + hsp);
     // Whole-head copies in fp32, converted once: every query tile meets every earlier key tile.
-    float* Q = scratch.Take(head);                  // (Tp, hsp), pre-scaled by 1/√hs
-    float* Qt = scratch.Take(head);                 // (hsp, Tp), pre-scaled
-    float* K = scratch.Take(head);                  // (Tp, hsp)
-    float* V = scratch.Take(head);                  // (Tp, hsp)
-    float* dO = scratch.Take(head);                 // (Tp, hsp)
-    float* dOt = scratch.Take(head);                // (hsp, Tp)
-    float* dQ = scratch.Take(head);                 // (Tp, hsp), Σ over key tiles of dS·K
-    float* dK = scratch.Take(size_t(kTile) * hsp);  // (kTile, hsp) for the current key tile
-    float* dV = scratch.Take(size_t(kTile) * hsp);
+    float* Q = scratch.Take(head);             // (Tp, hsp), pre-scaled by 1/√hs
+    float* Qt = scratch.Take(head);            // (Tp/kTile, hsp, kTile), pre-scaled
+    float* K = scratch.Take(head);             // (Tp, hsp)
+    float* V = scratch.Take(head);             // (Tp, hsp)
+    float* dO = scratch.Take(head);            // (Tp, hsp)
+    float* dOt = scratch.Take(head);           // (Tp/kTile, hsp, kTile)
+    float* dQ = scratch.Take(head);            // (Tp, hsp), Σ over key tiles of dS·K
+    float* dK = scratch.Take(head);            // (Tp, hsp), Σ over query tiles of dS·Q
+    float* dV = scratch.Take(head);            // (Tp, hsp), Σ over query tiles of P·dO
     float* Pt = scratch.Take(kTile * kTile);   // (kTile keys, kTile queries)
     float* dSt = scratch.Take(kTile * kTile);  // dP first, then dS in place
     float* L = scratch.Take(Tp);               // lse; +inf on padded rows so that their P = 0
     float* D = scratch.Take(Tp);
+    float* row = scratch.Take(hsp);
 
-    for (int t = 0; t < ntiles; ++t) {
-      const int n = std::min(kTile, T_ - t * kTile);
-      LoadTile(Q + size_t(t) * kTile * hsp, q_base, t * kTile, n, C3, hs, hsp, scale);
-      LoadTile(K + size_t(t) * kTile * hsp, q_base + C, t * kTile, n, C3, hs, hsp);
-      LoadTile(V + size_t(t) * kTile * hsp, q_base + 2 * C, t * kTile, n, C3, hs, hsp);
-      LoadTile(dO + size_t(t) * kTile * hsp, do_base, t * kTile, n, C, hs, hsp);
-    }
-    for (int i = 0; i < Tp; ++i)
-      for (int d = 0; d < hsp; ++d) {
-        Qt[size_t(d) * Tp + i] = Q[size_t(i) * hsp + d];
-        dOt[size_t(d) * Tp + i] = dO[size_t(i) * hsp + d];
-      }
+    GatherHead(Q, K, V, q_base, 0, T_, C, hs, hsp, scale);
     for (int i = 0; i < T_; ++i) {
-      const T* o = o_base + size_t(i) * C;
-      const float* g = dO + size_t(i) * hsp;
-      float acc = 0.0f;
-      for (int d = 0; d < hs; ++d) acc += g[d] * ToFloat(o[d]);
-      D[i] = acc;
+      if (i + kAhead < T_) {
+        PrefetchRow<0>(do_base + size_t(i + kAhead) * C, hs);
+        PrefetchRow<0>(o_base + size_t(i + kAhead) * C, hs);
+      }
+      float* g = dO + size_t(i) * hsp;
+      LoadRow(g, do_base + size_t(i) * C, hs, hsp);
+      LoadRow(row, o_base + size_t(i) * C, hs, hsp);
+      V16 acc{};
+      for (int d = 0; d < hsp; d += kLanes) acc = Fma(Load(g + d), Load(row + d), acc);
+      float sum = 0.0f;
+      for (int k = 0; k < kLanes; ++k) sum += acc[k];
+      D[i] = sum;
       L[i] = lse_bh[i];
     }
+    std::memset(dO + size_t(T_) * hsp, 0, sizeof(float) * size_t(Tp - T_) * hsp);
     std::fill(D + T_, D + Tp, 0.0f);
     std::fill(L + T_, L + Tp, std::numeric_limits<float>::infinity());
+    // The transposed copies are tile-major (each query tile's hsp × kTile block contiguous): with
+    // a row stride of Tp floats, often a power of two, a tile's rows would share a few L1 sets
+    // and evict each other inside the matrix product.
+    for (int i0 = 0; i0 < Tp; i0 += kTile)
+      for (int d = 0; d < hsp; ++d)
+        for (int i = i0; i < i0 + kTile; ++i) {
+          Qt[size_t(i0) * hsp + d * kTile + i - i0] = Q[size_t(i) * hsp + d];
+          dOt[size_t(i0) * hsp + d * kTile + i - i0] = dO[size_t(i) * hsp + d];
+        }
     std::memset(dQ, 0, sizeof(float) * head);
+    std::memset(dK, 0, sizeof(float) * head);
+    std::memset(dV, 0, sizeof(float) * head);
 
     for (int kt = 0; kt < ntiles; ++kt) {
-      const int j0 = kt * kTile;
-      const float* Kj = K + size_t(j0) * hsp;
-      const float* Vj = V + size_t(j0) * hsp;
-      std::memset(dK, 0, sizeof(float) * kTile * hsp);
-      std::memset(dV, 0, sizeof(float) * kTile * hsp);
+      const size_t j0 = size_t(kt) * kTile * hsp;
       for (int qt = kt; qt < ntiles; ++qt) {
         const int i0 = qt * kTile;
-        Gemm(Pt, kTile, Kj, hsp, 1, Qt + i0, Tp, kTile, kTile, hsp, false);
+        Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
         if (qt == kt) MaskDiagonal(Pt);
-        Gemm(dSt, kTile, Vj, hsp, 1, dOt + i0, Tp, kTile, kTile, hsp, false);
+        Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
         for (int j = 0; j < kTile; ++j)
           for (int r = 0; r < kTile; r += kLanes) {
             float* pp = Pt + j * kTile + r;
@@ -342,23 +419,23 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
           }
         // dV[j] += Σ_r P[j][r]·dO[r];  dK[j] += Σ_r dS[j][r]·Q[r] (Q carries the 1/√hs);
         // dQ[r] += Σ_j dS[j][r]·K[j] (1/√hs applied once at the end).
-        Gemm(dV, hsp, Pt, kTile, 1, dO + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
-        Gemm(dK, hsp, dSt, kTile, 1, Q + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
-        Gemm(dQ + size_t(i0) * hsp, hsp, dSt, 1, kTile, Kj, hsp, kTile, hsp, kTile, true);
-      }
-      const int nk = std::min(kTile, T_ - j0);
-      for (int j = 0; j < nk; ++j) {
-        T* dk = dq_base + size_t(j0 + j) * C3 + C;
-        T* dv = dk + C;
-        for (int d = 0; d < hs; ++d) {
-          dk[d] = FromFloat<T>(dK[j * hsp + d]);
-          dv[d] = FromFloat<T>(dV[j * hsp + d]);
-        }
+        Gemm(dV + j0, hsp, Pt, kTile, 1, dO + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
+        Gemm(dK + j0, hsp, dSt, kTile, 1, Q + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
+        Gemm(dQ + size_t(i0) * hsp, hsp, dSt, 1, kTile, K + j0, hsp, kTile, hsp, kTile, true);
       }
     }
+    // q, k and v gradients of a time step are written together: they share pages.
     for (int i = 0; i < T_; ++i) {
+      if (i + kAhead < T_) {
+        T* ahead = dq_base + size_t(i + kAhead) * C3;
+        PrefetchRow<1>(ahead, hs);
+        PrefetchRow<1>(ahead + C, hs);
+        PrefetchRow<1>(ahead + 2 * C, hs);
+      }
       T* dq = dq_base + size_t(i) * C3;
-      for (int d = 0; d < hs; ++d) dq[d] = FromFloat<T>(dQ[size_t(i) * hsp + d] * scale);
+      StoreRow(dq, dQ + size_t(i) * hsp, hs, scale);
+      StoreRow(dq + C, dK + size_t(i) * hsp, hs);
+      StoreRow(dq + 2 * C, dV + size_t(i) * hsp, hs);
     }
   }
 }
