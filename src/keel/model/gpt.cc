@@ -19,10 +19,18 @@
 #include "keel/kernels/gelu.h"
 #include "keel/kernels/layernorm.h"
 #include "keel/kernels/matmul.h"
+#include "keel/kernels/profile.h"
 
 namespace keel::model {
 
 namespace k = keel::kernels;
+
+// Times a kernel call under `label` when profiling is on (benchmarks only).
+#define KEEL_PROFILED(label, call) \
+  do {                             \
+    k::ProfileScope scope_(label); \
+    call;                          \
+  } while (0)
 
 struct GptModel::Impl {
   ModelConfig cfg;
@@ -122,9 +130,11 @@ BlockActs<T> Acts(GptModel::Impl& m, int l) {
 template <typename T>
 void AttentionSublayerForward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
-  k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, BT, C);
-  k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * C);
-  k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, C, m.cfg.n_head);
+  KEEL_PROFILED("layernorm",
+                k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, BT, C));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * C));
+  KEEL_PROFILED("attention_fwd",
+                k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, C, m.cfg.n_head));
 }
 
 template <typename T>
@@ -132,12 +142,15 @@ void BlockForward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   AttentionSublayerForward(m, p, a);
   std::memcpy(a.res2, a.in, sizeof(T) * BT * C);
-  k::MatmulForward(a.res2, a.atty, p.projw, p.projb, BT, C, C, /*accumulate=*/true);
-  k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, BT, C);
-  k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * C);
-  k::GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * C);
+  KEEL_PROFILED("matmul_fwd",
+                k::MatmulForward(a.res2, a.atty, p.projw, p.projb, BT, C, C, /*accumulate=*/true));
+  KEEL_PROFILED("layernorm",
+                k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, BT, C));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * C));
+  KEEL_PROFILED("gelu", k::GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * C));
   std::memcpy(a.out, a.res2, sizeof(T) * BT * C);
-  k::MatmulForward(a.out, a.fch_gelu, p.fcpw, p.fcpb, BT, 4 * C, C, /*accumulate=*/true);
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.out, a.fch_gelu, p.fcpw, p.fcpb, BT, 4 * C, C,
+                                               /*accumulate=*/true));
 }
 
 // dres holds ∂loss/∂resid[l+1] on entry and ∂loss/∂resid[l] on exit.
@@ -148,15 +161,21 @@ void BlockBackward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T
   T* dqkv = m.Act<T>("dqkv");
   T* dfch_gelu = m.Act<T>("dfch_gelu");
   T* dfch = m.Act<T>("dfch");
-  k::MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, dres, a.fch_gelu, p.fcpw, BT, 4 * C, C);
-  k::GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * C);
-  k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, a.ln2, p.fcw, BT, C, 4 * C);
-  k::LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w, a.ln2_mean, a.ln2_rstd, BT,
-                       C);
-  k::MatmulBackward(dtmp, p.d_projw, p.d_projb, dres, a.atty, p.projw, BT, C, C);
-  k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, C, m.cfg.n_head);
-  k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, a.ln1, p.qkvw, BT, C, 3 * C);
-  k::LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w, a.ln1_mean, a.ln1_rstd, BT, C);
+  KEEL_PROFILED("matmul_bwd", k::MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, dres, a.fch_gelu,
+                                                p.fcpw, BT, 4 * C, C));
+  KEEL_PROFILED("gelu", k::GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * C));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, a.ln2, p.fcw, BT, C, 4 * C));
+  KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
+                                                  a.ln2_mean, a.ln2_rstd, BT, C));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_projw, p.d_projb, dres, a.atty, p.projw, BT, C, C));
+  KEEL_PROFILED("attention_bwd",
+                k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, C, m.cfg.n_head));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, a.ln1, p.qkvw, BT, C, 3 * C));
+  KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
+                                                  a.ln1_mean, a.ln1_rstd, BT, C));
 }
 
 // Runs the embedding and every block; leaves the final LayerNorm's output in "lnf".
@@ -164,12 +183,15 @@ template <typename T>
 void Trunk(GptModel::Impl& m, const int32_t* tokens) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   const T* w = Working<T>(m);
-  k::EncoderForward(m.Act<T>("resid", 0), tokens, w + m.layout.Find("wte.weight").offset,
-                    w + m.layout.Find("wpe.weight").offset, m.B, m.T, C);
+  KEEL_PROFILED("encoder", k::EncoderForward(m.Act<T>("resid", 0), tokens,
+                                             w + m.layout.Find("wte.weight").offset,
+                                             w + m.layout.Find("wpe.weight").offset, m.B, m.T, C));
   for (int l = 0; l < m.cfg.n_layer; ++l) BlockForward(m, Block<T>(m, l), Acts<T>(m, l));
-  k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"),
-                      m.Act<T>("resid", m.cfg.n_layer), w + m.layout.Find("ln_f.weight").offset,
-                      w + m.layout.Find("ln_f.bias").offset, BT, C);
+  KEEL_PROFILED(
+      "layernorm",
+      k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"),
+                          m.Act<T>("resid", m.cfg.n_layer), w + m.layout.Find("ln_f.weight").offset,
+                          w + m.layout.Find("ln_f.bias").offset, BT, C));
 }
 
 double SumLosses(const float* losses, int n) {
@@ -183,16 +205,16 @@ double Forward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets)
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   Trunk<T>(m, tokens);
   float* losses = m.Act<float>("losses");
-  k::ClassifierForward(losses, m.Act<T>("lnf"), Working<T>(m), targets, BT, C, m.cfg.vocab_size,
-                       m.cfg.padded_vocab());
+  KEEL_PROFILED("classifier", k::ClassifierForward(losses, m.Act<T>("lnf"), Working<T>(m), targets,
+                                                   BT, C, m.cfg.vocab_size, m.cfg.padded_vocab()));
   return SumLosses(losses, BT);
 }
 
 template <typename T>
 void ForwardLogits(GptModel::Impl& m, const int32_t* tokens, float* logits) {
   Trunk<T>(m, tokens);
-  k::ClassifierLogits(logits, m.Act<T>("lnf"), Working<T>(m), m.B * m.T, m.cfg.n_embd,
-                      m.cfg.vocab_size);
+  KEEL_PROFILED("classifier", k::ClassifierLogits(logits, m.Act<T>("lnf"), Working<T>(m), m.B * m.T,
+                                                  m.cfg.n_embd, m.cfg.vocab_size));
 }
 
 template <typename T>
@@ -207,11 +229,13 @@ double ForwardBackward(GptModel::Impl& m, const int32_t* tokens, const int32_t* 
   float* losses = m.Act<float>("losses");
   T* dres = m.Act<T>("dres");
   T* dtmp = m.Act<T>("dtmp");
-  k::ClassifierForwardBackward(losses, dtmp, g + wte, m.Act<T>("lnf"), w + wte, targets, dloss, BT,
-                               C, m.cfg.vocab_size, m.cfg.padded_vocab());
+  KEEL_PROFILED("classifier", k::ClassifierForwardBackward(losses, dtmp, g + wte, m.Act<T>("lnf"),
+                                                           w + wte, targets, dloss, BT, C,
+                                                           m.cfg.vocab_size, m.cfg.padded_vocab()));
   std::memset(dres, 0, sizeof(T) * BT * C);
-  k::LayerNormBackward(dres, g + lnfw, g + lnfb, dtmp, m.Act<T>("resid", L), w + lnfw,
-                       m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"), BT, C);
+  KEEL_PROFILED("layernorm",
+                k::LayerNormBackward(dres, g + lnfw, g + lnfb, dtmp, m.Act<T>("resid", L), w + lnfw,
+                                     m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"), BT, C));
   for (int l = L - 1; l >= 0; --l) {
     BlockParams<T> p = Block<T>(m, l);
     BlockActs<T> a = Acts<T>(m, l);
@@ -222,7 +246,8 @@ double ForwardBackward(GptModel::Impl& m, const int32_t* tokens, const int32_t* 
     BlockBackward(m, p, a, dres);
     if (ready) ready(m.layout.layer_start(l));
   }
-  k::EncoderBackward(g + wte, g + m.layout.Find("wpe.weight").offset, dres, tokens, m.B, m.T, C);
+  KEEL_PROFILED("encoder", k::EncoderBackward(g + wte, g + m.layout.Find("wpe.weight").offset, dres,
+                                              tokens, m.B, m.T, C));
   if (ready) ready(0);
   return SumLosses(losses, BT);
 }

@@ -48,21 +48,17 @@ double UnigramEntropy(const data::TokenDataset& ds) {
 
 struct Setup {
   model::ModelConfig mcfg;
-  int world, local_batch, micro_batch, n_micro;
+  int local_batch, micro_batch, n_micro;
   DType dtype;
 };
 
 Setup Validate(const RunConfig& cfg, int world) {
+  ValidateBatch(cfg, world);
   Setup s;
   s.mcfg = cfg.ResolvedModel();
-  s.world = world;
   const TrainSection& t = cfg.train;
-  s.micro_batch = t.micro_batch_size > 0 ? t.micro_batch_size : t.batch_size / world;
-  if (s.micro_batch <= 0 || t.batch_size % (world * s.micro_batch) != 0)
-    ThrowBadInput("[train] batch_size: " + std::to_string(t.batch_size) +
-                  " is not divisible by ranks (" + std::to_string(world) +
-                  ") × micro_batch_size (" + std::to_string(s.micro_batch) + ")");
   s.local_batch = t.batch_size / world;
+  s.micro_batch = t.micro_batch_size > 0 ? t.micro_batch_size : s.local_batch;
   s.n_micro = s.local_batch / s.micro_batch;
   s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
   if (cfg.data.train.empty()) ThrowBadInput("[data] train: expected a dataset path, got nothing");

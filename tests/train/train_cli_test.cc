@@ -1,0 +1,148 @@
+// `keel train` and `keel generate` end to end on a tiny model: the run directory, determinism,
+// pinned losses, and one clear line with exit code 2 for each kind of bad input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "run_util.h"
+
+namespace keel::test {
+namespace {
+
+const std::string kKeel = KEEL_BINARY;
+const std::string kTiny = std::string(KEEL_SOURCE_DIR) + "/configs/test-tiny.toml";
+
+// The first 200,000 reference GPT-2 tokens of the Brown corpus as a flat uint16 file.
+std::string FlatTokens(const TempDir& dir) {
+  std::string all = ReadFile(std::string(KEEL_SHARED_DATA) + "/brown/brown.gpt2.u16");
+  EXPECT_GT(all.size(), 400000u) << "missing ../shared/data/brown/brown.gpt2.u16";
+  std::string path = dir / "brown.u16";
+  std::ofstream(path, std::ios::binary).write(all.data(), 400000);
+  return path;
+}
+
+std::string TrainCmd(const TempDir& dir, const std::string& data, const std::string& extra) {
+  return "OMP_NUM_THREADS=2 " + kKeel + " train " + kTiny + " --set data.train=" + data +
+         " --set train.out_dir=" + dir.path() + " " + extra;
+}
+
+std::vector<double> Losses(const std::string& metrics_path) {
+  std::vector<double> losses;
+  std::ifstream f(metrics_path);
+  for (std::string line; std::getline(f, line);)
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return losses;
+}
+
+TEST(TrainCli, TinyRunWritesItsRunDirectoryAndLearns) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  auto r = TrainCmd(dir, data, "--set train.steps=30 --set optim.lr=1e-2");
+  auto res = RunCommand(r);
+  ASSERT_EQ(res.code, 0) << res.err;
+  const std::string run = dir / "test-tiny";
+  EXPECT_TRUE(std::filesystem::exists(run + "/config.toml"));
+  EXPECT_TRUE(std::filesystem::exists(run + "/model.safetensors"));
+  auto losses = Losses(run + "/metrics.jsonl");
+  ASSERT_EQ(losses.size(), 30u);
+  EXPECT_NEAR(losses[0], std::log(50257.0), 0.3);
+  double tail = 0;
+  for (size_t i = losses.size() - 5; i < losses.size(); ++i) tail += losses[i] / 5;
+  EXPECT_LT(tail, losses[0] - 1.5) << "the loss did not fall";
+  EXPECT_NE(res.out.find("step    30/30"), std::string::npos) << res.out;
+
+  auto gen = RunCommand(kKeel + " generate --run " + run + " --prompt 'The' --max-tokens 8");
+  EXPECT_EQ(gen.code, 0) << gen.err;
+  EXPECT_EQ(gen.out.rfind("The", 0), 0u) << gen.out;
+}
+
+// Same config, seed and thread count: bitwise the same run. The first losses are pinned: a
+// change that moves them must say why (and update the numbers).
+TEST(TrainCli, RunsAreBitwiseRepeatableAndPinned) {
+  TempDir a, b;
+  auto data = FlatTokens(a);
+  const std::string args = "--set train.steps=5 --set optim.lr=1e-2";
+  ASSERT_EQ(RunCommand(TrainCmd(a, data, args)).code, 0);
+  ASSERT_EQ(RunCommand(TrainCmd(b, data, args)).code, 0);
+  auto la = Losses(a / "test-tiny/metrics.jsonl"), lb = Losses(b / "test-tiny/metrics.jsonl");
+  ASSERT_EQ(la.size(), 5u);
+  EXPECT_EQ(la, lb);
+  // gpt2-tiny, fp32, seed 1337, the first 200k Brown tokens (same with 1 and 2 threads).
+  const std::vector<double> pinned = {10.822013, 10.827553, 10.767600, 10.719553, 10.663822};
+  for (size_t i = 0; i < pinned.size(); ++i) EXPECT_NEAR(la[i], pinned[i], 2e-4) << "step " << i;
+}
+
+struct BadCase {
+  std::string name, args, expect;
+};
+
+// Each bad input: exit code 2, one line naming what is wrong, and no run directory that looks
+// like a run (no config.toml, no model.safetensors).
+TEST(TrainCli, BadInputGetsOneClearLineAndExitCode2) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  std::string odd = dir / "odd.u16";
+  std::ofstream(odd, std::ios::binary).write("abc", 3);
+  std::string big = dir / "big.u16";
+  {
+    std::vector<uint16_t> toks(5000, 100);
+    toks[4321] = 60000;
+    std::ofstream(big, std::ios::binary)
+        .write(reinterpret_cast<const char*>(toks.data()), toks.size() * 2);
+  }
+  const std::vector<BadCase> cases = {
+      {"unknown key", "--set train.stepz=3", "stepz"},
+      {"wrong type", "--set train.steps=abc", "steps"},
+      {"n_embd", "--set model.n_embd=33", "n_embd"},
+      {"batch", "--set train.batch_size=6 --set train.micro_batch_size=4", "batch_size"},
+      {"seq_len", "--set data.seq_len=65", "seq_len"},
+      {"lr nan", "--set optim.lr=nan", "lr"},
+      {"lr inf", "--set optim.lr=inf", "lr"},
+      {"missing file", "--set data.train=" + dir.path() + "/nope.u16", "nope.u16"},
+      {"truncated file", "--set data.train=" + odd, "odd.u16"},
+      {"token id", "--set data.train=" + big, "big.u16"},
+  };
+  for (const auto& c : cases) {
+    std::string cmd = "OMP_NUM_THREADS=2 " + kKeel + " train " + kTiny +
+                      " --set data.train=" + data + " --set train.out_dir=" + dir.path() + " " +
+                      c.args;
+    auto res = RunCommand(cmd);
+    EXPECT_EQ(res.code, 2) << c.name << ": " << res.err;
+    EXPECT_NE(res.err.find(c.expect), std::string::npos) << c.name << ": " << res.err;
+    EXPECT_EQ(std::count(res.err.begin(), res.err.end(), '\n'), 1) << c.name << ": " << res.err;
+    EXPECT_FALSE(std::filesystem::exists(dir / "test-tiny/config.toml")) << c.name;
+    EXPECT_FALSE(std::filesystem::exists(dir / "test-tiny/model.safetensors")) << c.name;
+  }
+}
+
+TEST(TrainCli, TokenIdErrorNamesTheOffset) {
+  TempDir dir;
+  std::string big = dir / "big.u16";
+  std::vector<uint16_t> toks(5000, 100);
+  toks[4321] = 60000;
+  std::ofstream(big, std::ios::binary)
+      .write(reinterpret_cast<const char*>(toks.data()), toks.size() * 2);
+  auto res = RunCommand(TrainCmd(dir, big, ""));
+  EXPECT_EQ(res.code, 2);
+  EXPECT_NE(res.err.find("4321"), std::string::npos) << res.err;
+}
+
+TEST(TrainCli, HelpExplainsTrain) {
+  auto res = RunCommand(kKeel + " help train");
+  EXPECT_EQ(res.code, 0);
+  EXPECT_NE(res.out.find("keel train configs/quickstart.toml"), std::string::npos) << res.out;
+  EXPECT_EQ(RunCommand(kKeel + " help nosuchverb").code, 2);
+}
+
+TEST(GenerateCli, MissingRunIsBadInput) {
+  auto res = RunCommand(kKeel + " generate --run /nonexistent --prompt hi");
+  EXPECT_EQ(res.code, 2);
+  EXPECT_NE(res.err.find("/nonexistent"), std::string::npos) << res.err;
+}
+
+}  // namespace
+}  // namespace keel::test
