@@ -52,7 +52,25 @@ float RowLogSumExp(const float* row, int V) {
 template <typename T>
 void RowGradient(T* g, const float* row, float lse, int target, float dloss, int V, int Vp) {
   const float p_target = target >= 0 ? ExpApprox(row[target] - lse) : 0.0f;
-  for (int v = 0; v < V; ++v) g[v] = FromFloat<T>(ExpApprox(row[v] - lse) * dloss);
+  int v = 0;
+#if defined(__AVX512F__)
+  const __m512 vlse = _mm512_set1_ps(lse), vd = _mm512_set1_ps(dloss);
+  for (; v + 16 <= V; v += 16) {
+    __m512 p = _mm512_mul_ps(ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + v), vlse)), vd);
+    if constexpr (std::is_same_v<T, float>) {
+      _mm512_storeu_ps(g + v, p);
+    } else {
+      // Round to nearest even, as ToBf16 does (softmax values are finite).
+      __m512i u = _mm512_castps_si512(p);
+      __m512i bias =
+          _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                           _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+      __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, bias), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + v), h);
+    }
+  }
+#endif
+  for (; v < V; ++v) g[v] = FromFloat<T>(ExpApprox(row[v] - lse) * dloss);
   if (target >= 0) g[target] = FromFloat<T>((p_target - 1.0f) * dloss);
   for (int v = V; v < Vp; ++v) g[v] = FromFloat<T>(0.0f);
 }
