@@ -39,10 +39,10 @@ void ReferenceForward(std::vector<double>& out, std::vector<double>& lse,
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.NH; ++h)
       for (int i = 0; i < s.T; ++i) {
-        const double* q = &qkv[(size_t(b) * s.T + i) * 3 * s.C + h * hs];
+        const double* q = &qkv[(size_t(b) * s.T + i) * 3 * s.C + size_t(h) * hs];
         double mx = -std::numeric_limits<double>::infinity();
         for (int j = 0; j <= i; ++j) {
-          const double* k = &qkv[(size_t(b) * s.T + j) * 3 * s.C + s.C + h * hs];
+          const double* k = &qkv[(size_t(b) * s.T + j) * 3 * s.C + s.C + size_t(h) * hs];
           double dot = 0;
           for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
           score[j] = dot * scale;
@@ -50,9 +50,10 @@ void ReferenceForward(std::vector<double>& out, std::vector<double>& lse,
         }
         double sum = 0;
         for (int j = 0; j <= i; ++j) sum += std::exp(score[j] - mx);
-        double* o = &out[(size_t(b) * s.T + i) * s.C + h * hs];
+        double* o = &out[(size_t(b) * s.T + i) * s.C + size_t(h) * hs];
         for (int j = 0; j <= i; ++j) {
-          const double* v = &qkv[(size_t(b) * s.T + j) * 3 * s.C + 2 * s.C + h * hs];
+          const double* v =
+              &qkv[(size_t(b) * s.T + j) * 3 * s.C + 2 * size_t(s.C) + size_t(h) * hs];
           double p = std::exp(score[j] - mx) / sum;
           for (int d = 0; d < hs; ++d) o[d] += p * v[d];
         }

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -32,6 +33,7 @@ namespace {
 
 constexpr int kTile = 64;
 constexpr int kLanes = 16;
+constexpr size_t kTileArea = size_t(kTile) * kTile;
 
 // GCC/Clang vector extensions: 16 floats, lowered to one zmm register with AVX-512 and split
 // into narrower registers elsewhere, so that one code path serves every target.
@@ -100,35 +102,36 @@ inline V16 Exp(V16 x) {
 // transposed view) is as fast; B and C rows are contiguous. The k order is fixed, which keeps
 // every result independent of how work is split.
 template <int NV>
-inline void GemmBlock(float* c, int ldc, const float* a, int a_rs, int a_cs, const float* b,
-                      int ldb, int K, bool accumulate) {
+inline void GemmBlock(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_cs,
+                      const float* b, ptrdiff_t ldb, int K, bool accumulate) {
   // Unrolled by hand-held pragmas so that acc lives in 4·NV registers, not on the stack.
   V16 acc[4][NV];
 #pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)
+  for (ptrdiff_t i = 0; i < 4; ++i)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[i][v] = accumulate ? Load(c + i * ldc + v * kLanes) : V16{};
-  for (int k = 0; k < K; ++k) {
+    for (ptrdiff_t v = 0; v < NV; ++v)
+      acc[i][v] = accumulate ? Load(c + i * ldc + v * kLanes) : V16{};
+  for (ptrdiff_t k = 0; k < K; ++k) {
     V16 bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = Load(b + size_t(k) * ldb + v * kLanes);
-    const float* ak = a + size_t(k) * a_cs;
+    for (ptrdiff_t v = 0; v < NV; ++v) bv[v] = Load(b + k * ldb + v * kLanes);
+    const float* ak = a + k * a_cs;
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
+    for (ptrdiff_t i = 0; i < 4; ++i) {
       V16 ai = Splat(ak[i * a_rs]);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[i][v] = Fma(ai, bv[v], acc[i][v]);
+      for (ptrdiff_t v = 0; v < NV; ++v) acc[i][v] = Fma(ai, bv[v], acc[i][v]);
     }
   }
 #pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)
+  for (ptrdiff_t i = 0; i < 4; ++i)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) Store(c + i * ldc + v * kLanes, acc[i][v]);
+    for (ptrdiff_t v = 0; v < NV; ++v) Store(c + i * ldc + v * kLanes, acc[i][v]);
 }
 
 // Small matrix product on padded scratch: M % 4 == 0 and N % 16 == 0 (callers pad with zeros).
-void Gemm(float* c, int ldc, const float* a, int a_rs, int a_cs, const float* b, int ldb, int M,
-          int N, int K, bool accumulate) {
+void Gemm(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_cs, const float* b,
+          ptrdiff_t ldb, int M, int N, int K, bool accumulate) {
   for (int m = 0; m < M; m += 4) {
     float* cm = c + size_t(m) * ldc;
     const float* am = a + size_t(m) * a_rs;
@@ -255,7 +258,7 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
   float* Qt = work;                      // (hsp, kTile)
   float* Ot = Qt + size_t(hsp) * kTile;  // (hsp, kTile)
   float* St = Ot + size_t(hsp) * kTile;  // (kTile keys, kTile queries)
-  float* m = St + kTile * kTile;
+  float* m = St + kTileArea;
   float* l = m + kTile;
   float* row = l + kTile;  // (hsp)
 
@@ -274,9 +277,9 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
     // Online softmax, 16 query rows at a time.
     for (int r = 0; r < kTile; r += kLanes) {
       V16 m_old = Load(m + r), m_new = m_old;
-      for (int j = 0; j < kTile; ++j) m_new = Max(m_new, Load(St + j * kTile + r));
+      for (ptrdiff_t j = 0; j < kTile; ++j) m_new = Max(m_new, Load(St + j * kTile + r));
       V16 sum{};
-      for (int j = 0; j < kTile; ++j) {
+      for (ptrdiff_t j = 0; j < kTile; ++j) {
         V16 p = Exp(Load(St + j * kTile + r) - m_new);
         Store(St + j * kTile + r, p);
         sum += p;
@@ -285,7 +288,8 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
       Store(l + r, Fma(Load(l + r), alpha, sum));
       Store(m + r, m_new);
       if (kt > 0)
-        for (int d = 0; d < hsp; ++d) Store(Ot + d * kTile + r, Load(Ot + d * kTile + r) * alpha);
+        for (ptrdiff_t d = 0; d < hsp; ++d)
+          Store(Ot + d * kTile + r, Load(Ot + d * kTile + r) * alpha);
     }
     // Ot[d][r] += Σ_j V[j][d]·P[j][r]
     Gemm(Ot, kTile, Vj, 1, hsp, St, kTile, hsp, kTile, kTile, true);
@@ -320,7 +324,7 @@ void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, in
     const int qt_lo = per_head ? 0 : qt_hi;
     const int nrows = std::min(T_, (qt_hi + 1) * kTile);
     const size_t rows = size_t(qt_hi + 1) * kTile * hsp;
-    const size_t work = 2 * size_t(hsp) * kTile + kTile * kTile + 2 * kTile + hsp;
+    const size_t work = 2 * size_t(hsp) * kTile + kTileArea + 2 * size_t(kTile) + hsp;
 
     Scratch& scratch = ThreadScratch();
     scratch.Reserve(3 * Scratch::RoundUp(rows) + work);
@@ -353,20 +357,20 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
     T* dq_base = dqkv + size_t(b) * T_ * C3 + size_t(h) * hs;
 
     Scratch& scratch = ThreadScratch();
-    scratch.Reserve(9 * Scratch::RoundUp(head) + 2 * kTile * kTile + 2 * size_t(Tp) + hsp);
+    scratch.Reserve(9 * Scratch::RoundUp(head) + 2 * kTileArea + 2 * size_t(Tp) + hsp);
     // Whole-head copies in fp32, converted once: every query tile meets every earlier key tile.
-    float* Q = scratch.Take(head);             // (Tp, hsp), pre-scaled by 1/√hs
-    float* Qt = scratch.Take(head);            // (Tp/kTile, hsp, kTile), pre-scaled
-    float* K = scratch.Take(head);             // (Tp, hsp)
-    float* V = scratch.Take(head);             // (Tp, hsp)
-    float* dO = scratch.Take(head);            // (Tp, hsp)
-    float* dOt = scratch.Take(head);           // (Tp/kTile, hsp, kTile)
-    float* dQ = scratch.Take(head);            // (Tp, hsp), Σ over key tiles of dS·K
-    float* dK = scratch.Take(head);            // (Tp, hsp), Σ over query tiles of dS·Q
-    float* dV = scratch.Take(head);            // (Tp, hsp), Σ over query tiles of P·dO
-    float* Pt = scratch.Take(kTile * kTile);   // (kTile keys, kTile queries)
-    float* dSt = scratch.Take(kTile * kTile);  // dP first, then dS in place
-    float* L = scratch.Take(Tp);               // lse; +inf on padded rows so that their P = 0
+    float* Q = scratch.Take(head);         // (Tp, hsp), pre-scaled by 1/√hs
+    float* Qt = scratch.Take(head);        // (Tp/kTile, hsp, kTile), pre-scaled
+    float* K = scratch.Take(head);         // (Tp, hsp)
+    float* V = scratch.Take(head);         // (Tp, hsp)
+    float* dO = scratch.Take(head);        // (Tp, hsp)
+    float* dOt = scratch.Take(head);       // (Tp/kTile, hsp, kTile)
+    float* dQ = scratch.Take(head);        // (Tp, hsp), Σ over key tiles of dS·K
+    float* dK = scratch.Take(head);        // (Tp, hsp), Σ over query tiles of dS·Q
+    float* dV = scratch.Take(head);        // (Tp, hsp), Σ over query tiles of P·dO
+    float* Pt = scratch.Take(kTileArea);   // (kTile keys, kTile queries)
+    float* dSt = scratch.Take(kTileArea);  // dP first, then dS in place
+    float* L = scratch.Take(Tp);           // lse; +inf on padded rows so that their P = 0
     float* D = scratch.Take(Tp);
     float* row = scratch.Take(hsp);
 
@@ -395,8 +399,8 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
     for (int i0 = 0; i0 < Tp; i0 += kTile)
       for (int d = 0; d < hsp; ++d)
         for (int i = i0; i < i0 + kTile; ++i) {
-          Qt[size_t(i0) * hsp + d * kTile + i - i0] = Q[size_t(i) * hsp + d];
-          dOt[size_t(i0) * hsp + d * kTile + i - i0] = dO[size_t(i) * hsp + d];
+          Qt[size_t(i0) * hsp + size_t(d) * kTile + i - i0] = Q[size_t(i) * hsp + d];
+          dOt[size_t(i0) * hsp + size_t(d) * kTile + i - i0] = dO[size_t(i) * hsp + d];
         }
     std::memset(dQ, 0, sizeof(float) * head);
     std::memset(dK, 0, sizeof(float) * head);
@@ -409,7 +413,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
         Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
         if (qt == kt) MaskDiagonal(Pt);
         Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
-        for (int j = 0; j < kTile; ++j)
+        for (ptrdiff_t j = 0; j < kTile; ++j)
           for (int r = 0; r < kTile; r += kLanes) {
             float* pp = Pt + j * kTile + r;
             float* ds = dSt + j * kTile + r;
