@@ -151,11 +151,11 @@ class Progress {
     if (!final_line && now - last_ < std::chrono::seconds(2)) return;
     last_ = now;
     double secs = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(stderr, "%sprepare: %.1f MB read, %llu docs, %llu tokens, %.1f MB/s%s",
-                 tty_ ? "\r" : "", s.bytes_read / 1e6,
-                 static_cast<unsigned long long>(s.documents_read),
-                 static_cast<unsigned long long>(s.train_tokens + s.val_tokens),
-                 secs > 0 ? s.bytes_read / 1e6 / secs : 0.0, tty_ && !final_line ? "" : "\n");
+    std::fprintf(
+        stderr, "%sprepare: %.1f MB read, %llu docs, %llu tokens, %.1f MB/s%s", tty_ ? "\r" : "",
+        double(s.bytes_read) / 1e6, static_cast<unsigned long long>(s.documents_read),
+        static_cast<unsigned long long>(s.train_tokens) + s.val_tokens,
+        secs > 0 ? double(s.bytes_read) / 1e6 / secs : 0.0, tty_ && !final_line ? "" : "\n");
     printed_ = true;
   }
   bool printed() const { return printed_; }

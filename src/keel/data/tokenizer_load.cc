@@ -167,7 +167,8 @@ Tokenizer Tokenizer::LoadGpt2(const std::string& dir) {
         !VocabStringToBytes(line.substr(space + 1), inv, &right)) {
       ThrowBadInput(bpe_path + ":" + std::to_string(line_no) + ": expected \"LEFT RIGHT\"");
     }
-    const uint64_t* id = impl->vocab.Find(left + right, internal::HashBytes(left + right));
+    left += right;
+    const uint64_t* id = impl->vocab.Find(left, internal::HashBytes(left));
     if (!id || *id != 256 + merge_index) {
       ThrowBadInput(bpe_path + ":" + std::to_string(line_no) + ": merge " +
                     std::to_string(merge_index) + " does not match " + enc_path +
