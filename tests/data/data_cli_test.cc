@@ -31,7 +31,7 @@ Result Keel(const std::string& args) {
 }
 
 TEST(DataCli, PrepareInspectVerify) {
-  if (!std::filesystem::exists(KEEL_BINARY)) GTEST_SKIP() << "keel binary not built";
+  ASSERT_TRUE(std::filesystem::exists(KEEL_BINARY)) << "keel binary not built";
   TempDir tmp;
   const std::string brown = std::string(KEEL_SHARED_DATA) + "/brown/brown.jsonl";
   Result r = Keel("data prepare " + brown + " --out " + (tmp / "b") + " --workers 2 --dedup");
@@ -60,7 +60,7 @@ TEST(DataCli, PrepareInspectVerify) {
 }
 
 TEST(DataCli, HelpHasExamples) {
-  if (!std::filesystem::exists(KEEL_BINARY)) GTEST_SKIP() << "keel binary not built";
+  ASSERT_TRUE(std::filesystem::exists(KEEL_BINARY)) << "keel binary not built";
   Result r = Keel("help data");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("keel data prepare"), std::string::npos) << r.output;
