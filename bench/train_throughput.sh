@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Training throughput, keel vs PyTorch eager, in one invocation: GPT-2 124M (B=4 T=256, B=4 T=64)
+# and small6 (6 layers, 384 wide, B=8 T=256), fp32 and bf16, full steps (forward, backward,
+# clipping, AdamW) on 2 threads. Prints the measured peak first (build/peak_flops), then a table of
+# tokens/s, MFU against that peak and keel/PyTorch, then keel's per-kernel breakdown (124M B=4
+# T=256 bf16).
+#
+#   bench/train_throughput.sh            # STEPS=10 WARMUP=3 timed/untimed steps per run
+#   QUICK=1 bench/train_throughput.sh    # only 124M B=4 T=256
+#   CONFIGS="small6:8:256" STEPS=1 WARMUP=1 bench/train_throughput.sh   # smoke
+#
+# The PyTorch peer runs at its best: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset in its command
+# only (keel's runs keep the environment); OpenBLAS rather than Debian's reference libblas.so.3
+# (PEER_BLAS=openblas-openmp|openblas-pthread|system; the Debian package is fetched with
+# `apt-get download` into BUILD/torch-peer when the system BLAS is not OpenBLAS); tcmalloc
+# preloaded (PEER_MALLOC=tcmalloc_minimal|tcmalloc|none; Debian libtcmalloc-minimal4 /
+# libgoogle-perftools4); OMP_WAIT_POLICY PASSIVE and ACTIVE both run, the faster kept
+# (PEER_WAIT=auto|PASSIVE|ACTIVE). Raw JSON lines go to BUILD/train_throughput.jsonl.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD:-$root/build}
+py=${PYTHON:-/usr/bin/python3}
+steps=${STEPS:-10} warmup=${WARMUP:-3}
+configs=${CONFIGS:-gpt2:4:256 gpt2:4:64 small6:8:256}
+[[ ${QUICK:-0} == 1 ]] && configs="gpt2:4:256"
+dtypes=${DTYPES:-fp32 bf16}
+out=$build/train_throughput.jsonl
+lib=/usr/lib/x86_64-linux-gnu
+
+[[ -f $build/build.ninja ]] || cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+ninja -C "$build" -j2 bench_train_step peak_flops >/dev/null
+
+# The peer's BLAS: PyTorch's fp32 matmuls go through libblas.so.3.
+blas_dir=
+blas=${PEER_BLAS:-openblas-openmp}
+if [[ $blas != system ]] && ! readlink -f $lib/libblas.so.3 | grep -q openblas; then
+  blas_dir=$build/torch-peer/$blas
+  if [[ ! -e $blas_dir/libblas.so.3 ]]; then
+    tmp=$(mktemp -d)
+    if (cd "$tmp" && apt-get download "libopenblas0-${blas#openblas-}" >/dev/null 2>&1); then
+      dpkg -x "$tmp"/*.deb "$tmp/x"
+      mkdir -p "$blas_dir" && cp -a "$tmp/x/usr/lib/x86_64-linux-gnu/$blas"/. "$blas_dir"
+    else
+      echo "warning: could not fetch libopenblas0-${blas#openblas-}; PyTorch fp32 uses $(readlink -f $lib/libblas.so.3)" >&2
+      blas_dir=
+    fi
+    rm -rf "$tmp"
+  fi
+fi
+case ${PEER_MALLOC:-tcmalloc_minimal} in
+  none) preload= ;;
+  *) preload=$lib/lib${PEER_MALLOC:-tcmalloc_minimal}.so.4 ;;
+esac
+if [[ -n $preload && ! -e $preload ]]; then
+  echo "warning: $preload missing (apt-get install libtcmalloc-minimal4); peer uses glibc malloc" >&2
+  preload=
+fi
+waits=${PEER_WAIT:-auto}
+[[ $waits == auto ]] && waits="PASSIVE ACTIVE"
+
+peer() {  # WAIT MODEL B T DTYPE
+  local wait=$1
+  shift
+  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 OMP_WAIT_POLICY="$wait" \
+    ${preload:+LD_PRELOAD=$preload} \
+    ${blas_dir:+LD_LIBRARY_PATH=$blas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} \
+    "$py" "$root/bench/torch_gpt2.py" "$@" --steps "$steps" --warmup "$warmup" --threads 2
+}
+
+peak=$("$build/peak_flops" 2)
+echo "peak: $peak"
+: >"$out"
+for c in $configs; do
+  IFS=: read -r model B T <<<"$c"
+  for dt in $dtypes; do
+    OMP_NUM_THREADS=2 "$build/bench_train_step" "$model" "$B" "$T" "$dt" "$steps" "$warmup" >>"$out"
+    for w in $waits; do peer "$w" "$model" "$B" "$T" "$dt" >>"$out"; done
+    echo "done: $model B=$B T=$T $dt" >&2
+  done
+done
+
+"$py" - "$out" "$peak" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+peak = json.loads(sys.argv[2])
+fp32 = peak["fp32_fma_gflops"] * 1e9
+vec = {"fp32": fp32, "bf16": max(fp32, peak["bf16_dpbf16_gflops"] * 1e9)}
+amx = peak["amx_bf16_gflops"] * 1e9
+fpt = {}  # flops per token, from the peer (keel's formula, same parameter count)
+best = {}
+for r in rows:
+    key = (r["model"], r["B"], r["T"], r["dtype"])
+    if r["impl"] == "torch":
+        fpt[key] = r["flops_per_token"]
+        if key not in best or r["tokens_per_s"] > best[key]["tokens_per_s"]:
+            best[key] = r
+print(f"MFU against the measured AVX-512 peak: fp32 {vec['fp32']/1e9:.0f} GFLOP/s (FMA), "
+      f"bf16 {vec['bf16']/1e9:.0f} GFLOP/s (max of FMA and vdpbf16ps); AMX bf16 peak "
+      f"{amx/1e9:.0f} GFLOP/s (oneDNN, which runs PyTorch's bf16 matmuls, uses AMX where the CPU has it)")
+print(f"{'config':<22}{'dtype':<6}{'keel tok/s':>11}{'keel MFU':>9}{'torch tok/s':>12}"
+      f"{'torch MFU':>10}{'keel/torch':>11}  peer settings")
+for r in rows:
+    key = (r["model"], r["B"], r["T"], r["dtype"])
+    if r["impl"] != "keel" or key not in best:
+        continue
+    p, f, pk = best[key], fpt[key], vec[r["dtype"]]
+    k_mfu, t_mfu = f * r["tokens_per_s"] / pk, f * p["tokens_per_s"] / pk
+    extra = f" (vs AMX: keel {100*f*r['tokens_per_s']/amx:.1f}%, torch {100*f*p['tokens_per_s']/amx:.1f}%)" if r["dtype"] == "bf16" and amx else ""
+    print(f"{r['model']+' B='+str(r['B'])+' T='+str(r['T']):<22}{r['dtype']:<6}"
+          f"{r['tokens_per_s']:>11.0f}{100*k_mfu:>8.1f}%{p['tokens_per_s']:>12.0f}{100*t_mfu:>9.1f}%"
+          f"{r['tokens_per_s']/p['tokens_per_s']:>10.2f}x  {p['omp_wait_policy']},"
+          f"{p['ld_preload'] or 'glibc'},{p['blas']}{extra}")
+for r in rows:
+    if r["impl"] == "keel" and (r["model"], r["B"], r["T"], r["dtype"]) == ("gpt2", 4, 256, "bf16"):
+        print("keel per-kernel ms/step, gpt2 B=4 T=256 bf16 "
+              f"({r['ms_per_step']:.1f} ms/step in all):")
+        for k, v in sorted(r["breakdown_ms"].items(), key=lambda kv: -kv[1]):
+            print(f"  {k:<14}{v:9.2f}  {100*v/r['ms_per_step']:5.1f}%")
+EOF
+echo "raw results: $out"
