@@ -24,6 +24,8 @@
 #include <limits>
 #include <memory>
 
+#include "keel/core/error.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -161,6 +163,7 @@ class Scratch {
   void Reserve(size_t floats) {
     if (floats > capacity_) {
       data_.reset(static_cast<float*>(std::aligned_alloc(64, RoundUp(floats) * sizeof(float))));
+      KEEL_CHECK(data_ != nullptr, "attention scratch: out of memory");
       capacity_ = RoundUp(floats);
     }
     used_ = 0;
