@@ -76,6 +76,21 @@ TEST(TrainCli, RunsAreBitwiseRepeatableAndPinned) {
   for (size_t i = 0; i < pinned.size(); ++i) EXPECT_NEAR(la[i], pinned[i], 2e-4) << "step " << i;
 }
 
+// Ctrl-C (SIGINT) finishes the current step, writes model.safetensors and exits 0.
+TEST(TrainCli, InterruptSavesTheModelAndExitsZero) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  const std::string metrics = dir / "test-tiny/metrics.jsonl";
+  const std::string cmd = TrainCmd(dir, data, "--set train.steps=100000") + " & pid=$!; " +
+                          "for i in $(seq 600); do [ -f " + metrics + " ] && [ $(wc -l < " +
+                          metrics +
+                          ") -ge 2 ] && break; sleep 0.1; done; kill -INT $pid; wait $pid";
+  auto res = RunCommand("(" + cmd + ")");
+  EXPECT_EQ(res.code, 0) << res.err;
+  EXPECT_TRUE(std::filesystem::exists(dir / "test-tiny/model.safetensors"));
+  EXPECT_NE(res.out.find("interrupted"), std::string::npos) << res.out;
+}
+
 struct BadCase {
   std::string name, args, expect;
 };

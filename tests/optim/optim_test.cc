@@ -1,0 +1,71 @@
+// LR schedules, global gradient norm and clipping, and AdamW's weight-decay ranges.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "keel/optim/adamw.h"
+#include "keel/optim/schedule.h"
+
+namespace keel::optim {
+namespace {
+
+TEST(LrSchedule, WarmsUpLinearlyThenDecaysToTheFloor) {
+  LrSchedule s{LrSchedule::kCosine, 1.0f, 0.1f, 10, 110};
+  EXPECT_FLOAT_EQ(s.At(0), 0.1f);
+  EXPECT_FLOAT_EQ(s.At(4), 0.5f);
+  EXPECT_FLOAT_EQ(s.At(9), 1.0f);
+  EXPECT_FLOAT_EQ(s.At(10), 1.0f);
+  EXPECT_NEAR(s.At(60), 0.55f, 1e-6);  // halfway through the cosine
+  EXPECT_NEAR(s.At(110), 0.1f, 1e-6);
+  EXPECT_NEAR(s.At(500), 0.1f, 1e-6);  // past the end: the floor
+  for (int i = 11; i < 110; ++i) EXPECT_LE(s.At(i), s.At(i - 1));
+}
+
+TEST(LrSchedule, LinearAndConstant) {
+  LrSchedule lin{LrSchedule::kLinear, 1.0f, 0.0f, 0, 100};
+  EXPECT_NEAR(lin.At(25), 0.75f, 1e-6);
+  LrSchedule c{LrSchedule::kConstant, 0.3f, 0.0f, 2, 100};
+  EXPECT_FLOAT_EQ(c.At(0), 0.15f);
+  EXPECT_FLOAT_EQ(c.At(50), 0.3f);
+  EXPECT_THROW(LrSchedule::ParseKind("exp"), std::exception);
+}
+
+TEST(GradNorm, MatchesFloat64AndClips) {
+  std::vector<float> g(300000);
+  double ref = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    g[i] = float(std::sin(double(i)) * 1e-2);
+    ref += double(g[i]) * g[i];
+  }
+  const double norm = GlobalGradNorm(g.data(), g.size());
+  EXPECT_NEAR(norm, std::sqrt(ref), 1e-12 * std::sqrt(ref) * 1e3);
+  EXPECT_FLOAT_EQ(ClipScale(norm, 0.0f), 1.0f);
+  EXPECT_FLOAT_EQ(ClipScale(0.5, 1.0f), 1.0f);
+  EXPECT_NEAR(ClipScale(4.0, 1.0f), 0.25f, 1e-6);
+  EXPECT_FLOAT_EQ(ClipScale(NAN, 1.0f), 1.0f);  // non-finite norms are the caller's to report
+}
+
+TEST(AdamW, DecaysOnlyTheRangesMarkedForDecay) {
+  // Zero gradients: only weight decay moves the weights.
+  std::vector<float> w = {1, 1, 1, 1}, g(4, 0.0f);
+  AdamW opt({{0, 2, true}, {2, 2, false}}, 4, {0.9f, 0.95f, 1e-8f, 0.5f});
+  opt.Step(w.data(), nullptr, g.data(), 0.1f, 1.0f);
+  EXPECT_FLOAT_EQ(w[0], 1.0f - 0.1f * 0.5f);
+  EXPECT_FLOAT_EQ(w[1], 1.0f - 0.1f * 0.5f);
+  EXPECT_FLOAT_EQ(w[2], 1.0f);
+  EXPECT_FLOAT_EQ(w[3], 1.0f);
+  EXPECT_EQ(opt.step(), 1);
+}
+
+TEST(AdamW, FirstStepMovesEachWeightByTheLearningRate) {
+  // With bias correction, step 1 is lr · g/|g| for any gradient scale.
+  std::vector<float> w = {0, 0}, g = {3.0f, -1e-3f};
+  AdamW opt({{0, 2, false}}, 2, {});
+  opt.Step(w.data(), nullptr, g.data(), 0.01f, 1.0f);
+  EXPECT_NEAR(w[0], -0.01f, 1e-6);
+  EXPECT_NEAR(w[1], 0.01f, 1e-5);
+}
+
+}  // namespace
+}  // namespace keel::optim
