@@ -12,10 +12,11 @@
 # The PyTorch peer runs at its best: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset in its command
 # only (keel's runs keep the environment); OpenBLAS rather than Debian's reference libblas.so.3
 # (PEER_BLAS=openblas-openmp|openblas-pthread|system; the Debian package is fetched with
-# `apt-get download` into BUILD/torch-peer when the system BLAS is not OpenBLAS); tcmalloc
-# preloaded (PEER_MALLOC=tcmalloc_minimal|tcmalloc|none; Debian libtcmalloc-minimal4 /
-# libgoogle-perftools4); OMP_WAIT_POLICY PASSIVE and ACTIVE both run, the faster kept
-# (PEER_WAIT=auto|PASSIVE|ACTIVE). Raw JSON lines go to BUILD/train_throughput.jsonl.
+# `apt-get download` into BUILD/torch-peer when the system BLAS is not OpenBLAS);
+# the allocator and OpenMP wait policy matter a lot, so the peer runs under every combination of
+# PEER_MALLOC (default auto = "tcmalloc_minimal tcmalloc glibc": Debian libtcmalloc-minimal4,
+# libgoogle-perftools4, no preload) and PEER_WAIT (default auto = "PASSIVE ACTIVE") and its fastest
+# run counts. Raw JSON lines go to BUILD/train_throughput.jsonl.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-$root/build}
@@ -47,20 +48,25 @@ if [[ $blas != system ]] && ! readlink -f $lib/libblas.so.3 | grep -q openblas; 
     rm -rf "$tmp"
   fi
 fi
-case ${PEER_MALLOC:-tcmalloc_minimal} in
-  none) preload= ;;
-  *) preload=$lib/lib${PEER_MALLOC:-tcmalloc_minimal}.so.4 ;;
-esac
-if [[ -n $preload && ! -e $preload ]]; then
-  echo "warning: $preload missing (apt-get install libtcmalloc-minimal4); peer uses glibc malloc" >&2
-  preload=
-fi
+mallocs=
+for m in ${PEER_MALLOC:-auto}; do
+  [[ $m == auto ]] && m="tcmalloc_minimal tcmalloc glibc"
+  for a in $m; do
+    if [[ $a == glibc || -e $lib/lib$a.so.4 ]]; then
+      mallocs+=" $a"
+    else
+      echo "warning: $lib/lib$a.so.4 missing (apt-get install libtcmalloc-minimal4 libgoogle-perftools4)" >&2
+    fi
+  done
+done
 waits=${PEER_WAIT:-auto}
 [[ $waits == auto ]] && waits="PASSIVE ACTIVE"
 
-peer() {  # WAIT MODEL B T DTYPE
-  local wait=$1
-  shift
+peer() {  # MALLOC WAIT MODEL B T DTYPE
+  local preload=
+  [[ $1 != glibc ]] && preload=$lib/lib$1.so.4
+  local wait=$2
+  shift 2
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 OMP_WAIT_POLICY="$wait" \
     ${preload:+LD_PRELOAD=$preload} \
     ${blas_dir:+LD_LIBRARY_PATH=$blas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} \
@@ -74,7 +80,9 @@ for c in $configs; do
   IFS=: read -r model B T <<<"$c"
   for dt in $dtypes; do
     OMP_NUM_THREADS=2 "$build/bench_train_step" "$model" "$B" "$T" "$dt" "$steps" "$warmup" >>"$out"
-    for w in $waits; do peer "$w" "$model" "$B" "$T" "$dt" >>"$out"; done
+    for m in $mallocs; do
+      for w in $waits; do peer "$m" "$w" "$model" "$B" "$T" "$dt" >>"$out"; done
+    done
     echo "done: $model B=$B T=$T $dt" >&2
   done
 done
@@ -87,13 +95,14 @@ fp32 = peak["fp32_fma_gflops"] * 1e9
 vec = {"fp32": fp32, "bf16": max(fp32, peak["bf16_dpbf16_gflops"] * 1e9)}
 amx = peak["amx_bf16_gflops"] * 1e9
 fpt = {}  # flops per token, from the peer (keel's formula, same parameter count)
-best = {}
+best, worst = {}, {}
 for r in rows:
     key = (r["model"], r["B"], r["T"], r["dtype"])
     if r["impl"] == "torch":
         fpt[key] = r["flops_per_token"]
         if key not in best or r["tokens_per_s"] > best[key]["tokens_per_s"]:
             best[key] = r
+        worst[key] = min(worst.get(key, r["tokens_per_s"]), r["tokens_per_s"])
 print(f"MFU against the measured AVX-512 peak: fp32 {vec['fp32']/1e9:.0f} GFLOP/s (FMA), "
       f"bf16 {vec['bf16']/1e9:.0f} GFLOP/s (max of FMA and vdpbf16ps); AMX bf16 peak "
       f"{amx/1e9:.0f} GFLOP/s (oneDNN, which runs PyTorch's bf16 matmuls, uses AMX where the CPU has it)")
@@ -109,7 +118,7 @@ for r in rows:
     print(f"{r['model']+' B='+str(r['B'])+' T='+str(r['T']):<22}{r['dtype']:<6}"
           f"{r['tokens_per_s']:>11.0f}{100*k_mfu:>8.1f}%{p['tokens_per_s']:>12.0f}{100*t_mfu:>9.1f}%"
           f"{r['tokens_per_s']/p['tokens_per_s']:>10.2f}x  {p['omp_wait_policy']},"
-          f"{p['ld_preload'] or 'glibc'},{p['blas']}{extra}")
+          f"{p['ld_preload'] or 'glibc'},{p['blas']} (slowest setting {worst[key]:.0f}){extra}")
 for r in rows:
     if r["impl"] == "keel" and (r["model"], r["B"], r["T"], r["dtype"]) == ("gpt2", 4, 256, "bf16"):
         print("keel per-kernel ms/step, gpt2 B=4 T=256 bf16 "
