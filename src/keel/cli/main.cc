@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   help->add_option("verb", verb, "the verb to explain");
   help->callback([&] {
     if (verb.empty()) {
-      std::printf("%s", app.help().c_str());
+      // app.help() would describe the selected subcommand (this one), not the whole command.
+      std::printf("%s",
+                  app.get_formatter()->make_help(&app, "keel", CLI::AppFormatMode::Normal).c_str());
       return;
     }
     CLI::App* sub = nullptr;

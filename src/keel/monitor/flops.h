@@ -15,9 +15,15 @@ namespace keel::monitor {
 
 double TrainFlopsPerToken(double matmul_params, int n_layer, int n_embd, int seq_len);
 
-// The peak this machine's cores reach in fp32 FMA or bf16 dot products, per core, times `cores`.
-// Measured on the reference machine (AMD Zen 5, AVX-512): 242.5 GFLOP/s fp32 and 480 GFLOP/s bf16
-// per core (two cores: ~485 and ~960, a tight FMA / vdpbf16ps loop). `override_gflops` > 0 wins.
+// The peak arithmetic rate of `cores` cores of this CPU for matrix products in `dtype`, as
+// measured by build/peak_flops (bench/peak_flops.cc) on the reference machines, per core:
+//   fp32, AVX-512 FMA:            220 GFLOP/s
+//   bf16 with AMX (tdpbf16ps):   3040 GFLOP/s   (oneDNN uses AMX for bf16 where it exists)
+//   bf16 without AMX:            twice the fp32 figure (vdpbf16ps on CPUs that run it at full rate)
+// `override_gflops` > 0 ([monitor] peak_gflops, for all cores of one rank) wins.
 double PeakFlops(DType dtype, int cores, double override_gflops = 0);
+
+// Whether this CPU has AMX tiles with bf16 (cpuid leaf 7: AMX-BF16).
+bool CpuHasAmxBf16();
 
 }  // namespace keel::monitor
