@@ -1,5 +1,10 @@
 // keel train: run a training job from a TOML config.
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "keel/cli/verbs.h"
 #include "keel/core/log.h"
@@ -8,6 +13,21 @@
 #include "keel/train/trainer.h"
 
 namespace keel::cli {
+namespace {
+
+// Ranks that share a machine split its cores, unless the user chose a thread count: two ranks
+// with all cores each would oversubscribe them and spin in each other's OpenMP barriers.
+void SplitCoresAmongLocalRanks() {
+  if (std::getenv("OMP_NUM_THREADS")) return;
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int n = local ? std::atoi(local) : 1;
+  // OpenMP already starts from the CPUs the launcher bound this rank to (mpirun binds each rank to
+  // a core by default); this only narrows an unbound rank's share.
+  const int share = int(std::thread::hardware_concurrency()) / std::max(1, n);
+  if (n > 1) omp_set_num_threads(std::max(1, std::min(omp_get_max_threads(), share)));
+}
+
+}  // namespace
 
 void RegisterTrain(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Train a GPT model from a TOML config");
@@ -24,6 +44,7 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_option("--set", overrides, "override a key: section.key=value (repeatable)");
   cmd->callback([] {
     auto cfg = train::LoadConfig(config, overrides);
+    SplitCoresAmongLocalRanks();
     auto comm = dist::CreateComm();
     if (comm->size() > 1) SetLogRank(comm->rank());
     train::TrainSummary s = train::Train(cfg, *comm);
