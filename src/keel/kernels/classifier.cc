@@ -77,14 +77,15 @@ void RowGradient(T* g, const float* row, float lse, int target, float dloss, int
   for (int v = V; v < Vp; ++v) g[v] = FromFloat<T>(0.0f);
 }
 
+// logits (rows, cols) fp32 = x (rows, C) · wte[0:cols]ᵀ
 template <typename T>
-void LogitsTile(float* logits, const T* x, const T* wte, int rows, int C, int Vp) {
+void Logits(float* logits, const T* x, const T* wte, int rows, int C, int cols) {
   GemmArgs g;
   g.trans_b = true;
-  g.M = rows, g.N = Vp, g.K = C;
+  g.M = rows, g.N = cols, g.K = C;
   g.A = x, g.lda = C;
   g.B = wte, g.ldb = C;
-  g.C = logits, g.ldc = Vp;
+  g.C = logits, g.ldc = cols;
   g.ab_type = DTypeOf<T>();
   g.c_type = DType::kF32;
   Gemm(g);
@@ -106,7 +107,7 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
   }
   for (int r0 = 0; r0 < M; r0 += kRowTile) {
     const int rows = std::min(kRowTile, M - r0);
-    LogitsTile(logits, x + size_t(r0) * C, wte, rows, C, Vp);
+    Logits(logits, x + size_t(r0) * C, wte, rows, C, Vp);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; ++r) {
       const float* row = logits + size_t(r) * Vp;
@@ -160,15 +161,7 @@ void ClassifierForwardBackward(float* losses, T* dx, float* dwte, const T* x, co
 
 template <typename T>
 void ClassifierLogits(float* logits, const T* x, const T* wte, int M, int C, int V) {
-  GemmArgs g;
-  g.trans_b = true;
-  g.M = M, g.N = V, g.K = C;
-  g.A = x, g.lda = C;
-  g.B = wte, g.ldb = C;
-  g.C = logits, g.ldc = V;
-  g.ab_type = DTypeOf<T>();
-  g.c_type = DType::kF32;
-  Gemm(g);
+  Logits(logits, x, wte, M, C, V);
 }
 
 #define KEEL_INSTANTIATE(T)                                                                     \
