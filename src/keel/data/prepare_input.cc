@@ -4,8 +4,6 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -57,7 +55,8 @@ InputReader::InputReader(const std::vector<std::string>& inputs, uint64_t text_c
       for (auto it = fs::recursive_directory_iterator(in, ec); !ec && it != fs::end(it);
            it.increment(ec)) {
         const std::string p = it->path().string();
-        if (it->is_regular_file() && (EndsWith(p, ".jsonl") || EndsWith(p, ".txt"))) {
+        const std::string inner = InnerPath(p);
+        if (it->is_regular_file() && (EndsWith(inner, ".jsonl") || EndsWith(inner, ".txt"))) {
           found.push_back(p);
         }
       }
@@ -68,49 +67,53 @@ InputReader::InputReader(const std::vector<std::string>& inputs, uint64_t text_c
       files_.push_back(in);
     }
   }
-  if (files_.empty()) ThrowBadInput("no input files: expected .jsonl or .txt files or folders");
+  if (files_.empty()) {
+    ThrowBadInput("no input files: expected .jsonl or .txt files (or .gz/.zst of them) or folders");
+  }
 }
 
-InputReader::~InputReader() {
-  if (file_) std::fclose(file_);
-  std::free(line_buf_);
-}
+InputReader::~InputReader() = default;
 
 bool InputReader::OpenNextFile() {
-  if (file_) {
-    std::fclose(file_);
-    file_ = nullptr;
-  }
+  file_.reset();
   if (next_file_ >= files_.size()) return false;
   current_ = next_file_++;
   const std::string& path = files_[current_];
-  file_ = std::fopen(path.c_str(), "rb");
-  if (!file_) ThrowBadInput(path + ": cannot read: " + std::strerror(errno));
-  std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
-  jsonl_ = EndsWith(path, ".jsonl");
+  file_ = std::make_unique<CompressedReader>(path);
+  jsonl_ = EndsWith(InnerPath(path), ".jsonl");
   line_ = 0;
   pending_.clear();
   text_started_ = false;
   text_eof_ = false;
   chunked_ = false;
   if (!jsonl_) {
+    // A compressed file's text size is known only after decompressing it, so it always gets the
+    // pre-pass; the choice to chunk then depends on the text size alone, as for a plain file.
+    const bool compressed = IsCompressedPath(path);
     std::error_code ec;
-    uint64_t size = fs::file_size(path, ec);
+    uint64_t size = compressed ? 0 : fs::file_size(path, ec);
     chunked_ = !ec && size > chunk_bytes_;
-    if (chunked_) {
+    if (chunked_ || compressed) {
       // Pre-pass for the whole-document stats that filtering needs before the first piece.
       XXH3_state_t* st = XXH3_createState();
       XXH3_64bits_reset(st);
       std::string buf(1 << 20, '\0');
       text_chars_ = 0;
-      for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), file_)) > 0;) {
-        XXH3_64bits_update(st, buf.data(), n);
-        text_chars_ += CountCodePoints(buf.data(), n);
+      uint64_t text_bytes = 0;
+      try {
+        for (size_t n; (n = file_->Read(buf.data(), buf.size())) > 0;) {
+          XXH3_64bits_update(st, buf.data(), n);
+          text_chars_ += CountCodePoints(buf.data(), n);
+          text_bytes += n;
+        }
+      } catch (...) {
+        XXH3_freeState(st);
+        throw;
       }
       text_hash_ = XXH3_64bits_digest(st);
       XXH3_freeState(st);
-      if (std::ferror(file_)) ThrowBadInput(path + ": read error");
-      std::rewind(file_);
+      if (compressed) chunked_ = text_bytes > chunk_bytes_;
+      file_ = std::make_unique<CompressedReader>(path);  // back to the start
     }
   }
   return true;
@@ -123,28 +126,23 @@ bool InputReader::Next(RawItem* item) {
       item->file = current_;
       return true;
     }
-    std::fclose(file_);
-    file_ = nullptr;
+    file_.reset();
   }
 }
 
 bool InputReader::NextJsonLine(RawItem* item) {
   while (true) {
-    ssize_t n = ::getline(&line_buf_, &line_cap_, file_);
-    if (n < 0) {
-      if (std::ferror(file_)) ThrowBadInput(files_[current_] + ": read error");
-      return false;
-    }
+    if (!file_->ReadLine(&line_buf_)) return false;
     ++line_;
-    bytes_read_ += uint64_t(n);
-    size_t len = size_t(n);
+    bytes_read_ += line_buf_.size();
+    size_t len = line_buf_.size();
     while (len > 0 && (line_buf_[len - 1] == '\n' || line_buf_[len - 1] == '\r')) --len;
-    bool blank =
-        std::all_of(line_buf_, line_buf_ + len, [](char c) { return c == ' ' || c == '\t'; });
+    bool blank = std::all_of(line_buf_.begin(), line_buf_.begin() + len,
+                             [](char c) { return c == ' ' || c == '\t'; });
     if (blank) continue;
     *item = RawItem{};
     item->kind = RawItem::Kind::kJsonLine;
-    item->bytes.assign(line_buf_, len);
+    item->bytes.assign(line_buf_, 0, len);
     item->line = line_;
     return true;
   }
@@ -158,8 +156,7 @@ bool InputReader::NextTextPiece(RawItem* item) {
     text_started_ = true;
     std::string all;
     std::string buf(1 << 20, '\0');
-    for (size_t n; (n = std::fread(buf.data(), 1, buf.size(), file_)) > 0;) all.append(buf, 0, n);
-    if (std::ferror(file_)) ThrowBadInput(files_[current_] + ": read error");
+    for (size_t n; (n = file_->Read(buf.data(), buf.size())) > 0;) all.append(buf, 0, n);
     bytes_read_ += all.size();
     item->bytes = std::move(all);
     return true;
@@ -172,13 +169,10 @@ bool InputReader::NextTextPiece(RawItem* item) {
     while (!text_eof_ && pending_.size() < want) {
       size_t old = pending_.size();
       pending_.resize(want);
-      size_t n = std::fread(pending_.data() + old, 1, want - old, file_);
+      size_t n = file_->Read(pending_.data() + old, want - old);
       pending_.resize(old + n);
       bytes_read_ += n;
-      if (n == 0) {
-        if (std::ferror(file_)) ThrowBadInput(files_[current_] + ": read error");
-        text_eof_ = true;
-      }
+      if (n == 0) text_eof_ = true;
     }
     if (text_eof_) break;
     cut = FindSafeCut(pending_);

@@ -1,13 +1,15 @@
 // Internal to `keel data prepare`: walks the inputs (files, folders) in a fixed order and yields
 // raw work items, one JSONL line or one piece of a text file at a time, so memory stays bounded
 // by the item size whatever the corpus size. Parsing and tokenizing happen on worker threads.
+// Inputs may be gzip (.gz) or zstd (.zst) compressed; they are decompressed as a stream.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "keel/data/compressed_reader.h"
 
 namespace keel::data::internal {
 
@@ -32,7 +34,8 @@ uint64_t CountCodePoints(const char* data, size_t n);
 
 class InputReader {
  public:
-  // Expands folders (recursively: *.jsonl and *.txt, sorted) and checks that every input exists.
+  // Expands folders (recursively: *.jsonl and *.txt, each also as .gz or .zst, sorted) and checks
+  // that every input exists. A file's extension without .gz/.zst decides JSONL vs text.
   // Throws keel::Error (bad input) for a missing input or when no files are found.
   InputReader(const std::vector<std::string>& inputs, uint64_t text_chunk_bytes);
   InputReader(const InputReader&) = delete;
@@ -54,11 +57,10 @@ class InputReader {
   uint64_t chunk_bytes_;
   size_t next_file_ = 0;
   size_t current_ = 0;
-  std::FILE* file_ = nullptr;
+  std::unique_ptr<CompressedReader> file_;
   bool jsonl_ = false;
   uint64_t line_ = 0;
-  char* line_buf_ = nullptr;  // getline's buffer
-  size_t line_cap_ = 0;
+  std::string line_buf_;
   // Text file state: whole-file stats, the pending bytes not yet handed out, and whether the
   // first piece has been handed out.
   bool chunked_ = false;
@@ -66,7 +68,7 @@ class InputReader {
   bool text_eof_ = false;
   uint64_t text_hash_ = 0, text_chars_ = 0;
   std::string pending_;
-  uint64_t bytes_read_ = 0;
+  uint64_t bytes_read_ = 0;  // decompressed bytes
 };
 
 }  // namespace keel::data::internal
