@@ -117,7 +117,9 @@ void RegisterData(CLI::App& app) {
   opts->workers = int(std::max(1u, std::thread::hardware_concurrency()));
   auto* prepare = data->add_subcommand(
       "prepare", "Tokenize text (JSONL, .txt, folders) into OUT/train and OUT/val datasets");
-  prepare->add_option("inputs", opts->inputs, "JSONL or text files, or folders of them")
+  prepare
+      ->add_option("inputs", opts->inputs,
+                   "JSONL or text files (also .gz, .zst), or folders of them")
       ->required();
   prepare->add_option("--out", opts->out, "output folder; gets train/ and val/")->required();
   prepare->add_option("--field", opts->field, "JSONL field that holds the text")
