@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "keel/core/error.h"
 #include "keel/core/rng.h"
@@ -52,9 +54,47 @@ BatchLoader::BatchLoader(const TokenDataset& ds, int T, int global_batch, int ra
 
 void BatchLoader::Fill(int64_t step, int micro, int micro_batch, int32_t* tokens,
                        int32_t* targets) {
-  const uint64_t first = uint64_t(step) * global_batch_ + uint64_t(rank_) * local_batch() +
-                         uint64_t(micro) * micro_batch;
-  for (int b = 0; b < micro_batch; ++b) {
+  FillGlobal(uint64_t(step) * global_batch_ + uint64_t(rank_) * local_batch() +
+                 uint64_t(micro) * micro_batch,
+             micro_batch, tokens, targets);
+}
+
+void BatchLoader::Next(int micro_batch, int32_t* tokens, int32_t* targets) {
+  if (micro_batch <= 0 || local_offset_ + micro_batch > local_batch())
+    ThrowRuntime("BatchLoader::Next: micro_batch " + std::to_string(micro_batch) +
+                 " does not fit the rest of the local batch (" + std::to_string(local_offset_) +
+                 " of " + std::to_string(local_batch()) + " taken)");
+  FillGlobal(position_ + uint64_t(rank_) * local_batch() + uint64_t(local_offset_), micro_batch,
+             tokens, targets);
+  local_offset_ += micro_batch;
+  if (local_offset_ == local_batch()) {
+    position_ += uint64_t(global_batch_);
+    local_offset_ = 0;
+  }
+}
+
+LoaderState BatchLoader::state() const {
+  if (local_offset_ != 0)
+    ThrowRuntime("BatchLoader::state: called mid-step (" + std::to_string(local_offset_) + " of " +
+                 std::to_string(local_batch()) + " local samples taken); save at a step boundary");
+  return {position_, seed_, T_, uint64_t(ds_.size())};
+}
+
+void BatchLoader::restore(const LoaderState& st) {
+  auto differs = [&](const char* field, const std::string& saved, const std::string& here) {
+    ThrowBadInput("data " + ds_.path() + ": cannot restore the loader state: " + field +
+                  " differs (saved " + saved + ", this run " + here + ")");
+  };
+  if (st.seed != seed_) differs("seed", std::to_string(st.seed), std::to_string(seed_));
+  if (st.seq_len != T_) differs("seq_len", std::to_string(st.seq_len), std::to_string(T_));
+  if (st.dataset_tokens != ds_.size())
+    differs("dataset_tokens", std::to_string(st.dataset_tokens), std::to_string(ds_.size()));
+  position_ = st.position;
+  local_offset_ = 0;
+}
+
+void BatchLoader::FillGlobal(uint64_t first, int n, int32_t* tokens, int32_t* targets) {
+  for (int b = 0; b < n; ++b) {
     const uint64_t g = first + b;
     const uint64_t epoch = g / n_samples_, pos = g % n_samples_;
     const uint64_t sample = shuffle_ ? Permutation(n_samples_, seed_, epoch)(pos) : pos;
@@ -62,6 +102,31 @@ void BatchLoader::Fill(int64_t step, int micro, int micro_batch, int32_t* tokens
     std::memcpy(tokens + size_t(b) * T_, window_.data(), sizeof(int32_t) * T_);
     std::memcpy(targets + size_t(b) * T_, window_.data() + 1, sizeof(int32_t) * T_);
   }
+}
+
+nlohmann::json ToJson(const LoaderState& st) {
+  return {{"position", st.position},
+          {"seed", st.seed},
+          {"seq_len", st.seq_len},
+          {"dataset_tokens", st.dataset_tokens}};
+}
+
+LoaderState LoaderStateFromJson(const nlohmann::json& j) {
+  auto field = [&](const char* name) -> const nlohmann::json& {
+    if (!j.is_object() || !j.contains(name))
+      ThrowBadInput(std::string("loader state: missing field \"") + name + "\"");
+    const auto& v = j.at(name);
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+      ThrowBadInput(std::string("loader state: field \"") + name +
+                    "\" must be a non-negative integer, got " + v.dump());
+    return v;
+  };
+  LoaderState st;
+  st.position = field("position").get<uint64_t>();
+  st.seed = field("seed").get<uint64_t>();
+  st.seq_len = field("seq_len").get<int>();
+  st.dataset_tokens = field("dataset_tokens").get<uint64_t>();
+  return st;
 }
 
 }  // namespace keel::data

@@ -6,11 +6,20 @@
 // rank r takes the contiguous part [r·GB/world, (r+1)·GB/world) of it, cut into micro-batches. So
 // the union over ranks is exactly the single-process batch, whatever the rank count.
 //
+// The loader also keeps a cursor (the number of global samples consumed), so training can pull
+// micro-batch after micro-batch with Next() and save/restore the position exactly. The cursor is
+// counted in global samples, not in steps or per-rank samples, so a state saved by an N-rank run
+// restores in an M-rank run: the global sequence continues, only its split differs.
+//
 //   BatchLoader loader(ds, /*T=*/256, /*global_batch=*/16, rank, world, seed, /*shuffle=*/true);
 //   loader.Fill(step, micro, micro_batch, tokens, targets);   // (micro_batch, T) each
+//   loader.Next(micro_batch, tokens, targets);                 // the cursor's next micro-batch
+//   LoaderState st = loader.state();                           // at a step boundary
+//   other.restore(st);
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <vector>
 
 #include "keel/data/dataset.h"
@@ -29,6 +38,22 @@ class Permutation {
   int half_bits_;
 };
 
+// Where a loader is in its global sample sequence, plus what identifies that sequence, so a
+// restore into a loader over different data or windows is refused instead of silently training
+// on another order.
+struct LoaderState {
+  uint64_t position = 0;        // global samples consumed (all ranks together)
+  uint64_t seed = 0;            // shuffle seed
+  int seq_len = 0;              // T
+  uint64_t dataset_tokens = 0;  // TokenDataset::size()
+
+  bool operator==(const LoaderState&) const = default;
+};
+
+nlohmann::json ToJson(const LoaderState& st);
+// Throws keel::Error (bad input) naming a missing or mistyped field.
+LoaderState LoaderStateFromJson(const nlohmann::json& j);
+
 class BatchLoader {
  public:
   BatchLoader(const TokenDataset& ds, int T, int global_batch, int rank, int world, uint64_t seed,
@@ -36,16 +61,35 @@ class BatchLoader {
 
   uint64_t samples_per_epoch() const { return n_samples_; }
   int local_batch() const { return global_batch_ / world_; }
+  int global_batch() const { return global_batch_; }
 
   // Micro-batch `micro` (of local_batch()/micro_batch) of this rank at global step `step`.
+  // Stateless: does not move the cursor.
   void Fill(int64_t step, int micro, int micro_batch, int32_t* tokens, int32_t* targets);
 
+  // This rank's next micro-batch of micro_batch samples at the cursor. After local_batch() samples
+  // of this rank the cursor moves on by one global batch. Starting from position 0, the k-th call
+  // of a step gives exactly Fill(step, k, micro_batch, ...).
+  void Next(int micro_batch, int32_t* tokens, int32_t* targets);
+
+  // The cursor. Only defined at a step boundary (no partial local batch consumed): mid-step the
+  // position would depend on the rank split. Throws keel::Error (runtime) otherwise.
+  LoaderState state() const;
+  // Moves the cursor to st.position. Throws keel::Error (bad input) with one line naming the
+  // field that differs when st was saved for another seed, seq_len or dataset size.
+  void restore(const LoaderState& st);
+
  private:
+  // Fills n consecutive global samples starting at global sample `first`.
+  void FillGlobal(uint64_t first, int n, int32_t* tokens, int32_t* targets);
+
   const TokenDataset& ds_;
   int T_, global_batch_, rank_, world_;
   uint64_t seed_;
   bool shuffle_;
   uint64_t n_samples_;
+  uint64_t position_ = 0;  // global samples before the current step
+  int local_offset_ = 0;   // samples of this rank's part already taken in the current step
   std::vector<int32_t> window_;
 };
 
