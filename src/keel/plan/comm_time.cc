@@ -1,0 +1,97 @@
+// The communication and time model. Rank order is Megatron-LM's: tp innermost, then dp, then pp,
+// so a group stays inside a node when its span (tp, tp*dp, world) fits in one.
+#include "keel/plan/comm_time.h"
+
+#include <algorithm>
+
+#include "keel/plan/memory.h"
+
+namespace keel::plan {
+
+namespace {
+
+// Ring all-reduce sends 2(n-1)/n of the buffer per rank; all-gather and reduce-scatter (n-1)/n.
+double Ring(int n) { return n > 1 ? double(n - 1) / n : 0.0; }
+
+}  // namespace
+
+CommVolume EstimateComm(const Job& job, const Layout& l) {
+  const ModelSpec& m = job.model;
+  const Cluster& cl = job.cluster;
+  CommVolume c;
+  const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
+  const double act_elem = job.precision == Precision::kFp32 ? 4 : 2;
+  const double sbh_bytes = double(m.seq) * l.micro_batch * m.hidden * act_elem;
+
+  // Tensor parallel (Megatron): two all-reduces in forward and two in backward per layer; sequence
+  // parallelism replaces each by an all-gather plus a reduce-scatter, the same bytes. Full
+  // recomputation repeats the forward's two.
+  const int collectives = 4 + (l.recompute == Recompute::kFull ? 2 : 0);
+  c.tp_bytes = collectives * 2 * Ring(l.tp) * sbh_bytes * (m.layers / l.pp) * micro_batches;
+  // Pipeline: each micro-batch sends its activations forward and receives their gradient back;
+  // with sequence parallelism only the local 1/t of the sequence crosses (scatter-gather).
+  if (l.pp > 1) c.pp_bytes = 2 * sbh_bytes / (l.sp ? l.tp : 1) * micro_batches;
+  // Data parallel, per step: ZeRO 0 all-reduces the grads; ZeRO 1/2 reduce-scatter the grads and
+  // all-gather the updated weights; ZeRO 3 also all-gathers the weights again for backward (the
+  // ZeRO paper's 1.5x).
+  const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
+  const double psi = ParamsPerRank(m, l.tp, l.pp);
+  const double r = Ring(l.dp);
+  if (l.zero == 0)
+    c.dp_bytes = 2 * r * psi * bpp.grads;
+  else
+    c.dp_bytes = r * psi * bpp.grads + r * psi * bpp.weights * (l.zero >= 3 ? 2 : 1);
+
+  c.tp_intra = l.tp <= cl.per_node;
+  c.dp_intra = l.tp * l.dp <= cl.per_node;
+  c.pp_intra = cl.world <= cl.per_node;
+  auto bw = [&](bool intra) {
+    return intra ? cl.accel.intra_bytes_per_s : cl.accel.inter_bytes_per_s;
+  };
+  c.tp_s = c.tp_bytes / bw(c.tp_intra);
+  c.pp_s = c.pp_bytes / bw(c.pp_intra);
+  c.dp_s = c.dp_bytes / bw(c.dp_intra);
+  return c;
+}
+
+double ModelFlopsPerToken(const ModelSpec& m, double n_params) {
+  return 6 * n_params + 12.0 * m.layers * m.hidden * m.seq;
+}
+
+double HardwareFlopsPerToken(const ModelSpec& m, double n_params, Recompute rc) {
+  const double attn_fwd = 4.0 * m.layers * m.hidden * m.seq;
+  double f = ModelFlopsPerToken(m, n_params);
+  if (rc == Recompute::kFull) f += 2 * n_params + attn_fwd;
+  if (rc == Recompute::kSelective) f += attn_fwd;
+  return f;
+}
+
+double PipelineBubble(int pp, int micro_batches) {
+  return double(pp - 1) / (micro_batches + pp - 1);
+}
+
+StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c) {
+  const ModelSpec& m = job.model;
+  const Accelerator& acc = job.cluster.accel;
+  StepTime t;
+  t.micro_batches = job.global_batch / (l.dp * l.micro_batch);
+  t.bubble = PipelineBubble(l.pp, t.micro_batches);
+  const double n = TotalParams(m);
+  const double tokens = double(job.global_batch) * m.seq;
+  const double world = job.cluster.world;
+  t.compute_s =
+      tokens * HardwareFlopsPerToken(m, n, l.recompute) / world / (acc.bf16_flops * job.efficiency);
+  // fp32 matrix products run without tensor-core bf16 rates: count them at half speed (TF32).
+  if (job.precision == Precision::kFp32) t.compute_s *= 2;
+  // tp and pp transfers sit on the critical path; the dp traffic overlaps backward (about 2/3 of
+  // the compute) and only its excess is exposed.
+  const double dp_exposed = std::max(0.0, c.dp_s - t.compute_s * 2.0 / 3.0);
+  t.exposed_comm_s = c.tp_s + c.pp_s + dp_exposed;
+  // The bubble stretches the pipelined part: (m + pp - 1) / m = 1 / (1 - bubble).
+  t.step_s = (t.compute_s + c.tp_s + c.pp_s) / (1 - t.bubble) + dp_exposed;
+  t.tokens_per_s = tokens / t.step_s;
+  t.mfu = tokens * ModelFlopsPerToken(m, n) / (t.step_s * world * acc.bf16_flops);
+  return t;
+}
+
+}  // namespace keel::plan

@@ -1,0 +1,41 @@
+// Communication volume per step per kind (tp, pp, dp) and the step time built from compute,
+// communication and the pipeline bubble; FLOPs per PaLM (Chowdhery et al. 2022, Appendix B).
+#pragma once
+
+#include "keel/plan/job.h"
+
+namespace keel::plan {
+
+struct CommVolume {
+  // Bytes each rank sends per optimizer step (ring algorithms: bus bytes), and the seconds they
+  // take at the bandwidth of the link the group spans.
+  double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;
+  double tp_s = 0, pp_s = 0, dp_s = 0;
+  bool tp_intra = true, pp_intra = true, dp_intra = true;  // inside one node?
+};
+
+CommVolume EstimateComm(const Job& job, const Layout& l);
+
+// Model FLOPs per token: 6N + 12·L·h·s (PaLM's MFU: the attention scores count, the
+// recomputation does not).
+double ModelFlopsPerToken(const ModelSpec& m, double n_params);
+// What the hardware executes per token: the model FLOPs plus the recomputed forward (full:
+// 2N + 4Lhs more; selective: the attention core again, 4Lhs).
+double HardwareFlopsPerToken(const ModelSpec& m, double n_params, Recompute rc);
+
+// (pp - 1) / (m + pp - 1): the idle share of a 1F1B pipeline with m micro-batches.
+double PipelineBubble(int pp, int micro_batches);
+
+struct StepTime {
+  int micro_batches = 0;
+  double bubble = 0;
+  double compute_s = 0;  // matrix products at job.efficiency of peak, no bubble
+  double exposed_comm_s = 0;
+  double step_s = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;
+};
+
+StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c);
+
+}  // namespace keel::plan

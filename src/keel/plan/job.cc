@@ -1,0 +1,106 @@
+// Named models, enum parsing and the one-line layout checks.
+#include "keel/plan/job.h"
+
+#include "keel/core/error.h"
+
+namespace keel::plan {
+
+namespace {
+
+// Korthikanti et al. 2022 (Table 3) for 22B..1T; 7B and 13B use the common GPT/LLaMA shapes.
+// Vocabulary 51200 and s=2048 as in Megatron-LM's GPT runs.
+const std::vector<ModelSpec>& LargeTable() {
+  static const std::vector<ModelSpec> t = {
+      {"7B", 32, 4096, 32, 51200, 2048},      {"13B", 40, 5120, 40, 51200, 2048},
+      {"22B", 48, 6144, 64, 51200, 2048},     {"175B", 96, 12288, 96, 51200, 2048},
+      {"530B", 105, 20480, 128, 51200, 2048}, {"1T", 128, 25600, 160, 51200, 2048},
+  };
+  return t;
+}
+
+}  // namespace
+
+ModelSpec NamedModel(const std::string& name) {
+  for (const auto& m : LargeTable())
+    if (m.name == name) return m;
+  for (const auto& n : model::NamedConfigNames()) {
+    if (n != name) continue;
+    model::ModelConfig c = model::NamedConfig(n);
+    return {n, c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.block_size};
+  }
+  std::string known;
+  for (const auto& n : NamedModelNames()) known += (known.empty() ? "" : ", ") + n;
+  ThrowBadInput("plan: unknown model \"" + name + "\" (known: " + known + ")");
+}
+
+std::vector<std::string> NamedModelNames() {
+  std::vector<std::string> names = model::NamedConfigNames();
+  for (const auto& m : LargeTable()) names.push_back(m.name);
+  return names;
+}
+
+model::ModelConfig ToModelConfig(const ModelSpec& m) {
+  model::ModelConfig c;
+  c.n_layer = m.layers;
+  c.n_embd = m.hidden;
+  c.n_head = m.heads;
+  c.vocab_size = m.vocab;
+  c.block_size = m.seq;
+  return c;
+}
+
+void ValidateModel(const ModelSpec& m) {
+  if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.vocab < 1 || m.seq < 1)
+    ThrowBadInput("plan: layers, hidden, heads, vocab and seq must be >= 1 (got layers=" +
+                  std::to_string(m.layers) + " hidden=" + std::to_string(m.hidden) +
+                  " heads=" + std::to_string(m.heads) + " vocab=" + std::to_string(m.vocab) +
+                  " seq=" + std::to_string(m.seq) + ")");
+  if (m.hidden % m.heads != 0)
+    ThrowBadInput("plan: hidden " + std::to_string(m.hidden) + " is not a multiple of heads " +
+                  std::to_string(m.heads));
+}
+
+Precision ParsePrecision(const std::string& s) {
+  if (s == "fp32") return Precision::kFp32;
+  if (s == "bf16") return Precision::kBf16;
+  ThrowBadInput("plan: precision: expected fp32 or bf16, got \"" + s + "\"");
+}
+Accounting ParseAccounting(const std::string& s) {
+  if (s == "paper") return Accounting::kPaper;
+  if (s == "keel") return Accounting::kKeel;
+  ThrowBadInput("plan: accounting: expected paper or keel, got \"" + s + "\"");
+}
+Recompute ParseRecompute(const std::string& s) {
+  if (s == "none") return Recompute::kNone;
+  if (s == "selective" || s == "attn") return Recompute::kSelective;
+  if (s == "full") return Recompute::kFull;
+  ThrowBadInput("plan: recompute: expected none, selective or full, got \"" + s + "\"");
+}
+const char* PrecisionName(Precision p) { return p == Precision::kFp32 ? "fp32" : "bf16"; }
+const char* AccountingName(Accounting a) { return a == Accounting::kPaper ? "paper" : "keel"; }
+const char* RecomputeName(Recompute r) {
+  return r == Recompute::kNone ? "none" : r == Recompute::kSelective ? "selective" : "full";
+}
+
+void CheckLayout(const Job& job, const Layout& l) {
+  auto s = [](long v) { return std::to_string(v); };
+  const ModelSpec& m = job.model;
+  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.micro_batch < 1)
+    ThrowBadInput("plan: tp, pp, dp and micro-batch must be >= 1");
+  if (m.heads % l.tp != 0)
+    ThrowBadInput("plan: heads " + s(m.heads) + " % tp " + s(l.tp) + " = " + s(m.heads % l.tp) +
+                  ": tp must divide the number of heads");
+  if (m.layers % l.pp != 0)
+    ThrowBadInput("plan: layers " + s(m.layers) + " % pp " + s(l.pp) + " = " + s(m.layers % l.pp) +
+                  ": pp must divide the number of layers");
+  if (long(l.tp) * l.pp * l.dp != job.cluster.world)
+    ThrowBadInput("plan: world " + s(job.cluster.world) + " != tp " + s(l.tp) + " x pp " + s(l.pp) +
+                  " x dp " + s(l.dp) + " = " + s(long(l.tp) * l.pp * l.dp));
+  if (job.global_batch % (long(l.dp) * l.micro_batch) != 0)
+    ThrowBadInput("plan: global batch " + s(job.global_batch) + " is not divisible by dp " +
+                  s(l.dp) + " x micro-batch " + s(l.micro_batch) + " = " +
+                  s(long(l.dp) * l.micro_batch));
+  if (l.zero < 0 || l.zero > 3) ThrowBadInput("plan: zero stage " + s(l.zero) + " not in 0..3");
+}
+
+}  // namespace keel::plan

@@ -1,0 +1,69 @@
+// What the planner is asked about: a model, a precision, a global batch, a cluster, and one
+// parallel layout. Plain values shared by memory.h, comm_time.h and search.h.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "keel/model/config.h"
+#include "keel/plan/hardware.h"
+
+namespace keel::plan {
+
+// A GPT shape. Named ones come from model::NamedConfig (gpt2-*) or the large-model table.
+struct ModelSpec {
+  std::string name = "custom";
+  int layers = 12;
+  int hidden = 768;
+  int heads = 12;
+  int vocab = 50257;
+  int seq = 1024;
+};
+
+// "gpt2-tiny".."gpt2-xl" (keel's own configs) and "7B" "13B" "22B" "175B" "530B" "1T" (GPT
+// shapes: 7B/13B as in LLaMA-style tables, the rest from Korthikanti et al. 2022, Table 3).
+// Throws bad input on an unknown name, listing the known ones.
+ModelSpec NamedModel(const std::string& name);
+std::vector<std::string> NamedModelNames();
+model::ModelConfig ToModelConfig(const ModelSpec& m);
+// Throws bad input (one line, with the numbers) on an inconsistent shape.
+void ValidateModel(const ModelSpec& m);
+
+enum class Precision { kFp32, kBf16 };  // bf16: bf16 weights/activations, fp32 master + moments
+// kPaper: the usual 16 bytes/param (bf16 grads; ZeRO paper, DESIGN.md). kKeel: keel's trainer,
+// which keeps fp32 grads (18 bytes/param, docs/ARCHITECTURE.md) and its exact activation arena.
+enum class Accounting { kPaper, kKeel };
+// Selective = Korthikanti's selective recomputation of the attention core (keel's "attn").
+enum class Recompute { kNone, kSelective, kFull };
+
+Precision ParsePrecision(const std::string& s);
+Accounting ParseAccounting(const std::string& s);
+Recompute ParseRecompute(const std::string& s);
+const char* PrecisionName(Precision p);
+const char* AccountingName(Accounting a);
+const char* RecomputeName(Recompute r);
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  int zero = 0;         // ZeRO stage 0..3 over the dp group
+  int micro_batch = 1;  // sequences per micro-batch per dp rank
+  Recompute recompute = Recompute::kNone;
+  bool sp = false;  // sequence parallelism (only meaningful with tp > 1)
+};
+
+struct Job {
+  ModelSpec model;
+  Precision precision = Precision::kBf16;
+  Accounting accounting = Accounting::kPaper;
+  int global_batch = 512;  // sequences per optimizer step
+  Cluster cluster;
+  // Fraction of peak FLOP/s that the matrix products reach; the rest of the step time model
+  // (bubble, exposed communication) comes on top.
+  double efficiency = 0.6;
+};
+
+// Throws bad input, one line with the numbers, if the layout cannot run this job:
+// heads % tp, layers % pp, world != tp*pp*dp, global batch % (dp*micro_batch), zero stage.
+void CheckLayout(const Job& job, const Layout& l);
+
+}  // namespace keel::plan

@@ -1,0 +1,139 @@
+// The memory model. See memory.h and docs/PLAN.md for the sources of each term.
+#include "keel/plan/memory.h"
+
+#include <algorithm>
+
+#include "keel/model/activations.h"
+#include "keel/model/params.h"
+
+namespace keel::plan {
+
+BytesPerParam StateBytesPerParam(Precision p, Accounting a) {
+  if (p == Precision::kFp32) return {4, 4, 0, 8};
+  return {2, a == Accounting::kKeel ? 4.0 : 2.0, 4, 8};
+}
+
+StateMemory ModelStateBytes(double psi, const BytesPerParam& bpp, int zero, int dp) {
+  StateMemory m;
+  m.params = bpp.weights * psi / (zero >= 3 ? dp : 1);
+  m.grads = bpp.grads * psi / (zero >= 2 ? dp : 1);
+  m.master = bpp.master * psi / (zero >= 1 ? dp : 1);
+  m.moments = bpp.moments * psi / (zero >= 1 ? dp : 1);
+  return m;
+}
+
+double LayerActivationBytes(double s, double b, double h, double a, int t, bool sp, Recompute rc) {
+  const double sbh = s * b * h;
+  // Full recompute keeps only the layer's input: Table 2, "full recompute: 2sbh". With sequence
+  // parallelism that input is itself split over the tp ranks (Section 4.2.2).
+  if (rc == Recompute::kFull) return 2 * sbh / (sp ? t : 1);
+  const double attn = 5 * a * s / (h * t);  // softmax, its dropout mask and output: 5as/(ht)
+  const bool sel = rc == Recompute::kSelective;
+  if (t == 1) {
+    // Row "no parallelism": sbh(34 + 5as/h); selective drops the 5as/h term (sbh·34).
+    return sbh * (34 + (sel ? 0 : attn));
+  }
+  if (sp) {
+    // Rows "tp+sp: sbh(34/t + 5as/(ht))" and "tp+sp+selective: sbh(34/t)".
+    return sbh * (34.0 / t + (sel ? 0 : attn));
+  }
+  // Rows "tp: sbh(10 + 24/t + 5as/(ht))" and "tp+selective: sbh(10 + 24/t)": the 10sbh of
+  // LayerNorms and dropouts stay replicated on every tp rank.
+  return sbh * (10 + 24.0 / t + (sel ? 0 : attn));
+}
+
+const char* ActivationRow(int t, bool sp, Recompute rc) {
+  if (rc == Recompute::kFull)
+    return sp && t > 1 ? "full recompute: 2sbh/t" : "full recompute: 2sbh";
+  const bool sel = rc == Recompute::kSelective;
+  if (t == 1) return sel ? "no parallelism+selective: sbh(34)" : "no parallelism: sbh(34+5as/h)";
+  if (sp) return sel ? "tp+sp+selective: sbh(34/t)" : "tp+sp: sbh(34/t+5as/(ht))";
+  return sel ? "tp+selective: sbh(10+24/t)" : "tp: sbh(10+24/t+5as/(ht))";
+}
+
+namespace {
+
+// The sizes ParamsPerRank needs, from keel's own registry. Cached for the last model asked
+// about: a search evaluates thousands of layouts of one model, and the 1T registry has 1500
+// named tensors.
+struct ParamSizes {
+  double embed = 0, per_layer = 0, ln_f = 0, wte = 0, total = 0;
+};
+
+const ParamSizes& Sizes(const ModelSpec& m) {
+  thread_local ModelSpec key{"", -1, -1, -1, -1, -1};
+  thread_local ParamSizes sizes;
+  if (key.layers == m.layers && key.hidden == m.hidden && key.heads == m.heads &&
+      key.vocab == m.vocab && key.seq == m.seq)
+    return sizes;
+  const auto layout = model::ParamLayout::Gpt2(ToModelConfig(m));
+  sizes.embed = double(layout.layer_start(0));  // wte + wpe
+  sizes.per_layer = double(layout.layer_start(1) - layout.layer_start(0));
+  sizes.ln_f = double(layout.total() - layout.layer_start(m.layers));
+  sizes.wte = double(layout.Find("wte.weight").numel);
+  sizes.total = double(layout.total());
+  key = m;
+  return sizes;
+}
+
+}  // namespace
+
+double TotalParams(const ModelSpec& m) { return Sizes(m).total; }
+
+double ParamsPerRank(const ModelSpec& m, int tp, int pp) {
+  // Sizes from keel's own registry, so that tp=pp=1 is exactly what keel allocates. With tp,
+  // every tensor is counted as split by t: LayerNorm weights and some biases are really
+  // replicated, under 0.1% of a layer at these widths.
+  const ParamSizes& z = Sizes(m);
+  const double layers = z.per_layer * (m.layers / pp);
+  if (pp == 1) return (z.embed + layers + z.ln_f) / tp;
+  // The first stage holds the embeddings; the last holds ln_f and (tied weights) its own copy of
+  // wte for the classifier, as Megatron-LM does. The busier of the two bounds the memory.
+  return std::max(z.embed + layers, z.wte + layers + z.ln_f) / tp;
+}
+
+MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
+  const ModelSpec& m = job.model;
+  MemoryBreakdown mem;
+  mem.capacity = job.cluster.accel.memory_bytes;
+  mem.headroom = std::max(1e9, 0.05 * mem.capacity);
+  const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
+  const double psi = ParamsPerRank(m, l.tp, l.pp);
+  mem.state = ModelStateBytes(psi, bpp, l.zero, l.dp);
+
+  const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
+  if (job.accounting == Accounting::kKeel && l.tp == 1 && l.pp == 1) {
+    // keel's own runs: the exact arena the trainer allocates (one source of truth).
+    const model::Recompute rc = l.recompute == Recompute::kNone        ? model::Recompute::kNone
+                                : l.recompute == Recompute::kSelective ? model::Recompute::kAttn
+                                                                       : model::Recompute::kFull;
+    const DType dt = job.precision == Precision::kFp32 ? DType::kF32 : DType::kBF16;
+    mem.activations =
+        double(model::PlanActivations(ToModelConfig(m), l.micro_batch, m.seq, dt, rc).total_bytes);
+    mem.exact_activations = true;
+  } else {
+    // Korthikanti's formulas count 16-bit activations; fp32 doubles the stored values.
+    const double scale = job.precision == Precision::kFp32 ? 2.0 : 1.0;
+    const double per_layer = scale * LayerActivationBytes(m.seq, l.micro_batch, m.hidden, m.heads,
+                                                          l.tp, l.sp, l.recompute);
+    const int stage_layers = m.layers / l.pp;
+    // 1F1B: the first stage holds min(pp, m) micro-batches in flight (Section 4.2.3: L layers'
+    // worth at pp ranks); the last stage holds one, plus the fp32 logits split over tp.
+    const double first = per_layer * stage_layers * std::min(l.pp, micro_batches);
+    const double logits = 4.0 * m.seq * l.micro_batch * m.vocab / l.tp;
+    const double last = per_layer * stage_layers + logits;
+    mem.activations = l.pp == 1 ? first + logits : std::max(first, last);
+  }
+
+  // Gradient buckets for the dp all-reduce / reduce-scatter: two 25M-parameter buckets in flight
+  // (PyTorch DDP's default size), never more than the gradients themselves.
+  if (l.dp > 1) mem.comm_buffers += 2 * std::min(psi, 25e6) * bpp.grads;
+  // ZeRO-3 gathers each layer's weights before use and prefetches the next: two layers' worth.
+  if (l.zero >= 3 && l.dp > 1) {
+    const double per_layer_params = psi / std::max(1, m.layers / l.pp);
+    mem.comm_buffers += 2 * per_layer_params * bpp.weights;
+  }
+  return mem;
+}
+
+}  // namespace keel::plan

@@ -1,0 +1,128 @@
+// The layout search: a plain enumeration (a few thousand layouts at most), each evaluated by the
+// closed-form models in memory.cc and comm_time.cc.
+#include "keel/plan/search.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "keel/core/error.h"
+
+namespace keel::plan {
+
+Estimate Evaluate(const Job& job, const Layout& l) {
+  Estimate e;
+  e.layout = l;
+  e.memory = EstimateMemory(job, l);
+  e.comm = EstimateComm(job, l);
+  e.time = EstimateTime(job, l, e.comm);
+  e.activation_row = e.memory.exact_activations ? "keel arena (model::PlanActivations)"
+                                                : ActivationRow(l.tp, l.sp, l.recompute);
+  e.fits = e.memory.fits();
+  if (!e.fits) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "needs %.2f GB + %.2f GB headroom > %.2f GB per accelerator",
+                  e.memory.used() / 1e9, e.memory.headroom / 1e9, e.memory.capacity / 1e9);
+    e.reason = buf;
+  }
+  return e;
+}
+
+std::string LayoutName(const Layout& l) {
+  return "tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
+         " dp=" + std::to_string(l.dp) + " zero=" + std::to_string(l.zero) +
+         " mb=" + std::to_string(l.micro_batch) + " recompute=" + RecomputeName(l.recompute) +
+         " sp=" + (l.sp ? "on" : "off");
+}
+
+namespace {
+
+std::vector<int> Candidates(int fixed, int max) {
+  if (fixed > 0) return {fixed};
+  std::vector<int> v;
+  for (int i = 1; i <= max; ++i) v.push_back(i);
+  return v;
+}
+
+}  // namespace
+
+std::vector<Estimate> Search(const Job& job, const Constraints& c) {
+  ValidateModel(job.model);
+  const int world = job.cluster.world;
+  if (world < 1 || job.cluster.per_node < 1)
+    ThrowBadInput("plan: accelerators and per-node must be >= 1");
+  if (job.global_batch < 1) ThrowBadInput("plan: global batch must be >= 1");
+  // Fixed values are checked first, so the user sees the exact rule a request breaks.
+  auto n = [](long v) { return std::to_string(v); };
+  if (c.tp > 0 && job.model.heads % c.tp)
+    ThrowBadInput("plan: heads " + n(job.model.heads) + " % tp " + n(c.tp) + " = " +
+                  n(job.model.heads % c.tp) + ": tp must divide the number of heads");
+  if (c.pp > 0 && job.model.layers % c.pp)
+    ThrowBadInput("plan: layers " + n(job.model.layers) + " % pp " + n(c.pp) + " = " +
+                  n(job.model.layers % c.pp) + ": pp must divide the number of layers");
+  if (c.tp > 0 && c.pp > 0 && c.dp > 0 && long(c.tp) * c.pp * c.dp != world)
+    ThrowBadInput("plan: world " + n(world) + " != tp " + n(c.tp) + " x pp " + n(c.pp) + " x dp " +
+                  n(c.dp) + " = " + n(long(c.tp) * c.pp * c.dp));
+  const long fixed_split =
+      long(c.tp > 0 ? c.tp : 1) * (c.pp > 0 ? c.pp : 1) * (c.dp > 0 ? c.dp : 1);
+  if (world % fixed_split)
+    ThrowBadInput("plan: world " + n(world) +
+                  " is not divisible by tp x pp x dp = " + n(fixed_split));
+  const long batch_unit = long(c.dp > 0 ? c.dp : 1) * (c.micro_batch > 0 ? c.micro_batch : 1);
+  if (job.global_batch % batch_unit)
+    ThrowBadInput("plan: global batch " + n(job.global_batch) + " is not divisible by dp " +
+                  n(c.dp > 0 ? c.dp : 1) + " x micro-batch " +
+                  n(c.micro_batch > 0 ? c.micro_batch : 1) + " = " + n(batch_unit));
+  if (c.zero > 3) ThrowBadInput("plan: zero stage " + n(c.zero) + " not in 0..3");
+  std::vector<Recompute> rcs = c.recompute;
+  if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+
+  std::vector<Estimate> out;
+  for (int tp : Candidates(c.tp, world)) {
+    if (world % tp || job.model.heads % tp) continue;
+    for (int pp : Candidates(c.pp, world / tp)) {
+      if ((world / tp) % pp || job.model.layers % pp) continue;
+      const int dp = world / (tp * pp);
+      if (c.dp > 0 && dp != c.dp) continue;
+      if (job.global_batch % dp) continue;
+      const int per_dp = job.global_batch / dp;
+      for (int mb = 1; mb <= per_dp; mb *= 2) {
+        if (c.micro_batch > 0 && mb != c.micro_batch) continue;
+        if (per_dp % mb) continue;
+        for (int zero = 0; zero <= 3; ++zero) {
+          if (c.zero >= 0 && zero != c.zero) continue;
+          if (c.zero < 0 && zero > 0 && dp == 1) continue;  // nothing to shard over
+          for (Recompute rc : rcs) {
+            for (int sp = 0; sp <= 1; ++sp) {
+              if (c.sp >= 0 && sp != c.sp) continue;
+              if (c.sp < 0 && sp && tp == 1) continue;  // sp means nothing without tp
+              Layout l{tp, pp, dp, zero, mb, rc, sp == 1};
+              out.push_back(Evaluate(job, l));
+            }
+          }
+        }
+      }
+      // An explicitly requested micro-batch that is not a power of two.
+      if (c.micro_batch > 0 && (c.micro_batch & (c.micro_batch - 1)) && per_dp % c.micro_batch == 0)
+        for (int zero = 0; zero <= 3; ++zero)
+          for (Recompute rc : rcs)
+            for (int sp = 0; sp <= 1; ++sp) {
+              if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;
+              if ((c.zero < 0 && zero > 0 && dp == 1) || (c.sp < 0 && sp && tp == 1)) continue;
+              out.push_back(Evaluate(job, Layout{tp, pp, dp, zero, c.micro_batch, rc, sp == 1}));
+            }
+    }
+  }
+  if (out.empty())
+    ThrowBadInput("plan: no layout of " + std::to_string(world) +
+                  " accelerators satisfies the request (global batch " +
+                  std::to_string(job.global_batch) + ", heads " + std::to_string(job.model.heads) +
+                  ", layers " + std::to_string(job.model.layers) + ")");
+  std::stable_sort(out.begin(), out.end(), [](const Estimate& a, const Estimate& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.fits) return a.time.tokens_per_s > b.time.tokens_per_s;
+    return a.memory.used() < b.memory.used();
+  });
+  return out;
+}
+
+}  // namespace keel::plan

@@ -1,0 +1,45 @@
+// Every layout for a job, evaluated and ranked: memory, communication, time; the layouts that do
+// not fit are kept with the reason.
+//
+//   keel::plan::Job job;  job.model = keel::plan::NamedModel("7B");  ...
+//   auto all = keel::plan::Search(job, keel::plan::Constraints{});
+//   all[0];  // the fastest layout that fits
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "keel/plan/comm_time.h"
+#include "keel/plan/memory.h"
+
+namespace keel::plan {
+
+struct Estimate {
+  Layout layout;
+  MemoryBreakdown memory;
+  CommVolume comm;
+  StepTime time;
+  std::string activation_row;
+  bool fits = false;
+  std::string reason;  // why it does not fit; empty when it does
+};
+
+// Evaluates one layout; CheckLayout must already pass.
+Estimate Evaluate(const Job& job, const Layout& l);
+
+// Fixed values for the search; -1 (or an empty recompute list) leaves a dimension free.
+struct Constraints {
+  int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1;
+  int sp = -1;  // 0 or 1
+  std::vector<Recompute> recompute;
+};
+
+// All valid layouts within the constraints: fitting ones first, fastest (tokens/s) first, then
+// the rejected ones by how far over memory they are. Throws bad input, one line with the
+// numbers, when a fixed value makes every layout invalid (e.g. heads % tp).
+std::vector<Estimate> Search(const Job& job, const Constraints& c);
+
+// "tp=8 pp=2 dp=4 zero=1 mb=1 recompute=selective sp=on"
+std::string LayoutName(const Layout& l);
+
+}  // namespace keel::plan

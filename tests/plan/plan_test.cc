@@ -1,0 +1,190 @@
+// The planner against published numbers: the 16-byte accounting, the ZeRO paper's Figure 1,
+// Korthikanti et al. 2022's activation formulas, and keel's own allocations.
+#include <gtest/gtest.h>
+
+#include "keel/core/error.h"
+#include "keel/model/activations.h"
+#include "keel/model/params.h"
+#include "keel/plan/comm_time.h"
+#include "keel/plan/memory.h"
+#include "keel/plan/search.h"
+
+namespace keel::plan {
+namespace {
+
+constexpr double GB = 1e9;
+
+TEST(StateBytes, SevenBillionIsSixteenBytesPerParamAnd112GB) {
+  const BytesPerParam bpp = StateBytesPerParam(Precision::kBf16, Accounting::kPaper);
+  EXPECT_EQ(bpp.total(), 16);
+  EXPECT_EQ(ModelStateBytes(7e9, bpp, 0, 1).total(), 112 * GB);
+  EXPECT_EQ(ModelStateBytes(7e9, bpp, 3, 64).total(), 1.75 * GB);
+}
+
+TEST(StateBytes, KeelKeepsFp32GradsEighteenBytesPerParam) {
+  EXPECT_EQ(StateBytesPerParam(Precision::kBf16, Accounting::kKeel).total(), 18);
+  EXPECT_EQ(StateBytesPerParam(Precision::kBf16, Accounting::kKeel).grads, 4);
+  EXPECT_EQ(StateBytesPerParam(Precision::kFp32, Accounting::kPaper).total(), 16);
+}
+
+TEST(StateBytes, ZeroPaperFigureOne) {
+  // Rajbhandari et al. 2020, Fig. 1: Ψ = 7.5B, Nd = 64, K = 12.
+  const double psi = 7.5e9, K = 12, nd = 64;
+  const BytesPerParam bpp = StateBytesPerParam(Precision::kBf16, Accounting::kPaper);
+  ASSERT_EQ(bpp.master + bpp.moments, K);
+  EXPECT_EQ(ModelStateBytes(psi, bpp, 0, 64).total(), (2 + 2 + K) * psi);
+  EXPECT_EQ(ModelStateBytes(psi, bpp, 0, 64).total(), 120 * GB);
+  EXPECT_DOUBLE_EQ(ModelStateBytes(psi, bpp, 1, 64).total(), 2 * psi + 2 * psi + K * psi / nd);
+  EXPECT_NEAR(ModelStateBytes(psi, bpp, 1, 64).total(), 31.4 * GB, 0.01 * GB);
+  EXPECT_DOUBLE_EQ(ModelStateBytes(psi, bpp, 2, 64).total(), 2 * psi + (2 + K) * psi / nd);
+  EXPECT_NEAR(ModelStateBytes(psi, bpp, 2, 64).total(), 16.6 * GB, 0.05 * GB);
+  EXPECT_DOUBLE_EQ(ModelStateBytes(psi, bpp, 3, 64).total(), (2 + 2 + K) * psi / nd);
+  EXPECT_EQ(ModelStateBytes(psi, bpp, 3, 64).total(), 1.875 * GB);
+}
+
+struct Korthikanti {
+  const char* name;
+  double h, a, L;
+};
+// Korthikanti et al. 2022, Table 3; all with t = 8, s = 2048, b = 1.
+const Korthikanti kConfigs[] = {{"22B", 6144, 64, 48},
+                                {"175B", 12288, 96, 96},
+                                {"530B", 20480, 128, 105},
+                                {"1T", 25600, 160, 128}};
+
+TEST(Activations, EveryRowMatchesKorthikantiTableTwo) {
+  const double s = 2048, b = 1;
+  const int t = 8;
+  for (const auto& c : kConfigs) {
+    SCOPED_TRACE(c.name);
+    const double sbh = s * b * c.h, h = c.h, a = c.a;
+    const auto kN = Recompute::kNone, kS = Recompute::kSelective, kF = Recompute::kFull;
+    EXPECT_DOUBLE_EQ(LayerActivationBytes(s, b, h, a, 1, false, kN), sbh * (34 + 5 * a * s / h));
+    EXPECT_DOUBLE_EQ(LayerActivationBytes(s, b, h, a, t, false, kN),
+                     sbh * (10 + 24.0 / t + 5 * a * s / (h * t)));
+    EXPECT_DOUBLE_EQ(LayerActivationBytes(s, b, h, a, t, true, kN),
+                     sbh * (34.0 / t + 5 * a * s / (h * t)));
+    EXPECT_DOUBLE_EQ(LayerActivationBytes(s, b, h, a, t, false, kS), sbh * (10 + 24.0 / t));
+    EXPECT_DOUBLE_EQ(LayerActivationBytes(s, b, h, a, t, true, kS), sbh * (34.0 / t));
+    EXPECT_DOUBLE_EQ(LayerActivationBytes(s, b, h, a, t, false, kF), 2 * sbh);
+    EXPECT_DOUBLE_EQ(LayerActivationBytes(s, b, h, a, 1, false, kF), 2 * sbh);
+    // The paper's headline: sp + selective needs about 5x less than tp alone.
+    const double ratio = LayerActivationBytes(s, b, h, a, t, false, kN) /
+                         LayerActivationBytes(s, b, h, a, t, true, kS);
+    EXPECT_GT(ratio, 4.5);
+    EXPECT_LT(ratio, 6.5);
+  }
+}
+
+TEST(Activations, RowNamesSayWhichFormula) {
+  EXPECT_STREQ(ActivationRow(8, true, Recompute::kSelective), "tp+sp+selective: sbh(34/t)");
+  EXPECT_STREQ(ActivationRow(8, false, Recompute::kNone), "tp: sbh(10+24/t+5as/(ht))");
+  EXPECT_STREQ(ActivationRow(1, false, Recompute::kFull), "full recompute: 2sbh");
+}
+
+Job KeelJob(const std::string& model, int world, int batch) {
+  Job job;
+  job.model = NamedModel(model);
+  job.global_batch = batch;
+  job.cluster.accel = NamedAccelerator("H100-80GB");
+  job.cluster.world = world;
+  job.cluster.per_node = 8;
+  return job;
+}
+
+TEST(Memory, KeelAccountingIsExactlyWhatTheTrainerAllocates) {
+  Job job = KeelJob("gpt2", 1, 4);
+  job.accounting = Accounting::kKeel;
+  const model::ModelConfig cfg = ToModelConfig(job.model);
+  const double n = double(model::ParamLayout::Gpt2(cfg).total());
+  EXPECT_EQ(TotalParams(job.model), n);
+  Layout l;
+  l.micro_batch = 2;
+  l.recompute = Recompute::kSelective;
+  const MemoryBreakdown m = EstimateMemory(job, l);
+  EXPECT_EQ(m.state.total(), 18 * n);
+  EXPECT_TRUE(m.exact_activations);
+  EXPECT_EQ(m.activations, double(model::PlanActivations(cfg, 2, cfg.block_size, DType::kBF16,
+                                                         model::Recompute::kAttn)
+                                      .total_bytes));
+}
+
+TEST(Memory, NamedModelsHaveTheirParameterCounts) {
+  EXPECT_NEAR(TotalParams(NamedModel("gpt2")), 124.4e6, 0.5e6);
+  EXPECT_NEAR(TotalParams(NamedModel("175B")), 175e9, 3e9);
+  EXPECT_NEAR(TotalParams(NamedModel("7B")), 6.6e9, 0.3e9);  // GPT shape, 4h MLP
+  EXPECT_NEAR(ParamsPerRank(NamedModel("175B"), 8, 1), TotalParams(NamedModel("175B")) / 8, 1);
+}
+
+TEST(Time, BubbleAndMfu) {
+  EXPECT_DOUBLE_EQ(PipelineBubble(1, 8), 0);
+  EXPECT_DOUBLE_EQ(PipelineBubble(4, 8), 3.0 / 11);
+  const ModelSpec m = NamedModel("175B");
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(m, 175e9), 6 * 175e9 + 12.0 * 96 * 12288 * 2048);
+  EXPECT_GT(HardwareFlopsPerToken(m, 175e9, Recompute::kFull),
+            HardwareFlopsPerToken(m, 175e9, Recompute::kSelective));
+}
+
+TEST(Comm, ZeroThreeMovesOneAndAHalfTimesTheDataParallelBytes) {
+  Job job = KeelJob("7B", 64, 512);
+  Layout l{1, 1, 64, 0, 1, Recompute::kFull, false};
+  const double base = EstimateComm(job, l).dp_bytes;
+  l.zero = 2;
+  EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, base);
+  l.zero = 3;
+  EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, 1.5 * base);
+}
+
+TEST(Search, RanksFittingLayoutsFirstAndRejectsWithReason) {
+  const Job job = KeelJob("175B", 64, 512);
+  const auto all = Search(job, Constraints{});
+  ASSERT_FALSE(all.empty());
+  ASSERT_TRUE(all.front().fits);
+  for (size_t i = 1; i < all.size() && all[i].fits; ++i)
+    EXPECT_GE(all[i - 1].time.tokens_per_s, all[i].time.tokens_per_s);
+  // No parallelism for 175B cannot fit in 80 GB.
+  Constraints one;
+  one.tp = 1;
+  one.pp = 1;
+  one.zero = 0;
+  const auto rejected = Search(job, one);
+  for (const auto& e : rejected) {
+    EXPECT_FALSE(e.fits);
+    EXPECT_NE(e.reason.find("GB"), std::string::npos);
+  }
+  EXPECT_GT(all.front().time.mfu, 0.05);
+  EXPECT_LT(all.front().time.mfu, 1.0);
+}
+
+std::string BadInput(const Job& job, const Constraints& c) {
+  try {
+    Search(job, c);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Search, InvalidRequestsAreOneLineWithTheNumbers) {
+  const Job job = KeelJob("7B", 64, 512);
+  Constraints c;
+  c.tp = 3;
+  EXPECT_EQ(BadInput(job, c), "plan: heads 32 % tp 3 = 2: tp must divide the number of heads");
+  c = {};
+  c.pp = 5;
+  EXPECT_EQ(BadInput(job, c), "plan: layers 32 % pp 5 = 2: pp must divide the number of layers");
+  c = {};
+  c.tp = 8;
+  c.pp = 2;
+  c.dp = 2;
+  EXPECT_EQ(BadInput(job, c), "plan: world 64 != tp 8 x pp 2 x dp 2 = 32");
+  c = {};
+  c.dp = 64;
+  c.micro_batch = 3;
+  EXPECT_EQ(BadInput(job, c),
+            "plan: global batch 512 is not divisible by dp 64 x micro-batch 3 = 192");
+}
+
+}  // namespace
+}  // namespace keel::plan
