@@ -15,6 +15,7 @@
 #include "keel/core/timer.h"
 #include "keel/data/dataset.h"
 #include "keel/data/loader.h"
+#include "keel/data/prefetcher.h"
 #include "keel/model/gpt.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/jsonl.h"
@@ -139,6 +140,11 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
     return comm.AllReduceSum(total) / (tokens_per_step * cfg.train.val_batches);
   };
 
+  // Micro-batches prepared ahead by a background thread; the loader belongs to it from here on.
+  // The order is the loader's cursor order, i.e. exactly Fill(step, k) for k = 0..n_micro-1.
+  constexpr int kPrefetchDepth = 3;
+  data::Prefetcher prefetch(loader, s.micro_batch, kPrefetchDepth);
+
   g_stop = false;
   auto old_int = std::signal(SIGINT, OnSignal);
   auto old_term = std::signal(SIGTERM, OnSignal);
@@ -149,9 +155,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
     sync.Begin();
     double loss_sum = 0;
     for (int k = 0; k < s.n_micro; ++k) {
-      Timer dt;
-      loader.Fill(step, k, s.micro_batch, tokens.data(), targets.data());
-      data_ms += dt.Millis();
+      data_ms += prefetch.Next(tokens.data(), targets.data());  // the time spent waiting
       const bool last = k == s.n_micro - 1;
       loss_sum += model.ForwardBackward(
           tokens.data(), targets.data(), dloss,
