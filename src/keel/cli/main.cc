@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   keel::cli::RegisterTrain(app);
   keel::cli::RegisterGenerate(app);
   keel::cli::RegisterData(app);
+  keel::cli::RegisterPlan(app);
   auto* help = app.add_subcommand("help", "Explain a verb with an example: keel help train");
   std::string verb;
   help->add_option("verb", verb, "the verb to explain");

@@ -119,7 +119,9 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
                   ", layers " + std::to_string(job.model.layers) + ")");
   std::stable_sort(out.begin(), out.end(), [](const Estimate& a, const Estimate& b) {
     if (a.fits != b.fits) return a.fits;
-    if (a.fits) return a.time.tokens_per_s > b.time.tokens_per_s;
+    // Among equally fast layouts, the one with more memory to spare.
+    if (a.fits && a.time.tokens_per_s != b.time.tokens_per_s)
+      return a.time.tokens_per_s > b.time.tokens_per_s;
     return a.memory.used() < b.memory.used();
   });
   return out;

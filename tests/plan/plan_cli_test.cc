@@ -1,0 +1,96 @@
+// `keel plan` end to end: the table, --json, --explain, TOML input and one-line bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result Keel(const std::string& args) {
+  std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(PlanCli, RanksLayoutsInATable) {
+  Result r = Keel("plan --model 175B --accelerators 64 --global-batch 512 --top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos);
+  EXPECT_NE(r.out.find("layouts fit"), std::string::npos);
+}
+
+TEST(PlanCli, JsonIsParseableAndBestFirst) {
+  Result r = Keel("plan --model 7B --accelerators 64 --zero 3 --json --top 2");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_GE(j["layouts"].size(), 2u);
+  EXPECT_TRUE(j["layouts"][0]["fits"].get<bool>());
+  EXPECT_EQ(j["layouts"][0]["zero"], 3);
+  EXPECT_GE(j["layouts"][0]["tokens_per_s"].get<double>(),
+            j["layouts"][1]["tokens_per_s"].get<double>());
+}
+
+TEST(PlanCli, ExplainNamesTheActivationRow) {
+  Result r = Keel(
+      "plan --model 175B --accelerators 64 --tp 8 --pp 8 --dp 1 --micro-batch 1 "
+      "--recompute selective --sp on --explain");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tp+sp+selective: sbh(34/t)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bubble"), std::string::npos);
+}
+
+TEST(PlanCli, ReadsTomlAndFlagsWin) {
+  const auto path = std::filesystem::temp_directory_path() / "keel_plan_test.toml";
+  std::ofstream(path) << "[model]\nmodel = \"7B\"\n[cluster]\naccelerators = 16\n"
+                         "accelerator = \"A100-80GB\"\nglobal_batch = 64\n";
+  Result r = Keel("plan --config " + path.string() + " --accelerators 32 --json --top 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["accelerators"], 32);
+  EXPECT_EQ(j["accelerator"], "A100-80GB");
+  EXPECT_EQ(j["global_batch"], 64);
+  std::ofstream(path) << "modle = \"7B\"\n";
+  r = Keel("plan --config " + path.string());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("unknown key \"modle\""), std::string::npos) << r.out;
+}
+
+TEST(PlanCli, InvalidRequestsAreOneLineAndExitTwo) {
+  const char* cases[][2] = {
+      {"--model 7B --accelerators 64 --tp 3", "heads 32 % tp 3 = 2"},
+      {"--model 7B --accelerators 64 --pp 5", "layers 32 % pp 5 = 2"},
+      {"--model 7B --accelerators 64 --tp 8 --pp 2 --dp 2", "world 64 != tp 8 x pp 2 x dp 2 = 32"},
+      {"--model 7B --accelerators 64 --global-batch 100 --dp 64",
+       "global batch 100 is not divisible by dp 64"},
+      {"--model 9B", "unknown model \"9B\""},
+  };
+  for (const auto& c : cases) {
+    Result r = Keel(std::string("plan ") + c[0]);
+    EXPECT_EQ(r.code, 2) << c[0] << "\n" << r.out;
+    EXPECT_NE(r.out.find(c[1]), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "not one line: " << r.out;
+  }
+}
+
+TEST(PlanCli, HelpShowsExamples) {
+  Result r = Keel("help plan");
+  ASSERT_EQ(r.code, 0);
+  EXPECT_NE(r.out.find("Examples:"), std::string::npos);
+}
+
+}  // namespace
