@@ -200,6 +200,11 @@ TEST(Config, SeqLenLongerThanBlockSize) {
       << msg;
 }
 
+TEST(Config, PrefetchMustBePositive) {
+  std::string msg = LoadError("pf.toml", "[data]\nprefetch = 0\n");
+  EXPECT_NE(msg.find("pf.toml: [data] prefetch:"), std::string::npos) << msg;
+}
+
 TEST(Config, NonFiniteLearningRate) {
   std::string msg = LoadError("nan.toml", "[optim]\nlr = nan\n");
   EXPECT_NE(msg.find("nan.toml: [optim] lr: expected a finite number > 0, got nan"),

@@ -34,6 +34,7 @@ struct DataSection {
   std::string train;  // a keel-tokens dataset folder, or a flat file of little-endian uint16 tokens
   std::string val;    // same; empty = no validation
   int seq_len = 256;  // tokens per sample (T)
+  int prefetch = 3;   // micro-batches a background thread prepares ahead of the trainer
 
   bool operator==(const DataSection&) const = default;
 };

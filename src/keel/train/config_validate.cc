@@ -102,6 +102,7 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
 
   const Checker data(prov, "data");
   data.Positive("seq_len", cfg.data.seq_len);
+  data.Positive("prefetch", cfg.data.prefetch);
 
   const Checker train(prov, "train");
   const TrainSection& t = cfg.train;

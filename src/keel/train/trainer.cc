@@ -142,8 +142,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
 
   // Micro-batches prepared ahead by a background thread; the loader belongs to it from here on.
   // The order is the loader's cursor order, i.e. exactly Fill(step, k) for k = 0..n_micro-1.
-  constexpr int kPrefetchDepth = 3;
-  data::Prefetcher prefetch(loader, s.micro_batch, kPrefetchDepth);
+  data::Prefetcher prefetch(loader, s.micro_batch, cfg.data.prefetch);
 
   g_stop = false;
   auto old_int = std::signal(SIGINT, OnSignal);
