@@ -78,6 +78,8 @@ TEST(PlanCli, InvalidRequestsAreOneLineAndExitTwo) {
       {"--model 7B --accelerators 64 --global-batch 100 --dp 64",
        "global batch 100 is not divisible by dp 64"},
       {"--model 9B", "unknown model \"9B\""},
+      {"--model 7B --tp 0", "--tp 0: expected >= 1"},
+      {"--model 7B --zero 4", "--zero 4: expected 0, 1, 2 or 3"},
   };
   for (const auto& c : cases) {
     Result r = Keel(std::string("plan ") + c[0]);

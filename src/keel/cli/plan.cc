@@ -112,6 +112,14 @@ plan::Job MakeJob(const PlanArgs& a) {
 
 plan::Constraints MakeConstraints(const PlanArgs& a) {
   plan::Constraints c{a.tp, a.pp, a.dp, a.zero, a.micro_batch, -1, {}};
+  // -1 is "not given"; anything else below 1 (below 0 for ZeRO) is a mistake, not "any".
+  const std::pair<const char*, int> fixed[] = {
+      {"--tp", a.tp}, {"--pp", a.pp}, {"--dp", a.dp}, {"--micro-batch", a.micro_batch}};
+  for (const auto& [flag, v] : fixed)
+    if (v != -1 && v < 1)
+      ThrowBadInput(std::string("plan: ") + flag + " " + std::to_string(v) + ": expected >= 1");
+  if (a.zero != -1 && (a.zero < 0 || a.zero > 3))
+    ThrowBadInput("plan: --zero " + std::to_string(a.zero) + ": expected 0, 1, 2 or 3");
   if (a.sp == "on")
     c.sp = 1;
   else if (a.sp == "off")
