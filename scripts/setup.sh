@@ -15,6 +15,7 @@ PACKAGES=(
   libxxhash-dev            # integrity hashes
   libpcre2-dev             # GPT-2 pre-tokenization (Unicode classes, JIT)
   zlib1g-dev libzstd-dev   # compressed corpora
+  libcurl4-openssl-dev     # http(s) datasets (RemoteCache)
   libgtest-dev libbenchmark-dev  # tests and benchmarks
   python3-torch python3-numpy    # the PyTorch oracle in tests (never needed at run time)
 )
