@@ -10,6 +10,8 @@
 #include "keel/core/error.h"
 #include "keel/data/dataset_meta.h"
 #include "keel/data/file_util.h"
+#include "keel/data/http_fetch.h"
+#include "keel/data/remote_cache.h"
 
 namespace keel::data {
 namespace internal {
@@ -93,6 +95,25 @@ void OpenFolder(DatasetState* d) {
   }
 }
 
+// An http(s) dataset is fetched whole into the local cache (remote_cache.h) and opened there:
+// every shard stays mapped, so it must fit under the cap; path() stays the URL.
+void OpenRemote(DatasetState* d) {
+  const RemoteCacheOptions options = DefaultRemoteCacheOptions(d->path);
+  RemoteCache cache(d->path, options);
+  uint64_t need = 0;
+  for (size_t i = 0; i < cache.meta().shards.size(); ++i) need += cache.ShardBytes(i);
+  if (need > options.max_bytes) {
+    ThrowBadInput(d->path + ": needs " + std::to_string(need) +
+                  " bytes of cache, KEEL_CACHE_BYTES is " + std::to_string(options.max_bytes) +
+                  " (every shard is mapped at once)");
+  }
+  for (size_t i = 0; i < cache.meta().shards.size(); ++i) cache.Acquire(i);
+  const std::string url = d->path;
+  d->path = cache.dir();
+  OpenFolder(d);
+  d->path = url;
+}
+
 void OpenFlat(DatasetState* d) {
   DatasetState::Shard s;
   s.path = d->path;
@@ -113,6 +134,11 @@ void OpenFlat(DatasetState* d) {
 TokenDataset TokenDataset::Open(const std::string& path) {
   auto d = std::make_unique<Impl>();
   d->path = path;
+  if (IsHttpUrl(path)) {
+    OpenRemote(d.get());
+    for (const auto& s : d->shards) d->begins.push_back(s.begin);
+    return TokenDataset(std::move(d));
+  }
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     ThrowBadInput(path +
