@@ -1,6 +1,7 @@
 // Size-capped, hash-verified local cache of a remote keel-tokens dataset; see remote_cache.h.
 #include "keel/data/remote_cache.h"
 
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <cstdio>
@@ -78,7 +79,9 @@ uint64_t RemoteCache::ShardBytes(size_t shard) const {
 void RemoteCache::Fetch(const std::string& name, const std::string& expected_xxh3) {
   const std::string url = base_url_ + "/" + name;
   const std::string final_path = options_.dir + "/" + name;
-  const std::string part = final_path + ".part";
+  // Per process: two ranks on one machine may fetch the same shard at once, and must not write
+  // into each other's file. Each renames a verified copy; the last rename wins, same bytes.
+  const std::string part = final_path + ".part." + std::to_string(::getpid());
   const std::string actual = HashHex(HttpDownload(url, part, options_.http));
   ++downloads_;
   if (actual != expected_xxh3) {
