@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iomanip>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "keel/core/error.h"
@@ -38,7 +40,7 @@ uint64_t Permutation::operator()(uint64_t i) const {
 
 BatchLoader::BatchLoader(const TokenDataset& ds, int T, int global_batch, int rank, int world,
                          uint64_t seed, bool shuffle)
-    : ds_(ds),
+    : ds_(&ds),
       T_(T),
       global_batch_(global_batch),
       rank_(rank),
@@ -50,6 +52,23 @@ BatchLoader::BatchLoader(const TokenDataset& ds, int T, int global_batch, int ra
   if (n_samples_ == 0)
     ThrowBadInput("data " + ds.path() + ": " + std::to_string(ds.size()) +
                   " tokens is too few for one sample of seq_len + 1 = " + std::to_string(T + 1));
+}
+
+BatchLoader::BatchLoader(std::vector<const TokenDataset*> sources,
+                         const std::vector<double>& weights, int T, int global_batch, int rank,
+                         int world, uint64_t seed)
+    : ds_(sources.empty() ? nullptr : sources[0]),
+      sources_(sources),
+      weights_(weights),
+      T_(T),
+      global_batch_(global_batch),
+      rank_(rank),
+      world_(world),
+      seed_(seed),
+      shuffle_(true),
+      window_(size_t(T) + 1) {
+  blend_ = std::make_unique<BlendedSamples>(std::move(sources), weights, T, seed);
+  n_samples_ = blend_->samples_in_source(0);
 }
 
 void BatchLoader::Fill(int64_t step, int micro, int micro_batch, int32_t* tokens,
@@ -77,18 +96,49 @@ LoaderState BatchLoader::state() const {
   if (local_offset_ != 0)
     ThrowRuntime("BatchLoader::state: called mid-step (" + std::to_string(local_offset_) + " of " +
                  std::to_string(local_batch()) + " local samples taken); save at a step boundary");
-  return {position_, seed_, T_, uint64_t(ds_.size())};
+  return Identity();
+}
+
+LoaderState BatchLoader::Identity() const {
+  LoaderState st{position_, seed_, T_, uint64_t(ds_->size())};
+  if (blend_) {
+    st.dataset_tokens = 0;
+    for (const TokenDataset* ds : sources_) {
+      st.dataset_tokens += ds->size();
+      st.source_tokens.push_back(ds->size());
+    }
+    st.weights = weights_;
+  }
+  return st;
 }
 
 void BatchLoader::restore(const LoaderState& st) {
   auto differs = [&](const char* field, const std::string& saved, const std::string& here) {
-    ThrowBadInput("data " + ds_.path() + ": cannot restore the loader state: " + field +
+    ThrowBadInput("data " + ds_->path() + ": cannot restore the loader state: " + field +
                   " differs (saved " + saved + ", this run " + here + ")");
   };
   if (st.seed != seed_) differs("seed", std::to_string(st.seed), std::to_string(seed_));
   if (st.seq_len != T_) differs("seq_len", std::to_string(st.seq_len), std::to_string(T_));
-  if (st.dataset_tokens != ds_.size())
-    differs("dataset_tokens", std::to_string(st.dataset_tokens), std::to_string(ds_.size()));
+  // Compared field by field, so the message names what changed (a weight, a source's size).
+  const LoaderState here = Identity();
+  auto list = [](const auto& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) {
+      std::ostringstream one;
+      one << std::setprecision(17) << v[i];
+      s += (i ? ", " : "") + one.str();
+    }
+    return s + "]";
+  };
+  if (st.weights.size() != here.weights.size())
+    differs("sources", std::to_string(std::max<size_t>(st.weights.size(), 1)),
+            std::to_string(std::max<size_t>(here.weights.size(), 1)));
+  if (st.weights != here.weights) differs("weights", list(st.weights), list(here.weights));
+  if (st.source_tokens != here.source_tokens)
+    differs("source_tokens", list(st.source_tokens), list(here.source_tokens));
+  if (st.dataset_tokens != here.dataset_tokens)
+    differs("dataset_tokens", std::to_string(st.dataset_tokens),
+            std::to_string(here.dataset_tokens));
   position_ = st.position;
   local_offset_ = 0;
 }
@@ -96,19 +146,31 @@ void BatchLoader::restore(const LoaderState& st) {
 void BatchLoader::FillGlobal(uint64_t first, int n, int32_t* tokens, int32_t* targets) {
   for (int b = 0; b < n; ++b) {
     const uint64_t g = first + b;
+    if (blend_) {
+      blend_->Read(g, window_.data());
+      std::memcpy(tokens + size_t(b) * T_, window_.data(), sizeof(int32_t) * T_);
+      std::memcpy(targets + size_t(b) * T_, window_.data() + 1, sizeof(int32_t) * T_);
+      continue;
+    }
     const uint64_t epoch = g / n_samples_, pos = g % n_samples_;
     const uint64_t sample = shuffle_ ? Permutation(n_samples_, seed_, epoch)(pos) : pos;
-    ds_.Read(sample * T_, size_t(T_) + 1, window_.data());
+    ds_->Read(sample * T_, size_t(T_) + 1, window_.data());
     std::memcpy(tokens + size_t(b) * T_, window_.data(), sizeof(int32_t) * T_);
     std::memcpy(targets + size_t(b) * T_, window_.data() + 1, sizeof(int32_t) * T_);
   }
 }
 
 nlohmann::json ToJson(const LoaderState& st) {
-  return {{"position", st.position},
-          {"seed", st.seed},
-          {"seq_len", st.seq_len},
-          {"dataset_tokens", st.dataset_tokens}};
+  nlohmann::json j = {{"position", st.position},
+                      {"seed", st.seed},
+                      {"seq_len", st.seq_len},
+                      {"dataset_tokens", st.dataset_tokens}};
+  // Written only for a blend, so a single-dataset state is the same JSON as before blending.
+  if (!st.weights.empty() || !st.source_tokens.empty()) {
+    j["weights"] = st.weights;
+    j["source_tokens"] = st.source_tokens;
+  }
+  return j;
 }
 
 LoaderState LoaderStateFromJson(const nlohmann::json& j) {
@@ -126,6 +188,29 @@ LoaderState LoaderStateFromJson(const nlohmann::json& j) {
   st.seed = field("seed").get<uint64_t>();
   st.seq_len = field("seq_len").get<int>();
   st.dataset_tokens = field("dataset_tokens").get<uint64_t>();
+  // Optional: absent in single-dataset states (and in those saved before blending existed).
+  if (j.contains("weights")) {
+    const auto& w = j.at("weights");
+    if (!w.is_array()) ThrowBadInput("loader state: field \"weights\" must be an array of numbers");
+    for (const auto& x : w) {
+      if (!x.is_number())
+        ThrowBadInput("loader state: field \"weights\" must be an array of numbers, got " +
+                      x.dump());
+      st.weights.push_back(x.get<double>());
+    }
+  }
+  if (j.contains("source_tokens")) {
+    const auto& n = j.at("source_tokens");
+    if (!n.is_array())
+      ThrowBadInput("loader state: field \"source_tokens\" must be an array of integers");
+    for (const auto& x : n) {
+      if (!x.is_number_unsigned() && !(x.is_number_integer() && x.get<int64_t>() >= 0))
+        ThrowBadInput(
+            "loader state: field \"source_tokens\" must hold non-negative integers, got " +
+            x.dump());
+      st.source_tokens.push_back(x.get<uint64_t>());
+    }
+  }
   return st;
 }
 

@@ -16,12 +16,17 @@
 //   loader.Next(micro_batch, tokens, targets);                 // the cursor's next micro-batch
 //   LoaderState st = loader.state();                           // at a step boundary
 //   other.restore(st);
+//
+// With several weighted sources (BatchLoader(sources, weights, ...)) global sample g is
+// BlendedSamples' sample g instead; everything else (the rank split, the cursor) is the same.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <vector>
 
+#include "keel/data/blend.h"
 #include "keel/data/dataset.h"
 
 namespace keel::data {
@@ -45,7 +50,12 @@ struct LoaderState {
   uint64_t position = 0;        // global samples consumed (all ranks together)
   uint64_t seed = 0;            // shuffle seed
   int seq_len = 0;              // T
-  uint64_t dataset_tokens = 0;  // TokenDataset::size()
+  uint64_t dataset_tokens = 0;  // TokenDataset::size(); for a blend, the sum over its sources
+  // Only for a blend (empty for one dataset, so single-source states read and write as before):
+  // the weights as configured and each source's size. Either changes which window global sample
+  // g is, so a state saved for another blend must not restore.
+  std::vector<double> weights;
+  std::vector<uint64_t> source_tokens;
 
   bool operator==(const LoaderState&) const = default;
 };
@@ -58,7 +68,14 @@ class BatchLoader {
  public:
   BatchLoader(const TokenDataset& ds, int T, int global_batch, int rank, int world, uint64_t seed,
               bool shuffle);
+  // A weighted blend of several datasets (they must outlive the loader): global sample g is
+  // BlendedSamples(sources, weights, T, seed)'s sample g, always shuffled. Throws keel::Error (bad
+  // input) as BlendedSamples does. Each loader owns its schedule, which is not thread-safe: one
+  // loader per rank and per thread.
+  BatchLoader(std::vector<const TokenDataset*> sources, const std::vector<double>& weights, int T,
+              int global_batch, int rank, int world, uint64_t seed);
 
+  // For a blend, the first source's samples per epoch (each source wraps on its own).
   uint64_t samples_per_epoch() const { return n_samples_; }
   int local_batch() const { return global_batch_ / world_; }
   int global_batch() const { return global_batch_; }
@@ -80,10 +97,15 @@ class BatchLoader {
   void restore(const LoaderState& st);
 
  private:
+  // What identifies the global sequence, with position_ (state() without the step check).
+  LoaderState Identity() const;
   // Fills n consecutive global samples starting at global sample `first`.
   void FillGlobal(uint64_t first, int n, int32_t* tokens, int32_t* targets);
 
-  const TokenDataset& ds_;
+  const TokenDataset* ds_;  // the only dataset, or the first source of a blend (for messages)
+  std::unique_ptr<BlendedSamples> blend_;     // null for one dataset
+  std::vector<const TokenDataset*> sources_;  // a blend's sources; empty for one dataset
+  std::vector<double> weights_;
   int T_, global_batch_, rank_, world_;
   uint64_t seed_;
   bool shuffle_;
