@@ -247,7 +247,39 @@ std::string KnownSections(const std::vector<Section>& sections) {
 std::string KnownKeys(const Section& sec) {
   std::string s;
   for (const auto& f : sec.fields) s += (s.empty() ? "" : ", ") + std::string(f.key);
+  // An array of tables, so not a Field of the table-driven schema; parsed by ApplySources.
+  if (sec.name == "data") s += ", sources";
   return s;
+}
+
+// [[data.sources]]: an array of tables, each {path = "...", weight = 1.0}. Messages name the
+// entry, e.g. "config a.toml: [data] sources[1].path: expected a string, got nothing".
+void ApplySources(const toml::node& node, std::vector<DataSource>& out, const Provenance& prov) {
+  const std::string where = prov.Where("data", "sources");
+  const toml::array* arr = node.as_array();
+  if (arr != nullptr && arr->empty())
+    ThrowBadInput(where + ": expected at least one source, got an empty array");
+  if (arr == nullptr || !arr->is_array_of_tables())
+    ThrowBadInput(where + ": expected an array of tables ([[data.sources]]), got " +
+                  (arr == nullptr ? Describe(node) : "an array of non-tables"));
+  out.clear();
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const toml::table& t = *arr->get(i)->as_table();
+    const std::string entry = "sources[" + std::to_string(i) + "]";
+    DataSource src;
+    for (const auto& [key, value] : t) {
+      const std::string at = prov.Where("data", entry + "." + std::string(key.str()));
+      if (key.str() == "path")
+        Assign(value, &src.path, at);
+      else if (key.str() == "weight")
+        Assign(value, &src.weight, at);
+      else
+        ThrowBadInput(at + ": unknown key (known: path, weight)");
+    }
+    if (!t.contains("path"))
+      ThrowBadInput(prov.Where("data", entry + ".path") + ": expected a string, got nothing");
+    out.push_back(std::move(src));
+  }
 }
 
 Section* FindSection(std::vector<Section>& sections, std::string_view name) {
@@ -281,7 +313,8 @@ toml::table ParseFile(const std::string& path) {
   }
 }
 
-void ApplyFile(const toml::table& root, std::vector<Section>& sections, const Provenance& prov) {
+void ApplyFile(const toml::table& root, std::vector<Section>& sections, RunConfig& cfg,
+               const Provenance& prov) {
   for (const auto& [name, node] : root) {
     Section* sec = FindSection(sections, name.str());
     if (sec == nullptr || !node.is_table()) {
@@ -290,6 +323,10 @@ void ApplyFile(const toml::table& root, std::vector<Section>& sections, const Pr
                     " (known: " + KnownSections(sections) + ")");
     }
     for (const auto& [key, value] : *node.as_table()) {
+      if (sec->name == "data" && key.str() == "sources") {
+        ApplySources(value, cfg.data.sources, prov);
+        continue;
+      }
       const Field* f = FindField(*sec, key.str());
       std::string where = prov.Where(sec->name, key.str());
       if (f == nullptr) ThrowBadInput(where + ": unknown key (known: " + KnownKeys(*sec) + ")");
@@ -322,6 +359,10 @@ void ApplyOverride(const std::string& text, std::vector<Section>& sections, Prov
   if (sec == nullptr)
     ThrowBadInput("--set " + std::string(path) + ": unknown section \"" + std::string(sec_name) +
                   "\" (known: " + KnownSections(sections) + ")");
+  if (sec_name == "data" && key.substr(0, key.find_first_of(".[")) == "sources")
+    ThrowBadInput("--set " + std::string(path) +
+                  ": the sources cannot be set with --set; write [[data.sources]] tables in the "
+                  "config file");
   const Field* f = FindField(*sec, key);
   if (f == nullptr)
     ThrowBadInput("--set " + std::string(path) + ": unknown key (known: " + KnownKeys(*sec) + ")");
@@ -371,7 +412,7 @@ RunConfig LoadConfig(const std::string& path, const std::vector<std::string>& ov
   cfg.source = path;
   std::vector<Section> sections = internal::BindSections(cfg);
   Provenance prov(path);
-  if (!path.empty()) ApplyFile(ParseFile(path), sections, prov);
+  if (!path.empty()) ApplyFile(ParseFile(path), sections, cfg, prov);
   for (const auto& o : overrides) ApplyOverride(o, sections, prov);
   internal::ValidateValues(cfg, prov);
   return cfg;
@@ -409,6 +450,13 @@ std::string ToToml(const RunConfig& cfg) {
       if (sec.name == "model") out << shape_note(f.key, f.ref);
       out << "\n";
     }
+    // Array-of-tables entries belong right after their parent table's own keys.
+    if (sec.name == "data")
+      for (const DataSource& src : cfg.data.sources) {
+        double w = src.weight;
+        out << "\n[[data.sources]]\npath = " << Quote(src.path) << "\nweight = " << TomlValue(&w)
+            << "\n";
+      }
   }
   return out.str();
 }

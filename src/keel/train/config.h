@@ -30,11 +30,22 @@ struct ModelSection {
   bool operator==(const ModelSection&) const = default;
 };
 
+// One entry of [[data.sources]]: a training dataset and its share of the blend.
+struct DataSource {
+  std::string path;     // like [data] train
+  double weight = 1.0;  // relative; the shares are weight / sum of weights
+
+  bool operator==(const DataSource&) const = default;
+};
+
 struct DataSection {
   std::string train;  // a keel-tokens dataset folder, or a flat file of little-endian uint16 tokens
   std::string val;    // same; empty = no validation
   int seq_len = 256;  // tokens per sample (T)
   int prefetch = 3;   // micro-batches a background thread prepares ahead of the trainer
+  // The alternative to `train`: several datasets blended by weight ([[data.sources]] in TOML).
+  // Exactly one of the two is set in a run.
+  std::vector<DataSource> sources;
 
   bool operator==(const DataSection&) const = default;
 };

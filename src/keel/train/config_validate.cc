@@ -103,6 +103,14 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   const Checker data(prov, "data");
   data.Positive("seq_len", cfg.data.seq_len);
   data.Positive("prefetch", cfg.data.prefetch);
+  if (!cfg.data.sources.empty() && !cfg.data.train.empty())
+    data.Fail("sources", "set either [data] train or [[data.sources]], not both (train = \"" +
+                             cfg.data.train + "\")");
+  for (size_t i = 0; i < cfg.data.sources.size(); ++i) {
+    const std::string entry = "sources[" + std::to_string(i) + "]";
+    data.NonEmpty(entry + ".path", cfg.data.sources[i].path);
+    data.FinitePositive(entry + ".weight", cfg.data.sources[i].weight);
+  }
 
   const Checker train(prov, "train");
   const TrainSection& t = cfg.train;
