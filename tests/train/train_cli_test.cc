@@ -146,6 +146,31 @@ TEST(TrainCli, TokenIdErrorNamesTheOffset) {
   EXPECT_NE(res.err.find("4321"), std::string::npos) << res.err;
 }
 
+// Two weighted [[data.sources]]: the run trains, logs each source with its weight, and writes the
+// sources back into the run directory's config.toml.
+TEST(TrainCli, BlendedSourcesTrain) {
+  TempDir dir;
+  std::string all = ReadFile(FlatTokens(dir));
+  const std::string a = dir / "a.u16", b = dir / "b.u16";
+  std::ofstream(a, std::ios::binary).write(all.data(), 200000);
+  std::ofstream(b, std::ios::binary).write(all.data() + 200000, 200000);
+  const std::string cfg = dir / "blend.toml";
+  std::ofstream(cfg) << ReadFile(kTiny) << "\n[[data.sources]]\npath = \"" << a
+                     << "\"\nweight = 0.7\n\n[[data.sources]]\npath = \"" << b
+                     << "\"\nweight = 0.3\n";
+  auto res = RunCommand("OMP_NUM_THREADS=2 " + kKeel + " train " + cfg +
+                        " --set train.steps=4 --set train.out_dir=" + dir.path());
+  ASSERT_EQ(res.code, 0) << res.err;
+  const std::string log = res.out + res.err;
+  EXPECT_NE(log.find("data source 0: " + a + ", weight 0.7"), std::string::npos) << log;
+  EXPECT_NE(log.find("data source 1: " + b + ", weight 0.3"), std::string::npos) << log;
+  const std::string run = dir / "test-tiny";
+  EXPECT_EQ(Losses(run + "/metrics.jsonl").size(), 4u);
+  const std::string written = ReadFile(run + "/config.toml");
+  EXPECT_NE(written.find("[[data.sources]]\npath = \"" + b + "\"\nweight = 0.3"), std::string::npos)
+      << written;
+}
+
 TEST(TrainCli, HelpExplainsTrain) {
   auto res = RunCommand(kKeel + " help train");
   EXPECT_EQ(res.code, 0);

@@ -32,18 +32,32 @@ void OnSignal(int) { g_stop = true; }
 
 // Entropy of the token distribution (nats): the loss of the best model that ignores context.
 // A model that learned anything sits well below it. Counts at most the first 20M tokens.
-double UnigramEntropy(const data::TokenDataset& ds) {
-  const size_t n = std::min<size_t>(ds.size(), 20'000'000);
-  std::vector<uint64_t> counts(ds.vocab_size(), 0);
+// For a blend, the entropy of the weighted mixture of the sources' distributions, which is what
+// the trainer samples from. Counts at most the first 20M tokens of each source.
+double UnigramEntropy(const std::vector<const data::TokenDataset*>& sources,
+                      const std::vector<double>& weights) {
+  size_t vocab = 0;
+  for (const auto* ds : sources) vocab = std::max<size_t>(vocab, ds->vocab_size());
+  double total_weight = 0;
+  for (double w : weights) total_weight += w;
+  std::vector<double> p(vocab, 0.0);
   std::vector<int32_t> chunk(1 << 16);
-  for (size_t i = 0; i < n; i += chunk.size()) {
-    size_t m = std::min(chunk.size(), n - i);
-    ds.Read(i, m, chunk.data());
-    for (size_t j = 0; j < m; ++j) counts[chunk[j]]++;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const data::TokenDataset& ds = *sources[s];
+    const size_t n = std::min<size_t>(ds.size(), 20'000'000);
+    std::vector<uint64_t> counts(vocab, 0);
+    for (size_t i = 0; i < n; i += chunk.size()) {
+      size_t m = std::min(chunk.size(), n - i);
+      ds.Read(i, m, chunk.data());
+      for (size_t j = 0; j < m; ++j) counts[chunk[j]]++;
+    }
+    const double share = weights[s] / total_weight;
+    for (size_t v = 0; v < vocab; ++v)
+      if (counts[v]) p[v] += share * (double(counts[v]) / n);
   }
   double h = 0;
-  for (uint64_t c : counts)
-    if (c) h -= double(c) / n * std::log(double(c) / n);
+  for (double q : p)
+    if (q > 0) h -= q * std::log(q);
   return h;
 }
 
@@ -62,7 +76,8 @@ Setup Validate(const RunConfig& cfg, int world) {
   s.micro_batch = t.micro_batch_size > 0 ? t.micro_batch_size : s.local_batch;
   s.n_micro = s.local_batch / s.micro_batch;
   s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
-  if (cfg.data.train.empty()) ThrowBadInput("[data] train: expected a dataset path, got nothing");
+  if (cfg.data.train.empty() && cfg.data.sources.empty())
+    ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
   return s;
 }
 
@@ -75,15 +90,32 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
   const auto& mcfg = s.mcfg;
 
   // Everything that can be wrong with the input is found before the run directory exists.
-  data::TokenDataset train_ds = data::TokenDataset::Open(cfg.data.train);
-  train_ds.CheckIds(mcfg.vocab_size);
+  // `train = "path"` is a blend of one source with weight 1; it keeps the plain loader below, so
+  // that its sample order (and every pinned loss) is exactly what it was before blending.
+  std::vector<DataSource> sources = cfg.data.sources;
+  if (sources.empty()) sources.push_back({cfg.data.train, 1.0});
+  std::vector<data::TokenDataset> train_ds;
+  train_ds.reserve(sources.size());  // the loader keeps pointers into it
+  std::vector<const data::TokenDataset*> train_ptrs;
+  std::vector<double> weights;
+  for (const DataSource& src : sources) {
+    train_ds.push_back(data::TokenDataset::Open(src.path));
+    train_ds.back().CheckIds(mcfg.vocab_size);
+    train_ptrs.push_back(&train_ds.back());
+    weights.push_back(src.weight);
+  }
   std::unique_ptr<data::TokenDataset> val_ds;
   if (!cfg.data.val.empty()) {
     val_ds = std::make_unique<data::TokenDataset>(data::TokenDataset::Open(cfg.data.val));
     val_ds->CheckIds(mcfg.vocab_size);
   }
-  data::BatchLoader loader(train_ds, T, cfg.train.batch_size, comm.rank(), comm.size(),
-                           cfg.train.seed, /*shuffle=*/true);
+  std::unique_ptr<data::BatchLoader> loader_ptr =
+      train_ds.size() == 1
+          ? std::make_unique<data::BatchLoader>(train_ds[0], T, cfg.train.batch_size, comm.rank(),
+                                                comm.size(), cfg.train.seed, /*shuffle=*/true)
+          : std::make_unique<data::BatchLoader>(train_ptrs, weights, T, cfg.train.batch_size,
+                                                comm.rank(), comm.size(), cfg.train.seed);
+  data::BatchLoader& loader = *loader_ptr;
   std::unique_ptr<data::BatchLoader> val_loader;
   if (val_ds)
     val_loader = std::make_unique<data::BatchLoader>(*val_ds, T, cfg.train.batch_size, comm.rank(),
@@ -112,7 +144,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
     std::filesystem::remove(sum.run_dir + "/metrics.jsonl");
     std::filesystem::remove(sum.run_dir + "/model.safetensors");
     if (cfg.monitor.metrics_jsonl) metrics = monitor::JsonlWriter(sum.run_dir + "/metrics.jsonl");
-    sum.unigram_entropy = UnigramEntropy(train_ds);
+    sum.unigram_entropy = UnigramEntropy(train_ptrs, weights);
   }
 
   size_t matmul_params = model.layout().total() - model.layout().Find("wpe.weight").numel;
@@ -128,6 +160,14 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
         cfg.model.name.c_str(), DTypeName(s.dtype), model.layout().total(), comm.size(), threads,
         cfg.train.batch_size, T, s.n_micro, s.micro_batch,
         model.activation_plan().total_bytes / 1048576.0);
+  if (lead) {
+    // Which data the run draws from, with each source's share, so a log says what was trained.
+    double total_weight = 0;
+    for (double w : weights) total_weight += w;
+    for (size_t i = 0; i < sources.size(); ++i)
+      Log("keel: data source %zu: %s, weight %g (%.1f%%), %zu tokens", i, sources[i].path.c_str(),
+          weights[i], 100 * weights[i] / total_weight, train_ds[i].size());
+  }
 
   std::vector<int32_t> tokens(size_t(s.micro_batch) * T), targets(tokens.size());
   auto validate = [&]() {
