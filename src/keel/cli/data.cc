@@ -15,6 +15,7 @@
 #include "keel/data/prepare.h"
 #include "keel/data/tokenizer.h"
 #include "keel/data/verify.h"
+#include "keel/train/samples.h"
 
 namespace keel::cli {
 namespace {
@@ -93,7 +94,7 @@ void Inspect(const std::string& path) {
       break;
     }
   }
-  auto tok = data::Tokenizer::LoadGpt2(AssetDir() + "/gpt2");
+  auto tok = data::Tokenizer::LoadGpt2(train::TokenizerDir());
   if (ds.vocab_size() != tok.vocab_size()) return;  // another tokenizer: ids are not GPT-2's
   for (int32_t& id : ids) {
     if (id < 0 || id >= tok.vocab_size()) id = tok.eos_id();  // verify reports bad ids
@@ -144,7 +145,7 @@ void RegisterData(CLI::App& app) {
       "Example:\n"
       "  keel data prepare shared/data/brown/brown.jsonl --out data/brown --val-fraction 0.05");
   prepare->callback([opts] {
-    opts->tokenizer_dir = AssetDir() + "/gpt2";
+    opts->tokenizer_dir = train::TokenizerDir();
     data::PrepareSummary s = data::Prepare(*opts);
     PrintSummary(*opts, s);
   });

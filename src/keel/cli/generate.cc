@@ -7,6 +7,7 @@
 #include "keel/core/error.h"
 #include "keel/data/tokenizer.h"
 #include "keel/model/inference.h"
+#include "keel/train/samples.h"
 
 namespace keel::cli {
 
@@ -38,7 +39,7 @@ void RegisterGenerate(CLI::App& app) {
     if (max_tokens < 0 || temperature < 0 || top_k < 0)
       ThrowBadInput("generate: --max-tokens, --temperature and --top-k must be >= 0");
     ckpt::LoadedModel m = ckpt::ReadModel(path);
-    auto tok = data::Tokenizer::LoadGpt2(AssetDir() + "/gpt2");
+    auto tok = data::Tokenizer::LoadGpt2(train::TokenizerDir());
     model::Generator gen(m.config, std::move(m.weights));
     auto ids = tok.Encode(prompt);
     for (int i = 0; i < count; ++i) {

@@ -5,15 +5,6 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 
-namespace keel::cli {
-
-std::string AssetDir() {
-  if (const char* env = std::getenv("KEEL_ASSETS")) return env;
-  return KEEL_ASSET_DIR;
-}
-
-}  // namespace keel::cli
-
 int main(int argc, char** argv) {
   CLI::App app{"keel: train GPT-style language models, from one CPU to a cluster", "keel"};
   app.require_subcommand(1);

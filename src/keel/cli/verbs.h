@@ -12,7 +12,4 @@ void RegisterGenerate(CLI::App& app);
 void RegisterData(CLI::App& app);
 void RegisterPlan(CLI::App& app);
 
-// Where the GPT-2 tokenizer files live: $KEEL_ASSETS, else next to the executable's source tree.
-std::string AssetDir();
-
 }  // namespace keel::cli

@@ -4,7 +4,7 @@
 //   keel::data::PrepareOptions o;
 //   o.inputs = {"corpus/"};
 //   o.out = "data/corpus";
-//   o.tokenizer_dir = keel::cli::AssetDir() + "/gpt2";
+//   o.tokenizer_dir = "assets/gpt2";
 //   keel::data::PrepareSummary s = keel::data::Prepare(o);
 //
 // Output is a function of the inputs and options only: any number of workers gives the same bytes.
