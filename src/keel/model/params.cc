@@ -11,6 +11,7 @@ void ParamLayout::Add(std::string name, std::vector<int> shape, bool decay, floa
                       float value) {
   size_t numel = 1;
   for (int d : shape) numel *= size_t(d);
+  index_.emplace(name, params_.size());
   params_.push_back({std::move(name), std::move(shape), total_, numel, decay, std, value});
   total_ += numel;
 }
@@ -46,8 +47,8 @@ ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
 }
 
 const ParamInfo& ParamLayout::Find(const std::string& name) const {
-  for (const auto& p : params_)
-    if (p.name == name) return p;
+  auto it = index_.find(name);
+  if (it != index_.end()) return params_[it->second];
   ThrowRuntime("no parameter named \"" + name + "\"");
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "keel/model/config.h"
@@ -43,6 +44,8 @@ class ParamLayout {
  private:
   void Add(std::string name, std::vector<int> shape, bool decay, float std, float value = 0);
   std::vector<ParamInfo> params_;
+  // Find runs per layer per step (and per token in generation): a hash, not a scan of 150 names.
+  std::unordered_map<std::string, size_t> index_;
   std::vector<size_t> layer_start_;
   size_t total_ = 0;
 };
