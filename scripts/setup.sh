@@ -16,6 +16,7 @@ PACKAGES=(
   libpcre2-dev             # GPT-2 pre-tokenization (Unicode classes, JIT)
   zlib1g-dev libzstd-dev   # compressed corpora
   libcurl4-openssl-dev     # http(s) datasets (RemoteCache)
+  libutf8proc-dev          # Unicode NFC for `keel data prepare --nfc`
   libgtest-dev libbenchmark-dev  # tests and benchmarks
   python3-torch python3-numpy    # the PyTorch oracle in tests (never needed at run time)
 )
