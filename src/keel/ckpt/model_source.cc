@@ -1,0 +1,45 @@
+#include "keel/ckpt/model_source.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "keel/ckpt/hf_gpt2.h"
+#include "keel/core/error.h"
+
+namespace keel::ckpt {
+
+LoadedModel LoadWeightsForExport(const std::string& src) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(src)) ThrowBadInput(src + ": no such file or directory");
+  std::string path = src;
+  if (fs::is_directory(src)) {
+    path = (fs::path(src) / "model.safetensors").string();
+    if (!fs::exists(path))
+      ThrowBadInput(src + ": directory has no model.safetensors (expected a run directory)");
+  }
+  return ReadModel(path);
+}
+
+LoadedModel ReadAnyModelFile(const std::string& path, int n_head) {
+  return IsHfGpt2File(path) ? ReadHfGpt2(path, n_head) : ReadModel(path);
+}
+
+void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master) {
+  const std::string where = "[model] init_from " + path;
+  if (!std::filesystem::exists(path)) ThrowBadInput(where + ": no such file");
+  // An HF file that does not name its heads takes the config's: the shapes cannot contradict it.
+  LoadedModel m = ReadAnyModelFile(path, IsHfGpt2File(path) ? cfg.n_head : 0);
+  auto same = [&](const char* key, int file, int config) {
+    if (file != config)
+      ThrowBadInput(where + ": " + key + " is " + std::to_string(file) + " in the file, " +
+                    std::to_string(config) + " in the config");
+  };
+  same("n_layer", m.config.n_layer, cfg.n_layer);
+  same("n_head", m.config.n_head, cfg.n_head);
+  same("n_embd", m.config.n_embd, cfg.n_embd);
+  same("vocab_size", m.config.vocab_size, cfg.vocab_size);
+  same("block_size", m.config.block_size, cfg.block_size);
+  std::copy(m.weights.begin(), m.weights.end(), master);
+}
+
+}  // namespace keel::ckpt

@@ -1,0 +1,29 @@
+// Where a model's weights come from when they leave or enter keel outside a run: the source of
+// `keel ckpt export`, and the `[model] init_from` file a run starts from instead of random
+// weights.
+//
+//   LoadedModel m = LoadWeightsForExport("runs/x");              // runs/x/model.safetensors
+//   LoadInitWeights("gpt2.safetensors", cfg, model.master());    // keel or HF GPT-2 file
+#pragma once
+
+#include <string>
+
+#include "keel/ckpt/model_file.h"
+#include "keel/model/config.h"
+
+namespace keel::ckpt {
+
+// The weights `keel ckpt export SRC` converts: SRC is a keel model file or a run directory that
+// holds one (model.safetensors). Throws keel::Error (bad input) naming SRC when it is neither.
+LoadedModel LoadWeightsForExport(const std::string& src);
+
+// Reads a keel model file or an HF GPT-2 safetensors file (told apart by the metadata's
+// "format"); `n_head` is used for HF files that do not say (see ReadHfGpt2).
+LoadedModel ReadAnyModelFile(const std::string& path, int n_head = 0);
+
+// Fills `master` (ParamLayout::Gpt2(cfg).total() floats) from `path` (keel or HF GPT-2), after
+// checking that the file's shapes are `cfg`'s. Throws keel::Error (bad input), one line, e.g.
+//   [model] init_from a.safetensors: n_layer is 12 in the file, 4 in the config
+void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master);
+
+}  // namespace keel::ckpt
