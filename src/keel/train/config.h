@@ -26,6 +26,9 @@ struct ModelSection {
   int block_size = 0;
   std::string recompute = "none";  // "none" | "attn" | "full"
   float init_std = 0.02f;
+  // A keel model file or a Hugging Face GPT-2 safetensors file whose weights replace the random
+  // initialization (fine-tuning); its shapes must be the ones above. "" = random init.
+  std::string init_from;
 
   bool operator==(const ModelSection&) const = default;
 };

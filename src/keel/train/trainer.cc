@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "keel/ckpt/model_file.h"
+#include "keel/ckpt/model_source.h"
 #include "keel/core/error.h"
 #include "keel/core/log.h"
 #include "keel/core/timer.h"
@@ -124,6 +125,10 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
   model::GptModel model(mcfg, s.dtype, s.micro_batch, T,
                         model::ParseRecompute(cfg.model.recompute));
   model::InitParams(model.layout(), mcfg, cfg.train.seed, model.master());
+  if (!cfg.model.init_from.empty()) {  // fine-tuning: the file's weights replace the random ones
+    ckpt::LoadInitWeights(cfg.model.init_from, mcfg, model.master());
+    if (lead) Log("initialized the weights from %s", cfg.model.init_from.c_str());
+  }
   model.SyncWorking();
 
   std::vector<optim::ParamRange> ranges;
