@@ -12,6 +12,9 @@ int main(int argc, char** argv) {
   keel::cli::RegisterGenerate(app);
   keel::cli::RegisterData(app);
   keel::cli::RegisterPlan(app);
+  auto* ckpt = app.add_subcommand("ckpt", "Checkpoints and model files: export, import");
+  ckpt->require_subcommand(1);
+  keel::cli::AddCkptInteropVerbs(*ckpt);
   auto* help = app.add_subcommand("help", "Explain a verb with an example: keel help train");
   std::string verb;
   help->add_option("verb", verb, "the verb to explain");

@@ -11,5 +11,8 @@ void RegisterTrain(CLI::App& app);
 void RegisterGenerate(CLI::App& app);
 void RegisterData(CLI::App& app);
 void RegisterPlan(CLI::App& app);
+// `keel ckpt export` and `keel ckpt import` (Hugging Face GPT-2 safetensors), added to the `keel
+// ckpt` group that main() creates; the group's other verbs add themselves beside them.
+void AddCkptInteropVerbs(CLI::App& ckpt);
 
 }  // namespace keel::cli

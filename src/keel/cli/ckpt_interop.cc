@@ -1,0 +1,90 @@
+// keel ckpt export / keel ckpt import: a keel model to a Hugging Face GPT-2 safetensors file and
+// back. The formats live in keel/ckpt (hf_gpt2.h); this file reads the arguments and reports.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "keel/ckpt/hf_gpt2.h"
+#include "keel/ckpt/model_file.h"
+#include "keel/ckpt/model_source.h"
+#include "keel/cli/verbs.h"
+#include "keel/core/error.h"
+#include "keel/model/params.h"
+
+namespace keel::cli {
+namespace {
+
+// Prints what was written; the parameters counted are the file's (no padded vocabulary rows).
+void PrintSummary(const std::string& out, const model::ModelConfig& c, const char* kind) {
+  const size_t params = model::ParamLayout::Gpt2(c).total() -
+                        size_t(c.padded_vocab() - c.vocab_size) * size_t(c.n_embd);
+  std::printf(
+      "%s %s: %d layers, %d heads, %d wide, vocabulary %d, context %d, %.2fM parameters "
+      "(%s)\n",
+      "wrote", out.c_str(), c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size,
+      double(params) / 1e6, kind);
+}
+
+void AddExport(CLI::App& ckpt) {
+  auto* cmd = ckpt.add_subcommand(
+      "export",
+      "Write a model as a Hugging Face GPT-2 safetensors file (transformers can load it)");
+  cmd->footer(
+      "SRC is a run directory (holding model.safetensors) or a keel model file.\n"
+      "Examples:\n"
+      "  keel ckpt export runs/quickstart --format safetensors --out gpt2-quickstart.safetensors\n"
+      "  keel ckpt export runs/quickstart/model.safetensors --out model.safetensors");
+  static std::string src, format = "safetensors", out;
+  cmd->add_option("src", src, "run directory or keel model file")->required();
+  cmd->add_option("--format", format, "output format (safetensors: Hugging Face GPT-2 names)")
+      ->capture_default_str();
+  cmd->add_option("--out", out, "file to write")->required();
+  cmd->callback([] {
+    if (format != "safetensors")
+      ThrowBadInput("ckpt export: --format \"" + format +
+                    "\" is not supported (supported: safetensors, with Hugging Face GPT-2 names)");
+    ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src);
+    const auto layout = model::ParamLayout::Gpt2(m.config);
+    ckpt::WriteHfGpt2(out, m.config, layout, m.weights.data());
+    PrintSummary(out, m.config, "Hugging Face GPT-2 names, Conv1D layout");
+  });
+}
+
+void AddImport(CLI::App& ckpt) {
+  auto* cmd = ckpt.add_subcommand(
+      "import", "Convert a Hugging Face GPT-2 safetensors file into a keel model file");
+  cmd->footer(
+      "The output loads with keel generate --run, and starts a fine-tuning run as\n"
+      "[model] init_from (which also reads the Hugging Face file directly).\n"
+      "n_head is read from the file's metadata, else from the GPT-2 widths (768, 1024, 1280,\n"
+      "1600 → 12, 16, 20, 25 heads); other widths need --n-head.\n"
+      "Examples:\n"
+      "  keel ckpt import gpt2/model.safetensors --out runs/gpt2/model.safetensors\n"
+      "  keel ckpt import tiny.safetensors --out tiny-keel.safetensors --n-head 4");
+  static std::string src, out;
+  static int n_head = 0;
+  cmd->add_option("src", src, "Hugging Face GPT-2 model.safetensors")->required();
+  cmd->add_option("--out", out, "keel model file to write")->required();
+  cmd->add_option("--n-head", n_head, "attention heads, when the file does not say");
+  cmd->callback([] {
+    if (n_head < 0)
+      ThrowBadInput("ckpt import: --n-head must be > 0, got " + std::to_string(n_head));
+    if (!ckpt::IsHfGpt2File(src))
+      ThrowBadInput(src + ": already a keel model file (nothing to import; use it as it is)");
+    ckpt::LoadedModel m = ckpt::ReadHfGpt2(src, n_head);
+    const auto layout = model::ParamLayout::Gpt2(m.config);
+    const auto parent = std::filesystem::path(out).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    ckpt::WriteModel(out, m.config, layout, m.weights.data());
+    PrintSummary(out, m.config, "keel model file");
+  });
+}
+
+}  // namespace
+
+void AddCkptInteropVerbs(CLI::App& ckpt) {
+  AddExport(ckpt);
+  AddImport(ckpt);
+}
+
+}  // namespace keel::cli
