@@ -12,6 +12,7 @@
 #include "data/temp_dir.h"
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
+#include "keel/data/dataset_meta.h"
 #include "keel/data/tokenizer.h"
 #include "keel/data/verify.h"
 
@@ -140,6 +141,98 @@ TEST(Prepare, ChunkedTextGivesTheSameIdsAsWholeText) {
   auto want = tok.Encode(text);
   want.push_back(50256);
   EXPECT_EQ(ReadAll(tmp / "out/train"), want);
+}
+
+TEST(Prepare, OnErrorSkipCountsBadLinesInSummaryAndMeta) {
+  TempDir tmp;
+  {
+    std::ofstream f(tmp / "mixed.jsonl");
+    for (int i = 0; i < 40; ++i) {
+      f << R"({"text": "good document )" << i << "\"}\n";
+      if (i == 3)
+        f << R"({"text": "unterminated)"
+          << "\n";
+      if (i == 10)
+        f << R"(["text", "an array"])"
+          << "\n";
+      if (i == 20)
+        f << R"({"body": "wrong field"})"
+          << "\n";
+      if (i == 30)
+        f << R"({"text": 42})"
+          << "\n";
+    }
+  }
+  PrepareOptions o = Options(tmp, "out");
+  o.inputs = {tmp / "mixed.jsonl"};
+  o.workers = 2;
+  o.val_fraction = 0.25;
+  o.on_error = PrepareOnError::kSkip;
+  PrepareSummary s = Prepare(o);
+  EXPECT_EQ(s.skipped_lines, 4u);
+  EXPECT_EQ(s.documents_read, 40u);
+  EXPECT_EQ(s.train_documents + s.val_documents, 40u);
+  EXPECT_NE(s.first_skipped.find(tmp / "mixed.jsonl:5: "), std::string::npos) << s.first_skipped;
+  EXPECT_NE(s.first_skipped.find("invalid JSON"), std::string::npos) << s.first_skipped;
+  for (const std::string split : {"train", "val"}) {
+    const DatasetMeta m = ReadDatasetMeta(tmp / ("out/" + split));
+    ASSERT_TRUE(m.prepare.has_value()) << split;
+    EXPECT_EQ(m.prepare->on_error, "skip");
+    EXPECT_EQ(m.prepare->skipped_lines, 4u);
+    EXPECT_FALSE(m.prepare->nfc);
+  }
+  // The good lines give what they give alone: skipping a line changes nothing else.
+  {
+    std::ofstream f(tmp / "clean.jsonl");
+    for (int i = 0; i < 40; ++i) f << R"({"text": "good document )" << i << "\"}\n";
+  }
+  PrepareOptions c = Options(tmp, "clean");
+  c.inputs = {tmp / "clean.jsonl"};
+  c.val_fraction = 0;
+  o.out = tmp / "skip0";
+  o.val_fraction = 0;
+  EXPECT_EQ(Prepare(o).skipped_lines, 4u);
+  Prepare(c);
+  EXPECT_EQ(ReadAll(tmp / "skip0/train"), ReadAll(tmp / "clean/train"));
+}
+
+TEST(Prepare, NfcComposesBeforeTokenizingAndDedup) {
+  TempDir tmp;
+  const std::string decomposed = "cafe\xcc\x81 au lait";  // e + U+0301
+  const std::string composed = "caf\xc3\xa9 au lait";     // U+00E9
+  {
+    std::ofstream f(tmp / "u.jsonl");
+    f << R"({"text": "cafe\u0301 au lait"})"
+      << "\n";  // the JSON escape of `decomposed`
+    f << R"({"text": ")" << composed << "\"}\n";
+  }
+  // Not valid UTF-8, so it has no NFC: it is tokenized as it is (a .txt file: JSON refuses it).
+  const std::string invalid = "bad utf-8 e\xcc\x81\xff kept as it is";
+  std::ofstream(tmp / "v.txt") << invalid;
+  auto tok = Tokenizer::LoadGpt2(std::string(KEEL_ASSET_DIR) + "/gpt2");
+  ASSERT_NE(tok.Encode(decomposed), tok.Encode(composed));
+  auto expect = [&](std::initializer_list<std::string> docs) {
+    std::vector<int32_t> want;
+    for (const std::string& d : docs) {
+      auto ids = tok.Encode(d);
+      want.insert(want.end(), ids.begin(), ids.end());
+      want.push_back(50256);
+    }
+    return want;
+  };
+  PrepareOptions o = Options(tmp, "raw");
+  o.inputs = {tmp / "u.jsonl", tmp / "v.txt"};
+  o.val_fraction = 0;
+  o.dedup = true;
+  PrepareSummary raw = Prepare(o);
+  EXPECT_EQ(raw.dropped_duplicate, 0u);
+  EXPECT_EQ(ReadAll(tmp / "raw/train"), expect({decomposed, composed, invalid}));
+  o.out = tmp / "nfc";
+  o.nfc = true;
+  PrepareSummary nfc = Prepare(o);
+  EXPECT_EQ(nfc.dropped_duplicate, 1u);  // the two spellings are one text under NFC
+  EXPECT_EQ(ReadAll(tmp / "nfc/train"), expect({composed, invalid}));
+  EXPECT_TRUE(ReadDatasetMeta(tmp / "nfc/train").prepare->nfc);
 }
 
 TEST(Prepare, BadLineFailsWithoutLeavingADataset) {

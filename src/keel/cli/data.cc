@@ -62,6 +62,10 @@ void PrintSummary(const data::PrepareOptions& o, const data::PrepareSummary& s) 
   }
   std::printf("  dropped: %" PRIu64 " shorter than %" PRIu64 " chars, %" PRIu64 " duplicates%s\n",
               s.dropped_short, o.min_chars, s.dropped_duplicate, o.dedup ? "" : " (dedup off)");
+  if (s.skipped_lines > 0) {
+    std::printf("  skipped: %" PRIu64 " bad JSONL lines (--on-error skip); the first: %s\n",
+                s.skipped_lines, s.first_skipped.c_str());
+  }
 }
 
 void Inspect(const std::string& path) {
@@ -75,6 +79,12 @@ void Inspect(const std::string& path) {
                 m.tokens(), m.documents(),
                 m.documents() ? double(m.tokens()) / double(m.documents()) : 0.0, m.shards.size(),
                 Mb(m.tokens() * m.token_bytes()).c_str());
+    if (m.prepare) {
+      std::printf("  prepared with nfc %s, on-error %s: %" PRIu64 " bad lines skipped, %" PRIu64
+                  " short and %" PRIu64 " duplicate documents dropped (train and val)\n",
+                  m.prepare->nfc ? "on" : "off", m.prepare->on_error.c_str(),
+                  m.prepare->skipped_lines, m.prepare->dropped_short, m.prepare->dropped_duplicate);
+    }
     for (const auto& s : m.shards) {
       std::printf("  %s  %12" PRIu64 " tokens  %9" PRIu64 " documents  xxh3 %s\n", s.file.c_str(),
                   s.tokens, s.documents, s.xxh3.c_str());
@@ -139,12 +149,23 @@ void RegisterData(CLI::App& app) {
       ->capture_default_str();
   prepare->add_option("--shard-tokens", opts->shard_tokens, "tokens per shard file")
       ->capture_default_str();
+  prepare->add_flag("--nfc", opts->nfc,
+                    "Unicode NFC-normalize each document first (off: text is tokenized as it is)");
+  auto on_error = std::make_shared<std::string>("stop");
+  prepare
+      ->add_option("--on-error", *on_error,
+                   "a JSONL line that is not an object with a string --field: stop (exit 2, "
+                   "naming FILE:LINE) or skip (count it in the summary and meta.json)")
+      ->check(CLI::IsMember({"stop", "skip"}))
+      ->capture_default_str();
   prepare->footer(
       "Each document is followed by <|endoftext|> (50256). A .jsonl file holds one document per "
       "line; any other file is one document.\n"
       "Example:\n"
       "  keel data prepare shared/data/brown/brown.jsonl --out data/brown --val-fraction 0.05");
-  prepare->callback([opts] {
+  prepare->callback([opts, on_error] {
+    opts->on_error =
+        *on_error == "skip" ? data::PrepareOnError::kSkip : data::PrepareOnError::kStop;
     opts->tokenizer_dir = train::TokenizerDir();
     data::PrepareSummary s = data::Prepare(*opts);
     PrintSummary(*opts, s);

@@ -39,6 +39,11 @@ class MetaReader {
     if (!v.is_number_unsigned()) Fail(where + key, "an integer >= 0, got " + v.dump());
     return v.get<uint64_t>();
   }
+  bool Bool(const json& obj, const std::string& key, const std::string& where = "") const {
+    const json& v = Get(obj, key, where);
+    if (!v.is_boolean()) Fail(where + key, "true or false, got " + v.dump());
+    return v.get<bool>();
+  }
 
  private:
   std::string path_;
@@ -119,6 +124,16 @@ DatasetMeta ReadDatasetMeta(const std::string& dir) {
     sm.index_xxh3 = r.String(s, "index_xxh3", where);
     m.shards.push_back(std::move(sm));
   }
+  if (j.contains("prepare")) {
+    const json& p = j["prepare"];
+    if (!p.is_object()) r.Fail("prepare", "an object");
+    PrepareRecord& pr = m.prepare.emplace();
+    pr.nfc = r.Bool(p, "nfc", "prepare.");
+    pr.on_error = r.String(p, "on_error", "prepare.");
+    pr.skipped_lines = r.Count(p, "skipped_lines", "prepare.");
+    pr.dropped_short = r.Count(p, "dropped_short", "prepare.");
+    pr.dropped_duplicate = r.Count(p, "dropped_duplicate", "prepare.");
+  }
   if (j.contains("tokens") && j["tokens"] != m.tokens()) {
     r.Fail("tokens", "the sum over shards, " + std::to_string(m.tokens()));
   }
@@ -138,6 +153,13 @@ std::string DatasetMetaToJson(const DatasetMeta& m) {
   json j = {{"format", kDatasetFormat},   {"version", kDatasetVersion}, {"tokenizer", m.tokenizer},
             {"vocab_size", m.vocab_size}, {"eos_id", m.eos_id},         {"dtype", m.dtype},
             {"tokens", m.tokens()},       {"documents", m.documents()}, {"shards", shards}};
+  if (m.prepare) {
+    j["prepare"] = {{"nfc", m.prepare->nfc},
+                    {"on_error", m.prepare->on_error},
+                    {"skipped_lines", m.prepare->skipped_lines},
+                    {"dropped_short", m.prepare->dropped_short},
+                    {"dropped_duplicate", m.prepare->dropped_duplicate}};
+  }
   return j.dump(2) + "\n";
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,12 +31,24 @@ struct ShardMeta {
   std::string index_xxh3;  // of the index file
 };
 
+// How `keel data prepare` made the dataset, under "prepare" in meta.json: for people and tools
+// that want to know what was dropped. Readers do not need it; a meta.json without it is as valid.
+// The counts are of the whole run, train and val together.
+struct PrepareRecord {
+  bool nfc = false;
+  std::string on_error = "stop";  // "stop" or "skip"
+  uint64_t skipped_lines = 0;     // bad JSONL lines dropped under "skip"
+  uint64_t dropped_short = 0;
+  uint64_t dropped_duplicate = 0;
+};
+
 struct DatasetMeta {
   std::string tokenizer = "gpt2";
   int vocab_size = 50257;
   int eos_id = 50256;
   std::string dtype = "uint16";  // "uint16" or "uint32"
   std::vector<ShardMeta> shards;
+  std::optional<PrepareRecord> prepare;
 
   size_t token_bytes() const { return dtype == "uint16" ? 2 : 4; }
   uint64_t tokens() const;

@@ -21,6 +21,7 @@
 #include "keel/data/prepare_input.h"
 #include "keel/data/shard_writer.h"
 #include "keel/data/tokenizer.h"
+#include "keel/data/unicode_nfc.h"
 
 namespace keel::data {
 namespace {
@@ -35,38 +36,56 @@ struct ItemResult {
   std::vector<int32_t> tokens;
   uint64_t hash = 0;
   uint64_t chars = 0;
+  std::string problem;  // a bad JSONL line: "FILE:LINE: expected ..."; reported at write time
 };
 
 struct Batch {
   std::vector<RawItem> items;
   std::vector<ItemResult> results;
-  std::string error;  // the first bad item's message; reported when the batch is written
   bool done = false;
 };
 
-// Parses (JSONL) and tokenizes one batch. Errors are recorded, not thrown: they must surface in
-// input order on the writing thread, whichever worker meets them first.
+// The document text of one JSONL line into *text, or why there is none.
+std::string ParseJsonLine(const std::string& line, const std::string& field, std::string* text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::parse_error& e) {
+    return "invalid JSON (syntax error at byte " + std::to_string(e.byte) + ")";
+  }
+  if (!j.is_object()) return std::string("a JSON ") + j.type_name();
+  auto it = j.find(field);
+  if (it == j.end()) return "an object without \"" + field + "\"";
+  if (!it->is_string()) return "\"" + field + "\" as a " + std::string(it->type_name());
+  *text = it->get<std::string>();
+  return "";
+}
+
+// Parses (JSONL), normalizes (--nfc) and tokenizes one batch. Bad lines are recorded, not
+// thrown: they must surface in input order on the writing thread, whichever worker meets them
+// first.
 void ProcessBatch(const PrepareOptions& o, const Tokenizer& tok,
                   const std::vector<std::string>& files, Batch* b) {
   b->results.resize(b->items.size());
-  std::string text;
+  std::string text, normalized;
   for (size_t i = 0; i < b->items.size(); ++i) {
     RawItem& item = b->items[i];
     ItemResult& r = b->results[i];
     std::string_view view = item.bytes;
     if (item.kind == RawItem::Kind::kJsonLine) {
-      try {
-        auto j = nlohmann::json::parse(item.bytes);
-        auto it = j.is_object() ? j.find(o.field) : j.end();
-        if (!j.is_object() || it == j.end() || !it->is_string()) throw std::invalid_argument("");
-        text = it->get<std::string>();
-      } catch (const std::exception&) {
-        b->error = files[item.file] + ":" + std::to_string(item.line) +
-                   ": expected a JSON object with a string field \"" + o.field + "\"";
-        return;
+      const std::string got = ParseJsonLine(item.bytes, o.field, &text);
+      if (!got.empty()) {
+        r.problem = files[item.file] + ":" + std::to_string(item.line) +
+                    ": expected a JSON object with a string field \"" + o.field + "\", got " + got;
+        // Under kStop the writer throws at this item; the rest of the batch is never written.
+        if (o.on_error == PrepareOnError::kStop) return;
+        continue;
       }
       view = text;
     }
+    // Text pieces of a chunked file are cut between ASCII characters, which NFC never joins, so
+    // normalizing piece by piece equals normalizing the whole (see prepare_input.cc).
+    if (o.nfc && NormalizeNfc(view, &normalized)) view = normalized;
     if (item.has_stats) {
       r.hash = item.hash;
       r.chars = item.chars;
@@ -204,13 +223,25 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   ShardWriter* target = nullptr;  // where the current document goes; nullptr when dropped
   const int32_t eos = tok.eos_id();
 
+  // Each document's place in the input, skipped lines included, decides its split: fixing or
+  // dropping a bad line does not move any other document between train and val.
+  uint64_t input_index = 0;
   auto write = [&](Batch& b) {
     for (size_t i = 0; i < b.items.size(); ++i) {
       const RawItem& item = b.items[i];
       const ItemResult& r = b.results[i];
+      if (!r.problem.empty()) {
+        if (o.on_error == PrepareOnError::kStop) {
+          ThrowBadInput(r.problem + " (--on-error skip drops such lines)");
+        }
+        if (sum.skipped_lines++ == 0) sum.first_skipped = r.problem;
+        ++input_index;
+        target = nullptr;
+        continue;
+      }
       if (item.first) {
-        uint64_t index = sum.documents_read++;
-        target = GoesToVal(index, o) ? val.get() : &train;
+        ++sum.documents_read;
+        target = GoesToVal(input_index++, o) ? val.get() : &train;
         if (r.chars < o.min_chars) {
           ++sum.dropped_short;
           target = nullptr;
@@ -248,7 +279,6 @@ PrepareSummary Prepare(const PrepareOptions& o) {
       if (inflight.empty()) break;
       workers.Wait(inflight.front().get());
       Batch& b = *inflight.front();
-      if (!b.error.empty()) ThrowBadInput(b.error);
       write(b);
       inflight.pop_front();
       sum.bytes_read = reader.bytes_read();
@@ -259,8 +289,14 @@ PrepareSummary Prepare(const PrepareOptions& o) {
       progress.Update(sum, false);
     }
   }
-  train.Finish();
-  if (val) val->Finish();
+  PrepareRecord record;
+  record.nfc = o.nfc;
+  record.on_error = o.on_error == PrepareOnError::kSkip ? "skip" : "stop";
+  record.skipped_lines = sum.skipped_lines;
+  record.dropped_short = sum.dropped_short;
+  record.dropped_duplicate = sum.dropped_duplicate;
+  train.Finish(record);
+  if (val) val->Finish(record);
   sum.bytes_read = reader.bytes_read();
   sum.train_documents = train.documents();
   sum.train_tokens = train.tokens();

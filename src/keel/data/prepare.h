@@ -17,6 +17,12 @@
 
 namespace keel::data {
 
+// What prepare does with a JSONL line that is not JSON, not an object, or lacks a string `field`.
+enum class PrepareOnError {
+  kStop,  // fail naming FILE:LINE; no meta.json is written, so nothing looks complete
+  kSkip,  // drop the line, count it (summary and meta.json) and go on
+};
+
 struct PrepareOptions {
   // Files or folders. A folder contributes its *.jsonl and *.txt files, recursively, in sorted
   // path order. A .jsonl file holds one document per line; any other file is one document.
@@ -30,7 +36,12 @@ struct PrepareOptions {
   uint64_t seed = 1;
   uint64_t min_chars = 0;  // drop documents with fewer code points
   bool dedup = false;      // drop exact repeats (XXH3 of the text), keeping the first
-  int workers = 1;         // tokenizer threads
+  // Unicode NFC before filtering and tokenizing, so that "e\u0301" and "\u00e9" give the same
+  // tokens. Off by default: the reference token files are of the text as it is. A document that
+  // is not valid UTF-8 is left as it is (the tokenizer encodes its bytes).
+  bool nfc = false;
+  PrepareOnError on_error = PrepareOnError::kStop;
+  int workers = 1;  // tokenizer threads
   uint64_t shard_tokens = uint64_t(1) << 27;
   bool progress = true;  // a progress line on stderr every two seconds
   // A non-JSONL file bigger than this is tokenized in pieces cut at line breaks where the GPT-2
@@ -47,12 +58,15 @@ struct PrepareSummary {
   uint64_t val_documents = 0, val_tokens = 0;
   uint64_t dropped_short = 0;
   uint64_t dropped_duplicate = 0;
+  uint64_t skipped_lines = 0;  // bad JSONL lines under PrepareOnError::kSkip
+  std::string first_skipped;   // the first one's message, "FILE:LINE: expected ..."
   double seconds = 0;
 };
 
 // Throws keel::Error (bad input) naming the file and line for unreadable input, a JSONL line
-// that is not an object with a string `field`, or no input files at all. On any error no
-// meta.json is written, so a partial output is never mistaken for a dataset.
+// that is not an object with a string `field` (unless skipped), or no input files at all. On any
+// error no meta.json is written, so a partial output is never mistaken for a dataset. Each
+// meta.json written records the options and counts of the run under "prepare" (dataset_meta.h).
 PrepareSummary Prepare(const PrepareOptions& options);
 
 }  // namespace keel::data

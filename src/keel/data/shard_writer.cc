@@ -177,8 +177,9 @@ void ShardWriter::EndDocument() {
   if (m.shard_tokens >= m.options.shard_tokens) m.CloseShard();
 }
 
-DatasetMeta ShardWriter::Finish() {
+DatasetMeta ShardWriter::Finish(std::optional<PrepareRecord> record) {
   Impl& m = *impl_;
+  m.meta.prepare = std::move(record);
   KEEL_CHECK(!m.finished, "ShardWriter::Finish called twice");
   if (m.doc_open) EndDocument();
   if (m.bin) m.CloseShard();

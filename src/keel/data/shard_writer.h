@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -45,9 +46,9 @@ class ShardWriter {
     EndDocument();
   }
 
-  // Closes the last shard and writes meta.json. Tokens appended since the last EndDocument()
-  // form a final document.
-  DatasetMeta Finish();
+  // Closes the last shard and writes meta.json, with `record` under "prepare" when given. Tokens
+  // appended since the last EndDocument() form a final document.
+  DatasetMeta Finish(std::optional<PrepareRecord> record = std::nullopt);
 
   uint64_t tokens() const;     // written so far, all shards
   uint64_t documents() const;  // ended so far, all shards
