@@ -80,6 +80,8 @@ TEST(PlanCli, InvalidRequestsAreOneLineAndExitTwo) {
       {"--model 9B", "unknown model \"9B\""},
       {"--model 7B --tp 0", "--tp 0: expected >= 1"},
       {"--model 7B --zero 4", "--zero 4: expected 0, 1, 2 or 3"},
+      {"--model 7B --node-mtbf-hours 0", "--node-mtbf-hours 0: expected > 0"},
+      {"--model 7B --price-per-hour -2", "--price-per-hour -2: expected >= 0"},
   };
   for (const auto& c : cases) {
     Result r = Keel(std::string("plan ") + c[0]);
@@ -87,6 +89,28 @@ TEST(PlanCli, InvalidRequestsAreOneLineAndExitTwo) {
     EXPECT_NE(r.out.find(c[1]), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << "not one line: " << r.out;
   }
+}
+
+TEST(PlanCli, CheckpointsAndCostInTableJsonAndExplain) {
+  const std::string run = "plan --model 7B --accelerators 64 --price-per-hour 2 --tokens 1e12 ";
+  Result r = Keel(run + "--top 3");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("save every"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("goodput"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("at $2/h"), std::string::npos) << r.out;
+  r = Keel(run + "--json --top 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  const auto& cost = j["layouts"][0]["cost"];
+  EXPECT_EQ(cost["tokens"].get<double>(), 1e12);
+  EXPECT_NEAR(cost["money"].get<double>(), 2 * cost["accel_hours"].get<double>(), 1e-6);
+  const double g = j["checkpoint"]["goodput"].get<double>();
+  EXPECT_GT(g, 0.5);
+  EXPECT_LT(g, 1.0);
+  r = Keel(run + "--tp 1 --pp 1 --zero 3 --micro-batch 1 --recompute full --sp off --explain");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sqrt(2dM)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("accel-h"), std::string::npos) << r.out;
 }
 
 TEST(PlanCli, HelpShowsExamples) {

@@ -4,6 +4,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -24,6 +25,8 @@ struct PlanArgs {
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1;
   double tflops = 0, memory_gb = 0, hbm_gbps = 0, intra_gbps = 0, inter_gbps = 0;
   double efficiency = 0.6;
+  double node_mtbf_hours = 6000, storage_gbps = 0, restart_minutes = 10, price_per_hour = 0;
+  double tokens = 0, host_gbps = 0;
   bool json = false, explain = false;
 };
 
@@ -107,6 +110,24 @@ plan::Job MakeJob(const PlanArgs& a) {
   if (a.hbm_gbps > 0) acc.hbm_bytes_per_s = a.hbm_gbps * 1e9;
   if (a.intra_gbps > 0) acc.intra_bytes_per_s = a.intra_gbps * 1e9;
   if (a.inter_gbps > 0) acc.inter_bytes_per_s = a.inter_gbps * 1e9;
+  if (a.host_gbps > 0) acc.host_bytes_per_s = a.host_gbps * 1e9;
+  auto positive = [](const char* flag, double v, bool zero_ok) {
+    if (v > 0 || (zero_ok && v == 0)) return;
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%g", v);
+    ThrowBadInput(std::string("plan: ") + flag + " " + buf + ": expected " +
+                  (zero_ok ? ">= 0" : "> 0"));
+  };
+  positive("--node-mtbf-hours", a.node_mtbf_hours, false);
+  positive("--storage-gbps", a.storage_gbps, true);
+  positive("--restart-minutes", a.restart_minutes, true);
+  positive("--price-per-hour", a.price_per_hour, true);
+  positive("--tokens", a.tokens, true);
+  job.run.node_mtbf_hours = a.node_mtbf_hours;
+  job.run.storage_bytes_per_s = a.storage_gbps * 1e9;
+  job.run.restart_s = a.restart_minutes * 60;
+  job.run.price_per_hour = a.price_per_hour;
+  job.run.tokens = a.tokens;
   return job;
 }
 
@@ -129,6 +150,8 @@ plan::Constraints MakeConstraints(const PlanArgs& a) {
   if (a.recompute != "any") c.recompute = {plan::ParseRecompute(a.recompute)};
   return c;
 }
+
+nlohmann::json CostJson(const plan::RunCost& c);
 
 nlohmann::json ToJson(const plan::Estimate& e) {
   const auto& l = e.layout;
@@ -162,7 +185,39 @@ nlohmann::json ToJson(const plan::Estimate& e) {
       {"exposed_comm_s", e.time.exposed_comm_s},
       {"step_s", e.time.step_s},
       {"tokens_per_s", e.time.tokens_per_s},
-      {"mfu", e.time.mfu}};
+      {"mfu", e.time.mfu},
+      {"cost", CostJson(e.cost)}};
+}
+
+// Infinity (goodput 0) has no JSON spelling; null says "never finishes".
+nlohmann::json Finite(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
+
+nlohmann::json CostJson(const plan::RunCost& c) {
+  return {{"tokens", c.tokens},
+          {"default_tokens", c.default_tokens},
+          {"total_flops", c.total_flops},
+          {"accel_hours", c.accel_hours},
+          {"wall_days", c.wall_days},
+          {"money", c.money},
+          {"failure_accel_hours", Finite(c.failure_accel_hours)},
+          {"failure_days", Finite(c.failure_days)},
+          {"failure_money", Finite(c.failure_money)}};
+}
+
+nlohmann::json CheckpointJson(const plan::CheckpointPlan& c) {
+  return {{"state_bytes", c.state_bytes},
+          {"nodes", c.nodes},
+          {"storage_bytes_per_s", c.storage_bytes_per_s},
+          {"blocking_s", c.blocking_s},
+          {"write_s", c.write_s},
+          {"restart_s", c.restart_s},
+          {"job_mtbf_s", c.job_mtbf_s},
+          {"young_s", c.young_s},
+          {"daly_s", c.daly_s},
+          {"interval_s", c.interval_s},
+          {"save_fraction", c.save_fraction},
+          {"lost_fraction", c.lost_fraction},
+          {"goodput", c.goodput}};
 }
 
 void PrintHeader(const plan::Job& j) {
@@ -179,6 +234,93 @@ void PrintHeader(const plan::Job& j) {
       "network %.0f GB/s; matmul efficiency %.2f\n\n",
       j.cluster.world, a.name.c_str(), j.cluster.per_node, a.bf16_flops / 1e12,
       a.memory_bytes / 1e9, a.intra_bytes_per_s / 1e9, a.inter_bytes_per_s / 1e9, j.efficiency);
+}
+
+// "42 s", "12.5 min", "3.2 h", "85.1 days": durations at the scale a reader thinks in.
+std::string Duration(double s) {
+  char buf[32];
+  if (!std::isfinite(s)) return "never";
+  if (s < 120)
+    std::snprintf(buf, sizeof(buf), "%.3g s", s);
+  else if (s < 7200)
+    std::snprintf(buf, sizeof(buf), "%.1f min", s / 60);
+  else if (s < 3 * 86400)
+    std::snprintf(buf, sizeof(buf), "%.1f h", s / 3600);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f days", s / 86400);
+  return buf;
+}
+
+std::string Money(double x) {
+  char buf[32];
+  if (!std::isfinite(x)) return "never";
+  if (x >= 1e6)
+    std::snprintf(buf, sizeof(buf), "$%.2fM", x / 1e6);
+  else if (x >= 1e3)
+    std::snprintf(buf, sizeof(buf), "$%.1fk", x / 1e3);
+  else
+    std::snprintf(buf, sizeof(buf), "$%.2f", x);
+  return buf;
+}
+
+// The checkpoint and cost summary under the table; --explain shows the arithmetic.
+void PrintRun(const plan::Job& j, const plan::Estimate& e, bool explain) {
+  const auto& c = e.ckpt;
+  const auto& k = e.cost;
+  const double lag = c.write_s - c.blocking_s;
+  if (!explain) {
+    std::printf(
+        "checkpoints: %.4g GB of state, %s blocking, %s to storage; job MTBF %s (%d nodes x "
+        "%g h)\n  save every %s (Daly; Young %s): %.2f%% of the time saving, %.2f%% redoing lost "
+        "work and restarting; goodput %.1f%%\n",
+        c.state_bytes / 1e9, Duration(c.blocking_s).c_str(), Duration(c.write_s).c_str(),
+        Duration(c.job_mtbf_s).c_str(), c.nodes, j.run.node_mtbf_hours,
+        Duration(c.interval_s).c_str(), Duration(c.young_s).c_str(), 100 * c.save_fraction,
+        100 * c.lost_fraction, 100 * c.goodput);
+    std::printf(
+        "cost (rank 1): %.3g tokens%s, %.3g FLOPs, %.4g accelerator-hours at %.1f%% MFU, %.1f "
+        "days on %d accelerators",
+        k.tokens, k.default_tokens ? " (20 per parameter)" : "", k.total_flops, k.accel_hours,
+        100 * e.time.mfu, k.wall_days, j.cluster.world);
+    if (k.money > 0) std::printf(", %s at $%g/h", Money(k.money).c_str(), j.run.price_per_hour);
+    std::printf("; failures add %s", Duration(k.failure_days * 86400).c_str());
+    if (k.money > 0) std::printf(" and %s", Money(k.failure_money).c_str());
+    std::printf("\n");
+    return;
+  }
+  const auto& a = j.cluster.accel;
+  std::printf(
+      "\ncheckpoints (asynchronous: training waits for the snapshot only, ckpt/writer.h):\n");
+  std::printf("  state      12 B/param x %.4g params = %.4g GB (fp32 master + 2 moments)\n",
+              c.state_bytes / 12, c.state_bytes / 1e9);
+  std::printf("  blocking   d = %.4g GB / %d ranks / %g GB/s host copy = %s\n", c.state_bytes / 1e9,
+              j.cluster.world, a.host_bytes_per_s / 1e9, Duration(c.blocking_s).c_str());
+  std::printf("  write      d + %.4g GB / %g GB/s storage = %s (lag until committed: %s)\n",
+              c.state_bytes / 1e9, c.storage_bytes_per_s / 1e9, Duration(c.write_s).c_str(),
+              Duration(lag).c_str());
+  std::printf("  restart    %s + reading the state back = %s\n", Duration(j.run.restart_s).c_str(),
+              Duration(c.restart_s).c_str());
+  std::printf("  job MTBF   M = %g h per node / %d nodes = %s\n", j.run.node_mtbf_hours, c.nodes,
+              Duration(c.job_mtbf_s).c_str());
+  std::printf("  Young      sqrt(2dM) = %.4g s\n", c.young_s);
+  std::printf("  Daly       sqrt(2dM)(1 + sqrt(d/2M)/3 + (d/2M)/9) - d = %.4g s\n", c.daly_s);
+  std::printf("  interval   t = max(Daly, lag) = %s\n", Duration(c.interval_s).c_str());
+  std::printf("  saving     d/(t+d) = %.4f%%\n", 100 * c.save_fraction);
+  std::printf("  lost       ((t+d)/2 + lag + restart)/M = %.4f%%\n", 100 * c.lost_fraction);
+  std::printf("  goodput    1 - saving - lost = %.2f%%\n", 100 * c.goodput);
+  std::printf("\ncost:\n");
+  std::printf("  tokens     %.4g%s\n", k.tokens, k.default_tokens ? " (20 per parameter)" : "");
+  std::printf("  FLOPs      tokens x (6N + 12Lhs) = %.4g\n", k.total_flops);
+  std::printf("  accel-h    FLOPs / (%.4g TFLOP/s peak x %.2f%% MFU) / 3600 = %.5g\n",
+              plan::PeakFlops(a, j.precision == plan::Precision::kFp32) / 1e12, 100 * e.time.mfu,
+              k.accel_hours);
+  std::printf("  wall       accel-h / %d / 24 = %.4g days\n", j.cluster.world, k.wall_days);
+  if (k.money > 0)
+    std::printf("  money      accel-h x $%g = %s\n", j.run.price_per_hour, Money(k.money).c_str());
+  std::printf("  failures   x (1/goodput - 1): +%s, +%.5g accel-h",
+              Duration(k.failure_days * 86400).c_str(), k.failure_accel_hours);
+  if (k.money > 0) std::printf(", +%s", Money(k.failure_money).c_str());
+  std::printf("\n");
 }
 
 void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
@@ -207,22 +349,26 @@ void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
       "comm %.3f s\nstep %.3f s, %.0f tokens/s, MFU %.1f%% (6N + 12Lhs per token)\n",
       t.micro_batches, t.bubble, t.compute_s, t.exposed_comm_s, t.step_s, t.tokens_per_s,
       100 * t.mfu);
-  (void)j;
+  PrintRun(j, e, /*explain=*/true);
 }
 
-void PrintTable(const std::vector<plan::Estimate>& all, int top) {
-  std::printf("%4s %4s %4s %5s %4s %4s %5s %-9s %3s %8s %8s %11s %6s %6s\n", "rank", "tp", "pp",
-              "dp", "zero", "mb", "m", "recompute", "sp", "mem GB", "step s", "tokens/s", "MFU",
-              "bubble");
+void PrintTable(const plan::Job& j, const std::vector<plan::Estimate>& all, int top) {
+  // days and cost: the whole run (token budget) with the expected failure overhead.
+  std::printf("%4s %4s %4s %5s %4s %4s %5s %-9s %3s %8s %8s %11s %6s %6s %7s %8s\n", "rank", "tp",
+              "pp", "dp", "zero", "mb", "m", "recompute", "sp", "mem GB", "step s", "tokens/s",
+              "MFU", "bubble", "days", "cost");
   int shown = 0, fit = 0;
   for (const auto& e : all) fit += e.fits;
   for (const auto& e : all) {
     if (!e.fits || shown >= top) break;
     const auto& l = e.layout;
-    std::printf("%4d %4d %4d %5d %4d %4d %5d %-9s %3s %8.2f %8.3f %11.0f %5.1f%% %6.3f\n", ++shown,
-                l.tp, l.pp, l.dp, l.zero, l.micro_batch, e.time.micro_batches,
+    const auto& k = e.cost;
+    std::printf("%4d %4d %4d %5d %4d %4d %5d %-9s %3s %8.2f %8.3f %11.0f %5.1f%% %6.3f %7.4g %8s\n",
+                ++shown, l.tp, l.pp, l.dp, l.zero, l.micro_batch, e.time.micro_batches,
                 plan::RecomputeName(l.recompute), l.sp ? "on" : "off", e.memory.used() / 1e9,
-                e.time.step_s, e.time.tokens_per_s, 100 * e.time.mfu, e.time.bubble);
+                e.time.step_s, e.time.tokens_per_s, 100 * e.time.mfu, e.time.bubble,
+                k.wall_days + k.failure_days,
+                k.money > 0 ? Money(k.money + k.failure_money).c_str() : "-");
   }
   std::printf("\n%d of %zu layouts fit", fit, all.size());
   if (fit < int(all.size())) {
@@ -230,6 +376,7 @@ void PrintTable(const std::vector<plan::Estimate>& all, int top) {
     std::printf("; closest rejected: %s: %s", plan::LayoutName(r.layout).c_str(), r.reason.c_str());
   }
   std::printf("\n");
+  if (fit > 0) PrintRun(j, all.front(), /*explain=*/false);
   if (fit == 0) ThrowBadInput("plan: no layout fits in memory (see the closest rejected above)");
 }
 
@@ -244,6 +391,8 @@ void RegisterPlan(CLI::App& app) {
       "  keel plan --model 175B --accelerators 64 --tp 8 --pp 8 --dp 1 --micro-batch 1 "
       "--recompute selective --sp on --explain\n"
       "  keel plan --model gpt2 --accelerators 1 --accounting keel   (keel's own arena)\n"
+      "  keel plan --model 175B --accelerators 1024 --node-mtbf-hours 6000 --storage-gbps 200 "
+      "--price-per-hour 2.5\n"
       "  keel plan --config plan.toml --accelerators 256   (TOML keys: the long flag names)\n"
       "Models: 6N + 12Lhs FLOPs/token (PaLM), activations per Korthikanti et al. 2022, ZeRO\n"
       "stages per Rajbhandari et al. 2020; see docs/PLAN.md.");
@@ -279,6 +428,18 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_option("--recompute", a.recompute, "none, selective, full or any")
       ->capture_default_str();
   cmd->add_option("--sp", a.sp, "sequence parallelism: on, off or any")->capture_default_str();
+  cmd->add_option("--node-mtbf-hours", a.node_mtbf_hours, "mean hours between failures per node")
+      ->capture_default_str();
+  cmd->add_option("--storage-gbps", a.storage_gbps,
+                  "checkpoint storage write bandwidth, GB/s in all (default 2 per node)");
+  cmd->add_option("--host-gbps", a.host_gbps,
+                  "override: copy to host memory (checkpoint snapshot)");
+  cmd->add_option("--restart-minutes", a.restart_minutes,
+                  "minutes from a failure to training again, before reading the checkpoint")
+      ->capture_default_str();
+  cmd->add_option("--price-per-hour", a.price_per_hour,
+                  "price per accelerator-hour (for the cost)");
+  cmd->add_option("--tokens", a.tokens, "training tokens (default 20 per parameter)");
   cmd->add_option("--top", a.top, "rows to show")->capture_default_str();
   cmd->add_flag("--json", a.json, "print JSON instead of a table");
   cmd->add_flag("--explain", a.explain, "explain the best layout (fix it with the flags above)");
@@ -306,6 +467,9 @@ void RegisterPlan(CLI::App& app) {
       for (const auto& e : all)
         if (e.fits ? fit++ < a.top : rejected++ < a.top) out["layouts"].push_back(ToJson(e));
       out["fit"] = fit;
+      out["checkpoint"] = CheckpointJson(all.front().ckpt);
+      out["node_mtbf_hours"] = job.run.node_mtbf_hours;
+      out["price_per_hour"] = job.run.price_per_hour;
       out["evaluated"] = all.size();
       std::printf("%s\n", out.dump(2).c_str());
       return;
@@ -314,7 +478,7 @@ void RegisterPlan(CLI::App& app) {
     if (a.explain)
       PrintExplain(job, all.front());
     else
-      PrintTable(all, a.top);
+      PrintTable(job, all, a.top);
   });
 }
 

@@ -79,10 +79,10 @@ StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c) {
   const double n = TotalParams(m);
   const double tokens = double(job.global_batch) * m.seq;
   const double world = job.cluster.world;
-  t.compute_s =
-      tokens * HardwareFlopsPerToken(m, n, l.recompute) / world / (acc.bf16_flops * job.efficiency);
-  // fp32 matrix products run without tensor-core bf16 rates: count them at half speed (TF32).
-  if (job.precision == Precision::kFp32) t.compute_s *= 2;
+  // fp32 matrix products run at the fp32 rate (TF32 on the GPUs: half of bf16), and MFU is taken
+  // against the peak of the precision the run uses, as keel's trainer reports it.
+  const double peak = PeakFlops(acc, job.precision == Precision::kFp32);
+  t.compute_s = tokens * HardwareFlopsPerToken(m, n, l.recompute) / world / (peak * job.efficiency);
   // tp and pp transfers sit on the critical path; the dp traffic overlaps backward (about 2/3 of
   // the compute) and only its excess is exposed.
   const double dp_exposed = std::max(0.0, c.dp_s - t.compute_s * 2.0 / 3.0);
@@ -90,7 +90,7 @@ StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c) {
   // The bubble stretches the pipelined part: (m + pp - 1) / m = 1 / (1 - bubble).
   t.step_s = (t.compute_s + c.tp_s + c.pp_s) / (1 - t.bubble) + dp_exposed;
   t.tokens_per_s = tokens / t.step_s;
-  t.mfu = tokens * ModelFlopsPerToken(m, n) / (t.step_s * world * acc.bf16_flops);
+  t.mfu = tokens * ModelFlopsPerToken(m, n) / (t.step_s * world * peak);
   return t;
 }
 

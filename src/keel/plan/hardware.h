@@ -11,10 +11,12 @@ namespace keel::plan {
 struct Accelerator {
   std::string name;
   double bf16_flops = 0;  // dense, no sparsity
+  double fp32_flops = 0;  // dense; TF32 tensor cores on the GPUs (half the bf16 rate)
   double memory_bytes = 0;
   double hbm_bytes_per_s = 0;
   double intra_bytes_per_s = 0;  // per accelerator, one direction (NVLink)
   double inter_bytes_per_s = 0;  // per accelerator, one direction (one NIC per accelerator)
+  double host_bytes_per_s = 0;   // copy to host memory (PCIe), the checkpoint snapshot's rate
 };
 
 struct Cluster {
@@ -23,8 +25,20 @@ struct Cluster {
   int per_node = 8;  // accelerators per node
 };
 
-// "A100-80GB", "H100-80GB" (SXM), "H200-141GB". Throws bad input on an unknown name.
+// "A100-80GB", "H100-80GB" (SXM), "H200-141GB". Throws bad input on an unknown name. "this-cpu"
+// is measured, not tabled: see ThisCpu.
 Accelerator NamedAccelerator(const std::string& name);
 std::vector<std::string> AcceleratorNames();
+
+// The peak FLOP/s of a precision: fp32 runs use fp32_flops (bf16/2 where it is not given).
+double PeakFlops(const Accelerator& a, bool fp32);
+
+// This machine's CPUs as one accelerator, from measured figures (monitor::ProbeMachine does the
+// measuring; the planner only does arithmetic). Both "links" are the memory: ranks on one host
+// exchange data through shared memory, at about half the copy rate (a read and a write per byte).
+struct CpuFigures {
+  double bf16_flops = 0, fp32_flops = 0, memory_bytes = 0, copy_bytes_per_s = 0;
+};
+Accelerator ThisCpu(const CpuFigures& f);
 
 }  // namespace keel::plan

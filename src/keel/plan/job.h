@@ -51,6 +51,17 @@ struct Layout {
   bool sp = false;  // sequence parallelism (only meaningful with tp > 1)
 };
 
+// Failures, storage and money: what the checkpoint interval and the cost of a whole run need.
+struct RunInputs {
+  // Llama 3 (Dubey et al. 2024, Section 3.3.4): 419 unexpected interruptions in 54 days on 2,048
+  // nodes of 8 H100, i.e. about 6,300 hours between failures per node.
+  double node_mtbf_hours = 6000;
+  double storage_bytes_per_s = 0;  // aggregate checkpoint write bandwidth; 0: 2 GB/s per node
+  double restart_s = 600;          // notice, requeue, start; reading the checkpoint comes on top
+  double price_per_hour = 0;       // per accelerator-hour; 0: not given
+  double tokens = 0;               // training tokens; 0: 20 per parameter (Hoffmann et al. 2022)
+};
+
 struct Job {
   ModelSpec model;
   Precision precision = Precision::kBf16;
@@ -60,6 +71,7 @@ struct Job {
   // Fraction of peak FLOP/s that the matrix products reach; the rest of the step time model
   // (bubble, exposed communication) comes on top.
   double efficiency = 0.6;
+  RunInputs run;
 };
 
 // Throws bad input, one line with the numbers, if the layout cannot run this job:

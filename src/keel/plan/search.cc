@@ -15,6 +15,8 @@ Estimate Evaluate(const Job& job, const Layout& l) {
   e.memory = EstimateMemory(job, l);
   e.comm = EstimateComm(job, l);
   e.time = EstimateTime(job, l, e.comm);
+  e.ckpt = PlanCheckpoints(job);
+  e.cost = EstimateCost(job, e.time, e.ckpt);
   e.activation_row = e.memory.exact_activations ? "keel arena (model::PlanActivations)"
                                                 : ActivationRow(l.tp, l.sp, l.recompute);
   e.fits = e.memory.fits();

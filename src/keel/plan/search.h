@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "keel/plan/checkpoint_interval.h"
 #include "keel/plan/comm_time.h"
 #include "keel/plan/memory.h"
+#include "keel/plan/run_cost.h"
 
 namespace keel::plan {
 
@@ -19,6 +21,8 @@ struct Estimate {
   MemoryBreakdown memory;
   CommVolume comm;
   StepTime time;
+  CheckpointPlan ckpt;  // the same for every layout of a job (state and cluster do not change)
+  RunCost cost;
   std::string activation_row;
   bool fits = false;
   std::string reason;  // why it does not fit; empty when it does
