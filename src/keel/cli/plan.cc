@@ -8,9 +8,11 @@
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/monitor/machine_probe.h"
 #include "keel/plan/search.h"
 
 namespace keel::cli {
@@ -23,7 +25,7 @@ struct PlanArgs {
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1;
-  double tflops = 0, memory_gb = 0, hbm_gbps = 0, intra_gbps = 0, inter_gbps = 0;
+  double tflops = 0, fp32_tflops = 0, memory_gb = 0, hbm_gbps = 0, intra_gbps = 0, inter_gbps = 0;
   double efficiency = 0.6;
   double node_mtbf_hours = 6000, storage_gbps = 0, restart_minutes = 10, price_per_hour = 0;
   double tokens = 0, host_gbps = 0;
@@ -80,6 +82,26 @@ void ApplyToml(CLI::App* cmd, const std::string& path) {
   walk(root, "");
 }
 
+}  // namespace
+
+plan::Accelerator MeasureThisCpu() {
+  // Short runs (0.05 s per loop, best of 2; a 256 MiB copy, best of 3): well under 2 s in all,
+  // and the per-thread CPU time keeps the FLOP/s honest on a busy machine.
+  const int threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  const monitor::PeakRates r = monitor::MeasurePeakRates(threads, 0.05, 2);
+  plan::CpuFigures f;
+  f.bf16_flops = r.bf16();
+  f.fp32_flops = r.fp32_fma;
+  f.memory_bytes = monitor::MemTotalBytes();
+  f.copy_bytes_per_s = monitor::MeasureCopyRate(threads, size_t(256) << 20, 3);
+  if (f.bf16_flops <= 0 || f.memory_bytes <= 0 || f.copy_bytes_per_s <= 0)
+    ThrowRuntime(
+        "plan: this-cpu: could not measure this machine (needs AVX-512 and /proc/meminfo)");
+  return plan::ThisCpu(f);
+}
+
+namespace {
+
 plan::Job MakeJob(const PlanArgs& a) {
   plan::Job job;
   if (!a.model.empty()) {
@@ -101,11 +123,12 @@ plan::Job MakeJob(const PlanArgs& a) {
   job.efficiency = a.efficiency;
   if (a.efficiency <= 0 || a.efficiency > 1)
     ThrowBadInput("plan: --efficiency " + std::to_string(a.efficiency) + " not in (0, 1]");
-  job.cluster.accel = plan::NamedAccelerator(a.accel);
+  job.cluster.accel = a.accel == "this-cpu" ? MeasureThisCpu() : plan::NamedAccelerator(a.accel);
   job.cluster.world = a.world;
   job.cluster.per_node = a.per_node;
   plan::Accelerator& acc = job.cluster.accel;
   if (a.tflops > 0) acc.bf16_flops = a.tflops * 1e12;
+  if (a.fp32_tflops > 0) acc.fp32_flops = a.fp32_tflops * 1e12;
   if (a.memory_gb > 0) acc.memory_bytes = a.memory_gb * 1e9;
   if (a.hbm_gbps > 0) acc.hbm_bytes_per_s = a.hbm_gbps * 1e9;
   if (a.intra_gbps > 0) acc.intra_bytes_per_s = a.intra_gbps * 1e9;
@@ -230,10 +253,11 @@ void PrintHeader(const plan::Job& j) {
               j.global_batch);
   const auto& a = j.cluster.accel;
   std::printf(
-      "cluster: %d x %s (%d per node): %.0f TFLOP/s bf16, %.0f GB, NVLink %.0f GB/s, "
-      "network %.0f GB/s; matmul efficiency %.2f\n\n",
+      "cluster: %d x %s (%d per node): %.4g TFLOP/s bf16, %.4g fp32, %.4g GB, memory %.4g GB/s, "
+      "intra-node %.4g GB/s, network %.4g GB/s; matmul efficiency %.2f\n\n",
       j.cluster.world, a.name.c_str(), j.cluster.per_node, a.bf16_flops / 1e12,
-      a.memory_bytes / 1e9, a.intra_bytes_per_s / 1e9, a.inter_bytes_per_s / 1e9, j.efficiency);
+      plan::PeakFlops(a, true) / 1e12, a.memory_bytes / 1e9, a.hbm_bytes_per_s / 1e9,
+      a.intra_bytes_per_s / 1e9, a.inter_bytes_per_s / 1e9, j.efficiency);
 }
 
 // "42 s", "12.5 min", "3.2 h", "85.1 days": durations at the scale a reader thinks in.
@@ -409,11 +433,12 @@ void RegisterPlan(CLI::App& app) {
                   "paper: bf16 grads, 16 B/param; keel: fp32 grads, 18 B/param, keel's arena")
       ->capture_default_str();
   cmd->add_option("--global-batch", a.global_batch, "sequences per step")->capture_default_str();
-  cmd->add_option("--accelerator", a.accel, "A100-80GB, H100-80GB, H200-141GB")
+  cmd->add_option("--accelerator", a.accel, "A100-80GB, H100-80GB, H200-141GB, this-cpu (measured)")
       ->capture_default_str();
   cmd->add_option("--accelerators", a.world, "accelerators in all")->capture_default_str();
   cmd->add_option("--per-node", a.per_node, "accelerators per node")->capture_default_str();
   cmd->add_option("--tflops", a.tflops, "override: peak bf16 TFLOP/s");
+  cmd->add_option("--fp32-tflops", a.fp32_tflops, "override: peak fp32 TFLOP/s");
   cmd->add_option("--memory-gb", a.memory_gb, "override: memory per accelerator, GB");
   cmd->add_option("--hbm-gbps", a.hbm_gbps, "override: HBM bandwidth, GB/s");
   cmd->add_option("--intra-gbps", a.intra_gbps, "override: intra-node bandwidth, GB/s");
@@ -460,6 +485,14 @@ void RegisterPlan(CLI::App& app) {
                             {"accounting", plan::AccountingName(job.accounting)},
                             {"global_batch", job.global_batch},
                             {"accelerator", job.cluster.accel.name},
+                            {"accelerator_figures",
+                             {{"bf16_flops", job.cluster.accel.bf16_flops},
+                              {"fp32_flops", plan::PeakFlops(job.cluster.accel, true)},
+                              {"memory_bytes", job.cluster.accel.memory_bytes},
+                              {"memory_bytes_per_s", job.cluster.accel.hbm_bytes_per_s},
+                              {"intra_bytes_per_s", job.cluster.accel.intra_bytes_per_s},
+                              {"inter_bytes_per_s", job.cluster.accel.inter_bytes_per_s},
+                              {"host_bytes_per_s", job.cluster.accel.host_bytes_per_s}}},
                             {"accelerators", job.cluster.world},
                             {"layouts", nlohmann::json::array()}};
       // The best `top` that fit, then the `top` closest to fitting, each with its reason.

@@ -11,6 +11,18 @@ void RegisterTrain(CLI::App& app);
 void RegisterGenerate(CLI::App& app);
 void RegisterData(CLI::App& app);
 void RegisterPlan(CLI::App& app);
+
+}  // namespace keel::cli
+
+namespace keel::plan {
+struct Accelerator;
+}
+
+namespace keel::cli {
+
+// This machine's CPUs as a planner accelerator, measured in well under 2 s (plan.cc); used by
+// `keel plan --accelerator this-cpu` and `keel preflight`.
+plan::Accelerator MeasureThisCpu();
 // `keel ckpt export` and `keel ckpt import` (Hugging Face GPT-2 safetensors), added to the `keel
 // ckpt` group that main() creates; the group's other verbs add themselves beside them.
 void AddCkptInteropVerbs(CLI::App& ckpt);

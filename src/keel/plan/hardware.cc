@@ -51,7 +51,7 @@ Accelerator ThisCpu(const CpuFigures& f) {
   a.bf16_flops = f.bf16_flops;
   a.fp32_flops = f.fp32_flops;
   a.memory_bytes = f.memory_bytes;
-  a.hbm_bytes_per_s = f.copy_bytes_per_s;
+  a.hbm_bytes_per_s = 2 * f.copy_bytes_per_s;  // a copy reads and writes every byte
   a.intra_bytes_per_s = f.copy_bytes_per_s / 2;
   // Between hosts: one 10 Gb/s Ethernet port, the common server default; --inter-gbps overrides.
   a.inter_bytes_per_s = 1.25e9;

@@ -34,8 +34,10 @@ std::vector<std::string> AcceleratorNames();
 double PeakFlops(const Accelerator& a, bool fp32);
 
 // This machine's CPUs as one accelerator, from measured figures (monitor::ProbeMachine does the
-// measuring; the planner only does arithmetic). Both "links" are the memory: ranks on one host
-// exchange data through shared memory, at about half the copy rate (a read and a write per byte).
+// measuring; the planner only does arithmetic). copy_bytes_per_s is memcpy's rate (bytes copied,
+// each read once and written once), so memory bandwidth is twice it; ranks on one host exchange
+// data through shared memory, two copies per message (half the copy rate); the checkpoint
+// snapshot is one copy.
 struct CpuFigures {
   double bf16_flops = 0, fp32_flops = 0, memory_bytes = 0, copy_bytes_per_s = 0;
 };

@@ -1,0 +1,33 @@
+// This machine, measured: the peak arithmetic rates of its CPUs (tight loops of independent
+// AVX-512 FMAs, vdpbf16ps and, where the CPU has it, AMX tdpbf16ps), its memory copy rate and
+// its memory size. bench/peak_flops prints the rates; `keel plan --accelerator this-cpu` and
+// `keel preflight` use all of them.
+//
+//   auto rates = keel::monitor::MeasurePeakRates(/*threads=*/2, /*seconds=*/0.3, /*reps=*/3);
+//   rates.bf16();  // FLOP/s of the fastest bf16 path (AMX where it exists)
+#pragma once
+
+#include <cstddef>
+
+namespace keel::monitor {
+
+// FLOP/s summed over threads, each thread's rate over its own CPU time (robust to other load,
+// exact on a quiet machine). A path the CPU lacks reads 0.
+struct PeakRates {
+  double fp32_fma = 0;     // vfmadd231ps zmm: 32 FLOP each
+  double bf16_dpbf16 = 0;  // vdpbf16ps zmm: 64 FLOP each
+  double amx_bf16 = 0;     // tdpbf16ps: 16·16·32·2 FLOP each
+  double bf16() const { return amx_bf16 > bf16_dpbf16 ? amx_bf16 : bf16_dpbf16; }
+};
+
+// Best of `reps` runs of each loop on `threads` threads at once, each run `seconds` long.
+PeakRates MeasurePeakRates(int threads, double seconds, int reps);
+
+// Bytes memcpy moves per second (each byte read once and written once), `threads` threads each
+// copying its share of a `bytes` buffer, best of `reps`.
+double MeasureCopyRate(int threads, size_t bytes, int reps);
+
+// MemTotal from /proc/meminfo, in bytes; 0 if it cannot be read.
+double MemTotalBytes();
+
+}  // namespace keel::monitor
