@@ -12,6 +12,7 @@
 #include "keel/data/file_util.h"
 #include "keel/data/http_fetch.h"
 #include "keel/data/remote_cache.h"
+#include "keel/data/remote_shards.h"
 
 namespace keel::data {
 namespace internal {
@@ -33,15 +34,17 @@ struct DatasetState {
   std::vector<uint64_t> begins;  // shards[i].begin, for binary search
   uint64_t total = 0;
 
-  int32_t At(const Shard& s, uint64_t i) const {
-    if (width == 2) {
-      uint16_t v;
-      std::memcpy(&v, s.tokens.data() + i * 2, 2);
-      return int32_t(v);
+  // Set for an http(s) dataset: its shards' `tokens` stay unmapped, reads go through it.
+  std::unique_ptr<RemoteShards> remote;
+
+  // Calls fn(bytes) with shard i's token bytes, valid inside the call.
+  template <typename Fn>
+  void WithTokens(size_t i, Fn&& fn) const {
+    if (remote) {
+      remote->WithShard(i, fn);
+    } else {
+      fn(shards[i].tokens.data());
     }
-    uint32_t v;
-    std::memcpy(&v, s.tokens.data() + i * 4, 4);
-    return int32_t(v);
   }
 };
 
@@ -95,23 +98,24 @@ void OpenFolder(DatasetState* d) {
   }
 }
 
-// An http(s) dataset is fetched whole into the local cache (remote_cache.h) and opened there:
-// every shard stays mapped, so it must fit under the cap; path() stays the URL.
+// An http(s) dataset: meta.json now, each shard when a read first touches it (remote_shards.h),
+// cached under $KEEL_CACHE_DIR within $KEEL_CACHE_BYTES. path() and messages name the URL.
 void OpenRemote(DatasetState* d) {
-  const RemoteCacheOptions options = DefaultRemoteCacheOptions(d->path);
-  RemoteCache cache(d->path, options);
-  uint64_t need = 0;
-  for (size_t i = 0; i < cache.meta().shards.size(); ++i) need += cache.ShardBytes(i);
-  if (need > options.max_bytes) {
-    ThrowBadInput(d->path + ": needs " + std::to_string(need) +
-                  " bytes of cache, KEEL_CACHE_BYTES is " + std::to_string(options.max_bytes) +
-                  " (every shard is mapped at once)");
+  internal::RemoteShardsOptions options;
+  options.cache = DefaultRemoteCacheOptions(d->path);
+  d->remote = std::make_unique<internal::RemoteShards>(d->path, std::move(options));
+  const DatasetMeta& meta = d->remote->meta();
+  d->vocab_size = meta.vocab_size;
+  d->eos_id = meta.eos_id;
+  d->width = meta.token_bytes();
+  for (const ShardMeta& sm : meta.shards) {
+    DatasetState::Shard s;
+    s.path = d->remote->url() + "/" + sm.file;
+    s.begin = d->total;
+    s.size = sm.tokens;
+    d->total += sm.tokens;
+    d->shards.push_back(std::move(s));
   }
-  for (size_t i = 0; i < cache.meta().shards.size(); ++i) cache.Acquire(i);
-  const std::string url = d->path;
-  d->path = cache.dir();
-  OpenFolder(d);
-  d->path = url;
 }
 
 void OpenFlat(DatasetState* d) {
@@ -180,15 +184,19 @@ void TokenDataset::Read(size_t start, size_t n, int32_t* out) const {
   while (n > 0) {
     const auto& s = d.shards[si];
     const uint64_t take = std::min<uint64_t>(n, s.size - pos);
-    if (d.width == 2) {
-      const uint8_t* p = s.tokens.data() + pos * 2;
-      for (uint64_t i = 0; i < take; ++i) {
-        uint16_t v;
-        std::memcpy(&v, p + i * 2, 2);
-        out[i] = int32_t(v);
-      }
-    } else {
-      std::memcpy(out, s.tokens.data() + pos * 4, take * 4);
+    if (take > 0) {
+      d.WithTokens(si, [&](const uint8_t* bytes) {
+        if (d.width == 2) {
+          const uint8_t* p = bytes + pos * 2;
+          for (uint64_t i = 0; i < take; ++i) {
+            uint16_t v;
+            std::memcpy(&v, p + i * 2, 2);
+            out[i] = int32_t(v);
+          }
+        } else {
+          std::memcpy(out, bytes + pos * 4, take * 4);
+        }
+      });
     }
     out += take;
     n -= take;
@@ -198,15 +206,29 @@ void TokenDataset::Read(size_t start, size_t n, int32_t* out) const {
 }
 
 void TokenDataset::CheckIds(int vocab) const {
-  for (const auto& s : impl_->shards) {
-    for (uint64_t i = 0; i < s.size; ++i) {
-      int32_t t = impl_->At(s, i);
-      if (t < 0 || t >= vocab) {
-        ThrowBadInput(s.path + ": token " + std::to_string(t) + " at offset " + std::to_string(i) +
-                      " (byte " + std::to_string(i * impl_->width) + "): expected an id < " +
-                      std::to_string(vocab));
+  const Impl& d = *impl_;
+  for (size_t si = 0; si < d.shards.size(); ++si) {
+    const auto& s = d.shards[si];
+    if (s.size == 0) continue;
+    d.WithTokens(si, [&](const uint8_t* bytes) {
+      for (uint64_t i = 0; i < s.size; ++i) {
+        int32_t t;
+        if (d.width == 2) {
+          uint16_t v;
+          std::memcpy(&v, bytes + i * 2, 2);
+          t = int32_t(v);
+        } else {
+          uint32_t v;
+          std::memcpy(&v, bytes + i * 4, 4);
+          t = int32_t(v);
+        }
+        if (t < 0 || t >= vocab) {
+          ThrowBadInput(s.path + ": token " + std::to_string(t) + " at offset " +
+                        std::to_string(i) + " (byte " + std::to_string(i * d.width) +
+                        "): expected an id < " + std::to_string(vocab));
+        }
       }
-    }
+    });
   }
 }
 

@@ -1,6 +1,7 @@
-// A read-only token dataset: a keel-tokens folder (meta.json + memory-mapped shards, DESIGN.md)
-// or a flat file of little-endian uint16 tokens. Tokens are addressed by a global index that runs
-// across shards in order.
+// A read-only token dataset: a keel-tokens folder (meta.json + memory-mapped shards, DESIGN.md),
+// the same served over http(s) (shards fetched and mapped on first use, remote_shards.h), or a
+// flat file of little-endian uint16 tokens. Tokens are addressed by a global index that runs
+// across shards in order. Read() may be called from several threads at once.
 //
 //   auto ds = keel::data::TokenDataset::Open("data/brown/train");
 //   std::vector<int32_t> window(T + 1);
@@ -16,7 +17,8 @@ namespace keel::data {
 class TokenDataset {
  public:
   // Throws keel::Error (bad input) naming the path and what is wrong: missing, truncated, bad
-  // meta.json, wrong format or version.
+  // meta.json, wrong format or version. A URL is cached under $KEEL_CACHE_DIR within
+  // $KEEL_CACHE_BYTES (remote_cache.h); only its meta.json is fetched here.
   static TokenDataset Open(const std::string& path);
 
   TokenDataset(TokenDataset&&) noexcept;
@@ -28,7 +30,8 @@ class TokenDataset {
   int eos_id() const;      // from meta.json; 50256 for a flat file
   const std::string& path() const;
 
-  // out[i] = token[start + i] for i < n; start + n <= size(). Crosses shard boundaries.
+  // out[i] = token[start + i] for i < n; start + n <= size(). Crosses shard boundaries. For a URL
+  // it may download a shard, and throws keel::Error naming the URL if that fails.
   void Read(size_t start, size_t n, int32_t* out) const;
 
   // Scans every token: throws keel::Error naming the file and offset of the first id >= vocab.

@@ -38,6 +38,12 @@ size_t OnData(char* data, size_t size, size_t n, void* user) {
   return bytes;
 }
 
+// libcurl calls this often during a transfer; non-zero aborts it (CURLE_ABORTED_BY_CALLBACK).
+int OnProgress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  const auto* cancel = static_cast<const std::atomic<bool>*>(user);
+  return cancel && cancel->load() ? 1 : 0;
+}
+
 struct CurlFree {
   void operator()(CURL* c) const { curl_easy_cleanup(c); }
 };
@@ -88,6 +94,12 @@ uint64_t HttpDownload(const std::string& url, const std::string& path, const Htt
   curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, options.stall_timeout_s);
   curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, OnData);
+  if (options.cancel) {
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, OnProgress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, options.cancel);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  }
+  auto cancelled = [&] { return options.cancel && options.cancel->load(); };
 
   const int tries = options.tries < 1 ? 1 : options.tries;
   std::string last;
@@ -96,6 +108,7 @@ uint64_t HttpDownload(const std::string& url, const std::string& path, const Htt
       std::this_thread::sleep_for(
           std::chrono::duration<double>(options.backoff_s * double(1 << (attempt - 1))));
     }
+    if (cancelled()) ThrowRuntime(url + ": download cancelled");
     // Each try starts from an empty file: a dropped transfer leaves no bytes behind.
     std::FILE* f = std::fopen(path.c_str(), "wb");
     if (!f) ThrowRuntime(path + ": cannot create (downloading " + url + ")");
@@ -109,6 +122,7 @@ uint64_t HttpDownload(const std::string& url, const std::string& path, const Htt
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     if (rc == CURLE_OK && !close_failed) return XXH3_64bits_digest(hash.get());
     std::remove(path.c_str());
+    if (cancelled()) ThrowRuntime(url + ": download cancelled");
     if (sink.write_failed || close_failed) {
       ThrowRuntime(url + ": cannot write " + path + " (disk full?)");
     }

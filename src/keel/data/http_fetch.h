@@ -6,6 +6,7 @@
 //   uint64_t h = keel::data::HttpDownload("http://host/train/meta.json", "/tmp/m.part", opts);
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -20,6 +21,9 @@ struct HttpOptions {
   long connect_timeout_s = 10;
   // A transfer slower than 1 byte/s for this long is a dead peer, not a slow one.
   long stall_timeout_s = 30;
+  // When set and true, a download in progress (or waiting to retry) stops with an error: lets
+  // the owner of a background fetch shut down without waiting for a whole shard.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // True for "http://..." and "https://...".
@@ -27,8 +31,8 @@ bool IsHttpUrl(std::string_view path);
 
 // Writes the body of URL to PATH (created or truncated) and returns the XXH3-64 of its bytes.
 // Throws keel::Error, one line naming the URL: bad input for an HTTP 4xx (the URL is wrong),
-// runtime after `tries` transient failures (the server is down or unreachable). PATH is removed
-// on failure.
+// runtime after `tries` transient failures (the server is down or unreachable) or when
+// cancelled. PATH is removed on failure.
 uint64_t HttpDownload(const std::string& url, const std::string& path, const HttpOptions& options);
 
 }  // namespace keel::data

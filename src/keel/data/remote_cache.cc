@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 
 #include "keel/core/error.h"
@@ -53,6 +54,9 @@ RemoteCache::RemoteCache(std::string base_url, RemoteCacheOptions options)
   SyncDir(options_.dir);
 
   present_.assign(meta_.shards.size(), false);
+  fetching_.assign(meta_.shards.size(), false);
+  pins_.assign(meta_.shards.size(), 0);
+  ahead_.assign(meta_.shards.size(), false);
   last_use_.assign(meta_.shards.size(), 0);
   for (size_t i = 0; i < meta_.shards.size(); ++i) {
     const ShardMeta& s = meta_.shards[i];
@@ -95,6 +99,24 @@ void RemoteCache::Fetch(const std::string& name, const std::string& expected_xxh
   }
 }
 
+uint64_t RemoteCache::cached_bytes() const {
+  std::lock_guard lock(mu_);
+  return cached_bytes_;
+}
+
+bool RemoteCache::cached(size_t shard) const {
+  CheckIndex(shard);
+  std::lock_guard lock(mu_);
+  return present_[shard];
+}
+
+void RemoteCache::CheckIndex(size_t shard) const {
+  if (shard >= meta_.shards.size()) {
+    ThrowRuntime(base_url_ + ": shard " + std::to_string(shard) + " of " +
+                 std::to_string(meta_.shards.size()));
+  }
+}
+
 void RemoteCache::Drop(size_t shard) {
   const ShardMeta& s = meta_.shards[shard];
   std::error_code ec;
@@ -105,42 +127,106 @@ void RemoteCache::Drop(size_t shard) {
   ++evictions_;
 }
 
-void RemoteCache::EvictFor(size_t shard) {
+bool RemoteCache::MakeRoom(size_t shard, bool must) {
   const uint64_t need = ShardBytes(shard);
+  auto evictable = [&](size_t i) {
+    return present_[i] && pins_[i] == 0 && i != shard && (must || !ahead_[i]);
+  };
+  if (!must) {
+    uint64_t freeable = 0;
+    for (size_t i = 0; i < present_.size(); ++i) freeable += evictable(i) ? ShardBytes(i) : 0;
+    if (cached_bytes_ + need > options_.max_bytes + freeable) return false;
+  }
   while (cached_bytes_ + need > options_.max_bytes) {
     size_t lru = present_.size();
     for (size_t i = 0; i < present_.size(); ++i) {
-      if (!present_[i] || i == shard) continue;
-      if (lru == present_.size() || last_use_[i] < last_use_[lru]) lru = i;
+      if (evictable(i) && (lru == present_.size() || last_use_[i] < last_use_[lru])) lru = i;
     }
-    // Nothing left to evict: a shard larger than the cap is still fetched, alone.
-    if (lru == present_.size()) return;
+    if (lru == present_.size()) return true;  // nothing left to evict: fetched past the cap
     Drop(lru);
   }
+  return true;
+}
+
+void RemoteCache::FetchShard(size_t shard) {
+  const ShardMeta& s = meta_.shards[shard];
+  Fetch(s.index, s.index_xxh3);
+  try {
+    Fetch(s.file, s.xxh3);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(options_.dir + "/" + s.index, ec);  // half a shard is not a shard
+    throw;
+  }
+  SyncDir(options_.dir);
+}
+
+bool RemoteCache::Fill(size_t shard, std::unique_lock<std::mutex>& lock, bool must) {
+  fetched_.wait(lock, [&] { return !fetching_[shard]; });
+  if (present_[shard]) return true;
+  if (!MakeRoom(shard, must)) return false;
+  // Counted from now, so that fetches running side by side respect the cap together.
+  fetching_[shard] = true;
+  cached_bytes_ += ShardBytes(shard);
+  lock.unlock();
+  std::exception_ptr error;
+  try {
+    FetchShard(shard);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  lock.lock();
+  fetching_[shard] = false;
+  if (error) {
+    cached_bytes_ -= ShardBytes(shard);
+  } else {
+    present_[shard] = true;
+  }
+  fetched_.notify_all();
+  // A thread that waited for this download and finds the shard absent downloads it itself.
+  if (error) std::rethrow_exception(error);
+  return true;
 }
 
 std::string RemoteCache::Acquire(size_t shard) {
-  if (shard >= meta_.shards.size()) {
-    ThrowRuntime(base_url_ + ": shard " + std::to_string(shard) + " of " +
-                 std::to_string(meta_.shards.size()));
-  }
+  CheckIndex(shard);
+  std::unique_lock lock(mu_);
   last_use_[shard] = ++tick_;
-  const ShardMeta& s = meta_.shards[shard];
-  if (!present_[shard]) {
-    EvictFor(shard);
-    Fetch(s.index, s.index_xxh3);
-    try {
-      Fetch(s.file, s.xxh3);
-    } catch (...) {
-      std::error_code ec;
-      fs::remove(options_.dir + "/" + s.index, ec);  // half a shard is not a shard
-      throw;
-    }
-    SyncDir(options_.dir);
-    present_[shard] = true;
-    cached_bytes_ += ShardBytes(shard);
+  ahead_[shard] = false;
+  Fill(shard, lock, true);
+  return options_.dir + "/" + meta_.shards[shard].file;
+}
+
+std::string RemoteCache::Pin(size_t shard) {
+  CheckIndex(shard);
+  std::unique_lock lock(mu_);
+  last_use_[shard] = ++tick_;
+  ahead_[shard] = false;
+  // Pinned before it is fetched: once present, no other thread may evict it.
+  ++pins_[shard];
+  try {
+    Fill(shard, lock, true);
+  } catch (...) {
+    --pins_[shard];
+    throw;
   }
-  return options_.dir + "/" + s.file;
+  return options_.dir + "/" + meta_.shards[shard].file;
+}
+
+void RemoteCache::Unpin(size_t shard) {
+  CheckIndex(shard);
+  std::lock_guard lock(mu_);
+  KEEL_CHECK(pins_[shard] > 0, "RemoteCache::Unpin of a shard that is not pinned");
+  --pins_[shard];
+}
+
+bool RemoteCache::Prefetch(size_t shard) {
+  CheckIndex(shard);
+  std::unique_lock lock(mu_);
+  last_use_[shard] = ++tick_;         // about to be read: the last one to evict
+  if (pins_[shard] > 0) return true;  // mapped already: not ahead of the reader
+  ahead_[shard] = true;
+  return Fill(shard, lock, false);
 }
 
 RemoteCacheOptions DefaultRemoteCacheOptions(const std::string& url) {
