@@ -9,5 +9,10 @@ corpus=assets/brown/brown.jsonl
 if [[ ! -f data/brown/train/meta.json ]]; then
   build/keel data prepare "$corpus" --out data/brown --val-fraction 0.05 --workers "$(nproc)"
 fi
+if [[ -d runs/quickstart ]]; then
+  # The sample run starts over each time (a real run would continue: --resume auto).
+  echo "quickstart: replacing the previous runs/quickstart"
+  rm -rf runs/quickstart
+fi
 build/keel train configs/quickstart.toml "$@"
 build/keel generate --run runs/quickstart --prompt "The jury said" --max-tokens 40 --count 2

@@ -115,8 +115,8 @@ TEST(Config, OverridesApplyAfterFile) {
 
 TEST(Config, ToTomlRoundTripsEveryValue) {
   RunConfig a;
-  a.model = {"gpt2-tiny", 3, 4, 64, 1000, 48, "full", 0.015f};
-  a.data = {"d/train", "d/val", 24};
+  a.model = {"gpt2-tiny", 3, 4, 64, 1000, 48, "full", 0.015f, "w/model.safetensors"};
+  a.data = {"d/train", "d/val", 24, 5, {}};
   a.train.name = "quote\" back\\slash tab\t ünïcode";
   a.train.out_dir = "out";
   a.train.steps = 12;
@@ -128,7 +128,7 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
   a.train.sample_prompt = "";
   a.optim = {3e-4f, 0.1f * 3e-4f, 7, "constant", 0.8f, 0.999f, 1e-8f, 0.0f, 0.7f};
   a.parallel = {25.0f, 1234.5f};
-  a.checkpoint.save_final = false;
+  a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto"};
   a.resilience.stop_on_nonfinite = false;
   a.monitor = {123.456, false};
 

@@ -36,13 +36,21 @@ void RegisterTrain(CLI::App& app) {
       "  keel train configs/quickstart.toml\n"
       "  keel train configs/quickstart.toml --set optim.lr=3e-4 --set train.steps=50\n"
       "  mpirun -np 2 keel train configs/quickstart.toml     # data parallel over 2 processes\n"
+      "  keel train configs/quickstart.toml --resume auto    # continue from the newest good "
+      "checkpoint\n"
       "Every key is in docs/CONFIG.md. The run directory (train.out_dir/train.name) gets\n"
-      "config.toml, metrics.jsonl and, at the end or on Ctrl-C, model.safetensors.");
+      "config.toml, metrics.jsonl, events.jsonl, checkpoints/ ([checkpoint] says when) and, at\n"
+      "the end or on Ctrl-C, model.safetensors.");
   static std::string config;
   static std::vector<std::string> overrides;
   cmd->add_option("config", config, "the run's TOML file (omit for defaults)");
   cmd->add_option("--set", overrides, "override a key: section.key=value (repeatable)");
+  static std::string resume;
+  cmd->add_option("--resume", resume,
+                  "auto (the newest checkpoint that verifies, or a fresh start if there is none) "
+                  "or a checkpoint folder; same as --set checkpoint.resume=...");
   cmd->callback([] {
+    if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
     auto cfg = train::LoadConfig(config, overrides);
     SplitCoresAmongLocalRanks();
     auto comm = dist::CreateComm();
@@ -54,7 +62,8 @@ void RegisterTrain(CLI::App& app) {
     if (s.val_loss >= 0) std::printf(", validation loss %.4f", s.val_loss);
     std::printf(" (unigram entropy of the data: %.4f nats/token)\n", s.unigram_entropy);
     if (s.interrupted)
-      std::printf("interrupted; the model so far is in %s/model.safetensors\n", s.run_dir.c_str());
+      std::printf("interrupted at step %d; continue with: keel train %s --resume auto\n",
+                  s.steps_done, config.empty() ? "--set ..." : config.c_str());
   });
 }
 

@@ -100,7 +100,7 @@ LoaderState BatchLoader::state() const {
 }
 
 LoaderState BatchLoader::Identity() const {
-  LoaderState st{position_, seed_, T_, uint64_t(ds_->size())};
+  LoaderState st{position_, seed_, T_, uint64_t(ds_->size()), {}, {}};
   if (blend_) {
     st.dataset_tokens = 0;
     for (const TokenDataset* ds : sources_) {

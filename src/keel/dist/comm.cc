@@ -37,6 +37,8 @@ double Comm::AllReduceMax(double x) {
   return x;
 }
 
+void Comm::AllReduceMax(double* data, size_t n) { AllReduceDoubles(data, n, /*max=*/true); }
+
 std::unique_ptr<Comm> CreateComm() {
   // KEEL_COMM=local|mpi overrides the guess, e.g. to exercise the MPI path with one process.
   if (const char* forced = std::getenv("KEEL_COMM"); forced != nullptr && *forced != '\0') {

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 namespace keel::dist {
 
@@ -53,6 +54,7 @@ class Comm {
   void AllReduceSum(float* data, size_t n);
   double AllReduceSum(double x);  // a scalar, e.g. a loss or a squared norm
   double AllReduceMax(double x);
+  void AllReduceMax(double* data, size_t n);  // elementwise, e.g. several flags in one call
 
  protected:
   virtual void AllReduceDoubles(double* data, size_t n, bool max) = 0;
@@ -66,5 +68,8 @@ std::unique_ptr<Comm> MakeMpiComm();
 // MPI when the process was started by mpirun/srun (size > 1 in the environment), local otherwise.
 // The environment variable KEEL_COMM=local|mpi overrides the choice.
 std::unique_ptr<Comm> CreateComm();
+
+// The MPI library's own version line, e.g. "Open MPI v4.1.4" (for preflight's consistency check).
+std::string MpiLibraryVersion();
 
 }  // namespace keel::dist

@@ -34,6 +34,7 @@ class AdamW {
   void Step(float* master, bf16* working, const float* grads, float lr, float grad_scale);
 
   int step() const { return step_; }
+  void set_step(int step) { step_ = step; }  // a resumed run continues the bias correction
   float* m() { return m_.as<float>(); }
   float* v() { return v_.as<float>(); }
   size_t total() const { return total_; }

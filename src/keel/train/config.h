@@ -93,7 +93,16 @@ struct ParallelSection {
 };
 
 struct CheckpointSection {
-  bool save_final = true;  // write model.safetensors at the end (and on Ctrl-C)
+  bool save_final = true;     // write model.safetensors at the end (and on Ctrl-C)
+  std::string dir;            // checkpoint root; "" = out_dir/name/checkpoints
+  int every_steps = 0;        // save every N steps; 0 = off
+  double every_minutes = 30;  // save when this many minutes passed since the last save; 0 = off
+  bool at_end = true;         // save after the last step
+  bool on_signal = true;      // SIGTERM/SIGINT: finish the step, save, exit 0
+  int keep_last = 3;          // committed checkpoints kept (the newest)
+  int keep_every = 0;         // also keep every step that is a multiple of this; 0 = none
+  std::string if_busy = "wait";  // a trigger while a save is in flight: "wait" | "skip"
+  std::string resume;            // "" = fresh run | "auto" | a checkpoint folder
 
   bool operator==(const CheckpointSection&) const = default;
 };

@@ -148,6 +148,14 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   parallel.FinitePositive("bucket_mb", cfg.parallel.bucket_mb);
   parallel.FinitePositive("comm_timeout_s", cfg.parallel.comm_timeout_s);
 
+  const Checker ckpt(prov, "checkpoint");
+  const CheckpointSection& k = cfg.checkpoint;
+  ckpt.NonNegative("every_steps", k.every_steps);
+  ckpt.FiniteNonNegative("every_minutes", k.every_minutes);
+  ckpt.Positive("keep_last", k.keep_last);
+  ckpt.NonNegative("keep_every", k.keep_every);
+  ckpt.OneOf("if_busy", k.if_busy, {"wait", "skip"});
+
   const Checker monitor(prov, "monitor");
   monitor.FiniteNonNegative("peak_gflops", cfg.monitor.peak_gflops);
 

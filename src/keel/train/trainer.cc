@@ -15,6 +15,7 @@
 #include "keel/core/log.h"
 #include "keel/core/timer.h"
 #include "keel/data/dataset.h"
+#include "keel/data/file_util.h"
 #include "keel/data/loader.h"
 #include "keel/data/prefetcher.h"
 #include "keel/model/gpt.h"
@@ -22,6 +23,7 @@
 #include "keel/monitor/jsonl.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/schedule.h"
+#include "keel/train/checkpointing.h"
 #include "keel/train/grad_sync.h"
 #include "keel/train/samples.h"
 
@@ -60,6 +62,22 @@ double UnigramEntropy(const std::vector<const data::TokenDataset*>& sources,
   for (double q : p)
     if (q > 0) h -= q * std::log(q);
   return h;
+}
+
+// Rewrites metrics.jsonl with only the steps <= `step` (a resumed run writes the later ones
+// again). Written to a new file and renamed, so a crash leaves the old or the new, never a mix.
+void KeepMetricsUpTo(const std::string& path, int step) {
+  if (step == 0 || !std::filesystem::exists(path)) {
+    std::filesystem::remove(path);
+    return;
+  }
+  std::ifstream in(path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("step", 0) <= step) kept += line + "\n";
+  }
+  data::WriteFileAtomic(path, kept);
 }
 
 struct Setup {
@@ -142,14 +160,41 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
 
   TrainSummary sum;
   sum.run_dir = (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
-  monitor::JsonlWriter metrics;
+  monitor::JsonlWriter metrics, events;
+  Checkpointer ckpt(cfg, comm, sum.run_dir, lead ? &events : nullptr);
+  ckpt.CheckResumeRequest();  // a bad request fails here, before the run folder is touched
   if (lead) {
     std::filesystem::create_directories(sum.run_dir);
     std::ofstream(sum.run_dir + "/config.toml") << ToToml(cfg);
-    std::filesystem::remove(sum.run_dir + "/metrics.jsonl");
+    events = monitor::JsonlWriter(sum.run_dir + "/events.jsonl");
+    sum.unigram_entropy = UnigramEntropy(train_ptrs, weights);
+  }
+
+  // The state a checkpoint holds: fp32 master weights and both AdamW moments, tensor by tensor.
+  ckpt::StateView state;
+  for (const auto& p : model.layout().params())
+    state.tensors.push_back(
+        {p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), p.offset});
+  state.buffers = {{"master", model.master()}, {"adam_m", opt.m()}, {"adam_v", opt.v()}};
+  int start_step = 0;
+  std::vector<double> recent_losses;  // the last few, for spike detection; kept across resumes
+  if (auto r = ckpt.Resume(state)) {
+    recent_losses = r->state.at("metrics").at("recent_losses").get<std::vector<double>>();
+    start_step = int(r->step);
+    model.SyncWorking();  // bf16 working weights: the rounding of the restored master, bit for bit
+    opt.set_step(r->state.at("optimizer").at("step").get<int>());
+    loader.restore(data::LoaderStateFromJson(r->state.at("loader")));
+    sum.resumed_from = r->path;
+  }
+  if (lead) {
+    // Steps past the checkpoint were lost with the crash; the resumed run writes them again.
+    KeepMetricsUpTo(sum.run_dir + "/metrics.jsonl", start_step);
     std::filesystem::remove(sum.run_dir + "/model.safetensors");
     if (cfg.monitor.metrics_jsonl) metrics = monitor::JsonlWriter(sum.run_dir + "/metrics.jsonl");
-    sum.unigram_entropy = UnigramEntropy(train_ptrs, weights);
+    events.Write({{"event", "start"},
+                  {"step", start_step},
+                  {"ranks", comm.size()},
+                  {"resumed_from", sum.resumed_from}});
   }
 
   size_t matmul_params = model.layout().total() - model.layout().Find("wpe.weight").numel;
@@ -192,7 +237,8 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
   g_stop = false;
   auto old_int = std::signal(SIGINT, OnSignal);
   auto old_term = std::signal(SIGTERM, OnSignal);
-  for (int step = 0; step < cfg.train.steps; ++step) {
+  sum.steps_done = start_step;
+  for (int step = start_step; step < cfg.train.steps; ++step) {
     Timer step_timer;
     double data_ms = 0;
     model.ZeroGrads();
@@ -213,6 +259,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
     Timer ot;
     const double norm = optim::GlobalGradNorm(model.grads(), model.layout().total());
     const float lr = sched.At(step);
+    const double ckpt_ms = ckpt.BeforeUpdate();  // a save in flight must have its snapshot
     opt.Step(model.master(), model.working_bf16(), model.grads(), lr,
              optim::ClipScale(norm, cfg.optim.grad_clip));
     const double optim_ms = ot.Millis();
@@ -246,10 +293,33 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
                           {"optim_ms", optim_ms},
                           {"compute_ms", ms - data_ms - sync.wait_ms() - optim_ms}};
       if (val >= 0) m["val_loss"] = val;
+      if (ckpt_ms > 0) m["ckpt_blocked_ms"] = ckpt_ms;
       metrics.Write(m);
     }
-    // Every rank must agree to stop at the same step, or the next collective hangs.
-    if (comm.AllReduceMax(g_stop ? 1.0 : 0.0) > 0) {
+    recent_losses.push_back(loss);
+    if (recent_losses.size() > 64) recent_losses.erase(recent_losses.begin());
+    auto view = [&] {
+      ckpt::StateView v = state;
+      v.step = step + 1;
+      v.tokens = uint64_t(step + 1) * uint64_t(tokens_per_step);
+      v.state = {{"config", ToToml(cfg)},
+                 {"loader", data::ToJson(prefetch.state())},
+                 {"optimizer", {{"kind", "adamw"}, {"step", opt.step()}}},
+                 {"scheduler",
+                  {{"kind", cfg.optim.schedule},
+                   {"position", step + 1},
+                   {"lr", cfg.optim.lr},
+                   {"min_lr", cfg.optim.min_lr},
+                   {"warmup_steps", cfg.optim.warmup_steps},
+                   {"total_steps", cfg.train.steps}}},
+                 {"rng", {{"kind", "counter"}, {"seed", cfg.train.seed}}},
+                 {"loss_scaler", {{"kind", "none"}, {"scale", 1.0}}},
+                 {"precision", cfg.train.precision},
+                 {"metrics", {{"recent_losses", recent_losses}}}};
+      return v;
+    };
+    // Every rank agrees on stopping and saving at the same step, or the next collective hangs.
+    if (ckpt.AfterStep(step + 1, last_step, g_stop, view).stop) {
       sum.interrupted = true;
       if (lead) Log("keel: interrupted at step %d; saving the model", step + 1);
       break;
@@ -257,6 +327,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
   }
   std::signal(SIGINT, old_int);
   std::signal(SIGTERM, old_term);
+  ckpt.Finish();
 
   if (lead && cfg.checkpoint.save_final)
     ckpt::WriteModel(sum.run_dir + "/model.safetensors", mcfg, model.layout(), model.master());

@@ -17,6 +17,7 @@ struct TrainSummary {
   double unigram_entropy = 0;  // nats per token of the training data
   bool interrupted = false;    // stopped by SIGINT/SIGTERM
   std::string run_dir;
+  std::string resumed_from;  // the checkpoint folder a resumed run started from; "" otherwise
 };
 
 // Throws keel::Error: kBadInput for a config or data problem found before the first step (and

@@ -1,0 +1,65 @@
+// The checkpoint manifest: a global description of every tensor of the training state, made of
+// pieces (a file, a byte range, a box of indices along each axis, an xxh3), plus the non-tensor
+// state (step, tokens, loader, scheduler, RNG, ...). A reader under any layout computes the box
+// it needs and reads the pieces that overlap it; it never needs to know how many ranks wrote.
+//
+//   Manifest m = ReadManifest("runs/x/checkpoints/step_00000020");   // checks COMMIT first
+//   const TensorEntry& t = m.Find("h.0.attn.c_attn.weight", "master");
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace keel::ckpt {
+
+inline constexpr const char* kFormat = "keel-checkpoint";
+inline constexpr int kVersion = 1;
+
+// A rectangular piece of a tensor stored contiguously (row-major) in `file` at `offset`.
+struct Piece {
+  std::string file;  // relative to the checkpoint folder
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  std::vector<int64_t> start;  // first index along each axis
+  std::vector<int64_t> count;  // extent along each axis
+  uint64_t xxh3 = 0;
+
+  bool operator==(const Piece&) const = default;
+};
+
+struct TensorEntry {
+  std::string name;            // the parameter registry's name, e.g. "h.0.mlp.c_fc.weight"
+  std::string kind;            // "master" | "adam_m" | "adam_v"
+  std::string dtype = "f32";   // the only one written so far
+  std::vector<int64_t> shape;  // global shape
+  std::vector<Piece> pieces;
+
+  uint64_t numel() const;
+  bool operator==(const TensorEntry&) const = default;
+};
+
+struct Manifest {
+  int64_t step = 0;     // optimizer steps done
+  uint64_t tokens = 0;  // training tokens consumed
+  // Everything that is not a tensor: "config" (TOML text), "layout" ({"dp": N}), "loader",
+  // "scheduler", "optimizer", "rng", "loss_scaler", "metrics". Written and read as JSON.
+  nlohmann::json state = nlohmann::json::object();
+  std::vector<TensorEntry> tensors;
+
+  const TensorEntry* Find(const std::string& name, const std::string& kind) const;
+  uint64_t TotalBytes() const;
+};
+
+std::string ToJsonText(const Manifest& m);
+// Throws keel::Error (bad input) "WHERE: KEY: expected ..., got ..." for a malformed manifest,
+// a wrong format or version, a piece outside its tensor or with a size that does not match.
+Manifest ManifestFromJsonText(const std::string& text, const std::string& where);
+
+// 16 lowercase hex digits, and back (throws bad input naming `where` if not hex).
+std::string HexHash(uint64_t h);
+uint64_t ParseHexHash(const std::string& s, const std::string& where);
+uint64_t Hash(const void* data, size_t bytes);  // xxh3-64
+
+}  // namespace keel::ckpt

@@ -1,0 +1,61 @@
+// Reading checkpoints against the manifest's global description: a reader asks for a box of a
+// tensor and gets it from whichever pieces overlap it, so a state written by N ranks loads on M
+// (and, when sharded layouts arrive, into their slices). Every piece read is checked against its
+// xxh3 before its bytes are used.
+//
+//   CheckpointReader r = CheckpointReader::Open("runs/x/checkpoints/step_00000020");
+//   r.Load(view.tensors, view.buffers);       // whole tensors, every kind in `buffers`
+//   VerifyResult v = Verify("runs/x/checkpoints/step_00000020");   // never throws
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/ckpt/manifest.h"
+#include "keel/ckpt/state.h"
+
+namespace keel::ckpt {
+
+class CheckpointReader {
+ public:
+  // Trusts a folder only with a COMMIT that holds the hash of its manifest.json. Throws
+  // keel::Error (bad input) with one line naming the file and what is wrong.
+  static CheckpointReader Open(const std::string& dir);
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+
+  // Reads the box [start, start + count) of `t` into `out` (row-major over the box), verifying
+  // every piece it touches. Throws bad input naming the file, tensor and piece on a mismatch.
+  void ReadBox(const TensorEntry& t, const std::vector<int64_t>& start,
+               const std::vector<int64_t>& count, float* out) const;
+  // Reads every tensor of `tensors`, for every kind in `buffers`, whole. A tensor missing from the
+  // checkpoint or with another shape is bad input naming it and both shapes.
+  void Load(const std::vector<TensorSpec>& tensors, const std::vector<FlatBuffer>& buffers) const;
+
+ private:
+  std::string dir_;
+  Manifest manifest_;
+};
+
+struct BadPiece {
+  std::string tensor, kind, file;
+  uint64_t offset = 0, bytes = 0;
+  std::string problem;  // "missing file", "short file", "xxh3 mismatch"
+};
+
+struct VerifyResult {
+  std::string dir;
+  int64_t step = -1;
+  uint64_t tokens = 0, bytes = 0;
+  size_t tensors = 0, pieces = 0;
+  std::string status;   // "committed" | "incomplete" | "corrupt"
+  std::string problem;  // the first problem, one line; empty when committed
+  std::vector<BadPiece> bad;
+};
+
+// Checks COMMIT, the manifest and every piece's hash. Reports instead of throwing.
+VerifyResult Verify(const std::string& dir);
+
+}  // namespace keel::ckpt

@@ -1,0 +1,350 @@
+// The writer thread runs one task at a time from a queue, so a commit or an abort never overlaps a
+// snapshot or a write of the same rank, and the trainer's thread only ever waits for a snapshot.
+#include "keel/ckpt/writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/fault.h"
+#include "keel/ckpt/manifest.h"
+#include "keel/ckpt/retention.h"
+#include "keel/core/error.h"
+#include "keel/core/timer.h"
+#include "keel/data/file_util.h"
+
+namespace keel::ckpt {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string RankFile(int rank, const char* ext) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d.%s", rank, ext);
+  return buf;
+}
+
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Writes all of `bytes`, retrying short writes; throws with the path, progress and errno text.
+void WriteAll(int fd, const uint8_t* p, size_t n, const std::string& path) {
+  size_t done = 0;
+  while (done < n) {
+    const size_t chunk = std::min<size_t>(n - done, size_t(64) << 20);
+    ssize_t w = ::write(fd, p + done, chunk);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      throw Error(ExitCode::kRuntime, path + ": write failed after " + std::to_string(done) +
+                                          " of " + std::to_string(n) +
+                                          " bytes: " + std::strerror(w < 0 ? errno : ENOSPC));
+    done += size_t(w);
+  }
+}
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(std::string root, int rank, int world, Retention retention)
+    : root_(std::move(root)), rank_(rank), world_(world), retention_(retention) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void CheckpointWriter::Run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop_ and nothing left
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      busy_ = true;
+    }
+    task();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+void CheckpointWriter::Post(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+  }
+  cv_.notify_all();
+}
+
+void CheckpointWriter::Begin(StateView view) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    KEEL_CHECK(!in_flight_, "CheckpointWriter::Begin with a save in flight");
+    in_flight_ = true;
+    snapshot_done_ = false;
+    status_ = kWriting;
+  }
+  begin_ms_ = NowMs();
+  Post([this, v = std::move(view)] {
+    try {
+      DoSnapshot(v);
+    } catch (const std::exception& e) {
+      Fail(e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      snapshot_done_ = true;
+    }
+    cv_.notify_all();
+    if (status() == kFailed) return;
+    try {
+      DoWrite();
+    } catch (const std::exception& e) {
+      Fail(e.what());
+    }
+  });
+}
+
+double CheckpointWriter::WaitSnapshot() {
+  Timer t;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return snapshot_done_; });
+  return t.Millis();
+}
+
+CheckpointWriter::Status CheckpointWriter::status() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+CheckpointWriter::Status CheckpointWriter::WaitWritten() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return status_ != kWriting; });
+  return status_;
+}
+
+bool CheckpointWriter::in_flight() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
+void CheckpointWriter::Fail(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  status_ = kFailed;
+  current_.error = what;
+}
+
+void CheckpointWriter::Commit() {
+  Post([this] {
+    try {
+      if (rank_ == 0) DoCommit();
+    } catch (const std::exception& e) {
+      current_.error = e.what();
+      DoAbort();
+    }
+    current_.total_ms = NowMs() - begin_ms_;
+    std::lock_guard<std::mutex> lock(mu_);
+    reports_.push_back(current_);
+    in_flight_ = false;
+    status_ = kWritten;
+  });
+}
+
+void CheckpointWriter::Abort() {
+  Post([this] {
+    DoAbort();
+    current_.total_ms = NowMs() - begin_ms_;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (current_.error.empty()) current_.error = "another rank failed to write its part";
+    reports_.push_back(current_);
+    in_flight_ = false;
+    status_ = kWritten;
+  });
+}
+
+void CheckpointWriter::Drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return tasks_.empty() && !busy_; });
+}
+
+std::vector<SaveReport> CheckpointWriter::TakeReports() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(reports_, {});
+}
+
+void CheckpointWriter::DoSnapshot(const StateView& view) {
+  Timer t;
+  current_ = SaveReport{};
+  current_.step = view.step;
+  const std::string tmp = root_ + "/" + StepDirName(view.step) + ".tmp";
+  current_.path = tmp;
+  meta_ = view;
+  meta_.buffers.clear();  // the bytes are in staging from here on
+  for (const auto& b : view.buffers) meta_.buffers.push_back({b.kind, nullptr});
+
+  // This rank's pieces, in staging order: tensor by tensor, kind by kind.
+  json pieces = json::array();
+  size_t bytes = 0;
+  struct Copy {
+    const float* src;
+    size_t n;
+  };
+  std::vector<Copy> copies;
+  for (const TensorSpec& t : view.tensors) {
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const uint64_t inner = rows ? t.numel() / uint64_t(rows) : 0;
+    auto [r0, r1] = RowsOf(rows, rank_, world_);
+    if (r1 <= r0) continue;
+    std::vector<int64_t> start(t.shape.size(), 0), count = t.shape;
+    if (!t.shape.empty()) {
+      start[0] = r0;
+      count[0] = r1 - r0;
+    }
+    const size_t n = size_t(r1 - r0) * inner;
+    for (const FlatBuffer& b : view.buffers) {
+      copies.push_back({b.data + t.offset + size_t(r0) * inner, n});
+      pieces.push_back({{"name", t.name},
+                        {"kind", b.kind},
+                        {"shape", t.shape},
+                        {"offset", bytes},
+                        {"bytes", n * 4},
+                        {"start", start},
+                        {"count", count}});
+      bytes += n * 4;
+    }
+  }
+  if (staging_.bytes() < bytes) staging_ = Buffer(bytes);
+  uint8_t* dst = staging_.as<uint8_t>();
+  for (const Copy& c : copies) {
+    std::memcpy(dst, c.src, c.n * 4);
+    dst += c.n * 4;
+  }
+  staged_bytes_ = bytes;
+  pieces_json_ = pieces.dump();
+  current_.bytes = bytes;
+  current_.snapshot_ms = t.Millis();
+  MaybeCrash("snapshot");
+}
+
+void CheckpointWriter::DoWrite() {
+  Timer t;
+  const std::string tmp = current_.path;
+  fs::create_directories(tmp);
+  if (rank_ == 0) {
+    // A folder left by a crash in an earlier attempt at this step: what rank 0 writes itself
+    // must not survive into this attempt (the other ranks overwrite their own files).
+    fs::remove(tmp + "/COMMIT");
+    fs::remove(tmp + "/manifest.json");
+  }
+  const std::string path = tmp + "/" + RankFile(rank_, "bin");
+  json pieces = json::parse(pieces_json_);
+  const uint8_t* base = staging_.as<uint8_t>();
+  for (json& p : pieces) {
+    p["file"] = RankFile(rank_, "bin");
+    p["xxh3"] = HexHash(Hash(base + p["offset"].get<size_t>(), p["bytes"].get<size_t>()));
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(ExitCode::kRuntime, path + ": cannot create: " + std::strerror(errno));
+  try {
+    WriteAll(fd, base, staged_bytes_, path);
+    MaybeCrash("write");
+    if (::fsync(fd) != 0)
+      throw Error(ExitCode::kRuntime, path + ": fsync failed: " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  data::WriteFileAtomic(tmp + "/" + RankFile(rank_, "json"), pieces.dump() + "\n");
+  current_.write_ms = t.Millis();
+  MaybeCrash("written");
+  std::lock_guard<std::mutex> lock(mu_);
+  status_ = kWritten;
+}
+
+void CheckpointWriter::DoCommit() {
+  const std::string tmp = current_.path;
+  const std::string name = StepDirName(meta_.step);
+  const std::string final_dir = root_ + "/" + name;
+  // Gather every rank's pieces into the global description, tensor by tensor, kind by kind.
+  std::map<std::pair<std::string, std::string>, std::vector<Piece>> by_tensor;
+  for (int r = 0; r < world_; ++r) {
+    const std::string side = tmp + "/" + RankFile(r, "json");
+    json pieces = json::parse(data::ReadWholeFile(side));
+    for (const json& p : pieces) {
+      Piece piece{p["file"],  p["offset"], p["bytes"],
+                  p["start"], p["count"],  ParseHexHash(p["xxh3"], side)};
+      by_tensor[{p["name"], p["kind"]}].push_back(std::move(piece));
+    }
+  }
+  Manifest m;
+  m.step = meta_.step;
+  m.tokens = meta_.tokens;
+  m.state = meta_.state;
+  m.state["layout"] = {{"dp", world_}};
+  for (const TensorSpec& t : meta_.tensors)
+    for (const FlatBuffer& b : meta_.buffers) {
+      TensorEntry e{t.name, b.kind, "f32", t.shape, by_tensor[{t.name, b.kind}]};
+      uint64_t covered = 0;
+      for (const Piece& p : e.pieces) covered += p.bytes / 4;
+      KEEL_CHECK(covered == e.numel(), "checkpoint pieces of " + t.name + " do not cover it");
+      m.tensors.push_back(std::move(e));
+    }
+  current_.total_bytes = m.TotalBytes();
+  const std::string text = ToJsonText(m);
+  data::WriteFileAtomic(tmp + "/manifest.json", text);
+  for (int r = 0; r < world_; ++r) fs::remove(tmp + "/" + RankFile(r, "json"));
+  MaybeCrash("manifest");
+  data::WriteFileAtomic(tmp + "/COMMIT", "xxh3 " + HexHash(Hash(text.data(), text.size())) + "\n");
+  data::SyncDir(tmp);
+  MaybeCrash("commit");
+  if (fs::exists(final_dir)) {
+    // A checkpoint of this step from an earlier attempt (a resume from an older one): replaced.
+    const std::string old = root_ + "/.replaced_" + name;
+    fs::remove_all(old);
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  data::SyncDir(root_);
+  current_.path = final_dir;
+  MaybeCrash("rename");
+  data::WriteFileAtomic(root_ + "/latest", name + "\n");
+  MaybeCrash("latest");
+  current_.deleted = ApplyRetention(root_, meta_.step, retention_);
+}
+
+void CheckpointWriter::DoAbort() {
+  std::error_code ec;
+  const std::string tmp = current_.path;
+  if (rank_ == 0) {
+    fs::remove_all(tmp, ec);
+  } else {
+    fs::remove(tmp + "/" + RankFile(rank_, "bin"), ec);
+    fs::remove(tmp + "/" + RankFile(rank_, "json"), ec);
+  }
+}
+
+}  // namespace keel::ckpt

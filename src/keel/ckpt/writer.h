@@ -1,0 +1,116 @@
+// The asynchronous, atomic checkpoint writer of one rank.
+//
+// A save goes through phases on a writer thread, so that training only waits for the first:
+//   1. snapshot: this rank's slice of the state is copied into a staging buffer (the trainer must
+//      not change the state until WaitSnapshot() returns, i.e. before its next optimizer step);
+//   2. write: the slice goes to step_N.tmp/rank_RRRRR.bin with an xxh3 per piece, fsynced, and a
+//      small sidecar lists the pieces;
+//   3. commit (rank 0, once every rank has written; the trainer agrees on that over the
+//      communicator): manifest.json, then COMMIT holding the manifest's hash, every file and the
+//      folder fsynced, step_N.tmp renamed to step_N, `latest` replaced by atomic rename, and
+//      retention applied to older checkpoints.
+// A crash at any instant leaves `latest` on a committed checkpoint: nothing before the rename is
+// visible as a checkpoint, and `latest` moves only after the rename.
+//
+//   CheckpointWriter w(run_dir + "/checkpoints", rank, world, {3, 0});
+//   w.Begin(view);                // returns at once
+//   double blocked = w.WaitSnapshot();
+//   ... if (every rank's w.status() == kWritten) on rank 0: w.Commit(); ...
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/ckpt/state.h"
+#include "keel/core/buffer.h"
+
+namespace keel::ckpt {
+
+struct Retention {
+  int keep_last = 3;   // the newest K committed checkpoints stay
+  int keep_every = 0;  // and every one whose step is a multiple of M (0 = none)
+};
+
+// One finished save, for the log, events.jsonl and metrics.
+struct SaveReport {
+  int64_t step = 0;
+  std::string path;                  // the committed folder, or the .tmp one when it failed
+  uint64_t bytes = 0;                // this rank's bytes
+  uint64_t total_bytes = 0;          // every rank's (known to rank 0 after the commit)
+  double snapshot_ms = 0;            // the copy the step waited for
+  double write_ms = 0;               // write + fsync of this rank's file
+  double total_ms = 0;               // Begin to commit (rank 0) or to written (others)
+  std::vector<std::string> deleted;  // by retention
+  std::string error;                 // empty when it succeeded
+};
+
+class CheckpointWriter {
+ public:
+  enum Status { kIdle = 0, kWritten = 0, kWriting = 1, kFailed = 2 };
+
+  CheckpointWriter(std::string root, int rank, int world, Retention retention);
+  ~CheckpointWriter();  // finishes what is queued
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Starts a save of `view` (its buffers must stay alive, and unchanged until WaitSnapshot).
+  // Only one save may be in flight: the caller waits for or skips behind the previous one.
+  void Begin(StateView view);
+  // Blocks until the snapshot of the current save is taken; returns the milliseconds blocked.
+  double WaitSnapshot();
+  // This rank's part of the save in flight: writing, written (also when idle), or failed.
+  Status status();
+  // Blocks until this rank's part is no longer writing (written or failed).
+  Status WaitWritten();
+  // Rank 0, after every rank has written: commits on the writer thread. Others may call it too;
+  // it only finishes their part.
+  void Commit();
+  // Every rank, when some rank failed: removes this rank's file (rank 0: the whole .tmp folder).
+  void Abort();
+  // Blocks until every queued task is done; true if there is no save in flight.
+  void Drain();
+  bool in_flight();
+  // Reports of saves finished since the last call (committed, or failed and aborted).
+  std::vector<SaveReport> TakeReports();
+
+  const std::string& root() const { return root_; }
+
+ private:
+  void Run();
+  void Post(std::function<void()> task);
+  void DoSnapshot(const StateView& view);
+  void DoWrite();
+  void DoCommit();
+  void DoAbort();
+  void Fail(const std::string& what);
+
+  const std::string root_;
+  const int rank_, world_;
+  const Retention retention_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool busy_ = false, stop_ = false;
+  bool snapshot_done_ = true, in_flight_ = false;
+  Status status_ = kWritten;
+  std::vector<SaveReport> reports_;
+
+  // Touched by the writer thread only, between Begin and commit/abort.
+  StateView meta_;  // the view without its buffers' bytes
+  Buffer staging_;
+  size_t staged_bytes_ = 0;
+  SaveReport current_;
+  double begin_ms_ = 0;
+  std::string pieces_json_;  // this rank's sidecar, as text
+
+  std::thread thread_;  // last
+};
+
+}  // namespace keel::ckpt

@@ -1,0 +1,229 @@
+#include "keel/train/checkpointing.h"
+
+#include <filesystem>
+
+#include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/reader.h"
+#include "keel/core/error.h"
+#include "keel/core/log.h"
+#include "keel/core/timer.h"
+
+namespace keel::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+enum SaveState { kNone = 0, kWriting = 1, kCommitting = 2 };
+
+std::string RootFor(const RunConfig& cfg, const std::string& run_dir) {
+  return cfg.checkpoint.dir.empty() ? run_dir + "/checkpoints" : cfg.checkpoint.dir;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(const RunConfig& cfg, dist::Comm& comm, std::string run_dir,
+                           monitor::JsonlWriter* events)
+    : cfg_(cfg),
+      comm_(comm),
+      run_dir_(std::move(run_dir)),
+      root_(RootFor(cfg, run_dir_)),
+      events_(events),
+      writer_(std::make_unique<ckpt::CheckpointWriter>(
+          root_, comm.rank(), comm.size(),
+          ckpt::Retention{cfg.checkpoint.keep_last, cfg.checkpoint.keep_every})),
+      last_save_(std::chrono::steady_clock::now()) {}
+
+Checkpointer::~Checkpointer() = default;
+
+void Checkpointer::CheckResumeRequest() const {
+  const std::string& how = cfg_.checkpoint.resume;
+  if (how.empty()) {
+    auto dirs = ckpt::ListStepDirs(root_);
+    if (!dirs.empty())
+      ThrowBadInput(root_ + ": holds checkpoints (newest " + dirs.back().name +
+                    "): pass --resume auto to continue that run, or set [train] name for a new "
+                    "one");
+  } else if (how != "auto" && !fs::is_directory(how)) {
+    ThrowBadInput("[checkpoint] resume: " + how +
+                  ": no such checkpoint folder (expected \"auto\" or a step_N folder)");
+  }
+}
+
+std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
+  const std::string& how = cfg_.checkpoint.resume;
+  if (how.empty()) return std::nullopt;
+  const bool lead = comm_.rank() == 0;
+  // "auto", or a checkpoints folder: newest first, skipping what does not verify. A step folder:
+  // that one or an error.
+  std::vector<std::string> candidates;
+  const bool search = how == "auto" || !ckpt::ParseStepDirName(fs::path(how).filename().string());
+  if (search) {
+    const std::string root = how == "auto" ? root_ : ckpt::CheckpointRoot(how);
+    auto dirs = ckpt::ListStepDirs(root);
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) candidates.push_back(it->path);
+    if (candidates.empty()) {
+      if (how != "auto") ThrowBadInput("[checkpoint] resume: " + how + ": no step_N folder in it");
+      if (lead) {
+        Log("keel: --resume auto: no checkpoint in %s; starting from step 0", root.c_str());
+        if (events_) events_->Write({{"event", "start"}, {"resume", "none found"}});
+      }
+      return std::nullopt;
+    }
+  } else {
+    candidates.push_back(how);
+  }
+  for (const std::string& dir : candidates) {
+    try {
+      ckpt::CheckpointReader r = ckpt::CheckpointReader::Open(dir);
+      r.Load(view.tensors, view.buffers);
+      const ckpt::Manifest& m = r.manifest();
+      // Every rank reads the same files; a disagreement means they see different storage.
+      const double step = double(m.step);
+      if (comm_.AllReduceMax(step) != step || -comm_.AllReduceMax(-step) != step)
+        ThrowRuntime("ranks resumed from different checkpoints (rank " +
+                     std::to_string(comm_.rank()) + " from " + dir +
+                     "): is the checkpoint folder on storage every rank sees?");
+      if (lead) {
+        Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s))", dir.c_str(),
+            static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens),
+            m.state.value("layout", json::object()).value("dp", 1));
+        if (events_)
+          events_->Write(
+              {{"event", "restart"}, {"from", dir}, {"step", m.step}, {"tokens", m.tokens}});
+      }
+      return Resumed{dir, m.step, m.tokens, m.state};
+    } catch (const Error& e) {
+      if (!search) throw;
+      if (lead) {
+        Log("keel: skipping checkpoint %s: %s", dir.c_str(), e.what());
+        if (events_)
+          events_->Write({{"event", "checkpoint_rejected"}, {"path", dir}, {"reason", e.what()}});
+      }
+    }
+  }
+  ThrowBadInput("[checkpoint] resume: none of the " + std::to_string(candidates.size()) +
+                " checkpoints in " + (how == "auto" ? root_ : how) +
+                " verifies (see the lines above); refusing to start over from step 0");
+}
+
+double Checkpointer::BeforeUpdate() {
+  if (save_state_ != kWriting) return 0;
+  const double ms = writer_->WaitSnapshot();
+  pending_blocked_ms_ += ms;
+  return ms;
+}
+
+void Checkpointer::Begin(const ckpt::StateView& view) {
+  if (save_state_ == kCommitting) {
+    writer_->Drain();  // rank 0's commit of the previous save: small files and fsyncs
+    save_state_ = kNone;
+  }
+  Report();
+  pending_blocked_ms_ = 0;
+  last_save_ = std::chrono::steady_clock::now();
+  writer_->Begin(view);
+  save_state_ = kWriting;
+}
+
+void Checkpointer::Complete() {
+  if (save_state_ == kCommitting) {
+    writer_->Drain();
+  } else if (save_state_ == kWriting) {
+    const int worst = int(comm_.AllReduceMax(double(writer_->WaitWritten())));
+    if (worst == ckpt::CheckpointWriter::kFailed)
+      writer_->Abort();
+    else
+      writer_->Commit();
+    writer_->Drain();
+  }
+  save_state_ = kNone;
+}
+
+StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_requested,
+                                     const std::function<ckpt::StateView()>& make_view) {
+  const auto& c = cfg_.checkpoint;
+  const double minutes =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count() / 60;
+  // One all-reduce carries every decision: a signal on any rank, rank 0's clock, and the worst
+  // state of the save in flight (writing 1, failed 2).
+  double v[3] = {stop_requested ? 1.0 : 0.0,
+                 comm_.rank() == 0 && c.every_minutes > 0 && minutes >= c.every_minutes ? 1.0 : 0.0,
+                 save_state_ == kWriting ? double(writer_->status()) : 0.0};
+  comm_.AllReduceMax(v, 3);
+  StepDecision d;
+  d.stop = v[0] > 0;
+  const int worst = int(v[2]);
+  if (save_state_ == kWriting && worst != ckpt::CheckpointWriter::kWriting) {
+    if (worst == ckpt::CheckpointWriter::kFailed)
+      writer_->Abort();
+    else
+      writer_->Commit();
+    save_state_ = kCommitting;
+  }
+  const bool final_save = (last_step && c.at_end) || (d.stop && c.on_signal);
+  const bool trigger =
+      final_save || (c.every_steps > 0 && step_done % c.every_steps == 0) || v[1] > 0;
+  if (trigger) {
+    if (save_state_ == kWriting && c.if_busy == "skip" && !final_save) {
+      if (comm_.rank() == 0) {
+        Log("keel: step %d: checkpoint skipped, the previous one is still being written",
+            step_done);
+        if (events_) events_->Write({{"event", "checkpoint_skipped"}, {"step", step_done}});
+      }
+    } else {
+      Timer t;
+      Complete();
+      Begin(make_view());
+      d.saved = true;
+      if (final_save) {
+        Complete();
+        Report();
+      }
+      d.blocked_ms = t.Millis();
+      pending_blocked_ms_ += d.blocked_ms;
+    }
+  }
+  Report();
+  return d;
+}
+
+void Checkpointer::Finish() {
+  Complete();
+  Report();
+  if (last_failed_) ThrowRuntime("the last checkpoint failed: " + last_error_);
+}
+
+void Checkpointer::Report() {
+  for (const ckpt::SaveReport& r : writer_->TakeReports()) {
+    last_failed_ = !r.error.empty();
+    last_error_ = r.error;
+    if (!r.error.empty()) {
+      Log("keel: checkpoint of step %lld failed: %s; training goes on, the committed checkpoints "
+          "are untouched",
+          static_cast<long long>(r.step), r.error.c_str());
+      if (events_)
+        events_->Write({{"event", "checkpoint_failed"}, {"step", r.step}, {"error", r.error}});
+      continue;
+    }
+    if (comm_.rank() != 0) continue;
+    std::string deleted;
+    for (const auto& name : r.deleted) deleted += (deleted.empty() ? "" : ", ") + name;
+    Log("keel: checkpoint %s: %.1f MiB in %.0f ms (this rank wrote %.1f MiB in %.0f ms), the step "
+        "was blocked %.1f ms%s%s",
+        r.path.c_str(), r.total_bytes / 1048576.0, r.total_ms, r.bytes / 1048576.0, r.write_ms,
+        pending_blocked_ms_, deleted.empty() ? "" : "; deleted ", deleted.c_str());
+    if (events_)
+      events_->Write({{"event", "checkpoint"},
+                      {"step", r.step},
+                      {"path", r.path},
+                      {"bytes", r.total_bytes},
+                      {"blocked_ms", pending_blocked_ms_},
+                      {"snapshot_ms", r.snapshot_ms},
+                      {"write_ms", r.write_ms},
+                      {"total_ms", r.total_ms},
+                      {"deleted", r.deleted}});
+  }
+}
+
+}  // namespace keel::train

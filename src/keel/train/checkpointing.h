@@ -1,0 +1,90 @@
+// The trainer's side of checkpoints: when to save (every N steps, every M minutes, at the end, on
+// a signal), the ranks' agreement on every decision, the asynchronous writer's progress, resume,
+// and the log lines and events.jsonl records of all of it.
+//
+// Every rank calls the same methods at the same steps: decisions go through one small all-reduce
+// per step, so no rank saves, commits or stops alone (which would hang the next collective).
+//
+//   Checkpointer ck(cfg, comm, run_dir, &events);
+//   std::optional<Resumed> r = ck.Resume(view);          // before the first step
+//   for (...) {
+//     ... forward, backward ...
+//     blocked += ck.BeforeUpdate();                       // the snapshot must be taken
+//     opt.Step(...);
+//     if (ck.AfterStep(step, last, g_stop, make_view).stop) break;
+//   }
+//   ck.Finish();
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "keel/ckpt/state.h"
+#include "keel/ckpt/writer.h"
+#include "keel/dist/comm.h"
+#include "keel/monitor/jsonl.h"
+#include "keel/train/config.h"
+
+namespace keel::train {
+
+struct Resumed {
+  std::string path;
+  int64_t step = 0;
+  uint64_t tokens = 0;
+  nlohmann::json state;  // Manifest::state
+};
+
+struct StepDecision {
+  bool stop = false;      // every rank stops after this step (a signal)
+  double blocked_ms = 0;  // what this call blocked the step (a synchronous save at the end)
+  bool saved = false;     // a save began at this step
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(const RunConfig& cfg, dist::Comm& comm, std::string run_dir,
+               monitor::JsonlWriter* events);
+  ~Checkpointer();
+
+  const std::string& root() const { return root_; }
+
+  // Which checkpoint [checkpoint] resume asks for, checked before anything is written: "" finds
+  // none (and refuses a run folder that has checkpoints, which a fresh start would mix with its
+  // own), "auto" the newest committed one or none, a path that folder. Loads nothing.
+  void CheckResumeRequest() const;
+  // Loads the state into `view`'s buffers. "auto" tries committed checkpoints newest first and
+  // skips (with a log line and an event) any that does not verify. nullopt: a fresh start.
+  std::optional<Resumed> Resume(const ckpt::StateView& view);
+
+  // Before the optimizer changes the state: waits for the snapshot of a save in flight.
+  double BeforeUpdate();
+  // After step `step_done` (1-based): agrees with the other ranks, advances the save in flight,
+  // and begins a save when a trigger fires (`make_view` gives the state to save).
+  StepDecision AfterStep(int step_done, bool last_step, bool stop_requested,
+                         const std::function<ckpt::StateView()>& make_view);
+  // Completes a save in flight (commit or abort), so that nothing is left half-done. Throws
+  // keel::Error if the final save failed.
+  void Finish();
+
+ private:
+  void Begin(const ckpt::StateView& view);
+  // Waits until every rank's part is written or failed, then commits or aborts it everywhere.
+  void Complete();
+  void Report();
+
+  const RunConfig& cfg_;
+  dist::Comm& comm_;
+  const std::string run_dir_, root_;
+  monitor::JsonlWriter* events_;
+  std::unique_ptr<ckpt::CheckpointWriter> writer_;
+  std::chrono::steady_clock::time_point last_save_;
+  int save_state_ = 0;             // none, writing (not yet agreed), committing
+  double pending_blocked_ms_ = 0;  // the current save's blocked time so far
+  bool last_failed_ = false;
+  std::string last_error_;
+};
+
+}  // namespace keel::train
