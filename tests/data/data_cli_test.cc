@@ -1,40 +1,22 @@
 // `keel data` end to end through the real executable: exit codes and the one-line errors.
 // Skipped when the keel binary has not been built (data_test does not depend on it).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
+#include "data/run_keel.h"
 #include "data/temp_dir.h"
 
 namespace keel::data {
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
-
-Result Keel(const std::string& args) {
-  std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
-  Result r{-1, ""};
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
 TEST(DataCli, PrepareInspectVerify) {
   ASSERT_TRUE(std::filesystem::exists(KEEL_BINARY)) << "keel binary not built";
   TempDir tmp;
   const std::string brown = std::string(KEEL_SHARED_DATA) + "/brown/brown.jsonl";
-  Result r = Keel("data prepare " + brown + " --out " + (tmp / "b") + " --workers 2 --dedup");
+  KeelResult r = Keel("data prepare " + brown + " --out " + (tmp / "b") + " --workers 2 --dedup");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("500 documents"), std::string::npos) << r.output;
 
@@ -61,7 +43,7 @@ TEST(DataCli, PrepareInspectVerify) {
 
 TEST(DataCli, HelpHasExamples) {
   ASSERT_TRUE(std::filesystem::exists(KEEL_BINARY)) << "keel binary not built";
-  Result r = Keel("help data");
+  KeelResult r = Keel("help data");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("keel data prepare"), std::string::npos) << r.output;
 }

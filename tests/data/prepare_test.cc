@@ -1,5 +1,6 @@
 // Prepare tests: brown.jsonl gives exactly tiktoken's ids plus eos per document; any worker count
-// gives identical bytes; filters, split, text chunking; a failed prepare leaves no dataset.
+// gives identical bytes; filters, split, text chunking, --on-error skip, --nfc. Bad inputs (a
+// failed prepare leaves no dataset) are in bad_input_test.cc.
 #include "keel/data/prepare.h"
 
 #include <gtest/gtest.h>
@@ -233,43 +234,6 @@ TEST(Prepare, NfcComposesBeforeTokenizingAndDedup) {
   EXPECT_EQ(nfc.dropped_duplicate, 1u);  // the two spellings are one text under NFC
   EXPECT_EQ(ReadAll(tmp / "nfc/train"), expect({composed, invalid}));
   EXPECT_TRUE(ReadDatasetMeta(tmp / "nfc/train").prepare->nfc);
-}
-
-TEST(Prepare, BadLineFailsWithoutLeavingADataset) {
-  TempDir tmp;
-  {
-    std::ofstream f(tmp / "bad.jsonl");
-    for (int i = 0; i < 100; ++i)
-      f << R"({"text": "fine line"})"
-        << "\n";
-    f << R"({"txt": "wrong field"})"
-      << "\n";
-  }
-  PrepareOptions o = Options(tmp, "out");
-  o.inputs = {tmp / "bad.jsonl"};
-  o.workers = 2;
-  try {
-    Prepare(o);
-    FAIL() << "expected an error";
-  } catch (const keel::Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadInput);
-    EXPECT_NE(std::string(e.what()).find(tmp / "bad.jsonl:101"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("\"text\""), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(std::filesystem::exists(tmp / "out/train/meta.json"));
-  EXPECT_THROW(TokenDataset::Open(tmp / "out/train"), keel::Error);
-}
-
-TEST(Prepare, MissingInputIsAClearError) {
-  TempDir tmp;
-  PrepareOptions o = Options(tmp, "out");
-  o.inputs = {tmp / "nope.jsonl"};
-  try {
-    Prepare(o);
-    FAIL();
-  } catch (const keel::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(tmp / "nope.jsonl"), std::string::npos);
-  }
 }
 
 }  // namespace

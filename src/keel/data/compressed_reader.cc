@@ -71,9 +71,10 @@ void CompressedReader::Truncated(const std::string& codec) const {
 void CompressedReader::Refill() {
   if (in_pos_ < in_len_ || eof_) return;
   in_pos_ = 0;
+  errno = 0;
   in_len_ = std::fread(in_.data(), 1, in_.size(), file_);
   if (in_len_ == 0) {
-    if (std::ferror(file_)) ThrowBadInput(path_ + ": read error");
+    if (std::ferror(file_)) ThrowBadInput(path_ + ": cannot read: " + std::strerror(errno));
     eof_ = true;
   }
 }
@@ -138,8 +139,10 @@ size_t CompressedReader::ReadRaw(char* dst, size_t n) {
     case Codec::kPlain:
       break;
   }
+  errno = 0;
   size_t got = std::fread(dst, 1, n, file_);
-  if (got == 0 && std::ferror(file_)) ThrowBadInput(path_ + ": read error");
+  if (got == 0 && std::ferror(file_))
+    ThrowBadInput(path_ + ": cannot read: " + std::strerror(errno));
   return got;
 }
 

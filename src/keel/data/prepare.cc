@@ -289,6 +289,17 @@ PrepareSummary Prepare(const PrepareOptions& o) {
       progress.Update(sum, false);
     }
   }
+  if (sum.documents_read == 0) {
+    // Nothing to train on is a mistake in the input, not a dataset of zero tokens.
+    ThrowBadInput(reader.files()[0] +
+                  (reader.files().size() > 1
+                       ? " (and " + std::to_string(reader.files().size() - 1) + " more files)"
+                       : "") +
+                  ": no documents: expected non-blank JSONL lines or non-empty text" +
+                  (sum.skipped_lines > 0
+                       ? " (all " + std::to_string(sum.skipped_lines) + " lines were bad, skipped)"
+                       : ""));
+  }
   PrepareRecord record;
   record.nfc = o.nfc;
   record.on_error = o.on_error == PrepareOnError::kSkip ? "skip" : "stop";
