@@ -109,7 +109,7 @@ void WriteHfGpt2(const std::string& path, const model::ModelConfig& cfg,
                  const model::ParamLayout& layout, const float* master) {
   SafetensorsWriter w;
   std::vector<std::vector<float>> transposed;  // alive until Write
-  transposed.reserve(size_t(4 * cfg.n_layer));
+  transposed.reserve(4 * size_t(cfg.n_layer));
   for (const auto& p : layout.params()) {
     const std::vector<int64_t> shape = HfShape(p, cfg);
     const float* src = master + p.offset;
