@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/checkpoint_model.h"
 #include "keel/ckpt/hf_gpt2.h"
 #include "keel/core/error.h"
 
@@ -12,7 +14,11 @@ LoadedModel LoadWeightsForExport(const std::string& src) {
   namespace fs = std::filesystem;
   if (!fs::exists(src)) ThrowBadInput(src + ": no such file or directory");
   std::string path = src;
+  if (fs::exists(fs::path(src) / "manifest.json")) return ReadCheckpointModel(src);
   if (fs::is_directory(src)) {
+    // A run or checkpoints folder: its newest checkpoint, else the run's model file.
+    const auto dirs = ListStepDirs(CheckpointRoot(src));
+    if (!dirs.empty()) return ReadCheckpointModel(dirs.back().path);
     path = (fs::path(src) / "model.safetensors").string();
     if (!fs::exists(path))
       ThrowBadInput(src + ": directory has no model.safetensors (expected a run directory)");

@@ -13,8 +13,9 @@
 
 namespace keel::ckpt {
 
-// The weights `keel ckpt export SRC` converts: SRC is a keel model file or a run directory that
-// holds one (model.safetensors). Throws keel::Error (bad input) naming SRC when it is neither.
+// The weights `keel ckpt export SRC` converts: SRC is a checkpoint folder (step_N), a run or
+// checkpoints folder (its newest checkpoint, else the run's model.safetensors), or a keel model
+// file. Throws keel::Error (bad input) naming SRC when it is none of these.
 LoadedModel LoadWeightsForExport(const std::string& src);
 
 // Reads a keel model file or an HF GPT-2 safetensors file (told apart by the metadata's

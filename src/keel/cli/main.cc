@@ -12,8 +12,11 @@ int main(int argc, char** argv) {
   keel::cli::RegisterGenerate(app);
   keel::cli::RegisterData(app);
   keel::cli::RegisterPlan(app);
-  auto* ckpt = app.add_subcommand("ckpt", "Checkpoints and model files: export, import");
+  keel::cli::RegisterPreflight(app);
+  auto* ckpt = app.add_subcommand(
+      "ckpt", "Checkpoints and model files: list, verify, inspect, export, import");
   ckpt->require_subcommand(1);
+  keel::cli::AddCkptToolVerbs(*ckpt);
   keel::cli::AddCkptInteropVerbs(*ckpt);
   auto* help = app.add_subcommand("help", "Explain a verb with an example: keel help train");
   std::string verb;

@@ -11,6 +11,7 @@ void RegisterTrain(CLI::App& app);
 void RegisterGenerate(CLI::App& app);
 void RegisterData(CLI::App& app);
 void RegisterPlan(CLI::App& app);
+void RegisterPreflight(CLI::App& app);
 
 }  // namespace keel::cli
 
@@ -26,5 +27,7 @@ plan::Accelerator MeasureThisCpu();
 // `keel ckpt export` and `keel ckpt import` (Hugging Face GPT-2 safetensors), added to the `keel
 // ckpt` group that main() creates; the group's other verbs add themselves beside them.
 void AddCkptInteropVerbs(CLI::App& ckpt);
+// `keel ckpt list`, `verify` and `inspect` (ckpt_tools.cc).
+void AddCkptToolVerbs(CLI::App& ckpt);
 
 }  // namespace keel::cli

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "keel/ckpt/checkpoint_model.h"
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/model_source.h"
 #include "keel/core/error.h"
@@ -172,9 +173,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
 
   // The state a checkpoint holds: fp32 master weights and both AdamW moments, tensor by tensor.
   ckpt::StateView state;
-  for (const auto& p : model.layout().params())
-    state.tensors.push_back(
-        {p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), p.offset});
+  state.tensors = ckpt::TensorSpecs(model.layout());
   state.buffers = {{"master", model.master()}, {"adam_m", opt.m()}, {"adam_v", opt.v()}};
   int start_step = 0;
   std::vector<double> recent_losses;  // the last few, for spike detection; kept across resumes
@@ -303,6 +302,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
       v.step = step + 1;
       v.tokens = uint64_t(step + 1) * uint64_t(tokens_per_step);
       v.state = {{"config", ToToml(cfg)},
+                 {"model", ckpt::ModelConfigToJson(mcfg)},
                  {"loader", data::ToJson(prefetch.state())},
                  {"optimizer", {{"kind", "adamw"}, {"step", opt.step()}}},
                  {"scheduler",

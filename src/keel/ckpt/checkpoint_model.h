@@ -1,0 +1,29 @@
+// The model inside a checkpoint: its shapes (the manifest's state "model") and its fp32 master
+// weights, for the tools that want the model alone (`keel ckpt export`, `keel generate` later).
+//
+//   LoadedModel m = ReadCheckpointModel("runs/x/checkpoints/step_00000020");
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "keel/ckpt/model_file.h"
+#include "keel/ckpt/state.h"
+#include "keel/model/config.h"
+#include "keel/model/params.h"
+
+namespace keel::ckpt {
+
+// {"n_layer": .., "n_head": .., "n_embd": .., "vocab_size": .., "block_size": ..}
+nlohmann::json ModelConfigToJson(const model::ModelConfig& c);
+// Throws keel::Error (bad input) naming `where` and the key.
+model::ModelConfig ModelConfigFromJson(const nlohmann::json& j, const std::string& where);
+
+// The tensors of a parameter layout, as a checkpoint names them.
+std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout);
+
+// Opens a committed checkpoint folder and reads its model config and master weights (every
+// piece verified). Throws keel::Error (bad input) with one line.
+LoadedModel ReadCheckpointModel(const std::string& dir);
+
+}  // namespace keel::ckpt

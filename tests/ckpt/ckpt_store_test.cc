@@ -1,0 +1,277 @@
+// The checkpoint store below the trainer: the writer's commit protocol, the reader's global view
+// (a state written by N ranks reads back on any layout), integrity checks and retention.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/manifest.h"
+#include "keel/ckpt/reader.h"
+#include "keel/ckpt/retention.h"
+#include "keel/ckpt/writer.h"
+#include "keel/core/error.h"
+
+namespace keel::ckpt {
+namespace {
+namespace fs = std::filesystem;
+
+struct Dir {
+  Dir() {
+    path = fs::temp_directory_path() /
+           ("keel_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~Dir() { fs::remove_all(path); }
+  std::string str() const { return path.string(); }
+  fs::path path;
+  static inline int counter = 0;
+};
+
+// A small "model": odd shapes, a tensor with fewer rows than ranks, and a 1-D one.
+struct Fake {
+  std::vector<TensorSpec> specs = {{"wte", {13, 7}, 0}, {"bias", {5}, 91}, {"tiny", {2, 3}, 96}};
+  size_t total = 102;
+  std::vector<float> master, m, v;
+  explicit Fake(float seed) : master(total), m(total), v(total) {
+    for (size_t i = 0; i < total; ++i) {
+      master[i] = seed + float(i);
+      m[i] = -seed - float(i);
+      v[i] = seed * 0.5f + float(i);
+    }
+  }
+  StateView View(int64_t step) {
+    StateView s;
+    s.step = step;
+    s.tokens = uint64_t(step) * 100;
+    s.state = {{"loader", {{"position", step * 4}}}};
+    s.tensors = specs;
+    s.buffers = {{"master", master.data()}, {"adam_m", m.data()}, {"adam_v", v.data()}};
+    return s;
+  }
+};
+
+// Saves `fake` as `world` ranks would: each rank's writer writes its slice, then rank 0 commits.
+void SaveAsRanks(const std::string& root, Fake& fake, int64_t step, int world,
+                 Retention keep = {}) {
+  std::vector<std::unique_ptr<CheckpointWriter>> ws;
+  for (int r = 0; r < world; ++r)
+    ws.push_back(std::make_unique<CheckpointWriter>(root, r, world, keep));
+  for (auto& w : ws) w->Begin(fake.View(step));
+  for (auto& w : ws) ASSERT_EQ(w->WaitWritten(), CheckpointWriter::kWritten);
+  for (auto& w : ws) w->Commit();
+  for (auto& w : ws) w->Drain();
+  for (auto& w : ws)
+    for (const auto& rep : w->TakeReports()) EXPECT_EQ(rep.error, "") << rep.error;
+}
+
+TEST(CkptStore, WrittenByNRanksReadsBackWholeOnAnyLayout) {
+  for (int world : {1, 2, 3, 4}) {
+    Dir d;
+    Fake fake(1.5f);
+    SaveAsRanks(d.str(), fake, 20, world);
+    const std::string dir = d.str() + "/step_00000020";
+    EXPECT_EQ(ReadLatest(d.str()), "step_00000020");
+    EXPECT_FALSE(fs::exists(dir + ".tmp"));
+    for (int r = 0; r < world; ++r) {
+      char name[32];
+      std::snprintf(name, sizeof name, "/rank_%05d.bin", r);
+      EXPECT_TRUE(fs::exists(dir + name)) << name;
+    }
+    CheckpointReader reader = CheckpointReader::Open(dir);
+    EXPECT_EQ(reader.manifest().step, 20);
+    EXPECT_EQ(reader.manifest().state["layout"]["dp"], world);
+    // Each rank wrote about 1/world of the bytes: save bandwidth grows with ranks.
+    std::map<std::string, uint64_t> per_file;
+    for (const auto& t : reader.manifest().tensors)
+      for (const auto& p : t.pieces) per_file[p.file] += p.bytes;
+    EXPECT_EQ(per_file.size(), size_t(world));
+    for (const auto& [file, bytes] : per_file)
+      EXPECT_LE(bytes, 3 * 4 * (fake.total / world + 3 * 7)) << file;
+
+    Fake back(0.0f);
+    std::fill(back.master.begin(), back.master.end(), 0.0f);
+    reader.Load(back.specs, {{"master", back.master.data()}, {"adam_v", back.v.data()}});
+    EXPECT_EQ(back.master, fake.master) << "world " << world;
+    EXPECT_EQ(back.v, fake.v) << "world " << world;
+    EXPECT_EQ(Verify(dir).status, "committed");
+  }
+}
+
+TEST(CkptStore, ReadBoxAssemblesAnySliceFromOverlappingPieces) {
+  Dir d;
+  Fake fake(3.0f);
+  SaveAsRanks(d.str(), fake, 1, 3);  // wte rows split 4 / 4 / 5
+  auto reader = CheckpointReader::Open(d.str() + "/step_00000001");
+  const TensorEntry* wte = reader.manifest().Find("wte", "master");
+  ASSERT_NE(wte, nullptr);
+  ASSERT_EQ(wte->pieces.size(), 3u);
+  // Rows 3..9, columns 2..5: crosses all three pieces, as a tensor-parallel reader would ask.
+  std::vector<float> box(7 * 4);
+  reader.ReadBox(*wte, {3, 2}, {7, 4}, box.data());
+  for (int r = 0; r < 7; ++r)
+    for (int c = 0; c < 4; ++c)
+      EXPECT_EQ(box[size_t(r * 4 + c)], fake.master[size_t((3 + r) * 7 + 2 + c)]);
+}
+
+TEST(CkptStore, CorruptByteIsReportedWithTensorAndFile) {
+  Dir d;
+  Fake fake(2.0f);
+  SaveAsRanks(d.str(), fake, 5, 2);
+  const std::string dir = d.str() + "/step_00000005";
+  {
+    std::fstream f(dir + "/rank_00001.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(9);
+    char c = 0x5a;
+    f.write(&c, 1);
+  }
+  VerifyResult v = Verify(dir);
+  EXPECT_EQ(v.status, "corrupt");
+  ASSERT_EQ(v.bad.size(), 1u);
+  EXPECT_EQ(v.bad[0].file, "rank_00001.bin");
+  EXPECT_EQ(v.bad[0].tensor, "wte");
+  EXPECT_NE(v.bad[0].problem.find("xxh3"), std::string::npos);
+  Fake back(0.0f);
+  try {
+    CheckpointReader::Open(dir).Load(back.specs, {{"master", back.master.data()}});
+    FAIL() << "a corrupt piece loaded";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("rank_00001.bin"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("wte (master)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("corrupt"), std::string::npos) << msg;
+  }
+}
+
+// One line each for what a reader must refuse before trusting a byte.
+TEST(CkptStore, BadCheckpointsGetOneClearLine) {
+  Dir d;
+  Fake fake(1.0f);
+  SaveAsRanks(d.str(), fake, 7, 2);
+  const std::string dir = d.str() + "/step_00000007";
+  const std::string manifest = dir + "/manifest.json";
+  std::string good;
+  {
+    std::ifstream f(manifest);
+    good.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  auto rewrite = [&](const std::string& text, bool fix_commit) {
+    std::ofstream(manifest) << text;
+    if (fix_commit)
+      std::ofstream(dir + "/COMMIT") << "xxh3 " << HexHash(Hash(text.data(), text.size())) << "\n";
+  };
+  auto error_of = [&] {
+    try {
+      CheckpointReader::Open(dir).Load(fake.specs, {{"master", fake.master.data()}});
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput);
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  // Each case edits the good manifest (as JSON, so the layout of the text does not matter).
+  auto edit = [&](const std::function<void(nlohmann::json&)>& f) {
+    nlohmann::json j = nlohmann::json::parse(good);
+    f(j);
+    return j.dump(1);
+  };
+  struct Case {
+    std::string name, text, expect;
+    bool fix_commit;
+  };
+  const std::vector<Case> cases = {
+      {"edited manifest", edit([](auto& j) { j["step"] = 8; }), "does not match COMMIT", false},
+      {"not JSON", "{ \"format\": ", "not valid JSON", true},
+      {"wrong format", edit([](auto& j) { j["format"] = "other"; }),
+       "format: expected \"keel-checkpoint\"", true},
+      {"wrong version", edit([](auto& j) { j["version"] = 9; }),
+       "version: this keel reads version 1, got 9", true},
+      {"missing step", edit([](auto& j) { j.erase("step"); }), "missing key \"step\"", true},
+      {"piece outside", edit([](auto& j) { j["tensors"][0]["shape"][0] = 3; }), "outside the shape",
+       true},
+      {"bytes mismatch", edit([](auto& j) { j["tensors"][0]["pieces"][0]["bytes"] = 4; }),
+       "does not match the box", true},
+      {"bad hash", edit([](auto& j) { j["tensors"][0]["pieces"][0]["xxh3"] = "xyz"; }),
+       "expected 16 lowercase hex digits", true},
+      {"escaping file", edit([](auto& j) { j["tensors"][0]["pieces"][0]["file"] = "../x.bin"; }),
+       "expected a file name inside the checkpoint", true},
+  };
+  for (const Case& c : cases) {
+    rewrite(c.text, c.fix_commit);
+    const std::string msg = error_of();
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.name << ": " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << c.name << ": " << msg;
+  }
+  rewrite(good, true);
+  EXPECT_EQ(error_of(), "(no error)");
+  // Shape mismatch with the model: names the tensor and both shapes.
+  Fake other(1.0f);
+  other.specs[0].shape = {13, 8};
+  try {
+    CheckpointReader::Open(dir).Load(other.specs, {{"master", other.master.data()}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "wte (master) has shape [13, 7], the model config expects [13, 8]"),
+              std::string::npos)
+        << e.what();
+  }
+  // A missing piece file.
+  fs::remove(dir + "/rank_00001.bin");
+  EXPECT_NE(error_of().find("rank_00001.bin: missing or unreadable"), std::string::npos);
+  EXPECT_EQ(Verify(dir).bad.front().problem, "missing file");
+  // No COMMIT: never trusted.
+  fs::remove(dir + "/COMMIT");
+  EXPECT_NE(error_of().find("never committed"), std::string::npos);
+  EXPECT_EQ(Verify(dir).status, "incomplete");
+}
+
+TEST(CkptStore, RetentionKeepsLastKEveryMAndLatest) {
+  Dir d;
+  Fake fake(1.0f);
+  for (int64_t step : {10, 20, 30, 40, 50, 60}) SaveAsRanks(d.str(), fake, step, 1, {2, 20});
+  std::vector<int64_t> steps;
+  for (const auto& s : ListStepDirs(d.str())) steps.push_back(s.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{20, 40, 50, 60}));
+  // A leftover .tmp of an older step goes; a newer one (another rank's save in flight) stays.
+  fs::create_directories(d.str() + "/step_00000055.tmp");
+  fs::create_directories(d.str() + "/step_00000070.tmp");
+  ApplyRetention(d.str(), 60, {2, 20});
+  EXPECT_FALSE(fs::exists(d.str() + "/step_00000055.tmp"));
+  EXPECT_TRUE(fs::exists(d.str() + "/step_00000070.tmp"));
+}
+
+TEST(CkptStore, FailedWriteLeavesNoCheckpointAndOldOnesIntact) {
+  Dir d;
+  Fake fake(1.0f);
+  SaveAsRanks(d.str(), fake, 1, 1);
+  // The next save cannot create its folder: a file sits where step_00000002.tmp would go.
+  std::ofstream(d.str() + "/step_00000002.tmp") << "in the way";
+  CheckpointWriter w(d.str(), 0, 1, {});
+  w.Begin(fake.View(2));
+  EXPECT_EQ(w.WaitWritten(), CheckpointWriter::kFailed);
+  w.Abort();
+  w.Drain();
+  auto reports = w.TakeReports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_FALSE(reports[0].error.empty());
+  EXPECT_EQ(ReadLatest(d.str()), "step_00000001");
+  EXPECT_EQ(Verify(d.str() + "/step_00000001").status, "committed");
+  EXPECT_FALSE(fs::exists(d.str() + "/step_00000002"));
+}
+
+TEST(CkptStore, StepDirNames) {
+  EXPECT_EQ(StepDirName(20), "step_00000020");
+  EXPECT_EQ(ParseStepDirName("step_00000020"), 20);
+  EXPECT_FALSE(ParseStepDirName("step_00000020.tmp"));
+  EXPECT_FALSE(ParseStepDirName("step_12"));
+  EXPECT_FALSE(ParseStepDirName("latest"));
+}
+
+}  // namespace
+}  // namespace keel::ckpt
