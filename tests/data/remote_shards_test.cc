@@ -6,13 +6,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
+#include "data/run_keel.h"
 #include "data/served_dataset.h"
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
@@ -143,6 +146,35 @@ TEST_F(RemoteShardsTest, ThreadsReadingRandomWindowsUnderASmallCapSeeTheLocalTok
   for (auto& th : threads) th.join();
   EXPECT_EQ(mismatches, std::vector<int>(3, 0));
   ::unsetenv("KEEL_CACHE_BYTES");
+  ::unsetenv("KEEL_CACHE_DIR");
+}
+
+TEST_F(RemoteShardsTest, InspectAndVerifyAUrlThroughKeel) {
+  ASSERT_TRUE(fs::exists(KEEL_BINARY)) << "keel binary not built";
+  ::setenv("KEEL_CACHE_DIR", cache_.path().c_str(), 1);
+  const std::string url = server_->url("ds");
+  KeelResult r = Keel("data inspect " + url);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(url + ": keel-tokens v1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(std::to_string(meta_.shards.size()) + " shards"), std::string::npos)
+      << r.output;
+  r = Keel("data verify " + url);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("ok: " + url + ": " + std::to_string(meta_.shards.size()) + " shards"),
+            std::string::npos)
+      << r.output;
+  // A shard corrupted on the server, seen by a cold cache: exit 2, one line naming its URL.
+  const std::string bin = local_ + "/" + meta_.shards[2].file;
+  std::string bytes = ReadWholeFile(bin);
+  bytes[1] ^= 0x21;
+  std::ofstream(bin, std::ios::binary | std::ios::trunc) << bytes;
+  TempDir cold;
+  ::setenv("KEEL_CACHE_DIR", cold.path().c_str(), 1);
+  r = Keel("data verify " + url);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(url + "/" + meta_.shards[2].file + ": xxh3"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   ::unsetenv("KEEL_CACHE_DIR");
 }
 

@@ -1,7 +1,5 @@
 // `keel data prepare|inspect|verify`: build token datasets from text, look inside them, and check
 // their integrity. The work is in keel/data; this file maps flags to options and prints results.
-#include <sys/stat.h>
-
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
@@ -24,11 +22,6 @@ std::string Mb(uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MB", double(bytes) / 1e6);
   return buf;
-}
-
-bool IsDir(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 // Shows text with control characters escaped, so one sample stays readable on a terminal.
@@ -70,8 +63,8 @@ void PrintSummary(const data::PrepareOptions& o, const data::PrepareSummary& s) 
 
 void Inspect(const std::string& path) {
   data::TokenDataset ds = data::TokenDataset::Open(path);
-  if (IsDir(path)) {
-    const data::DatasetMeta m = data::ReadDatasetMeta(path);
+  if (ds.meta()) {
+    const data::DatasetMeta& m = *ds.meta();
     std::printf("%s: %s v%d, tokenizer %s, vocab %d, eos %d, %s tokens\n", path.c_str(),
                 data::kDatasetFormat, data::kDatasetVersion, m.tokenizer.c_str(), m.vocab_size,
                 m.eos_id, m.dtype.c_str());
@@ -174,7 +167,8 @@ void RegisterData(CLI::App& app) {
   auto inspect_path = std::make_shared<std::string>();
   auto* inspect = data->add_subcommand(
       "inspect", "Show a dataset's counts, sizes and shards, and a decoded sample");
-  inspect->add_option("path", *inspect_path, "dataset folder or flat uint16 token file")
+  inspect
+      ->add_option("path", *inspect_path, "dataset folder, its http(s) URL, or a flat uint16 file")
       ->required();
   inspect->footer("Example:\n  keel data inspect data/brown/train");
   inspect->callback([inspect_path] { Inspect(*inspect_path); });
@@ -182,7 +176,8 @@ void RegisterData(CLI::App& app) {
   auto verify_path = std::make_shared<std::string>();
   auto* verify = data->add_subcommand(
       "verify", "Check every shard's xxh3, document index and token ids; exit 2 on a problem");
-  verify->add_option("path", *verify_path, "dataset folder or flat uint16 token file")->required();
+  verify->add_option("path", *verify_path, "dataset folder, its http(s) URL, or a flat uint16 file")
+      ->required();
   verify->footer("Example:\n  keel data verify data/brown/train");
   verify->callback([verify_path] {
     data::VerifySummary s = data::VerifyDataset(*verify_path);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "keel/core/error.h"
@@ -34,6 +35,7 @@ struct DatasetState {
   std::vector<uint64_t> begins;  // shards[i].begin, for binary search
   uint64_t total = 0;
 
+  std::optional<DatasetMeta> meta;  // absent for a flat file
   // Set for an http(s) dataset: its shards' `tokens` stay unmapped, reads go through it.
   std::unique_ptr<RemoteShards> remote;
 
@@ -63,7 +65,7 @@ uint64_t ReadU64(const MappedFile& f, uint64_t i) {
 }
 
 void OpenFolder(DatasetState* d) {
-  DatasetMeta meta = ReadDatasetMeta(d->path);
+  const DatasetMeta& meta = d->meta.emplace(ReadDatasetMeta(d->path));
   d->vocab_size = meta.vocab_size;
   d->eos_id = meta.eos_id;
   d->width = meta.token_bytes();
@@ -104,7 +106,7 @@ void OpenRemote(DatasetState* d) {
   internal::RemoteShardsOptions options;
   options.cache = DefaultRemoteCacheOptions(d->path);
   d->remote = std::make_unique<internal::RemoteShards>(d->path, std::move(options));
-  const DatasetMeta& meta = d->remote->meta();
+  const DatasetMeta& meta = d->meta.emplace(d->remote->meta());
   d->vocab_size = meta.vocab_size;
   d->eos_id = meta.eos_id;
   d->width = meta.token_bytes();
@@ -167,6 +169,7 @@ size_t TokenDataset::size() const { return impl_->total; }
 int TokenDataset::vocab_size() const { return impl_->vocab_size; }
 int TokenDataset::eos_id() const { return impl_->eos_id; }
 const std::string& TokenDataset::path() const { return impl_->path; }
+const DatasetMeta* TokenDataset::meta() const { return impl_->meta ? &*impl_->meta : nullptr; }
 
 void TokenDataset::Read(size_t start, size_t n, int32_t* out) const {
   const Impl& d = *impl_;

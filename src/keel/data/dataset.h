@@ -14,6 +14,8 @@
 
 namespace keel::data {
 
+struct DatasetMeta;
+
 class TokenDataset {
  public:
   // Throws keel::Error (bad input) naming the path and what is wrong: missing, truncated, bad
@@ -29,6 +31,8 @@ class TokenDataset {
   int vocab_size() const;  // from meta.json; 50257 for a flat file
   int eos_id() const;      // from meta.json; 50256 for a flat file
   const std::string& path() const;
+  // The dataset's meta.json (a folder or a URL); nullptr for a flat file.
+  const DatasetMeta* meta() const;
 
   // out[i] = token[start + i] for i < n; start + n <= size(). Crosses shard boundaries. For a URL
   // it may download a shard, and throws keel::Error naming the URL if that fails.

@@ -1,6 +1,7 @@
 // Full integrity check of a token dataset, for `keel data verify`: every file's XXH3 against
 // meta.json, every document index monotone and within its shard, every id below the vocabulary.
-// TokenDataset::Open only checks what is cheap (sizes, first and last offsets).
+// TokenDataset::Open only checks what is cheap (sizes, first and last offsets). For an http(s)
+// dataset, every shard is downloaded (hash-checked on arrival) and its ids checked.
 //
 //   keel::data::VerifySummary s = keel::data::VerifyDataset("data/brown/train");
 #pragma once
