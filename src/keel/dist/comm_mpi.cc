@@ -391,4 +391,14 @@ std::unique_ptr<Comm> MakeMpiComm() {
   return comm;
 }
 
+std::string MpiLibraryVersion() {
+  // Callable before MPI_Init (MPI 3.0), so preflight can compare it before starting MPI.
+  char buf[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  if (MPI_Get_library_version(buf, &len) != MPI_SUCCESS) return "unknown";
+  std::string v(buf, size_t(len));
+  const size_t nl = v.find_first_of("\n,");
+  return nl == std::string::npos ? v : v.substr(0, nl);
+}
+
 }  // namespace keel::dist

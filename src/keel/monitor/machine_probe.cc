@@ -171,13 +171,20 @@ double MeasureCopyRate(int threads, size_t bytes, int reps) {
   return best;
 }
 
-double MemTotalBytes() {
+namespace {
+
+double MemInfo(const std::string& field) {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
   double kb = 0;
   while (in >> key >> kb >> unit)
-    if (key == "MemTotal:") return kb * 1024;
+    if (key == field) return kb * 1024;
   return 0;
 }
+
+}  // namespace
+
+double MemTotalBytes() { return MemInfo("MemTotal:"); }
+double MemAvailableBytes() { return MemInfo("MemAvailable:"); }
 
 }  // namespace keel::monitor

@@ -27,7 +27,8 @@ PeakRates MeasurePeakRates(int threads, double seconds, int reps);
 // copying its share of a `bytes` buffer, best of `reps`.
 double MeasureCopyRate(int threads, size_t bytes, int reps);
 
-// MemTotal from /proc/meminfo, in bytes; 0 if it cannot be read.
+// MemTotal and MemAvailable from /proc/meminfo, in bytes; 0 if they cannot be read.
 double MemTotalBytes();
+double MemAvailableBytes();
 
 }  // namespace keel::monitor

@@ -1,0 +1,396 @@
+// The measurements behind `keel preflight`. Each check measures on this rank first (an error is
+// caught and becomes a no-go), then gathers the figure of every rank, so that a failure on one
+// rank never leaves the others waiting in a collective.
+#include "keel/cli/preflight_checks.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/data/dataset.h"
+#include "keel/kernels/matmul.h"
+#include "keel/monitor/flops.h"
+#include "keel/monitor/machine_probe.h"
+#include "keel/plan/checkpoint_interval.h"
+#include "keel/plan/comm_time.h"
+#include "keel/plan/memory.h"
+
+namespace keel::cli::preflight {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string Fmt(const char* fmt, double a, double b = 0, double c = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), fmt, a, b, c);
+  return buf;
+}
+
+void Wait(dist::Work& w) {
+  if (!w.Wait(600)) ThrowRuntime("preflight: a collective did not finish in 600 s (a lost rank?)");
+}
+
+// Every rank's value, in rank order. Floats carry rates and sizes to 7 digits, plenty here.
+std::vector<double> Gather(dist::Comm& comm, double x) {
+  std::vector<float> send{float(x)}, recv(size_t(comm.size()));
+  Wait(*comm.AllGatherAsync(send.data(), recv.data(), 1));
+  return {recv.begin(), recv.end()};
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+// The ranks whose value is more than 20% below the median, e.g. "1, 3".
+std::string SlowRanks(const std::vector<double>& v) {
+  const double med = Median(v);
+  std::string out;
+  for (size_t r = 0; r < v.size(); ++r)
+    if (v[r] < 0.8 * med) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+plan::ModelSpec Spec(const Context& c) {
+  return {c.model_name, c.model.n_layer, c.model.n_embd, c.model.n_head, c.model.vocab_size, c.seq};
+}
+
+plan::Recompute PlanRecompute(model::Recompute r) {
+  return r == model::Recompute::kNone   ? plan::Recompute::kNone
+         : r == model::Recompute::kAttn ? plan::Recompute::kSelective
+                                        : plan::Recompute::kFull;
+}
+
+template <typename T>
+double MatmulRate(int M, int K, int N, double seconds) {
+  std::vector<T> a(size_t(M) * K), w(size_t(N) * K), out(size_t(M) * N);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = FromFloat<T>(float(i % 7) * 0.01f);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = FromFloat<T>(float(i % 5) * 0.01f);
+  kernels::MatmulForward<T>(out.data(), a.data(), w.data(), nullptr, M, K, N);  // builds the kernel
+  long calls = 0;
+  const auto t0 = Clock::now();
+  do {
+    kernels::MatmulForward<T>(out.data(), a.data(), w.data(), nullptr, M, K, N);
+    ++calls;
+  } while (Since(t0) < seconds);
+  return 2.0 * M * K * N * double(calls) / Since(t0);
+}
+
+}  // namespace
+
+Row CheckSoftware(Context& c) {
+  Row row{"software", "", "", "go", ""};
+  // The keel binary itself stands for its build; compiler and library versions say why two
+  // builds differ.
+  std::string exe;
+  {
+    std::ifstream in("/proc/self/exe", std::ios::binary);
+    exe.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const uint64_t keel_hash = XXH3_64bits(exe.data(), exe.size());
+  const dnnl_version_t* dv = dnnl_version();
+  char line[512];
+  std::snprintf(line, sizeof(line), "keel %08llx, gcc %s, %s, oneDNN %d.%d.%d",
+                (unsigned long long)(keel_hash >> 32), __VERSION__,
+                dist::MpiLibraryVersion().c_str(), dv->major, dv->minor, dv->patch);
+  row.measured = line;
+  const uint64_t h = XXH3_64bits(line, std::strlen(line));
+  // Four 16-bit pieces: each is exact in a float.
+  std::vector<float> send(4), recv(4 * size_t(c.comm->size()));
+  for (int i = 0; i < 4; ++i) send[i] = float((h >> (16 * i)) & 0xffff);
+  Wait(*c.comm->AllGatherAsync(send.data(), recv.data(), 4));
+  std::string differ;
+  for (int r = 1; r < c.comm->size(); ++r)
+    if (!std::equal(recv.begin() + 4 * r, recv.begin() + 4 * r + 4, recv.begin()))
+      differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  row.expected = "the same on all " + std::to_string(c.comm->size()) + " rank(s)";
+  if (!differ.empty()) {
+    row.verdict = "no-go";
+    row.reason = "rank(s) " + differ + " run a different build or library than rank 0";
+  }
+  row.data = {{"keel_hash", keel_hash}, {"mismatch_ranks", differ}};
+  return row;
+}
+
+Row CheckMatmul(Context& c, DType dtype) {
+  Row row{std::string("matmul ") + DTypeName(dtype), "", "", "go", ""};
+  // The run's largest product: the MLP's (B·T, C) x (C, 4C).
+  const int M = c.micro_batch * c.seq, K = c.model.n_embd, N = 4 * c.model.n_embd;
+  const double seconds = c.quick ? 0.1 : 1.0;
+  double local = 0;
+  try {
+    local = dtype == DType::kBF16 ? MatmulRate<bf16>(M, K, N, seconds)
+                                  : MatmulRate<float>(M, K, N, seconds);
+  } catch (const std::exception& e) {
+    row.reason = e.what();
+  }
+  const auto all = Gather(*c.comm, local);
+  const double med = Median(all);
+  const double peak = monitor::PeakFlops(dtype, c.threads);
+  const double expected = peak * c.efficiency;
+  if (dtype == c.dtype) c.matmul_flops = med;
+  row.measured = Fmt("%.4g GFLOP/s (%.0fx%.0f", med / 1e9, M, K) + Fmt("x%.0f, median)", N);
+  row.expected =
+      Fmt("%.4g GFLOP/s (%.2f of the %.4g table peak)", expected / 1e9, c.efficiency, peak / 1e9);
+  row.data = {
+      {"gflops_per_rank", all}, {"expected_gflops", expected / 1e9}, {"M", M}, {"K", K}, {"N", N}};
+  const std::string slow = SlowRanks(all);
+  if (med <= 0) {
+    row.verdict = "no-go";
+    if (row.reason.empty()) row.reason = "a rank measured nothing";
+  } else if (!slow.empty()) {
+    row.verdict = "warn";
+    row.reason = "rank(s) " + slow + " more than 20% below the median";
+  } else if (med < 0.5 * expected) {
+    row.verdict = "warn";
+    row.reason = "below half the planned rate: steps will take longer than planned (a busy host?)";
+  }
+  return row;
+}
+
+Row CheckMemoryBandwidth(Context& c) {
+  Row row{"memory bandwidth", "", "> 1 GB/s (a sanity floor; no table figure for CPUs)", "go", ""};
+  const double local =
+      monitor::MeasureCopyRate(c.threads, size_t(c.quick ? 64 : 512) << 20, c.quick ? 2 : 5);
+  const auto all = Gather(*c.comm, local);
+  c.copy_bytes_per_s = Median(all);
+  // A copy reads and writes every byte: memory traffic is twice the copy rate.
+  row.measured = Fmt("%.4g GB/s (memcpy %.4g GB/s, median)", 2 * c.copy_bytes_per_s / 1e9,
+                     c.copy_bytes_per_s / 1e9);
+  row.data = {{"copy_bytes_per_s_per_rank", all}};
+  if (2 * c.copy_bytes_per_s < 1e9) {
+    row.verdict = "warn";
+    row.reason = "memory is unusually slow";
+  } else if (const std::string slow = SlowRanks(all); !slow.empty()) {
+    row.verdict = "warn";
+    row.reason = "rank(s) " + slow + " more than 20% below the median";
+  }
+  return row;
+}
+
+Row CheckMemory(Context& c) {
+  Row row{"memory", "", "", "go", ""};
+  plan::Job job;
+  job.model = Spec(c);
+  job.precision = c.dtype == DType::kF32 ? plan::Precision::kFp32 : plan::Precision::kBf16;
+  job.accounting = plan::Accounting::kKeel;
+  job.global_batch = c.global_batch;
+  job.cluster.world = c.comm->size();
+  job.cluster.per_node = c.comm->size();
+  job.cluster.accel.memory_bytes = monitor::MemTotalBytes();
+  plan::Layout l{1, 1, c.comm->size(), 0, c.micro_batch, PlanRecompute(c.recompute), false};
+  const plan::MemoryBreakdown mem = plan::EstimateMemory(job, l);
+  // Ranks on one host share its memory (Open MPI says how many; otherwise assume all of them).
+  int local_ranks = c.comm->size();
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::atoi(s);
+  const auto avail = Gather(*c.comm, monitor::MemAvailableBytes() / std::max(1, local_ranks));
+  const double least = *std::min_element(avail.begin(), avail.end());
+  row.measured = Fmt("%.4g GB available per rank (least of all ranks)", least / 1e9);
+  row.expected = Fmt("%.4g GB planned peak per rank (state %.4g GB + activations %.4g GB)",
+                     mem.used() / 1e9, mem.state.total() / 1e9, mem.activations / 1e9);
+  row.data = {{"planned_bytes", mem.used()}, {"available_bytes_per_rank", avail}};
+  if (mem.used() > least) {
+    row.verdict = "no-go";
+    row.reason = "the planned peak does not fit in the memory available";
+  } else if (mem.used() > 0.8 * least) {
+    row.verdict = "warn";
+    row.reason = "less than 20% of the available memory would be left";
+  }
+  return row;
+}
+
+Row CheckCheckpoint(Context& c) {
+  Row row{"checkpoint", "", "", "go", ""};
+  const double n = double(plan::TotalParams(Spec(c)));
+  const double state_per_rank = 12 * n / c.comm->size();  // fp32 master + 2 moments, sliced
+  const size_t cap = size_t(c.quick ? 32 : 256) << 20;
+  const size_t bytes =
+      std::max<size_t>(1 << 20, std::min(size_t(state_per_rank), cap)) / 4096 * 4096;
+  const std::string path =
+      c.ckpt_dir + "/.preflight_rank" + std::to_string(c.comm->rank()) + ".tmp";
+  double write_bps = 0, read_bps = 0;
+  std::string error;
+  const bool existed = std::filesystem::exists(c.ckpt_dir);
+  try {
+    std::filesystem::create_directories(c.ckpt_dir);
+    std::vector<char> buf(bytes), back(bytes);
+    for (size_t i = 0; i < bytes; ++i) buf[i] = char((i * 2654435761u) >> 24);
+    const uint64_t want = XXH3_64bits(buf.data(), bytes);
+    auto t0 = Clock::now();
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) ThrowRuntime("cannot create " + path + ": " + std::strerror(errno));
+    for (size_t off = 0; off < bytes;) {
+      const ssize_t w = ::write(fd, buf.data() + off, std::min<size_t>(8 << 20, bytes - off));
+      if (w <= 0) {
+        ::close(fd);
+        ThrowRuntime("write " + path + ": " + std::strerror(errno));
+      }
+      off += size_t(w);
+    }
+    // fsync: the bytes are on the device, as a checkpoint's must be before it commits.
+    if (::fsync(fd) != 0 || ::close(fd) != 0)
+      ThrowRuntime("fsync " + path + ": " + std::strerror(errno));
+    write_bps = double(bytes) / Since(t0);
+    t0 = Clock::now();
+    std::ifstream in(path, std::ios::binary);
+    in.read(back.data(), std::streamsize(bytes));
+    if (size_t(in.gcount()) != bytes || XXH3_64bits(back.data(), bytes) != want)
+      ThrowRuntime("read back " + path + ": the bytes differ from those written");
+    read_bps = double(bytes) / Since(t0);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (!existed) std::filesystem::remove(c.ckpt_dir, ec);  // only if empty: leave no trace
+  const auto writes = Gather(*c.comm, error.empty() ? write_bps : -1);
+  const auto reads = Gather(*c.comm, error.empty() ? read_bps : -1);
+  const double w = *std::min_element(writes.begin(), writes.end());
+  row.data = {{"bytes_per_rank", bytes},
+              {"write_bytes_per_s_per_rank", writes},
+              {"read_bytes_per_s_per_rank", reads},
+              {"state_bytes_per_rank", state_per_rank}};
+  if (w <= 0) {
+    row.verdict = "no-go";
+    row.reason = error.empty() ? "a rank could not write or verify its checkpoint" : error;
+    row.measured = "failed in " + c.ckpt_dir;
+    return row;
+  }
+  // The interval that follows: the snapshot (a copy at the measured rate) blocks; every rank
+  // writes its slice at the slowest rank's rate, all at once (the rate was measured that way).
+  const double delta = state_per_rank / std::max(c.copy_bytes_per_s, 1e6);
+  const double write_s = state_per_rank / w;
+  const double mtbf = c.node_mtbf_hours * 3600;  // one host per rank group: a lower bound on M
+  const double daly = std::max(plan::DalyInterval(delta, mtbf), write_s);
+  row.measured = Fmt("write %.4g GB/s (fsync), read %.4g GB/s, %.0f MB verified", w / 1e9,
+                     Median(reads) / 1e9, double(bytes) / 1e6) +
+                 " in " + c.ckpt_dir;
+  row.expected = Fmt("state %.4g GB/rank: written in %.3g s; save every %.3g min (Daly)",
+                     state_per_rank / 1e9, write_s, daly / 60);
+  row.data["write_s"] = write_s;
+  row.data["interval_s"] = daly;
+  if (write_s > daly / 2) {
+    row.verdict = "warn";
+    row.reason = "writing the state takes more than half the checkpoint interval";
+  }
+  return row;
+}
+
+Row CheckData(Context& c) {
+  Row row{"data", "", "", "go", ""};
+  // What the run's compute consumes: the rank's measured matmul rate over the FLOPs per token.
+  const plan::ModelSpec spec = Spec(c);
+  const double per_token =
+      plan::HardwareFlopsPerToken(spec, plan::TotalParams(spec), PlanRecompute(c.recompute));
+  const double consume = c.matmul_flops / per_token;
+  row.expected = Fmt("%.4g tokens/s per rank (the step at the measured matmul rate)", consume);
+  // Every rank calls Gather, with or without a dataset, so that they stay in step.
+  double local = 0;
+  std::string error;
+  if (!c.data_path.empty()) {
+    try {
+      const auto ds = data::TokenDataset::Open(c.data_path);
+      const size_t window = size_t(c.seq) + 1;
+      if (ds.size() <= window) ThrowBadInput(c.data_path + ": fewer tokens than one sample");
+      std::vector<int32_t> buf(window);
+      uint64_t x = 0x9e3779b97f4a7c15ull + uint64_t(c.comm->rank());
+      long samples = 0;
+      const auto t0 = Clock::now();
+      do {  // random windows, as the shuffled loader reads them
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        ds.Read((x >> 11) % (ds.size() - window), window, buf.data());
+        ++samples;
+      } while (Since(t0) < (c.quick ? 0.2 : 1.0));
+      local = double(samples) * c.seq / Since(t0);
+    } catch (const std::exception& e) {
+      error = e.what();
+      local = -1;
+    }
+  }
+  const auto all = Gather(*c.comm, local);
+  if (c.data_path.empty()) {
+    row.verdict = "skip";
+    row.measured = "-";
+    row.reason = "no dataset (give --data or a config with [data] train)";
+    return row;
+  }
+  const double least = *std::min_element(all.begin(), all.end());
+  row.data = {{"tokens_per_s_per_rank", all}, {"consumed_tokens_per_s", consume}};
+  if (least < 0) {
+    row.verdict = "no-go";
+    row.measured = "failed";
+    row.reason = error.empty() ? "a rank could not read the dataset" : error;
+    return row;
+  }
+  row.measured = Fmt("%.4g tokens/s per rank (one thread, random windows, slowest rank)", least);
+  if (least < consume) {
+    row.verdict = "no-go";
+    row.reason = "the data path cannot feed the step";
+  } else if (least < 2 * consume) {
+    row.verdict = "warn";
+    row.reason = "less than 2x headroom over what the step consumes";
+  }
+  return row;
+}
+
+Row CheckAllReduce(Context& c) {
+  Row row{"all-reduce", "", "", "go", ""};
+  const int n = c.comm->size();
+  if (n == 1) {
+    row.verdict = "skip";
+    row.measured = "-";
+    row.expected = "-";
+    row.reason = "1 rank (run under mpirun -np N to measure)";
+    return row;
+  }
+  const size_t floats = size_t(std::min(c.bucket_bytes, c.quick ? 4.0 * (1 << 20) : 1e12) / 4);
+  std::vector<float> buf(floats, 1.0f);
+  for (int i = 0; i < 2; ++i) c.comm->AllReduceSum(buf.data(), floats);  // warm up the links
+  const int reps = c.quick ? 3 : 10;
+  c.comm->Barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) c.comm->AllReduceSum(buf.data(), floats);
+  const double t = c.comm->AllReduceMax(Since(t0) / reps);
+  // Bus bandwidth: what each rank sends in a ring all-reduce, 2(n-1)/n of the buffer.
+  const double bus = 2.0 * (n - 1) / n * double(floats) * 4 / t;
+  // The share of a step: all gradients (fp32) at that rate, against the step's compute at the
+  // measured matmul rate.
+  const plan::ModelSpec spec = Spec(c);
+  const double params = plan::TotalParams(spec);
+  const double ar_s = 2.0 * (n - 1) / n * params * 4 / bus;
+  const double tokens = double(c.global_batch) / n * c.seq;
+  const double compute_s = tokens *
+                           plan::HardwareFlopsPerToken(spec, params, PlanRecompute(c.recompute)) /
+                           std::max(c.matmul_flops, 1.0);
+  const double share = ar_s / (ar_s + compute_s);
+  row.measured = Fmt("%.4g GB/s bus bandwidth (%.4g MB bucket, %.0f ranks)", bus / 1e9,
+                     double(floats) * 4 / 1e6, double(n));
+  row.expected = Fmt("gradients %.3g s of a %.3g s step (%.0f%%, before overlap)", ar_s,
+                     ar_s + compute_s, 100 * share);
+  row.data = {{"bus_bytes_per_s", bus}, {"allreduce_s", ar_s}, {"share_of_step", share}};
+  if (share > 0.5) {
+    row.verdict = "warn";
+    row.reason = "gradient all-reduce is more than half the step";
+  }
+  return row;
+}
+
+}  // namespace keel::cli::preflight

@@ -1,0 +1,50 @@
+// The checks of `keel preflight`, one function each. Every rank runs every check in the same
+// order (they gather per-rank figures over the communicator); each returns one row of the go /
+// no-go table with what was measured, what the plan expects and the verdict with its reason.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "keel/core/dtype.h"
+#include "keel/dist/comm.h"
+#include "keel/model/activations.h"
+#include "keel/model/config.h"
+
+namespace keel::cli::preflight {
+
+struct Row {
+  std::string check;
+  std::string measured;
+  std::string expected;
+  std::string verdict;  // "go", "warn" (runs, but not as planned), "no-go", "skip"
+  std::string reason;
+  nlohmann::json data = nlohmann::json::object();  // the numbers behind the strings
+};
+
+struct Context {
+  dist::Comm* comm = nullptr;
+  model::ModelConfig model;
+  std::string model_name;
+  DType dtype = DType::kBF16;
+  model::Recompute recompute = model::Recompute::kNone;
+  int micro_batch = 1, seq = 256, global_batch = 8, threads = 1;
+  double bucket_bytes = 25 << 20;
+  std::string ckpt_dir;   // where the checkpoint round trip writes
+  std::string data_path;  // "" = no data check
+  double node_mtbf_hours = 6000, efficiency = 0.6;
+  bool quick = false;
+  // Filled by the checks, for the ones after them (median over ranks, FLOP/s and bytes/s).
+  double matmul_flops = 0;  // in the run's precision
+  double copy_bytes_per_s = 0;
+};
+
+Row CheckSoftware(Context& c);
+Row CheckMatmul(Context& c, DType dtype);
+Row CheckMemoryBandwidth(Context& c);
+Row CheckMemory(Context& c);
+Row CheckCheckpoint(Context& c);
+Row CheckData(Context& c);
+Row CheckAllReduce(Context& c);
+
+}  // namespace keel::cli::preflight

@@ -1,0 +1,101 @@
+// `keel preflight` end to end: every row is printed, the JSON carries a verdict per row, a
+// dataset is measured against what the step consumes, and a no-go exits non-zero.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result Keel(const std::string& args) {
+  std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+const char* kRows[] = {"software", "matmul bf16", "matmul fp32", "memory bandwidth",
+                       "memory",   "checkpoint",  "data",        "all-reduce"};
+
+TEST(PreflightCli, QuickPrintsEveryRow) {
+  Result r = Keel("preflight --quick");
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
+  for (const char* row : kRows) {
+    // Each row starts a line with its name, then its verdict.
+    const std::string line_start = std::string("\n") + row + " ";
+    EXPECT_NE(r.out.find(line_start), std::string::npos) << row << "\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("verdict: "), std::string::npos) << r.out;
+  // The exit code follows the verdict.
+  EXPECT_EQ(r.code == 0, r.out.find("verdict: GO") != std::string::npos) << r.out;
+}
+
+TEST(PreflightCli, JsonHasAVerdictAndNumbersPerRow) {
+  Result r = Keel("preflight --quick --json");
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(0, r.out.rfind('}') + 1));
+  ASSERT_EQ(j["rows"].size(), std::size(kRows));
+  const std::set<std::string> verdicts = {"go", "warn", "no-go", "skip"};
+  for (size_t i = 0; i < std::size(kRows); ++i) {
+    const auto& row = j["rows"][i];
+    EXPECT_EQ(row["check"], kRows[i]);
+    EXPECT_TRUE(verdicts.count(row["verdict"].get<std::string>())) << row.dump();
+  }
+  // Measured, not copied from a table: positive rates on this machine.
+  EXPECT_GT(j["rows"][1]["data"]["gflops_per_rank"][0].get<double>(), 0);
+  EXPECT_GT(j["rows"][3]["data"]["copy_bytes_per_s_per_rank"][0].get<double>(), 0);
+  EXPECT_GT(j["rows"][5]["data"]["write_bytes_per_s_per_rank"][0].get<double>(), 0);
+  EXPECT_EQ(j["rows"][7]["verdict"], "skip");  // one rank: no all-reduce
+}
+
+TEST(PreflightCli, MeasuresADatasetAgainstTheStep) {
+  // A flat file of little-endian uint16 tokens, one of the formats keel reads.
+  const auto path = std::filesystem::temp_directory_path() / "keel_preflight_tokens.bin";
+  {
+    std::vector<uint16_t> tokens(1 << 20);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint16_t(i * 7919 % 50000);
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  }
+  Result r = Keel("preflight --quick --json --data " + path.string());
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(0, r.out.rfind('}') + 1));
+  const auto& data = j["rows"][6];
+  EXPECT_NE(data["verdict"], "skip") << data.dump();
+  EXPECT_GT(data["data"]["tokens_per_s_per_rank"][0].get<double>(), 0) << data.dump();
+  EXPECT_GT(data["data"]["consumed_tokens_per_s"].get<double>(), 0) << data.dump();
+  std::filesystem::remove(path);
+}
+
+TEST(PreflightCli, AnUnwritableCheckpointDirIsANoGo) {
+  Result r = Keel("preflight --quick --dir /proc/keel-preflight-nope");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("verdict: NO-GO"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no-go: checkpoint"), std::string::npos) << r.out;
+}
+
+TEST(PreflightCli, BadInputIsOneLine) {
+  Result r = Keel("preflight --efficiency 2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--efficiency 2: expected in (0, 1]"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find('\n'), r.out.size() - 1) << r.out;
+}
+
+}  // namespace
