@@ -8,8 +8,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "data/compression.h"
 #include "data/temp_dir.h"
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
@@ -234,6 +236,36 @@ TEST(Prepare, NfcComposesBeforeTokenizingAndDedup) {
   EXPECT_EQ(nfc.dropped_duplicate, 1u);  // the two spellings are one text under NFC
   EXPECT_EQ(ReadAll(tmp / "nfc/train"), expect({composed, invalid}));
   EXPECT_TRUE(ReadDatasetMeta(tmp / "nfc/train").prepare->nfc);
+}
+
+TEST(Prepare, NfcDedupSeesTheSameTextInChunkedAndCompressedFiles) {
+  TempDir tmp;
+  // One text, long enough to be cut into pieces (and pre-passed), spelled with combining accents
+  // in a .txt, a .txt.gz and a .txt.zst, and precomposed in a .jsonl.
+  std::string decomposed, composed;
+  for (int i = 0; i < 200; ++i) {
+    decomposed += "Line " + std::to_string(i) + ": cafe\xcc\x81 and A\xcc\x8a.\n";
+    composed += "Line " + std::to_string(i) + ": caf\xc3\xa9 and \xc3\x85.\n";
+  }
+  std::ofstream(tmp / "a.txt") << decomposed;
+  std::ofstream(tmp / "b.txt.gz", std::ios::binary) << Gzip(decomposed);
+  std::ofstream(tmp / "c.txt.zst", std::ios::binary) << Zstd(decomposed);
+  std::ofstream(tmp / "d.jsonl") << nlohmann::json({{"text", composed}}).dump() << "\n";
+  PrepareOptions o = Options(tmp, "out");
+  o.inputs = {tmp / "a.txt", tmp / "b.txt.gz", tmp / "c.txt.zst", tmp / "d.jsonl"};
+  o.val_fraction = 0;
+  o.dedup = true;
+  o.nfc = true;
+  o.text_chunk_bytes = 100;
+  PrepareSummary s = Prepare(o);
+  EXPECT_EQ(s.documents_read, 4u);
+  EXPECT_EQ(s.dropped_duplicate, 3u);
+  auto want = Tokenizer::LoadGpt2(o.tokenizer_dir).Encode(composed);
+  want.push_back(50256);
+  EXPECT_EQ(ReadAll(tmp / "out/train"), want);
+  o.nfc = false;  // without NFC the spellings differ: only the two other copies are duplicates
+  o.out = tmp / "raw";
+  EXPECT_EQ(Prepare(o).dropped_duplicate, 2u);
 }
 
 }  // namespace

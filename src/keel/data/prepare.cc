@@ -199,7 +199,7 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   if (o.shard_tokens == 0) ThrowBadInput("prepare: --shard-tokens: expected a value > 0");
   const auto t0 = std::chrono::steady_clock::now();
   const Tokenizer tok = Tokenizer::LoadGpt2(o.tokenizer_dir);
-  internal::InputReader reader(o.inputs, o.text_chunk_bytes);
+  internal::InputReader reader(o.inputs, o.text_chunk_bytes, o.nfc);
 
   ShardWriterOptions wo;
   wo.tokenizer = "gpt2";

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "keel/core/error.h"
+#include "keel/data/unicode_nfc.h"
 
 namespace keel::data::internal {
 namespace {
@@ -44,8 +45,9 @@ uint64_t CountCodePoints(const char* data, size_t n) {
   return count;
 }
 
-InputReader::InputReader(const std::vector<std::string>& inputs, uint64_t text_chunk_bytes)
-    : chunk_bytes_(std::max<uint64_t>(text_chunk_bytes, 16)) {
+InputReader::InputReader(const std::vector<std::string>& inputs, uint64_t text_chunk_bytes,
+                         bool nfc)
+    : chunk_bytes_(std::max<uint64_t>(text_chunk_bytes, 16)), nfc_(nfc) {
   for (const std::string& in : inputs) {
     std::error_code ec;
     fs::file_status st = fs::status(in, ec);
@@ -97,15 +99,33 @@ bool InputReader::OpenNextFile() {
       // Pre-pass for the whole-document stats that filtering needs before the first piece.
       XXH3_state_t* st = XXH3_createState();
       XXH3_64bits_reset(st);
-      std::string buf(1 << 20, '\0');
+      std::string buf(1 << 20, '\0'), pending, normalized;
       text_chars_ = 0;
       uint64_t text_bytes = 0;
+      auto add = [&](std::string_view piece) {
+        if (nfc_ && NormalizeNfc(piece, &normalized)) piece = normalized;
+        XXH3_64bits_update(st, piece.data(), piece.size());
+        text_chars_ += CountCodePoints(piece.data(), piece.size());
+      };
       try {
         for (size_t n; (n = file_->Read(buf.data(), buf.size())) > 0;) {
-          XXH3_64bits_update(st, buf.data(), n);
-          text_chars_ += CountCodePoints(buf.data(), n);
           text_bytes += n;
+          if (!nfc_) {
+            add({buf.data(), n});
+            continue;
+          }
+          // NFC never joins across a cut just before an ASCII byte: ASCII is never the second
+          // of a composition and never reorders. The rest waits for the next buffer.
+          const size_t old = pending.size();
+          pending.append(buf, 0, n);
+          size_t cut = pending.size();
+          while (cut > old && (uint8_t(pending[cut - 1]) & 0x80) != 0) --cut;
+          if (cut > old && cut > 1) {
+            add({pending.data(), cut - 1});
+            pending.erase(0, cut - 1);
+          }
         }
+        add(pending);
       } catch (...) {
         XXH3_freeState(st);
         throw;

@@ -36,8 +36,10 @@ class InputReader {
  public:
   // Expands folders (recursively: *.jsonl and *.txt, each also as .gz or .zst, sorted) and checks
   // that every input exists. A file's extension without .gz/.zst decides JSONL vs text.
-  // Throws keel::Error (bad input) for a missing input or when no files are found.
-  InputReader(const std::vector<std::string>& inputs, uint64_t text_chunk_bytes);
+  // With `nfc`, the whole-document stats of a pre-passed text file are of its NFC form, as the
+  // workers compute them for other documents. Throws keel::Error (bad input) for a missing input
+  // or when no files are found.
+  InputReader(const std::vector<std::string>& inputs, uint64_t text_chunk_bytes, bool nfc = false);
   InputReader(const InputReader&) = delete;
   InputReader& operator=(const InputReader&) = delete;
   ~InputReader();
@@ -55,6 +57,7 @@ class InputReader {
 
   std::vector<std::string> files_;
   uint64_t chunk_bytes_;
+  bool nfc_;
   size_t next_file_ = 0;
   size_t current_ = 0;
   std::unique_ptr<CompressedReader> file_;
