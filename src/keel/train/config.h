@@ -67,6 +67,9 @@ struct TrainSection {
   std::string sample_prompt = "The";  // prompt for the samples printed at the end ("" = none)
   int sample_tokens = 48;
   int sample_count = 3;
+  // End this invocation after step N, as at the end (checkpoint, model file), while the schedule
+  // still spans `steps`: a job in time slices continues with --resume auto. 0 = off.
+  int stop_at = 0;
 
   bool operator==(const TrainSection&) const = default;
 };

@@ -128,6 +128,7 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   train.Positive("log_every", t.log_every);
   train.NonNegative("sample_tokens", t.sample_tokens);
   train.NonNegative("sample_count", t.sample_count);
+  train.NonNegative("stop_at", t.stop_at);
 
   const Checker optim(prov, "optim");
   const OptimSection& o = cfg.optim;

@@ -268,7 +268,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
     sum.steps_done = step + 1;
     sum.last_loss = loss;
     double val = -1;
-    const bool last_step = step + 1 == cfg.train.steps;
+    const bool last_step = step + 1 == cfg.train.steps || step + 1 == cfg.train.stop_at;
     if (val_loader &&
         ((cfg.train.val_every > 0 && (step + 1) % cfg.train.val_every == 0) || last_step))
       val = sum.val_loss = validate();
@@ -321,7 +321,11 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
     // Every rank agrees on stopping and saving at the same step, or the next collective hangs.
     if (ckpt.AfterStep(step + 1, last_step, g_stop, view).stop) {
       sum.interrupted = true;
-      if (lead) Log("keel: interrupted at step %d; saving the model", step + 1);
+      if (lead) Log("keel: interrupted at step %d", step + 1);
+      break;
+    }
+    if (step + 1 == cfg.train.stop_at) {
+      if (lead) Log("keel: stopping at step %d ([train] stop_at)", step + 1);
       break;
     }
   }
