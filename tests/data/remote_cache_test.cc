@@ -65,6 +65,17 @@ TEST_F(RemoteCacheTest, SmallCapEvictsLeastRecentlyUsed) {
   EXPECT_EQ(cache.downloads(), before);
 }
 
+TEST_F(RemoteCacheTest, ShardRemovedByAnotherProcessIsFetchedAgain) {
+  RemoteCache cache(server_->url("ds"), Options());
+  ExpectShardEqual(cache, 0);
+  const uint64_t before = cache.downloads();
+  // What a rank sharing the folder does when it evicts shard 0 for its own count of the cap.
+  fs::remove(cache.dir() + "/" + meta_.shards[0].file);
+  ExpectShardEqual(cache, 0);
+  EXPECT_EQ(cache.downloads(), before + 2);
+  EXPECT_EQ(cache.cached_bytes(), cache.ShardBytes(0));
+}
+
 TEST_F(RemoteCacheTest, CorruptShardIsRefusedAndNotCached) {
   const std::string bin = local_ + "/" + meta_.shards[1].file;
   std::string bytes = ReadWholeFile(bin);

@@ -163,7 +163,18 @@ void RemoteCache::FetchShard(size_t shard) {
 
 bool RemoteCache::Fill(size_t shard, std::unique_lock<std::mutex>& lock, bool must) {
   fetched_.wait(lock, [&] { return !fetching_[shard]; });
-  if (present_[shard]) return true;
+  if (present_[shard]) {
+    // Another process sharing this folder (a rank on the same machine) may have evicted it: its
+    // count of the folder is its own. Then it is fetched again.
+    const ShardMeta& s = meta_.shards[shard];
+    std::error_code ec;
+    if (fs::exists(options_.dir + "/" + s.file, ec) &&
+        fs::exists(options_.dir + "/" + s.index, ec)) {
+      return true;
+    }
+    present_[shard] = false;
+    cached_bytes_ -= ShardBytes(shard);
+  }
   if (!MakeRoom(shard, must)) return false;
   // Counted from now, so that fetches running side by side respect the cap together.
   fetching_[shard] = true;

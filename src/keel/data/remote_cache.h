@@ -4,7 +4,8 @@
 // never holds a file that was not verified. When the cache would grow past its cap, whole shards
 // are evicted least recently used first, never the one being acquired nor a pinned one (a shard
 // that is memory-mapped). Thread-safe: a background thread may fetch ahead while another reads;
-// two threads asking for one shard share one download.
+// two threads asking for one shard share one download. Processes may share a folder (ranks on
+// one machine): each counts the cap for itself, and a shard another one evicted is fetched again.
 //
 //   keel::data::RemoteCache cache("https://host/brown/train", {.dir = "/tmp/c", .max_bytes = 1 <<
 //   30}); std::string bin = cache.Acquire(0);           // local path of shard 0's token file
