@@ -79,6 +79,31 @@ TEST_F(RemoteShardsTest, TokenDatasetOpensAUrlLazily) {
   ::unsetenv("KEEL_CACHE_DIR");
 }
 
+TEST_F(RemoteShardsTest, IdsAreCheckedAsEachShardArrivesNotAllAtOnce) {
+  ::setenv("KEEL_CACHE_DIR", cache_.path().c_str(), 1);
+  TokenDataset remote = TokenDataset::Open(server_->url("ds"));
+  remote.CheckIds(remote.vocab_size());  // fine, and downloads nothing
+  size_t shard_files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(cache_.path())) {
+    shard_files += e.path().filename().string().starts_with("shard_");
+  }
+  EXPECT_EQ(shard_files, 0u);
+  // A model with a smaller vocabulary than the data: the first read of a shard reports it.
+  remote.CheckIds(500);
+  std::vector<int32_t> window(16);
+  try {
+    remote.Read(0, window.size(), window.data());
+    ADD_FAILURE() << "expected an id error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    const std::string what = e.what();
+    EXPECT_NE(what.find(server_->url("ds/shard_00000.bin") + ": token "), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("expected an id < 500"), std::string::npos) << what;
+  }
+  ::unsetenv("KEEL_CACHE_DIR");
+}
+
 TEST_F(RemoteShardsTest, FetchesAheadOfTheReader) {
   RemoteShards r(server_->url("ds"), ShardsOptions(uint64_t(1) << 30, 2));
   EXPECT_EQ(ShardFilesInCache(), 0u);

@@ -14,6 +14,7 @@
 #include "keel/data/http_fetch.h"
 #include "keel/data/remote_cache.h"
 #include "keel/data/remote_shards.h"
+#include "keel/data/token_ids.h"
 
 namespace keel::data {
 namespace internal {
@@ -189,16 +190,7 @@ void TokenDataset::Read(size_t start, size_t n, int32_t* out) const {
     const uint64_t take = std::min<uint64_t>(n, s.size - pos);
     if (take > 0) {
       d.WithTokens(si, [&](const uint8_t* bytes) {
-        if (d.width == 2) {
-          const uint8_t* p = bytes + pos * 2;
-          for (uint64_t i = 0; i < take; ++i) {
-            uint16_t v;
-            std::memcpy(&v, p + i * 2, 2);
-            out[i] = int32_t(v);
-          }
-        } else {
-          std::memcpy(out, bytes + pos * 4, take * 4);
-        }
+        DecodeTokenIds(bytes + pos * d.width, take, d.width, out);
       });
     }
     out += take;
@@ -210,29 +202,13 @@ void TokenDataset::Read(size_t start, size_t n, int32_t* out) const {
 
 void TokenDataset::CheckIds(int vocab) const {
   const Impl& d = *impl_;
-  for (size_t si = 0; si < d.shards.size(); ++si) {
-    const auto& s = d.shards[si];
-    if (s.size == 0) continue;
-    d.WithTokens(si, [&](const uint8_t* bytes) {
-      for (uint64_t i = 0; i < s.size; ++i) {
-        int32_t t;
-        if (d.width == 2) {
-          uint16_t v;
-          std::memcpy(&v, bytes + i * 2, 2);
-          t = int32_t(v);
-        } else {
-          uint32_t v;
-          std::memcpy(&v, bytes + i * 4, 4);
-          t = int32_t(v);
-        }
-        if (t < 0 || t >= vocab) {
-          ThrowBadInput(s.path + ": token " + std::to_string(t) + " at offset " +
-                        std::to_string(i) + " (byte " + std::to_string(i * d.width) +
-                        "): expected an id < " + std::to_string(vocab));
-        }
-      }
-    });
+  if (d.remote) {
+    // Scanning now would download the whole dataset before the first step; each shard is
+    // checked instead when it arrives, before any read of it returns.
+    d.remote->CheckIdsOnArrival(vocab);
+    return;
   }
+  for (const auto& s : d.shards) CheckTokenIds(s.tokens.data(), s.size, d.width, vocab, s.path);
 }
 
 }  // namespace keel::data

@@ -39,6 +39,8 @@ class TokenDataset {
   void Read(size_t start, size_t n, int32_t* out) const;
 
   // Scans every token: throws keel::Error naming the file and offset of the first id >= vocab.
+  // For a URL, each shard is scanned when it is downloaded or mapped, before a read of it
+  // returns, and the error comes from that read: checking all now would fetch the whole dataset.
   void CheckIds(int vocab) const;
 
  private:

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "keel/core/error.h"
+#include "keel/data/token_ids.h"
 
 namespace keel::data::internal {
 namespace {
@@ -44,6 +45,17 @@ size_t RemoteShards::mapped_shards() const {
   return n;
 }
 
+void RemoteShards::CheckIdsOnArrival(int vocab) {
+  std::lock_guard lock(mu_);
+  if (id_limit_ == 0 || vocab < id_limit_) id_limit_ = vocab;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!slots_[i].mapped) continue;
+    const ShardMeta& sm = cache_.meta().shards[i];
+    CheckTokenIds(slots_[i].tokens.data(), sm.tokens, cache_.meta().token_bytes(), id_limit_,
+                  url() + "/" + sm.file);
+  }
+}
+
 void RemoteShards::Unmap(size_t i) {
   slots_[i].tokens = MappedFile();
   slots_[i].mapped = false;
@@ -81,6 +93,10 @@ const uint8_t* RemoteShards::MapLocked(size_t i) {
       ThrowBadInput(path + ": expected " + std::to_string(want) + " bytes (" +
                     std::to_string(sm.tokens) + " tokens per " + url() + "/meta.json), found " +
                     std::to_string(slot.tokens.size()) + " (changed in the cache?)");
+    }
+    if (id_limit_ > 0) {
+      CheckTokenIds(slot.tokens.data(), sm.tokens, cache_.meta().token_bytes(), id_limit_,
+                    url() + "/" + sm.file);
     }
   } catch (...) {
     slot.tokens = MappedFile();

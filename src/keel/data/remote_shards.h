@@ -53,6 +53,11 @@ class RemoteShards {
     fn(MapLocked(i));
   }
 
+  // From now on every shard is checked for ids outside [0, vocab) when it is mapped, before fn
+  // sees it (an error names the URL and offset); shards mapped already are checked here. The
+  // lowest vocab asked for wins.
+  void CheckIdsOnArrival(int vocab);
+
   // For tests and logs.
   size_t mapped_shards() const;
   const RemoteCache& cache() const { return cache_; }
@@ -75,10 +80,11 @@ class RemoteShards {
   const int ahead_;
   uint64_t ahead_reserve_ = 0;  // cache bytes kept free of mapped shards for the fetch-ahead
 
-  mutable std::mutex mu_;  // guards slots_, mapped_bytes_, tick_
+  mutable std::mutex mu_;  // guards slots_, mapped_bytes_, tick_, id_limit_
   std::vector<Slot> slots_;
   uint64_t mapped_bytes_ = 0;  // RemoteCache::ShardBytes of the mapped shards
   uint64_t tick_ = 0;
+  int id_limit_ = 0;  // 0: ids not checked
 
   std::mutex ahead_mu_;  // guards ahead_queue_
   std::condition_variable ahead_cv_;

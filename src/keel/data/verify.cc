@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
@@ -21,14 +23,20 @@ VerifySummary VerifyDataset(const std::string& path) {
   sum.tokens = ds.size();
   struct stat st {};
   if (IsHttpUrl(path)) {
-    // Each shard's files are checked against their xxh3 as they download, which CheckIds below
-    // makes happen for every shard; the index entries are checked for local folders only.
+    // Each shard's files are checked against their xxh3 as they download, and its ids as it is
+    // mapped; the index entries are checked for local folders only.
     const DatasetMeta& meta = *ds.meta();
     sum.shards = meta.shards.size();
     sum.documents = meta.documents();
     for (const ShardMeta& s : meta.shards) {
       sum.bytes += s.tokens * meta.token_bytes() + (s.documents + 1) * 8;
     }
+    ds.CheckIds(ds.vocab_size());  // from here on, on arrival: read everything to fetch it all
+    std::vector<int32_t> buf(1 << 20);
+    for (size_t i = 0; i < ds.size(); i += buf.size()) {
+      ds.Read(i, std::min(buf.size(), ds.size() - i), buf.data());
+    }
+    return sum;
   } else if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     const DatasetMeta meta = ReadDatasetMeta(path);
     for (const ShardMeta& s : meta.shards) {
