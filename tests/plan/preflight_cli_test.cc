@@ -31,7 +31,7 @@ Result Keel(const std::string& args) {
   return r;
 }
 
-const char* kRows[] = {"software", "matmul bf16", "matmul fp32", "memory bandwidth",
+const char* kRows[] = {"software", "matmul bf16", "matmul fp32", "step",      "memory bandwidth",
                        "memory",   "checkpoint",  "data",        "all-reduce"};
 
 TEST(PreflightCli, QuickPrintsEveryRow) {
@@ -60,9 +60,11 @@ TEST(PreflightCli, JsonHasAVerdictAndNumbersPerRow) {
   }
   // Measured, not copied from a table: positive rates on this machine.
   EXPECT_GT(j["rows"][1]["data"]["gflops_per_rank"][0].get<double>(), 0);
-  EXPECT_GT(j["rows"][3]["data"]["copy_bytes_per_s_per_rank"][0].get<double>(), 0);
-  EXPECT_GT(j["rows"][5]["data"]["write_bytes_per_s_per_rank"][0].get<double>(), 0);
-  EXPECT_EQ(j["rows"][7]["verdict"], "skip");  // one rank: no all-reduce
+  EXPECT_GT(j["rows"][3]["data"]["step_s_per_rank"][0].get<double>(), 0);
+  EXPECT_GT(j["rows"][3]["data"]["predicted_s"].get<double>(), 0);
+  EXPECT_GT(j["rows"][4]["data"]["copy_bytes_per_s_per_rank"][0].get<double>(), 0);
+  EXPECT_GT(j["rows"][6]["data"]["write_bytes_per_s_per_rank"][0].get<double>(), 0);
+  EXPECT_EQ(j["rows"][8]["verdict"], "skip");  // one rank: no all-reduce
 }
 
 TEST(PreflightCli, MeasuresADatasetAgainstTheStep) {
@@ -77,7 +79,7 @@ TEST(PreflightCli, MeasuresADatasetAgainstTheStep) {
   Result r = Keel("preflight --quick --json --data " + path.string());
   ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
   auto j = nlohmann::json::parse(r.out.substr(0, r.out.rfind('}') + 1));
-  const auto& data = j["rows"][6];
+  const auto& data = j["rows"][7];
   EXPECT_NE(data["verdict"], "skip") << data.dump();
   EXPECT_GT(data["data"]["tokens_per_s_per_rank"][0].get<double>(), 0) << data.dump();
   EXPECT_GT(data["data"]["consumed_tokens_per_s"].get<double>(), 0) << data.dump();

@@ -11,6 +11,7 @@
 
 #include "keel/monitor/machine_probe.h"
 #include "keel/plan/hardware.h"
+#include "keel/plan/search.h"
 
 namespace {
 
@@ -44,6 +45,40 @@ TEST(ThisCpu, FiguresBecomeAnAccelerator) {
   EXPECT_EQ(keel::plan::PeakFlops(a, true), 0.4e12);
   EXPECT_EQ(a.hbm_bytes_per_s, 10e9);  // a copy reads and writes every byte
   EXPECT_EQ(a.host_bytes_per_s, 5e9);
+}
+
+// docs/PERFORMANCE.md, "Results (2026-11-30)": keel's measured tokens/s on the 2-core AMX VM,
+// idle, with the peaks measured in the same invocation (fp32 FMA 431, AMX bf16 6151 GFLOP/s).
+// The plan on this-cpu, at its default efficiencies, must predict each within 25% (the issue's
+// bar). The 124M rows are where the default efficiencies come from; small6 is independent.
+TEST(ThisCpu, PredictsKeelsRecordedStepTimesWithin25Percent) {
+  struct Recorded {
+    const char* name;
+    int layers, hidden, heads, seq, batch;
+    keel::plan::Precision precision;
+    double tokens_per_s;
+  };
+  using keel::plan::Precision;
+  const Recorded runs[] = {
+      {"124M fp32", 12, 768, 12, 256, 4, Precision::kFp32, 279},
+      {"124M bf16", 12, 768, 12, 256, 4, Precision::kBf16, 758},
+      {"small6 fp32", 6, 384, 6, 256, 8, Precision::kFp32, 1057},
+      {"small6 bf16", 6, 384, 6, 256, 8, Precision::kBf16, 2610},
+  };
+  const keel::plan::Accelerator cpu = keel::plan::ThisCpu({6151e9, 431e9, 24e9, 5e9});
+  for (const auto& r : runs) {
+    SCOPED_TRACE(r.name);
+    keel::plan::Job job;
+    job.model = {r.name, r.layers, r.hidden, r.heads, 50257, r.seq};
+    job.precision = r.precision;
+    job.accounting = keel::plan::Accounting::kKeel;
+    job.global_batch = r.batch;
+    job.cluster = {cpu, 1, 1};
+    job.efficiency = keel::plan::DefaultEfficiency(cpu, r.precision == Precision::kFp32);
+    const auto e =
+        keel::plan::Evaluate(job, {1, 1, 1, 0, r.batch, keel::plan::Recompute::kNone, false});
+    EXPECT_NEAR(e.time.tokens_per_s / r.tokens_per_s, 1.0, 0.25) << e.time.tokens_per_s;
+  }
 }
 
 TEST(ThisCpu, PlanMeasuresThisMachineInUnderTwoSeconds) {

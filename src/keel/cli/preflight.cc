@@ -22,7 +22,7 @@ namespace {
 
 struct PreflightArgs {
   std::string config, model, data, dir;
-  double node_mtbf_hours = 6000, efficiency = 0.6;
+  double node_mtbf_hours = 6000, efficiency = -1;
   bool quick = false, json = false;
 };
 
@@ -57,9 +57,10 @@ void RegisterPreflight(CLI::App& app) {
       "  keel preflight --quick                      (about 5 s; the default run takes < 30 s)\n"
       "  keel preflight --config configs/quickstart.toml --json\n"
       "  mpirun -np 4 keel preflight --config run.toml   (adds all-reduce and per-rank checks)\n"
-      "Rows: software consistency, matmul bf16/fp32 vs the table peak, memory bandwidth, planned\n"
-      "vs available memory, checkpoint write+fsync+read-back, data loader vs the step's need,\n"
-      "all-reduce bus bandwidth. Exit code 1 on any no-go; see docs/PLAN.md.");
+      "Rows: software consistency, matmul bf16/fp32 vs the table peak, a training step vs the\n"
+      "plan's prediction, memory bandwidth, planned vs available memory, checkpoint\n"
+      "write+fsync+read-back, data loader vs the step's need, all-reduce bus bandwidth.\n"
+      "Exit code 1 on any no-go; see docs/PLAN.md.");
   static PreflightArgs a;
   cmd->add_option("--config", a.config, "the run's TOML (model, batch, data, run directory)");
   cmd->add_option("--model", a.model, "override [model] name (gpt2-tiny..gpt2-xl)");
@@ -67,8 +68,9 @@ void RegisterPreflight(CLI::App& app) {
   cmd->add_option("--dir", a.dir, "checkpoint directory to test (default: RUN_DIR/checkpoints)");
   cmd->add_option("--node-mtbf-hours", a.node_mtbf_hours, "for the checkpoint interval")
       ->capture_default_str();
-  cmd->add_option("--efficiency", a.efficiency, "fraction of the table peak the plan assumes")
-      ->capture_default_str();
+  cmd->add_option("--efficiency", a.efficiency,
+                  "fraction of the table peak the plan assumes (default: keel plan's for "
+                  "this-cpu, 0.5 fp32, 0.095 bf16)");
   cmd->add_flag("--quick", a.quick, "short measurements (about 5 s)");
   cmd->add_flag("--json", a.json, "print JSON instead of a table");
   cmd->callback([] {
@@ -77,7 +79,7 @@ void RegisterPreflight(CLI::App& app) {
       std::snprintf(num, sizeof(num), "%g", a.node_mtbf_hours);
       ThrowBadInput(std::string("preflight: --node-mtbf-hours ") + num + ": expected > 0");
     }
-    if (!(a.efficiency > 0 && a.efficiency <= 1)) {
+    if (a.efficiency != -1 && !(a.efficiency > 0 && a.efficiency <= 1)) {
       std::snprintf(num, sizeof(num), "%g", a.efficiency);
       ThrowBadInput(std::string("preflight: --efficiency ") + num + ": expected in (0, 1]");
     }
@@ -117,6 +119,7 @@ void RegisterPreflight(CLI::App& app) {
     rows.push_back(preflight::CheckSoftware(c));
     rows.push_back(preflight::CheckMatmul(c, DType::kBF16));
     rows.push_back(preflight::CheckMatmul(c, DType::kF32));
+    rows.push_back(preflight::CheckStep(c));
     rows.push_back(preflight::CheckMemoryBandwidth(c));
     rows.push_back(preflight::CheckMemory(c));
     rows.push_back(preflight::CheckCheckpoint(c));

@@ -20,10 +20,14 @@
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
 #include "keel/kernels/matmul.h"
+#include "keel/model/gpt.h"
+#include "keel/model/params.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/machine_probe.h"
+#include "keel/optim/adamw.h"
 #include "keel/plan/checkpoint_interval.h"
 #include "keel/plan/comm_time.h"
+#include "keel/plan/hardware.h"
 #include "keel/plan/memory.h"
 
 namespace keel::cli::preflight {
@@ -71,6 +75,14 @@ std::string SlowRanks(const std::vector<double>& v) {
 
 plan::ModelSpec Spec(const Context& c) {
   return {c.model_name, c.model.n_layer, c.model.n_embd, c.model.n_head, c.model.vocab_size, c.seq};
+}
+
+// --efficiency, or what `keel plan --accelerator this-cpu` assumes for the precision.
+double Efficiency(const Context& c, DType dtype) {
+  if (c.efficiency > 0) return c.efficiency;
+  plan::Accelerator cpu;
+  cpu.name = "this-cpu";
+  return plan::DefaultEfficiency(cpu, dtype == DType::kF32);
 }
 
 plan::Recompute PlanRecompute(model::Recompute r) {
@@ -145,11 +157,11 @@ Row CheckMatmul(Context& c, DType dtype) {
   const auto all = Gather(*c.comm, local);
   const double med = Median(all);
   const double peak = monitor::PeakFlops(dtype, c.threads);
-  const double expected = peak * c.efficiency;
+  const double eff = Efficiency(c, dtype);
+  const double expected = peak * eff;
   if (dtype == c.dtype) c.matmul_flops = med;
   row.measured = Fmt("%.4g GFLOP/s (%.0fx%.0f", med / 1e9, M, K) + Fmt("x%.0f, median)", N);
-  row.expected =
-      Fmt("%.4g GFLOP/s (%.2f of the %.4g table peak)", expected / 1e9, c.efficiency, peak / 1e9);
+  row.expected = Fmt("%.4g GFLOP/s (%.3g of the %.4g table peak)", expected / 1e9, eff, peak / 1e9);
   row.data = {
       {"gflops_per_rank", all}, {"expected_gflops", expected / 1e9}, {"M", M}, {"K", K}, {"N", N}};
   const std::string slow = SlowRanks(all);
@@ -162,6 +174,73 @@ Row CheckMatmul(Context& c, DType dtype) {
   } else if (med < 0.5 * expected) {
     row.verdict = "warn";
     row.reason = "below half the planned rate: steps will take longer than planned (a busy host?)";
+  }
+  return row;
+}
+
+Row CheckStep(Context& c) {
+  Row row{"step", "", "", "go", ""};
+  // One optimizer step on one micro-batch, as the trainer runs it: forward and backward, the
+  // global gradient norm, AdamW. Random weights and tokens; the time does not depend on them.
+  double local = 0;
+  std::string error;
+  try {
+    model::GptModel m(c.model, c.dtype, c.micro_batch, c.seq, c.recompute);
+    model::InitParams(m.layout(), c.model, 1337, m.master());
+    m.SyncWorking();
+    std::vector<optim::ParamRange> ranges;
+    for (const auto& p : m.layout().params()) ranges.push_back({p.offset, p.numel, p.decay});
+    optim::AdamW opt(ranges, m.layout().total(), optim::AdamWHyper{});
+    std::vector<int32_t> tokens(size_t(c.micro_batch) * c.seq), targets(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = int32_t(i * 7919 % size_t(c.model.vocab_size));
+      targets[i] = int32_t((i * 104729 + 1) % size_t(c.model.vocab_size));
+    }
+    auto step = [&] {
+      m.ZeroGrads();
+      m.ForwardBackward(tokens.data(), targets.data(), 1.0f / float(tokens.size()));
+      const double norm = optim::GlobalGradNorm(m.grads(), m.layout().total());
+      opt.Step(m.master(), m.working_bf16(), m.grads(), 1e-4f, optim::ClipScale(norm, 1.0f));
+    };
+    step();  // builds the kernels
+    const int reps = c.quick ? 1 : 3;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) step();
+    local = Since(t0) / reps;
+  } catch (const std::exception& e) {
+    error = e.what();
+    local = -1;
+  }
+  const auto all = Gather(*c.comm, local);
+  const double slowest = *std::max_element(all.begin(), all.end());
+  const double least = *std::min_element(all.begin(), all.end());
+  if (least < 0) {
+    row.verdict = "no-go";
+    row.measured = "failed";
+    row.reason = error.empty() ? "a rank could not run a step" : error;
+    return row;
+  }
+  // What `keel plan --accelerator this-cpu` predicts for the same micro-batch: the table peak at
+  // the plan's efficiency for CPUs (or --efficiency).
+  const plan::ModelSpec spec = Spec(c);
+  const double tokens = double(c.micro_batch) * c.seq;
+  const double n = plan::TotalParams(spec);
+  const double hw = tokens * plan::HardwareFlopsPerToken(spec, n, PlanRecompute(c.recompute));
+  const double peak = monitor::PeakFlops(c.dtype, c.threads);
+  const double eff = Efficiency(c, c.dtype);
+  const double predicted = hw / (peak * eff);
+  const double mfu = tokens * plan::ModelFlopsPerToken(spec, n) / (slowest * peak);
+  row.measured = Fmt("%.3g s per micro-batch, %.4g tokens/s, MFU %.1f%% (slowest rank)", slowest,
+                     tokens / slowest, 100 * mfu);
+  row.expected = Fmt("%.3g s (keel plan on this-cpu: efficiency %.3g of %.4g GFLOP/s)", predicted,
+                     eff, peak / 1e9);
+  row.data = {{"step_s_per_rank", all}, {"predicted_s", predicted}, {"mfu", mfu}};
+  const double off = slowest / predicted - 1;
+  if (std::abs(off) > 0.25) {
+    row.verdict = "warn";
+    // The efficiency that would make the plan match: hardware FLOPs over time and peak.
+    row.reason = Fmt("the plan is off by %+.0f%%; keel plan --efficiency %.3g matches this step",
+                     100 * off, hw / (slowest * peak));
   }
   return row;
 }

@@ -32,7 +32,8 @@ struct Context {
   double bucket_bytes = 25 << 20;
   std::string ckpt_dir;   // where the checkpoint round trip writes
   std::string data_path;  // "" = no data check
-  double node_mtbf_hours = 6000, efficiency = 0.6;
+  double node_mtbf_hours = 6000;
+  double efficiency = -1;  // not given: plan::DefaultEfficiency of this-cpu for the precision
   bool quick = false;
   // Filled by the checks, for the ones after them (median over ranks, FLOP/s and bytes/s).
   double matmul_flops = 0;  // in the run's precision
@@ -41,6 +42,7 @@ struct Context {
 
 Row CheckSoftware(Context& c);
 Row CheckMatmul(Context& c, DType dtype);
+Row CheckStep(Context& c);
 Row CheckMemoryBandwidth(Context& c);
 Row CheckMemory(Context& c);
 Row CheckCheckpoint(Context& c);

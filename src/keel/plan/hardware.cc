@@ -45,6 +45,11 @@ double PeakFlops(const Accelerator& a, bool fp32) {
   return a.fp32_flops > 0 ? a.fp32_flops : a.bf16_flops / 2;
 }
 
+double DefaultEfficiency(const Accelerator& a, bool fp32) {
+  if (a.name != "this-cpu") return 0.6;
+  return fp32 ? 0.50 : 0.095;
+}
+
 Accelerator ThisCpu(const CpuFigures& f) {
   Accelerator a;
   a.name = "this-cpu";

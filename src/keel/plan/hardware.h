@@ -33,6 +33,12 @@ std::vector<std::string> AcceleratorNames();
 // The peak FLOP/s of a precision: fp32 runs use fp32_flops (bf16/2 where it is not given).
 double PeakFlops(const Accelerator& a, bool fp32);
 
+// The fraction of peak a step's matrix products are assumed to reach when --efficiency is not
+// given. 0.6 on the tabled GPUs (Megatron-LM-class MFU). On this-cpu keel's own measured MFU
+// (docs/PERFORMANCE.md, GPT-2 124M B=4 T=256 on 2 threads): 0.50 in fp32, 0.095 in bf16, where
+// AMX makes the matmuls so fast that the other kernels set the step time.
+double DefaultEfficiency(const Accelerator& a, bool fp32);
+
 // This machine's CPUs as one accelerator, from measured figures (monitor::ProbeMachine does the
 // measuring; the planner only does arithmetic). copy_bytes_per_s is memcpy's rate (bytes copied,
 // each read once and written once), so memory bandwidth is twice it; ranks on one host exchange
