@@ -57,13 +57,16 @@ TEST(PlanCli, ExplainNamesTheActivationRow) {
 TEST(PlanCli, ReadsTomlAndFlagsWin) {
   const auto path = std::filesystem::temp_directory_path() / "keel_plan_test.toml";
   std::ofstream(path) << "[model]\nmodel = \"7B\"\n[cluster]\naccelerators = 16\n"
-                         "accelerator = \"A100-80GB\"\nglobal_batch = 64\n";
+                         "accelerator = \"A100-80GB\"\nglobal_batch = 64\n"
+                         "[run]\nprice_per_hour = 3.5\nnode_mtbf_hours = 1000\n";
   Result r = Keel("plan --config " + path.string() + " --accelerators 32 --json --top 1");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["accelerators"], 32);
   EXPECT_EQ(j["accelerator"], "A100-80GB");
   EXPECT_EQ(j["global_batch"], 64);
+  EXPECT_EQ(j["price_per_hour"], 3.5);
+  EXPECT_EQ(j["node_mtbf_hours"], 1000);
   std::ofstream(path) << "modle = \"7B\"\n";
   r = Keel("plan --config " + path.string());
   EXPECT_EQ(r.code, 2);
