@@ -1,5 +1,6 @@
 // A real HTTP server for the remote-dataset tests: python3 -m http.server serving a folder on
-// 127.0.0.1 at a free port, killed at scope exit (or by Stop(), to play a server that dies).
+// 127.0.0.1 at a free port, killed at scope exit (or by Stop(), to play a server that dies;
+// Pause(), one that hangs).
 //
 //   HttpServer server(dir);
 //   std::string url = server.url("ds");   // http://127.0.0.1:PORT/ds
@@ -68,6 +69,9 @@ class HttpServer {
       pid_ = -1;
     }
   }
+  // A server that hangs: connections are still accepted by the kernel, nothing is answered.
+  void Pause() { ::kill(pid_, SIGSTOP); }
+  void Resume() { ::kill(pid_, SIGCONT); }
   std::string url(const std::string& path) const {
     return "http://127.0.0.1:" + std::to_string(port_) + "/" + path;
   }

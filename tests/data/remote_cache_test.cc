@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -116,6 +117,31 @@ TEST_F(RemoteCacheTest, DeadServerIsOneClearErrorAfterRetries) {
   // Two backoff waits, 0.05 s and 0.1 s, between three refused connections.
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(140));
   EXPECT_FALSE(fs::exists(cache.dir() + "/" + meta_.shards[1].index));
+}
+
+TEST_F(RemoteCacheTest, CancelStopsADownloadFromAHungServer) {
+  server_->Pause();
+  std::atomic<bool> cancel = false;
+  HttpOptions o;
+  o.stall_timeout_s = 60;  // without the cancel, this download would wait a minute
+  o.cancel = &cancel;
+  std::string error;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread t([&] {
+    try {
+      HttpDownload(server_->url("ds/meta.json"), cache_ / "meta.part", o);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  cancel = true;
+  t.join();
+  server_->Resume();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_NE(error.find(server_->url("ds/meta.json") + ": download cancelled"), std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(cache_ / "meta.part"));
 }
 
 TEST_F(RemoteCacheTest, MissingFileIsBadInputWithoutRetries) {
