@@ -331,11 +331,11 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
   }
   std::signal(SIGINT, old_int);
   std::signal(SIGTERM, old_term);
-  ckpt.Finish();
 
   if (lead && cfg.checkpoint.save_final)
     ckpt::WriteModel(sum.run_dir + "/model.safetensors", mcfg, model.layout(), model.master());
   if (lead && !sum.interrupted) PrintSamples(cfg, mcfg, model.layout(), model.master());
+  ckpt.Finish();  // after the model file: a failed last save must not cost the weights too
   return sum;
 }
 
