@@ -35,7 +35,7 @@ const char* kRows[] = {"software", "matmul bf16", "matmul fp32", "step",      "m
                        "memory",   "checkpoint",  "data",        "all-reduce"};
 
 TEST(PreflightCli, QuickPrintsEveryRow) {
-  Result r = Keel("preflight --quick");
+  Result r = Keel("preflight --quick --model gpt2-tiny --set data.seq_len=64");
   ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
   for (const char* row : kRows) {
     // Each row starts a line with its name, then its verdict.
@@ -48,7 +48,7 @@ TEST(PreflightCli, QuickPrintsEveryRow) {
 }
 
 TEST(PreflightCli, JsonHasAVerdictAndNumbersPerRow) {
-  Result r = Keel("preflight --quick --json");
+  Result r = Keel("preflight --quick --model gpt2-tiny --set data.seq_len=64 --json");
   ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
   auto j = nlohmann::json::parse(r.out.substr(0, r.out.rfind('}') + 1));
   ASSERT_EQ(j["rows"].size(), std::size(kRows));
@@ -76,7 +76,8 @@ TEST(PreflightCli, MeasuresADatasetAgainstTheStep) {
     std::ofstream(path, std::ios::binary)
         .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
   }
-  Result r = Keel("preflight --quick --json --data " + path.string());
+  Result r = Keel("preflight --quick --model gpt2-tiny --set data.seq_len=64 --json --data " +
+                  path.string());
   ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
   auto j = nlohmann::json::parse(r.out.substr(0, r.out.rfind('}') + 1));
   const auto& data = j["rows"][7];
@@ -87,7 +88,8 @@ TEST(PreflightCli, MeasuresADatasetAgainstTheStep) {
 }
 
 TEST(PreflightCli, AnUnwritableCheckpointDirIsANoGo) {
-  Result r = Keel("preflight --quick --dir /proc/keel-preflight-nope");
+  Result r = Keel(
+      "preflight --quick --model gpt2-tiny --set data.seq_len=64 --dir /proc/keel-preflight-nope");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("verdict: NO-GO"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("no-go: checkpoint"), std::string::npos) << r.out;

@@ -22,6 +22,7 @@ namespace {
 
 struct PreflightArgs {
   std::string config, model, data, dir;
+  std::vector<std::string> set;  // "section.key=value", as keel train --set
   double node_mtbf_hours = 6000, efficiency = -1;
   bool quick = false, json = false;
 };
@@ -64,6 +65,7 @@ void RegisterPreflight(CLI::App& app) {
   static PreflightArgs a;
   cmd->add_option("--config", a.config, "the run's TOML (model, batch, data, run directory)");
   cmd->add_option("--model", a.model, "override [model] name (gpt2-tiny..gpt2-xl)");
+  cmd->add_option("--set", a.set, "override a config key, e.g. --set data.seq_len=64");
   cmd->add_option("--data", a.data, "dataset to read (default: the config's [data] train)");
   cmd->add_option("--dir", a.dir, "checkpoint directory to test (default: RUN_DIR/checkpoints)");
   cmd->add_option("--node-mtbf-hours", a.node_mtbf_hours, "for the checkpoint interval")
@@ -83,7 +85,7 @@ void RegisterPreflight(CLI::App& app) {
       std::snprintf(num, sizeof(num), "%g", a.efficiency);
       ThrowBadInput(std::string("preflight: --efficiency ") + num + ": expected in (0, 1]");
     }
-    std::vector<std::string> overrides;
+    std::vector<std::string> overrides = a.set;
     if (!a.model.empty()) overrides.push_back("model.name=" + a.model);
     const train::RunConfig cfg = train::LoadConfig(a.config, overrides);
     auto comm = dist::CreateComm();

@@ -214,6 +214,7 @@ Row CheckStep(Context& c) {
   const auto all = Gather(*c.comm, local);
   const double slowest = *std::max_element(all.begin(), all.end());
   const double least = *std::min_element(all.begin(), all.end());
+  if (least > 0) c.step_s = slowest;
   if (least < 0) {
     row.verdict = "no-go";
     row.measured = "failed";
@@ -375,12 +376,14 @@ Row CheckCheckpoint(Context& c) {
 
 Row CheckData(Context& c) {
   Row row{"data", "", "", "go", ""};
-  // What the run's compute consumes: the rank's measured matmul rate over the FLOPs per token.
+  // What the run's compute consumes: the measured step's tokens/s (or, if it failed, the
+  // measured matmul rate over the FLOPs per token).
   const plan::ModelSpec spec = Spec(c);
   const double per_token =
       plan::HardwareFlopsPerToken(spec, plan::TotalParams(spec), PlanRecompute(c.recompute));
-  const double consume = c.matmul_flops / per_token;
-  row.expected = Fmt("%.4g tokens/s per rank (the step at the measured matmul rate)", consume);
+  const double consume =
+      c.step_s > 0 ? double(c.micro_batch) * c.seq / c.step_s : c.matmul_flops / per_token;
+  row.expected = Fmt("%.4g tokens/s per rank (what the measured step consumes)", consume);
   // Every rank calls Gather, with or without a dataset, so that they stay in step.
   double local = 0;
   std::string error;
@@ -450,15 +453,17 @@ Row CheckAllReduce(Context& c) {
   const double t = c.comm->AllReduceMax(Since(t0) / reps);
   // Bus bandwidth: what each rank sends in a ring all-reduce, 2(n-1)/n of the buffer.
   const double bus = 2.0 * (n - 1) / n * double(floats) * 4 / t;
-  // The share of a step: all gradients (fp32) at that rate, against the step's compute at the
-  // measured matmul rate.
+  // The share of a step: all gradients (fp32) at that rate, against the measured step times the
+  // micro-batches per rank (or the matmul rate, if the step failed).
   const plan::ModelSpec spec = Spec(c);
   const double params = plan::TotalParams(spec);
   const double ar_s = 2.0 * (n - 1) / n * params * 4 / bus;
   const double tokens = double(c.global_batch) / n * c.seq;
-  const double compute_s = tokens *
-                           plan::HardwareFlopsPerToken(spec, params, PlanRecompute(c.recompute)) /
-                           std::max(c.matmul_flops, 1.0);
+  const double compute_s =
+      c.step_s > 0
+          ? tokens / (double(c.micro_batch) * c.seq) * c.step_s
+          : tokens * plan::HardwareFlopsPerToken(spec, params, PlanRecompute(c.recompute)) /
+                std::max(c.matmul_flops, 1.0);
   const double share = ar_s / (ar_s + compute_s);
   row.measured = Fmt("%.4g GB/s bus bandwidth (%.4g MB bucket, %.0f ranks)", bus / 1e9,
                      double(floats) * 4 / 1e6, double(n));

@@ -37,6 +37,7 @@ struct Context {
   bool quick = false;
   // Filled by the checks, for the ones after them (median over ranks, FLOP/s and bytes/s).
   double matmul_flops = 0;  // in the run's precision
+  double step_s = 0;        // one micro-batch's optimizer step, slowest rank
   double copy_bytes_per_s = 0;
 };
 
