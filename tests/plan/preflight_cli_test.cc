@@ -87,6 +87,28 @@ TEST(PreflightCli, MeasuresADatasetAgainstTheStep) {
   std::filesystem::remove(path);
 }
 
+TEST(PreflightCli, WritesTheTableAsJsonIntoTheRunDirectory) {
+  const auto dir = std::filesystem::temp_directory_path() / "keel_preflight_run";
+  std::filesystem::remove_all(dir);
+  const auto cfg = std::filesystem::temp_directory_path() / "keel_preflight_run.toml";
+  std::ofstream(cfg) << "[model]\nname = \"gpt2-tiny\"\n[data]\nseq_len = 64\n[train]\nname = "
+                        "\"pf\"\nout_dir = \""
+                     << dir.string() << "\"\n";
+  Result r = Keel("preflight --quick --config " + cfg.string());
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
+  std::ifstream in(dir / "pf" / "preflight.json");
+  ASSERT_TRUE(in.good()) << "no " << (dir / "pf" / "preflight.json") << "\n" << r.out;
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["rows"].size(), std::size(kRows));
+  EXPECT_EQ(j["verdict"] == "go", r.code == 0);
+  // The round trip ran in the run's checkpoint folder and left nothing behind.
+  EXPECT_NE(j["rows"][6]["measured"].get<std::string>().find("pf/checkpoints"), std::string::npos)
+      << j["rows"][6].dump();
+  EXPECT_FALSE(std::filesystem::exists(dir / "pf" / "checkpoints"));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(cfg);
+}
+
 TEST(PreflightCli, AnUnwritableCheckpointDirIsANoGo) {
   Result r = Keel(
       "preflight --quick --model gpt2-tiny --set data.seq_len=64 --dir /proc/keel-preflight-nope");

@@ -24,7 +24,9 @@ TEST(MachineProbe, PeakRatesArePositiveAndPlausiblePerThread) {
   EXPECT_GT(r.fp32_fma, 16e9);
   EXPECT_LT(r.fp32_fma, 400e9);
   // vdpbf16ps runs at half the FMA rate on some CPUs (Sapphire Rapids) and full on others.
-  if (__builtin_cpu_supports("avx512bf16")) EXPECT_GT(r.bf16_dpbf16, 0.25 * r.fp32_fma);
+  if (__builtin_cpu_supports("avx512bf16")) {
+    EXPECT_GT(r.bf16_dpbf16, 0.25 * r.fp32_fma);
+  }
   EXPECT_GE(r.bf16(), r.bf16_dpbf16);
 }
 
