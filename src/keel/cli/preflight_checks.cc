@@ -124,7 +124,9 @@ Row CheckSoftware(Context& c) {
                 (unsigned long long)(keel_hash >> 32), __VERSION__,
                 dist::MpiLibraryVersion().c_str(), dv->major, dv->minor, dv->patch);
   row.measured = line;
-  const uint64_t h = XXH3_64bits(line, std::strlen(line));
+  // KEEL_BUILD_TAG: anything else the ranks must agree on, e.g. a container image digest.
+  if (const char* tag = std::getenv("KEEL_BUILD_TAG")) row.measured += std::string(", tag ") + tag;
+  const uint64_t h = XXH3_64bits(row.measured.data(), row.measured.size());
   // Four 16-bit pieces: each is exact in a float.
   std::vector<float> send(4), recv(4 * size_t(c.comm->size()));
   for (int i = 0; i < 4; ++i) send[i] = float((h >> (16 * i)) & 0xffff);
