@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -59,6 +60,11 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
+  // Allocates and touches the staging buffer for saves of states shaped like `view` on the writer
+  // thread, so that the first save's snapshot is a plain copy rather than a page fault per 4 KiB
+  // (measured: 1.4 GB staged in 7.0 s cold, 0.5 s warm). Costs this rank's share of the state in
+  // memory (12 bytes per parameter / ranks) for the whole run.
+  void Prepare(const StateView& view);
   // Starts a save of `view` (its buffers must stay alive, and unchanged until WaitSnapshot).
   // Only one save may be in flight: the caller waits for or skips behind the previous one.
   void Begin(StateView view);
@@ -104,7 +110,12 @@ class CheckpointWriter {
 
   // Touched by the writer thread only, between Begin and commit/abort.
   StateView meta_;  // the view without its buffers' bytes
-  Buffer staging_;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  void EnsureStaging(size_t bytes);
+  std::unique_ptr<uint8_t, FreeDeleter> staging_;
+  size_t staging_bytes_ = 0;
   size_t staged_bytes_ = 0;
   SaveReport current_;
   double begin_ms_ = 0;

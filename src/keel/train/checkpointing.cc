@@ -75,6 +75,7 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
   }
   for (const std::string& dir : candidates) {
     try {
+      Timer load;
       ckpt::CheckpointReader r = ckpt::CheckpointReader::Open(dir);
       r.Load(view.tensors, view.buffers);
       const ckpt::Manifest& m = r.manifest();
@@ -85,9 +86,11 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
                      std::to_string(comm_.rank()) + " from " + dir +
                      "): is the checkpoint folder on storage every rank sees?");
       if (lead) {
-        Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s))", dir.c_str(),
-            static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens),
-            m.state.value("layout", json::object()).value("dp", 1));
+        Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s)); read and "
+            "verified %.1f MiB in %.0f ms",
+            dir.c_str(), static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens),
+            m.state.value("layout", json::object()).value("dp", 1), m.TotalBytes() / 1048576.0,
+            load.Millis());
         if (events_)
           events_->Write(
               {{"event", "restart"}, {"from", dir}, {"step", m.step}, {"tokens", m.tokens}});
@@ -105,6 +108,11 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
   ThrowBadInput("[checkpoint] resume: none of the " + std::to_string(candidates.size()) +
                 " checkpoints in " + (how == "auto" ? root_ : how) +
                 " verifies (see the lines above); refusing to start over from step 0");
+}
+
+void Checkpointer::Prepare(const ckpt::StateView& view) {
+  const auto& c = cfg_.checkpoint;
+  if (c.every_steps > 0 || c.every_minutes > 0 || c.at_end || c.on_signal) writer_->Prepare(view);
 }
 
 double Checkpointer::BeforeUpdate() {

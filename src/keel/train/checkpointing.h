@@ -59,6 +59,9 @@ class Checkpointer {
   // skips (with a log line and an event) any that does not verify. nullopt: a fresh start.
   std::optional<Resumed> Resume(const ckpt::StateView& view);
 
+  // Readies the writer for saves of `view` in the background (its staging buffer), when this run
+  // saves at all.
+  void Prepare(const ckpt::StateView& view);
   // Before the optimizer changes the state: waits for the snapshot of a save in flight.
   double BeforeUpdate();
   // After step `step_done` (1-based): agrees with the other ranks, advances the save in flight,

@@ -185,6 +185,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
     loader.restore(data::LoaderStateFromJson(r->state.at("loader")));
     sum.resumed_from = r->path;
   }
+  ckpt.Prepare(state);
   if (lead) {
     // Steps past the checkpoint were lost with the crash; the resumed run writes them again.
     KeepMetricsUpTo(sum.run_dir + "/metrics.jsonl", start_step);
