@@ -123,5 +123,20 @@ TEST(RunCost, HoursDaysAndMoneyFollowFromTokensAndMfu) {
   EXPECT_EQ(f.cost.failure_money, 0);
 }
 
+TEST(RunCost, GptThreeTrainingComputeMatchesThePaper) {
+  // Brown et al. 2020, Table D.1: GPT-3 175B on 300B tokens took 3.64e3 petaflop/s-days,
+  // i.e. 3.14e23 FLOPs (6N per token). The planner also counts attention's 12Lhs per token
+  // (PaLM), about 3% more at s = 2048.
+  Job job;
+  job.model = NamedModel("175B");
+  job.cluster.accel = NamedAccelerator("H100-80GB");
+  job.cluster.world = 1024;
+  job.global_batch = 1536;
+  job.run.tokens = 300e9;
+  const Estimate e = Evaluate(job, Layout{8, 8, 16, 1, 1, Recompute::kSelective, true});
+  const double paper = 3.64e3 * 1e15 * 86400;
+  EXPECT_NEAR(e.cost.total_flops / paper, 1.03, 0.03);
+}
+
 }  // namespace
 }  // namespace keel::plan
