@@ -4,8 +4,10 @@
 
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/core/stop_signal.h"
 
 int main(int argc, char** argv) {
+  keel::InstallStopSignals();  // before any thread exists, so that every thread inherits the mask
   CLI::App app{"keel: train GPT-style language models, from one CPU to a cluster", "keel"};
   app.require_subcommand(1);
   keel::cli::RegisterTrain(app);

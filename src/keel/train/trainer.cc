@@ -2,9 +2,7 @@
 
 #include <omp.h>
 
-#include <atomic>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +12,7 @@
 #include "keel/ckpt/model_source.h"
 #include "keel/core/error.h"
 #include "keel/core/log.h"
+#include "keel/core/stop_signal.h"
 #include "keel/core/timer.h"
 #include "keel/data/dataset.h"
 #include "keel/data/file_util.h"
@@ -30,9 +29,6 @@
 
 namespace keel::train {
 namespace {
-
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
 
 // Entropy of the token distribution (nats): the loss of the best model that ignores context.
 // A model that learned anything sits well below it. Counts at most the first 20M tokens.
@@ -234,9 +230,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
   // The order is the loader's cursor order, i.e. exactly Fill(step, k) for k = 0..n_micro-1.
   data::Prefetcher prefetch(loader, s.micro_batch, cfg.data.prefetch);
 
-  g_stop = false;
-  auto old_int = std::signal(SIGINT, OnSignal);
-  auto old_term = std::signal(SIGTERM, OnSignal);
+  StopScope stop;  // SIGINT/SIGTERM from here on: finish the step, save, exit 0
   sum.steps_done = start_step;
   for (int step = start_step; step < cfg.train.steps; ++step) {
     Timer step_timer;
@@ -320,7 +314,7 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
       return v;
     };
     // Every rank agrees on stopping and saving at the same step, or the next collective hangs.
-    if (ckpt.AfterStep(step + 1, last_step, g_stop, view).stop) {
+    if (ckpt.AfterStep(step + 1, last_step, stop.requested(), view).stop) {
       sum.interrupted = true;
       if (lead) Log("keel: interrupted at step %d", step + 1);
       break;
@@ -330,8 +324,6 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
       break;
     }
   }
-  std::signal(SIGINT, old_int);
-  std::signal(SIGTERM, old_term);
 
   if (lead && cfg.checkpoint.save_final)
     ckpt::WriteModel(sum.run_dir + "/model.safetensors", mcfg, model.layout(), model.master());
