@@ -133,7 +133,7 @@ Row CheckSoftware(Context& c) {
   Wait(*c.comm->AllGatherAsync(send.data(), recv.data(), 4));
   std::string differ;
   for (int r = 1; r < c.comm->size(); ++r)
-    if (!std::equal(recv.begin() + 4 * r, recv.begin() + 4 * r + 4, recv.begin()))
+    if (!std::equal(recv.begin() + 4L * r, recv.begin() + 4L * r + 4, recv.begin()))
       differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   row.expected = "the same on all " + std::to_string(c.comm->size()) + " rank(s)";
   if (!differ.empty()) {

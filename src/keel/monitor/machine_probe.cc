@@ -121,6 +121,7 @@ double Measure(double (*loop)(double, float*), int threads, double seconds, int 
     std::vector<double> rate(threads);
     std::vector<float> sink(threads);
     std::vector<std::thread> pool;
+    pool.reserve(size_t(threads));
     for (int t = 0; t < threads; ++t)
       pool.emplace_back([&, t] { rate[t] = loop(seconds, &sink[t]); });
     for (auto& th : pool) th.join();
@@ -160,6 +161,7 @@ double MeasureCopyRate(int threads, size_t bytes, int reps) {
   for (int rep = 0; rep < std::max(1, reps); ++rep) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> pool;
+    pool.reserve(size_t(threads));
     for (int t = 0; t < threads; ++t)
       pool.emplace_back(
           [&, t] { std::memcpy(dst.data() + t * share, src.data() + t * share, share); });
