@@ -87,8 +87,8 @@ TEST(ThisCpu, PlanMeasuresThisMachineInUnderTwoSeconds) {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 on this CPU";
   const std::string cmd = std::string(KEEL_BINARY) +
-                          " plan --model gpt2-tiny --accelerator this-cpu --accelerators 1"
-                          " --per-node 1 --global-batch 8 --json --top 1 2>&1";
+                          " plan --model gpt2-tiny --accelerator this-cpu"
+                          " --global-batch 8 --json --top 1 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   FILE* p = ::popen(cmd.c_str(), "r");
   std::string out;
@@ -104,6 +104,7 @@ TEST(ThisCpu, PlanMeasuresThisMachineInUnderTwoSeconds) {
   const auto j = nlohmann::json::parse(out);
   const auto& f = j["accelerator_figures"];
   EXPECT_EQ(j["accelerator"], "this-cpu");
+  EXPECT_EQ(j["accelerators"], 1);  // one machine unless --accelerators says otherwise
   const double cores = std::thread::hardware_concurrency();
   EXPECT_GT(f["fp32_flops"].get<double>(), 16e9 * cores * 0.25);  // busy machines share cores
   EXPECT_GE(f["bf16_flops"].get<double>(), f["fp32_flops"].get<double>());

@@ -247,6 +247,11 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_flag("--explain", a.explain, "explain the best layout (fix it with the flags above)");
   cmd->callback([cmd] {
     if (!a.config.empty()) ApplyToml(cmd, a.config);
+    // this-cpu is one machine: unless told otherwise, plan for it alone.
+    if (a.accel == "this-cpu") {
+      if (cmd->get_option("--accelerators")->count() == 0) a.world = 1;
+      if (cmd->get_option("--per-node")->count() == 0) a.per_node = 1;
+    }
     const plan::Job job = MakeJob(a);
     const auto all = plan::Search(job, MakeConstraints(a));
     if (a.json) {
