@@ -312,7 +312,10 @@ Row CheckCheckpoint(Context& c) {
       c.ckpt_dir + "/.preflight_rank" + std::to_string(c.comm->rank()) + ".tmp";
   double write_bps = 0, read_bps = 0;
   std::string error;
+  // Ranks may share the folder: each looks before any creates it, and it is removed (when it
+  // was not there before, and only if empty) after every rank is done with its file.
   const bool existed = std::filesystem::exists(c.ckpt_dir);
+  c.comm->Barrier();
   try {
     std::filesystem::create_directories(c.ckpt_dir);
     std::vector<char> buf(bytes), back(bytes);
@@ -344,6 +347,7 @@ Row CheckCheckpoint(Context& c) {
   }
   std::error_code ec;
   std::filesystem::remove(path, ec);
+  c.comm->Barrier();
   if (!existed) std::filesystem::remove(c.ckpt_dir, ec);  // only if empty: leave no trace
   const auto writes = Gather(*c.comm, error.empty() ? write_bps : -1);
   const auto reads = Gather(*c.comm, error.empty() ? read_bps : -1);
