@@ -73,6 +73,13 @@ std::string SlowRanks(const std::vector<double>& v) {
   return out;
 }
 
+// Ranks on this rank's host: Open MPI says; otherwise assume all of them are here.
+int LocalRanks(const Context& c) {
+  const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int n = s ? std::atoi(s) : c.comm->size();
+  return std::clamp(n, 1, c.comm->size());
+}
+
 plan::ModelSpec Spec(const Context& c) {
   return {c.model_name, c.model.n_layer, c.model.n_embd, c.model.n_head, c.model.vocab_size, c.seq};
 }
@@ -282,10 +289,8 @@ Row CheckMemory(Context& c) {
   job.cluster.accel.memory_bytes = monitor::MemTotalBytes();
   plan::Layout l{1, 1, c.comm->size(), 0, c.micro_batch, PlanRecompute(c.recompute), false};
   const plan::MemoryBreakdown mem = plan::EstimateMemory(job, l);
-  // Ranks on one host share its memory (Open MPI says how many; otherwise assume all of them).
-  int local_ranks = c.comm->size();
-  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::atoi(s);
-  const auto avail = Gather(*c.comm, monitor::MemAvailableBytes() / std::max(1, local_ranks));
+  // Ranks on one host share its memory.
+  const auto avail = Gather(*c.comm, monitor::MemAvailableBytes() / LocalRanks(c));
   const double least = *std::min_element(avail.begin(), avail.end());
   row.measured = Fmt("%.4g GB available per rank (least of all ranks)", least / 1e9);
   row.expected = Fmt("%.4g GB planned peak per rank (state %.4g GB + activations %.4g GB)",
@@ -366,13 +371,16 @@ Row CheckCheckpoint(Context& c) {
   // writes its slice at the slowest rank's rate, all at once (the rate was measured that way).
   const double delta = state_per_rank / std::max(c.copy_bytes_per_s, 1e6);
   const double write_s = state_per_rank / w;
-  const double mtbf = c.node_mtbf_hours * 3600;  // one host per rank group: a lower bound on M
+  // Job MTBF: node MTBF over the hosts the ranks span.
+  const int hosts = std::max(1, c.comm->size() / LocalRanks(c));
+  const double mtbf = c.node_mtbf_hours * 3600 / hosts;
   const double daly = std::max(plan::DalyInterval(delta, mtbf), write_s);
   row.measured = Fmt("write %.4g GB/s (fsync), read %.4g GB/s, %.0f MB verified", w / 1e9,
                      Median(reads) / 1e9, double(bytes) / 1e6) +
                  " in " + c.ckpt_dir;
-  row.expected = Fmt("state %.4g GB/rank: written in %.3g s; save every %.3g min (Daly)",
-                     state_per_rank / 1e9, write_s, daly / 60);
+  row.expected = Fmt("state %.4g GB/rank: written in %.3g s; save every %.3g min (Daly, ",
+                     state_per_rank / 1e9, write_s, daly / 60) +
+                 Fmt("%.0f host(s))", hosts);
   row.data["write_s"] = write_s;
   row.data["interval_s"] = daly;
   if (write_s > daly / 2) {
