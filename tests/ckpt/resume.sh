@@ -4,7 +4,9 @@
 #     bf16, with 1 and 2 ranks: every step's loss and the final parameters are bitwise equal;
 #  2. resharding: saved by 2 ranks, resumed by 1 and by 3; saved by 1, resumed by 2: the losses
 #     of steps 21-40 follow the uninterrupted run to 1e-5 relative and the data position in the
-#     checkpoint is exactly 20 global batches.
+#     checkpoint is exactly 20 global batches;
+#  3. incremental: with the embeddings frozen, later checkpoints reference their unchanged bytes
+#     in the first one (which retention then keeps) and a resume from them is still bitwise.
 #   tests/ckpt/resume.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -48,6 +50,21 @@ done
 run saved1 1 --set train.precision=fp32 --set train.stop_at=20
 cp -r "$tmp/saved1" "$tmp/from1to2"
 run from1to2 2 --set train.precision=fp32 --resume auto
+
+# Incremental saves: embeddings frozen, a save every 5 steps, only the newest kept.
+inc=(--set train.precision=fp32 --set optim.freeze="wte.*,wpe.*" --set checkpoint.every_steps=5
+     --set checkpoint.keep_last=1)
+run inc_full 1 "${inc[@]}"
+run inc_cut 1 "${inc[@]}" --set train.stop_at=20
+run inc_cut 1 "${inc[@]}" --resume auto
+cmp "$tmp/inc_full/model.safetensors" "$tmp/inc_cut/model.safetensors" ||
+  { echo "incremental: final parameters differ after resume"; exit 1; }
+"$keel" ckpt verify "$tmp/inc_cut" >"$tmp/inc_verify.log" 2>&1 || { cat "$tmp/inc_verify.log"; exit 1; }
+# Across the restart too: step 40 (written after the resume) still points into step 5.
+grep -q '"file": "../step_00000005/rank_00000.bin"' "$tmp/inc_cut/checkpoints/step_00000040/manifest.json" ||
+  { echo "incremental: step 40 does not reference step 5"; exit 1; }
+[[ -d "$tmp/inc_cut/checkpoints/step_00000005" ]] || { echo "incremental: referenced step 5 deleted"; exit 1; }
+grep -o '"referenced_bytes":[0-9]*' "$tmp/inc_cut/events.jsonl" | tail -1 | sed 's/^/incremental: step 40 /'
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys

@@ -116,7 +116,17 @@ void CheckPiece(const TensorEntry& t, const Piece& p, const std::string& where) 
   if (p.bytes != n * 4)
     ThrowBadInput(where + ": bytes " + std::to_string(p.bytes) + " does not match the box (" +
                   std::to_string(n) + " f32 = " + std::to_string(n * 4) + " bytes)");
-  if (p.file.empty() || p.file.find('/') != std::string::npos || p.file == "..")
+  // A file of this checkpoint, or of an older one in the same folder ("../step_N/FILE"): an
+  // unchanged piece referenced rather than rewritten. Nothing else, so no manifest can make a
+  // reader open files outside the checkpoints folder.
+  std::string name = p.file;
+  if (name.rfind("../step_", 0) == 0) {
+    const size_t slash = name.find('/', 3);
+    const std::string dir = slash == std::string::npos ? "" : name.substr(3, slash - 3);
+    const bool ok = dir.size() >= 13 && dir.find_first_not_of("0123456789", 5) == std::string::npos;
+    name = ok ? name.substr(slash + 1) : "";
+  }
+  if (name.empty() || name.find('/') != std::string::npos || name == ".." || name == ".")
     ThrowBadInput(where + ": file: expected a file name inside the checkpoint, got \"" + p.file +
                   "\"");
 }

@@ -159,6 +159,7 @@ void CheckpointWriter::Commit() {
   Post([this] {
     try {
       if (rank_ == 0) DoCommit();
+      prev_ = std::move(next_prev_);  // what the next save may reference
     } catch (const std::exception& e) {
       current_.error = e.what();
       DoAbort();
@@ -199,11 +200,25 @@ void CheckpointWriter::EnsureStaging(size_t bytes) {
   constexpr size_t kHuge = size_t(2) << 20;
   const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
   staging_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, size)));
-  if (!staging_) throw Error(ExitCode::kRuntime, "checkpoint staging: cannot allocate " +
-                                                     std::to_string(size >> 20) + " MiB");
+  if (!staging_)
+    throw Error(ExitCode::kRuntime,
+                "checkpoint staging: cannot allocate " + std::to_string(size >> 20) + " MiB");
   ::madvise(staging_.get(), size, MADV_HUGEPAGE);
   std::memset(staging_.get(), 0, size);
   staging_bytes_ = size;
+}
+
+void CheckpointWriter::Seed(const Manifest& m, const std::string& dir_name) {
+  std::map<std::string, Stored> seeded;
+  for (const TensorEntry& t : m.tensors)
+    for (const Piece& p : t.pieces) {
+      json start = p.start, count = p.count;
+      const std::string file =
+          p.file.rfind("../", 0) == 0 ? p.file.substr(3) : dir_name + "/" + p.file;
+      seeded[t.name + "|" + t.kind + "|" + start.dump() + count.dump()] = {file, p.offset, p.bytes,
+                                                                           p.xxh3};
+    }
+  Post([this, s = std::move(seeded)]() mutable { prev_ = std::move(s); });
 }
 
 void CheckpointWriter::Prepare(const StateView& view) {
@@ -286,17 +301,40 @@ void CheckpointWriter::DoWrite() {
     fs::remove(tmp + "/COMMIT");
     fs::remove(tmp + "/manifest.json");
   }
+  const std::string name = fs::path(tmp).stem().string();  // step_N
   const std::string path = tmp + "/" + RankFile(rank_, "bin");
   json pieces = json::parse(pieces_json_);
   const uint8_t* base = staging_.get();
-  for (json& p : pieces) {
-    p["file"] = RankFile(rank_, "bin");
-    p["xxh3"] = HexHash(Hash(base + p["offset"].get<size_t>(), p["bytes"].get<size_t>()));
-  }
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(ExitCode::kRuntime, path + ": cannot create: " + std::strerror(errno));
+  next_prev_.clear();
+  current_.referenced_bytes = 0;
   try {
-    WriteAll(fd, base, staged_bytes_, path);
+    uint64_t file_offset = 0;
+    for (json& p : pieces) {
+      const uint8_t* bytes = base + p["offset"].get<size_t>();
+      const uint64_t n = p["bytes"].get<uint64_t>();
+      const uint64_t h = Hash(bytes, n);
+      const std::string key = p["name"].get<std::string>() + "|" + p["kind"].get<std::string>() +
+                              "|" + p["start"].dump() + p["count"].dump();
+      // Incremental: a piece with the bytes of the previous save (a frozen parameter) is
+      // referenced where it already lies, as long as that committed file is still there.
+      auto it = prev_.find(key);
+      if (it != prev_.end() && it->second.xxh3 == h && it->second.bytes == n &&
+          fs::exists(root_ + "/" + it->second.file)) {
+        p["file"] = "../" + it->second.file;
+        p["offset"] = it->second.offset;
+        next_prev_[key] = it->second;
+        current_.referenced_bytes += n;
+      } else {
+        WriteAll(fd, bytes, n, path);
+        p["file"] = RankFile(rank_, "bin");
+        p["offset"] = file_offset;
+        next_prev_[key] = {name + "/" + RankFile(rank_, "bin"), file_offset, n, h};
+        file_offset += n;
+      }
+      p["xxh3"] = HexHash(h);
+    }
     MaybeCrash("write");
     if (::fsync(fd) != 0)
       throw Error(ExitCode::kRuntime, path + ": fsync failed: " + std::strerror(errno));
@@ -341,6 +379,10 @@ void CheckpointWriter::DoCommit() {
       m.tensors.push_back(std::move(e));
     }
   current_.total_bytes = m.TotalBytes();
+  current_.referenced_bytes = 0;  // every rank's, now that rank 0 sees them all
+  for (const TensorEntry& t : m.tensors)
+    for (const Piece& p : t.pieces)
+      if (p.file.rfind("../", 0) == 0) current_.referenced_bytes += p.bytes;
   const std::string text = ToJsonText(m);
   data::WriteFileAtomic(tmp + "/manifest.json", text);
   for (int r = 0; r < world_; ++r) fs::remove(tmp + "/" + RankFile(r, "json"));

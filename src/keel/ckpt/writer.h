@@ -22,12 +22,14 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "keel/ckpt/manifest.h"
 #include "keel/ckpt/state.h"
 #include "keel/core/buffer.h"
 
@@ -41,12 +43,13 @@ struct Retention {
 // One finished save, for the log, events.jsonl and metrics.
 struct SaveReport {
   int64_t step = 0;
-  std::string path;                  // the committed folder, or the .tmp one when it failed
-  uint64_t bytes = 0;                // this rank's bytes
-  uint64_t total_bytes = 0;          // every rank's (known to rank 0 after the commit)
-  double snapshot_ms = 0;            // the copy the step waited for
-  double write_ms = 0;               // write + fsync of this rank's file
-  double total_ms = 0;               // Begin to commit (rank 0) or to written (others)
+  std::string path;               // the committed folder, or the .tmp one when it failed
+  uint64_t bytes = 0;             // this rank's bytes
+  uint64_t total_bytes = 0;       // every rank's (known to rank 0 after the commit)
+  uint64_t referenced_bytes = 0;  // this rank's unchanged bytes, referenced in an older checkpoint
+  double snapshot_ms = 0;         // the copy the step waited for
+  double write_ms = 0;            // write + fsync of this rank's file
+  double total_ms = 0;            // Begin to commit (rank 0) or to written (others)
   std::vector<std::string> deleted;  // by retention
   std::string error;                 // empty when it succeeded
 };
@@ -65,6 +68,9 @@ class CheckpointWriter {
   // (measured: 1.4 GB staged in 7.0 s cold, 0.5 s warm). Costs this rank's share of the state in
   // memory (12 bytes per parameter / ranks) for the whole run.
   void Prepare(const StateView& view);
+  // After a resume from the committed checkpoint `dir_name` (a step_N of root): its pieces may be
+  // referenced by the next save, so incremental saves go on across restarts.
+  void Seed(const Manifest& m, const std::string& dir_name);
   // Starts a save of `view` (its buffers must stay alive, and unchanged until WaitSnapshot).
   // Only one save may be in flight: the caller waits for or skips behind the previous one.
   void Begin(StateView view);
@@ -120,6 +126,14 @@ class CheckpointWriter {
   SaveReport current_;
   double begin_ms_ = 0;
   std::string pieces_json_;  // this rank's sidecar, as text
+  // This rank's pieces of the last committed save, by tensor, kind and box: where their bytes
+  // lie (relative to root_) and their hash, so that an unchanged piece is referenced, not
+  // rewritten. next_prev_ is the save in flight's, promoted when it commits.
+  struct Stored {
+    std::string file;  // "step_00000010/rank_00000.bin"
+    uint64_t offset = 0, bytes = 0, xxh3 = 0;
+  };
+  std::map<std::string, Stored> prev_, next_prev_;
 
   std::thread thread_;  // last
 };

@@ -23,6 +23,7 @@ void AdamW::Step(float* master, bf16* working, const float* grads, float lr, flo
   p.grad_scale = grad_scale;
   p.step = step_;
   for (const ParamRange& r : ranges_) {
+    if (r.frozen) continue;
     p.weight_decay = r.decay ? hyper_.weight_decay : 0.0f;
     float* mm = m() + r.offset;
     float* vv = v() + r.offset;

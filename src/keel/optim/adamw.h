@@ -20,6 +20,7 @@ namespace keel::optim {
 struct ParamRange {
   size_t offset = 0, numel = 0;
   bool decay = false;
+  bool frozen = false;  // not updated (its moments stay zero)
 };
 
 struct AdamWHyper {

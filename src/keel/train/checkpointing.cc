@@ -79,6 +79,8 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
       ckpt::CheckpointReader r = ckpt::CheckpointReader::Open(dir);
       r.Load(view.tensors, view.buffers);
       const ckpt::Manifest& m = r.manifest();
+      if (fs::path(dir).parent_path() == fs::path(root_))
+        writer_->Seed(m, fs::path(dir).filename().string());
       // Every rank reads the same files; a disagreement means they see different storage.
       const double step = double(m.step);
       if (comm_.AllReduceMax(step) != step || -comm_.AllReduceMax(-step) != step)
@@ -217,15 +219,20 @@ void Checkpointer::Report() {
     if (comm_.rank() != 0) continue;
     std::string deleted;
     for (const auto& name : r.deleted) deleted += (deleted.empty() ? "" : ", ") + name;
-    Log("keel: checkpoint %s: %.1f MiB in %.0f ms (this rank wrote %.1f MiB in %.0f ms), the step "
-        "was blocked %.1f ms%s%s",
-        r.path.c_str(), r.total_bytes / 1048576.0, r.total_ms, r.bytes / 1048576.0, r.write_ms,
-        pending_blocked_ms_, deleted.empty() ? "" : "; deleted ", deleted.c_str());
+    char unchanged[96] = "";
+    if (r.referenced_bytes)
+      std::snprintf(unchanged, sizeof unchanged, " (%.1f MiB unchanged: referenced, not rewritten)",
+                    r.referenced_bytes / 1048576.0);
+    Log("keel: checkpoint %s: %.1f MiB%s in %.0f ms (this rank staged %.1f MiB and wrote in %.0f "
+        "ms), the step was blocked %.1f ms%s%s",
+        r.path.c_str(), r.total_bytes / 1048576.0, unchanged, r.total_ms, r.bytes / 1048576.0,
+        r.write_ms, pending_blocked_ms_, deleted.empty() ? "" : "; deleted ", deleted.c_str());
     if (events_)
       events_->Write({{"event", "checkpoint"},
                       {"step", r.step},
                       {"path", r.path},
                       {"bytes", r.total_bytes},
+                      {"referenced_bytes", r.referenced_bytes},
                       {"blocked_ms", pending_blocked_ms_},
                       {"snapshot_ms", r.snapshot_ms},
                       {"write_ms", r.write_ms},

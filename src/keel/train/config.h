@@ -84,6 +84,8 @@ struct OptimSection {
   float eps = 1e-8f;
   float weight_decay = 0.1f;  // on matrices and embeddings only (not biases or LayerNorm)
   float grad_clip = 1.0f;     // global L2 norm; 0 = off
+  // Parameters not trained (fine-tuning): comma-separated name patterns, e.g. "wte.*,wpe.*".
+  std::string freeze;
 
   bool operator==(const OptimSection&) const = default;
 };
@@ -96,14 +98,14 @@ struct ParallelSection {
 };
 
 struct CheckpointSection {
-  bool save_final = true;     // write model.safetensors at the end (and on Ctrl-C)
-  std::string dir;            // checkpoint root; "" = out_dir/name/checkpoints
-  int every_steps = 0;        // save every N steps; 0 = off
-  double every_minutes = 30;  // save when this many minutes passed since the last save; 0 = off
-  bool at_end = true;         // save after the last step
-  bool on_signal = true;      // SIGTERM/SIGINT: finish the step, save, exit 0
-  int keep_last = 3;          // committed checkpoints kept (the newest)
-  int keep_every = 0;         // also keep every step that is a multiple of this; 0 = none
+  bool save_final = true;        // write model.safetensors at the end (and on Ctrl-C)
+  std::string dir;               // checkpoint root; "" = out_dir/name/checkpoints
+  int every_steps = 0;           // save every N steps; 0 = off
+  double every_minutes = 30;     // save when this many minutes passed since the last save; 0 = off
+  bool at_end = true;            // save after the last step
+  bool on_signal = true;         // SIGTERM/SIGINT: finish the step, save, exit 0
+  int keep_last = 3;             // committed checkpoints kept (the newest)
+  int keep_every = 0;            // also keep every step that is a multiple of this; 0 = none
   std::string if_busy = "wait";  // a trigger while a save is in flight: "wait" | "skip"
   std::string resume;            // "" = fresh run | "auto" | a checkpoint folder
 

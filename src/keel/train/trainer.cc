@@ -24,6 +24,7 @@
 #include "keel/optim/adamw.h"
 #include "keel/optim/schedule.h"
 #include "keel/train/checkpointing.h"
+#include "keel/train/freeze.h"
 #include "keel/train/grad_sync.h"
 #include "keel/train/samples.h"
 
@@ -147,7 +148,16 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
   model.SyncWorking();
 
   std::vector<optim::ParamRange> ranges;
-  for (const auto& p : model.layout().params()) ranges.push_back({p.offset, p.numel, p.decay});
+  const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, model.layout());
+  size_t n_frozen = 0;
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    const auto& p = model.layout().params()[i];
+    ranges.push_back({p.offset, p.numel, p.decay, frozen[i]});
+    if (frozen[i]) n_frozen += p.numel;
+  }
+  if (lead && n_frozen)
+    Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen,
+        model.layout().total());
   optim::AdamW opt(ranges, model.layout().total(),
                    {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay});
   optim::LrSchedule sched{optim::LrSchedule::ParseKind(cfg.optim.schedule), cfg.optim.lr,
@@ -251,6 +261,8 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
       ThrowRuntime("step " + std::to_string(step) + ": the loss is " + std::to_string(loss) +
                    "; stopping (lower [optim] lr, or set [resilience] stop_on_nonfinite = false)");
     Timer ot;
+    for (const auto& r : ranges)  // frozen parameters have no gradient, as in PyTorch
+      if (r.frozen) std::fill_n(model.grads() + r.offset, r.numel, 0.0f);
     const double norm = optim::GlobalGradNorm(model.grads(), model.layout().total());
     const float lr = sched.At(step);
     const double ckpt_ms = ckpt.BeforeUpdate();  // a save in flight must have its snapshot
