@@ -76,7 +76,7 @@ TEST(TrainCli, RunsAreBitwiseRepeatableAndPinned) {
   for (size_t i = 0; i < pinned.size(); ++i) EXPECT_NEAR(la[i], pinned[i], 2e-4) << "step " << i;
 }
 
-// Ctrl-C (SIGINT) finishes the current step, writes model.safetensors and exits 0.
+// Ctrl-C (SIGINT) finishes the current step, saves a checkpoint and model.safetensors, exits 0.
 TEST(TrainCli, InterruptSavesTheModelAndExitsZero) {
   TempDir dir;
   auto data = FlatTokens(dir);
@@ -89,6 +89,28 @@ TEST(TrainCli, InterruptSavesTheModelAndExitsZero) {
   EXPECT_EQ(res.code, 0) << res.err;
   EXPECT_TRUE(std::filesystem::exists(dir / "test-tiny/model.safetensors"));
   EXPECT_NE(res.out.find("interrupted"), std::string::npos) << res.out;
+  // The checkpoint of the step it stopped at is committed and `latest` names it.
+  const auto ckpts = dir / "test-tiny/checkpoints";
+  std::ifstream latest(ckpts + "/latest");
+  std::string name;
+  ASSERT_TRUE(latest >> name) << res.err;
+  EXPECT_TRUE(std::filesystem::exists(ckpts + "/" + name + "/COMMIT")) << name;
+  EXPECT_EQ(RunCommand(kKeel + " ckpt verify " + ckpts + "/" + name).code, 0);
+}
+
+// [checkpoint] every_minutes saves on rank 0's clock, in the middle of a run.
+TEST(TrainCli, EveryMinutesSavesDuringTheRun) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  auto res = RunCommand(TrainCmd(dir, data,
+                                 "--set train.steps=60 --set checkpoint.every_minutes=0.002 "
+                                 "--set checkpoint.at_end=false --set checkpoint.keep_last=100"));
+  ASSERT_EQ(res.code, 0) << res.err;
+  int saves = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "test-tiny/checkpoints"))
+    saves += e.path().filename().string().rfind("step_", 0) == 0;
+  EXPECT_GE(saves, 1) << res.err;
+  EXPECT_NE(res.err.find("keel: checkpoint "), std::string::npos) << res.err;
 }
 
 struct BadCase {
