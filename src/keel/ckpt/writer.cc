@@ -103,6 +103,7 @@ void CheckpointWriter::Begin(StateView view) {
     KEEL_CHECK(!in_flight_, "CheckpointWriter::Begin with a save in flight");
     in_flight_ = true;
     snapshot_done_ = false;
+    chunks_ready_ = false;
     status_ = kWriting;
   }
   begin_ms_ = NowMs();
@@ -128,9 +129,25 @@ void CheckpointWriter::Begin(StateView view) {
 
 double CheckpointWriter::WaitSnapshot() {
   Timer t;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return snapshot_done_ || chunks_ready_; });
+    if (snapshot_done_) return t.Millis();
+  }
+  // The copy is not finished and the state is about to change: the trainer's threads copy the
+  // rest beside the writer, at the whole machine's memory bandwidth rather than one thread's.
+#pragma omp parallel
+  CopyChunks();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return snapshot_done_; });
   return t.Millis();
+}
+
+void CheckpointWriter::CopyChunks() {
+  for (size_t i; (i = next_chunk_.fetch_add(1)) < chunks_.size();) {
+    std::memcpy(chunks_[i].dst, chunks_[i].src, chunks_[i].n);
+    copied_bytes_.fetch_add(chunks_[i].n);
+  }
 }
 
 CheckpointWriter::Status CheckpointWriter::status() {
@@ -279,11 +296,25 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     }
   }
   EnsureStaging(bytes);
+  // Chunks that the trainer's threads can take too (WaitSnapshot), if it gets there first.
+  constexpr size_t kChunk = size_t(8) << 20;
+  chunks_.clear();
   uint8_t* dst = staging_.get();
   for (const Copy& c : copies) {
-    std::memcpy(dst, c.src, c.n * 4);
+    const auto* src = reinterpret_cast<const uint8_t*>(c.src);
+    for (size_t off = 0; off < c.n * 4; off += kChunk)
+      chunks_.push_back({src + off, dst + off, std::min(kChunk, c.n * 4 - off)});
     dst += c.n * 4;
   }
+  next_chunk_ = 0;
+  copied_bytes_ = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    chunks_ready_ = true;
+  }
+  cv_.notify_all();
+  CopyChunks();
+  while (copied_bytes_.load() < bytes) std::this_thread::yield();  // a helper's last chunk
   staged_bytes_ = bytes;
   pieces_json_ = pieces.dump();
   current_.bytes = bytes;

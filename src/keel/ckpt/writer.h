@@ -18,6 +18,7 @@
 //   ... if (every rank's w.status() == kWritten) on rank 0: w.Commit(); ...
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -97,6 +98,7 @@ class CheckpointWriter {
   void Run();
   void Post(std::function<void()> task);
   void DoSnapshot(const StateView& view);
+  void CopyChunks();  // takes chunks until none is left
   void DoWrite();
   void DoCommit();
   void DoAbort();
@@ -111,6 +113,7 @@ class CheckpointWriter {
   std::deque<std::function<void()>> tasks_;
   bool busy_ = false, stop_ = false;
   bool snapshot_done_ = true, in_flight_ = false;
+  bool chunks_ready_ = false;  // chunks_ is set and may be copied by anyone
   Status status_ = kWritten;
   std::vector<SaveReport> reports_;
 
@@ -122,6 +125,13 @@ class CheckpointWriter {
   void EnsureStaging(size_t bytes);
   std::unique_ptr<uint8_t, FreeDeleter> staging_;
   size_t staging_bytes_ = 0;
+  struct Chunk {
+    const uint8_t* src;
+    uint8_t* dst;
+    size_t n;
+  };
+  std::vector<Chunk> chunks_;  // the snapshot's copies, in pieces of at most 8 MiB
+  std::atomic<size_t> next_chunk_{0}, copied_bytes_{0};
   size_t staged_bytes_ = 0;
   SaveReport current_;
   double begin_ms_ = 0;

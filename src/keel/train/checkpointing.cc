@@ -183,15 +183,18 @@ StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_re
       }
     } else {
       Timer t;
-      Complete();
+      Complete();  // the previous save, when it is still being written (if_busy = "wait")
       Begin(make_view());
+      pending_blocked_ms_ += t.Millis();
       d.saved = true;
       if (final_save) {
+        // Nothing is left to overlap with: the run waits for the whole save.
+        Timer sync;
         Complete();
+        pending_blocked_ms_ += sync.Millis();
         Report();
       }
       d.blocked_ms = t.Millis();
-      pending_blocked_ms_ += d.blocked_ms;
     }
   }
   Report();
