@@ -210,12 +210,28 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
   const double peak = monitor::PeakFlops(s.dtype, threads, cfg.monitor.peak_gflops) * comm.size();
   const double tokens_per_step = double(cfg.train.batch_size) * T;
   const float dloss = float(1.0 / tokens_per_step);
-  if (lead)
+  // What this rank allocated, by kind: the numbers `keel plan --accounting keel` predicts.
+  const size_t n_params = model.layout().total();
+  const nlohmann::json memory = {{"master", n_params * 4},
+                                 {"working_bf16", model.working_bf16() ? n_params * 2 : 0},
+                                 {"grads", n_params * 4},
+                                 {"adam_moments", n_params * 8},
+                                 {"activations", model.activation_plan().total_bytes}};
+  size_t memory_total = 0;
+  for (const auto& [kind, bytes] : memory.items()) memory_total += bytes.get<size_t>();
+  if (lead) {
     Log("keel: %s %s, %zu parameters, %d rank(s) × %d thread(s), batch %d × %d tokens, "
-        "%d micro-batch(es) of %d, activations %.1f MiB",
-        cfg.model.name.c_str(), DTypeName(s.dtype), model.layout().total(), comm.size(), threads,
-        cfg.train.batch_size, T, s.n_micro, s.micro_batch,
-        model.activation_plan().total_bytes / 1048576.0);
+        "%d micro-batch(es) of %d",
+        cfg.model.name.c_str(), DTypeName(s.dtype), n_params, comm.size(), threads,
+        cfg.train.batch_size, T, s.n_micro, s.micro_batch);
+    Log("keel: memory per rank: master %.1f MiB, working bf16 %.1f, grads %.1f, AdamW moments "
+        "%.1f, activations %.1f; total %.1f MiB",
+        memory["master"].get<size_t>() / 1048576.0,
+        memory["working_bf16"].get<size_t>() / 1048576.0, memory["grads"].get<size_t>() / 1048576.0,
+        memory["adam_moments"].get<size_t>() / 1048576.0,
+        memory["activations"].get<size_t>() / 1048576.0, memory_total / 1048576.0);
+    events.Write({{"event", "memory"}, {"bytes", memory}});
+  }
   if (lead) {
     // Which data the run draws from, with each source's share, so a log says what was trained.
     double total_weight = 0;
@@ -297,7 +313,8 @@ TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
                           {"data_ms", data_ms},
                           {"comm_wait_ms", sync.wait_ms()},
                           {"optim_ms", optim_ms},
-                          {"compute_ms", ms - data_ms - sync.wait_ms() - optim_ms}};
+                          {"compute_ms", ms - data_ms - sync.wait_ms() - optim_ms},
+                          {"memory_bytes", memory_total}};
       if (val >= 0) m["val_loss"] = val;
       if (ckpt_ms > 0) m["ckpt_blocked_ms"] = ckpt_ms;
       metrics.Write(m);
