@@ -206,5 +206,21 @@ TEST(GenerateCli, MissingRunIsBadInput) {
   EXPECT_NE(res.err.find("/nonexistent"), std::string::npos) << res.err;
 }
 
+// A checkpoint folder and the model file of the same step generate the same text.
+TEST(GenerateCli, CheckpointAndModelFileGiveTheSameText) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  ASSERT_EQ(RunCommand(TrainCmd(dir, data, "--set train.steps=5 --set train.sample_count=0")).code,
+            0);
+  const std::string run = dir / "test-tiny";
+  const std::string gen = kKeel + " generate --prompt The --max-tokens 8 --temperature 0 --run ";
+  auto from_file = RunCommand(gen + run + "/model.safetensors");
+  auto from_ckpt = RunCommand(gen + run + "/checkpoints/step_00000005");
+  ASSERT_EQ(from_file.code, 0) << from_file.err;
+  ASSERT_EQ(from_ckpt.code, 0) << from_ckpt.err;
+  EXPECT_GT(from_file.out.size(), 4u);
+  EXPECT_EQ(from_file.out, from_ckpt.out);
+}
+
 }  // namespace
 }  // namespace keel::test

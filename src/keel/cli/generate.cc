@@ -1,8 +1,9 @@
-// keel generate: sample continuations of a prompt from a trained run's model.safetensors.
+// keel generate: sample continuations of a prompt from a trained run, a checkpoint or a model file.
 #include <cstdio>
 #include <filesystem>
 
 #include "keel/ckpt/model_file.h"
+#include "keel/ckpt/model_source.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/data/tokenizer.h"
@@ -17,13 +18,15 @@ void RegisterGenerate(CLI::App& app) {
       "Examples:\n"
       "  keel generate --run runs/quickstart --prompt \"The jury said\"\n"
       "  keel generate --run runs/quickstart --prompt \"He\" --max-tokens 100 --temperature 0.7 "
-      "--top-k 40 --seed 3");
+      "--top-k 40 --seed 3\n"
+      "  keel generate --run runs/quickstart/checkpoints/step_00000200 --prompt \"The\"\n"
+      "--run takes a run folder (its newest checkpoint, else its model.safetensors), a checkpoint\n"
+      "folder, or a model file (keel's or Hugging Face GPT-2's).");
   static std::string run, prompt;
   static int max_tokens = 64, top_k = 40, count = 1;
   static float temperature = 0.8f;
   static uint64_t seed = 1;
-  cmd->add_option("--run", run, "run directory (holds model.safetensors), or the file itself")
-      ->required();
+  cmd->add_option("--run", run, "run folder, checkpoint folder, or model file")->required();
   cmd->add_option("--prompt", prompt, "text to continue")->required();
   cmd->add_option("--max-tokens", max_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", temperature, "0 = greedy")->capture_default_str();
@@ -32,13 +35,14 @@ void RegisterGenerate(CLI::App& app) {
   cmd->add_option("--seed", seed, "sampling seed")->capture_default_str();
   cmd->add_option("--count", count, "number of samples")->capture_default_str();
   cmd->callback([] {
-    std::string path = run;
-    if (std::filesystem::is_directory(path)) path += "/model.safetensors";
-    if (!std::filesystem::exists(path))
-      ThrowBadInput(path + ": no such file (expected a run directory with model.safetensors)");
+    if (!std::filesystem::exists(run))
+      ThrowBadInput(run +
+                    ": no such file or folder (expected a run folder, a checkpoint or a "
+                    "model file)");
     if (max_tokens < 0 || temperature < 0 || top_k < 0)
       ThrowBadInput("generate: --max-tokens, --temperature and --top-k must be >= 0");
-    ckpt::LoadedModel m = ckpt::ReadModel(path);
+    ckpt::LoadedModel m = std::filesystem::is_directory(run) ? ckpt::LoadWeightsForExport(run)
+                                                             : ckpt::ReadAnyModelFile(run);
     auto tok = data::Tokenizer::LoadGpt2(train::TokenizerDir());
     model::Generator gen(m.config, std::move(m.weights));
     auto ids = tok.Encode(prompt);
