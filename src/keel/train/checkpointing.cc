@@ -66,7 +66,7 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
       if (how != "auto") ThrowBadInput("[checkpoint] resume: " + how + ": no step_N folder in it");
       if (lead) {
         Log("keel: --resume auto: no checkpoint in %s; starting from step 0", root.c_str());
-        if (events_) events_->Write({{"event", "start"}, {"resume", "none found"}});
+        if (events_) events_->Write({{"event", "resume_none"}, {"root", root}});
       }
       return std::nullopt;
     }
