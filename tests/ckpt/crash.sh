@@ -58,6 +58,11 @@ for phase in snapshot write written manifest commit rename latest retention:1; d
   latest=$(cat "$tmp/$name/checkpoints/latest" 2>/dev/null || echo none)
   check_recovers "$name" "kill at $phase"
   resumed=$(sed -n 's|.*resuming from .*/\(step_[0-9]*\).*|\1|p' "$tmp/resume.log")
+  case $phase in
+    write | written | manifest | commit)  # the cut save's folder is there, and said to be ignored
+      grep -q "ignoring .*step_00000006.tmp: a save that never committed" "$tmp/resume.log" ||
+        { cat "$tmp/resume.log"; fail "$phase: the incomplete step_00000006.tmp was not reported"; } ;;
+  esac
   echo "killed at $phase: $committed committed left, latest $latest, resumed from $resumed"
 done
 

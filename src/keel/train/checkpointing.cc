@@ -60,6 +60,18 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
   const bool search = how == "auto" || !ckpt::ParseStepDirName(fs::path(how).filename().string());
   if (search) {
     const std::string root = how == "auto" ? root_ : ckpt::CheckpointRoot(how);
+    // Saves cut short are never loaded; say so, since they may be newer than what is resumed.
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      const std::string name = e.path().filename().string();
+      if (lead && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+        Log("keel: ignoring %s: a save that never committed", e.path().c_str());
+        if (events_)
+          events_->Write({{"event", "checkpoint_rejected"},
+                          {"path", e.path().string()},
+                          {"reason", "incomplete: never committed"}});
+      }
+    }
     auto dirs = ckpt::ListStepDirs(root);
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) candidates.push_back(it->path);
     if (candidates.empty()) {
