@@ -2,7 +2,7 @@
 # Exact resume and resharding, end to end through `keel train`:
 #  1. bitwise: 40 steps straight against 20 steps (stop_at) + --resume auto to 40, in fp32 and
 #     bf16, with 1 and 2 ranks: every step's loss and the final parameters are bitwise equal;
-#  2. resharding: saved by 2 ranks, resumed by 1 and by 3; saved by 1, resumed by 2: the losses
+#  2. resharding: saved by 2 ranks, resumed by 1 and by 3; saved by 1 and by 3, resumed by 2: the losses
 #     of steps 21-40 follow the uninterrupted run to 1e-5 relative and the data position in the
 #     checkpoint is exactly 20 global batches;
 #  3. incremental: with the embeddings frozen, later checkpoints reference their unchanged bytes
@@ -50,6 +50,9 @@ done
 run saved1 1 --set train.precision=fp32 --set train.stop_at=20
 cp -r "$tmp/saved1" "$tmp/from1to2"
 run from1to2 2 --set train.precision=fp32 --resume auto
+run saved3 3 --set train.precision=fp32 --set train.stop_at=20
+cp -r "$tmp/saved3" "$tmp/from3to2"
+run from3to2 2 --set train.precision=fp32 --resume auto
 
 # Incremental saves: embeddings frozen, a save every 5 steps, only the newest kept.
 inc=(--set train.precision=fp32 --set optim.freeze="wte.*,wpe.*" --set checkpoint.every_steps=5
@@ -80,14 +83,14 @@ for prec in ("fp32", "bf16"):
               f"{'bitwise identical' if same else 'DIFFERENT'} losses and parameters")
         bad |= not same
 ref = losses("full_fp32_1")
-for name in ("from2to1", "from2to3", "from1to2"):
+for name in ("from2to1", "from2to3", "from1to2", "from3to2"):
     got = losses(name)
     if len(got) != 40:
         print(f"{name}: {len(got)} steps, expected 40"); bad = 1; continue
     worst = max(abs(a - b) / abs(b) for a, b in zip(got[20:], ref[20:]))
     print(f"{name}: steps 21-40 vs the uninterrupted run: max relative difference {worst:.1e} (limit 1e-5)")
     bad |= worst > 1e-5
-for name in ("saved2", "saved1"):
+for name in ("saved2", "saved1", "saved3"):
     m = json.load(open(f"{d}/{name}/checkpoints/step_00000020/manifest.json"))
     pos = m["state"]["loader"]["position"]
     print(f"{name}: data position in the checkpoint {pos} (expected 20 x 12 = 240)")
