@@ -126,7 +126,8 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
   a.train.seed = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   a.train.val_every = 0;
   a.train.sample_prompt = "";
-  a.optim = {3e-4f, 0.1f * 3e-4f, 7, "constant", 0.8f, 0.999f, 1e-8f, 0.0f, 0.7f, "wte.*,h.?.ln_1.*"};
+  a.optim = {3e-4f,  0.1f * 3e-4f, 7,    "constant", 0.8f,
+             0.999f, 1e-8f,        0.0f, 0.7f,       "wte.*,h.?.ln_1.*"};
   a.parallel = {25.0f, 1234.5f};
   a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto"};
   a.resilience.stop_on_nonfinite = false;
