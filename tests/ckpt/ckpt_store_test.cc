@@ -163,7 +163,7 @@ TEST(CkptStore, BadCheckpointsGetOneClearLine) {
   auto rewrite = [&](const std::string& text, bool fix_commit) {
     std::ofstream(manifest) << text;
     if (fix_commit)
-      std::ofstream(dir + "/COMMIT") << "xxh3 " << HexHash(Hash(text.data(), text.size())) << "\n";
+      std::ofstream(dir + "/COMMIT") << "xxh3 " << HashHex(Hash(text.data(), text.size())) << "\n";
   };
   auto error_of = [&] {
     try {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 
 namespace keel::ckpt {
 namespace fs = std::filesystem;
@@ -23,18 +24,30 @@ std::optional<int64_t> ParseStepDirName(const std::string& name) {
   return std::stoll(digits);
 }
 
-std::vector<StepDir> ListStepDirs(const std::string& root) {
+namespace {
+
+// The folders of `root` named step_NNNNNNNN followed by `suffix`, oldest first.
+std::vector<StepDir> ListWithSuffix(const std::string& root, std::string_view suffix) {
   std::vector<StepDir> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
-    auto step = ParseStepDirName(name);
+    if (name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    auto step = ParseStepDirName(name.substr(0, name.size() - suffix.size()));
     if (step && e.is_directory()) out.push_back({*step, name, e.path().string()});
   }
   std::sort(out.begin(), out.end(),
             [](const StepDir& a, const StepDir& b) { return a.step < b.step; });
   return out;
 }
+
+}  // namespace
+
+std::vector<StepDir> ListStepDirs(const std::string& root) { return ListWithSuffix(root, ""); }
+
+std::vector<StepDir> ListTmpDirs(const std::string& root) { return ListWithSuffix(root, ".tmp"); }
 
 std::string ReadLatest(const std::string& root) {
   std::ifstream f(root + "/latest");

@@ -21,6 +21,9 @@ struct StepDir {
 };
 // The step_NNNNNNNN folders of `root`, oldest first (none if root does not exist).
 std::vector<StepDir> ListStepDirs(const std::string& root);
+// The step_NNNNNNNN.tmp folders of `root` (saves in flight or cut short), oldest first; `name`
+// keeps the ".tmp".
+std::vector<StepDir> ListTmpDirs(const std::string& root);
 // The name `latest` holds, or "" if there is no readable `latest`.
 std::string ReadLatest(const std::string& root);
 // `root` itself when it holds checkpoints, else root/checkpoints when that exists (a run folder).

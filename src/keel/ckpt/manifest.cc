@@ -2,8 +2,6 @@
 
 #include <xxhash.h>
 
-#include <cstdio>
-
 #include "keel/core/error.h"
 
 namespace keel::ckpt {
@@ -31,12 +29,6 @@ uint64_t Manifest::TotalBytes() const {
 
 uint64_t Hash(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 
-std::string HexHash(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
 uint64_t ParseHexHash(const std::string& s, const std::string& where) {
   if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
     ThrowBadInput(where + ": expected 16 lowercase hex digits, got \"" + s + "\"");
@@ -53,7 +45,7 @@ std::string ToJsonText(const Manifest& m) {
                         {"bytes", p.bytes},
                         {"start", p.start},
                         {"count", p.count},
-                        {"xxh3", HexHash(p.xxh3)}});
+                        {"xxh3", HashHex(p.xxh3)}});
     tensors.push_back({{"name", t.name},
                        {"kind", t.kind},
                        {"dtype", t.dtype},

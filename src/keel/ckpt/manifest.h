@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "keel/data/dataset_meta.h"
+
 namespace keel::ckpt {
 
 inline constexpr const char* kFormat = "keel-checkpoint";
@@ -57,8 +59,9 @@ std::string ToJsonText(const Manifest& m);
 // a wrong format or version, a piece outside its tensor or with a size that does not match.
 Manifest ManifestFromJsonText(const std::string& text, const std::string& where);
 
-// 16 lowercase hex digits, and back (throws bad input naming `where` if not hex).
-std::string HexHash(uint64_t h);
+// An xxh3 as 16 lowercase hex digits (data::HashHex, as meta.json writes them), and back
+// (throws bad input naming `where` if not hex).
+using data::HashHex;
 uint64_t ParseHexHash(const std::string& s, const std::string& where);
 uint64_t Hash(const void* data, size_t bytes);  // xxh3-64
 

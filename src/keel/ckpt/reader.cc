@@ -105,7 +105,7 @@ CheckpointReader CheckpointReader::Open(const std::string& dir) {
   const uint64_t want = ParseHexHash(commit, dir + "/COMMIT");
   const uint64_t got = Hash(text.data(), text.size());
   if (want != got)
-    ThrowBadInput(dir + "/manifest.json: xxh3 " + HexHash(got) + " does not match COMMIT (" +
+    ThrowBadInput(dir + "/manifest.json: xxh3 " + HashHex(got) + " does not match COMMIT (" +
                   commit + "): the manifest was changed or corrupted");
   r.manifest_ = ManifestFromJsonText(text, dir + "/manifest.json");
   return r;
@@ -134,8 +134,8 @@ void CheckpointReader::ReadBox(const TensorEntry& t, const std::vector<int64_t>&
     const uint64_t h = Hash(tmp.data(), p.bytes);
     if (h != p.xxh3)
       ThrowBadInput(path + ": " + t.name + " (" + t.kind + ") bytes [" + std::to_string(p.offset) +
-                    ", " + std::to_string(p.offset + p.bytes) + "): xxh3 " + HexHash(h) +
-                    ", the manifest says " + HexHash(p.xxh3) + " (corrupt)");
+                    ", " + std::to_string(p.offset + p.bytes) + "): xxh3 " + HashHex(h) +
+                    ", the manifest says " + HashHex(p.xxh3) + " (corrupt)");
     CopyIntersection(tmp.data(), p.start, p.count, out, start, count);
     got += overlap;
   }
@@ -194,7 +194,7 @@ VerifyResult Verify(const std::string& dir) {
         tmp.resize(p.bytes / 4);
         ReadAt(path, p.offset, p.bytes, tmp.data());
         const uint64_t h = Hash(tmp.data(), p.bytes);
-        if (h != p.xxh3) bad.problem = "xxh3 " + HexHash(h) + " != " + HexHash(p.xxh3);
+        if (h != p.xxh3) bad.problem = "xxh3 " + HashHex(h) + " != " + HashHex(p.xxh3);
       }
       if (!bad.problem.empty()) v.bad.push_back(bad);
     }

@@ -65,12 +65,12 @@ std::vector<std::string> ApplyRetention(const std::string& root, int64_t current
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     std::error_code rm;
-    if (name.rfind(".deleting_", 0) == 0 || name.rfind(".replaced_", 0) == 0) {
+    if (name.rfind(".deleting_", 0) == 0 || name.rfind(".replaced_", 0) == 0)
       fs::remove_all(e.path(), rm);
-    } else if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
-      auto step = ParseStepDirName(name.substr(0, name.size() - 4));
-      if (step && *step < current) fs::remove_all(e.path(), rm);
-    }
+  }
+  for (const StepDir& t : ListTmpDirs(root)) {
+    std::error_code rm;
+    if (t.step < current) fs::remove_all(t.path, rm);
   }
   return deleted;
 }

@@ -37,11 +37,17 @@ struct StateView {
   std::vector<FlatBuffer> buffers;
 };
 
-// The rows [begin, end) of axis 0 of a tensor that `rank` of `world` writes: every tensor is split
+// The rows [r0, r1) of axis 0 of a tensor that `rank` of `world` writes: every tensor is split
 // in near-equal row blocks, so each rank writes about 1/world of the state and save bandwidth
 // grows with ranks. A tensor with fewer rows than ranks leaves some ranks without a piece of it.
-inline std::pair<int64_t, int64_t> RowsOf(int64_t rows, int rank, int world) {
-  return {rows * rank / world, rows * (rank + 1) / world};
+struct RowSlice {
+  int64_t r0 = 0, r1 = 0;
+  uint64_t inner = 0;  // elements per row
+  size_t numel() const { return size_t(r1 - r0) * inner; }
+};
+inline RowSlice RowsOf(const TensorSpec& t, int rank, int world) {
+  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+  return {rows * rank / world, rows * (rank + 1) / world, rows ? t.numel() / uint64_t(rows) : 0};
 }
 
 }  // namespace keel::ckpt

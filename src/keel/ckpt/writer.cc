@@ -240,11 +240,8 @@ void CheckpointWriter::Seed(const Manifest& m, const std::string& dir_name) {
 
 void CheckpointWriter::Prepare(const StateView& view) {
   size_t bytes = 0;
-  for (const TensorSpec& t : view.tensors) {
-    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-    auto [r0, r1] = RowsOf(rows, rank_, world_);
-    if (rows > 0) bytes += size_t(r1 - r0) * (t.numel() / uint64_t(rows)) * 4 * view.buffers.size();
-  }
+  for (const TensorSpec& t : view.tensors)
+    bytes += RowsOf(t, rank_, world_).numel() * 4 * view.buffers.size();
   Post([this, bytes] {
     try {
       EnsureStaging(bytes);
@@ -273,18 +270,16 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
   };
   std::vector<Copy> copies;
   for (const TensorSpec& t : view.tensors) {
-    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-    const uint64_t inner = rows ? t.numel() / uint64_t(rows) : 0;
-    auto [r0, r1] = RowsOf(rows, rank_, world_);
-    if (r1 <= r0) continue;
+    const RowSlice s = RowsOf(t, rank_, world_);
+    if (s.r1 <= s.r0) continue;
     std::vector<int64_t> start(t.shape.size(), 0), count = t.shape;
     if (!t.shape.empty()) {
-      start[0] = r0;
-      count[0] = r1 - r0;
+      start[0] = s.r0;
+      count[0] = s.r1 - s.r0;
     }
-    const size_t n = size_t(r1 - r0) * inner;
+    const size_t n = s.numel();
     for (const FlatBuffer& b : view.buffers) {
-      copies.push_back({b.data + t.offset + size_t(r0) * inner, n});
+      copies.push_back({b.data + t.offset + size_t(s.r0) * s.inner, n});
       pieces.push_back({{"name", t.name},
                         {"kind", b.kind},
                         {"shape", t.shape},
@@ -364,7 +359,7 @@ void CheckpointWriter::DoWrite() {
         next_prev_[key] = {name + "/" + RankFile(rank_, "bin"), file_offset, n, h};
         file_offset += n;
       }
-      p["xxh3"] = HexHash(h);
+      p["xxh3"] = HashHex(h);
     }
     MaybeCrash("write");
     if (::fsync(fd) != 0)
@@ -418,7 +413,7 @@ void CheckpointWriter::DoCommit() {
   data::WriteFileAtomic(tmp + "/manifest.json", text);
   for (int r = 0; r < world_; ++r) fs::remove(tmp + "/" + RankFile(r, "json"));
   MaybeCrash("manifest");
-  data::WriteFileAtomic(tmp + "/COMMIT", "xxh3 " + HexHash(Hash(text.data(), text.size())) + "\n");
+  data::WriteFileAtomic(tmp + "/COMMIT", "xxh3 " + HashHex(Hash(text.data(), text.size())) + "\n");
   data::SyncDir(tmp);
   MaybeCrash("commit");
   if (fs::exists(final_dir)) {

@@ -39,11 +39,7 @@ Target Resolve(const std::string& path) {
   }
   t.root = ckpt::CheckpointRoot(path);
   for (const auto& d : ckpt::ListStepDirs(t.root)) t.dirs.push_back(d.path);
-  for (const auto& e : fs::directory_iterator(t.root)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0)
-      t.tmp.push_back(e.path().string());
-  }
+  for (const auto& d : ckpt::ListTmpDirs(t.root)) t.tmp.push_back(d.path);
   if (t.dirs.empty() && t.tmp.empty())
     ThrowBadInput(path + ": no checkpoints (expected a run folder, its checkpoints/ or a step_N)");
   return t;

@@ -61,16 +61,13 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
   if (search) {
     const std::string root = how == "auto" ? root_ : ckpt::CheckpointRoot(how);
     // Saves cut short are never loaded; say so, since they may be newer than what is resumed.
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(root, ec)) {
-      const std::string name = e.path().filename().string();
-      if (lead && name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
-        Log("keel: ignoring %s: a save that never committed", e.path().c_str());
-        if (events_)
-          events_->Write({{"event", "checkpoint_rejected"},
-                          {"path", e.path().string()},
-                          {"reason", "incomplete: never committed"}});
-      }
+    for (const auto& t : ckpt::ListTmpDirs(root)) {
+      if (!lead) break;
+      Log("keel: ignoring %s: a save that never committed", t.path.c_str());
+      if (events_)
+        events_->Write({{"event", "checkpoint_rejected"},
+                        {"path", t.path},
+                        {"reason", "incomplete: never committed"}});
     }
     auto dirs = ckpt::ListStepDirs(root);
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) candidates.push_back(it->path);
