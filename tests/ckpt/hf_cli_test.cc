@@ -28,14 +28,6 @@ void ExpectBadInput(const RunResult& r, const std::string& want) {
   EXPECT_NE(r.err.find(want), std::string::npos) << "want " << want << ": " << r.err;
 }
 
-std::vector<double> Losses(const std::string& metrics_path) {
-  std::vector<double> losses;
-  std::ifstream f(metrics_path);
-  for (std::string line; std::getline(f, line);)
-    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return losses;
-}
-
 TEST(CkptCli, ExportThenImportGivesBackTheModelFileByteForByte) {
   TempDir dir;
   const model::ModelConfig cfg{2, 4, 64, 300, 16};

@@ -111,8 +111,8 @@ TEST(LoaderState, SavedAtTwoRanksRestoresAtOneThreeAndFour) {
 }
 
 TEST(LoaderState, JsonRoundTrip) {
-  const LoaderState st{123456789012345ull, std::numeric_limits<uint64_t>::max(), 1024,
-                       9876543210ull};
+  const LoaderState st{
+      123456789012345ull, std::numeric_limits<uint64_t>::max(), 1024, 9876543210ull, {}, {}};
   const nlohmann::json j = ToJson(st);
   EXPECT_EQ(j["position"], 123456789012345ull);
   EXPECT_EQ(j["seq_len"], 1024);
@@ -120,7 +120,7 @@ TEST(LoaderState, JsonRoundTrip) {
 }
 
 TEST(LoaderState, BadJsonNamesTheField) {
-  nlohmann::json j = ToJson(LoaderState{1, 2, 3, 4});
+  nlohmann::json j = ToJson(LoaderState{1, 2, 3, 4, {}, {}});
   j.erase("seq_len");
   try {
     LoaderStateFromJson(j);
@@ -129,7 +129,7 @@ TEST(LoaderState, BadJsonNamesTheField) {
     EXPECT_EQ(e.code(), ExitCode::kBadInput);
     EXPECT_NE(std::string(e.what()).find("seq_len"), std::string::npos) << e.what();
   }
-  j = ToJson(LoaderState{1, 2, 3, 4});
+  j = ToJson(LoaderState{1, 2, 3, 4, {}, {}});
   j["position"] = "ten";
   try {
     LoaderStateFromJson(j);

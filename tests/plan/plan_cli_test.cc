@@ -8,23 +8,16 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "train/run_util.h"
+
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-};
+// `keel ARGS` with stderr folded into stdout, as a user sees it.
+using Result = keel::test::RunResult;
 
 Result Keel(const std::string& args) {
-  std::string cmd = std::string(KEEL_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const std::string cmd = std::string(KEEL_BINARY) + " " + args;
+  return keel::test::RunCommand("{ { " + cmd + "; } 2>&1; }");
 }
 
 TEST(PlanCli, RanksLayoutsInATable) {

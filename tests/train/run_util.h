@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace keel::test {
 
@@ -15,6 +17,15 @@ struct RunResult {
   int code = -1;
   std::string out, err;
 };
+
+// The "loss" of every line of a run's metrics.jsonl, in order.
+inline std::vector<double> Losses(const std::string& metrics_path) {
+  std::vector<double> losses;
+  std::ifstream f(metrics_path);
+  for (std::string line; std::getline(f, line);)
+    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  return losses;
+}
 
 inline std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -30,14 +30,6 @@ std::string TrainCmd(const TempDir& dir, const std::string& data, const std::str
          " --set train.out_dir=" + dir.path() + " " + extra;
 }
 
-std::vector<double> Losses(const std::string& metrics_path) {
-  std::vector<double> losses;
-  std::ifstream f(metrics_path);
-  for (std::string line; std::getline(f, line);)
-    losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
-  return losses;
-}
-
 TEST(TrainCli, TinyRunWritesItsRunDirectoryAndLearns) {
   TempDir dir;
   auto data = FlatTokens(dir);
