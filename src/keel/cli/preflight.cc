@@ -88,7 +88,7 @@ void RegisterPreflight(CLI::App& app) {
     std::vector<std::string> overrides = a.set;
     if (!a.model.empty()) overrides.push_back("model.name=" + a.model);
     const train::RunConfig cfg = train::LoadConfig(a.config, overrides);
-    auto comm = dist::CreateComm();
+    auto comm = parallel::CreateComm();
     preflight::Context c;
     c.comm = comm.get();
     c.model = cfg.ResolvedModel();

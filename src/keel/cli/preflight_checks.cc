@@ -46,12 +46,12 @@ std::string Fmt(const char* fmt, double a, double b = 0, double c = 0) {
   return buf;
 }
 
-void Wait(dist::Work& w) {
+void Wait(parallel::Work& w) {
   if (!w.Wait(600)) ThrowRuntime("preflight: a collective did not finish in 600 s (a lost rank?)");
 }
 
 // Every rank's value, in rank order. Floats carry rates and sizes to 7 digits, plenty here.
-std::vector<double> Gather(dist::Comm& comm, double x) {
+std::vector<double> Gather(parallel::Comm& comm, double x) {
   std::vector<float> send{float(x)}, recv(size_t(comm.size()));
   Wait(*comm.AllGatherAsync(send.data(), recv.data(), 1));
   return {recv.begin(), recv.end()};
@@ -129,7 +129,7 @@ Row CheckSoftware(Context& c) {
   char line[512];
   std::snprintf(line, sizeof(line), "keel %08llx, gcc %s, %s, oneDNN %d.%d.%d",
                 (unsigned long long)(keel_hash >> 32), __VERSION__,
-                dist::MpiLibraryVersion().c_str(), dv->major, dv->minor, dv->patch);
+                parallel::MpiLibraryVersion().c_str(), dv->major, dv->minor, dv->patch);
   row.measured = line;
   // KEEL_BUILD_TAG: anything else the ranks must agree on, e.g. a container image digest.
   if (const char* tag = std::getenv("KEEL_BUILD_TAG")) row.measured += std::string(", tag ") + tag;

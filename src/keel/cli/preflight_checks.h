@@ -7,7 +7,7 @@
 #include <string>
 
 #include "keel/core/dtype.h"
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 #include "keel/model/activations.h"
 #include "keel/model/config.h"
 
@@ -23,7 +23,7 @@ struct Row {
 };
 
 struct Context {
-  dist::Comm* comm = nullptr;
+  parallel::Comm* comm = nullptr;
   model::ModelConfig model;
   std::string model_name;
   DType dtype = DType::kBF16;

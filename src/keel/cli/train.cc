@@ -8,7 +8,7 @@
 
 #include "keel/cli/verbs.h"
 #include "keel/core/log.h"
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 #include "keel/train/config.h"
 #include "keel/train/trainer.h"
 
@@ -53,7 +53,7 @@ void RegisterTrain(CLI::App& app) {
     if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
     auto cfg = train::LoadConfig(config, overrides);
     SplitCoresAmongLocalRanks();
-    auto comm = dist::CreateComm();
+    auto comm = parallel::CreateComm();
     if (comm->size() > 1) SetLogRank(comm->rank());
     train::TrainSummary s = train::Train(cfg, *comm);
     if (comm->rank() != 0) return;

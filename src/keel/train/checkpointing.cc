@@ -22,7 +22,7 @@ std::string RootFor(const RunConfig& cfg, const std::string& run_dir) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const RunConfig& cfg, dist::Comm& comm, std::string run_dir,
+Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::string run_dir,
                            monitor::JsonlWriter* events)
     : cfg_(cfg),
       comm_(comm),

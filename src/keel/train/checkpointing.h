@@ -24,7 +24,7 @@
 
 #include "keel/ckpt/state.h"
 #include "keel/ckpt/writer.h"
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/train/config.h"
 
@@ -45,7 +45,7 @@ struct StepDecision {
 
 class Checkpointer {
  public:
-  Checkpointer(const RunConfig& cfg, dist::Comm& comm, std::string run_dir,
+  Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::string run_dir,
                monitor::JsonlWriter* events);
   ~Checkpointer();
 
@@ -79,7 +79,7 @@ class Checkpointer {
   void Report();
 
   const RunConfig& cfg_;
-  dist::Comm& comm_;
+  parallel::Comm& comm_;
   const std::string run_dir_, root_;
   monitor::JsonlWriter* events_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;

@@ -5,7 +5,7 @@
 
 namespace keel::train {
 
-GradSync::GradSync(dist::Comm& comm, float* grads, size_t total, size_t bucket_elems,
+GradSync::GradSync(parallel::Comm& comm, float* grads, size_t total, size_t bucket_elems,
                    double timeout_s)
     : comm_(comm),
       grads_(grads),

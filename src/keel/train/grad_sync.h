@@ -15,13 +15,13 @@
 #include <memory>
 #include <vector>
 
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 
 namespace keel::train {
 
 class GradSync {
  public:
-  GradSync(dist::Comm& comm, float* grads, size_t total, size_t bucket_elems, double timeout_s);
+  GradSync(parallel::Comm& comm, float* grads, size_t total, size_t bucket_elems, double timeout_s);
 
   void Begin();
   void Ready(size_t offset);
@@ -32,12 +32,12 @@ class GradSync {
 
  private:
   void Issue(size_t lo, size_t hi);
-  dist::Comm& comm_;
+  parallel::Comm& comm_;
   float* grads_;
   size_t total_, bucket_elems_;
   double timeout_s_;
   size_t pending_end_ = 0;
-  std::vector<std::unique_ptr<dist::Work>> inflight_;
+  std::vector<std::unique_ptr<parallel::Work>> inflight_;
   double wait_ms_ = 0;
   int buckets_ = 0;
 };

@@ -100,7 +100,7 @@ Setup Validate(const RunConfig& cfg, int world) {
 
 }  // namespace
 
-TrainSummary Train(const RunConfig& cfg, dist::Comm& comm) {
+TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const bool lead = comm.rank() == 0;
   const Setup s = Validate(cfg, comm.size());
   const int T = cfg.data.seq_len;

@@ -1,11 +1,11 @@
 // The trainer: wires one step of everything (data, model, gradient sync, optimizer, metrics) and
 // runs the loop. Parse, build, train, close on every path.
 //
-//   auto comm = keel::dist::CreateComm();
+//   auto comm = keel::parallel::CreateComm();
 //   TrainSummary s = keel::train::Train(cfg, *comm);
 #pragma once
 
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 #include "keel/train/config.h"
 
 namespace keel::train {
@@ -22,6 +22,6 @@ struct TrainSummary {
 
 // Throws keel::Error: kBadInput for a config or data problem found before the first step (and
 // then nothing is written), kTempFail for a lost peer, kRuntime otherwise.
-TrainSummary Train(const RunConfig& cfg, dist::Comm& comm);
+TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm);
 
 }  // namespace keel::train

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "keel/core/error.h"
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 
-namespace keel::dist {
+namespace keel::parallel {
 namespace {
 
 class CompletedWork final : public Work {
@@ -80,4 +80,4 @@ class LocalComm final : public Comm {
 
 std::unique_ptr<Comm> MakeLocalComm() { return std::make_unique<LocalComm>(); }
 
-}  // namespace keel::dist
+}  // namespace keel::parallel

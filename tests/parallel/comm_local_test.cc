@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "keel/core/error.h"
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 
-namespace keel::dist {
+namespace keel::parallel {
 namespace {
 
 TEST(CommLocal, RankSizeName) {
@@ -125,4 +125,4 @@ TEST(CreateComm, KeelCommOverridesAndIsValidated) {
 }
 
 }  // namespace
-}  // namespace keel::dist
+}  // namespace keel::parallel

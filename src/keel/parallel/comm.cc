@@ -1,13 +1,13 @@
 // What every communicator shares: the blocking conveniences written once over the virtual
 // operations, and CreateComm(), which picks the implementation from how the process was started.
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 
 #include <cstdlib>
 #include <string>
 
 #include "keel/core/error.h"
 
-namespace keel::dist {
+namespace keel::parallel {
 namespace {
 
 // Reads a positive integer from the environment; 0 when unset, empty or not a number.
@@ -61,4 +61,4 @@ std::unique_ptr<Comm> CreateComm() {
   return MakeLocalComm();
 }
 
-}  // namespace keel::dist
+}  // namespace keel::parallel

@@ -26,9 +26,9 @@
 
 #include "keel/core/error.h"
 #include "keel/core/log.h"
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 
-namespace keel::dist {
+namespace keel::parallel {
 namespace {
 
 // MPI counts are ints; larger buffers are sent in pieces of this many elements (or bytes).
@@ -196,7 +196,7 @@ class MpiEngine {
     MPI_Initialized(&flag);
     if (flag)
       return started.set_value(
-          "MPI was initialized outside keel::dist; keel's comm thread must own MPI");
+          "MPI was initialized outside keel::parallel; keel's comm thread must own MPI");
     int provided = 0;
     if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
         rc != MPI_SUCCESS)
@@ -401,4 +401,4 @@ std::string MpiLibraryVersion() {
   return nl == std::string::npos ? v : v.substr(0, nl);
 }
 
-}  // namespace keel::dist
+}  // namespace keel::parallel

@@ -1,5 +1,5 @@
 // Multi-process tests of the MPI communicator, run by ctest as
-// `mpirun -np 2 dist_mpi_test` and `-np 3` (tests/dist/CMakeLists.txt). Every rank runs every test
+// `mpirun -np 2 parallel_mpi_test` and `-np 3` (tests/parallel/CMakeLists.txt). Every rank runs every test
 // in the same order, so that collectives match; checks are EXPECT (non-fatal) so that a failing
 // rank still takes part in the remaining collectives instead of leaving its peers hanging. At the
 // end the ranks agree on the outcome: the program fails on every rank if it failed on any.
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "keel/core/error.h"
-#include "keel/dist/comm.h"
+#include "keel/parallel/comm.h"
 
-namespace keel::dist {
+namespace keel::parallel {
 namespace {
 
 Comm* g_comm = nullptr;
@@ -185,7 +185,7 @@ TEST(CommMpi, MpiErrorsBecomeKeelErrors) {
   }
 }
 
-// Checks the harness itself: `dist_mpi_test --gtest_also_run_disabled_tests` must exit non-zero
+// Checks the harness itself: `parallel_mpi_test --gtest_also_run_disabled_tests` must exit non-zero
 // on every rank although only rank 1 fails.
 TEST(CommMpi, DISABLED_FailsOnRankOneOnly) { EXPECT_NE(g_comm->rank(), 1); }
 
@@ -204,21 +204,21 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 };
 
 }  // namespace
-}  // namespace keel::dist
+}  // namespace keel::parallel
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  auto comm = keel::dist::MakeMpiComm();
-  keel::dist::g_comm = comm.get();
+  auto comm = keel::parallel::MakeMpiComm();
+  keel::parallel::g_comm = comm.get();
   if (comm->rank() != 0) {
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new keel::dist::RankFailurePrinter(comm->rank()));
+    listeners.Append(new keel::parallel::RankFailurePrinter(comm->rank()));
   }
   const int local_failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   const bool any_failed = comm->AllReduceMax(double(local_failed)) > 0;
-  if (comm->rank() == 0 && any_failed) std::fprintf(stderr, "dist_mpi: a rank failed\n");
-  keel::dist::g_comm = nullptr;
+  if (comm->rank() == 0 && any_failed) std::fprintf(stderr, "parallel_mpi: a rank failed\n");
+  keel::parallel::g_comm = nullptr;
   comm.reset();  // finalizes MPI
   return any_failed ? 1 : 0;
 }

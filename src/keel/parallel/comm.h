@@ -9,7 +9,7 @@
 // Operations, blocking ones included, run one at a time in issue order, so they also complete in
 // issue order. Blocking operations wait without a deadline; hangs there are the watchdog's job.
 //
-//   auto comm = keel::dist::CreateComm();          // MPI under mpirun, local otherwise
+//   auto comm = keel::parallel::CreateComm();          // MPI under mpirun, local otherwise
 //   auto h = comm->AllReduceSumAsync(grads, n);    // starts now, runs beside backward
 //   ...
 //   if (!h->Wait(/*timeout_s=*/300)) throw ...;
@@ -19,7 +19,7 @@
 #include <memory>
 #include <string>
 
-namespace keel::dist {
+namespace keel::parallel {
 
 class Work {
  public:
@@ -72,4 +72,4 @@ std::unique_ptr<Comm> CreateComm();
 // The MPI library's own version line, e.g. "Open MPI v4.1.4" (for preflight's consistency check).
 std::string MpiLibraryVersion();
 
-}  // namespace keel::dist
+}  // namespace keel::parallel
