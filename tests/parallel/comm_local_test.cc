@@ -2,9 +2,11 @@
 // under mpirun by mpi_comm_main.cc.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
+#include "keel/core/dtype.h"
 #include "keel/core/error.h"
 #include "keel/parallel/comm.h"
 
@@ -41,6 +43,73 @@ TEST(CommLocal, ReduceScatterAndAllGatherCopy) {
   // Same buffer for input and output is allowed.
   EXPECT_TRUE(comm->AllGatherAsync(send.data(), send.data(), 4)->Wait(0));
   EXPECT_EQ(send, (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST(CommLocal, TypedAllReduceIsIdentity) {
+  auto comm = MakeLocalComm();
+  std::vector<float> f = {1.5f, -2.0f};
+  std::vector<bf16> h = {ToBf16(1.5f), ToBf16(-3.0f)};
+  EXPECT_TRUE(comm->AllReduceSumAsync(f.data(), f.size(), DType::kF32)->Wait(0));
+  EXPECT_TRUE(comm->AllReduceSumAsync(h.data(), h.size(), DType::kBF16)->Wait(0));
+  EXPECT_EQ(f, (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_EQ(ToFloat(h[0]), 1.5f);
+  EXPECT_EQ(ToFloat(h[1]), -3.0f);
+}
+
+TEST(CommLocal, VariableCountReduceScatterAndAllGatherCopy) {
+  auto comm = MakeLocalComm();
+  const std::vector<float> send = {1, 2, 3, 4};
+  std::vector<float> recv(5, -1.0f);
+  EXPECT_TRUE(comm->ReduceScatterSumAsync(send.data(), recv.data(), {3}, DType::kF32)->Wait(0));
+  EXPECT_EQ(recv, (std::vector<float>{1, 2, 3, -1, -1}));  // only counts[0] elements
+  std::fill(recv.begin(), recv.end(), -1.0f);
+  EXPECT_TRUE(comm->AllGatherAsync(send.data(), recv.data(), {4}, DType::kF32)->Wait(0));
+  EXPECT_EQ(recv, (std::vector<float>{1, 2, 3, 4, -1}));
+
+  // bf16 moves 2 bytes per element: a copy of 3 must not touch the 4th.
+  const std::vector<bf16> send_h = {ToBf16(1), ToBf16(2), ToBf16(3)};
+  std::vector<bf16> recv_h(4, ToBf16(-1));
+  EXPECT_TRUE(comm->AllGatherAsync(send_h.data(), recv_h.data(), {3}, DType::kBF16)->Wait(0));
+  EXPECT_EQ(ToFloat(recv_h[2]), 3.0f);
+  EXPECT_EQ(ToFloat(recv_h[3]), -1.0f);
+  std::fill(recv_h.begin(), recv_h.end(), ToBf16(-1));
+  EXPECT_TRUE(
+      comm->ReduceScatterSumAsync(send_h.data(), recv_h.data(), {2}, DType::kBF16)->Wait(0));
+  EXPECT_EQ(ToFloat(recv_h[1]), 2.0f);
+  EXPECT_EQ(ToFloat(recv_h[2]), -1.0f);
+
+  // In place, and a count of 0 (with null buffers) are fine.
+  std::vector<float> buf = {5, 6};
+  EXPECT_TRUE(comm->AllGatherAsync(buf.data(), buf.data(), {2}, DType::kF32)->Wait(0));
+  EXPECT_EQ(buf, (std::vector<float>{5, 6}));
+  EXPECT_TRUE(comm->ReduceScatterSumAsync(nullptr, nullptr, {0}, DType::kBF16)->Wait(0));
+  EXPECT_TRUE(comm->AllGatherAsync(nullptr, nullptr, {0}, DType::kF32)->Wait(0));
+
+  // One count per rank, as over MPI.
+  EXPECT_THROW((void)comm->AllGatherAsync(send.data(), recv.data(), {2, 2}, DType::kF32), Error);
+  EXPECT_THROW((void)comm->ReduceScatterSumAsync(send.data(), recv.data(), {}, DType::kF32), Error);
+}
+
+TEST(CommLocal, SplitGivesASizeOneComm) {
+  auto comm = MakeLocalComm();
+  auto sub = comm->Split(/*color=*/3, /*key=*/-5);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->rank(), 0);
+  EXPECT_EQ(sub->size(), 1);
+  EXPECT_STREQ(sub->name(), "local");
+  float x = 2.0f;
+  sub->AllReduceSum(&x, 1);
+  EXPECT_EQ(x, 2.0f);
+  // Each group has its own messages to self, as separate MPI communicators do.
+  int a = 7, out = 0;
+  comm->Send(&a, sizeof(a), 0);
+  EXPECT_THROW(sub->Recv(&out, sizeof(out), 0), Error);
+  comm->Recv(&out, sizeof(out), 0);
+  EXPECT_EQ(out, 7);
+  // The parent still works once the group is gone.
+  sub.reset();
+  EXPECT_EQ(comm->AllReduceSum(1.5), 1.5);
+  EXPECT_THROW((void)comm->Split(/*color=*/-1, /*key=*/0), Error);
 }
 
 TEST(CommLocal, BroadcastAndBarrierAreNoOps) {

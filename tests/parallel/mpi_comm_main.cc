@@ -1,18 +1,22 @@
 // Multi-process tests of the MPI communicator, run by ctest as
-// `mpirun -np 2 parallel_mpi_test` and `-np 3` (tests/parallel/CMakeLists.txt). Every rank runs every test
-// in the same order, so that collectives match; checks are EXPECT (non-fatal) so that a failing
-// rank still takes part in the remaining collectives instead of leaving its peers hanging. At the
-// end the ranks agree on the outcome: the program fails on every rank if it failed on any.
+// `mpirun -np 2 parallel_mpi_test` and `-np 3` (tests/parallel/CMakeLists.txt). Every rank runs
+// every test in the same order, so that collectives match; checks are EXPECT (non-fatal) so that a
+// failing rank still takes part in the remaining collectives instead of leaving its peers hanging.
+// At the end the ranks agree on the outcome: the program fails on every rank if it failed on any.
 //
 // Not named *_test.cc: that would glob it into the single-process dist_test binary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
 #include <vector>
 
+#include "keel/core/dtype.h"
 #include "keel/core/error.h"
 #include "keel/parallel/comm.h"
 
@@ -76,6 +80,234 @@ TEST(CommMpi, AllGatherConcatenatesInRankOrder) {
   for (size_t i = 0; i < n; ++i) buf[size_t(r) * n + i] = float(r * 10) + float(i);
   ASSERT_TRUE(g_comm->AllGatherAsync(buf.data() + size_t(r) * n, buf.data(), n)->Wait(30));
   EXPECT_EQ(buf, recv);
+}
+
+// Per-rank element counts that differ, with a 0 in the middle for 3 ranks (and at the end for 2):
+// 3, 0, 7, ... Shared by the variable-count tests.
+std::vector<size_t> UnequalCounts(int p) {
+  std::vector<size_t> counts(size_t(p), 0);
+  for (int q = 0; q < p; ++q) counts[size_t(q)] = q % 2 == 1 ? 0 : size_t(3 + 2 * q);
+  return counts;
+}
+
+size_t Offset(const std::vector<size_t>& counts, int rank) {
+  size_t off = 0;
+  for (int q = 0; q < rank; ++q) off += counts[size_t(q)];
+  return off;
+}
+
+std::vector<bf16> ToBf16s(const std::vector<float>& x) {
+  std::vector<bf16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = ToBf16(x[i]);
+  return out;
+}
+
+TEST(CommMpi, AllReduceSumTypedFp32AndExactBf16) {
+  const int r = g_comm->rank(), p = g_comm->size();
+  const float s = float(p * (p + 1) / 2);
+  std::vector<float> f(1000);
+  std::vector<bf16> h(1000);
+  for (size_t i = 0; i < f.size(); ++i) {
+    // Small integers and halves: every partial sum is exact in bf16 (8 significant bits).
+    f[i] = float(r + 1) * (float(i % 7) + 0.5f);
+    h[i] = ToBf16(f[i]);
+    EXPECT_EQ(ToFloat(h[i]), f[i]);
+  }
+  auto wf = g_comm->AllReduceSumAsync(f.data(), f.size(), DType::kF32);
+  auto wh = g_comm->AllReduceSumAsync(h.data(), h.size(), DType::kBF16);
+  ASSERT_TRUE(wf->Wait(30));
+  ASSERT_TRUE(wh->Wait(30));
+  for (size_t i = 0; i < f.size(); ++i) {
+    const float want = s * (float(i % 7) + 0.5f);
+    ASSERT_EQ(f[i], want) << "fp32 at " << i;
+    ASSERT_EQ(ToFloat(h[i]), want) << "bf16 at " << i;
+  }
+}
+
+// The value rank q contributes at index i of the rounding test: bf16 numbers whose sums mostly
+// need rounding, including exact ties (1 + 2^-8 rounds down to even, 1 + 3·2^-8 up to even).
+float RoundingValue(int q, size_t i) {
+  static const float kTies[][2] = {{1.0f, 0.00390625f},   // 1 + 2^-8: tie, to 1
+                                   {1.0f, 0.01171875f},   // 1 + 3·2^-8: tie, to 1 + 2^-6
+                                   {256.0f, 1.0f},        // 257: tie, to 256
+                                   {-3.0f, 0.01171875f},  // no longer exact at 3's scale
+                                   {1e30f, -1e30f}};      // cancels to exactly 0
+  constexpr size_t kNumTies = sizeof(kTies) / sizeof(kTies[0]);
+  if (i < kNumTies) return ToFloat(ToBf16(kTies[i][q % 2]));
+  // Pseudo-random bf16 values of mixed sign and magnitude.
+  uint32_t x = uint32_t(i) * 2654435761u + uint32_t(q) * 40503u + 12345u;
+  x ^= x >> 13;
+  x *= 0x5bd1e995u;
+  x ^= x >> 15;
+  const float v = float(int32_t(x % 20001u) - 10000) * std::ldexp(1.0f, int(x >> 28) - 8);
+  return ToFloat(ToBf16(v));
+}
+
+TEST(CommMpi, AllReduceBf16RoundsEachPairSumToNearestEven) {
+  const int r = g_comm->rank(), p = g_comm->size();
+  const size_t n = 4096;
+  std::vector<bf16> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = ToBf16(RoundingValue(r, i));
+  ASSERT_TRUE(g_comm->AllReduceSumAsync(h.data(), n, DType::kBF16)->Wait(30));
+  if (p == 2) {
+    // With two ranks the order cannot matter: the result is the fp32 sum, rounded once.
+    size_t rounded = 0, wrong = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const float a = RoundingValue(0, i), b = RoundingValue(1, i);
+      const bf16 want = ToBf16(a + b);
+      // Counted, not asserted: returning early would leave the peer alone in the all-gather below.
+      if (h[i].bits != want.bits && wrong++ == 0)
+        ADD_FAILURE() << "at " << i << ": " << a << " + " << b << " gave " << ToFloat(h[i])
+                      << ", want " << ToFloat(want);
+      if (ToFloat(want) != a + b) ++rounded;
+    }
+    EXPECT_EQ(wrong, 0u);
+    EXPECT_GT(rounded, n / 4) << "the values should exercise rounding";
+  }
+  // Whatever the order MPI combined them in, every rank must hold the same bits.
+  std::vector<bf16> all(n * size_t(p));
+  ASSERT_TRUE(
+      g_comm->AllGatherAsync(h.data(), all.data(), std::vector<size_t>(size_t(p), n), DType::kBF16)
+          ->Wait(30));
+  for (int q = 0; q < p; ++q)
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(all[size_t(q) * n + i].bits, h[i].bits) << "rank " << q << " at " << i;
+}
+
+TEST(CommMpi, ReduceScatterWithUnequalCountsFp32AndBf16) {
+  const int r = g_comm->rank(), p = g_comm->size();
+  const std::vector<size_t> counts = UnequalCounts(p);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  const size_t mine = counts[size_t(r)], off = Offset(counts, r);
+  std::vector<float> send(total);
+  for (size_t i = 0; i < total; ++i) send[i] = float(r + 1) * float(i + 1);  // exact in bf16
+  const std::vector<bf16> send_h = ToBf16s(send);
+  // Two guard elements past this rank's slice catch a write beyond counts[rank].
+  constexpr float kGuard = -7.0f;
+  std::vector<float> recv(mine + 2, kGuard);
+  std::vector<bf16> recv_h(mine + 2, ToBf16(kGuard));
+  auto wf = g_comm->ReduceScatterSumAsync(send.data(), recv.data(), counts, DType::kF32);
+  auto wh = g_comm->ReduceScatterSumAsync(send_h.data(), recv_h.data(), counts, DType::kBF16);
+  ASSERT_TRUE(wf->Wait(30));
+  ASSERT_TRUE(wh->Wait(30));
+  const float s = float(p * (p + 1) / 2);
+  for (size_t j = 0; j < mine; ++j) {
+    EXPECT_EQ(recv[j], s * float(off + j + 1)) << "fp32 at " << j;
+    EXPECT_EQ(ToFloat(recv_h[j]), s * float(off + j + 1)) << "bf16 at " << j;
+  }
+  for (size_t j = mine; j < mine + 2; ++j) {
+    EXPECT_EQ(recv[j], kGuard) << "fp32 wrote past its slice at " << j;
+    EXPECT_EQ(ToFloat(recv_h[j]), kGuard) << "bf16 wrote past its slice at " << j;
+  }
+}
+
+TEST(CommMpi, ReduceScatterCopiesTheCounts) {
+  const int r = g_comm->rank(), p = g_comm->size();
+  std::vector<float> send(size_t(2 * p), float(r + 1)), recv(2, 0.0f);
+  std::unique_ptr<Work> work;
+  {
+    // Destroyed (and overwritten) before the operation is waited for.
+    auto counts = std::make_unique<std::vector<size_t>>(size_t(p), 2);
+    work = g_comm->ReduceScatterSumAsync(send.data(), recv.data(), *counts, DType::kF32);
+    std::fill(counts->begin(), counts->end(), size_t(0));
+  }
+  ASSERT_TRUE(work->Wait(30));
+  EXPECT_EQ(recv, std::vector<float>(2, float(p * (p + 1) / 2)));
+}
+
+TEST(CommMpi, AllGatherWithUnequalCountsAndInPlace) {
+  const int r = g_comm->rank(), p = g_comm->size();
+  const std::vector<size_t> counts = UnequalCounts(p);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  const size_t off = Offset(counts, r);
+  std::vector<float> send(counts[size_t(r)] + 1);  // +1: never empty, so data() is a real pointer
+  for (size_t i = 0; i < counts[size_t(r)]; ++i) send[i] = float(r * 10) + float(i);
+  std::vector<float> want(total);
+  for (int q = 0; q < p; ++q)
+    for (size_t i = 0; i < counts[size_t(q)]; ++i)
+      want[Offset(counts, q) + i] = float(q * 10) + float(i);
+
+  std::vector<float> recv(total, -1.0f);
+  ASSERT_TRUE(g_comm->AllGatherAsync(send.data(), recv.data(), counts, DType::kF32)->Wait(30));
+  EXPECT_EQ(recv, want);
+
+  // bf16, in place: this rank's piece already sits at its place in the output.
+  std::vector<bf16> buf(total, ToBf16(-1.0f));
+  for (size_t i = 0; i < counts[size_t(r)]; ++i) buf[off + i] = ToBf16(send[i]);
+  ASSERT_TRUE(g_comm->AllGatherAsync(buf.data() + off, buf.data(), counts, DType::kBF16)->Wait(30));
+  for (size_t i = 0; i < total; ++i) EXPECT_EQ(ToFloat(buf[i]), want[i]) << "at " << i;
+
+  // fp32 in place too, the path that hands MPI_IN_PLACE over.
+  std::vector<float> inplace(total, -1.0f);
+  std::copy(send.begin(), send.begin() + std::ptrdiff_t(counts[size_t(r)]),
+            inplace.begin() + std::ptrdiff_t(off));
+  ASSERT_TRUE(
+      g_comm->AllGatherAsync(inplace.data() + off, inplace.data(), counts, DType::kF32)->Wait(30));
+  EXPECT_EQ(inplace, want);
+}
+
+TEST(CommMpi, SplitIntoEvenAndOddRanks) {
+  const int r = g_comm->rank(), p = g_comm->size();
+  auto sub = g_comm->Split(/*color=*/r % 2, /*key=*/r);
+  ASSERT_NE(sub, nullptr);
+  EXPECT_STREQ(sub->name(), "mpi");
+  const int group_size = (p - r % 2 + 1) / 2;  // ranks of r's parity below p
+  EXPECT_EQ(sub->size(), group_size);
+  EXPECT_EQ(sub->rank(), r / 2);
+
+  // The sum covers only this rank's group: 1 + 3 + 5 + ... or 2 + 4 + ...
+  float x = float(r + 1);
+  ASSERT_TRUE(sub->AllReduceSumAsync(&x, 1)->Wait(30));
+  float want = 0;
+  for (int q = r % 2; q < p; q += 2) want += float(q + 1);
+  EXPECT_EQ(x, want);
+  EXPECT_EQ(sub->AllReduceSum(double(r)), double(want) - group_size);
+
+  // Operations on the world and the group, interleaved in the same order on every rank.
+  float w = 1.0f, g = 1.0f;
+  auto w1 = g_comm->AllReduceSumAsync(&w, 1);
+  auto g1 = sub->AllReduceSumAsync(&g, 1);
+  ASSERT_TRUE(g1->Wait(30));
+  ASSERT_TRUE(w1->Wait(0));
+  EXPECT_EQ(w, float(p));
+  EXPECT_EQ(g, float(group_size));
+
+  // A group of a group.
+  auto solo = sub->Split(/*color=*/sub->rank(), /*key=*/0);
+  EXPECT_EQ(solo->size(), 1);
+  EXPECT_EQ(solo->rank(), 0);
+  float y = 5.0f;
+  solo->AllReduceSum(&y, 1);
+  EXPECT_EQ(y, 5.0f);
+}
+
+TEST(CommMpi, SplitWithKeyReversingTheOrder) {
+  const int r = g_comm->rank(), p = g_comm->size();
+  auto rev = g_comm->Split(/*color=*/7, /*key=*/-r);
+  EXPECT_EQ(rev->size(), p);
+  EXPECT_EQ(rev->rank(), p - 1 - r);
+  // Rank order in the new group is reversed world order.
+  std::vector<float> all(size_t(p), -1.0f);
+  const float me = float(r);
+  ASSERT_TRUE(rev->AllGatherAsync(&me, all.data(), 1)->Wait(30));
+  for (int q = 0; q < p; ++q) EXPECT_EQ(all[size_t(q)], float(p - 1 - q)) << "at " << q;
+  // Point to point uses the group's ranks: group rank 0 (world p-1) sends to group rank 1.
+  if (p > 1) {
+    int msg = r;
+    if (rev->rank() == 0) rev->Send(&msg, sizeof(msg), 1);
+    if (rev->rank() == 1) {
+      rev->Recv(&msg, sizeof(msg), 0);
+      EXPECT_EQ(msg, p - 1);
+    }
+  }
+  rev->Barrier();
+  // Freed here; the world communicator must keep working after.
+  rev.reset();
+  float x = 1.0f;
+  g_comm->AllReduceSum(&x, 1);
+  EXPECT_EQ(x, float(p));
 }
 
 TEST(CommMpi, BroadcastFromTheLastRank) {
@@ -219,6 +451,12 @@ int main(int argc, char** argv) {
   const bool any_failed = comm->AllReduceMax(double(local_failed)) > 0;
   if (comm->rank() == 0 && any_failed) std::fprintf(stderr, "parallel_mpi: a rank failed\n");
   keel::parallel::g_comm = nullptr;
+  // The exit path with a group: its communicator is freed through the queue just before the world
+  // one goes, and the last rank reaches MPI_Finalize later than the engine's 5 s shutdown grace.
+  // Every rank must still finalize (mpirun fails the job if one exits without), so the pending
+  // free must not be taken for an operation stuck on a lost peer.
+  (void)comm->Split(/*color=*/0, /*key=*/0);
+  if (comm->rank() == comm->size() - 1) std::this_thread::sleep_for(std::chrono::seconds(6));
   comm.reset();  // finalizes MPI
   return any_failed ? 1 : 0;
 }

@@ -18,6 +18,9 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "keel/core/dtype.h"
 
 namespace keel::parallel {
 
@@ -44,6 +47,25 @@ class Comm {
   virtual std::unique_ptr<Work> ReduceScatterSumAsync(const float* send, float* recv, size_t n) = 0;
   // recv (n·size floats) = concatenation of every rank's send (n floats), in rank order.
   virtual std::unique_ptr<Work> AllGatherAsync(const float* send, float* recv, size_t n) = 0;
+
+  // The same collectives on fp32 or bf16 (bf16 sums are taken in fp32 per pair and rounded to
+  // nearest even, as NCCL does). `data`, `send` and `recv` point to elements of `dtype`.
+  virtual std::unique_ptr<Work> AllReduceSumAsync(void* data, size_t n, DType dtype) = 0;
+  // Variable counts: rank r receives counts[r] elements, the slice of the sum of `send`
+  // (Σ counts elements) that starts at counts[0] + ... + counts[r-1]. A count may be 0.
+  virtual std::unique_ptr<Work> ReduceScatterSumAsync(const void* send, void* recv,
+                                                      const std::vector<size_t>& counts,
+                                                      DType dtype) = 0;
+  // Variable counts: rank r contributes counts[r] elements of `send`; recv (Σ counts elements)
+  // holds every rank's, in rank order. `send` may be this rank's place in `recv` (in place).
+  virtual std::unique_ptr<Work> AllGatherAsync(const void* send, void* recv,
+                                               const std::vector<size_t>& counts, DType dtype) = 0;
+
+  // A communicator over the ranks that passed the same `color`, ordered by `key` (then by rank),
+  // as MPI_Comm_split. Collective over this communicator: every rank calls it, in the same order
+  // as its other operations. The result shares this one's engine (one FIFO per process): ranks
+  // must issue the operations of all their groups in one consistent order.
+  virtual std::unique_ptr<Comm> Split(int color, int key) = 0;
 
   virtual void Broadcast(void* data, size_t bytes, int root) = 0;
   virtual void Send(const void* data, size_t bytes, int peer) = 0;

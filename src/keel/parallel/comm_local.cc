@@ -4,6 +4,7 @@
 // single-process path runs the same code as the distributed one.
 #include <cstring>
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "keel/core/error.h"
@@ -42,6 +43,32 @@ class LocalComm final : public Comm {
     return std::make_unique<CompletedWork>();
   }
 
+  std::unique_ptr<Work> AllReduceSumAsync(void* /*data*/, size_t /*n*/, DType /*dtype*/) override {
+    return std::make_unique<CompletedWork>();
+  }
+
+  std::unique_ptr<Work> ReduceScatterSumAsync(const void* send, void* recv,
+                                              const std::vector<size_t>& counts,
+                                              DType dtype) override {
+    CheckCounts(counts, "ReduceScatter");
+    Copy(send, recv, counts[0] * DTypeSize(dtype));
+    return std::make_unique<CompletedWork>();
+  }
+
+  std::unique_ptr<Work> AllGatherAsync(const void* send, void* recv,
+                                       const std::vector<size_t>& counts, DType dtype) override {
+    CheckCounts(counts, "AllGather");
+    Copy(send, recv, counts[0] * DTypeSize(dtype));
+    return std::make_unique<CompletedWork>();
+  }
+
+  // Every group of one rank is this rank alone. A fresh Comm, so that the groups' Sends to self
+  // stay apart as they would over MPI.
+  std::unique_ptr<Comm> Split(int color, int /*key*/) override {
+    KEEL_CHECK(color >= 0, "Split with negative color " + std::to_string(color));
+    return std::make_unique<LocalComm>();
+  }
+
   void Broadcast(void* /*data*/, size_t /*bytes*/, int root) override {
     KEEL_CHECK(root == 0, "Broadcast root " + std::to_string(root) + " on a size-1 communicator");
   }
@@ -73,6 +100,17 @@ class LocalComm final : public Comm {
   void AllReduceDoubles(double* /*data*/, size_t /*n*/, bool /*max*/) override {}
 
  private:
+  // Checked as the MPI communicator does, so that code wrong for N ranks fails with one too.
+  static void CheckCounts(const std::vector<size_t>& counts, const char* op) {
+    KEEL_CHECK(counts.size() == 1, std::string(op) + " with " + std::to_string(counts.size()) +
+                                       " counts on a size-1 communicator");
+  }
+
+  // memmove: callers may pass overlapping (or the same) buffers.
+  static void Copy(const void* send, void* recv, size_t bytes) {
+    if (bytes > 0 && send != recv) std::memmove(recv, send, bytes);
+  }
+
   std::deque<std::vector<unsigned char>> pending_;  // Sends to self not yet received, in order
 };
 

@@ -10,6 +10,10 @@
 // Why a FIFO: every rank must issue collectives in the same order (MPI's rule); running them one
 // at a time in issue order keeps that true by construction and makes completion order equal issue
 // order, which the gradient buckets rely on.
+//
+// Sub-communicators (Split) share the one thread and queue rather than getting their own: a second
+// thread inside MPI would need MPI_THREAD_MULTIPLE, and one FIFO keeps a single issue order across
+// all groups, so ranks that agree on that order cannot deadlock one group against another.
 #include <mpi.h>
 
 #include <algorithm>
@@ -23,7 +27,9 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
+#include "keel/core/dtype.h"
 #include "keel/core/error.h"
 #include "keel/core/log.h"
 #include "keel/parallel/comm.h"
@@ -42,6 +48,15 @@ std::string MpiErrorString(int rc) {
   int len = 0;
   if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
   return std::string(msg, static_cast<size_t>(len));
+}
+
+// MPI has no bf16 type or sum, so bf16 travels as MPI_UINT16_T with this op. Each pair is added
+// in fp32 and rounded to nearest even, as NCCL does; a+b and b+a round alike, so the op is
+// commutative and every rank ends with the same bits whatever order MPI combines them in.
+void SumBf16(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = ToBf16(ToFloat(a[i]) + ToFloat(b[i]));
 }
 
 // Completion of one operation, shared by the caller's handle and the comm thread.
@@ -89,6 +104,7 @@ class MpiWork final : public Work {
 struct Op {
   std::function<std::string()> run;
   std::shared_ptr<OpState> state;
+  bool cleanup = false;  // local and quick (a Split's MPI_Comm_free); nobody waits for it
 };
 
 // The queue, shared between the engine and its thread through a shared_ptr so that the thread
@@ -97,7 +113,7 @@ struct Queue {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Op> ops;
-  bool busy = false;  // the thread is running an op taken off `ops`
+  bool busy = false;  // the thread is running an op taken off `ops`, other than a clean-up
   bool stop = false;  // drain what is queued, then finalize and exit
   bool exited = false;
 };
@@ -128,7 +144,11 @@ class MpiEngine {
 
   ~MpiEngine() {
     std::unique_lock lock(queue_->mu);
-    const bool pending = queue_->busy || !queue_->ops.empty();
+    // Clean-ups do not count: a Split's communicator is often freed just before this, and counting
+    // its free would send a normal exit down the grace path below, which skips MPI_Finalize if a
+    // peer takes longer than the grace to get there.
+    const bool pending = queue_->busy || std::any_of(queue_->ops.begin(), queue_->ops.end(),
+                                                     [](const Op& op) { return !op.cleanup; });
     queue_->stop = true;
     queue_->cv.notify_all();
     auto exited = [&] { return queue_->exited; };
@@ -154,6 +174,7 @@ class MpiEngine {
   int rank() const { return rank_; }
   int size() const { return size_; }
   MPI_Comm comm() const { return comm_; }
+  MPI_Op bf16_sum() const { return bf16_sum_; }
 
   // Queues `run` behind every earlier operation; the handle completes when it has run.
   std::shared_ptr<OpState> Submit(std::function<std::string()> run) {
@@ -165,6 +186,17 @@ class MpiEngine {
     }
     queue_->cv.notify_all();
     return state;
+  }
+
+  // Queues `run` with nobody waiting for it, for clean-ups in destructors: they must neither throw
+  // nor block, and the thread may be stuck on a lost peer. Skipped once the engine is stopping.
+  void Post(std::function<std::string()> run) {
+    {
+      std::lock_guard lock(queue_->mu);
+      if (queue_->stop) return;
+      queue_->ops.push_back(Op{std::move(run), std::make_shared<OpState>(), /*cleanup=*/true});
+    }
+    queue_->cv.notify_all();
   }
 
   // Submit and wait for it; throws keel::Error if the MPI call failed.
@@ -202,6 +234,7 @@ class MpiEngine {
         rc != MPI_SUCCESS)
       return started.set_value("MPI_Init_thread failed: " + MpiErrorString(rc));
     MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Op bf16_sum = MPI_OP_NULL;
     std::string err;
     if (provided < MPI_THREAD_SERIALIZED) {
       // Only this thread calls MPI, so FUNNELED would do in practice, but ask for what we use.
@@ -216,6 +249,9 @@ class MpiEngine {
       MPI_Comm_rank(comm, &rank_);
       MPI_Comm_size(comm, &size_);
       comm_ = comm;
+      if (int rc = MPI_Op_create(&SumBf16, /*commute=*/1, &bf16_sum); rc != MPI_SUCCESS)
+        err = "MPI_Op_create: " + MpiErrorString(rc);
+      bf16_sum_ = bf16_sum;
     }
     if (!err.empty()) {
       MPI_Finalize();
@@ -229,14 +265,17 @@ class MpiEngine {
       if (q->ops.empty()) break;  // stopped and drained
       Op op = std::move(q->ops.front());
       q->ops.pop_front();
-      q->busy = true;
+      q->busy = !op.cleanup;
       lock.unlock();
       std::string error = op.run();
-      Complete(*op.state, std::move(error));
       lock.lock();
+      // Not busy before the caller hears of completion: a caller that then destroys the last Comm
+      // must not find this op still marked running and take the lost-peer path in ~MpiEngine.
       q->busy = false;
+      Complete(*op.state, std::move(error));
     }
     lock.unlock();
+    MPI_Op_free(&bf16_sum);
     MPI_Comm_free(&comm);
     MPI_Finalize();
     lock.lock();
@@ -249,6 +288,7 @@ class MpiEngine {
   int rank_ = -1;
   int size_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
 };
 
 // Formats a failed MPI call for keel::Error; "" when rc is MPI_SUCCESS.
@@ -264,6 +304,16 @@ int ToCount(size_t n, const char* call) {
   return static_cast<int>(n);
 }
 
+// Allgatherv places each rank's piece at an int offset, so the offsets must fit too.
+int ToDispl(size_t n, const char* call) {
+  if (n > static_cast<size_t>(INT_MAX))
+    ThrowRuntime(std::string(call) + ": offset of " + std::to_string(n) +
+                 " elements exceeds MPI's int displacement");
+  return static_cast<int>(n);
+}
+
+MPI_Datatype MpiType(DType dtype) { return dtype == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
+
 class MpiComm final : public Comm {
  public:
   explicit MpiComm(std::shared_ptr<MpiEngine> engine)
@@ -271,22 +321,29 @@ class MpiComm final : public Comm {
         comm_(engine_->comm()),
         rank_(engine_->rank()),
         size_(engine_->size()) {}
+  // A sub-communicator from Split; it owns `comm` and frees it when destroyed.
+  MpiComm(std::shared_ptr<MpiEngine> engine, MPI_Comm comm, int rank, int size)
+      : engine_(std::move(engine)), comm_(comm), rank_(rank), size_(size), owns_comm_(true) {}
   MpiComm(const MpiComm&) = delete;
   MpiComm& operator=(const MpiComm&) = delete;
+
+  ~MpiComm() override {
+    if (!owns_comm_) return;  // the engine's own communicator, freed before MPI_Finalize
+    // Through the queue, so that it runs after every operation issued on it. Not waited for: a
+    // free that queues behind an operation stuck on a lost peer must not hang the exit.
+    engine_->Post([comm = comm_, rank = rank_]() mutable -> std::string {
+      if (int rc = MPI_Comm_free(&comm); rc != MPI_SUCCESS)
+        Log("keel: %s", Check(rc, "MPI_Comm_free", rank).c_str());
+      return "";
+    });
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const char* name() const override { return "mpi"; }
 
   std::unique_ptr<Work> AllReduceSumAsync(float* data, size_t n) override {
-    return Async([data, n, comm = comm_, rank = rank_]() -> std::string {
-      for (size_t off = 0; off < n; off += kMaxChunk) {
-        int count = static_cast<int>(std::min(kMaxChunk, n - off));
-        int rc = MPI_Allreduce(MPI_IN_PLACE, data + off, count, MPI_FLOAT, MPI_SUM, comm);
-        if (rc != MPI_SUCCESS) return Check(rc, "MPI_Allreduce", rank);
-      }
-      return "";
-    });
+    return AllReduceSumAsync(static_cast<void*>(data), n, DType::kF32);
   }
 
   std::unique_ptr<Work> ReduceScatterSumAsync(const float* send, float* recv, size_t n) override {
@@ -309,6 +366,83 @@ class MpiComm final : public Comm {
       return Check(MPI_Allgather(sendbuf, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm),
                    "MPI_Allgather", rank);
     });
+  }
+
+  std::unique_ptr<Work> AllReduceSumAsync(void* data, size_t n, DType dtype) override {
+    const MPI_Datatype type = MpiType(dtype);
+    const MPI_Op op = SumOp(dtype);
+    const size_t elem = DTypeSize(dtype);
+    return Async([=, comm = comm_, rank = rank_]() -> std::string {
+      auto* p = static_cast<char*>(data);
+      for (size_t off = 0; off < n; off += kMaxChunk) {
+        int count = static_cast<int>(std::min(kMaxChunk, n - off));
+        int rc = MPI_Allreduce(MPI_IN_PLACE, p + off * elem, count, type, op, comm);
+        if (rc != MPI_SUCCESS) return Check(rc, "MPI_Allreduce", rank);
+      }
+      return "";
+    });
+  }
+
+  std::unique_ptr<Work> ReduceScatterSumAsync(const void* send, void* recv,
+                                              const std::vector<size_t>& counts,
+                                              DType dtype) override {
+    KEEL_CHECK(counts.size() == static_cast<size_t>(size_),
+               "ReduceScatter with " + std::to_string(counts.size()) + " counts over " +
+                   std::to_string(size_) + " ranks");
+    // Converted now, so that a count too large for MPI throws on the caller's thread; and copied,
+    // since the caller's vector may be gone before the op runs.
+    std::vector<int> recvcounts(counts.size());
+    for (size_t q = 0; q < counts.size(); ++q)
+      recvcounts[q] = ToCount(counts[q], "MPI_Reduce_scatter");
+    const MPI_Datatype type = MpiType(dtype);
+    const MPI_Op op = SumOp(dtype);
+    return Async([=, recvcounts = std::move(recvcounts), comm = comm_, rank = rank_] {
+      return Check(MPI_Reduce_scatter(send, recv, recvcounts.data(), type, op, comm),
+                   "MPI_Reduce_scatter", rank);
+    });
+  }
+
+  std::unique_ptr<Work> AllGatherAsync(const void* send, void* recv,
+                                       const std::vector<size_t>& counts, DType dtype) override {
+    KEEL_CHECK(counts.size() == static_cast<size_t>(size_),
+               "AllGather with " + std::to_string(counts.size()) + " counts over " +
+                   std::to_string(size_) + " ranks");
+    std::vector<int> recvcounts(counts.size()), displs(counts.size());
+    size_t off = 0;
+    for (size_t q = 0; q < counts.size(); ++q) {
+      recvcounts[q] = ToCount(counts[q], "MPI_Allgatherv");
+      displs[q] = ToDispl(off, "MPI_Allgatherv");
+      off += counts[q];
+    }
+    const MPI_Datatype type = MpiType(dtype);
+    const int sendcount = recvcounts[static_cast<size_t>(rank_)];
+    // As in the float version: in place when this rank's piece already sits at its place in recv.
+    const char* mine =
+        static_cast<const char*>(recv) + size_t(displs[size_t(rank_)]) * DTypeSize(dtype);
+    const void* sendbuf = send == mine ? MPI_IN_PLACE : send;
+    return Async([=, recvcounts = std::move(recvcounts), displs = std::move(displs), comm = comm_,
+                  rank = rank_] {
+      return Check(MPI_Allgatherv(sendbuf, sendcount, type, recv, recvcounts.data(), displs.data(),
+                                  type, comm),
+                   "MPI_Allgatherv", rank);
+    });
+  }
+
+  std::unique_ptr<Comm> Split(int color, int key) override {
+    // MPI would turn a negative color (MPI_UNDEFINED) into MPI_COMM_NULL, which no Comm can wrap.
+    KEEL_CHECK(color >= 0, "Split with negative color " + std::to_string(color));
+    MPI_Comm sub = MPI_COMM_NULL;
+    int sub_rank = -1, sub_size = 0;
+    // Run returns only after the op has run, so the op may write to these locals.
+    engine_->Run([&, comm = comm_, rank = rank_]() -> std::string {
+      if (int rc = MPI_Comm_split(comm, color, key, &sub); rc != MPI_SUCCESS)
+        return Check(rc, "MPI_Comm_split", rank);
+      MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(sub, &sub_rank);
+      MPI_Comm_size(sub, &sub_size);
+      return "";
+    });
+    return std::make_unique<MpiComm>(engine_, sub, sub_rank, sub_size);
   }
 
   void Broadcast(void* data, size_t bytes, int root) override {
@@ -377,10 +511,13 @@ class MpiComm final : public Comm {
     return std::make_unique<MpiWork>(engine_->Submit(std::move(run)));
   }
 
+  MPI_Op SumOp(DType dtype) const { return dtype == DType::kF32 ? MPI_SUM : engine_->bf16_sum(); }
+
   std::shared_ptr<MpiEngine> engine_;  // keeps MPI up while this Comm lives
   MPI_Comm comm_;
   int rank_;
   int size_;
+  bool owns_comm_ = false;  // a Split's communicator, not the engine's
 };
 
 }  // namespace

@@ -1,0 +1,39 @@
+// The bytes of model state one rank holds under a ZeRO layout, by kind: what optim::ParamStore
+// and the trainer's ZeRO strategy allocate, and what `keel plan --accounting keel` predicts. One
+// formula for both, so that the planner's figure is the trainer's allocation to the byte.
+//
+//   StateShape sh{.total = 124e6, .n_bias = 83e3, .embed = 39e6, .final_norm = 1536,
+//                 .max_block = 7e6, .working_bytes = 2};
+//   StateBytes b = StateBytesPerRank(sh, {.dp = 4, .zero = 3});
+#pragma once
+
+#include <cstddef>
+
+#include "keel/parallel/dims.h"
+
+namespace keel::parallel {
+
+struct StateShape {
+  size_t total = 0;       // parameters in the flat layout
+  size_t n_bias = 0;      // matrix-product biases, kept in fp32 beside bf16 working weights
+  size_t embed = 0;       // segment 0 (embeddings)
+  size_t final_norm = 0;  // the last segment
+  size_t max_block = 0;   // the largest transformer block
+  int working_bytes = 4;  // 4: fp32 run (the working weights are the master), 2: bf16
+};
+
+struct StateBytes {
+  size_t working = 0;  // weights the forward pass reads (bf16 copy; fp32 ZeRO 1-2: a full copy)
+  size_t biases = 0;   // fp32 biases of bf16 runs
+  size_t grads = 0;    // fp32 gradients: all, or this rank's shard (ZeRO >= 2)
+  size_t master = 0;   // fp32 master weights: all, or this rank's shard (ZeRO >= 1)
+  size_t moments = 0;  // AdamW m and v, as the master
+  // ZeRO >= 2: per-segment gradient scratch and receive buffers (the embeddings, the final
+  // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments.
+  size_t zero_buffers = 0;
+  size_t total() const { return working + biases + grads + master + moments + zero_buffers; }
+};
+
+StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d);
+
+}  // namespace keel::parallel
