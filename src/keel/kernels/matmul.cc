@@ -5,9 +5,18 @@
 // strides through memory descriptors, and fuses the bias and the "+= into C" we need. Creating a
 // primitive costs ~100 µs, so each distinct shape is created once and cached.
 //
+// bf16 on CPUs without AVX-512 (e.g. AVX2-only AMD EPYC, where CI runs): oneDNN 2.6 has no bf16
+// matmul there at all, not even a reference one ("could not create a primitive descriptor
+// iterator"). The first bf16 product that fails to create marks bf16 GEMM unsupported for the
+// process (one line to stderr), and from then on bf16 products widen A and B to fp32 scratch,
+// run the fp32 product and round C back to bf16 (nearest even). bf16 values are exact in fp32,
+// so this is the same math as a bf16 product with fp32 accumulation, only slower. CPUs that can
+// run bf16 keep the direct path.
+//
 // Legend: M rows of the input (B*T), K input features, N output features.
 #include "keel/kernels/matmul.h"
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -84,7 +93,14 @@ void CopyRows(void* dst, size_t dst_ld, const void* src, size_t src_ld, int rows
                 row_bytes);
 }
 
-void GemmDirect(const GemmArgs& g) {
+// Set once the CPU has refused a bf16 product: from then on bf16 products run in fp32.
+std::atomic<bool> bf16_unsupported{false};
+
+// Kernels print nothing (callers parse their tools' output); the trainer reports it once.
+void MarkBf16Unsupported() { bf16_unsupported.store(true); }
+
+// Returns false, creating nothing, if the CPU has no bf16 product for a bf16 `g`.
+bool GemmDirect(const GemmArgs& g) {
   KEEL_CHECK(g.beta == 0.0f || g.beta == 1.0f, "Gemm: beta must be 0 or 1");
   KEEL_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "Gemm: empty product");
   static std::mutex mu;
@@ -94,7 +110,15 @@ void GemmDirect(const GemmArgs& g) {
     std::lock_guard<std::mutex> lock(mu);
     auto key = Key(g);
     auto it = cache.find(key);
-    if (it == cache.end()) it = cache.emplace(key, Create(g)).first;
+    if (it == cache.end()) {
+      try {
+        it = cache.emplace(key, Create(g)).first;
+      } catch (const dnnl::error&) {
+        if (g.ab_type != DType::kBF16) throw;
+        MarkBf16Unsupported();
+        return false;
+      }
+    }
     cg = &it->second;
   }
   auto& e = GetEngine();
@@ -107,14 +131,74 @@ void GemmDirect(const GemmArgs& g) {
     args.emplace(DNNL_ARG_BIAS, dnnl::memory(cg->bias, e.engine, const_cast<float*>(g.bias)));
   cg->prim.execute(e.stream, args);
   e.stream.wait();
+  return true;
 }
 
-}  // namespace
+// Conversions of `rows` rows of `width` elements, `ld` apart; what lies between rows is left
+// alone. Threads split the rows once there is enough work to pay for them.
+constexpr size_t kParallelElems = size_t(1) << 15;
 
-void Gemm(const GemmArgs& g) {
+void WidenRows(float* dst, size_t dst_ld, const bf16* src, size_t src_ld, int rows, int width) {
+#pragma omp parallel for schedule(static) if (size_t(rows) * width >= kParallelElems)
+  for (int r = 0; r < rows; ++r) {
+    float* d = dst + r * dst_ld;
+    const bf16* s = src + r * src_ld;
+#pragma omp simd
+    for (int i = 0; i < width; ++i) d[i] = ToFloat(s[i]);
+  }
+}
+
+void NarrowRows(bf16* dst, size_t dst_ld, const float* src, size_t src_ld, int rows, int width) {
+#pragma omp parallel for schedule(static) if (size_t(rows) * width >= kParallelElems)
+  for (int r = 0; r < rows; ++r) {
+    bf16* d = dst + r * dst_ld;
+    const float* s = src + r * src_ld;
+#pragma omp simd
+    for (int i = 0; i < width; ++i) d[i] = ToBf16(s[i]);
+  }
+}
+
+// A bf16 operand as stored: `rows` rows of `width` elements, `ld` apart, widened into `scratch`
+// with the same ld (only the strided region (rows-1)·ld + width is touched).
+const float* WidenOperand(std::vector<float>& scratch, const void* x, int ld, int rows, int width) {
+  const size_t n = size_t(rows - 1) * ld + width;
+  if (scratch.size() < n) scratch.resize(n);
+  WidenRows(scratch.data(), ld, static_cast<const bf16*>(x), ld, rows, width);
+  return scratch.data();
+}
+
+void GemmNative(const GemmArgs& g);
+
+// A bf16 product on a CPU without one: the same product in fp32 (exact inputs, fp32 accumulation,
+// C rounded to nearest even as oneDNN would).
+void GemmBf16ViaF32(const GemmArgs& g) {
+  KEEL_CHECK(g.beta == 0.0f || g.beta == 1.0f, "Gemm: beta must be 0 or 1");
+  KEEL_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "Gemm: empty product");
+  thread_local std::vector<float> a_buf, b_buf, c_buf;
+  GemmArgs p = g;
+  p.ab_type = p.c_type = DType::kF32;
+  // Stored shapes: A is (M,K), or (K,M) if transposed; B is (K,N), or (N,K) if transposed.
+  p.A = g.trans_a ? WidenOperand(a_buf, g.A, g.lda, g.K, g.M)
+                  : WidenOperand(a_buf, g.A, g.lda, g.M, g.K);
+  p.B = g.trans_b ? WidenOperand(b_buf, g.B, g.ldb, g.N, g.K)
+                  : WidenOperand(b_buf, g.B, g.ldb, g.K, g.N);
+  if (g.c_type == DType::kF32) return GemmNative(p);
+  const size_t n = size_t(g.M) * g.N;
+  if (c_buf.size() < n) c_buf.resize(n);
+  p.C = c_buf.data();
+  p.ldc = g.N;
+  if (g.beta != 0.0f) WidenRows(c_buf.data(), g.N, static_cast<const bf16*>(g.C), g.ldc, g.M, g.N);
+  GemmNative(p);
+  NarrowRows(static_cast<bf16*>(g.C), g.ldc, c_buf.data(), g.N, g.M, g.N);
+}
+
+// Products the CPU runs as they are (fp32 always; bf16 where oneDNN has a kernel for it).
+void GemmNative(const GemmArgs& g) {
   // Only fp32 products are slow enough for the copy to pay; AMX bf16 ones are not.
-  if (g.ab_type != DType::kF32 || !AliasingStride(g.ldc, g.c_type) || g.M < 64)
-    return GemmDirect(g);
+  if (g.ab_type != DType::kF32 || !AliasingStride(g.ldc, g.c_type) || g.M < 64) {
+    if (!GemmDirect(g)) GemmBf16ViaF32(g);
+    return;
+  }
   thread_local std::vector<char> scratch;
   const size_t es = DTypeSize(g.c_type);
   const int padded_ld = g.ldc + int(64 / es);
@@ -126,6 +210,16 @@ void Gemm(const GemmArgs& g) {
   p.ldc = padded_ld;
   GemmDirect(p);
   CopyRows(g.C, g.ldc * es, scratch.data(), padded_ld * es, g.M, row_bytes);
+}
+
+}  // namespace
+
+bool Bf16ProductsEmulated() { return bf16_unsupported.load(std::memory_order_relaxed); }
+
+void Gemm(const GemmArgs& g) {
+  if (g.ab_type == DType::kBF16 && bf16_unsupported.load(std::memory_order_relaxed))
+    return GemmBf16ViaF32(g);
+  GemmNative(g);
 }
 
 template <typename T>

@@ -1,4 +1,6 @@
 // Matrix products on the CPU through oneDNN (brgemm kernels, AVX-512 / AMX / bf16 dot products).
+// On CPUs where oneDNN has no bf16 product (no AVX-512), bf16 products run in fp32 on widened
+// copies: same results, slower.
 //
 // Legend: M rows of the input (B*T), K input features, N output features.
 // Forward/backward pair in llm.c's order (outputs, inputs, weights, sizes). Backward *adds* into
@@ -36,6 +38,9 @@ void Gemm(const GemmArgs& args);
 
 // out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N); bias may be null. If `accumulate`, the product
 // is added to what `out` holds (used to fold a residual add into the projection).
+// True once this CPU refused a bf16 product and bf16 products run in fp32 instead.
+bool Bf16ProductsEmulated();
+
 template <typename T>
 void MatmulForward(T* out, const T* inp, const T* weight, const float* bias, int M, int K, int N,
                    bool accumulate = false);
