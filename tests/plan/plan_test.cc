@@ -96,13 +96,15 @@ TEST(Memory, KeelAccountingIsExactlyWhatTheTrainerAllocates) {
   Job job = KeelJob("gpt2", 1, 4);
   job.accounting = Accounting::kKeel;
   const model::ModelConfig cfg = ToModelConfig(job.model);
-  const double n = double(model::ParamLayout::Gpt2(cfg).total());
+  const model::ParamLayout layout = model::ParamLayout::Gpt2(cfg);
+  const double n = double(layout.total());
   EXPECT_EQ(TotalParams(job.model), n);
   Layout l;
   l.micro_batch = 2;
   l.recompute = Recompute::kSelective;
   const MemoryBreakdown m = EstimateMemory(job, l);
-  EXPECT_EQ(m.state.total(), 18 * n);
+  // 18 bytes per parameter, and the fp32 copy of the matrix biases that bf16 products add.
+  EXPECT_EQ(m.state.total(), 18 * n + 4 * double(layout.n_bias()));
   EXPECT_TRUE(m.exact_activations);
   EXPECT_EQ(m.activations, double(model::PlanActivations(cfg, 2, cfg.block_size, DType::kBF16,
                                                          model::Recompute::kAttn)
@@ -127,7 +129,7 @@ TEST(Time, BubbleAndMfu) {
 
 TEST(Comm, ZeroThreeMovesOneAndAHalfTimesTheDataParallelBytes) {
   Job job = KeelJob("7B", 64, 512);
-  Layout l{1, 1, 64, 0, 1, Recompute::kFull, false};
+  Layout l{{64, 1, 1, 0}, 1, Recompute::kFull, false};
   const double base = EstimateComm(job, l).dp_bytes;
   l.zero = 2;
   EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, base);

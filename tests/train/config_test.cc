@@ -128,7 +128,7 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
   a.train.sample_prompt = "";
   a.optim = {3e-4f,  0.1f * 3e-4f, 7,    "constant", 0.8f,
              0.999f, 1e-8f,        0.0f, 0.7f,       "wte.*,h.?.ln_1.*"};
-  a.parallel = {25.0f, 1234.5f};
+  a.parallel = {3, 2, 4, 1, 25.0f, 1234.5f};  // dp, tp, pp, zero (LoadConfig does not check them)
   a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto"};
   a.resilience.stop_on_nonfinite = false;
   a.monitor = {123.456, false};
@@ -142,10 +142,10 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
 
   // Every key is written, also those at their default.
   std::string defaults = ToToml(RunConfig{});
-  for (const char* key :
-       {"[model]", "[data]", "[train]", "[optim]", "[parallel]", "[checkpoint]", "[resilience]",
-        "[monitor]", "\nn_layer = 0", "\nval = \"\"", "\nmicro_batch_size = 0",
-        "\nbucket_mb = 25.0", "\ninit_std = 0.02", "\nstop_on_nonfinite = true", "\nseed = 1337"})
+  for (const char* key : {"[model]", "[data]", "[train]", "[optim]", "[parallel]", "[checkpoint]",
+                          "[resilience]", "[monitor]", "\nn_layer = 0", "\nval = \"\"",
+                          "\nmicro_batch_size = 0", "\ndp = 0", "\nzero = 0", "\nbucket_mb = 25.0",
+                          "\ninit_std = 0.02", "\nstop_on_nonfinite = true", "\nseed = 1337"})
     EXPECT_NE(defaults.find(key), std::string::npos) << key << " missing in\n" << defaults;
 }
 
@@ -302,6 +302,121 @@ TEST(Config, ValidateBatchNamesRanksAndMicroBatch) {
   EXPECT_NO_THROW(ValidateBatch(cfg, 5));
   cfg.train.micro_batch_size = 5;
   EXPECT_NO_THROW(ValidateBatch(cfg, 2));
+}
+
+// [parallel] dp, tp, pp, zero: read, written back, unknown keys still refused.
+TEST(Config, ParallelLayoutKeysParseAndRoundTrip) {
+  RunConfig a = LoadConfig("", {"parallel.dp=2", "parallel.zero=3"});
+  EXPECT_EQ(a.parallel.dp, 2);
+  EXPECT_EQ(a.parallel.tp, 1);
+  EXPECT_EQ(a.parallel.pp, 1);
+  EXPECT_EQ(a.parallel.zero, 3);
+  EXPECT_EQ(RunConfig{}.parallel.dp, 0);  // 0 = the ranks launched / (tp x pp)
+  std::string text = ToToml(a);
+  EXPECT_NE(text.find("[parallel]\ndp = 2\ntp = 1\npp = 1\nzero = 3\n"), std::string::npos) << text;
+  RunConfig b = LoadConfig(WriteConfig("parallel_round.toml", text), {});
+  a.source = b.source;
+  EXPECT_EQ(a, b) << text;
+  std::string msg = BadInputMessage([] { LoadConfig("", {"parallel.zeros=1"}); });
+  EXPECT_NE(msg.find("--set parallel.zeros: unknown key (known: dp, tp, pp, zero,"),
+            std::string::npos)
+      << msg;
+  msg = LoadError("parallel_type.toml", "[parallel]\ntp = 2.5\n");
+  EXPECT_NE(msg.find("[parallel] tp: expected an integer, got float 2.5"), std::string::npos)
+      << msg;
+}
+
+TEST(ResolveDims, DpIsDerivedFromTheRanksLaunched) {
+  RunConfig cfg;  // gpt2-mini, batch_size 8
+  EXPECT_EQ(ResolveDims(cfg, 1), (parallel::ParallelDims{1, 1, 1, 0}));
+  EXPECT_EQ(ResolveDims(cfg, 4), (parallel::ParallelDims{4, 1, 1, 0}));
+  cfg.parallel.zero = 2;
+  EXPECT_EQ(ResolveDims(cfg, 2), (parallel::ParallelDims{2, 1, 1, 2}));
+  cfg.parallel.dp = 2;  // explicit and matching
+  EXPECT_EQ(ResolveDims(cfg, 2), (parallel::ParallelDims{2, 1, 1, 2}));
+}
+
+TEST(ResolveDims, RanksThatDoNotMatchTheLayoutAreOneLine) {
+  RunConfig cfg;
+  cfg.source = "a.toml";
+  cfg.parallel.tp = 4;  // gpt2-mini: 4 heads; 6 ranks leave no whole dp
+  std::string msg = BadInputMessage([&] { ResolveDims(cfg, 6); });
+  EXPECT_EQ(msg,
+            "config a.toml: [parallel] tp=4 x pp=1 x dp=1 = 4 does not match the 6 ranks launched");
+  cfg = RunConfig{};
+  cfg.parallel.dp = 3;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 1); });
+  EXPECT_NE(msg.find("[parallel] tp=1 x pp=1 x dp=3 = 3 does not match the 1 ranks launched"),
+            std::string::npos)
+      << msg;
+  cfg.parallel.dp = -1;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 1); });
+  EXPECT_NE(msg.find("[parallel] dp=-1: expected an integer >= 1, or 0"), std::string::npos) << msg;
+  cfg.parallel.dp = 0;
+  cfg.parallel.pp = 0;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 1); });
+  EXPECT_NE(msg.find("[parallel] pp=0: expected an integer >= 1"), std::string::npos) << msg;
+}
+
+TEST(ResolveDims, ZeroStageOutOfRangeIsBadInput) {
+  RunConfig cfg = LoadConfig("", {"parallel.zero=4"});
+  std::string msg = BadInputMessage([&] { ResolveDims(cfg, 1); });
+  EXPECT_EQ(msg, "config (defaults): [parallel] zero=4: expected 0, 1, 2 or 3");
+  cfg.parallel.zero = -1;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 1); });
+  EXPECT_NE(msg.find("zero=-1: expected 0, 1, 2 or 3"), std::string::npos) << msg;
+}
+
+// The shape checks come before the "not built yet" refusal, so a tp that could never work is
+// named as such.
+TEST(ResolveDims, TpMustDivideTheHeads) {
+  RunConfig cfg;
+  cfg.source = "tiny.toml";
+  cfg.model.name = "gpt2-tiny";  // 2 heads, 2 layers
+  cfg.train.batch_size = 10;
+  cfg.parallel.tp = 5;
+  std::string msg = BadInputMessage([&] { ResolveDims(cfg, 5); });
+  EXPECT_NE(msg.find("config tiny.toml: [parallel] tp=5 does not divide model.n_head=2"),
+            std::string::npos)
+      << msg;
+  cfg.parallel.tp = 1;
+  cfg.parallel.pp = 3;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 3); });
+  EXPECT_NE(msg.find("[parallel] pp=3 does not divide model.n_layer=2"), std::string::npos) << msg;
+}
+
+TEST(ResolveDims, BatchMustSplitOverDp) {
+  RunConfig cfg;
+  cfg.source = "a.toml";
+  cfg.train.batch_size = 10;
+  std::string msg = BadInputMessage([&] { ResolveDims(cfg, 4); });
+  EXPECT_EQ(msg, "config a.toml: [train] batch_size: 10 is not divisible by ranks (4)");
+  cfg.parallel.dp = 4;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 4); });
+  EXPECT_EQ(msg, "config a.toml: [train] batch_size: 10 is not divisible by parallel.dp (4)");
+  cfg.parallel.dp = 2;
+  cfg.train.micro_batch_size = 4;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 2); });
+  EXPECT_NE(msg.find("[train] batch_size: 10 is not divisible by parallel.dp (2) × "
+                     "micro_batch_size (4)"),
+            std::string::npos)
+      << msg;
+  cfg.train.micro_batch_size = 5;
+  EXPECT_EQ(ResolveDims(cfg, 2).dp, 2);
+}
+
+TEST(ResolveDims, TensorAndPipelineParallelismAreRefusedForNow) {
+  RunConfig cfg;  // gpt2-mini: 4 heads, 4 layers, batch 8
+  cfg.parallel.tp = 2;
+  std::string msg = BadInputMessage([&] { ResolveDims(cfg, 2); });
+  EXPECT_EQ(msg,
+            "config (defaults): [parallel] tp=2: tensor parallelism is not built yet (only dp and "
+            "zero are); set parallel.tp=1");
+  cfg.parallel.tp = 1;
+  cfg.parallel.pp = 2;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 4); });
+  EXPECT_NE(msg.find("[parallel] pp=2: pipeline parallelism is not built yet"), std::string::npos)
+      << msg;
 }
 
 TEST(Config, ShippedConfigsLoad) {

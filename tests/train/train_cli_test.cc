@@ -148,6 +148,24 @@ TEST(TrainCli, BadInputGetsOneClearLineAndExitCode2) {
   }
 }
 
+// A [parallel] layout that cannot run on the ranks launched (here one process): exit 2 with one
+// line naming the key, before anything is written.
+TEST(TrainCli, BadParallelLayoutGetsOneLineAndExitCode2) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  const std::vector<BadCase> cases = {
+      {"zero stage", "--set parallel.zero=4", "zero"},
+      {"dp over 1 rank", "--set parallel.dp=3", "ranks"},
+  };
+  for (const auto& c : cases) {
+    auto res = RunCommand(TrainCmd(dir, data, c.args));
+    EXPECT_EQ(res.code, 2) << c.name << ": " << res.err;
+    EXPECT_NE(res.err.find(c.expect), std::string::npos) << c.name << ": " << res.err;
+    EXPECT_EQ(std::count(res.err.begin(), res.err.end(), '\n'), 1) << c.name << ": " << res.err;
+    EXPECT_FALSE(std::filesystem::exists(dir / "test-tiny/config.toml")) << c.name;
+  }
+}
+
 TEST(TrainCli, TokenIdErrorNamesTheOffset) {
   TempDir dir;
   std::string big = dir / "big.u16";

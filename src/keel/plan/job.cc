@@ -83,24 +83,17 @@ const char* RecomputeName(Recompute r) {
 }
 
 void CheckLayout(const Job& job, const Layout& l) {
-  auto s = [](long v) { return std::to_string(v); };
-  const ModelSpec& m = job.model;
-  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.micro_batch < 1)
-    ThrowBadInput("plan: tp, pp, dp and micro-batch must be >= 1");
-  if (m.heads % l.tp != 0)
-    ThrowBadInput("plan: heads " + s(m.heads) + " % tp " + s(l.tp) + " = " + s(m.heads % l.tp) +
-                  ": tp must divide the number of heads");
-  if (m.layers % l.pp != 0)
-    ThrowBadInput("plan: layers " + s(m.layers) + " % pp " + s(l.pp) + " = " + s(m.layers % l.pp) +
-                  ": pp must divide the number of layers");
-  if (long(l.tp) * l.pp * l.dp != job.cluster.world)
-    ThrowBadInput("plan: world " + s(job.cluster.world) + " != tp " + s(l.tp) + " x pp " + s(l.pp) +
-                  " x dp " + s(l.dp) + " = " + s(long(l.tp) * l.pp * l.dp));
-  if (job.global_batch % (long(l.dp) * l.micro_batch) != 0)
-    ThrowBadInput("plan: global batch " + s(job.global_batch) + " is not divisible by dp " +
-                  s(l.dp) + " x micro-batch " + s(l.micro_batch) + " = " +
-                  s(long(l.dp) * l.micro_batch));
-  if (l.zero < 0 || l.zero > 3) ThrowBadInput("plan: zero stage " + s(l.zero) + " not in 0..3");
+  if (l.micro_batch < 1)
+    ThrowBadInput("plan: micro-batch " + std::to_string(l.micro_batch) + ": expected >= 1");
+  // The checks the trainer makes too, in one place. The planner's vocabulary is not padded.
+  parallel::ValidateDims(l,
+                         {.world = job.cluster.world,
+                          .n_head = job.model.heads,
+                          .n_layer = job.model.layers,
+                          .padded_vocab = 0,
+                          .global_batch = job.global_batch,
+                          .micro_batch = l.micro_batch},
+                         "plan: ");
 }
 
 }  // namespace keel::plan

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "keel/model/config.h"
+#include "keel/parallel/dims.h"
 #include "keel/plan/hardware.h"
 
 namespace keel::plan {
@@ -43,12 +44,14 @@ const char* PrecisionName(Precision p);
 const char* AccountingName(Accounting a);
 const char* RecomputeName(Recompute r);
 
-struct Layout {
-  int tp = 1, pp = 1, dp = 1;
-  int zero = 0;         // ZeRO stage 0..3 over the dp group
+// The trainer's layout type (dp, tp, pp, zero: parallel/dims.h) and what only the planner varies.
+// Aggregate: Layout{{dp, tp, pp, zero}, micro_batch, recompute, sp}.
+struct Layout : parallel::ParallelDims {
   int micro_batch = 1;  // sequences per micro-batch per dp rank
   Recompute recompute = Recompute::kNone;
   bool sp = false;  // sequence parallelism (only meaningful with tp > 1)
+  // Compares the dims and the planner's own fields (the inherited == would see the dims only).
+  bool operator==(const Layout&) const = default;
 };
 
 // Failures, storage and money: what the checkpoint interval and the cost of a whole run need.
@@ -74,8 +77,9 @@ struct Job {
   RunInputs run;
 };
 
-// Throws bad input, one line with the numbers, if the layout cannot run this job:
-// heads % tp, layers % pp, world != tp*pp*dp, global batch % (dp*micro_batch), zero stage.
+// Throws bad input, one line with the numbers, if the layout cannot run this job: the shared
+// checks of parallel::ValidateDims (dims >= 1, zero stage, world = tp*pp*dp, heads % tp,
+// layers % pp, global batch % (dp*micro_batch)) and micro-batch >= 1.
 void CheckLayout(const Job& job, const Layout& l);
 
 }  // namespace keel::plan

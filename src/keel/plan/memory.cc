@@ -100,9 +100,22 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   mem.state = ModelStateBytes(psi, bpp, l.zero, l.dp);
+  const bool keel_exact = job.accounting == Accounting::kKeel && l.tp == 1 && l.pp == 1;
+  if (keel_exact) {
+    // keel's own runs: the store's and the ZeRO strategy's buffers, by the formula they allocate
+    // with (parallel::StateBytesPerRank), so the figure is the trainer's to the byte.
+    const DType dt = job.precision == Precision::kFp32 ? DType::kF32 : DType::kBF16;
+    const auto layout = model::ParamLayout::Gpt2(ToModelConfig(m));
+    const parallel::StateBytes b = parallel::StateBytesPerRank(model::StateShapeOf(layout, dt), l);
+    mem.state.params = double(b.working + b.biases);
+    mem.state.grads = double(b.grads);
+    mem.state.master = double(b.master);
+    mem.state.moments = double(b.moments);
+    mem.comm_buffers = double(b.zero_buffers);
+  }
 
   const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
-  if (job.accounting == Accounting::kKeel && l.tp == 1 && l.pp == 1) {
+  if (keel_exact) {
     // keel's own runs: the exact arena the trainer allocates (one source of truth).
     const model::Recompute rc = l.recompute == Recompute::kNone        ? model::Recompute::kNone
                                 : l.recompute == Recompute::kSelective ? model::Recompute::kAttn
@@ -127,9 +140,10 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
 
   // Gradient buckets for the dp all-reduce / reduce-scatter: two 25M-parameter buckets in flight
   // (PyTorch DDP's default size), never more than the gradients themselves.
-  if (l.dp > 1) mem.comm_buffers += 2 * std::min(psi, 25e6) * bpp.grads;
+  // (keel all-reduces in place; its ZeRO buffers are counted above.)
+  if (l.dp > 1 && !keel_exact) mem.comm_buffers += 2 * std::min(psi, 25e6) * bpp.grads;
   // ZeRO-3 gathers each layer's weights before use and prefetches the next: two layers' worth.
-  if (l.zero >= 3 && l.dp > 1) {
+  if (l.zero >= 3 && l.dp > 1 && !keel_exact) {
     const double per_layer_params = psi / std::max(1, m.layers / l.pp);
     mem.comm_buffers += 2 * per_layer_params * bpp.weights;
   }

@@ -97,7 +97,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
             for (int sp = 0; sp <= 1; ++sp) {
               if (c.sp >= 0 && sp != c.sp) continue;
               if (c.sp < 0 && sp && tp == 1) continue;  // sp means nothing without tp
-              Layout l{tp, pp, dp, zero, mb, rc, sp == 1};
+              Layout l{{dp, tp, pp, zero}, mb, rc, sp == 1};
               out.push_back(Evaluate(job, l));
             }
           }
@@ -110,7 +110,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
             for (int sp = 0; sp <= 1; ++sp) {
               if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;
               if ((c.zero < 0 && zero > 0 && dp == 1) || (c.sp < 0 && sp && tp == 1)) continue;
-              out.push_back(Evaluate(job, Layout{tp, pp, dp, zero, c.micro_batch, rc, sp == 1}));
+              out.push_back(Evaluate(job, Layout{{dp, tp, pp, zero}, c.micro_batch, rc, sp == 1}));
             }
     }
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "keel/model/config.h"
+#include "keel/parallel/dims.h"
 
 namespace keel::train {
 
@@ -91,6 +92,12 @@ struct OptimSection {
 };
 
 struct ParallelSection {
+  // The layout (parallel/dims.h): data-parallel replicas, tensor-parallel shards, pipeline stages,
+  // ZeRO stage over the data-parallel group. Checked at start by ResolveDims.
+  int dp = 0;  // 0 = the ranks launched / (tp x pp)
+  int tp = 1;
+  int pp = 1;
+  int zero = 0;                   // 0: replicated; 1: optimizer state; 2: + gradients; 3: + weights
   float bucket_mb = 25.0f;        // gradient all-reduce bucket size
   float comm_timeout_s = 600.0f;  // a collective that takes longer is a hang: exit 75
 
@@ -156,5 +163,13 @@ std::string ToToml(const RunConfig& cfg);
 // and micro-batches. Throws keel::Error (bad input), e.g.
 // "config a.toml: [train] batch_size: 10 is not divisible by ranks (2) × micro_batch_size (4)".
 void ValidateBatch(const RunConfig& cfg, int world_size);
+
+// The run's layout over `world` ranks: [parallel] dp, tp, pp and zero, with dp = 0 resolved to
+// world / (tp x pp), checked by parallel::ValidateDims against the ranks, the model's heads,
+// layers and padded vocabulary, and the global batch (train.batch_size over dp x micro-batches).
+// Then refuses what the trainer does not implement yet (tp > 1, pp > 1). Throws keel::Error (bad
+// input) with one line, e.g.
+// "config a.toml: [parallel] tp=4 x pp=1 x dp=1 = 4 does not match the 6 ranks launched".
+parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world);
 
 }  // namespace keel::train

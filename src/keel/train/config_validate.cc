@@ -3,6 +3,7 @@
 //
 // Each check throws one line naming where the value came from (file and key, or --set flag), what
 // was expected and what was found. Float checks are written as !(ok) so that NaN fails them.
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 
@@ -173,25 +174,74 @@ model::ModelConfig RunConfig::ResolvedModel() const {
   return internal::ResolveModel(model, internal::Provenance(source));
 }
 
-void ValidateBatch(const RunConfig& cfg, int world_size) {
+namespace {
+
+// The global batch split over `dp` data-parallel replicas and micro-batches; `over` names the
+// divisor in the message ("ranks" or "parallel.dp").
+void CheckBatchSplit(const RunConfig& cfg, int dp, const std::string& over) {
   const internal::Provenance prov(cfg.source);
   const std::string where = prov.Where("train", "batch_size");
-  if (world_size <= 0)
-    ThrowBadInput(where + ": cannot split over " + std::to_string(world_size) + " ranks");
   const int batch = cfg.train.batch_size;
   const int micro = cfg.train.micro_batch_size;
   if (micro == 0) {
-    if (batch % world_size != 0)
-      ThrowBadInput(where + ": " + std::to_string(batch) + " is not divisible by ranks (" +
-                    std::to_string(world_size) + ")");
+    if (batch % dp != 0)
+      ThrowBadInput(where + ": " + std::to_string(batch) + " is not divisible by " + over + " (" +
+                    std::to_string(dp) + ")");
     return;
   }
   // int64: ranks × micro can overflow int at large scale.
-  const int64_t per_step = int64_t{world_size} * micro;
+  const int64_t per_step = int64_t{dp} * micro;
   if (batch % per_step != 0)
-    ThrowBadInput(where + ": " + std::to_string(batch) + " is not divisible by ranks (" +
-                  std::to_string(world_size) + ") × micro_batch_size (" + std::to_string(micro) +
-                  ")");
+    ThrowBadInput(where + ": " + std::to_string(batch) + " is not divisible by " + over + " (" +
+                  std::to_string(dp) + ") × micro_batch_size (" + std::to_string(micro) + ")");
+}
+
+}  // namespace
+
+void ValidateBatch(const RunConfig& cfg, int world_size) {
+  if (world_size <= 0)
+    ThrowBadInput(internal::Provenance(cfg.source).Where("train", "batch_size") +
+                  ": cannot split over " + std::to_string(world_size) + " ranks");
+  CheckBatchSplit(cfg, world_size, "ranks");
+}
+
+parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
+  const std::string prefix = internal::Provenance(cfg.source).File() + ": [parallel] ";
+  auto s = [](long v) { return std::to_string(v); };
+  if (world <= 0) ThrowBadInput(prefix + "cannot lay out " + s(world) + " ranks");
+  const ParallelSection& p = cfg.parallel;
+  if (p.dp < 0)
+    ThrowBadInput(prefix + "dp=" + s(p.dp) +
+                  ": expected an integer >= 1, or 0 for the ranks launched / (tp x pp)");
+  parallel::ParallelDims d{p.dp, p.tp, p.pp, p.zero};
+  // dp = 0: whatever tp x pp leaves of the ranks. A remainder (6 ranks, tp=4) is not rounded
+  // away: dp = 1 then fails ValidateDims's "does not match the 6 ranks launched".
+  if (d.dp == 0 && d.tp >= 1 && d.pp >= 1)
+    d.dp = static_cast<int>(std::max<long>(1, world / (long(d.tp) * d.pp)));
+
+  // The layout against the ranks and the model (parallel/dims.h), then the global batch over dp
+  // in the [train] keys' own words: the same rule as ValidateDims's, naming where it was set.
+  const model::ModelConfig m = cfg.ResolvedModel();
+  parallel::ValidateDims(
+      d,
+      {.world = world, .n_head = m.n_head, .n_layer = m.n_layer, .padded_vocab = m.padded_vocab()},
+      prefix);
+  const bool derived = p.dp == 0;
+  CheckBatchSplit(cfg, d.dp,
+                  !derived           ? "parallel.dp"
+                  : d.tp * d.pp == 1 ? "ranks"
+                                     : "data-parallel ranks");
+
+  // Valid layouts that the trainer cannot run yet.
+  if (d.tp > 1)
+    ThrowBadInput(prefix + "tp=" + s(d.tp) +
+                  ": tensor parallelism is not built yet (only dp and zero are); set "
+                  "parallel.tp=1");
+  if (d.pp > 1)
+    ThrowBadInput(prefix + "pp=" + s(d.pp) +
+                  ": pipeline parallelism is not built yet (only dp and zero are); set "
+                  "parallel.pp=1");
+  return d;
 }
 
 }  // namespace keel::train
