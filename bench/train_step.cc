@@ -1,7 +1,9 @@
-// keel's side of bench/train_throughput: times full training steps (forward, backward, AdamW) of
-// a GPT-2 config and prints tokens/s, MFU and a per-kernel breakdown as one JSON line.
+// keel's side of bench/train_throughput and bench/zero_throughput: times full training steps
+// (train::TrainStep: forward, backward, gradient strategy, AdamW) of a GPT-2 config and prints
+// tokens/s, MFU, communication and a per-kernel breakdown as one JSON line (rank 0).
 //
-//   build/bench_train_step gpt2 4 256 bf16 [steps=10] [warmup=2] [recompute=none]
+//   build/bench_train_step gpt2 4 256 bf16 [steps=10] [warmup=2] [recompute=none] [zero=0]
+//   mpirun -np 2 build/bench_train_step gpt2 4 256 bf16 10 2 none 3    # dp 2, ZeRO-3
 #include <omp.h>
 
 #include <cstdio>
@@ -13,9 +15,10 @@
 #include "keel/core/rng.h"
 #include "keel/core/timer.h"
 #include "keel/kernels/profile.h"
-#include "keel/model/gpt.h"
+#include "keel/model/params.h"
 #include "keel/monitor/flops.h"
-#include "keel/optim/adamw.h"
+#include "keel/parallel/comm.h"
+#include "keel/train/step.h"
 
 using namespace keel;
 
@@ -36,33 +39,47 @@ int main(int argc, char** argv) {
   else
     cfg = model::NamedConfig(name);
 
-  model::GptModel m(cfg, dtype, B, T, recompute);
-  model::InitParams(m.layout(), cfg, 1, m.master());
-  m.SyncWorking();
-  std::vector<optim::ParamRange> ranges;
-  for (const auto& p : m.layout().params()) ranges.push_back({p.offset, p.numel, p.decay});
-  optim::AdamW opt(ranges, m.layout().total(), {});
-  std::vector<int32_t> tokens(size_t(B) * T), targets(tokens.size());
-  Philox rng(1, 0);
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = int32_t(rng.Bits(i)[0] % 50257);
-    targets[i] = int32_t(rng.Bits(i)[1] % 50257);
+  auto comm = parallel::CreateComm();
+  train::StepSpec spec;
+  spec.model = cfg;
+  spec.dtype = dtype;
+  spec.micro_batch = B;
+  spec.seq_len = T;
+  spec.recompute = recompute;
+  spec.dims = {comm->size(), 1, 1, argc > 8 ? std::atoi(argv[8]) : 0};
+  train::TrainStep st(spec, *comm);
+  {
+    std::vector<float> init(st.layout().total());
+    model::InitParams(st.layout(), cfg, 1, init.data());
+    st.SetWeights(init.data());
   }
-  double total_s = 0;
+  Philox rng(1, uint64_t(comm->rank()));
+  auto next = [&](int32_t* tokens, int32_t* targets) {
+    for (size_t i = 0; i < size_t(B) * T; ++i) {
+      tokens[i] = int32_t(rng.Bits(i)[0] % 50257);
+      targets[i] = int32_t(rng.Bits(i)[1] % 50257);
+    }
+    return 0.0;
+  };
+  double total_s = 0, wait_ms = 0, sent = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     if (s == warmup) kernels::ProfileReset(true);
+    comm->Barrier();
     Timer t;
-    m.ZeroGrads();
-    m.ForwardBackward(tokens.data(), targets.data(), 1.0f / (B * T));
+    st.ForwardBackward(1, next, 1.0f / (B * T * comm->size()));
     {
       kernels::ProfileScope p("adamw");
-      double norm = optim::GlobalGradNorm(m.grads(), m.layout().total());
-      opt.Step(m.master(), m.working_bf16(), m.grads(), 1e-4f, optim::ClipScale(norm, 1.0f));
+      st.Update(1e-4f, 1.0f);
     }
-    if (s >= warmup) total_s += t.Seconds();
+    if (s >= warmup) {
+      total_s += t.Seconds();
+      wait_ms += st.comm_wait_ms();
+      sent += st.comm_bytes();
+    }
   }
-  const double tok_s = double(B) * T * steps / total_s;
-  const double params = double(m.layout().total() - m.layout().Find("wpe.weight").numel);
+  total_s = comm->AllReduceMax(total_s);
+  const double tok_s = double(B) * T * steps * comm->size() / total_s;
+  const double params = double(st.layout().total() - st.layout().Find("wpe.weight").numel);
   const double flops = monitor::TrainFlopsPerToken(params, cfg.n_layer, cfg.n_embd, T);
   const int threads = omp_get_max_threads();
   nlohmann::json out = {{"impl", "keel"},
@@ -74,9 +91,15 @@ int main(int argc, char** argv) {
                         {"threads", threads},
                         {"tokens_per_s", tok_s},
                         {"ms_per_step", 1e3 * total_s / steps},
-                        {"mfu", flops * tok_s / monitor::PeakFlops(dtype, threads)},
-                        {"activation_mib", m.activation_plan().total_bytes / 1048576.0},
+                        {"dp", comm->size()},
+                        {"zero", spec.dims.zero},
+                        {"mfu", flops * tok_s / monitor::PeakFlops(dtype, threads) / comm->size()},
+                        {"comm_wait_ms", wait_ms / steps},
+                        {"comm_bytes", sent / steps},
+                        {"params", st.layout().total()},
+                        {"memory_bytes", st.MemoryBytes()},
+                        {"activation_mib", st.model().activation_plan().total_bytes / 1048576.0},
                         {"breakdown_ms", kernels::ProfileReport(steps)}};
-  std::printf("%s\n", out.dump().c_str());
+  if (comm->rank() == 0) std::printf("%s\n", out.dump().c_str());
   return 0;
 }

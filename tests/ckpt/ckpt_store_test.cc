@@ -106,17 +106,47 @@ TEST(CkptStore, WrittenByNRanksReadsBackWholeOnAnyLayout) {
 TEST(CkptStore, ReadBoxAssemblesAnySliceFromOverlappingPieces) {
   Dir d;
   Fake fake(3.0f);
-  SaveAsRanks(d.str(), fake, 1, 3);  // wte rows split 4 / 4 / 5
+  SaveAsRanks(d.str(), fake, 1, 3);  // each rank its third of the flat layout, cut mid-row
   auto reader = CheckpointReader::Open(d.str() + "/step_00000001");
   const TensorEntry* wte = reader.manifest().Find("wte", "master");
   ASSERT_NE(wte, nullptr);
-  ASSERT_EQ(wte->pieces.size(), 3u);
+  ASSERT_GE(wte->pieces.size(), 3u);
   // Rows 3..9, columns 2..5: crosses all three pieces, as a tensor-parallel reader would ask.
   std::vector<float> box(7 * 4);
   reader.ReadBox(*wte, {3, 2}, {7, 4}, box.data());
   for (int r = 0; r < 7; ++r)
     for (int c = 0; c < 4; ++c)
       EXPECT_EQ(box[size_t(r * 4 + c)], fake.master[size_t((3 + r) * 7 + 2 + c)]);
+}
+
+TEST(CkptStore, BoxesOfAFlatRangeAreContiguousRunsInOrder) {
+  // A 4 x 5 tensor, elements [3, 17): a partial row, two whole rows, a partial row.
+  const std::vector<Box> b = BoxesOf({4, 5}, 3, 17);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].start, (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(b[0].count, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(b[1].start, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(b[1].count, (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(b[2].start, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(b[2].count, (std::vector<int64_t>{1, 2}));
+  // Every element once, in order, for any range of a 3-d tensor.
+  const std::vector<int64_t> shape = {3, 4, 5};
+  for (uint64_t a = 0; a <= 60; a += 7)
+    for (uint64_t e = a; e <= 60; e += 5) {
+      uint64_t next = a;
+      for (const Box& x : BoxesOf(shape, a, e)) {
+        ASSERT_EQ(x.flat, next);
+        uint64_t n = 1, flat = 0;
+        for (size_t d = 0; d < 3; ++d) {
+          n *= uint64_t(x.count[d]);
+          flat = flat * uint64_t(shape[d]) + uint64_t(x.start[d]);
+        }
+        EXPECT_EQ(n, x.numel);
+        EXPECT_EQ(flat, x.flat);
+        next += x.numel;
+      }
+      EXPECT_EQ(next, e) << a << ".." << e;
+    }
 }
 
 TEST(CkptStore, CorruptByteIsReportedWithTensorAndFile) {

@@ -5,7 +5,10 @@
 #  2. resharding: saved by 2 ranks, resumed by 1 and by 3; saved by 1 and by 3, resumed by 2: the losses
 #     of steps 21-40 follow the uninterrupted run to 1e-5 relative and the data position in the
 #     checkpoint is exactly 20 global batches;
-#  3. incremental: with the embeddings frozen, later checkpoints reference their unchanged bytes
+#  3. across ZeRO layouts: saved at dp 4 ZeRO-3 after 10 steps, resumed at (dp 2, ZeRO-1),
+#     (dp 1, ZeRO-0) and (dp 3, ZeRO-2): steps 11-40 within 1e-6 relative of the uninterrupted
+#     run; and at dp 2 ZeRO-3 a stop and resume is bitwise;
+#  4. incremental: with the embeddings frozen, later checkpoints reference their unchanged bytes
 #     in the first one (which retention then keeps) and a resume from them is still bitwise.
 #   tests/ckpt/resume.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
@@ -54,6 +57,20 @@ run saved3 3 --set train.precision=fp32 --set train.stop_at=20
 cp -r "$tmp/saved3" "$tmp/from3to2"
 run from3to2 2 --set train.precision=fp32 --resume auto
 
+# Across ZeRO layouts: each rank saved only its shard; any layout reads the slices it needs.
+run z3dp4 4 --set train.precision=fp32 --set parallel.zero=3 --set train.stop_at=10
+for to in "2 1" "1 0" "3 2"; do
+  read -r dp z <<<"$to"
+  cp -r "$tmp/z3dp4" "$tmp/z3to_dp${dp}_z$z"
+  rm -f "$tmp/z3to_dp${dp}_z$z.log"
+  run "z3to_dp${dp}_z$z" "$dp" --set train.precision=fp32 --set parallel.zero="$z" --resume auto
+done
+run full_z3_2 2 --set train.precision=fp32 --set parallel.zero=3
+run cut_z3_2 2 --set train.precision=fp32 --set parallel.zero=3 --set train.stop_at=20
+run cut_z3_2 2 --set train.precision=fp32 --set parallel.zero=3 --resume auto
+cmp "$tmp/full_z3_2/model.safetensors" "$tmp/cut_z3_2/model.safetensors" ||
+  { echo "ZeRO-3 dp 2: final parameters differ after resume"; exit 1; }
+
 # Incremental saves: embeddings frozen, a save every 5 steps, only the newest kept.
 inc=(--set train.precision=fp32 --set optim.freeze="wte.*,wpe.*" --set checkpoint.every_steps=5
      --set checkpoint.keep_last=1)
@@ -90,6 +107,20 @@ for name in ("from2to1", "from2to3", "from1to2", "from3to2"):
     worst = max(abs(a - b) / abs(b) for a, b in zip(got[20:], ref[20:]))
     print(f"{name}: steps 21-40 vs the uninterrupted run: max relative difference {worst:.1e} (limit 1e-5)")
     bad |= worst > 1e-5
+for name in ("z3to_dp2_z1", "z3to_dp1_z0", "z3to_dp3_z2"):
+    got = losses(name)
+    if len(got) != 40:
+        print(f"{name}: {len(got)} steps, expected 40"); bad = 1; continue
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got[10:], ref[10:]))
+    print(f"{name}: saved at dp 4 ZeRO-3, steps 11-40 vs the uninterrupted run: max relative "
+          f"difference {worst:.1e} (limit 1e-6)")
+    bad |= worst > 1e-6
+same = losses("full_z3_2") == losses("cut_z3_2")
+print(f"ZeRO-3 dp 2: 40 steps straight vs 20 + resume: {'bitwise identical' if same else 'DIFFERENT'}")
+bad |= not same
+m = json.load(open(f"{d}/z3dp4/checkpoints/step_00000010/manifest.json"))
+print(f"z3dp4: manifest layout {m['state']['layout']}")
+bad |= m["state"]["layout"] != {"dp": 4, "tp": 1, "pp": 1, "zero": 3}
 for name in ("saved2", "saved1", "saved3"):
     m = json.load(open(f"{d}/{name}/checkpoints/step_00000020/manifest.json"))
     pos = m["state"]["loader"]["position"]

@@ -5,9 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "keel/core/error.h"
 #include "keel/core/rng.h"
 #include "keel/model/params.h"
 
@@ -77,18 +80,45 @@ TEST(Gpt, ForwardMatchesForwardBackwardLoss) {
   EXPECT_EQ(fwd, fb);
 }
 
-TEST(Gpt, GradsReadyReportsShrinkingSuffixesEndingAtZero) {
+// A ParamAccess that holds every segment and records what the model says, in order.
+class RecordingAccess final : public ParamAccess {
+ public:
+  explicit RecordingAccess(const ParamLayout& l) : l_(l), w_(l.total()), g_(l.total(), 0.0f) {}
+  const void* Weights(int s) override { return w_.data() + l_.segment_start(s); }
+  const float* Biases() override { return nullptr; }
+  float* Grads(int s) override { return g_.data() + l_.segment_start(s); }
+  void Use(int s, Pass p) override {
+    log.push_back((p == Pass::kForward ? "F" : "B") + std::to_string(s));
+  }
+  void GradsDone(int s) override { log.push_back("G" + std::to_string(s)); }
+  std::vector<float>& weights() { return w_; }
+  std::vector<float>& grads() { return g_; }
+  std::vector<std::string> log;
+
+ private:
+  const ParamLayout& l_;
+  std::vector<float> w_, g_;
+};
+
+TEST(Gpt, ParamAccessSeesSegmentsInOrderAndGivesTheSameGradients) {
   const int B = 1, T = 8;
-  GptModel m(Tiny(), DType::kF32, B, T, Recompute::kNone);
-  InitParams(m.layout(), m.config(), 1, m.master());
+  GptModel dense(Tiny(), DType::kF32, B, T, Recompute::kNone);
+  InitParams(dense.layout(), dense.config(), 1, dense.master());
+  RecordingAccess acc(dense.layout());
+  GptModel m(Tiny(), DType::kF32, B, T, Recompute::kNone, &acc);
+  std::copy_n(dense.master(), dense.layout().total(), acc.weights().data());
   Batch b = RandomBatch(B, T, 50257, 5);
-  std::vector<size_t> offsets;
-  m.ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f,
-                    [&](size_t off) { offsets.push_back(off); });
-  ASSERT_EQ(offsets.size(), 3u);  // two layers, then the embeddings
-  EXPECT_EQ(offsets[0], m.layout().layer_start(1));
-  EXPECT_EQ(offsets[1], m.layout().layer_start(0));
-  EXPECT_EQ(offsets[2], 0u);
+  dense.ZeroGrads();
+  const double l1 = dense.ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f);
+  const double l2 = m.ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f);
+  EXPECT_EQ(l1, l2);
+  for (size_t i = 0; i < dense.layout().total(); ++i)
+    ASSERT_EQ(dense.grads()[i], acc.grads()[i]) << "element " << i;
+  // Two layers: segments 0 (embeddings), 1, 2 (blocks), 3 (ln_f); gradients final in reverse.
+  const std::vector<std::string> want = {"F0", "F1", "F2", "F3", "G3",
+                                         "B2", "G2", "B1", "G1", "G0"};
+  EXPECT_EQ(acc.log, want);
+  EXPECT_THROW(m.master(), keel::Error);  // the access holds them
 }
 
 TEST(Gpt, Gpt2SmallHas124MParameters) {

@@ -146,7 +146,7 @@ void CheckpointReader::ReadBox(const TensorEntry& t, const std::vector<int64_t>&
 }
 
 void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
-                            const std::vector<FlatBuffer>& buffers) const {
+                            const std::vector<FlatBuffer>& buffers, size_t lo, size_t hi) const {
   for (const TensorSpec& s : tensors)
     for (const FlatBuffer& b : buffers) {
       const TensorEntry* t = manifest_.Find(s.name, b.kind);
@@ -156,7 +156,13 @@ void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
       if (t->shape != s.shape)
         ThrowBadInput(dir_ + "/manifest.json: " + s.name + " (" + b.kind + ") has shape " +
                       Shape(t->shape) + ", the model config expects " + Shape(s.shape));
-      ReadBox(*t, std::vector<int64_t>(s.shape.size(), 0), s.shape, b.data + s.offset);
+      if (hi == 0) {
+        ReadBox(*t, std::vector<int64_t>(s.shape.size(), 0), s.shape, b.data + s.offset);
+        continue;
+      }
+      // A shard: the boxes of this tensor that fall in [lo, hi), whatever pieces hold them.
+      for (const Box& box : TensorBoxesIn(s, lo, hi))
+        ReadBox(*t, box.start, box.count, b.data + (s.offset + box.flat - lo));
     }
 }
 

@@ -30,9 +30,12 @@ class CheckpointReader {
   // every piece it touches. Throws bad input naming the file, tensor and piece on a mismatch.
   void ReadBox(const TensorEntry& t, const std::vector<int64_t>& start,
                const std::vector<int64_t>& count, float* out) const;
-  // Reads every tensor of `tensors`, for every kind in `buffers`, whole. A tensor missing from the
-  // checkpoint or with another shape is bad input naming it and both shapes.
-  void Load(const std::vector<TensorSpec>& tensors, const std::vector<FlatBuffer>& buffers) const;
+  // Reads every tensor of `tensors`, for every kind in `buffers`: whole, or (hi > 0) only the flat
+  // range [lo, hi) of the layout, into buffers whose element 0 is flat index lo (a ZeRO shard).
+  // A tensor missing from the checkpoint or with another shape is bad input naming it and both
+  // shapes.
+  void Load(const std::vector<TensorSpec>& tensors, const std::vector<FlatBuffer>& buffers,
+            size_t lo = 0, size_t hi = 0) const;
 
  private:
   std::string dir_;

@@ -29,25 +29,28 @@ struct FlatBuffer {
   float* data = nullptr;  // laid out as the TensorSpecs say
 };
 
+// The buffers hold the flat range [lo, hi) of the layout (hi 0: all of it), element 0 at lo: a
+// ZeRO shard or a whole replica. A save writes this rank's ZeRO slice of it; a load fills it.
 struct StateView {
   int64_t step = 0;
+  size_t lo = 0, hi = 0;
   uint64_t tokens = 0;
   nlohmann::json state = nlohmann::json::object();  // Manifest::state
   std::vector<TensorSpec> tensors;
   std::vector<FlatBuffer> buffers;
 };
 
-// The rows [r0, r1) of axis 0 of a tensor that `rank` of `world` writes: every tensor is split
-// in near-equal row blocks, so each rank writes about 1/world of the state and save bandwidth
-// grows with ranks. A tensor with fewer rows than ranks leaves some ranks without a piece of it.
-struct RowSlice {
-  int64_t r0 = 0, r1 = 0;
-  uint64_t inner = 0;  // elements per row
-  size_t numel() const { return size_t(r1 - r0) * inner; }
+// A box of a tensor (start and count along each axis) that is also one contiguous run
+// [flat, flat + numel) of its row-major elements: how a flat slice of the layout, which may start
+// and end mid-row, is described in a manifest of boxes.
+struct Box {
+  std::vector<int64_t> start, count;
+  uint64_t flat = 0, numel = 0;
 };
-inline RowSlice RowsOf(const TensorSpec& t, int rank, int world) {
-  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-  return {rows * rank / world, rows * (rank + 1) / world, rows ? t.numel() / uint64_t(rows) : 0};
-}
+// The elements [a, b) of a row-major tensor of `shape`, as at most 2·rank - 1 boxes in order.
+std::vector<Box> BoxesOf(const std::vector<int64_t>& shape, uint64_t a, uint64_t b);
+
+// The part of tensor `t` in the flat range [lo, hi) of the layout, as boxes (flat: within t).
+std::vector<Box> TensorBoxesIn(const TensorSpec& t, size_t lo, size_t hi);
 
 }  // namespace keel::ckpt

@@ -19,12 +19,23 @@
 #include "keel/core/error.h"
 #include "keel/core/timer.h"
 #include "keel/data/file_util.h"
+#include "keel/parallel/dims.h"
 
 namespace keel::ckpt {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// This rank's slice of the layout for a save: its ZeRO shard of the flat buffers, the same
+// whether it holds only that shard (ZeRO >= 1) or a whole replica (ZeRO 0), so that a save's
+// bandwidth grows with the ranks either way.
+std::pair<size_t, size_t> WriteRangeOf(const StateView& view, int rank, int world) {
+  size_t total = 0;
+  for (const TensorSpec& t : view.tensors) total = std::max(total, t.offset + size_t(t.numel()));
+  const parallel::ShardRange s = parallel::Shard(total, world, rank);
+  return {s.lo, s.hi};
+}
 
 std::string RankFile(int rank, const char* ext) {
   char buf[32];
@@ -240,8 +251,9 @@ void CheckpointWriter::Seed(const Manifest& m, const std::string& dir_name) {
 
 void CheckpointWriter::Prepare(const StateView& view) {
   size_t bytes = 0;
+  const auto [lo, hi] = WriteRangeOf(view, rank_, world_);
   for (const TensorSpec& t : view.tensors)
-    bytes += RowsOf(t, rank_, world_).numel() * 4 * view.buffers.size();
+    for (const Box& b : TensorBoxesIn(t, lo, hi)) bytes += b.numel * 4 * view.buffers.size();
   Post([this, bytes] {
     try {
       EnsureStaging(bytes);
@@ -269,25 +281,21 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     size_t n;
   };
   std::vector<Copy> copies;
+  const auto [lo, hi] = WriteRangeOf(view, rank_, world_);
   for (const TensorSpec& t : view.tensors) {
-    const RowSlice s = RowsOf(t, rank_, world_);
-    if (s.r1 <= s.r0) continue;
-    std::vector<int64_t> start(t.shape.size(), 0), count = t.shape;
-    if (!t.shape.empty()) {
-      start[0] = s.r0;
-      count[0] = s.r1 - s.r0;
-    }
-    const size_t n = s.numel();
-    for (const FlatBuffer& b : view.buffers) {
-      copies.push_back({b.data + t.offset + size_t(s.r0) * s.inner, n});
-      pieces.push_back({{"name", t.name},
-                        {"kind", b.kind},
-                        {"shape", t.shape},
-                        {"offset", bytes},
-                        {"bytes", n * 4},
-                        {"start", start},
-                        {"count", count}});
-      bytes += n * 4;
+    for (const Box& box : TensorBoxesIn(t, lo, hi)) {
+      const size_t n = box.numel;
+      for (const FlatBuffer& b : view.buffers) {
+        copies.push_back({b.data + (t.offset + box.flat - view.lo), n});
+        pieces.push_back({{"name", t.name},
+                          {"kind", b.kind},
+                          {"shape", t.shape},
+                          {"offset", bytes},
+                          {"bytes", n * 4},
+                          {"start", box.start},
+                          {"count", box.count}});
+        bytes += n * 4;
+      }
     }
   }
   EnsureStaging(bytes);
@@ -395,7 +403,7 @@ void CheckpointWriter::DoCommit() {
   m.step = meta_.step;
   m.tokens = meta_.tokens;
   m.state = meta_.state;
-  m.state["layout"] = {{"dp", world_}};
+  m.state["layout"]["dp"] = world_;  // the trainer adds the rest (zero, tp, pp)
   for (const TensorSpec& t : meta_.tensors)
     for (const FlatBuffer& b : meta_.buffers) {
       TensorEntry e{t.name, b.kind, "f32", t.shape, by_tensor[{t.name, b.kind}]};

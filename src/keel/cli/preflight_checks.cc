@@ -24,11 +24,12 @@
 #include "keel/model/params.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/machine_probe.h"
-#include "keel/optim/adamw.h"
+#include "keel/parallel/comm.h"
 #include "keel/plan/checkpoint_interval.h"
 #include "keel/plan/comm_time.h"
 #include "keel/plan/hardware.h"
 #include "keel/plan/memory.h"
+#include "keel/train/step.h"
 
 namespace keel::cli::preflight {
 
@@ -194,22 +195,31 @@ Row CheckStep(Context& c) {
   double local = 0;
   std::string error;
   try {
-    model::GptModel m(c.model, c.dtype, c.micro_batch, c.seq, c.recompute);
-    model::InitParams(m.layout(), c.model, 1337, m.master());
-    m.SyncWorking();
-    std::vector<optim::ParamRange> ranges;
-    for (const auto& p : m.layout().params()) ranges.push_back({p.offset, p.numel, p.decay});
-    optim::AdamW opt(ranges, m.layout().total(), optim::AdamWHyper{});
-    std::vector<int32_t> tokens(size_t(c.micro_batch) * c.seq), targets(tokens.size());
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = int32_t(i * 7919 % size_t(c.model.vocab_size));
-      targets[i] = int32_t((i * 104729 + 1) % size_t(c.model.vocab_size));
+    // The trainer's own step (train::TrainStep), on this rank alone.
+    auto alone = parallel::MakeLocalComm();
+    train::StepSpec spec;
+    spec.model = c.model;
+    spec.dtype = c.dtype;
+    spec.micro_batch = c.micro_batch;
+    spec.seq_len = c.seq;
+    spec.recompute = c.recompute;
+    train::TrainStep st(spec, *alone);
+    {
+      std::vector<float> init(st.layout().total());
+      model::InitParams(st.layout(), c.model, 1337, init.data());
+      st.SetWeights(init.data());
     }
+    auto next = [&](int32_t* tokens, int32_t* targets) {
+      const size_t n = size_t(c.micro_batch) * c.seq;
+      for (size_t i = 0; i < n; ++i) {
+        tokens[i] = int32_t(i * 7919 % size_t(c.model.vocab_size));
+        targets[i] = int32_t((i * 104729 + 1) % size_t(c.model.vocab_size));
+      }
+      return 0.0;
+    };
     auto step = [&] {
-      m.ZeroGrads();
-      m.ForwardBackward(tokens.data(), targets.data(), 1.0f / float(tokens.size()));
-      const double norm = optim::GlobalGradNorm(m.grads(), m.layout().total());
-      opt.Step(m.master(), m.working_bf16(), m.grads(), 1e-4f, optim::ClipScale(norm, 1.0f));
+      st.ForwardBackward(1, next, 1.0f / float(c.micro_batch * c.seq));
+      st.Update(1e-4f, 1.0f);
     };
     const auto w0 = Clock::now();
     step();  // builds the kernels
@@ -287,7 +297,7 @@ Row CheckMemory(Context& c) {
   job.cluster.world = c.comm->size();
   job.cluster.per_node = c.comm->size();
   job.cluster.accel.memory_bytes = monitor::MemTotalBytes();
-  plan::Layout l{1, 1, c.comm->size(), 0, c.micro_batch, PlanRecompute(c.recompute), false};
+  plan::Layout l{{c.comm->size(), 1, 1, 0}, c.micro_batch, PlanRecompute(c.recompute), false};
   const plan::MemoryBreakdown mem = plan::EstimateMemory(job, l);
   // Ranks on one host share its memory.
   const auto avail = Gather(*c.comm, monitor::MemAvailableBytes() / LocalRanks(c));

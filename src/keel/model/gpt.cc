@@ -9,6 +9,8 @@
 #include "keel/model/gpt.h"
 
 #include <cstring>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "keel/core/buffer.h"
@@ -32,6 +34,45 @@ namespace k = keel::kernels;
     call;                          \
   } while (0)
 
+// The parameters of a model that owns them (tests, the PyTorch oracle, evaluation): every
+// segment resident, gradients accumulated in place. The trainer brings its own ParamAccess.
+class DenseParams final : public ParamAccess {
+ public:
+  DenseParams(const ParamLayout& layout, DType dtype)
+      : layout_(layout),
+        dtype_(dtype),
+        master(layout.total() * 4),
+        grads(layout.total() * 4),
+        working(dtype == DType::kBF16 ? layout.total() * 2 : 0),
+        biases(dtype == DType::kBF16 ? layout.n_bias() * 4 : 0) {
+    std::memset(master.data(), 0, master.bytes());
+    std::memset(grads.data(), 0, grads.bytes());
+  }
+
+  const void* Weights(int s) override {
+    const size_t off = layout_.segment_start(s);
+    return dtype_ == DType::kF32 ? static_cast<const void*>(master.as<float>() + off)
+                                 : static_cast<const void*>(working.as<bf16>() + off);
+  }
+  const float* Biases() override { return biases.as<float>(); }
+  float* Grads(int s) override { return grads.as<float>() + layout_.segment_start(s); }
+
+  void SyncWorking() {
+    if (dtype_ != DType::kBF16) return;
+    ConvertF32ToBf16(working.as<bf16>(), master.as<float>(), layout_.total());
+    for (const ParamInfo& p : layout_.params())
+      if (p.bias_index != SIZE_MAX)
+        std::memcpy(biases.as<float>() + p.bias_index, master.as<float>() + p.offset, p.numel * 4);
+  }
+
+ private:
+  const ParamLayout& layout_;
+  DType dtype_;
+
+ public:
+  Buffer master, grads, working, biases;
+};
+
 struct GptModel::Impl {
   ModelConfig cfg;
   DType dtype;
@@ -39,7 +80,9 @@ struct GptModel::Impl {
   Recompute recompute;
   ParamLayout layout;
   ActivationPlan plan;
-  Buffer master, grads, working, arena;
+  Buffer arena;
+  std::unique_ptr<DenseParams> dense;  // when the model owns its parameters
+  ParamAccess* acc = nullptr;
 
   Impl(const ModelConfig& c, DType d, int b, int t, Recompute r)
       : cfg(c),
@@ -49,12 +92,7 @@ struct GptModel::Impl {
         recompute(r),
         layout(ParamLayout::Gpt2(c)),
         plan(PlanActivations(c, b, t, d, r)),
-        master(layout.total() * 4),
-        grads(layout.total() * 4),
-        working(d == DType::kBF16 ? layout.total() * 2 : 0),
         arena(plan.total_bytes) {
-    std::memset(master.data(), 0, master.bytes());
-    std::memset(grads.data(), 0, grads.bytes());
     std::memset(arena.data(), 0, arena.bytes());
   }
 
@@ -83,34 +121,38 @@ struct BlockActs {
   float *ln1_mean, *ln1_rstd, *lse, *ln2_mean, *ln2_rstd;
 };
 
+// Block l's pointers; gradients only when `grads` (backward), since asking for them may cost
+// the strategy a zeroed scratch buffer.
 template <typename T>
-const T* Working(GptModel::Impl& m) {
-  if constexpr (std::is_same_v<T, float>)
-    return m.master.as<float>();
-  else
-    return m.working.as<bf16>();
-}
-
-template <typename T>
-BlockParams<T> Block(GptModel::Impl& m, int l) {
-  const T* w = Working<T>(m);
-  const float* f = m.master.as<float>();
-  float* g = m.grads.as<float>();
+BlockParams<T> Block(GptModel::Impl& m, int l, bool grads) {
+  const int s = 1 + l;
+  const size_t base = m.layout.segment_start(s);
+  const T* w = static_cast<const T*>(m.acc->Weights(s));
+  const float* biases = std::is_same_v<T, float> ? nullptr : m.acc->Biases();
+  float* g = grads ? m.acc->Grads(s) : nullptr;
   const std::string h = "h." + std::to_string(l) + ".";
-  auto off = [&](const char* n) { return m.layout.Find(h + n).offset; };
+  auto info = [&](const char* n) -> const ParamInfo& { return m.layout.Find(h + n); };
+  auto W = [&](const char* n) { return w + (info(n).offset - base); };
+  auto bias = [&](const char* n) -> const float* {
+    if constexpr (std::is_same_v<T, float>)
+      return W(n);
+    else
+      return biases + info(n).bias_index;
+  };
+  auto G = [&](const char* n) { return g ? g + (info(n).offset - base) : nullptr; };
   BlockParams<T> p;
-  p.ln1w = w + off("ln_1.weight"), p.ln1b = w + off("ln_1.bias");
-  p.qkvw = w + off("attn.c_attn.weight"), p.qkvb = f + off("attn.c_attn.bias");
-  p.projw = w + off("attn.c_proj.weight"), p.projb = f + off("attn.c_proj.bias");
-  p.ln2w = w + off("ln_2.weight"), p.ln2b = w + off("ln_2.bias");
-  p.fcw = w + off("mlp.c_fc.weight"), p.fcb = f + off("mlp.c_fc.bias");
-  p.fcpw = w + off("mlp.c_proj.weight"), p.fcpb = f + off("mlp.c_proj.bias");
-  p.d_ln1w = g + off("ln_1.weight"), p.d_ln1b = g + off("ln_1.bias");
-  p.d_qkvw = g + off("attn.c_attn.weight"), p.d_qkvb = g + off("attn.c_attn.bias");
-  p.d_projw = g + off("attn.c_proj.weight"), p.d_projb = g + off("attn.c_proj.bias");
-  p.d_ln2w = g + off("ln_2.weight"), p.d_ln2b = g + off("ln_2.bias");
-  p.d_fcw = g + off("mlp.c_fc.weight"), p.d_fcb = g + off("mlp.c_fc.bias");
-  p.d_fcpw = g + off("mlp.c_proj.weight"), p.d_fcpb = g + off("mlp.c_proj.bias");
+  p.ln1w = W("ln_1.weight"), p.ln1b = W("ln_1.bias");
+  p.qkvw = W("attn.c_attn.weight"), p.qkvb = bias("attn.c_attn.bias");
+  p.projw = W("attn.c_proj.weight"), p.projb = bias("attn.c_proj.bias");
+  p.ln2w = W("ln_2.weight"), p.ln2b = W("ln_2.bias");
+  p.fcw = W("mlp.c_fc.weight"), p.fcb = bias("mlp.c_fc.bias");
+  p.fcpw = W("mlp.c_proj.weight"), p.fcpb = bias("mlp.c_proj.bias");
+  p.d_ln1w = G("ln_1.weight"), p.d_ln1b = G("ln_1.bias");
+  p.d_qkvw = G("attn.c_attn.weight"), p.d_qkvb = G("attn.c_attn.bias");
+  p.d_projw = G("attn.c_proj.weight"), p.d_projb = G("attn.c_proj.bias");
+  p.d_ln2w = G("ln_2.weight"), p.d_ln2b = G("ln_2.bias");
+  p.d_fcw = G("mlp.c_fc.weight"), p.d_fcb = G("mlp.c_fc.bias");
+  p.d_fcpw = G("mlp.c_proj.weight"), p.d_fcpb = G("mlp.c_proj.bias");
   return p;
 }
 
@@ -178,20 +220,42 @@ void BlockBackward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T
                                                   a.ln1_mean, a.ln1_rstd, BT, C));
 }
 
+// The final LayerNorm's weight and bias (working dtype) inside its segment's weights.
+template <typename T>
+std::pair<const T*, const T*> FinalNorm(GptModel::Impl& m) {
+  const int s = m.cfg.n_layer + 1;
+  const size_t base = m.layout.segment_start(s);
+  const T* w = static_cast<const T*>(m.acc->Weights(s));
+  return {w + (m.layout.Find("ln_f.weight").offset - base),
+          w + (m.layout.Find("ln_f.bias").offset - base)};
+}
+
 // Runs the embedding and every block; leaves the final LayerNorm's output in "lnf".
 template <typename T>
 void Trunk(GptModel::Impl& m, const int32_t* tokens) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd;
-  const T* w = Working<T>(m);
+  const int BT = m.B * m.T, C = m.cfg.n_embd, L = m.cfg.n_layer;
+  ParamAccess& acc = *m.acc;
+  acc.Use(0, Pass::kForward);
+  const T* e = static_cast<const T*>(acc.Weights(0));  // segment 0 starts the layout
   KEEL_PROFILED("encoder", k::EncoderForward(m.Act<T>("resid", 0), tokens,
-                                             w + m.layout.Find("wte.weight").offset,
-                                             w + m.layout.Find("wpe.weight").offset, m.B, m.T, C));
-  for (int l = 0; l < m.cfg.n_layer; ++l) BlockForward(m, Block<T>(m, l), Acts<T>(m, l));
-  KEEL_PROFILED(
-      "layernorm",
-      k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"),
-                          m.Act<T>("resid", m.cfg.n_layer), w + m.layout.Find("ln_f.weight").offset,
-                          w + m.layout.Find("ln_f.bias").offset, BT, C));
+                                             e + m.layout.Find("wte.weight").offset,
+                                             e + m.layout.Find("wpe.weight").offset, m.B, m.T, C));
+  for (int l = 0; l < L; ++l) {
+    acc.Use(1 + l, Pass::kForward);
+    BlockForward(m, Block<T>(m, l, false), Acts<T>(m, l));
+    acc.Done(1 + l, Pass::kForward);
+  }
+  acc.Use(L + 1, Pass::kForward);
+  auto [lnfw, lnfb] = FinalNorm<T>(m);
+  KEEL_PROFILED("layernorm", k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"),
+                                                 m.Act<float>("lnf_rstd"), m.Act<T>("resid", L),
+                                                 lnfw, lnfb, BT, C));
+}
+
+// The end of a forward-only pass: the embeddings and final LayerNorm are no longer needed.
+void EndForward(GptModel::Impl& m) {
+  m.acc->Done(m.cfg.n_layer + 1, Pass::kForward);
+  m.acc->Done(0, Pass::kForward);
 }
 
 double SumLosses(const float* losses, int n) {
@@ -205,61 +269,84 @@ double Forward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets)
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   Trunk<T>(m, tokens);
   float* losses = m.Act<float>("losses");
-  KEEL_PROFILED("classifier", k::ClassifierForward(losses, m.Act<T>("lnf"), Working<T>(m), targets,
-                                                   BT, C, m.cfg.vocab_size, m.cfg.padded_vocab()));
+  const T* wte = static_cast<const T*>(m.acc->Weights(0)) + m.layout.Find("wte.weight").offset;
+  KEEL_PROFILED("classifier", k::ClassifierForward(losses, m.Act<T>("lnf"), wte, targets, BT, C,
+                                                   m.cfg.vocab_size, m.cfg.padded_vocab()));
+  EndForward(m);
   return SumLosses(losses, BT);
 }
 
 template <typename T>
 void ForwardLogits(GptModel::Impl& m, const int32_t* tokens, float* logits) {
   Trunk<T>(m, tokens);
-  KEEL_PROFILED("classifier", k::ClassifierLogits(logits, m.Act<T>("lnf"), Working<T>(m), m.B * m.T,
+  const T* wte = static_cast<const T*>(m.acc->Weights(0)) + m.layout.Find("wte.weight").offset;
+  KEEL_PROFILED("classifier", k::ClassifierLogits(logits, m.Act<T>("lnf"), wte, m.B * m.T,
                                                   m.cfg.n_embd, m.cfg.vocab_size));
+  EndForward(m);
 }
 
 template <typename T>
 double ForwardBackward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets,
-                       float dloss, const GradsReady& ready) {
+                       float dloss) {
   const int BT = m.B * m.T, C = m.cfg.n_embd, L = m.cfg.n_layer;
+  ParamAccess& acc = *m.acc;
   Trunk<T>(m, tokens);
-  const T* w = Working<T>(m);
-  float* g = m.grads.as<float>();
-  const size_t wte = m.layout.Find("wte.weight").offset;
-  const size_t lnfw = m.layout.Find("ln_f.weight").offset, lnfb = m.layout.Find("ln_f.bias").offset;
+  const T* e = static_cast<const T*>(acc.Weights(0));
+  float* ge = acc.Grads(0);  // segment 0 starts the layout: offsets index it directly
+  const size_t wte = m.layout.Find("wte.weight").offset, wpe = m.layout.Find("wpe.weight").offset;
   float* losses = m.Act<float>("losses");
   T* dres = m.Act<T>("dres");
   T* dtmp = m.Act<T>("dtmp");
-  KEEL_PROFILED("classifier", k::ClassifierForwardBackward(losses, dtmp, g + wte, m.Act<T>("lnf"),
-                                                           w + wte, targets, dloss, BT, C,
+  KEEL_PROFILED("classifier", k::ClassifierForwardBackward(losses, dtmp, ge + wte, m.Act<T>("lnf"),
+                                                           e + wte, targets, dloss, BT, C,
                                                            m.cfg.vocab_size, m.cfg.padded_vocab()));
   std::memset(dres, 0, sizeof(T) * BT * C);
-  KEEL_PROFILED("layernorm",
-                k::LayerNormBackward(dres, g + lnfw, g + lnfb, dtmp, m.Act<T>("resid", L), w + lnfw,
-                                     m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"), BT, C));
+  {
+    const int s = L + 1;
+    const size_t base = m.layout.segment_start(s);
+    float* gf = acc.Grads(s);
+    auto [lnfw, lnfb] = FinalNorm<T>(m);
+    (void)lnfb;
+    KEEL_PROFILED("layernorm",
+                  k::LayerNormBackward(dres, gf + (m.layout.Find("ln_f.weight").offset - base),
+                                       gf + (m.layout.Find("ln_f.bias").offset - base), dtmp,
+                                       m.Act<T>("resid", L), lnfw, m.Act<float>("lnf_mean"),
+                                       m.Act<float>("lnf_rstd"), BT, C));
+    acc.GradsDone(s);
+    acc.Done(s, Pass::kBackward);
+  }
   for (int l = L - 1; l >= 0; --l) {
-    BlockParams<T> p = Block<T>(m, l);
+    acc.Use(1 + l, Pass::kBackward);
+    BlockParams<T> p = Block<T>(m, l, true);
     BlockActs<T> a = Acts<T>(m, l);
     if (m.recompute == Recompute::kFull)
       BlockForward(m, p, a);
     else if (m.recompute == Recompute::kAttn)
       AttentionSublayerForward(m, p, a);
     BlockBackward(m, p, a, dres);
-    if (ready) ready(m.layout.layer_start(l));
+    acc.GradsDone(1 + l);
+    acc.Done(1 + l, Pass::kBackward);
   }
-  KEEL_PROFILED("encoder", k::EncoderBackward(g + wte, g + m.layout.Find("wpe.weight").offset, dres,
-                                              tokens, m.B, m.T, C));
-  if (ready) ready(0);
+  KEEL_PROFILED("encoder", k::EncoderBackward(ge + wte, ge + wpe, dres, tokens, m.B, m.T, C));
+  acc.GradsDone(0);
+  acc.Done(0, Pass::kBackward);
   return SumLosses(losses, BT);
 }
 
 }  // namespace
 
-GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute) {
+GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+                   ParamAccess* params) {
   Validate(cfg);
   if (T > cfg.block_size)
     ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
                   "(block_size " + std::to_string(cfg.block_size) + ")");
   impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute);
+  if (params == nullptr) {
+    impl_->dense = std::make_unique<DenseParams>(impl_->layout, dtype);
+    params = impl_->dense.get();
+  }
+  impl_->acc = params;
 }
 GptModel::~GptModel() = default;
 
@@ -269,22 +356,20 @@ const ActivationPlan& GptModel::activation_plan() const { return impl_->plan; }
 DType GptModel::dtype() const { return impl_->dtype; }
 int GptModel::batch() const { return impl_->B; }
 int GptModel::seq_len() const { return impl_->T; }
-float* GptModel::master() { return impl_->master.as<float>(); }
-float* GptModel::grads() { return impl_->grads.as<float>(); }
-bf16* GptModel::working_bf16() { return impl_->working.as<bf16>(); }
 
-void GptModel::ZeroGrads() { std::memset(impl_->grads.data(), 0, impl_->grads.bytes()); }
-
-void GptModel::SyncWorking() {
-  if (impl_->dtype == DType::kBF16)
-    ConvertF32ToBf16(impl_->working.as<bf16>(), master(), impl_->layout.total());
+DenseParams& GptModel::Dense() const {
+  KEEL_CHECK(impl_->dense != nullptr, "GptModel: parameters are held by its ParamAccess");
+  return *impl_->dense;
 }
+float* GptModel::master() { return Dense().master.as<float>(); }
+float* GptModel::grads() { return Dense().grads.as<float>(); }
+bf16* GptModel::working_bf16() { return Dense().working.as<bf16>(); }
+void GptModel::ZeroGrads() { std::memset(grads(), 0, Dense().grads.bytes()); }
+void GptModel::SyncWorking() { Dense().SyncWorking(); }
 
-double GptModel::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss,
-                                 const GradsReady& ready) {
-  return impl_->dtype == DType::kF32
-             ? model::ForwardBackward<float>(*impl_, tokens, targets, dloss, ready)
-             : model::ForwardBackward<bf16>(*impl_, tokens, targets, dloss, ready);
+double GptModel::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss) {
+  return impl_->dtype == DType::kF32 ? model::ForwardBackward<float>(*impl_, tokens, targets, dloss)
+                                     : model::ForwardBackward<bf16>(*impl_, tokens, targets, dloss);
 }
 
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets) {

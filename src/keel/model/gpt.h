@@ -12,23 +12,24 @@
 //   double loss = m.ForwardBackward(tokens, targets, 1.0f / (B * T), on_grads_ready);
 #pragma once
 
-#include <functional>
 #include <memory>
 
 #include "keel/core/dtype.h"
 #include "keel/model/activations.h"
 #include "keel/model/config.h"
+#include "keel/model/param_access.h"
 #include "keel/model/params.h"
 
 namespace keel::model {
 
-// Called during backward with `offset`: gradients [offset, layout.total()) are final for this
-// micro-batch. Offsets only decrease; the last call has offset 0.
-using GradsReady = std::function<void(size_t offset)>;
+class DenseParams;
 
 class GptModel {
  public:
-  GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute);
+  // `params`: where the weights and gradients live (the trainer's ZeRO strategy). Null: the
+  // model owns them, every segment resident (master(), grads(), working_bf16() below).
+  GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+           ParamAccess* params = nullptr);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -40,16 +41,16 @@ class GptModel {
   int batch() const;
   int seq_len() const;
 
+  // A model that owns its parameters only (throws otherwise):
   float* master();       // fp32 master weights, layout().total() floats
   float* grads();        // fp32 gradients, same layout
   bf16* working_bf16();  // the bf16 working copy; null in fp32 runs
-
   void ZeroGrads();
   void SyncWorking();  // working ← master (no-op in fp32)
 
-  // tokens, targets: (B,T) int32. Adds dloss·∂(Σ row losses)/∂θ into grads(); returns Σ losses.
-  double ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss,
-                         const GradsReady& ready = nullptr);
+  // tokens, targets: (B,T) int32. Adds dloss·∂(Σ row losses)/∂θ into the gradients; returns
+  // Σ losses.
+  double ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss);
   // Σ losses of the rows, forward only.
   double Forward(const int32_t* tokens, const int32_t* targets);
   // logits (B·T, vocab_size) fp32 of a forward pass, for tests and evaluation.
@@ -58,6 +59,7 @@ class GptModel {
   struct Impl;
 
  private:
+  DenseParams& Dense() const;
   std::unique_ptr<Impl> impl_;
 };
 

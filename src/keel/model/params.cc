@@ -1,5 +1,6 @@
 #include "keel/model/params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "keel/core/error.h"
@@ -43,6 +44,14 @@ ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
   p.layer_start_.push_back(p.total_);
   p.Add("ln_f.weight", {C}, false, 0, 1.0f);
   p.Add("ln_f.bias", {C}, false, 0);
+  for (ParamInfo& info : p.params_) {
+    const std::string& n = info.name;
+    const bool matmul_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0 &&
+                             n.find(".ln_") == std::string::npos && n.rfind("ln_f", 0) != 0;
+    if (!matmul_bias) continue;
+    info.bias_index = p.n_bias_;
+    p.n_bias_ += info.numel;
+  }
   return p;
 }
 
@@ -50,6 +59,18 @@ const ParamInfo& ParamLayout::Find(const std::string& name) const {
   auto it = index_.find(name);
   if (it != index_.end()) return params_[it->second];
   ThrowRuntime("no parameter named \"" + name + "\"");
+}
+
+parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
+  parallel::StateShape s;
+  s.total = layout.total();
+  s.n_bias = layout.n_bias();
+  s.embed = layout.segment_size(0);
+  s.final_norm = layout.segment_size(layout.segments() - 1);
+  for (int i = 1; i + 1 < layout.segments(); ++i)
+    s.max_block = std::max(s.max_block, layout.segment_size(i));
+  s.working_bytes = dtype == DType::kBF16 ? 2 : 4;
+  return s;
 }
 
 void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed, float* out) {

@@ -12,11 +12,14 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "keel/core/dtype.h"
 #include "keel/model/config.h"
+#include "keel/parallel/state_bytes.h"
 
 namespace keel::model {
 
@@ -28,6 +31,9 @@ struct ParamInfo {
   bool decay = false;  // weight decay applies (matrices and embeddings)
   float init_std = 0;  // 0: constant init (init_value)
   float init_value = 0;
+  // A matrix product's bias: bf16 runs add it in fp32, so it is also kept as fp32 at this index
+  // of the compact bias buffer (ParamLayout::n_bias() floats). SIZE_MAX for every other tensor.
+  size_t bias_index = SIZE_MAX;
 };
 
 class ParamLayout {
@@ -41,6 +47,14 @@ class ParamLayout {
   // First element of layer l's tensors (h.l.*); layer_start(L) is where ln_f begins.
   size_t layer_start(int l) const { return layer_start_[l]; }
 
+  // Segments: the units in which weights are gathered and gradients reduced under ZeRO, in
+  // layout order: 0 the embeddings (wte, wpe), 1 + l block l, n_layer + 1 the final LayerNorm.
+  int segments() const { return int(layer_start_.size()) + 1; }
+  size_t segment_start(int s) const { return s == 0 ? 0 : layer_start_[s - 1]; }
+  size_t segment_end(int s) const { return s + 1 == segments() ? total_ : layer_start_[s]; }
+  size_t segment_size(int s) const { return segment_end(s) - segment_start(s); }
+  size_t n_bias() const { return n_bias_; }
+
  private:
   void Add(std::string name, std::vector<int> shape, bool decay, float std, float value = 0);
   std::vector<ParamInfo> params_;
@@ -48,7 +62,11 @@ class ParamLayout {
   std::unordered_map<std::string, size_t> index_;
   std::vector<size_t> layer_start_;
   size_t total_ = 0;
+  size_t n_bias_ = 0;
 };
+
+// The sizes parallel::StateBytesPerRank needs, from the layout (trainer and planner alike).
+parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype);
 
 // Fills `out` (layout.total() floats) with the initial weights: a pure function of the seed, the
 // tensor's index and the element's index (Philox), so every rank and thread count agrees.

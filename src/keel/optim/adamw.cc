@@ -35,7 +35,9 @@ void AdamW::Step(float* master, bf16* working, const float* grads, float lr, flo
   }
 }
 
-double GlobalGradNorm(const float* grads, size_t n) {
+double GlobalGradNorm(const float* grads, size_t n) { return std::sqrt(GradSquares(grads, n)); }
+
+double GradSquares(const float* grads, size_t n) {
   constexpr size_t kBlock = 1 << 16;
   const size_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(blocks);
@@ -49,7 +51,7 @@ double GlobalGradNorm(const float* grads, size_t n) {
   }
   double total = 0;
   for (double s : partial) total += s;
-  return std::sqrt(total);
+  return total;
 }
 
 float ClipScale(double norm, float max_norm) {

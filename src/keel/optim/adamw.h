@@ -51,6 +51,8 @@ class AdamW {
 // √Σ g², summed in float64 over fixed-size blocks in order: the same bits whatever the thread
 // count.
 double GlobalGradNorm(const float* grads, size_t n);
+// Σ g², the same sum before its square root (ZeRO ranks add theirs across the group).
+double GradSquares(const float* grads, size_t n);
 
 // The factor that brings `norm` down to `max_norm` (1 if already below, or if max_norm is 0).
 float ClipScale(double norm, float max_norm);

@@ -86,7 +86,7 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
     try {
       Timer load;
       ckpt::CheckpointReader r = ckpt::CheckpointReader::Open(dir);
-      r.Load(view.tensors, view.buffers);
+      r.Load(view.tensors, view.buffers, view.lo, view.hi);
       const ckpt::Manifest& m = r.manifest();
       if (fs::path(dir).parent_path() == fs::path(root_))
         writer_->Seed(m, fs::path(dir).filename().string());

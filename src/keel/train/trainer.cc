@@ -18,15 +18,15 @@
 #include "keel/data/file_util.h"
 #include "keel/data/loader.h"
 #include "keel/data/prefetcher.h"
-#include "keel/model/gpt.h"
+#include "keel/kernels/matmul.h"
+#include "keel/model/params.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/jsonl.h"
-#include "keel/optim/adamw.h"
 #include "keel/optim/schedule.h"
 #include "keel/train/checkpointing.h"
 #include "keel/train/freeze.h"
-#include "keel/train/grad_sync.h"
 #include "keel/train/samples.h"
+#include "keel/train/step.h"
 
 namespace keel::train {
 namespace {
@@ -82,14 +82,16 @@ struct Setup {
   model::ModelConfig mcfg;
   int local_batch, micro_batch, n_micro;
   DType dtype;
+  parallel::ParallelDims dims;
 };
 
 Setup Validate(const RunConfig& cfg, int world) {
-  ValidateBatch(cfg, world);
   Setup s;
+  s.dims = ResolveDims(cfg, world);
+  ValidateBatch(cfg, world);
   s.mcfg = cfg.ResolvedModel();
   const TrainSection& t = cfg.train;
-  s.local_batch = t.batch_size / world;
+  s.local_batch = t.batch_size / s.dims.dp;
   s.micro_batch = t.micro_batch_size > 0 ? t.micro_batch_size : s.local_batch;
   s.n_micro = s.local_batch / s.micro_batch;
   s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
@@ -138,32 +140,38 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     val_loader = std::make_unique<data::BatchLoader>(*val_ds, T, cfg.train.batch_size, comm.rank(),
                                                      comm.size(), cfg.train.seed, false);
 
-  model::GptModel model(mcfg, s.dtype, s.micro_batch, T,
-                        model::ParseRecompute(cfg.model.recompute));
-  model::InitParams(model.layout(), mcfg, cfg.train.seed, model.master());
-  if (!cfg.model.init_from.empty()) {  // fine-tuning: the file's weights replace the random ones
-    ckpt::LoadInitWeights(cfg.model.init_from, mcfg, model.master());
-    if (lead) Log("initialized the weights from %s", cfg.model.init_from.c_str());
+  const parallel::ParallelDims dims = s.dims;
+  const model::ParamLayout layout = model::ParamLayout::Gpt2(mcfg);
+  const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
+  StepSpec spec;
+  spec.model = mcfg;
+  spec.dtype = s.dtype;
+  spec.micro_batch = s.micro_batch;
+  spec.seq_len = T;
+  spec.recompute = model::ParseRecompute(cfg.model.recompute);
+  spec.dims = dims;
+  spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  spec.frozen = frozen;
+  spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
+  spec.comm_timeout_s = cfg.parallel.comm_timeout_s;
+  TrainStep step(spec, comm);  // tp = pp = 1: the data-parallel group is the world
+  {
+    // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
+    std::vector<float> init(layout.total());
+    model::InitParams(layout, mcfg, cfg.train.seed, init.data());
+    if (!cfg.model.init_from.empty()) {  // fine-tuning: the file's weights replace the random ones
+      ckpt::LoadInitWeights(cfg.model.init_from, mcfg, init.data());
+      if (lead) Log("initialized the weights from %s", cfg.model.init_from.c_str());
+    }
+    step.SetWeights(init.data());
   }
-  model.SyncWorking();
-
-  std::vector<optim::ParamRange> ranges;
-  const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, model.layout());
   size_t n_frozen = 0;
-  for (size_t i = 0; i < frozen.size(); ++i) {
-    const auto& p = model.layout().params()[i];
-    ranges.push_back({p.offset, p.numel, p.decay, frozen[i]});
-    if (frozen[i]) n_frozen += p.numel;
-  }
+  for (size_t i = 0; i < frozen.size(); ++i)
+    if (frozen[i]) n_frozen += layout.params()[i].numel;
   if (lead && n_frozen)
-    Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen,
-        model.layout().total());
-  optim::AdamW opt(ranges, model.layout().total(),
-                   {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay});
+    Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen, layout.total());
   optim::LrSchedule sched{optim::LrSchedule::ParseKind(cfg.optim.schedule), cfg.optim.lr,
                           cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.train.steps};
-  GradSync sync(comm, model.grads(), model.layout().total(),
-                size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4), cfg.parallel.comm_timeout_s);
 
   TrainSummary sum;
   sum.run_dir = (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
@@ -177,17 +185,15 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     sum.unigram_entropy = UnigramEntropy(train_ptrs, weights);
   }
 
-  // The state a checkpoint holds: fp32 master weights and both AdamW moments, tensor by tensor.
-  ckpt::StateView state;
-  state.tensors = ckpt::TensorSpecs(model.layout());
-  state.buffers = {{"master", model.master()}, {"adam_m", opt.m()}, {"adam_v", opt.v()}};
+  // The state a checkpoint holds: fp32 master weights and both AdamW moments, tensor by tensor,
+  // over the slice of the layout this rank holds.
+  const ckpt::StateView state = step.StateView();
   int start_step = 0;
   std::vector<double> recent_losses;  // the last few, for spike detection; kept across resumes
   if (auto r = ckpt.Resume(state)) {
     recent_losses = r->state.at("metrics").at("recent_losses").get<std::vector<double>>();
     start_step = int(r->step);
-    model.SyncWorking();  // bf16 working weights: the rounding of the restored master, bit for bit
-    opt.set_step(r->state.at("optimizer").at("step").get<int>());
+    step.Restored(r->state.at("optimizer").at("step").get<int>());
     loader.restore(data::LoaderStateFromJson(r->state.at("loader")));
     sum.resumed_from = r->path;
   }
@@ -203,7 +209,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
                   {"resumed_from", sum.resumed_from}});
   }
 
-  size_t matmul_params = model.layout().total() - model.layout().Find("wpe.weight").numel;
+  size_t matmul_params = layout.total() - layout.Find("wpe.weight").numel;
   const double flops_per_token =
       monitor::TrainFlopsPerToken(double(matmul_params), mcfg.n_layer, mcfg.n_embd, T);
   const int threads = omp_get_max_threads();
@@ -211,26 +217,23 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const double tokens_per_step = double(cfg.train.batch_size) * T;
   const float dloss = float(1.0 / tokens_per_step);
   // What this rank allocated, by kind: the numbers `keel plan --accounting keel` predicts.
-  const size_t n_params = model.layout().total();
-  const nlohmann::json memory = {{"master", n_params * 4},
-                                 {"working_bf16", model.working_bf16() ? n_params * 2 : 0},
-                                 {"grads", n_params * 4},
-                                 {"adam_moments", n_params * 8},
-                                 {"activations", model.activation_plan().total_bytes}};
+  const nlohmann::json memory = step.MemoryBytes();
   size_t memory_total = 0;
   for (const auto& [kind, bytes] : memory.items()) memory_total += bytes.get<size_t>();
   if (lead) {
     Log("keel: %s %s, %zu parameters, %d rank(s) × %d thread(s), batch %d × %d tokens, "
         "%d micro-batch(es) of %d",
-        cfg.model.name.c_str(), DTypeName(s.dtype), n_params, comm.size(), threads,
+        cfg.model.name.c_str(), DTypeName(s.dtype), layout.total(), comm.size(), threads,
         cfg.train.batch_size, T, s.n_micro, s.micro_batch);
-    Log("keel: memory per rank: master %.1f MiB, working bf16 %.1f, grads %.1f, AdamW moments "
-        "%.1f, activations %.1f; total %.1f MiB",
-        memory["master"].get<size_t>() / 1048576.0,
-        memory["working_bf16"].get<size_t>() / 1048576.0, memory["grads"].get<size_t>() / 1048576.0,
-        memory["adam_moments"].get<size_t>() / 1048576.0,
-        memory["activations"].get<size_t>() / 1048576.0, memory_total / 1048576.0);
-    events.Write({{"event", "memory"}, {"bytes", memory}});
+    Log("keel: layout %s; data-parallel group: ranks 0-%d (every rank)",
+        parallel::DimsName(dims).c_str(), comm.size() - 1);
+    std::string kinds;
+    for (const auto& [kind, bytes] : memory.items())
+      if (bytes.get<size_t>())
+        kinds += (kinds.empty() ? "" : ", ") + kind + " " +
+                 std::to_string(bytes.get<size_t>() / 1048576.0).substr(0, 6);
+    Log("keel: memory per rank (MiB): %s; total %.1f MiB", kinds.c_str(), memory_total / 1048576.0);
+    events.Write({{"event", "memory"}, {"bytes", memory}, {"layout", parallel::DimsName(dims)}});
   }
   if (lead) {
     // Which data the run draws from, with each source's share, so a log says what was trained.
@@ -247,7 +250,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     for (int b = 0; b < cfg.train.val_batches; ++b)
       for (int k = 0; k < s.n_micro; ++k) {
         val_loader->Fill(b, k, s.micro_batch, tokens.data(), targets.data());
-        total += model.Forward(tokens.data(), targets.data());
+        total += step.Forward(tokens.data(), targets.data());
       }
     return comm.AllReduceSum(total) / (tokens_per_step * cfg.train.val_batches);
   };
@@ -258,52 +261,45 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
 
   StopScope stop;  // SIGINT/SIGTERM from here on: finish the step, save, exit 0
   sum.steps_done = start_step;
-  for (int step = start_step; step < cfg.train.steps; ++step) {
+  for (int step_i = start_step; step_i < cfg.train.steps; ++step_i) {
     Timer step_timer;
     double data_ms = 0;
-    model.ZeroGrads();
-    sync.Begin();
-    double loss_sum = 0;
-    for (int k = 0; k < s.n_micro; ++k) {
-      data_ms += prefetch.Next(tokens.data(), targets.data());  // the time spent waiting
-      const bool last = k == s.n_micro - 1;
-      loss_sum += model.ForwardBackward(
-          tokens.data(), targets.data(), dloss,
-          last ? model::GradsReady([&](size_t off) { sync.Ready(off); }) : model::GradsReady());
-    }
-    sync.Finish();
-    const double loss = comm.AllReduceSum(loss_sum) / tokens_per_step;
+    const double loss =
+        step.ForwardBackward(
+            s.n_micro, [&](int32_t* tok, int32_t* tgt) { return prefetch.Next(tok, tgt); }, dloss,
+            &data_ms) /
+        tokens_per_step;
     if (!std::isfinite(loss) && cfg.resilience.stop_on_nonfinite)
-      ThrowRuntime("step " + std::to_string(step) + ": the loss is " + std::to_string(loss) +
+      ThrowRuntime("step " + std::to_string(step_i) + ": the loss is " + std::to_string(loss) +
                    "; stopping (lower [optim] lr, or set [resilience] stop_on_nonfinite = false)");
     Timer ot;
-    for (const auto& r : ranges)  // frozen parameters have no gradient, as in PyTorch
-      if (r.frozen) std::fill_n(model.grads() + r.offset, r.numel, 0.0f);
-    const double norm = optim::GlobalGradNorm(model.grads(), model.layout().total());
-    const float lr = sched.At(step);
-    const double ckpt_ms = ckpt.BeforeUpdate();  // a save in flight must have its snapshot
-    opt.Step(model.master(), model.working_bf16(), model.grads(), lr,
-             optim::ClipScale(norm, cfg.optim.grad_clip));
+    const float lr = sched.At(step_i);
+    double ckpt_ms = 0;  // a save in flight must have its snapshot before the update
+    const double norm =
+        step.Update(lr, cfg.optim.grad_clip, [&] { ckpt_ms = ckpt.BeforeUpdate(); });
     const double optim_ms = ot.Millis();
     const double ms = step_timer.Millis();
     const double tok_s = tokens_per_step / (ms / 1e3);
     const double mfu = flops_per_token * tok_s / peak;
-    sum.steps_done = step + 1;
+    sum.steps_done = step_i + 1;
+    if (lead && step_i == start_step && s.dtype == DType::kBF16 && kernels::Bf16ProductsEmulated())
+      Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
+          "(slower)");
     sum.last_loss = loss;
     double val = -1;
-    const bool last_step = step + 1 == cfg.train.steps || step + 1 == cfg.train.stop_at;
+    const bool last_step = step_i + 1 == cfg.train.steps || step_i + 1 == cfg.train.stop_at;
     if (val_loader &&
-        ((cfg.train.val_every > 0 && (step + 1) % cfg.train.val_every == 0) || last_step))
+        ((cfg.train.val_every > 0 && (step_i + 1) % cfg.train.val_every == 0) || last_step))
       val = sum.val_loss = validate();
     if (lead) {
-      if (cfg.train.log_every > 0 && (step % cfg.train.log_every == 0 || last_step))
+      if (cfg.train.log_every > 0 && (step_i % cfg.train.log_every == 0 || last_step))
         std::printf(
             "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | MFU %5.1f%% | "
             "%7.1f ms%s\n",
-            step + 1, cfg.train.steps, loss, lr, norm, tok_s, 100 * mfu, ms,
+            step_i + 1, cfg.train.steps, loss, lr, norm, tok_s, 100 * mfu, ms,
             val >= 0 ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "");
       std::fflush(stdout);
-      nlohmann::json m = {{"step", step + 1},
+      nlohmann::json m = {{"step", step_i + 1},
                           {"loss", loss},
                           {"lr", lr},
                           {"grad_norm", norm},
@@ -311,9 +307,10 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
                           {"mfu", mfu},
                           {"ms", ms},
                           {"data_ms", data_ms},
-                          {"comm_wait_ms", sync.wait_ms()},
+                          {"comm_wait_ms", step.comm_wait_ms()},
+                          {"comm_bytes", step.comm_bytes()},
                           {"optim_ms", optim_ms},
-                          {"compute_ms", ms - data_ms - sync.wait_ms() - optim_ms},
+                          {"compute_ms", ms - data_ms - step.comm_wait_ms() - optim_ms},
                           {"memory_bytes", memory_total}};
       if (val >= 0) m["val_loss"] = val;
       if (ckpt_ms > 0) m["ckpt_blocked_ms"] = ckpt_ms;
@@ -323,40 +320,45 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     if (recent_losses.size() > 64) recent_losses.erase(recent_losses.begin());
     auto view = [&] {
       ckpt::StateView v = state;
-      v.step = step + 1;
-      v.tokens = uint64_t(step + 1) * uint64_t(tokens_per_step);
-      v.state = {{"config", ToToml(cfg)},
-                 {"model", ckpt::ModelConfigToJson(mcfg)},
-                 {"loader", data::ToJson(prefetch.state())},
-                 {"optimizer", {{"kind", "adamw"}, {"step", opt.step()}}},
-                 {"scheduler",
-                  {{"kind", cfg.optim.schedule},
-                   {"position", step + 1},
-                   {"lr", cfg.optim.lr},
-                   {"min_lr", cfg.optim.min_lr},
-                   {"warmup_steps", cfg.optim.warmup_steps},
-                   {"total_steps", cfg.train.steps}}},
-                 {"rng", {{"kind", "counter"}, {"seed", cfg.train.seed}}},
-                 {"loss_scaler", {{"kind", "none"}, {"scale", 1.0}}},
-                 {"precision", cfg.train.precision},
-                 {"metrics", {{"recent_losses", recent_losses}}}};
+      v.step = step_i + 1;
+      v.tokens = uint64_t(step_i + 1) * uint64_t(tokens_per_step);
+      v.state = {
+          {"config", ToToml(cfg)},
+          {"model", ckpt::ModelConfigToJson(mcfg)},
+          {"loader", data::ToJson(prefetch.state())},
+          {"optimizer", {{"kind", "adamw"}, {"step", step.store().step()}}},
+          {"layout", {{"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp}, {"zero", dims.zero}}},
+          {"scheduler",
+           {{"kind", cfg.optim.schedule},
+            {"position", step_i + 1},
+            {"lr", cfg.optim.lr},
+            {"min_lr", cfg.optim.min_lr},
+            {"warmup_steps", cfg.optim.warmup_steps},
+            {"total_steps", cfg.train.steps}}},
+          {"rng", {{"kind", "counter"}, {"seed", cfg.train.seed}}},
+          {"loss_scaler", {{"kind", "none"}, {"scale", 1.0}}},
+          {"precision", cfg.train.precision},
+          {"metrics", {{"recent_losses", recent_losses}}}};
       return v;
     };
     // Every rank agrees on stopping and saving at the same step, or the next collective hangs.
-    if (ckpt.AfterStep(step + 1, last_step, stop.requested(), view).stop) {
+    if (ckpt.AfterStep(step_i + 1, last_step, stop.requested(), view).stop) {
       sum.interrupted = true;
-      if (lead) Log("keel: interrupted at step %d", step + 1);
+      if (lead) Log("keel: interrupted at step %d", step_i + 1);
       break;
     }
-    if (step + 1 == cfg.train.stop_at) {
-      if (lead) Log("keel: stopping at step %d ([train] stop_at)", step + 1);
+    if (step_i + 1 == cfg.train.stop_at) {
+      if (lead) Log("keel: stopping at step %d ([train] stop_at)", step_i + 1);
       break;
     }
   }
 
+  // Every rank takes part in gathering the weights; rank 0 writes them.
+  const bool need_weights = cfg.checkpoint.save_final || !sum.interrupted;
+  const std::vector<float> final_w = need_weights ? step.GatherWeights() : std::vector<float>();
   if (lead && cfg.checkpoint.save_final)
-    ckpt::WriteModel(sum.run_dir + "/model.safetensors", mcfg, model.layout(), model.master());
-  if (lead && !sum.interrupted) PrintSamples(cfg, mcfg, model.layout(), model.master());
+    ckpt::WriteModel(sum.run_dir + "/model.safetensors", mcfg, layout, final_w.data());
+  if (lead && !sum.interrupted) PrintSamples(cfg, mcfg, layout, final_w.data());
   ckpt.Finish();  // after the model file: a failed last save must not cost the weights too
   return sum;
 }

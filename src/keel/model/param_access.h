@@ -1,0 +1,40 @@
+// Where GptModel reads its weights and writes its gradients, one segment at a time
+// (ParamLayout::segments(): embeddings, each block, the final LayerNorm). The model does not own
+// them: a data-parallel replica holds every segment all the time, a ZeRO-3 rank gathers a block's
+// weights just before the block runs and lets them go after, a ZeRO-2 rank reduces a block's
+// gradients as soon as backward finishes them. The model only says what it is about to use and
+// what it is done with; the strategy behind this interface decides what that costs.
+//
+// Calls, in order, for one micro-batch of ForwardBackward (L blocks, segment 1 + l = block l):
+//   Use(0, fwd) … Use(1+l, fwd) Done(1+l, fwd) … Use(L+1, fwd)
+//   Grads(0) Grads(L+1) GradsDone(L+1) Done(L+1, bwd)
+//   Use(1+l, bwd) Grads(1+l) GradsDone(1+l) Done(1+l, bwd)   for l = L-1 … 0
+//   Grads(0) GradsDone(0) Done(0, bwd)
+// Weights(s) and Grads(s) stay valid until the matching Done / GradsDone.
+#pragma once
+
+#include <cstddef>
+
+namespace keel::model {
+
+enum class Pass { kForward, kBackward };
+
+class ParamAccess {
+ public:
+  virtual ~ParamAccess() = default;
+
+  // Segment s's working weights (the model's dtype), element 0 = the segment's first element.
+  virtual const void* Weights(int s) = 0;
+  // The matrix products' biases in fp32 (ParamInfo::bias_index), read by bf16 runs.
+  virtual const float* Biases() = 0;
+  // Segment s's gradient accumulator for this micro-batch, element 0 = its first element. The
+  // model adds into it; a strategy that keeps gradients elsewhere hands out zeroed scratch.
+  virtual float* Grads(int s) = 0;
+
+  virtual void Use(int /*s*/, Pass /*p*/) {}
+  virtual void Done(int /*s*/, Pass /*p*/) {}
+  // Segment s's gradients are final for this micro-batch.
+  virtual void GradsDone(int /*s*/) {}
+};
+
+}  // namespace keel::model

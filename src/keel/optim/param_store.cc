@@ -1,0 +1,82 @@
+#include "keel/optim/param_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "keel/core/error.h"
+
+namespace keel::optim {
+namespace {
+
+// The ranges that overlap [lo, hi), cut to it and made relative to lo.
+std::vector<ParamRange> Clip(const std::vector<ParamRange>& ranges, size_t lo, size_t hi) {
+  std::vector<ParamRange> out;
+  for (const ParamRange& r : ranges) {
+    const size_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
+    if (a < b) out.push_back({a - lo, b - a, r.decay, r.frozen});
+  }
+  return out;
+}
+
+size_t HeldBy(const parallel::ShardRange& s, size_t total, bool sharded) {
+  return sharded ? s.size : total;
+}
+
+}  // namespace
+
+ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::ParallelDims& dims,
+                       int dp_rank, const std::vector<ParamRange>& ranges, const AdamWHyper& hyper)
+    : shape_(shape),
+      dims_(dims),
+      shard_(parallel::Shard(shape.total, dims.dp, dp_rank)),
+      state_lo_(dims.zero >= 1 ? shard_.lo : 0),
+      state_hi_(dims.zero >= 1 ? shard_.hi : shape.total),
+      grads_lo_(dims.zero >= 2 ? shard_.lo : 0),
+      grads_size_(HeldBy(shard_, shape.total, dims.zero >= 2)),
+      master_(4 * HeldBy(shard_, shape.total, dims.zero >= 1)),
+      grads_(4 * grads_size_),
+      biases_(shape.working_bytes == 2 ? 4 * shape.n_bias : 0),
+      opt_(Clip(ranges, state_lo_, state_hi_), HeldBy(shard_, shape.total, dims.zero >= 1), hyper) {
+  const parallel::StateBytes b = parallel::StateBytesPerRank(shape, dims);
+  working_ = Buffer(b.working);
+  working_lo_ = dims.zero >= 3 ? shard_.lo : 0;
+  for (const ParamRange& r : Clip(ranges, grads_lo_, grads_lo_ + grads_size_))
+    if (r.frozen) frozen_.push_back(r);
+  std::memset(master_.data(), 0, master_.bytes());
+  std::memset(grads_.data(), 0, grads_.bytes());
+  if (working_.bytes()) std::memset(working_.data(), 0, working_.bytes());
+  if (biases_.bytes()) std::memset(biases_.data(), 0, biases_.bytes());
+}
+
+void* ParamStore::working() {
+  // fp32 at stages 0 and 3: the forward pass reads the master (all of it, or the shard).
+  return working_.bytes() ? working_.data() : master_.data();
+}
+
+void ParamStore::ZeroFrozenGrads() {
+  for (const ParamRange& r : frozen_) std::fill_n(grads() + r.offset, r.numel, 0.0f);
+}
+
+double ParamStore::LocalGradSquares() const {
+  return GradSquares(grads_.as<float>() + (state_lo_ - grads_lo_), state_hi_ - state_lo_);
+}
+
+void ParamStore::Update(float lr, float grad_scale) {
+  // The bf16 working copy receives the rounded update where it covers the state slice: all of it
+  // (stage 0), this rank's place in the full copy (1, 2; then all-gathered), or the shard (3).
+  bf16* w = nullptr;
+  if (dtype() == DType::kBF16) w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
+  opt_.Step(master(), w, grads() + (state_lo_ - grads_lo_), lr, grad_scale);
+}
+
+parallel::StateBytes ParamStore::bytes() const {
+  parallel::StateBytes b;
+  b.working = working_.bytes();
+  b.biases = biases_.bytes();
+  b.grads = grads_.bytes();
+  b.master = master_.bytes();
+  b.moments = 8 * HeldBy(shard_, shape_.total, dims_.zero >= 1);
+  return b;
+}
+
+}  // namespace keel::optim

@@ -1,0 +1,81 @@
+// The shardable parameter store: the fp32 master weights, AdamW moments, gradients and working
+// weights of one rank, and which slice of the flat layout each of them covers under the run's
+// ZeRO stage. It owns the bytes and the update; the gradient strategy (train/zero.h) owns the
+// communication that fills and publishes them.
+//
+//   stage  master, moments   grads          working weights
+//   0      all               all            all (fp32: the master itself)
+//   1      shard [lo, hi)    all            all
+//   2      shard             shard          all
+//   3      shard             shard          shard (bf16; fp32: the master shard)
+//
+// Every buffer is described by the flat index of its first element (`*_lo`), so the same
+// offsets address a replica and a shard.
+//
+//   ParamStore st(shape, dims, dp_rank, ranges, hyper);
+//   st.Update(lr, clip_scale);   // AdamW over what this rank holds
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "keel/core/buffer.h"
+#include "keel/core/dtype.h"
+#include "keel/optim/adamw.h"
+#include "keel/parallel/dims.h"
+#include "keel/parallel/state_bytes.h"
+
+namespace keel::optim {
+
+class ParamStore {
+ public:
+  // `ranges`: every parameter of the flat layout (offset, numel, decay, frozen), global offsets.
+  ParamStore(const parallel::StateShape& shape, const parallel::ParallelDims& dims, int dp_rank,
+             const std::vector<ParamRange>& ranges, const AdamWHyper& hyper);
+
+  const parallel::ParallelDims& dims() const { return dims_; }
+  DType dtype() const { return shape_.working_bytes == 2 ? DType::kBF16 : DType::kF32; }
+  size_t total() const { return shape_.total; }
+  // This rank's ZeRO slice of the flat layout (also at stage 0: what it writes to checkpoints).
+  const parallel::ShardRange& shard() const { return shard_; }
+
+  // Master weights and moments hold [state_lo(), state_hi()).
+  size_t state_lo() const { return state_lo_; }
+  size_t state_hi() const { return state_hi_; }
+  float* master() { return master_.as<float>(); }
+  float* adam_m() { return opt_.m(); }
+  float* adam_v() { return opt_.v(); }
+  // Gradients from flat index grads_lo(): the whole layout, or the shard.
+  float* grads() { return grads_.as<float>(); }
+  size_t grads_lo() const { return grads_lo_; }
+  size_t grads_size() const { return grads_size_; }
+  // Working weights (dtype()) from flat index working_lo(); the master itself where it serves.
+  void* working();
+  size_t working_lo() const { return working_lo_; }
+  float* biases() { return biases_.as<float>(); }  // fp32 biases (bf16 runs), compact
+
+  // Frozen parameters' gradients to zero, in what this rank holds of the gradients.
+  void ZeroFrozenGrads();
+  // Σ g² over the gradients of the state slice [state_lo, state_hi) (this rank's part of the
+  // global norm; with ZeRO 0 the whole of it).
+  double LocalGradSquares() const;
+  // AdamW over [state_lo, state_hi); writes the rounded weights into the working copy where it
+  // covers that slice.
+  void Update(float lr, float grad_scale);
+  int step() const { return opt_.step(); }
+  void set_step(int s) { opt_.set_step(s); }
+
+  // What this rank allocated, by kind: equals parallel::StateBytesPerRank(shape, dims).
+  parallel::StateBytes bytes() const;
+
+ private:
+  parallel::StateShape shape_;
+  parallel::ParallelDims dims_;
+  parallel::ShardRange shard_;
+  size_t state_lo_ = 0, state_hi_ = 0, grads_lo_ = 0, grads_size_ = 0, working_lo_ = 0;
+  Buffer master_, grads_, working_, biases_;
+  std::vector<ParamRange> frozen_;  // frozen ranges, relative to grads()
+  AdamW opt_;
+};
+
+}  // namespace keel::optim

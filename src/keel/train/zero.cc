@@ -1,0 +1,266 @@
+#include "keel/train/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "keel/core/error.h"
+#include "keel/core/timer.h"
+
+namespace keel::train {
+
+// A segment-sized buffer of the strategy: gradient scratch with its reduce-scatter's receive
+// buffer, or gathered weights; `seg` is the segment it holds or is reducing.
+struct ZeroStrategy::Slot {
+  Buffer buf, recv;
+  int seg = -1;
+  std::unique_ptr<parallel::Work> op;
+  size_t dst = 0, n = 0;  // gradients: recv[0, n) adds into the shard at dst
+};
+
+ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& layout,
+                           parallel::Comm& comm, size_t bucket_elems, double timeout_s)
+    : store_(store),
+      layout_(layout),
+      comm_(comm),
+      zero_(store.dims().zero),
+      dp_(store.dims().dp),
+      L_(layout.segments() - 2),
+      timeout_s_(timeout_s),
+      fresh_(size_t(layout.segments()), 0) {
+  KEEL_CHECK(comm.size() == dp_, "ZeroStrategy: the communicator is not the data-parallel group");
+  if (zero_ < 2)
+    sync_ = std::make_unique<GradSync>(comm, store.grads(), store.total(), bucket_elems, timeout_s);
+  // Slots 0 and 1: the embeddings and the final LayerNorm; 2 and 3: blocks by parity, so that
+  // the block in use and the next one (prefetched, or still reducing) never share a buffer.
+  size_t max_block = 0;
+  for (int s = 1; s <= L_; ++s) max_block = std::max(max_block, layout.segment_size(s));
+  const size_t sizes[4] = {layout.segment_size(0), layout.segment_size(L_ + 1), max_block,
+                           max_block};
+  for (size_t n : sizes) {
+    if (zero_ >= 2) {
+      auto g = std::make_unique<Slot>();
+      g->buf = Buffer(4 * n);
+      g->recv = Buffer(4 * n);
+      grad_slots_.push_back(std::move(g));
+    }
+    if (zero_ >= 3) {
+      auto w = std::make_unique<Slot>();
+      w->buf = Buffer(ElemBytes() * n);
+      weight_slots_.push_back(std::move(w));
+    }
+  }
+}
+
+ZeroStrategy::~ZeroStrategy() {
+  // Operations still queued write into the slots: let them finish before the buffers go.
+  for (auto* slots : {&grad_slots_, &weight_slots_})
+    for (auto& s : *slots)
+      if (s->op) (void)s->op->Wait(timeout_s_);
+}
+
+size_t ZeroStrategy::ElemBytes() const { return store_.dtype() == DType::kBF16 ? 2 : 4; }
+
+size_t ZeroStrategy::buffer_bytes() const {
+  size_t b = 0;
+  for (auto* slots : {&grad_slots_, &weight_slots_})
+    for (auto& s : *slots) b += s->buf.bytes() + s->recv.bytes();
+  return b;
+}
+
+std::vector<size_t> ZeroStrategy::Counts(size_t a, size_t b) const {
+  std::vector<size_t> c(static_cast<size_t>(dp_));
+  for (int r = 0; r < dp_; ++r) {
+    const parallel::ShardRange s = parallel::Shard(store_.total(), dp_, r);
+    const size_t lo = std::max(a, s.lo), hi = std::min(b, s.hi);
+    c[size_t(r)] = hi > lo ? hi - lo : 0;
+  }
+  return c;
+}
+
+void ZeroStrategy::Wait(parallel::Work& w, const char* what) {
+  Timer t;
+  if (!w.Wait(timeout_s_))
+    throw Error(ExitCode::kTempFail, std::string(what) +
+                                         " did not complete within [parallel] comm_timeout_s = " +
+                                         std::to_string(timeout_s_) + " s: a peer is lost or hung");
+  wait_ms_ += t.Millis();
+}
+
+ZeroStrategy::Slot& ZeroStrategy::GradSlot(int s) {
+  return *grad_slots_[s == 0 ? 0 : s == L_ + 1 ? 1 : size_t(2 + s % 2)];
+}
+ZeroStrategy::Slot& ZeroStrategy::WeightSlot(int s) {
+  return *weight_slots_[s == 0 ? 0 : s == L_ + 1 ? 1 : size_t(2 + s % 2)];
+}
+
+void ZeroStrategy::Gather(int s, Slot& slot) {
+  if (slot.op) Wait(*slot.op, "parameter all-gather");
+  const size_t a = layout_.segment_start(s), b = layout_.segment_end(s);
+  const size_t lo = store_.shard().lo;
+  const auto* shard = static_cast<const char*>(store_.working());
+  const size_t from = std::clamp(a, lo, store_.shard().hi) - store_.working_lo();
+  slot.op = comm_.AllGatherAsync(shard + from * ElemBytes(), slot.buf.data(), Counts(a, b),
+                                 store_.dtype());
+  slot.seg = s;
+  sent_bytes_ += double(b - a) * ElemBytes() * (dp_ - 1) / dp_;
+}
+
+const void* ZeroStrategy::Weights(int s) {
+  if (zero_ < 3) {
+    const size_t at = layout_.segment_start(s) - store_.working_lo();
+    return static_cast<const char*>(store_.working()) + at * ElemBytes();
+  }
+  Slot& slot = WeightSlot(s);
+  if (slot.seg != s) Gather(s, slot);  // a caller that skipped Use
+  if (slot.op) {
+    Wait(*slot.op, "parameter all-gather");
+    slot.op.reset();
+  }
+  return slot.buf.data();
+}
+
+const float* ZeroStrategy::Biases() { return store_.biases(); }
+
+void ZeroStrategy::Use(int s, model::Pass p) {
+  if (zero_ < 3) return;
+  Slot& slot = WeightSlot(s);
+  if (slot.seg != s) Gather(s, slot);
+  // The next block's gather runs on the comm thread while this one computes.
+  const int next = p == model::Pass::kForward ? s + 1 : s - 1;
+  if (next >= 1 && next <= L_) {
+    Slot& n = WeightSlot(next);
+    if (&n != &slot && n.seg != next) Gather(next, n);
+  }
+}
+
+void ZeroStrategy::Done(int /*s*/, model::Pass /*p*/) {
+  // Nothing to free: a block's gathered weights stay in their slot until the block two ahead
+  // needs it, so a backward that follows its forward directly reuses the last block's.
+}
+
+float* ZeroStrategy::Grads(int s) {
+  if (zero_ < 2) return store_.grads() + layout_.segment_start(s);
+  Slot& slot = GradSlot(s);
+  if (!fresh_[size_t(s)]) {
+    Drain(slot);
+    std::memset(slot.buf.data(), 0, 4 * layout_.segment_size(s));
+    fresh_[size_t(s)] = 1;
+  }
+  return slot.buf.as<float>();
+}
+
+void ZeroStrategy::GradsDone(int s) {
+  if (zero_ < 2) {
+    if (last_micro_) sync_->Ready(layout_.segment_start(s));
+    return;
+  }
+  Slot& slot = GradSlot(s);
+  const size_t a = layout_.segment_start(s), b = layout_.segment_end(s);
+  std::vector<size_t> counts = Counts(a, b);
+  slot.n = counts[size_t(comm_.rank())];
+  slot.dst = std::clamp(a, store_.shard().lo, store_.shard().hi) - store_.grads_lo();
+  slot.seg = s;
+  slot.op = comm_.ReduceScatterSumAsync(slot.buf.data(), slot.recv.data(), counts, DType::kF32);
+  fresh_[size_t(s)] = 0;
+  sent_bytes_ += 4.0 * double(b - a) * (dp_ - 1) / dp_;
+}
+
+void ZeroStrategy::Drain(Slot& slot) {
+  if (!slot.op) return;
+  Wait(*slot.op, "gradient reduce-scatter");
+  slot.op.reset();
+  float* dst = store_.grads() + slot.dst;
+  const float* src = slot.recv.as<float>();
+  const size_t n = slot.n;
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+void ZeroStrategy::BeginStep() {
+  wait_ms_ = 0;
+  sent_bytes_ = 0;
+  std::memset(store_.grads(), 0, 4 * store_.grads_size());
+  std::fill(fresh_.begin(), fresh_.end(), 0);
+  if (sync_) sync_->Begin();
+}
+
+void ZeroStrategy::BeginMicroBatch(bool last) { last_micro_ = last; }
+
+void ZeroStrategy::FinishBackward() {
+  if (sync_) {
+    sync_->Finish();
+    wait_ms_ += sync_->wait_ms();
+    if (dp_ > 1) sent_bytes_ += 2.0 * 4 * double(store_.total()) * (dp_ - 1) / dp_;
+    return;
+  }
+  for (auto& s : grad_slots_) Drain(*s);
+}
+
+double ZeroStrategy::GradNorm() {
+  store_.ZeroFrozenGrads();
+  double sq = store_.LocalGradSquares();
+  if (zero_ >= 1) sq = comm_.AllReduceSum(sq);
+  return std::sqrt(sq);
+}
+
+void ZeroStrategy::PublishBiases() {
+  if (store_.dtype() != DType::kBF16) return;
+  float* b = store_.biases();
+  const size_t lo = store_.state_lo(), hi = store_.state_hi();
+  if (zero_ >= 1) std::memset(b, 0, 4 * layout_.n_bias());
+  for (const model::ParamInfo& p : layout_.params()) {
+    if (p.bias_index == SIZE_MAX) continue;
+    const size_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+    if (a < e)
+      std::memcpy(b + p.bias_index + (a - p.offset), store_.master() + (a - lo), 4 * (e - a));
+  }
+  // Each element comes from exactly one rank and is zero elsewhere: the sum is exact.
+  if (zero_ >= 1) {
+    auto w = comm_.AllReduceSumAsync(b, layout_.n_bias(), DType::kF32);
+    Wait(*w, "bias all-reduce");
+  }
+}
+
+void ZeroStrategy::PublishWeights() {
+  const size_t lo = store_.state_lo(), hi = store_.state_hi();
+  if (store_.dtype() == DType::kBF16)
+    ConvertF32ToBf16(static_cast<bf16*>(store_.working()) + (lo - store_.working_lo()),
+                     store_.master(), hi - lo);
+  Publish();
+}
+
+void ZeroStrategy::Update(float lr, float grad_scale) {
+  store_.Update(lr, grad_scale);  // also rounds this rank's slice into the bf16 working copy
+  Publish();
+}
+
+void ZeroStrategy::Publish() {
+  if (zero_ == 1 || zero_ == 2) {
+    // bf16: each rank's rounded slice is already at its place; fp32: from the master shard.
+    const void* send =
+        store_.dtype() == DType::kBF16
+            ? static_cast<const void*>(static_cast<bf16*>(store_.working()) + store_.state_lo())
+            : static_cast<const void*>(store_.master());
+    auto w =
+        comm_.AllGatherAsync(send, store_.working(), Counts(0, store_.total()), store_.dtype());
+    Wait(*w, "parameter all-gather");
+    sent_bytes_ += double(store_.total()) * ElemBytes() * (dp_ - 1) / dp_;
+  }
+  for (auto& s : weight_slots_) s->seg = -1;  // stage 3 gathers the new weights when used
+  PublishBiases();
+}
+
+std::vector<float> ZeroStrategy::GatherMaster() {
+  std::vector<float> full(store_.total());
+  if (zero_ == 0) {
+    std::memcpy(full.data(), store_.master(), 4 * full.size());
+    return full;
+  }
+  auto w =
+      comm_.AllGatherAsync(store_.master(), full.data(), Counts(0, store_.total()), DType::kF32);
+  Wait(*w, "master all-gather");
+  return full;
+}
+
+}  // namespace keel::train

@@ -1,0 +1,94 @@
+// The gradient strategy of a data-parallel group, ZeRO stages 0-3, as the model's ParamAccess:
+// where each segment's weights come from before the model uses them, where its gradients go
+// when backward finishes them, and how the update is published.
+//
+//   stage 0  gradients all-reduced in buckets during the last micro-batch's backward (GradSync)
+//   stage 1  the same; each rank updates its shard of master and moments, then the working
+//            weights are all-gathered
+//   stage 2  each segment's gradients reduce-scattered as soon as backward finishes them, every
+//            micro-batch, into this rank's gradient shard; the rest as stage 1
+//   stage 3  as stage 2, and weights sharded too: a block's weights are all-gathered before its
+//            forward and again before its backward, the next block's gather issued while the
+//            current one computes; the embeddings and final LayerNorm stay gathered for the step
+//
+// One object per run; every rank of the group calls the same methods in the same order.
+//
+//   ZeroStrategy z(store, layout, comm, bucket_elems, timeout_s);
+//   GptModel model(cfg, dtype, B, T, rc, &z);
+//   z.BeginStep(); for k: { z.BeginMicroBatch(last); model.ForwardBackward(...); }
+//   z.FinishBackward(); double norm = z.GradNorm(); ...; z.Update(lr, scale);
+#pragma once
+
+#include <array>
+#include <memory>
+#include <vector>
+
+#include "keel/core/buffer.h"
+#include "keel/model/param_access.h"
+#include "keel/model/params.h"
+#include "keel/optim/param_store.h"
+#include "keel/parallel/comm.h"
+#include "keel/train/grad_sync.h"
+
+namespace keel::train {
+
+class ZeroStrategy final : public model::ParamAccess {
+ public:
+  ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& layout, parallel::Comm& comm,
+               size_t bucket_elems, double timeout_s);
+  ~ZeroStrategy() override;
+
+  // After the master weights are set (init, checkpoint): the working weights from them.
+  void PublishWeights();
+
+  void BeginStep();
+  void BeginMicroBatch(bool last);
+  // Waits for every gradient reduction of the step.
+  void FinishBackward();
+  // The global gradient norm (frozen parameters' gradients zeroed first).
+  double GradNorm();
+  void Update(float lr, float grad_scale);
+
+  // Per step: milliseconds the step waited on communication it could not overlap, and the bytes
+  // this rank sent (ring algorithms: an all-reduce of n bytes sends 2n(dp-1)/dp).
+  double wait_ms() const { return wait_ms_; }
+  double sent_bytes() const { return sent_bytes_; }
+
+  // The full fp32 master weights, gathered (every rank).
+  std::vector<float> GatherMaster();
+  // ZeRO-owned bytes beyond the store's (scratch, receive and gather buffers).
+  size_t buffer_bytes() const;
+
+  // model::ParamAccess
+  const void* Weights(int s) override;
+  const float* Biases() override;
+  float* Grads(int s) override;
+  void Use(int s, model::Pass p) override;
+  void Done(int s, model::Pass p) override;
+  void GradsDone(int s) override;
+
+ private:
+  struct Slot;
+  Slot& GradSlot(int s);
+  Slot& WeightSlot(int s);
+  std::vector<size_t> Counts(size_t a, size_t b) const;  // per rank: |[a,b) ∩ shard r|
+  void Gather(int s, Slot& slot);
+  void Wait(parallel::Work& w, const char* what);
+  void Drain(Slot& slot);  // completes the slot's reduce-scatter and adds it to the grad shard
+  void Publish();          // the updated slice to whoever reads it
+  void PublishBiases();
+  size_t ElemBytes() const;
+
+  optim::ParamStore& store_;
+  const model::ParamLayout& layout_;
+  parallel::Comm& comm_;
+  const int zero_, dp_, L_;
+  const double timeout_s_;
+  std::unique_ptr<GradSync> sync_;  // stages 0 and 1
+  bool last_micro_ = true;
+  std::vector<std::unique_ptr<Slot>> grad_slots_, weight_slots_;  // stages 2-3, 3
+  std::vector<char> fresh_;  // segment's scratch was handed out this micro-batch
+  double wait_ms_ = 0, sent_bytes_ = 0;
+};
+
+}  // namespace keel::train
