@@ -202,6 +202,20 @@ TEST(CommMpi, ReduceScatterWithUnequalCountsFp32AndBf16) {
   }
 }
 
+TEST(CommMpi, ReduceScatterInPlaceLeavesThisRanksPartAtTheStart) {
+  const int r = g_comm->rank(), p = g_comm->size();
+  const std::vector<size_t> counts = UnequalCounts(p);
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  const size_t mine = counts[size_t(r)], off = Offset(counts, r);
+  std::vector<float> buf(total);
+  for (size_t i = 0; i < total; ++i) buf[i] = float(r + 1) * float(i + 1);
+  auto w = g_comm->ReduceScatterSumAsync(buf.data(), buf.data(), counts, DType::kF32);
+  ASSERT_TRUE(w->Wait(30));
+  const float s = float(p * (p + 1) / 2);
+  for (size_t j = 0; j < mine; ++j) EXPECT_EQ(buf[j], s * float(off + j + 1)) << "at " << j;
+}
+
 TEST(CommMpi, ReduceScatterCopiesTheCounts) {
   const int r = g_comm->rank(), p = g_comm->size();
   std::vector<float> send(size_t(2 * p), float(r + 1)), recv(2, 0.0f);

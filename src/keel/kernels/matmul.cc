@@ -138,24 +138,24 @@ bool GemmDirect(const GemmArgs& g) {
 // alone. Threads split the rows once there is enough work to pay for them.
 constexpr size_t kParallelElems = size_t(1) << 15;
 
-void WidenRows(float* dst, size_t dst_ld, const bf16* src, size_t src_ld, int rows, int width) {
+template <typename D, typename S, typename Convert>
+void ConvertRows(D* dst, size_t dst_ld, const S* src, size_t src_ld, int rows, int width,
+                 Convert convert) {
 #pragma omp parallel for schedule(static) if (size_t(rows) * width >= kParallelElems)
   for (int r = 0; r < rows; ++r) {
-    float* d = dst + r * dst_ld;
-    const bf16* s = src + r * src_ld;
+    D* d = dst + r * dst_ld;
+    const S* s = src + r * src_ld;
 #pragma omp simd
-    for (int i = 0; i < width; ++i) d[i] = ToFloat(s[i]);
+    for (int i = 0; i < width; ++i) d[i] = convert(s[i]);
   }
 }
 
+void WidenRows(float* dst, size_t dst_ld, const bf16* src, size_t src_ld, int rows, int width) {
+  ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](bf16 x) { return ToFloat(x); });
+}
+
 void NarrowRows(bf16* dst, size_t dst_ld, const float* src, size_t src_ld, int rows, int width) {
-#pragma omp parallel for schedule(static) if (size_t(rows) * width >= kParallelElems)
-  for (int r = 0; r < rows; ++r) {
-    bf16* d = dst + r * dst_ld;
-    const float* s = src + r * src_ld;
-#pragma omp simd
-    for (int i = 0; i < width; ++i) d[i] = ToBf16(s[i]);
-  }
+  ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](float x) { return ToBf16(x); });
 }
 
 // A bf16 operand as stored: `rows` rows of `width` elements, `ld` apart, widened into `scratch`

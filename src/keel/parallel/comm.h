@@ -52,7 +52,8 @@ class Comm {
   // nearest even, as NCCL does). `data`, `send` and `recv` point to elements of `dtype`.
   virtual std::unique_ptr<Work> AllReduceSumAsync(void* data, size_t n, DType dtype) = 0;
   // Variable counts: rank r receives counts[r] elements, the slice of the sum of `send`
-  // (Σ counts elements) that starts at counts[0] + ... + counts[r-1]. A count may be 0.
+  // (Σ counts elements) that starts at counts[0] + ... + counts[r-1]. A count may be 0. In place
+  // when send == recv: the input is read from recv and the result left at its start.
   virtual std::unique_ptr<Work> ReduceScatterSumAsync(const void* send, void* recv,
                                                       const std::vector<size_t>& counts,
                                                       DType dtype) = 0;

@@ -396,8 +396,11 @@ class MpiComm final : public Comm {
       recvcounts[q] = ToCount(counts[q], "MPI_Reduce_scatter");
     const MPI_Datatype type = MpiType(dtype);
     const MPI_Op op = SumOp(dtype);
+    // In place (send == recv): MPI takes the input from recv and leaves this rank's part at its
+    // start, which saves the caller a receive buffer as large as the input.
+    const void* sendbuf = send == recv ? MPI_IN_PLACE : send;
     return Async([=, recvcounts = std::move(recvcounts), comm = comm_, rank = rank_] {
-      return Check(MPI_Reduce_scatter(send, recv, recvcounts.data(), type, op, comm),
+      return Check(MPI_Reduce_scatter(sendbuf, recv, recvcounts.data(), type, op, comm),
                    "MPI_Reduce_scatter", rank);
     });
   }

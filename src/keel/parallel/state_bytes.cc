@@ -18,7 +18,7 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
     b.working = size_t(s.working_bytes) * s.total;
   else
     b.working = bf16 ? 2 * shard : 0;  // gathered from the bf16 shard, or the fp32 master shard
-  if (d.zero >= 2) b.zero_buffers += 2 * 4 * segs;  // scratch + receive
+  if (d.zero >= 2) b.zero_buffers += 4 * segs;  // gradient scratch, reduce-scattered in place
   if (d.zero >= 3) b.zero_buffers += size_t(s.working_bytes) * segs;
   return b;
 }

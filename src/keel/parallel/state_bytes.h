@@ -28,8 +28,8 @@ struct StateBytes {
   size_t grads = 0;    // fp32 gradients: all, or this rank's shard (ZeRO >= 2)
   size_t master = 0;   // fp32 master weights: all, or this rank's shard (ZeRO >= 1)
   size_t moments = 0;  // AdamW m and v, as the master
-  // ZeRO >= 2: per-segment gradient scratch and receive buffers (the embeddings, the final
-  // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments.
+  // ZeRO >= 2: per-segment gradient scratch (the embeddings, the final LayerNorm, two blocks in
+  // flight); ZeRO 3: also the gathered weights of the same segments.
   size_t zero_buffers = 0;
   size_t total() const { return working + biases + grads + master + moments + zero_buffers; }
 };

@@ -1,13 +1,13 @@
 // Data-parallel gradient averaging in buckets, overlapped with backward.
 //
-// Backward reports, layer by layer, that the gradients [offset, end) of the flat buffer are final
-// (GptModel's GradsReady). GradSync all-reduces each newly final slice as soon as it reaches the
-// bucket size, so the communication of layer l runs while layer l-1 computes; Finish waits for
-// the rest. With one rank it does nothing.
+// Backward reports, segment by segment, that the gradients [offset, end) of the flat buffer are
+// final (ZeroStrategy::GradsDone at stages 0 and 1). GradSync all-reduces each newly final slice as
+// soon as it reaches the bucket size, so the communication of layer l runs while layer l-1
+// computes; Finish waits for the rest. With one rank it does nothing.
 //
 //   GradSync sync(comm, grads, total, bucket_elems, timeout_s);
 //   sync.Begin();
-//   model.ForwardBackward(..., [&](size_t off) { sync.Ready(off); });
+//   ... backward: sync.Ready(layout.segment_start(s)) as each segment s finishes ...
 //   sync.Finish();   // throws keel::Error(kTempFail) if a peer does not answer in time
 #pragma once
 

@@ -100,6 +100,86 @@ Setup Validate(const RunConfig& cfg, int world) {
   return s;
 }
 
+// The run's data: the training sources (a blend, or one plain dataset) and the validation set,
+// opened and checked against the model's vocabulary, with this data-parallel rank's loaders.
+struct RunData {
+  std::vector<DataSource> sources;
+  std::vector<data::TokenDataset> train_ds;
+  std::vector<const data::TokenDataset*> train_ptrs;
+  std::vector<double> weights;
+  std::unique_ptr<data::TokenDataset> val_ds;
+  std::unique_ptr<data::BatchLoader> loader, val_loader;
+};
+
+RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_rank, int dp) {
+  const int T = cfg.data.seq_len;
+  RunData d;
+  // `train = "path"` is a blend of one source with weight 1; it keeps the plain loader below, so
+  // that its sample order (and every pinned loss) is exactly what it was before blending.
+  d.sources = cfg.data.sources;
+  if (d.sources.empty()) d.sources.push_back({cfg.data.train, 1.0});
+  d.train_ds.reserve(d.sources.size());  // the loader keeps pointers into it
+  for (const DataSource& src : d.sources) {
+    d.train_ds.push_back(data::TokenDataset::Open(src.path));
+    d.train_ds.back().CheckIds(mcfg.vocab_size);
+    d.train_ptrs.push_back(&d.train_ds.back());
+    d.weights.push_back(src.weight);
+  }
+  if (!cfg.data.val.empty()) {
+    d.val_ds = std::make_unique<data::TokenDataset>(data::TokenDataset::Open(cfg.data.val));
+    d.val_ds->CheckIds(mcfg.vocab_size);
+  }
+  d.loader =
+      d.train_ds.size() == 1
+          ? std::make_unique<data::BatchLoader>(d.train_ds[0], T, cfg.train.batch_size, dp_rank, dp,
+                                                cfg.train.seed,
+                                                /*shuffle=*/true)
+          : std::make_unique<data::BatchLoader>(d.train_ptrs, d.weights, T, cfg.train.batch_size,
+                                                dp_rank, dp, cfg.train.seed);
+  if (d.val_ds)
+    d.val_loader = std::make_unique<data::BatchLoader>(*d.val_ds, T, cfg.train.batch_size, dp_rank,
+                                                       dp, cfg.train.seed, false);
+  return d;
+}
+
+StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& frozen) {
+  StepSpec spec;
+  spec.model = s.mcfg;
+  spec.dtype = s.dtype;
+  spec.micro_batch = s.micro_batch;
+  spec.seq_len = cfg.data.seq_len;
+  spec.recompute = model::ParseRecompute(cfg.model.recompute);
+  spec.dims = s.dims;
+  spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  spec.frozen = frozen;
+  spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
+  spec.comm_timeout_s = cfg.parallel.comm_timeout_s;
+  return spec;
+}
+
+// Everything a checkpoint holds beside the tensors, after `step_done` steps.
+nlohmann::json SavedState(const RunConfig& cfg, const Setup& s, int step_done,
+                          const data::LoaderState& loader, int optimizer_step,
+                          const std::vector<double>& recent_losses) {
+  return {
+      {"config", ToToml(cfg)},
+      {"model", ckpt::ModelConfigToJson(s.mcfg)},
+      {"loader", data::ToJson(loader)},
+      {"optimizer", {{"kind", "adamw"}, {"step", optimizer_step}}},
+      {"layout", {{"dp", s.dims.dp}, {"tp", s.dims.tp}, {"pp", s.dims.pp}, {"zero", s.dims.zero}}},
+      {"scheduler",
+       {{"kind", cfg.optim.schedule},
+        {"position", step_done},
+        {"lr", cfg.optim.lr},
+        {"min_lr", cfg.optim.min_lr},
+        {"warmup_steps", cfg.optim.warmup_steps},
+        {"total_steps", cfg.train.steps}}},
+      {"rng", {{"kind", "counter"}, {"seed", cfg.train.seed}}},
+      {"loss_scaler", {{"kind", "none"}, {"scale", 1.0}}},
+      {"precision", cfg.train.precision},
+      {"metrics", {{"recent_losses", recent_losses}}}};
+}
+
 }  // namespace
 
 TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
@@ -109,51 +189,15 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const auto& mcfg = s.mcfg;
 
   // Everything that can be wrong with the input is found before the run directory exists.
-  // `train = "path"` is a blend of one source with weight 1; it keeps the plain loader below, so
-  // that its sample order (and every pinned loss) is exactly what it was before blending.
-  std::vector<DataSource> sources = cfg.data.sources;
-  if (sources.empty()) sources.push_back({cfg.data.train, 1.0});
-  std::vector<data::TokenDataset> train_ds;
-  train_ds.reserve(sources.size());  // the loader keeps pointers into it
-  std::vector<const data::TokenDataset*> train_ptrs;
-  std::vector<double> weights;
-  for (const DataSource& src : sources) {
-    train_ds.push_back(data::TokenDataset::Open(src.path));
-    train_ds.back().CheckIds(mcfg.vocab_size);
-    train_ptrs.push_back(&train_ds.back());
-    weights.push_back(src.weight);
-  }
-  std::unique_ptr<data::TokenDataset> val_ds;
-  if (!cfg.data.val.empty()) {
-    val_ds = std::make_unique<data::TokenDataset>(data::TokenDataset::Open(cfg.data.val));
-    val_ds->CheckIds(mcfg.vocab_size);
-  }
-  std::unique_ptr<data::BatchLoader> loader_ptr =
-      train_ds.size() == 1
-          ? std::make_unique<data::BatchLoader>(train_ds[0], T, cfg.train.batch_size, comm.rank(),
-                                                comm.size(), cfg.train.seed, /*shuffle=*/true)
-          : std::make_unique<data::BatchLoader>(train_ptrs, weights, T, cfg.train.batch_size,
-                                                comm.rank(), comm.size(), cfg.train.seed);
-  data::BatchLoader& loader = *loader_ptr;
-  std::unique_ptr<data::BatchLoader> val_loader;
-  if (val_ds)
-    val_loader = std::make_unique<data::BatchLoader>(*val_ds, T, cfg.train.batch_size, comm.rank(),
-                                                     comm.size(), cfg.train.seed, false);
-
+  const parallel::RankCoords at = parallel::Coords(s.dims, comm.rank());
+  RunData d = OpenData(cfg, mcfg, at.dp, s.dims.dp);
+  data::BatchLoader& loader = *d.loader;
+  const std::vector<DataSource>& sources = d.sources;
+  const std::vector<double>& weights = d.weights;
   const parallel::ParallelDims dims = s.dims;
   const model::ParamLayout layout = model::ParamLayout::Gpt2(mcfg);
   const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
-  StepSpec spec;
-  spec.model = mcfg;
-  spec.dtype = s.dtype;
-  spec.micro_batch = s.micro_batch;
-  spec.seq_len = T;
-  spec.recompute = model::ParseRecompute(cfg.model.recompute);
-  spec.dims = dims;
-  spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
-  spec.frozen = frozen;
-  spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
-  spec.comm_timeout_s = cfg.parallel.comm_timeout_s;
+  const StepSpec spec = SpecFor(cfg, s, frozen);
   TrainStep step(spec, comm);  // tp = pp = 1: the data-parallel group is the world
   {
     // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
@@ -182,7 +226,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     std::filesystem::create_directories(sum.run_dir);
     std::ofstream(sum.run_dir + "/config.toml") << ToToml(cfg);
     events = monitor::JsonlWriter(sum.run_dir + "/events.jsonl");
-    sum.unigram_entropy = UnigramEntropy(train_ptrs, weights);
+    sum.unigram_entropy = UnigramEntropy(d.train_ptrs, weights);
   }
 
   // The state a checkpoint holds: fp32 master weights and both AdamW moments, tensor by tensor,
@@ -241,7 +285,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     for (double w : weights) total_weight += w;
     for (size_t i = 0; i < sources.size(); ++i)
       Log("keel: data source %zu: %s, weight %g (%.1f%%), %zu tokens", i, sources[i].path.c_str(),
-          weights[i], 100 * weights[i] / total_weight, train_ds[i].size());
+          weights[i], 100 * weights[i] / total_weight, d.train_ds[i].size());
   }
 
   std::vector<int32_t> tokens(size_t(s.micro_batch) * T), targets(tokens.size());
@@ -249,7 +293,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     double total = 0;
     for (int b = 0; b < cfg.train.val_batches; ++b)
       for (int k = 0; k < s.n_micro; ++k) {
-        val_loader->Fill(b, k, s.micro_batch, tokens.data(), targets.data());
+        d.val_loader->Fill(b, k, s.micro_batch, tokens.data(), targets.data());
         total += step.Forward(tokens.data(), targets.data());
       }
     return comm.AllReduceSum(total) / (tokens_per_step * cfg.train.val_batches);
@@ -288,7 +332,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     sum.last_loss = loss;
     double val = -1;
     const bool last_step = step_i + 1 == cfg.train.steps || step_i + 1 == cfg.train.stop_at;
-    if (val_loader &&
+    if (d.val_loader &&
         ((cfg.train.val_every > 0 && (step_i + 1) % cfg.train.val_every == 0) || last_step))
       val = sum.val_loss = validate();
     if (lead) {
@@ -322,23 +366,8 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
       ckpt::StateView v = state;
       v.step = step_i + 1;
       v.tokens = uint64_t(step_i + 1) * uint64_t(tokens_per_step);
-      v.state = {
-          {"config", ToToml(cfg)},
-          {"model", ckpt::ModelConfigToJson(mcfg)},
-          {"loader", data::ToJson(prefetch.state())},
-          {"optimizer", {{"kind", "adamw"}, {"step", step.store().step()}}},
-          {"layout", {{"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp}, {"zero", dims.zero}}},
-          {"scheduler",
-           {{"kind", cfg.optim.schedule},
-            {"position", step_i + 1},
-            {"lr", cfg.optim.lr},
-            {"min_lr", cfg.optim.min_lr},
-            {"warmup_steps", cfg.optim.warmup_steps},
-            {"total_steps", cfg.train.steps}}},
-          {"rng", {{"kind", "counter"}, {"seed", cfg.train.seed}}},
-          {"loss_scaler", {{"kind", "none"}, {"scale", 1.0}}},
-          {"precision", cfg.train.precision},
-          {"metrics", {{"recent_losses", recent_losses}}}};
+      v.state =
+          SavedState(cfg, s, step_i + 1, prefetch.state(), step.store().step(), recent_losses);
       return v;
     };
     // Every rank agrees on stopping and saving at the same step, or the next collective hangs.

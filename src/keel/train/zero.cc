@@ -9,13 +9,13 @@
 
 namespace keel::train {
 
-// A segment-sized buffer of the strategy: gradient scratch with its reduce-scatter's receive
-// buffer, or gathered weights; `seg` is the segment it holds or is reducing.
+// A segment-sized buffer of the strategy: gradient scratch (reduce-scattered in place: this
+// rank's part lands at its start) or gathered weights; `seg` is the segment it holds or reduces.
 struct ZeroStrategy::Slot {
-  Buffer buf, recv;
+  Buffer buf;
   int seg = -1;
   std::unique_ptr<parallel::Work> op;
-  size_t dst = 0, n = 0;  // gradients: recv[0, n) adds into the shard at dst
+  size_t dst = 0, n = 0;  // gradients: buf[0, n) adds into the shard at dst
 };
 
 ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& layout,
@@ -41,7 +41,6 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
     if (zero_ >= 2) {
       auto g = std::make_unique<Slot>();
       g->buf = Buffer(4 * n);
-      g->recv = Buffer(4 * n);
       grad_slots_.push_back(std::move(g));
     }
     if (zero_ >= 3) {
@@ -64,7 +63,7 @@ size_t ZeroStrategy::ElemBytes() const { return store_.dtype() == DType::kBF16 ?
 size_t ZeroStrategy::buffer_bytes() const {
   size_t b = 0;
   for (auto* slots : {&grad_slots_, &weight_slots_})
-    for (auto& s : *slots) b += s->buf.bytes() + s->recv.bytes();
+    for (auto& s : *slots) b += s->buf.bytes();
   return b;
 }
 
@@ -161,7 +160,7 @@ void ZeroStrategy::GradsDone(int s) {
   slot.n = counts[size_t(comm_.rank())];
   slot.dst = std::clamp(a, store_.shard().lo, store_.shard().hi) - store_.grads_lo();
   slot.seg = s;
-  slot.op = comm_.ReduceScatterSumAsync(slot.buf.data(), slot.recv.data(), counts, DType::kF32);
+  slot.op = comm_.ReduceScatterSumAsync(slot.buf.data(), slot.buf.data(), counts, DType::kF32);
   fresh_[size_t(s)] = 0;
   sent_bytes_ += 4.0 * double(b - a) * (dp_ - 1) / dp_;
 }
@@ -171,7 +170,7 @@ void ZeroStrategy::Drain(Slot& slot) {
   Wait(*slot.op, "gradient reduce-scatter");
   slot.op.reset();
   float* dst = store_.grads() + slot.dst;
-  const float* src = slot.recv.as<float>();
+  const float* src = slot.buf.as<float>();
   const size_t n = slot.n;
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
