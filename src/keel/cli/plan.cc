@@ -1,19 +1,19 @@
 // keel plan: rank every parallel layout of a model on a cluster by estimated tokens/s, with the
 // memory per accelerator broken down and the layouts that do not fit rejected with the reason.
 // The models live in keel/plan; this file only reads the request and prints the answer.
+#include <omp.h>
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <nlohmann/json.hpp>
-#include <thread>
+#include <vector>
 
 #include "keel/cli/plan_output.h"
 #include "keel/cli/verbs.h"
+#include "keel/core/dtype.h"
 #include "keel/core/error.h"
-#include "keel/monitor/machine_probe.h"
 #include "keel/plan/search.h"
 
 namespace keel::cli {
@@ -83,26 +83,6 @@ void ApplyToml(CLI::App* cmd, const std::string& path) {
   walk(root, "");
 }
 
-}  // namespace
-
-plan::Accelerator MeasureThisCpu() {
-  // Short runs (0.05 s per loop, best of 2; a 128 MiB copy, best of 3): well under 2 s in all,
-  // and the per-thread CPU time keeps the FLOP/s honest on a busy machine.
-  const int threads = int(std::max(1u, std::thread::hardware_concurrency()));
-  const monitor::PeakRates r = monitor::MeasurePeakRates(threads, 0.05, 2);
-  plan::CpuFigures f;
-  f.bf16_flops = r.bf16();
-  f.fp32_flops = r.fp32_fma;
-  f.memory_bytes = monitor::MemTotalBytes();
-  f.copy_bytes_per_s = monitor::MeasureCopyRate(threads, size_t(128) << 20, 3);
-  if (f.bf16_flops <= 0 || f.memory_bytes <= 0 || f.copy_bytes_per_s <= 0)
-    ThrowRuntime(
-        "plan: this-cpu: could not measure this machine (needs AVX-512 and /proc/meminfo)");
-  return plan::ThisCpu(f);
-}
-
-namespace {
-
 plan::Job MakeJob(const PlanArgs& a) {
   plan::Job job;
   if (!a.model.empty()) {
@@ -110,12 +90,15 @@ plan::Job MakeJob(const PlanArgs& a) {
   } else if (a.layers == 0 && a.hidden == 0) {
     ThrowBadInput("plan: give --model NAME or --layers/--hidden/--heads (see keel help plan)");
   }
+  const plan::ModelSpec named = job.model;
   if (a.layers) job.model.layers = a.layers;
   if (a.hidden) job.model.hidden = a.hidden;
   if (a.heads) job.model.heads = a.heads;
   if (a.vocab) job.model.vocab = a.vocab;
   if (a.seq) job.model.seq = a.seq;
-  if (a.model.empty() || a.layers || a.hidden || a.heads || a.vocab || a.seq)
+  if (a.model.empty() || job.model.layers != named.layers || job.model.hidden != named.hidden ||
+      job.model.heads != named.heads || job.model.vocab != named.vocab ||
+      job.model.seq != named.seq)
     job.model.name = a.model.empty() ? "custom" : a.model + " (modified)";
   plan::ValidateModel(job.model);
   job.precision = plan::ParsePrecision(a.precision);
@@ -126,10 +109,11 @@ plan::Job MakeJob(const PlanArgs& a) {
     std::snprintf(num, sizeof(num), "%g", a.efficiency);
     ThrowBadInput(std::string("plan: --efficiency ") + num + " not in (0, 1]");
   }
-  job.cluster.accel = a.accel == "this-cpu" ? MeasureThisCpu() : plan::NamedAccelerator(a.accel);
   job.cluster.world = a.world;
   job.cluster.per_node = a.per_node;
+  job.cluster.accel = a.accel == "this-cpu" ? MeasureThisCpu() : plan::NamedAccelerator(a.accel);
   plan::Accelerator& acc = job.cluster.accel;
+  if (a.accel == "this-cpu" && a.efficiency == -1) MeasureKernels(job, a.micro_batch);
   job.efficiency = a.efficiency != -1
                        ? a.efficiency
                        : plan::DefaultEfficiency(acc, job.precision == plan::Precision::kFp32);
@@ -220,8 +204,8 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_option("--intra-gbps", a.intra_gbps, "override: intra-node bandwidth, GB/s");
   cmd->add_option("--inter-gbps", a.inter_gbps, "override: inter-node bandwidth, GB/s");
   cmd->add_option("--efficiency", a.efficiency,
-                  "fraction of peak the matmuls reach (default 0.6; this-cpu: keel's measured "
-                  "MFU, 0.5 fp32, 0.095 bf16)");
+                  "fraction of peak the matmuls reach (default 0.6; this-cpu: measured, keel's "
+                  "kernels on the model's shapes)");
   cmd->add_option("--tp", a.tp, "fix tensor parallelism");
   cmd->add_option("--pp", a.pp, "fix pipeline parallelism");
   cmd->add_option("--dp", a.dp, "fix data parallelism");
@@ -274,7 +258,10 @@ void RegisterPlan(CLI::App& app) {
                               {"memory_bytes_per_s", job.cluster.accel.hbm_bytes_per_s},
                               {"intra_bytes_per_s", job.cluster.accel.intra_bytes_per_s},
                               {"inter_bytes_per_s", job.cluster.accel.inter_bytes_per_s},
-                              {"host_bytes_per_s", job.cluster.accel.host_bytes_per_s}}},
+                              {"host_bytes_per_s", job.cluster.accel.host_bytes_per_s},
+                              {"measured_flops", job.cluster.accel.measured_flops},
+                              {"measured", job.cluster.accel.measured_note}}},
+                            {"efficiency", job.efficiency},
                             {"accelerators", job.cluster.world},
                             {"layouts", nlohmann::json::array()}};
       // The best `top` that fit, then the `top` closest to fitting, each with its reason.

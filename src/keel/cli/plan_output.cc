@@ -101,6 +101,18 @@ void PrintHeader(const plan::Job& j) {
       j.cluster.world, a.name.c_str(), j.cluster.per_node, a.bf16_flops / 1e12,
       plan::PeakFlops(a, true) / 1e12, a.memory_bytes / 1e9, a.hbm_bytes_per_s / 1e9,
       a.intra_bytes_per_s / 1e9, a.inter_bytes_per_s / 1e9, j.efficiency);
+  // this-cpu: which figures were measured, and how (the note from cli/plan.cc).
+  if (a.name == "this-cpu") {
+    if (a.measured_flops > 0)
+      std::printf(
+          "this-cpu: matmul efficiency %.3g = %.4g GFLOP/s measured / %.4g GFLOP/s peak (%s)\n"
+          "  measured: %s\n\n",
+          j.efficiency, a.measured_flops / 1e9, plan::PeakFlops(a, a.measured_fp32) / 1e9,
+          plan::PrecisionName(j.precision), a.measured_note.c_str());
+    else
+      std::printf("this-cpu: matmul efficiency %.3g as given (no kernels timed). %s\n\n",
+                  j.efficiency, a.measured_note.c_str());
+  }
 }
 
 namespace {

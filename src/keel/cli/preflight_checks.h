@@ -7,9 +7,9 @@
 #include <string>
 
 #include "keel/core/dtype.h"
-#include "keel/parallel/comm.h"
 #include "keel/model/activations.h"
 #include "keel/model/config.h"
+#include "keel/parallel/comm.h"
 
 namespace keel::cli::preflight {
 

@@ -17,13 +17,18 @@ void RegisterPreflight(CLI::App& app);
 
 namespace keel::plan {
 struct Accelerator;
-}
+struct Job;
+}  // namespace keel::plan
 
 namespace keel::cli {
 
-// This machine's CPUs as a planner accelerator, measured in well under 2 s (plan.cc); used by
+// This machine's CPUs as a planner accelerator, measured in well under 2 s (this_cpu.cc); used by
 // `keel plan --accelerator this-cpu` and `keel preflight`.
 plan::Accelerator MeasureThisCpu();
+// Times keel's kernels on `job`'s model shapes (a fixed micro-batch, or 0: each rank's share of
+// the global batch) and puts the rate in job.cluster.accel (Accelerator::measured_flops), from
+// which plan::DefaultEfficiency follows (this_cpu.cc).
+void MeasureKernels(plan::Job& job, int micro_batch);
 // `keel ckpt export` and `keel ckpt import` (Hugging Face GPT-2 safetensors), added to the `keel
 // ckpt` group that main() creates; the group's other verbs add themselves beside them.
 void AddCkptInteropVerbs(CLI::App& ckpt);

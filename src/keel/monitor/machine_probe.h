@@ -1,7 +1,7 @@
 // This machine, measured: the peak arithmetic rates of its CPUs (tight loops of independent
-// AVX-512 FMAs, vdpbf16ps and, where the CPU has it, AMX tdpbf16ps), its memory copy rate and
-// its memory size. bench/peak_flops prints the rates; `keel plan --accelerator this-cpu` and
-// `keel preflight` use all of them.
+// AVX-512 FMAs, or AVX2 FMAs where the CPU has no AVX-512; vdpbf16ps and, where the CPU has it,
+// AMX tdpbf16ps), its memory copy rate and its memory size. bench/peak_flops prints the rates;
+// `keel plan --accelerator this-cpu` and `keel preflight` use all of them.
 //
 //   auto rates = keel::monitor::MeasurePeakRates(/*threads=*/2, /*seconds=*/0.3, /*reps=*/3);
 //   rates.bf16();  // FLOP/s of the fastest bf16 path (AMX where it exists)
@@ -14,9 +14,12 @@ namespace keel::monitor {
 // FLOP/s summed over threads, each thread's rate over its own CPU time (robust to other load,
 // exact on a quiet machine). A path the CPU lacks reads 0.
 struct PeakRates {
-  double fp32_fma = 0;     // vfmadd231ps zmm: 32 FLOP each
+  double fp32_fma = 0;     // vfmadd231ps zmm: 32 FLOP each (ymm without AVX-512: 16 FLOP each)
   double bf16_dpbf16 = 0;  // vdpbf16ps zmm: 64 FLOP each
   double amx_bf16 = 0;     // tdpbf16ps: 16·16·32·2 FLOP each
+  int fma_bits = 0;        // the register width fp32_fma was measured on: 512, 256, or 0 (none)
+  // The fastest bf16 path; 0 on CPUs with no bf16 instructions (keel's bf16 products run in fp32
+  // there, at the fp32 rate).
   double bf16() const { return amx_bf16 > bf16_dpbf16 ? amx_bf16 : bf16_dpbf16; }
 };
 

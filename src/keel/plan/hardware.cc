@@ -47,6 +47,8 @@ double PeakFlops(const Accelerator& a, bool fp32) {
 
 double DefaultEfficiency(const Accelerator& a, bool fp32) {
   if (a.name != "this-cpu") return 0.6;
+  const double peak = PeakFlops(a, fp32);
+  if (a.measured_flops > 0 && a.measured_fp32 == fp32 && peak > 0) return a.measured_flops / peak;
   return fp32 ? 0.50 : 0.095;
 }
 
@@ -61,6 +63,11 @@ Accelerator ThisCpu(const CpuFigures& f) {
   // Between hosts: one 10 Gb/s Ethernet port, the common server default; --inter-gbps overrides.
   a.inter_bytes_per_s = 1.25e9;
   a.host_bytes_per_s = f.copy_bytes_per_s;  // the snapshot is a copy within memory
+  a.measured_flops = f.measured_flops;
+  a.measured_fp32 = f.measured_fp32;
+  // No peak loop for this CPU: the measured rate stands in for the peak (efficiency 1).
+  if (f.measured_flops > 0 && PeakFlops(a, f.measured_fp32) <= 0)
+    (f.measured_fp32 ? a.fp32_flops : a.bf16_flops) = f.measured_flops;
   return a;
 }
 
