@@ -33,12 +33,15 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   if (l.pp > 1) c.pp_bytes = 2 * sbh_bytes / (l.sp ? l.tp : 1) * micro_batches;
   // Data parallel, per step: ZeRO 0 all-reduces the grads; ZeRO 1/2 reduce-scatter the grads and
   // all-gather the updated weights; ZeRO 3 also all-gathers the weights again for backward (the
-  // ZeRO paper's 1.5x).
+  // ZeRO paper's 1.5x). keel's own stage 1 keeps the stage-0 all-reduce (every rank has all the
+  // gradients) and adds the all-gather.
   const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   const double r = Ring(l.dp);
   if (l.zero == 0)
     c.dp_bytes = 2 * r * psi * bpp.grads;
+  else if (l.zero == 1 && job.accounting == Accounting::kKeel)
+    c.dp_bytes = 2 * r * psi * bpp.grads + r * psi * bpp.weights;
   else
     c.dp_bytes = r * psi * bpp.grads + r * psi * bpp.weights * (l.zero >= 3 ? 2 : 1);
 

@@ -19,7 +19,6 @@
 //   z.FinishBackward(); double norm = z.GradNorm(); ...; z.Update(lr, scale);
 #pragma once
 
-#include <array>
 #include <memory>
 #include <vector>
 
