@@ -17,6 +17,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
+#include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
 #include "keel/kernels/matmul.h"
@@ -242,20 +243,30 @@ Row CheckStep(Context& c) {
     row.reason = error.empty() ? "a rank could not run a step" : error;
     return row;
   }
-  // What `keel plan --accelerator this-cpu` predicts for the same micro-batch: the table peak at
-  // the plan's efficiency for CPUs (or --efficiency).
+  // What `keel plan --accelerator this-cpu` predicts for the same micro-batch: keel's kernels
+  // timed on the model's shapes (or the table peak at --efficiency).
   const plan::ModelSpec spec = Spec(c);
   const double tokens = double(c.micro_batch) * c.seq;
   const double n = plan::TotalParams(spec);
   const double hw = tokens * plan::HardwareFlopsPerToken(spec, n, PlanRecompute(c.recompute));
   const double peak = monitor::PeakFlops(c.dtype, c.threads);
-  const double eff = Efficiency(c, c.dtype);
-  const double predicted = hw / (peak * eff);
+  double rate = peak * c.efficiency;
+  std::string how = Fmt("efficiency %.3g", c.efficiency) + Fmt(" of %.4g GFLOP/s", peak / 1e9);
+  if (c.efficiency <= 0) {
+    plan::Job job;
+    job.model = spec;
+    job.precision = c.dtype == DType::kF32 ? plan::Precision::kFp32 : plan::Precision::kBf16;
+    job.global_batch = c.micro_batch;
+    job.cluster.world = job.cluster.per_node = 1;
+    MeasureKernels(job, c.micro_batch);
+    rate = job.cluster.accel.measured_flops;
+    how = Fmt("keel's kernels timed at %.4g GFLOP/s", rate / 1e9);
+  }
+  const double predicted = hw / rate;
   const double mfu = tokens * plan::ModelFlopsPerToken(spec, n) / (slowest * peak);
   row.measured = Fmt("%.3g s per micro-batch, %.4g tokens/s, MFU %.1f%% (slowest rank)", slowest,
                      tokens / slowest, 100 * mfu);
-  row.expected = Fmt("%.3g s (keel plan on this-cpu: efficiency %.3g of %.4g GFLOP/s)", predicted,
-                     eff, peak / 1e9);
+  row.expected = Fmt("%.3g s (keel plan on this-cpu: ", predicted) + how + ")";
   row.data = {{"step_s_per_rank", all}, {"predicted_s", predicted}, {"mfu", mfu}};
   const double off = slowest / predicted - 1;
   if (std::abs(off) > 0.25) {
