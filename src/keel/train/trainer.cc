@@ -313,6 +313,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
             s.n_micro, [&](int32_t* tok, int32_t* tgt) { return prefetch.Next(tok, tgt); }, dloss,
             &data_ms) /
         tokens_per_step;
+    const double backward_wait_ms = step.comm_wait_ms();  // Update adds its own (inside optim_ms)
     if (!std::isfinite(loss) && cfg.resilience.stop_on_nonfinite)
       ThrowRuntime("step " + std::to_string(step_i) + ": the loss is " + std::to_string(loss) +
                    "; stopping (lower [optim] lr, or set [resilience] stop_on_nonfinite = false)");
@@ -354,7 +355,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
                           {"comm_wait_ms", step.comm_wait_ms()},
                           {"comm_bytes", step.comm_bytes()},
                           {"optim_ms", optim_ms},
-                          {"compute_ms", ms - data_ms - step.comm_wait_ms() - optim_ms},
+                          {"compute_ms", ms - data_ms - backward_wait_ms - optim_ms},
                           {"memory_bytes", memory_total}};
       if (val >= 0) m["val_loss"] = val;
       if (ckpt_ms > 0) m["ckpt_blocked_ms"] = ckpt_ms;

@@ -52,10 +52,18 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
 }
 
 ZeroStrategy::~ZeroStrategy() {
-  // Operations still queued write into the slots: let them finish before the buffers go.
+  // Operations still queued write into the slots: let them finish before the buffers go. One that
+  // does not (a lost peer; the process is on its way to exit 75) keeps its buffer, leaked on
+  // purpose, so that a late write lands in memory nobody else uses.
   for (auto* slots : {&grad_slots_, &weight_slots_})
-    for (auto& s : *slots)
-      if (s->op) (void)s->op->Wait(timeout_s_);
+    for (auto& s : *slots) {
+      bool done = true;
+      try {
+        done = !s->op || s->op->Wait(timeout_s_);
+      } catch (const std::exception&) {  // it failed, so it is over: nothing writes any more
+      }
+      if (!done) new Buffer(std::move(s->buf));
+    }
 }
 
 size_t ZeroStrategy::ElemBytes() const { return store_.dtype() == DType::kBF16 ? 2 : 4; }
