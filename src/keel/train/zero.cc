@@ -133,17 +133,14 @@ void ZeroStrategy::Use(int s, model::Pass p) {
   if (zero_ < 3) return;
   Slot& slot = WeightSlot(s);
   if (slot.seg != s) Gather(s, slot);
-  // The next block's gather runs on the comm thread while this one computes.
+  // The next block's gather runs on the comm thread while this one computes. Nothing is freed at
+  // Done: a block's weights stay in their slot until the block two ahead needs it, so a backward
+  // that follows its forward directly reuses the last block's.
   const int next = p == model::Pass::kForward ? s + 1 : s - 1;
   if (next >= 1 && next <= L_) {
     Slot& n = WeightSlot(next);
     if (&n != &slot && n.seg != next) Gather(next, n);
   }
-}
-
-void ZeroStrategy::Done(int /*s*/, model::Pass /*p*/) {
-  // Nothing to free: a block's gathered weights stay in their slot until the block two ahead
-  // needs it, so a backward that follows its forward directly reuses the last block's.
 }
 
 float* ZeroStrategy::Grads(int s) {

@@ -63,7 +63,6 @@ class ZeroStrategy final : public model::ParamAccess {
   const float* Biases() override;
   float* Grads(int s) override;
   void Use(int s, model::Pass p) override;
-  void Done(int s, model::Pass p) override;
   void GradsDone(int s) override;
 
  private:
