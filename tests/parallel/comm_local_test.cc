@@ -142,6 +142,48 @@ TEST(CommLocal, RecvWithoutSendOrWrongSizeThrows) {
   EXPECT_THROW(comm->Send(&x, sizeof(x), 1), Error);
 }
 
+TEST(CommLocal, AsyncSendToSelfIsAMailboxByTag) {
+  auto comm = MakeLocalComm();
+  int a = 1, b = 2, c = 3, out = 0;
+  EXPECT_TRUE(comm->SendAsync(&a, sizeof(a), 0, /*tag=*/4)->Wait(0));
+  EXPECT_TRUE(comm->SendAsync(&b, sizeof(b), 0, /*tag=*/9)->Wait(0));
+  EXPECT_TRUE(comm->SendAsync(&c, sizeof(c), 0, /*tag=*/4)->Wait(0));
+  a = b = c = -1;  // copied when sent, as the buffer may be reused once Wait returns true
+  // By tag, in issue order within a tag.
+  EXPECT_TRUE(comm->RecvAsync(&out, sizeof(out), 0, /*tag=*/9)->Wait(0));
+  EXPECT_EQ(out, 2);
+  EXPECT_TRUE(comm->RecvAsync(&out, sizeof(out), 0, /*tag=*/4)->Wait(0));
+  EXPECT_EQ(out, 1);
+  EXPECT_TRUE(comm->RecvAsync(&out, sizeof(out), 0, /*tag=*/4)->Wait(0));
+  EXPECT_EQ(out, 3);
+  // Empty messages match too.
+  EXPECT_TRUE(comm->SendAsync(nullptr, 0, 0, /*tag=*/0)->Wait(0));
+  EXPECT_TRUE(comm->RecvAsync(nullptr, 0, 0, /*tag=*/0)->Wait(0));
+}
+
+TEST(CommLocal, AsyncP2pIsApartFromBlockingAndChecked) {
+  auto comm = MakeLocalComm();
+  int x = 5, out = 0;
+  // A blocking Send is not an asynchronous one's message, nor the other way round (over MPI they
+  // travel with different tags).
+  comm->Send(&x, sizeof(x), 0);
+  EXPECT_THROW((void)comm->RecvAsync(&out, sizeof(out), 0, /*tag=*/0), Error);
+  (void)comm->SendAsync(&x, sizeof(x), 0, /*tag=*/0);
+  comm->Recv(&out, sizeof(out), 0);
+  EXPECT_EQ(out, 5);
+  // The asynchronous message is still there, and a receive of the wrong size fails.
+  EXPECT_THROW((void)comm->RecvAsync(&out, sizeof(out) + 1, 0, /*tag=*/0), Error);
+  EXPECT_THROW((void)comm->RecvAsync(&out, sizeof(out), 0, /*tag=*/0), Error);  // consumed above
+  // A group's messages stay in the group.
+  auto sub = comm->Split(/*color=*/0, /*key=*/0);
+  (void)comm->SendAsync(&x, sizeof(x), 0, /*tag=*/1);
+  EXPECT_THROW((void)sub->RecvAsync(&out, sizeof(out), 0, /*tag=*/1), Error);
+  // Only rank 0 exists, and tags are not negative.
+  EXPECT_THROW((void)comm->SendAsync(&x, sizeof(x), 1, /*tag=*/0), Error);
+  EXPECT_THROW((void)comm->RecvAsync(&x, sizeof(x), -1, /*tag=*/0), Error);
+  EXPECT_THROW((void)comm->SendAsync(&x, sizeof(x), 0, /*tag=*/-3), Error);
+}
+
 // Sets an environment variable for one scope and restores the previous state after.
 class ScopedEnv {
  public:

@@ -1,5 +1,5 @@
-// The lost-peer path end to end, run by ctest as parallel_mpi_lost_peer under `mpirun -np 2`: rank 1
-// hangs without joining an all-reduce; rank 0's Wait with a deadline returns false, rank 0 drops
+// The lost-peer path end to end, run by ctest as parallel_mpi_lost_peer under `mpirun -np 2`: rank
+// 1 hangs without joining an all-reduce; rank 0's Wait with a deadline returns false, rank 0 drops
 // its communicator and exits with kTempFail (75), as the trainer does. The test passes when the
 // whole job ends with 75 within the ctest timeout, i.e. neither the destructor nor mpirun hangs on
 // the stuck operation.

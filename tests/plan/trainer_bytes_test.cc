@@ -57,6 +57,8 @@ class SilentComm final : public parallel::Comm {
   void Broadcast(void*, size_t, int) override { Fail(); }
   void Send(const void*, size_t, int) override { Fail(); }
   void Recv(void*, size_t, int) override { Fail(); }
+  std::unique_ptr<parallel::Work> SendAsync(const void*, size_t, int, int) override { Fail(); }
+  std::unique_ptr<parallel::Work> RecvAsync(void*, size_t, int, int) override { Fail(); }
   void Barrier() override { Fail(); }
 
  protected:

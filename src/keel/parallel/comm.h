@@ -7,7 +7,9 @@
 //
 // Every rank must issue the collectives of one communicator in the same order (MPI's rule).
 // Operations, blocking ones included, run one at a time in issue order, so they also complete in
-// issue order. Blocking operations wait without a deadline; hangs there are the watchdog's job.
+// issue order; the exception is SendAsync/RecvAsync, which are started in issue order but complete
+// when their transfer does, possibly after later operations. Blocking operations wait without a
+// deadline; hangs there are the watchdog's job.
 //
 //   auto comm = keel::parallel::CreateComm();          // MPI under mpirun, local otherwise
 //   auto h = comm->AllReduceSumAsync(grads, n);    // starts now, runs beside backward
@@ -71,6 +73,15 @@ class Comm {
   virtual void Broadcast(void* data, size_t bytes, int root) = 0;
   virtual void Send(const void* data, size_t bytes, int peer) = 0;
   virtual void Recv(void* data, size_t bytes, int peer) = 0;
+  // Point-to-point, asynchronous (pipeline stages): posted on the engine in issue order and
+  // completed by MPI's progress while the caller computes, so two ranks may each send to the other
+  // before either receives without deadlock. Messages between two ranks match by tag in issue
+  // order. The buffer must stay alive and untouched until Wait returns true.
+  // Tags are the caller's: 0..32766 work everywhere (MPI guarantees tags up to 32767 and keel
+  // keeps one), and these messages never match the blocking Send/Recv's. A receive whose `bytes`
+  // differ from the matching send's fails: Wait throws keel::Error naming both sizes.
+  virtual std::unique_ptr<Work> SendAsync(const void* data, size_t bytes, int peer, int tag) = 0;
+  virtual std::unique_ptr<Work> RecvAsync(void* data, size_t bytes, int peer, int tag) = 0;
   virtual void Barrier() = 0;
 
   // Blocking conveniences.

@@ -4,6 +4,7 @@
 // single-process path runs the same code as the distributed one.
 #include <cstring>
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,34 @@ class LocalComm final : public Comm {
     if (bytes > 0) std::memcpy(data, msg.data(), bytes);
   }
 
+  // The same mailbox idea, one queue per tag, kept apart from Send/Recv's as over MPI (where the
+  // two use different tags). Complete when returned: a send is copied, a receive takes the oldest
+  // message of its tag, and one with no such message throws (it would wait forever).
+  std::unique_ptr<Work> SendAsync(const void* data, size_t bytes, int peer, int tag) override {
+    CheckPeerAndTag("SendAsync to", peer, tag);
+    const auto* p = static_cast<const unsigned char*>(data);
+    tagged_[tag].emplace_back(p, p + bytes);
+    return std::make_unique<CompletedWork>();
+  }
+
+  std::unique_ptr<Work> RecvAsync(void* data, size_t bytes, int peer, int tag) override {
+    CheckPeerAndTag("RecvAsync from", peer, tag);
+    auto it = tagged_.find(tag);
+    if (it == tagged_.end() || it->second.empty())
+      ThrowRuntime("local communicator: RecvAsync of " + std::to_string(bytes) +
+                   " bytes with tag " + std::to_string(tag) +
+                   " with no matching SendAsync (with one rank this would wait forever)");
+    std::vector<unsigned char> msg = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) tagged_.erase(it);
+    if (msg.size() != bytes)
+      ThrowRuntime("local communicator: RecvAsync with tag " + std::to_string(tag) + " expected " +
+                   std::to_string(bytes) + " bytes, the matching SendAsync had " +
+                   std::to_string(msg.size()));
+    if (bytes > 0) std::memcpy(data, msg.data(), bytes);
+    return std::make_unique<CompletedWork>();
+  }
+
   void Barrier() override {}
 
  protected:
@@ -106,12 +135,19 @@ class LocalComm final : public Comm {
                                        " counts on a size-1 communicator");
   }
 
+  static void CheckPeerAndTag(const char* what, int peer, int tag) {
+    KEEL_CHECK(peer == 0,
+               std::string(what) + " rank " + std::to_string(peer) + " on a size-1 communicator");
+    KEEL_CHECK(tag >= 0, std::string(what) + " rank 0 with negative tag " + std::to_string(tag));
+  }
+
   // memmove: callers may pass overlapping (or the same) buffers.
   static void Copy(const void* send, void* recv, size_t bytes) {
     if (bytes > 0 && send != recv) std::memmove(recv, send, bytes);
   }
 
   std::deque<std::vector<unsigned char>> pending_;  // Sends to self not yet received, in order
+  std::map<int, std::deque<std::vector<unsigned char>>> tagged_;  // SendAsyncs, by tag, in order
 };
 
 }  // namespace
