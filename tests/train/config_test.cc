@@ -405,18 +405,37 @@ TEST(ResolveDims, BatchMustSplitOverDp) {
   EXPECT_EQ(ResolveDims(cfg, 2).dp, 2);
 }
 
-TEST(ResolveDims, TensorAndPipelineParallelismAreRefusedForNow) {
+TEST(ResolveDims, TensorParallelismIsRefusedForNow) {
   RunConfig cfg;  // gpt2-mini: 4 heads, 4 layers, batch 8
   cfg.parallel.tp = 2;
   std::string msg = BadInputMessage([&] { ResolveDims(cfg, 2); });
   EXPECT_EQ(msg,
-            "config (defaults): [parallel] tp=2: tensor parallelism is not built yet (only dp and "
+            "config (defaults): [parallel] tp=2: tensor parallelism is not built yet (dp, pp and "
             "zero are); set parallel.tp=1");
-  cfg.parallel.tp = 1;
+}
+
+TEST(ResolveDims, PipelineNeedsMicroBatchesAndZeroAtMostOne) {
+  RunConfig cfg;  // gpt2-mini: 4 layers, batch 8
   cfg.parallel.pp = 2;
+  // 4 ranks: dp 2, so 4 sequences per rank in one micro-batch: too few for 1F1B over 2 stages.
+  std::string msg = BadInputMessage([&] { ResolveDims(cfg, 4); });
+  EXPECT_EQ(msg,
+            "config (defaults): [parallel] pp=2 needs at least 2 micro-batches per step for the "
+            "1F1B schedule, got 1 (train.batch_size 8 / dp 2 / train.micro_batch_size 4); lower "
+            "train.micro_batch_size");
+  cfg.train.micro_batch_size = 2;
+  const parallel::ParallelDims d = ResolveDims(cfg, 4);
+  EXPECT_EQ(d.dp, 2);
+  EXPECT_EQ(d.pp, 2);
+  cfg.parallel.zero = 2;
   msg = BadInputMessage([&] { ResolveDims(cfg, 4); });
-  EXPECT_NE(msg.find("[parallel] pp=2: pipeline parallelism is not built yet"), std::string::npos)
+  EXPECT_NE(msg.find("[parallel] zero=2 with pp=2: pipeline stages take ZeRO 0 or 1"),
+            std::string::npos)
       << msg;
+  cfg.parallel.zero = 1;
+  cfg.parallel.pp = 3;  // 4 layers
+  msg = BadInputMessage([&] { ResolveDims(cfg, 3); });
+  EXPECT_NE(msg.find("pp=3 does not divide model.n_layer=4"), std::string::npos) << msg;
 }
 
 TEST(Config, ShippedConfigsLoad) {

@@ -35,7 +35,8 @@ model::ModelConfig ModelConfigFromJson(const nlohmann::json& j, const std::strin
 std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout) {
   std::vector<TensorSpec> specs;
   for (const auto& p : layout.params())
-    specs.push_back({p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), p.offset});
+    specs.push_back(
+        {p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), p.offset, p.replica});
   return specs;
 }
 

@@ -16,6 +16,8 @@ struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
   size_t offset = 0;  // elements into each flat buffer
+  // Another rank writes this tensor (a pipeline stage's copy of the tied wte): loaded, not saved.
+  bool replica = false;
 
   uint64_t numel() const {
     uint64_t n = 1;
@@ -31,9 +33,15 @@ struct FlatBuffer {
 
 // The buffers hold the flat range [lo, hi) of the layout (hi 0: all of it), element 0 at lo: a
 // ZeRO shard or a whole replica. A save writes this rank's ZeRO slice of it; a load fills it.
+//
+// `tensors` are this rank's layout (a pipeline stage's part of the model); `all_tensors` the
+// whole model's, which the manifest lists (empty: the same). The ranks that hold the same
+// tensors split the writing: part `part` of `parts` (-1: the writer's rank of its world).
 struct StateView {
   int64_t step = 0;
   size_t lo = 0, hi = 0;
+  int part = -1, parts = 0;
+  std::vector<TensorSpec> all_tensors;
   uint64_t tokens = 0;
   nlohmann::json state = nlohmann::json::object();  // Manifest::state
   std::vector<TensorSpec> tensors;

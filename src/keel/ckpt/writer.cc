@@ -33,7 +33,8 @@ namespace {
 std::pair<size_t, size_t> WriteRangeOf(const StateView& view, int rank, int world) {
   size_t total = 0;
   for (const TensorSpec& t : view.tensors) total = std::max(total, t.offset + size_t(t.numel()));
-  const parallel::ShardRange s = parallel::Shard(total, world, rank);
+  const parallel::ShardRange s = view.part >= 0 ? parallel::Shard(total, view.parts, view.part)
+                                                : parallel::Shard(total, world, rank);
   return {s.lo, s.hi};
 }
 
@@ -253,7 +254,8 @@ void CheckpointWriter::Prepare(const StateView& view) {
   size_t bytes = 0;
   const auto [lo, hi] = WriteRangeOf(view, rank_, world_);
   for (const TensorSpec& t : view.tensors)
-    for (const Box& b : TensorBoxesIn(t, lo, hi)) bytes += b.numel * 4 * view.buffers.size();
+    if (!t.replica)
+      for (const Box& b : TensorBoxesIn(t, lo, hi)) bytes += b.numel * 4 * view.buffers.size();
   Post([this, bytes] {
     try {
       EnsureStaging(bytes);
@@ -283,6 +285,7 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
   std::vector<Copy> copies;
   const auto [lo, hi] = WriteRangeOf(view, rank_, world_);
   for (const TensorSpec& t : view.tensors) {
+    if (t.replica) continue;
     for (const Box& box : TensorBoxesIn(t, lo, hi)) {
       const size_t n = box.numel;
       for (const FlatBuffer& b : view.buffers) {
@@ -403,8 +406,9 @@ void CheckpointWriter::DoCommit() {
   m.step = meta_.step;
   m.tokens = meta_.tokens;
   m.state = meta_.state;
-  m.state["layout"]["dp"] = world_;  // the trainer adds the rest (zero, tp, pp)
-  for (const TensorSpec& t : meta_.tensors)
+  // The trainer states the layout; a writer used alone (tools, tests) says how many ranks wrote.
+  if (!m.state.contains("layout")) m.state["layout"]["dp"] = world_;
+  for (const TensorSpec& t : meta_.all_tensors.empty() ? meta_.tensors : meta_.all_tensors)
     for (const FlatBuffer& b : meta_.buffers) {
       TensorEntry e{t.name, b.kind, "f32", t.shape, by_tensor[{t.name, b.kind}]};
       uint64_t covered = 0;

@@ -30,19 +30,21 @@ const ActivationBuffer& ActivationPlan::Find(const std::string& name) const {
 }
 
 ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype,
-                               Recompute recompute) {
+                               Recompute recompute, const StageRange* stage, int slots) {
   ActivationPlan plan;
-  const size_t L = cfg.n_layer, C = cfg.n_embd, NH = cfg.n_head, BT = size_t(B) * T;
-  const size_t t = DTypeSize(dtype), f = 4;
+  const StageRange st = stage ? *stage : WholeModel(cfg);
+  const size_t L = st.layers(), C = cfg.n_embd, NH = cfg.n_head, BT = size_t(B) * T;
+  const size_t t = DTypeSize(dtype), f = 4, S = size_t(slots);
   auto add = [&](const char* name, size_t count, size_t elem_bytes, size_t elems) {
     ActivationBuffer b{name, count, elem_bytes, elems, plan.total_bytes};
     plan.total_bytes += (b.bytes() + 63) / 64 * 64;
     plan.buffers.push_back(b);
   };
-  const size_t attn_copies = recompute == Recompute::kNone ? L : 1;
-  const size_t mlp_copies = recompute == Recompute::kFull ? 1 : L;
-  // The residual stream: block inputs 0..L-1 and the last block's output.
-  add("resid", L + 1, t, BT * C);
+  // Per layer and per slot where kept; one shared copy where recomputed in backward.
+  const size_t attn_copies = recompute == Recompute::kNone ? L * S : 1;
+  const size_t mlp_copies = recompute == Recompute::kFull ? 1 : L * S;
+  // The residual stream: block inputs and the last block's output, per slot.
+  add("resid", (L + 1) * S, t, BT * C);
   add("ln1", attn_copies, t, BT * C);
   add("ln1_mean", attn_copies, f, BT);
   add("ln1_rstd", attn_copies, f, BT);
@@ -55,12 +57,15 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   add("ln2_rstd", mlp_copies, f, BT);
   add("fch", mlp_copies, t, BT * 4 * C);
   add("fch_gelu", mlp_copies, t, BT * 4 * C);
-  add("lnf", 1, t, BT * C);
-  add("lnf_mean", 1, f, BT);
-  add("lnf_rstd", 1, f, BT);
-  add("losses", 1, f, BT);
-  add("tokens", 1, 4, BT);
-  add("targets", 1, 4, BT);
+  if (st.last()) {
+    // The last stage runs a micro-batch's head right before its backward: one copy serves.
+    add("lnf", 1, t, BT * C);
+    add("lnf_mean", 1, f, BT);
+    add("lnf_rstd", 1, f, BT);
+    add("losses", 1, f, BT);
+  }
+  if (!st.last()) add("pipe_grad_in", S, t, BT * C);
+  if (!st.first()) add("pipe_grad_out", S, t, BT * C);
   // Backward's gradient buffers: one layer's worth, reused by every layer.
   add("dres", 1, t, BT * C);
   add("dtmp", 1, t, BT * C);

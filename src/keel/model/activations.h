@@ -16,6 +16,7 @@
 
 #include "keel/core/dtype.h"
 #include "keel/model/config.h"
+#include "keel/model/params.h"
 
 namespace keel::model {
 
@@ -25,7 +26,7 @@ const char* RecomputeName(Recompute r);
 
 struct ActivationBuffer {
   std::string name;
-  size_t count = 1;  // copies: one per layer, or one shared by all layers
+  size_t count = 1;  // copies: per layer (and per slot), or one shared by all layers
   size_t elem_bytes = 0;
   size_t elems = 0;   // per copy
   size_t offset = 0;  // bytes into the arena, 64-byte aligned
@@ -38,7 +39,20 @@ struct ActivationPlan {
   const ActivationBuffer& Find(const std::string& name) const;
 };
 
+// Micro-batches whose activations stage `stage` of `pp` keeps at once under the 1F1B schedule
+// with m micro-batches per step: min(pp - stage, m) (1 without pipelining).
+inline int PipelineSlots(int pp, int stage, int m) {
+  return pp - stage < m ? pp - stage : (m > 0 ? m : 1);
+}
+
+// `stage`: the blocks this rank runs (default: all); `slots`: the micro-batches whose
+// activations it keeps at once (a pipeline schedule's in-flight count; 1 without pipelining).
+// Per-micro-batch buffers are kept `slots` times; recompute scratch and backward's buffers once.
+// A pipeline stage also keeps, per slot, the gradient it receives from the next stage
+// ("pipe_grad_in", all but the last) and the one it sends to the previous ("pipe_grad_out", all
+// but the first), which stay in flight while other micro-batches compute.
 ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype,
-                               Recompute recompute);
+                               Recompute recompute, const StageRange* stage = nullptr,
+                               int slots = 1);
 
 }  // namespace keel::model

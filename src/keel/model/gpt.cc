@@ -78,29 +78,39 @@ struct GptModel::Impl {
   DType dtype;
   int B, T;
   Recompute recompute;
+  StageRange stage;
+  int slots;
   ParamLayout layout;
   ActivationPlan plan;
   Buffer arena;
   std::unique_ptr<DenseParams> dense;  // when the model owns its parameters
   ParamAccess* acc = nullptr;
 
-  Impl(const ModelConfig& c, DType d, int b, int t, Recompute r)
+  Impl(const ModelConfig& c, DType d, int b, int t, Recompute r, const StageRange& st, int sl)
       : cfg(c),
         dtype(d),
         B(b),
         T(t),
         recompute(r),
-        layout(ParamLayout::Gpt2(c)),
-        plan(PlanActivations(c, b, t, d, r)),
+        stage(st),
+        slots(sl),
+        layout(ParamLayout::Gpt2Stage(c, st)),
+        plan(PlanActivations(c, b, t, d, r, &st, sl)),
         arena(plan.total_bytes) {
     std::memset(arena.data(), 0, arena.bytes());
   }
 
+  // Buffer `name` of local layer `copy` (0-based within the stage) of micro-batch `slot`; shared
+  // buffers (one copy) whatever the layer and slot.
   template <typename U>
-  U* Act(const char* name, int copy = 0) const {
+  U* Act(const char* name, int copy = 0, int slot = 0) const {
     const ActivationBuffer& b = plan.Find(name);
-    size_t idx = b.count == 1 ? 0 : size_t(copy);
+    const size_t idx = b.count == 1 ? 0 : size_t(slot) * (b.count / size_t(slots)) + size_t(copy);
     return reinterpret_cast<U*>(arena.as<char>() + b.offset + idx * b.elems * b.elem_bytes);
+  }
+  template <typename U>
+  U* Resid(int slot, int copy) const {
+    return Act<U>("resid", copy, slot);
   }
 };
 
@@ -125,7 +135,7 @@ struct BlockActs {
 // the strategy a zeroed scratch buffer.
 template <typename T>
 BlockParams<T> Block(GptModel::Impl& m, int l, bool grads) {
-  const int s = 1 + l;
+  const int s = m.layout.block_segment(l);
   const size_t base = m.layout.segment_start(s);
   const T* w = static_cast<const T*>(m.acc->Weights(s));
   const float* biases = std::is_same_v<T, float> ? nullptr : m.acc->Biases();
@@ -156,16 +166,19 @@ BlockParams<T> Block(GptModel::Impl& m, int l, bool grads) {
   return p;
 }
 
+// Block l's activations (l global) for the micro-batch in `slot`.
 template <typename T>
-BlockActs<T> Acts(GptModel::Impl& m, int l) {
+BlockActs<T> Acts(GptModel::Impl& m, int l, int slot) {
+  const int i = l - m.stage.l0;
   BlockActs<T> a;
-  a.in = m.Act<T>("resid", l), a.out = m.Act<T>("resid", l + 1);
-  a.ln1 = m.Act<T>("ln1", l), a.qkv = m.Act<T>("qkv", l), a.atty = m.Act<T>("atty", l);
-  a.res2 = m.Act<T>("res2", l), a.ln2 = m.Act<T>("ln2", l);
-  a.fch = m.Act<T>("fch", l), a.fch_gelu = m.Act<T>("fch_gelu", l);
-  a.ln1_mean = m.Act<float>("ln1_mean", l), a.ln1_rstd = m.Act<float>("ln1_rstd", l);
-  a.lse = m.Act<float>("att_lse", l);
-  a.ln2_mean = m.Act<float>("ln2_mean", l), a.ln2_rstd = m.Act<float>("ln2_rstd", l);
+  a.in = m.Resid<T>(slot, i), a.out = m.Resid<T>(slot, i + 1);
+  a.ln1 = m.Act<T>("ln1", i, slot), a.qkv = m.Act<T>("qkv", i, slot);
+  a.atty = m.Act<T>("atty", i, slot);
+  a.res2 = m.Act<T>("res2", i, slot), a.ln2 = m.Act<T>("ln2", i, slot);
+  a.fch = m.Act<T>("fch", i, slot), a.fch_gelu = m.Act<T>("fch_gelu", i, slot);
+  a.ln1_mean = m.Act<float>("ln1_mean", i, slot), a.ln1_rstd = m.Act<float>("ln1_rstd", i, slot);
+  a.lse = m.Act<float>("att_lse", i, slot);
+  a.ln2_mean = m.Act<float>("ln2_mean", i, slot), a.ln2_rstd = m.Act<float>("ln2_rstd", i, slot);
   return a;
 }
 
@@ -223,39 +236,54 @@ void BlockBackward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T
 // The final LayerNorm's weight and bias (working dtype) inside its segment's weights.
 template <typename T>
 std::pair<const T*, const T*> FinalNorm(GptModel::Impl& m) {
-  const int s = m.cfg.n_layer + 1;
+  const int s = m.layout.final_segment();
   const size_t base = m.layout.segment_start(s);
   const T* w = static_cast<const T*>(m.acc->Weights(s));
   return {w + (m.layout.Find("ln_f.weight").offset - base),
           w + (m.layout.Find("ln_f.bias").offset - base)};
 }
 
-// Runs the embedding and every block; leaves the final LayerNorm's output in "lnf".
+// The embeddings' segment starts the layout of the stages that have one: offsets index it.
 template <typename T>
-void Trunk(GptModel::Impl& m, const int32_t* tokens) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd, L = m.cfg.n_layer;
+const T* Wte(GptModel::Impl& m) {
+  return static_cast<const T*>(m.acc->Weights(m.layout.embed_segment())) +
+         m.layout.Find("wte.weight").offset;
+}
+
+// The embedding (first stage), the stage's blocks, and the final LayerNorm into "lnf" (last).
+template <typename T>
+void StageForward(GptModel::Impl& m, int slot, const int32_t* tokens) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
   ParamAccess& acc = *m.acc;
-  acc.Use(0, Pass::kForward);
-  const T* e = static_cast<const T*>(acc.Weights(0));  // segment 0 starts the layout
-  KEEL_PROFILED("encoder", k::EncoderForward(m.Act<T>("resid", 0), tokens,
-                                             e + m.layout.Find("wte.weight").offset,
-                                             e + m.layout.Find("wpe.weight").offset, m.B, m.T, C));
-  for (int l = 0; l < L; ++l) {
-    acc.Use(1 + l, Pass::kForward);
-    BlockForward(m, Block<T>(m, l, false), Acts<T>(m, l));
-    acc.Done(1 + l, Pass::kForward);
+  if (m.stage.first()) {
+    acc.Use(0, Pass::kForward);
+    const T* e = static_cast<const T*>(acc.Weights(0));
+    KEEL_PROFILED(
+        "encoder",
+        k::EncoderForward(m.Resid<T>(slot, 0), tokens, e + m.layout.Find("wte.weight").offset,
+                          e + m.layout.Find("wpe.weight").offset, m.B, m.T, C));
   }
-  acc.Use(L + 1, Pass::kForward);
+  for (int l = m.stage.l0; l < m.stage.l1; ++l) {
+    const int s = m.layout.block_segment(l);
+    acc.Use(s, Pass::kForward);
+    BlockForward(m, Block<T>(m, l, false), Acts<T>(m, l, slot));
+    acc.Done(s, Pass::kForward);
+  }
+  if (!m.stage.last()) return;
+  const int f = m.layout.final_segment(), e = m.layout.embed_segment();
+  acc.Use(f, Pass::kForward);
+  if (!m.stage.first()) acc.Use(e, Pass::kForward);  // the tied wte, for the classifier
   auto [lnfw, lnfb] = FinalNorm<T>(m);
-  KEEL_PROFILED("layernorm", k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"),
-                                                 m.Act<float>("lnf_rstd"), m.Act<T>("resid", L),
-                                                 lnfw, lnfb, BT, C));
+  KEEL_PROFILED(
+      "layernorm",
+      k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"),
+                          m.Resid<T>(slot, m.stage.layers()), lnfw, lnfb, BT, C));
 }
 
 // The end of a forward-only pass: the embeddings and final LayerNorm are no longer needed.
 void EndForward(GptModel::Impl& m) {
-  m.acc->Done(m.cfg.n_layer + 1, Pass::kForward);
-  m.acc->Done(0, Pass::kForward);
+  if (m.stage.last()) m.acc->Done(m.layout.final_segment(), Pass::kForward);
+  if (m.layout.embed_segment() >= 0) m.acc->Done(m.layout.embed_segment(), Pass::kForward);
 }
 
 double SumLosses(const float* losses, int n) {
@@ -265,44 +293,42 @@ double SumLosses(const float* losses, int n) {
 }
 
 template <typename T>
-double Forward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets) {
+double StageLoss(GptModel::Impl& m, const int32_t* targets) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
-  Trunk<T>(m, tokens);
   float* losses = m.Act<float>("losses");
-  const T* wte = static_cast<const T*>(m.acc->Weights(0)) + m.layout.Find("wte.weight").offset;
-  KEEL_PROFILED("classifier", k::ClassifierForward(losses, m.Act<T>("lnf"), wte, targets, BT, C,
-                                                   m.cfg.vocab_size, m.cfg.padded_vocab()));
+  KEEL_PROFILED("classifier", k::ClassifierForward(losses, m.Act<T>("lnf"), Wte<T>(m), targets, BT,
+                                                   C, m.cfg.vocab_size, m.cfg.padded_vocab()));
   EndForward(m);
   return SumLosses(losses, BT);
 }
 
 template <typename T>
 void ForwardLogits(GptModel::Impl& m, const int32_t* tokens, float* logits) {
-  Trunk<T>(m, tokens);
-  const T* wte = static_cast<const T*>(m.acc->Weights(0)) + m.layout.Find("wte.weight").offset;
-  KEEL_PROFILED("classifier", k::ClassifierLogits(logits, m.Act<T>("lnf"), wte, m.B * m.T,
+  StageForward<T>(m, 0, tokens);
+  KEEL_PROFILED("classifier", k::ClassifierLogits(logits, m.Act<T>("lnf"), Wte<T>(m), m.B * m.T,
                                                   m.cfg.n_embd, m.cfg.vocab_size));
   EndForward(m);
 }
 
 template <typename T>
-double ForwardBackward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets,
-                       float dloss) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd, L = m.cfg.n_layer;
+double StageBackward(GptModel::Impl& m, int slot, const int32_t* tokens, const int32_t* targets,
+                     float dloss, const void* dout, void* din) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
   ParamAccess& acc = *m.acc;
-  Trunk<T>(m, tokens);
-  const T* e = static_cast<const T*>(acc.Weights(0));
-  float* ge = acc.Grads(0);  // segment 0 starts the layout: offsets index it directly
-  const size_t wte = m.layout.Find("wte.weight").offset, wpe = m.layout.Find("wpe.weight").offset;
-  float* losses = m.Act<float>("losses");
+  const int e = m.layout.embed_segment();
+  float* ge = e >= 0 ? acc.Grads(e) : nullptr;  // the embeddings' segment starts the layout
+  const size_t wte = e >= 0 ? m.layout.Find("wte.weight").offset : 0;
   T* dres = m.Act<T>("dres");
   T* dtmp = m.Act<T>("dtmp");
-  KEEL_PROFILED("classifier", k::ClassifierForwardBackward(losses, dtmp, ge + wte, m.Act<T>("lnf"),
-                                                           e + wte, targets, dloss, BT, C,
-                                                           m.cfg.vocab_size, m.cfg.padded_vocab()));
-  std::memset(dres, 0, sizeof(T) * BT * C);
-  {
-    const int s = L + 1;
+  double loss = 0;
+  if (m.stage.last()) {
+    float* losses = m.Act<float>("losses");
+    KEEL_PROFILED("classifier", k::ClassifierForwardBackward(
+                                    losses, dtmp, ge + wte, m.Act<T>("lnf"), Wte<T>(m), targets,
+                                    dloss, BT, C, m.cfg.vocab_size, m.cfg.padded_vocab()));
+    loss = SumLosses(losses, BT);
+    std::memset(dres, 0, sizeof(T) * BT * C);
+    const int s = m.layout.final_segment();
     const size_t base = m.layout.segment_start(s);
     float* gf = acc.Grads(s);
     auto [lnfw, lnfb] = FinalNorm<T>(m);
@@ -310,38 +336,58 @@ double ForwardBackward(GptModel::Impl& m, const int32_t* tokens, const int32_t* 
     KEEL_PROFILED("layernorm",
                   k::LayerNormBackward(dres, gf + (m.layout.Find("ln_f.weight").offset - base),
                                        gf + (m.layout.Find("ln_f.bias").offset - base), dtmp,
-                                       m.Act<T>("resid", L), lnfw, m.Act<float>("lnf_mean"),
-                                       m.Act<float>("lnf_rstd"), BT, C));
+                                       m.Resid<T>(slot, m.stage.layers()), lnfw,
+                                       m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"), BT, C));
     acc.GradsDone(s);
     acc.Done(s, Pass::kBackward);
+  } else {
+    std::memcpy(dres, dout, sizeof(T) * BT * C);
   }
-  for (int l = L - 1; l >= 0; --l) {
-    acc.Use(1 + l, Pass::kBackward);
+  for (int l = m.stage.l1 - 1; l >= m.stage.l0; --l) {
+    const int s = m.layout.block_segment(l);
+    acc.Use(s, Pass::kBackward);
     BlockParams<T> p = Block<T>(m, l, true);
-    BlockActs<T> a = Acts<T>(m, l);
+    BlockActs<T> a = Acts<T>(m, l, slot);
     if (m.recompute == Recompute::kFull)
       BlockForward(m, p, a);
     else if (m.recompute == Recompute::kAttn)
       AttentionSublayerForward(m, p, a);
     BlockBackward(m, p, a, dres);
-    acc.GradsDone(1 + l);
-    acc.Done(1 + l, Pass::kBackward);
+    acc.GradsDone(s);
+    acc.Done(s, Pass::kBackward);
   }
-  KEEL_PROFILED("encoder", k::EncoderBackward(ge + wte, ge + wpe, dres, tokens, m.B, m.T, C));
-  acc.GradsDone(0);
-  acc.Done(0, Pass::kBackward);
-  return SumLosses(losses, BT);
+  if (m.stage.first())
+    KEEL_PROFILED("encoder", k::EncoderBackward(ge + wte, ge + m.layout.Find("wpe.weight").offset,
+                                                dres, tokens, m.B, m.T, C));
+  else
+    std::memcpy(din, dres, sizeof(T) * BT * C);
+  if (e >= 0) {
+    acc.GradsDone(e);
+    acc.Done(e, Pass::kBackward);
+  }
+  return loss;
+}
+
+template <typename T>
+double ForwardBackward(GptModel::Impl& m, const int32_t* tokens, const int32_t* targets,
+                       float dloss) {
+  StageForward<T>(m, 0, tokens);
+  return StageBackward<T>(m, 0, tokens, targets, dloss, nullptr, nullptr);
 }
 
 }  // namespace
 
 GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-                   ParamAccess* params) {
+                   ParamAccess* params)
+    : GptModel(cfg, dtype, B, T, recompute, params, WholeModel(cfg), 1) {}
+
+GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+                   ParamAccess* params, const StageRange& stage, int slots) {
   Validate(cfg);
   if (T > cfg.block_size)
     ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
                   "(block_size " + std::to_string(cfg.block_size) + ")");
-  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute);
+  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute, stage, slots);
   if (params == nullptr) {
     impl_->dense = std::make_unique<DenseParams>(impl_->layout, dtype);
     params = impl_->dense.get();
@@ -373,8 +419,36 @@ double GptModel::ForwardBackward(const int32_t* tokens, const int32_t* targets, 
 }
 
 double GptModel::Forward(const int32_t* tokens, const int32_t* targets) {
-  return impl_->dtype == DType::kF32 ? model::Forward<float>(*impl_, tokens, targets)
-                                     : model::Forward<bf16>(*impl_, tokens, targets);
+  StageForward(0, tokens);
+  return StageLoss(targets);
+}
+
+size_t GptModel::boundary_elems() const { return size_t(impl_->B) * impl_->T * impl_->cfg.n_embd; }
+void* GptModel::StageInput(int slot) { return impl_->Resid<char>(slot, 0); }
+const void* GptModel::StageOutput(int slot) {
+  return impl_->Resid<char>(slot, impl_->stage.layers());
+}
+
+void* GptModel::PipeGradIn(int slot) { return impl_->Act<char>("pipe_grad_in", 0, slot); }
+void* GptModel::PipeGradOut(int slot) { return impl_->Act<char>("pipe_grad_out", 0, slot); }
+
+void GptModel::StageForward(int slot, const int32_t* tokens) {
+  if (impl_->dtype == DType::kF32)
+    model::StageForward<float>(*impl_, slot, tokens);
+  else
+    model::StageForward<bf16>(*impl_, slot, tokens);
+}
+
+double GptModel::StageBackward(int slot, const int32_t* tokens, const int32_t* targets, float dloss,
+                               const void* dout, void* din) {
+  return impl_->dtype == DType::kF32
+             ? model::StageBackward<float>(*impl_, slot, tokens, targets, dloss, dout, din)
+             : model::StageBackward<bf16>(*impl_, slot, tokens, targets, dloss, dout, din);
+}
+
+double GptModel::StageLoss(const int32_t* targets) {
+  return impl_->dtype == DType::kF32 ? model::StageLoss<float>(*impl_, targets)
+                                     : model::StageLoss<bf16>(*impl_, targets);
 }
 
 void GptModel::ForwardLogits(const int32_t* tokens, float* logits) {

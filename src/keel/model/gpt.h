@@ -30,6 +30,10 @@ class GptModel {
   // model owns them, every segment resident (master(), grads(), working_bf16() below).
   GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
            ParamAccess* params = nullptr);
+  // One pipeline stage: blocks [stage.l0, stage.l1) with `params` laid out as
+  // ParamLayout::Gpt2Stage(cfg, stage), keeping the activations of `slots` micro-batches at once.
+  GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+           ParamAccess* params, const StageRange& stage, int slots);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -55,6 +59,29 @@ class GptModel {
   double Forward(const int32_t* tokens, const int32_t* targets);
   // logits (B·T, vocab_size) fp32 of a forward pass, for tests and evaluation.
   void ForwardLogits(const int32_t* tokens, float* logits);
+
+  // The stage pieces that ForwardBackward and Forward are made of, and that a pipeline schedule
+  // calls with micro-batches in flight (`slot` < slots: whose activations). Between stages the
+  // model's dtype travels: boundary_elems() elements, (B, T, C).
+  size_t boundary_elems() const;
+  // The first block's input: a later stage receives its predecessor's output here before
+  // StageForward. The last block's output: sent on to the next stage after StageForward.
+  void* StageInput(int slot);
+  const void* StageOutput(int slot);
+  // Per slot: where the next stage's ∂loss/∂output is received (not the last stage), and where
+  // StageBackward's ∂loss/∂input goes out from (not the first).
+  void* PipeGradIn(int slot);
+  void* PipeGradOut(int slot);
+  // Embedding (first stage), the stage's blocks, the final LayerNorm (last stage).
+  void StageForward(int slot, const int32_t* tokens);
+  // Backward of the micro-batch in `slot`. The last stage starts from the loss (classifier
+  // forward and backward, scaled by dloss; returns Σ row losses); the others from `dout`,
+  // ∂loss/∂output received from the next stage (returns 0). A stage other than the first leaves
+  // ∂loss/∂input in `din` for the previous stage.
+  double StageBackward(int slot, const int32_t* tokens, const int32_t* targets, float dloss,
+                       const void* dout, void* din);
+  // Forward-only head of the last stage after StageForward: Σ row losses.
+  double StageLoss(const int32_t* targets);
 
   struct Impl;
 

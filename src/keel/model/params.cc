@@ -13,8 +13,36 @@ void ParamLayout::Add(std::string name, std::vector<int> shape, bool decay, floa
   size_t numel = 1;
   for (int d : shape) numel *= size_t(d);
   index_.emplace(name, params_.size());
-  params_.push_back({std::move(name), std::move(shape), total_, numel, decay, std, value});
+  ParamInfo p{std::move(name), std::move(shape), total_, numel, decay, std, value};
+  p.stream = params_.size();
+  params_.push_back(std::move(p));
   total_ += numel;
+}
+
+void ParamLayout::Append(const ParamInfo& p) {
+  index_.emplace(p.name, params_.size());
+  params_.push_back(p);
+  params_.back().offset = total_;
+  params_.back().bias_index = SIZE_MAX;
+  total_ += p.numel;
+}
+
+// Matrix products' biases get an index in the compact fp32 bias buffer (ParamInfo::bias_index).
+void ParamLayout::AssignBiases() {
+  n_bias_ = 0;
+  for (ParamInfo& info : params_) {
+    const std::string& n = info.name;
+    const bool matmul_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0 &&
+                             n.find(".ln_") == std::string::npos && n.rfind("ln_f", 0) != 0;
+    if (!matmul_bias) continue;
+    info.bias_index = n_bias_;
+    n_bias_ += info.numel;
+  }
+}
+
+StageRange StageOf(const ModelConfig& cfg, int pp, int stage) {
+  const int per = cfg.n_layer / pp;
+  return {stage * per, (stage + 1) * per, cfg.n_layer};
 }
 
 ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
@@ -23,10 +51,12 @@ ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
   // GPT-2 scales the residual projections by 1/√(2L) so that the residual stream's variance does
   // not grow with depth.
   const float proj_std = init_std / std::sqrt(2.0f * L);
+  p.stage_ = WholeModel(cfg);
+  p.seg_start_.push_back(0);
   p.Add("wte.weight", {cfg.padded_vocab(), C}, true, init_std);
   p.Add("wpe.weight", {cfg.block_size, C}, true, init_std);
   for (int l = 0; l < L; ++l) {
-    p.layer_start_.push_back(p.total_);
+    p.seg_start_.push_back(p.total_);
     const std::string h = "h." + std::to_string(l) + ".";
     p.Add(h + "ln_1.weight", {C}, false, 0, 1.0f);
     p.Add(h + "ln_1.bias", {C}, false, 0);
@@ -41,17 +71,39 @@ ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
     p.Add(h + "mlp.c_proj.weight", {C, 4 * C}, true, proj_std);
     p.Add(h + "mlp.c_proj.bias", {C}, false, 0);
   }
-  p.layer_start_.push_back(p.total_);
+  p.seg_start_.push_back(p.total_);
   p.Add("ln_f.weight", {C}, false, 0, 1.0f);
   p.Add("ln_f.bias", {C}, false, 0);
-  for (ParamInfo& info : p.params_) {
-    const std::string& n = info.name;
-    const bool matmul_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0 &&
-                             n.find(".ln_") == std::string::npos && n.rfind("ln_f", 0) != 0;
-    if (!matmul_bias) continue;
-    info.bias_index = p.n_bias_;
-    p.n_bias_ += info.numel;
+  p.AssignBiases();
+  return p;
+}
+
+ParamLayout ParamLayout::Gpt2Stage(const ModelConfig& cfg, const StageRange& stage) {
+  const ParamLayout whole = Gpt2(cfg);
+  if (stage.first() && stage.last()) return whole;
+  ParamLayout p;
+  p.stage_ = stage;
+  p.has_embed_ = stage.first() || stage.last();
+  if (p.has_embed_) {
+    p.seg_start_.push_back(0);
+    p.Append(whole.Find("wte.weight"));
+    if (stage.first())
+      p.Append(whole.Find("wpe.weight"));
+    else
+      p.params_.back().replica = true;
   }
+  for (int l = stage.l0; l < stage.l1; ++l) {
+    p.seg_start_.push_back(p.total_);
+    const std::string h = "h." + std::to_string(l) + ".";
+    for (const ParamInfo& info : whole.params())
+      if (info.name.compare(0, h.size(), h) == 0) p.Append(info);
+  }
+  if (stage.last()) {
+    p.seg_start_.push_back(p.total_);
+    p.Append(whole.Find("ln_f.weight"));
+    p.Append(whole.Find("ln_f.bias"));
+  }
+  p.AssignBiases();
   return p;
 }
 
@@ -65,10 +117,11 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   parallel::StateShape s;
   s.total = layout.total();
   s.n_bias = layout.n_bias();
-  s.embed = layout.segment_size(0);
-  s.final_norm = layout.segment_size(layout.segments() - 1);
-  for (int i = 1; i + 1 < layout.segments(); ++i)
-    s.max_block = std::max(s.max_block, layout.segment_size(i));
+  const int e = layout.embed_segment(), f = layout.final_segment();
+  s.embed = e < 0 ? 0 : layout.segment_size(e);
+  s.final_norm = f < 0 ? 0 : layout.segment_size(f);
+  for (int l = layout.stage().l0; l < layout.stage().l1; ++l)
+    s.max_block = std::max(s.max_block, layout.segment_size(layout.block_segment(l)));
   s.working_bytes = dtype == DType::kBF16 ? 2 : 4;
   return s;
 }
@@ -82,7 +135,7 @@ void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed
       for (size_t j = 0; j < p.numel; ++j) w[j] = p.init_value;
       continue;
     }
-    const Philox rng(seed, /*stream=*/i);
+    const Philox rng(seed, p.stream);
     // Padded vocabulary rows stay zero: they are masked out and must not drift.
     const size_t live = p.name == "wte.weight" ? size_t(cfg.vocab_size) * cfg.n_embd : p.numel;
 #pragma omp parallel for schedule(static)

@@ -34,33 +34,67 @@ struct ParamInfo {
   // A matrix product's bias: bf16 runs add it in fp32, so it is also kept as fp32 at this index
   // of the compact bias buffer (ParamLayout::n_bias() floats). SIZE_MAX for every other tensor.
   size_t bias_index = SIZE_MAX;
+  // The tensor's index in the whole model's layout: its Philox stream at init, so that a pipeline
+  // stage draws the same initial values as one process.
+  size_t stream = 0;
+  // A copy of a tensor another stage owns: the last stage's tied wte under pipeline parallelism.
+  // It is updated like the original (its gradient is summed with the first stage's, so both stay
+  // bit-identical) but neither written to checkpoints nor counted twice in the gradient norm.
+  bool replica = false;
 };
+
+// The part of the model a pipeline stage holds: blocks [l0, l1), the embeddings on the first
+// stage, the final LayerNorm and the classifier (through the tied wte) on the last.
+struct StageRange {
+  int l0 = 0, l1 = 0, n_layer = 0;
+  bool first() const { return l0 == 0; }
+  bool last() const { return l1 == n_layer; }
+  int layers() const { return l1 - l0; }
+};
+// Stage `stage` of `pp` equal stages (n_layer % pp == 0, checked by the config).
+StageRange StageOf(const ModelConfig& cfg, int pp, int stage);
+inline StageRange WholeModel(const ModelConfig& cfg) { return {0, cfg.n_layer, cfg.n_layer}; }
 
 class ParamLayout {
  public:
   static ParamLayout Gpt2(const ModelConfig& cfg, float init_std = 0.02f);
+  // The tensors of one pipeline stage, in the same order, named as in the whole model.
+  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const StageRange& stage);
 
   const std::vector<ParamInfo>& params() const { return params_; }
   size_t total() const { return total_; }
   // Throws keel::Error if the name is unknown.
   const ParamInfo& Find(const std::string& name) const;
-  // First element of layer l's tensors (h.l.*); layer_start(L) is where ln_f begins.
-  size_t layer_start(int l) const { return layer_start_[l]; }
+  const StageRange& stage() const { return stage_; }
+  // First element of layer l's tensors (h.l.*, l in the stage); layer_start(l1) is where ln_f
+  // begins on the last stage.
+  size_t layer_start(int l) const { return seg_start_[size_t(block_segment(l))]; }
 
   // Segments: the units in which weights are gathered and gradients reduced under ZeRO, in
-  // layout order: 0 the embeddings (wte, wpe), 1 + l block l, n_layer + 1 the final LayerNorm.
-  int segments() const { return int(layer_start_.size()) + 1; }
-  size_t segment_start(int s) const { return s == 0 ? 0 : layer_start_[s - 1]; }
-  size_t segment_end(int s) const { return s + 1 == segments() ? total_ : layer_start_[s]; }
+  // layout order: the embeddings (wte, wpe; the last stage's wte replica), each block, the final
+  // LayerNorm. For the whole model: 0 the embeddings, 1 + l block l, n_layer + 1 the final norm.
+  int segments() const { return int(seg_start_.size()); }
+  size_t segment_start(int s) const { return seg_start_[size_t(s)]; }
+  size_t segment_end(int s) const {
+    return s + 1 == segments() ? total_ : seg_start_[size_t(s) + 1];
+  }
   size_t segment_size(int s) const { return segment_end(s) - segment_start(s); }
+  // -1 where the stage has none.
+  int embed_segment() const { return has_embed_ ? 0 : -1; }
+  int block_segment(int l) const { return (has_embed_ ? 1 : 0) + l - stage_.l0; }
+  int final_segment() const { return stage_.last() ? segments() - 1 : -1; }
   size_t n_bias() const { return n_bias_; }
 
  private:
   void Add(std::string name, std::vector<int> shape, bool decay, float std, float value = 0);
+  void Append(const ParamInfo& p);  // a tensor of the whole model, placed at the end
+  void AssignBiases();
   std::vector<ParamInfo> params_;
   // Find runs per layer per step (and per token in generation): a hash, not a scan of 150 names.
   std::unordered_map<std::string, size_t> index_;
-  std::vector<size_t> layer_start_;
+  std::vector<size_t> seg_start_;
+  StageRange stage_;
+  bool has_embed_ = true;
   size_t total_ = 0;
   size_t n_bias_ = 0;
 };

@@ -21,6 +21,9 @@ struct ParamRange {
   size_t offset = 0, numel = 0;
   bool decay = false;
   bool frozen = false;  // not updated (its moments stay zero)
+  // A copy of a parameter another pipeline stage owns (the tied wte on the last stage): updated
+  // like the original but left out of the gradient norm, which counts each parameter once.
+  bool replica = false;
 };
 
 struct AdamWHyper {

@@ -13,7 +13,7 @@ std::vector<ParamRange> Clip(const std::vector<ParamRange>& ranges, size_t lo, s
   std::vector<ParamRange> out;
   for (const ParamRange& r : ranges) {
     const size_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
-    if (a < b) out.push_back({a - lo, b - a, r.decay, r.frozen});
+    if (a < b) out.push_back({a - lo, b - a, r.decay, r.frozen, r.replica});
   }
   return out;
 }
@@ -42,6 +42,8 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
   working_lo_ = dims.zero >= 3 ? shard_.lo : 0;
   for (const ParamRange& r : Clip(ranges, grads_lo_, grads_lo_ + grads_size_))
     if (r.frozen) frozen_.push_back(r);
+  replicas_ = Clip(ranges, state_lo_, state_hi_);
+  std::erase_if(replicas_, [](const ParamRange& r) { return !r.replica; });
   std::memset(master_.data(), 0, master_.bytes());
   std::memset(grads_.data(), 0, grads_.bytes());
   if (working_.bytes()) std::memset(working_.data(), 0, working_.bytes());
@@ -58,7 +60,15 @@ void ParamStore::ZeroFrozenGrads() {
 }
 
 double ParamStore::LocalGradSquares() const {
-  return GradSquares(grads_.as<float>() + (state_lo_ - grads_lo_), state_hi_ - state_lo_);
+  const float* g = grads_.as<float>() + (state_lo_ - grads_lo_);
+  // The slice less the replicas (layout order, so sorted): each piece between them.
+  double sq = 0;
+  size_t at = 0;
+  for (const ParamRange& r : replicas_) {
+    sq += GradSquares(g + at, r.offset - at);
+    at = r.offset + r.numel;
+  }
+  return sq + GradSquares(g + at, (state_hi_ - state_lo_) - at);
 }
 
 void ParamStore::Update(float lr, float grad_scale) {

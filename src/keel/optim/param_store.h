@@ -56,8 +56,8 @@ class ParamStore {
 
   // Frozen parameters' gradients to zero, in what this rank holds of the gradients.
   void ZeroFrozenGrads();
-  // Σ g² over the gradients of the state slice [state_lo, state_hi) (this rank's part of the
-  // global norm; with ZeRO 0 the whole of it).
+  // Σ g² over the gradients of the state slice [state_lo, state_hi), replicas left out (this
+  // rank's part of the global norm; with ZeRO 0 and one stage the whole of it).
   double LocalGradSquares() const;
   // AdamW over [state_lo, state_hi); writes the rounded weights into the working copy where it
   // covers that slice.
@@ -74,7 +74,8 @@ class ParamStore {
   parallel::ShardRange shard_;
   size_t state_lo_ = 0, state_hi_ = 0, grads_lo_ = 0, grads_size_ = 0, working_lo_ = 0;
   Buffer master_, grads_, working_, biases_;
-  std::vector<ParamRange> frozen_;  // frozen ranges, relative to grads()
+  std::vector<ParamRange> frozen_;    // frozen ranges, relative to grads()
+  std::vector<ParamRange> replicas_;  // replica ranges in the state slice, relative to state_lo
   AdamW opt_;
 };
 

@@ -97,11 +97,12 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
                      std::to_string(comm_.rank()) + " from " + dir +
                      "): is the checkpoint folder on storage every rank sees?");
       if (lead) {
+        const json layout = m.state.value("layout", json::object());
+        const int saved_by = layout.value("dp", 1) * layout.value("tp", 1) * layout.value("pp", 1);
         Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s)); read and "
             "verified %.1f MiB in %.0f ms",
             dir.c_str(), static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens),
-            m.state.value("layout", json::object()).value("dp", 1), m.TotalBytes() / 1048576.0,
-            load.Millis());
+            saved_by, m.TotalBytes() / 1048576.0, load.Millis());
         if (events_)
           events_->Write(
               {{"event", "restart"}, {"from", dir}, {"step", m.step}, {"tokens", m.tokens}});

@@ -24,8 +24,8 @@
 
 #include "keel/ckpt/state.h"
 #include "keel/ckpt/writer.h"
-#include "keel/parallel/comm.h"
 #include "keel/monitor/jsonl.h"
+#include "keel/parallel/comm.h"
 #include "keel/train/config.h"
 
 namespace keel::train {

@@ -235,12 +235,26 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
   // Valid layouts that the trainer cannot run yet.
   if (d.tp > 1)
     ThrowBadInput(prefix + "tp=" + s(d.tp) +
-                  ": tensor parallelism is not built yet (only dp and zero are); set "
+                  ": tensor parallelism is not built yet (dp, pp and zero are); set "
                   "parallel.tp=1");
-  if (d.pp > 1)
-    ThrowBadInput(prefix + "pp=" + s(d.pp) +
-                  ": pipeline parallelism is not built yet (only dp and zero are); set "
-                  "parallel.pp=1");
+  if (d.pp > 1) {
+    // DeepSpeed refuses the same: stages 2 and 3 reduce gradients per micro-batch, and the tied
+    // embedding's gradient, summed between the first and last stage after the step's backward,
+    // would be sharded differently on the two.
+    if (d.zero >= 2)
+      ThrowBadInput(prefix + "zero=" + s(d.zero) + " with pp=" + s(d.pp) +
+                    ": pipeline stages take ZeRO 0 or 1 (set parallel.zero=1 to shard the "
+                    "optimizer state)");
+    const TrainSection& t = cfg.train;
+    const long local = t.batch_size / d.dp;
+    const long micro = t.micro_batch_size > 0 ? t.micro_batch_size : local;
+    const long m = micro > 0 ? local / micro : 0;
+    if (m < d.pp)
+      ThrowBadInput(prefix + "pp=" + s(d.pp) + " needs at least " + s(d.pp) +
+                    " micro-batches per step for the 1F1B schedule, got " + s(m) +
+                    " (train.batch_size " + s(t.batch_size) + " / dp " + s(d.dp) +
+                    " / train.micro_batch_size " + s(micro) + "); lower train.micro_batch_size");
+  }
   return d;
 }
 

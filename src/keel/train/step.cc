@@ -1,8 +1,11 @@
 #include "keel/train/step.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "keel/ckpt/checkpoint_model.h"
+#include "keel/core/error.h"
+#include "keel/core/timer.h"
 
 namespace keel::train {
 namespace {
@@ -10,31 +13,49 @@ namespace {
 std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
                                         const std::vector<bool>& frozen) {
   std::vector<optim::ParamRange> r;
-  const auto& ps = layout.params();
-  for (size_t i = 0; i < ps.size(); ++i)
-    r.push_back({ps[i].offset, ps[i].numel, ps[i].decay, !frozen.empty() && frozen[i]});
+  for (const model::ParamInfo& p : layout.params())
+    r.push_back({p.offset, p.numel, p.decay, !frozen.empty() && frozen[p.stream], p.replica});
   return r;
+}
+
+model::StageRange StageFor(const StepSpec& spec, const parallel::Comm* pp) {
+  if (!pp || pp->size() == 1) return model::WholeModel(spec.model);
+  return model::StageOf(spec.model, pp->size(), pp->rank());
 }
 
 }  // namespace
 
 TrainStep::TrainStep(const StepSpec& spec, parallel::Comm& dp_comm)
-    : spec_(spec), comm_(dp_comm), layout_(model::ParamLayout::Gpt2(spec.model)) {
-  store_ = std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype), spec.dims,
-                                               dp_comm.rank(), RangesOf(layout_, spec.frozen),
-                                               spec.hyper);
-  zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, dp_comm, spec.bucket_elems,
+    : TrainStep(spec, StepGroups{&dp_comm}) {}
+
+TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
+    : spec_(spec),
+      g_(groups),
+      comm_(*groups.dp),
+      layout_(model::ParamLayout::Gpt2Stage(spec.model, StageFor(spec, groups.pp))) {
+  KEEL_CHECK(!g_.pp || g_.pp->size() == spec.dims.pp, "TrainStep: pp group size != dims.pp");
+  const model::StageRange& st = layout_.stage();
+  store_ =
+      std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype), spec.dims,
+                                          comm_.rank(), RangesOf(layout_, spec.frozen), spec.hyper);
+  zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
                                          spec.comm_timeout_s);
+  const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
+  const int slots = model::PipelineSlots(pp, stage, spec.micro_batches);
   model_ = std::make_unique<model::GptModel>(spec.model, spec.dtype, spec.micro_batch, spec.seq_len,
-                                             spec.recompute, zero_.get());
-  tokens_.resize(size_t(spec.micro_batch) * spec.seq_len);
-  targets_.resize(tokens_.size());
+                                             spec.recompute, zero_.get(), st, slots);
+  pipe_ = std::make_unique<Pipeline>(*model_, pp > 1 ? g_.pp : nullptr, slots, spec.comm_timeout_s);
 }
 
 TrainStep::~TrainStep() = default;
 
 void TrainStep::SetWeights(const float* full) {
-  std::memcpy(store_->master(), full + store_->state_lo(),
+  // `full` is the whole model's layout; this stage's tensors sit elsewhere in its own.
+  const model::ParamLayout whole = model::ParamLayout::Gpt2(spec_.model);
+  std::vector<float> mine(layout_.total());
+  for (const model::ParamInfo& p : layout_.params())
+    std::memcpy(mine.data() + p.offset, full + whole.Find(p.name).offset, 4 * p.numel);
+  std::memcpy(store_->master(), mine.data() + store_->state_lo(),
               4 * (store_->state_hi() - store_->state_lo()));
   zero_->PublishWeights();
 }
@@ -44,38 +65,73 @@ void TrainStep::Restored(int optimizer_step) {
   zero_->PublishWeights();  // bf16 working weights: the rounding of the restored master, exactly
 }
 
+std::vector<float> TrainStep::GatherWeights() {
+  std::vector<float> mine = zero_->GatherMaster();
+  if (!g_.pp || g_.pp->size() == 1) return mine;
+  // Each stage puts its tensors into the whole layout, zeros elsewhere; the sum over the stages
+  // is then every stage's values exactly (x + 0 = x).
+  const model::ParamLayout whole = model::ParamLayout::Gpt2(spec_.model);
+  std::vector<float> full(whole.total(), 0.0f);
+  for (const model::ParamInfo& p : layout_.params())
+    if (!p.replica)
+      std::memcpy(full.data() + whole.Find(p.name).offset, mine.data() + p.offset, 4 * p.numel);
+  g_.pp->AllReduceSum(full.data(), full.size());
+  return full;
+}
+
+void TrainStep::SumTiedGrads() {
+  tied_ms_ = 0;
+  tied_bytes_ = 0;
+  if (!g_.tied || g_.tied->size() < 2) return;
+  // ZeRO 0 and 1 (the only stages pipelines take) keep every gradient: wte is whole on both.
+  const model::ParamInfo& wte = layout_.Find("wte.weight");
+  Timer t;
+  auto w = g_.tied->AllReduceSumAsync(store_->grads() + wte.offset, wte.numel);
+  if (!w->Wait(spec_.comm_timeout_s))
+    throw Error(ExitCode::kTempFail,
+                "the tied embedding's gradient sum did not complete within [parallel] "
+                "comm_timeout_s = " +
+                    std::to_string(spec_.comm_timeout_s) + " s: a peer is lost or hung");
+  tied_ms_ = t.Millis();
+  tied_bytes_ = 4.0 * double(wte.numel);
+}
+
 double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                                   double* data_ms) {
   zero_->BeginStep();
-  double loss = 0, waited = 0;
-  for (int k = 0; k < n_micro; ++k) {
-    waited += next(tokens_.data(), targets_.data());
-    zero_->BeginMicroBatch(k == n_micro - 1);
-    loss += model_->ForwardBackward(tokens_.data(), targets_.data(), dloss);
-  }
+  double loss = pipe_->Run(
+      n_micro, next, dloss, [&](int k) { zero_->BeginMicroBatch(k == n_micro - 1); }, data_ms);
   zero_->FinishBackward();
-  if (data_ms) *data_ms = waited;
+  SumTiedGrads();
+  if (g_.pp && g_.pp->size() > 1) loss = g_.pp->AllReduceSum(loss);
   return comm_.AllReduceSum(loss);
 }
 
 double TrainStep::Update(float lr, float grad_clip, const std::function<void()>& before_update) {
-  const double norm = zero_->GradNorm();
+  double sq = zero_->GradSquares();
+  if (g_.pp && g_.pp->size() > 1) sq = g_.pp->AllReduceSum(sq);
+  const double norm = std::sqrt(sq);
   if (before_update) before_update();
   zero_->Update(lr, optim::ClipScale(norm, grad_clip));
   return norm;
 }
 
 double TrainStep::Forward(const int32_t* tokens, const int32_t* targets) {
-  return model_->Forward(tokens, targets);
+  return pipe_->Forward(tokens, targets);
 }
 
 ckpt::StateView TrainStep::StateView() {
   ckpt::StateView v;
   v.tensors = ckpt::TensorSpecs(layout_);
+  if (layout_.stage().layers() != spec_.model.n_layer)
+    v.all_tensors = ckpt::TensorSpecs(model::ParamLayout::Gpt2(spec_.model));
   v.buffers = {
       {"master", store_->master()}, {"adam_m", store_->adam_m()}, {"adam_v", store_->adam_v()}};
   v.lo = store_->state_lo();
   v.hi = spec_.dims.zero >= 1 ? store_->state_hi() : 0;
+  // The stage's data-parallel ranks split its tensors for writing (ZeRO 1+: their shards).
+  v.part = comm_.rank();
+  v.parts = comm_.size();
   return v;
 }
 

@@ -7,9 +7,11 @@
 //   double loss = st.ForwardBackward(n_micro, next_batch, 1.0f / tokens_per_step);
 //   double norm = st.Update(lr, /*clip=*/1.0f, before_update);
 //
-// A tensor- or pipeline-parallel strategy plugs in beside ZeroStrategy: it implements
-// model::ParamAccess over its own shards (a layer knows its tp slice; a stage holds blocks
-// [l0, l1)), and this class keeps the loop over micro-batches, the norm and the update.
+// Under pipeline parallelism (groups.pp) this rank is one stage: it holds blocks [l0, l1) of the
+// model (ParamLayout::Gpt2Stage), the micro-batches run through the 1F1B schedule (Pipeline),
+// the tied embedding's gradient is summed between the first and last stage (groups.tied), and
+// the gradient norm and the loss are summed over the stages. A tensor-parallel strategy would
+// plug in beside ZeroStrategy as another model::ParamAccess over its shards.
 #pragma once
 
 #include <functional>
@@ -22,6 +24,7 @@
 #include "keel/optim/param_store.h"
 #include "keel/parallel/comm.h"
 #include "keel/parallel/dims.h"
+#include "keel/train/pipeline.h"
 #include "keel/train/zero.h"
 
 namespace keel::train {
@@ -30,6 +33,7 @@ struct StepSpec {
   model::ModelConfig model;
   DType dtype = DType::kBF16;
   int micro_batch = 1, seq_len = 64;
+  int micro_batches = 1;  // per step (gradient accumulation): sizes the pipeline's slots
   model::Recompute recompute = model::Recompute::kNone;
   parallel::ParallelDims dims;
   optim::AdamWHyper hyper;
@@ -38,13 +42,18 @@ struct StepSpec {
   double comm_timeout_s = 600;
 };
 
-// Fills (micro_batch, seq_len) tokens and targets; returns the milliseconds it waited.
-using NextBatch = std::function<double(int32_t* tokens, int32_t* targets)>;
+// The groups a step talks to (parallel/groups.h); null: none (one stage, no tied sum).
+struct StepGroups {
+  parallel::Comm* dp = nullptr;  // required
+  parallel::Comm* pp = nullptr;
+  parallel::Comm* tied = nullptr;
+};
 
 class TrainStep {
  public:
   // `dp_comm`: the data-parallel group (every rank of it runs the same steps).
   TrainStep(const StepSpec& spec, parallel::Comm& dp_comm);
+  TrainStep(const StepSpec& spec, const StepGroups& groups);
   ~TrainStep();
 
   const model::ParamLayout& layout() const { return layout_; }
@@ -57,33 +66,49 @@ class TrainStep {
   void SetWeights(const float* full);
   // After a checkpoint filled the store's master and moments: the working weights follow.
   void Restored(int optimizer_step);
-  std::vector<float> GatherWeights() { return zero_->GatherMaster(); }
+  // The whole model's fp32 master weights (ParamLayout::Gpt2), on every rank.
+  std::vector<float> GatherWeights();
 
   // Forward and backward over `n_micro` micro-batches; the sum of the row losses over the whole
-  // data-parallel group. `data_ms` (optional) receives the time spent waiting for batches.
+  // data-parallel group (every stage gets it). `data_ms` (optional) receives the time spent
+  // waiting for batches.
   double ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                          double* data_ms = nullptr);
   // Norm, clipping, AdamW; `before_update` runs just before the state changes (a checkpoint's
   // snapshot must be done). Returns the global gradient norm before clipping.
   double Update(float lr, float grad_clip, const std::function<void()>& before_update = nullptr);
-  // Σ row losses of one micro-batch, forward only, this rank's.
+  // Σ row losses of one micro-batch, forward only, this rank's (through the pipeline: the last
+  // stage returns it, the others 0).
   double Forward(const int32_t* tokens, const int32_t* targets);
 
   // The checkpointed state of this rank: master weights and AdamW moments over what it holds.
   ckpt::StateView StateView();
   // What this rank allocated, by kind (the figures `keel plan --accounting keel` predicts).
   nlohmann::json MemoryBytes() const;
-  double comm_wait_ms() const { return zero_->wait_ms(); }
-  double comm_bytes() const { return zero_->sent_bytes(); }
+  // Of the last step, by group: milliseconds waited on communication the step could not overlap
+  // (dp: gradient reduction and ZeRO; pp: activations and gradients between stages, i.e. the
+  // bubble; tied: the embedding's gradient sum) and bytes sent.
+  double comm_wait_ms() const { return zero_->wait_ms() + tied_ms_; }
+  double comm_bytes() const { return zero_->sent_bytes() + pipe_->sent_bytes() + tied_bytes_; }
+  double dp_wait_ms() const { return zero_->wait_ms(); }
+  double pp_wait_ms() const { return pipe_->wait_ms(); }
+  double tied_wait_ms() const { return tied_ms_; }
+  // The fraction of this stage's schedule spent waiting for other stages (the measured bubble).
+  double bubble() const { return pipe_->bubble(); }
+  const model::StageRange& stage() const { return layout_.stage(); }
 
  private:
+  void SumTiedGrads();
+
   StepSpec spec_;
+  StepGroups g_;
   parallel::Comm& comm_;
   model::ParamLayout layout_;
   std::unique_ptr<optim::ParamStore> store_;
   std::unique_ptr<ZeroStrategy> zero_;
   std::unique_ptr<model::GptModel> model_;
-  std::vector<int32_t> tokens_, targets_;
+  std::unique_ptr<Pipeline> pipe_;
+  double tied_ms_ = 0, tied_bytes_ = 0;
 };
 
 }  // namespace keel::train

@@ -23,6 +23,8 @@
 #include "keel/monitor/flops.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/optim/schedule.h"
+#include "keel/parallel/groups.h"
+#include "keel/plan/comm_time.h"
 #include "keel/train/checkpointing.h"
 #include "keel/train/freeze.h"
 #include "keel/train/samples.h"
@@ -88,7 +90,7 @@ struct Setup {
 Setup Validate(const RunConfig& cfg, int world) {
   Setup s;
   s.dims = ResolveDims(cfg, world);
-  ValidateBatch(cfg, world);
+  ValidateBatch(cfg, s.dims.dp);
   s.mcfg = cfg.ResolvedModel();
   const TrainSection& t = cfg.train;
   s.local_batch = t.batch_size / s.dims.dp;
@@ -147,6 +149,7 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.model = s.mcfg;
   spec.dtype = s.dtype;
   spec.micro_batch = s.micro_batch;
+  spec.micro_batches = s.n_micro;
   spec.seq_len = cfg.data.seq_len;
   spec.recompute = model::ParseRecompute(cfg.model.recompute);
   spec.dims = s.dims;
@@ -198,7 +201,9 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const model::ParamLayout layout = model::ParamLayout::Gpt2(mcfg);
   const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
   const StepSpec spec = SpecFor(cfg, s, frozen);
-  TrainStep step(spec, comm);  // tp = pp = 1: the data-parallel group is the world
+  const parallel::Groups groups = parallel::MakeGroups(comm, dims);
+  TrainStep step(spec, StepGroups{groups.dp.get(), groups.pp.get(), groups.tied.get()});
+  const bool pipelined = dims.pp > 1;
   {
     // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
     std::vector<float> init(layout.total());
@@ -269,8 +274,12 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
         "%d micro-batch(es) of %d",
         cfg.model.name.c_str(), DTypeName(s.dtype), layout.total(), comm.size(), threads,
         cfg.train.batch_size, T, s.n_micro, s.micro_batch);
-    Log("keel: layout %s; data-parallel group: ranks 0-%d (every rank)",
-        parallel::DimsName(dims).c_str(), comm.size() - 1);
+    Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm.size());
+    if (pipelined)
+      Log("keel: pipeline: %d stages of %d layers, 1F1B over %d micro-batches; predicted bubble "
+          "%.1f%% ((pp - 1) / (m + pp - 1), as keel plan)",
+          dims.pp, mcfg.n_layer / dims.pp, s.n_micro,
+          100 * plan::PipelineBubble(dims.pp, s.n_micro));
     std::string kinds;
     for (const auto& [kind, bytes] : memory.items())
       if (bytes.get<size_t>())
@@ -313,7 +322,11 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
             s.n_micro, [&](int32_t* tok, int32_t* tgt) { return prefetch.Next(tok, tgt); }, dloss,
             &data_ms) /
         tokens_per_step;
-    const double backward_wait_ms = step.comm_wait_ms();  // Update adds its own (inside optim_ms)
+    // Update adds its own (inside optim_ms). Waiting for other stages is the pipeline's bubble.
+    const double backward_wait_ms = step.comm_wait_ms() + step.pp_wait_ms();
+    // The bubble as the last stage measured it, and the slowest stage's wait, for rank 0's log.
+    double pipe[2] = {step.stage().last() ? step.bubble() : 0.0, step.pp_wait_ms()};
+    if (pipelined) comm.AllReduceMax(pipe, 2);
     if (!std::isfinite(loss) && cfg.resilience.stop_on_nonfinite)
       ThrowRuntime("step " + std::to_string(step_i) + ": the loss is " + std::to_string(loss) +
                    "; stopping (lower [optim] lr, or set [resilience] stop_on_nonfinite = false)");
@@ -353,12 +366,19 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
                           {"ms", ms},
                           {"data_ms", data_ms},
                           {"comm_wait_ms", step.comm_wait_ms()},
+                          {"dp_wait_ms", step.dp_wait_ms()},
                           {"comm_bytes", step.comm_bytes()},
                           {"optim_ms", optim_ms},
                           {"compute_ms", ms - data_ms - backward_wait_ms - optim_ms},
                           {"memory_bytes", memory_total}};
       if (val >= 0) m["val_loss"] = val;
       if (ckpt_ms > 0) m["ckpt_blocked_ms"] = ckpt_ms;
+      if (pipelined) {
+        m["pp_wait_ms"] = pipe[1];
+        m["tied_wait_ms"] = step.tied_wait_ms();
+        m["bubble"] = pipe[0];
+        m["bubble_predicted"] = plan::PipelineBubble(dims.pp, s.n_micro);
+      }
       metrics.Write(m);
     }
     recent_losses.push_back(loss);

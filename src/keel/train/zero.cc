@@ -201,11 +201,11 @@ void ZeroStrategy::FinishBackward() {
   for (auto& s : grad_slots_) Drain(*s);
 }
 
-double ZeroStrategy::GradNorm() {
+double ZeroStrategy::GradSquares() {
   store_.ZeroFrozenGrads();
   double sq = store_.LocalGradSquares();
   if (zero_ >= 1) sq = comm_.AllReduceSum(sq);
-  return std::sqrt(sq);
+  return sq;
 }
 
 void ZeroStrategy::PublishBiases() {

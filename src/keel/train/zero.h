@@ -16,7 +16,7 @@
 //   ZeroStrategy z(store, layout, comm, bucket_elems, timeout_s);
 //   GptModel model(cfg, dtype, B, T, rc, &z);
 //   z.BeginStep(); for k: { z.BeginMicroBatch(last); model.ForwardBackward(...); }
-//   z.FinishBackward(); double norm = z.GradNorm(); ...; z.Update(lr, scale);
+//   z.FinishBackward(); double norm = std::sqrt(z.GradSquares()); ...; z.Update(lr, scale);
 #pragma once
 
 #include <memory>
@@ -44,8 +44,9 @@ class ZeroStrategy final : public model::ParamAccess {
   void BeginMicroBatch(bool last);
   // Waits for every gradient reduction of the step.
   void FinishBackward();
-  // The global gradient norm (frozen parameters' gradients zeroed first).
-  double GradNorm();
+  // Σ g² over the data-parallel group's parameters, each counted once (frozen parameters'
+  // gradients zeroed first): the square of the global norm when there is one stage.
+  double GradSquares();
   void Update(float lr, float grad_scale);
 
   // Per step: milliseconds the step waited on communication it could not overlap, and the bytes
