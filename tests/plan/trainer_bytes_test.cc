@@ -71,6 +71,42 @@ class SilentComm final : public parallel::Comm {
 
 size_t Round64(double bytes) { return (size_t(bytes) + 63) / 64 * 64; }
 
+// Builds the step as the trainer does, recording every allocation, and finds in them each buffer
+// the planner counts: each kind is one buffer (moments: two), as Buffer rounds it (64 bytes); the
+// params row is the working copy plus, in bf16, the fp32 biases; what remains is the ZeRO
+// strategy's segment buffers, whose sum is the planner's comm_buffers.
+void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& groups,
+                       const MemoryBreakdown& plan, int zero) {
+  std::vector<size_t> got;
+  g_recorded = &got;
+  {
+    train::TrainStep step(spec, groups);
+    g_recorded = nullptr;
+  }
+  g_recorded = nullptr;
+  const int stage = groups.pp ? groups.pp->rank() : 0, pp = groups.pp ? groups.pp->size() : 1;
+  const model::StageRange st =
+      pp > 1 ? model::StageOf(spec.model, pp, stage) : model::WholeModel(spec.model);
+  const parallel::StateBytes b = parallel::StateBytesPerRank(
+      model::StateShapeOf(model::ParamLayout::Gpt2Stage(spec.model, st), spec.dtype), spec.dims);
+  ASSERT_EQ(double(b.working + b.biases), plan.state.params);
+  std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.master),
+                              Round64(plan.state.moments / 2), Round64(plan.state.moments / 2),
+                              Round64(plan.activations)};
+  for (size_t x : {b.working, b.biases})
+    if (x) want.push_back(Round64(double(x)));
+  std::vector<size_t> rest = got;
+  for (size_t w : want) {
+    auto it = std::find(rest.begin(), rest.end(), w);
+    ASSERT_NE(it, rest.end()) << "no allocation of " << w << " bytes";
+    rest.erase(it);
+  }
+  size_t rest_sum = 0;
+  for (size_t x : rest) rest_sum += x;
+  EXPECT_EQ(double(rest_sum), plan.comm_buffers);
+  EXPECT_EQ(rest.empty(), zero < 2);
+}
+
 struct Case {
   const char* model;
   Precision precision;
@@ -118,41 +154,62 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
                                                                 : model::Recompute::kFull;
         spec.dims = l;
         SilentComm comm(rank, dp);
-        std::vector<size_t> got;
-        g_recorded = &got;
-        {
-          train::TrainStep step(spec, comm);
-          g_recorded = nullptr;
-        }
-        g_recorded = nullptr;
-
-        // Each kind the planner counts is one buffer (moments: two), as Buffer rounds it (64
-        // bytes); the params row is the working copy plus, in bf16, the fp32 biases.
-        const parallel::StateBytes b = parallel::StateBytesPerRank(
-            model::StateShapeOf(model::ParamLayout::Gpt2(spec.model), spec.dtype), l);
-        ASSERT_EQ(double(b.working + b.biases), plan.state.params);
-        std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.master),
-                                    Round64(plan.state.moments / 2),
-                                    Round64(plan.state.moments / 2), Round64(plan.activations)};
-        for (size_t x : {b.working, b.biases})
-          if (x) want.push_back(Round64(double(x)));
-        // What remains is the ZeRO strategy's segment buffers: their sum is the planner's.
-        std::vector<size_t> rest = got;
-        for (size_t w : want) {
-          auto it = std::find(rest.begin(), rest.end(), w);
-          ASSERT_NE(it, rest.end()) << "no allocation of " << w << " bytes";
-          rest.erase(it);
-        }
-        size_t rest_sum = 0;
-        for (size_t x : rest) rest_sum += x;
-        EXPECT_EQ(double(rest_sum), plan.comm_buffers);
-        EXPECT_EQ(rest.empty(), zero < 2);
+        ExpectAllocations(spec, train::StepGroups{&comm}, plan, zero);
         // Sharding shrinks what it should: master and moments by dp from ZeRO-1, grads from 2.
         const double n = TotalParams(job.model), shard = std::ceil(n / dp);
         EXPECT_EQ(plan.state.master, 4 * (zero >= 1 ? shard : n));
         EXPECT_EQ(plan.state.moments, 8 * (zero >= 1 ? shard : n));
         EXPECT_EQ(plan.state.grads, 4 * (zero >= 2 ? shard : n));
       }
+}
+
+// Pipeline stages: each stage's store and arena (its blocks, the embeddings on the first, the
+// final LayerNorm and the tied wte copy on the last, 1F1B's slots and the boundary gradients) are
+// the planner's for that stage, and the plan's figure is the busiest stage's.
+TEST(TrainerBytes, EveryPipelineStageEqualsThePlannersFigureForIt) {
+  for (Precision prec : {Precision::kBf16, Precision::kFp32})
+    for (Recompute rc : {Recompute::kNone, Recompute::kFull})
+      for (int pp : {2, 4})
+        for (int dp : {1, 2})
+          for (int zero : {0, 1}) {
+            Job job;
+            job.model = NamedModel("gpt2-mini");  // 4 layers
+            job.precision = prec;
+            job.accounting = Accounting::kKeel;
+            const int micro = 2, m = 4;
+            job.global_batch = micro * m * dp;
+            job.cluster.world = dp * pp;
+            job.cluster.per_node = 1;
+            job.cluster.accel = NamedAccelerator("H100-80GB");
+            Layout l;
+            l.dp = dp;
+            l.pp = pp;
+            l.zero = zero;
+            l.micro_batch = micro;
+            l.recompute = rc;
+            double busiest = 0;
+            for (int stage = 0; stage < pp; ++stage) {
+              SCOPED_TRACE(std::string(PrecisionName(prec)) + " " + RecomputeName(rc) + " pp " +
+                           std::to_string(pp) + " dp " + std::to_string(dp) + " zero " +
+                           std::to_string(zero) + " stage " + std::to_string(stage));
+              const MemoryBreakdown plan = KeelStageMemory(job, l, stage);
+              busiest = std::max(busiest, plan.used());
+              train::StepSpec spec;
+              spec.model = ToModelConfig(job.model);
+              spec.dtype = prec == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+              spec.micro_batch = micro;
+              spec.micro_batches = m;
+              spec.seq_len = spec.model.block_size;
+              spec.recompute =
+                  rc == Recompute::kNone ? model::Recompute::kNone : model::Recompute::kFull;
+              spec.dims = l;
+              const bool end = stage == 0 || stage == pp - 1;
+              SilentComm dp_comm(dp - 1, dp), pp_comm(stage, pp),
+                  tied(stage == 0 ? 0 : 1, end ? 2 : 1);
+              ExpectAllocations(spec, train::StepGroups{&dp_comm, &pp_comm, &tied}, plan, zero);
+            }
+            EXPECT_EQ(EstimateMemory(job, l).used(), busiest);
+          }
 }
 
 }  // namespace

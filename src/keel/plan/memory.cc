@@ -92,7 +92,45 @@ double ParamsPerRank(const ModelSpec& m, int tp, int pp) {
   return std::max(z.embed + layers, z.wte + layers + z.ln_f) / tp;
 }
 
+MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
+  const ModelSpec& m = job.model;
+  MemoryBreakdown mem;
+  mem.capacity = job.cluster.accel.memory_bytes;
+  mem.headroom = std::max(1e9, 0.05 * mem.capacity);
+  const DType dt = job.precision == Precision::kFp32 ? DType::kF32 : DType::kBF16;
+  const model::ModelConfig cfg = ToModelConfig(m);
+  const model::StageRange st = l.pp > 1 ? model::StageOf(cfg, l.pp, stage) : model::WholeModel(cfg);
+  // The store's and the ZeRO strategy's buffers, by the formula they allocate with.
+  const auto layout = model::ParamLayout::Gpt2Stage(cfg, st);
+  const parallel::StateBytes b = parallel::StateBytesPerRank(model::StateShapeOf(layout, dt), l);
+  mem.state.params = double(b.working + b.biases);
+  mem.state.grads = double(b.grads);
+  mem.state.master = double(b.master);
+  mem.state.moments = double(b.moments);
+  mem.comm_buffers = double(b.zero_buffers);
+  // The exact arena the trainer allocates (one source of truth).
+  const model::Recompute rc = l.recompute == Recompute::kNone        ? model::Recompute::kNone
+                              : l.recompute == Recompute::kSelective ? model::Recompute::kAttn
+                                                                     : model::Recompute::kFull;
+  const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
+  const int slots = model::PipelineSlots(l.pp, stage, micro_batches);
+  mem.activations =
+      double(model::PlanActivations(cfg, l.micro_batch, m.seq, dt, rc, &st, slots).total_bytes);
+  mem.exact_activations = true;
+  return mem;
+}
+
 MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
+  if (job.accounting == Accounting::kKeel && l.tp == 1) {
+    // Middle stages differ only in their slots, which fall with the stage: stage 1 bounds them.
+    MemoryBreakdown worst = KeelStageMemory(job, l, 0);
+    for (int s : {1, l.pp - 1})
+      if (s > 0 && s < l.pp) {
+        MemoryBreakdown b = KeelStageMemory(job, l, s);
+        if (b.used() > worst.used()) worst = b;
+      }
+    return worst;
+  }
   const ModelSpec& m = job.model;
   MemoryBreakdown mem;
   mem.capacity = job.cluster.accel.memory_bytes;
@@ -100,31 +138,9 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   mem.state = ModelStateBytes(psi, bpp, l.zero, l.dp);
-  const bool keel_exact = job.accounting == Accounting::kKeel && l.tp == 1 && l.pp == 1;
-  if (keel_exact) {
-    // keel's own runs: the store's and the ZeRO strategy's buffers, by the formula they allocate
-    // with (parallel::StateBytesPerRank), so the figure is the trainer's to the byte.
-    const DType dt = job.precision == Precision::kFp32 ? DType::kF32 : DType::kBF16;
-    const auto layout = model::ParamLayout::Gpt2(ToModelConfig(m));
-    const parallel::StateBytes b = parallel::StateBytesPerRank(model::StateShapeOf(layout, dt), l);
-    mem.state.params = double(b.working + b.biases);
-    mem.state.grads = double(b.grads);
-    mem.state.master = double(b.master);
-    mem.state.moments = double(b.moments);
-    mem.comm_buffers = double(b.zero_buffers);
-  }
 
   const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
-  if (keel_exact) {
-    // keel's own runs: the exact arena the trainer allocates (one source of truth).
-    const model::Recompute rc = l.recompute == Recompute::kNone        ? model::Recompute::kNone
-                                : l.recompute == Recompute::kSelective ? model::Recompute::kAttn
-                                                                       : model::Recompute::kFull;
-    const DType dt = job.precision == Precision::kFp32 ? DType::kF32 : DType::kBF16;
-    mem.activations =
-        double(model::PlanActivations(ToModelConfig(m), l.micro_batch, m.seq, dt, rc).total_bytes);
-    mem.exact_activations = true;
-  } else {
+  {
     // Korthikanti's formulas count 16-bit activations; fp32 doubles the stored values.
     const double scale = job.precision == Precision::kFp32 ? 2.0 : 1.0;
     const double per_layer = scale * LayerActivationBytes(m.seq, l.micro_batch, m.hidden, m.heads,
@@ -141,9 +157,9 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   // Gradient buckets for the dp all-reduce / reduce-scatter: two 25M-parameter buckets in flight
   // (PyTorch DDP's default size), never more than the gradients themselves.
   // (keel all-reduces in place; its ZeRO buffers are counted above.)
-  if (l.dp > 1 && !keel_exact) mem.comm_buffers += 2 * std::min(psi, 25e6) * bpp.grads;
+  if (l.dp > 1) mem.comm_buffers += 2 * std::min(psi, 25e6) * bpp.grads;
   // ZeRO-3 gathers each layer's weights before use and prefetches the next: two layers' worth.
-  if (l.zero >= 3 && l.dp > 1 && !keel_exact) {
+  if (l.zero >= 3 && l.dp > 1) {
     const double per_layer_params = psi / std::max(1, m.layers / l.pp);
     mem.comm_buffers += 2 * per_layer_params * bpp.weights;
   }

@@ -51,6 +51,13 @@ struct MemoryBreakdown {
   bool fits() const { return used() + headroom <= capacity; }
 };
 
+// The busiest rank's memory. With keel's accounting and tp = 1, the trainer's own buffers to the
+// byte (KeelStageMemory of every pipeline stage; the largest).
 MemoryBreakdown EstimateMemory(const Job& job, const Layout& l);
+
+// What one rank of pipeline stage `stage` allocates in keel: the parameter store and ZeRO buffers
+// (parallel::StateBytesPerRank over the stage's layout) and the model's activation arena
+// (model::PlanActivations for the stage's blocks and its 1F1B slots). tp must be 1.
+MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage);
 
 }  // namespace keel::plan
