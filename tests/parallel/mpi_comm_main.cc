@@ -522,6 +522,40 @@ TEST(CommMpi, AsyncP2pInterleavesWithAGroupAllReduce) {
   EXPECT_EQ(P2pMismatches(sub_in, sprev, 21), 0u);
 }
 
+TEST(CommMpi, AsyncSendGoesAheadOfQueuedCollectives) {
+  // Ranks 0 and 1: rank 0 queues two all-reduces and then a send; rank 1 joins the first late,
+  // then waits for the message before it joins the second. The send must be posted between the
+  // two (ahead of the queued one), or rank 0 sits in the second all-reduce and this times out:
+  // the pipeline's case, a stage's gradient queued behind its data-parallel buckets.
+  const int r = g_comm->rank();
+  auto pair = g_comm->Split(/*color=*/r < 2 ? 0 : 1 + r, /*key=*/r);
+  if (r >= 2 || g_comm->size() < 2) return;
+  float a = 1, b = 2;
+  const size_t n = size_t{4} << 20;  // rendezvous size: it moves only once rank 0 posts it
+  std::vector<unsigned char> out = P2pMessage(0, 30, n), in(n, 0);
+  if (r == 0) {
+    auto first = pair->AllReduceSumAsync(&a, 1);
+    auto second = pair->AllReduceSumAsync(&b, 1);
+    auto send = pair->SendAsync(out.data(), n, 1, /*tag=*/3);
+    EXPECT_TRUE(first->Wait(60));
+    EXPECT_TRUE(send->Wait(60));
+    EXPECT_TRUE(second->Wait(60));
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto first = pair->AllReduceSumAsync(&a, 1);
+    auto recv = pair->RecvAsync(in.data(), n, 0, /*tag=*/3);
+    EXPECT_TRUE(first->Wait(60));
+    const bool arrived = recv->Wait(10);
+    EXPECT_TRUE(arrived) << "the send waited behind a queued all-reduce";
+    auto second = pair->AllReduceSumAsync(&b, 1);  // lets rank 0 finish either way
+    EXPECT_TRUE(second->Wait(60));
+    if (!arrived) EXPECT_TRUE(recv->Wait(60));
+    EXPECT_EQ(P2pMismatches(in, 0, 30), 0u);
+  }
+  EXPECT_EQ(a, 2.0f);
+  EXPECT_EQ(b, 4.0f);
+}
+
 TEST(CommMpi, AsyncReceiveOfTheWrongSizeFails) {
   // Pairs 0-1, 2-3, ...; an odd last rank sits this one out.
   const int r = g_comm->rank(), p = g_comm->size(), peer = r ^ 1;

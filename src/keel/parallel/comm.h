@@ -7,9 +7,9 @@
 //
 // Every rank must issue the collectives of one communicator in the same order (MPI's rule).
 // Operations, blocking ones included, run one at a time in issue order, so they also complete in
-// issue order; the exception is SendAsync/RecvAsync, which are started in issue order but complete
-// when their transfer does, possibly after later operations. Blocking operations wait without a
-// deadline; hangs there are the watchdog's job.
+// issue order; the exception is SendAsync/RecvAsync, which are posted ahead of queued collectives
+// (in their own issue order) and complete when their transfer does, possibly after later
+// operations. Blocking operations wait without a deadline; hangs there are the watchdog's job.
 //
 //   auto comm = keel::parallel::CreateComm();          // MPI under mpirun, local otherwise
 //   auto h = comm->AllReduceSumAsync(grads, n);    // starts now, runs beside backward
@@ -73,7 +73,8 @@ class Comm {
   virtual void Broadcast(void* data, size_t bytes, int root) = 0;
   virtual void Send(const void* data, size_t bytes, int peer) = 0;
   virtual void Recv(void* data, size_t bytes, int peer) = 0;
-  // Point-to-point, asynchronous (pipeline stages): posted on the engine in issue order and
+  // Point-to-point, asynchronous (pipeline stages): posted on the engine in issue order, ahead of
+  // collectives still queued (a pipeline's transfers do not wait behind gradient buckets), and
   // completed by MPI's progress while the caller computes, so two ranks may each send to the other
   // before either receives without deadlock. Messages between two ranks match by tag in issue
   // order. The buffer must stay alive and untouched until Wait returns true.

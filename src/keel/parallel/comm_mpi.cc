@@ -142,6 +142,9 @@ struct Queue {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Op> ops;
+  // The first `p2p_queued` ops are point-to-point posts, in their submission order: they go ahead
+  // of queued collectives (see SubmitP2p).
+  size_t p2p_queued = 0;
   bool busy = false;         // the thread is running an op taken off `ops`, other than a clean-up
   size_t p2p_in_flight = 0;  // point-to-point ops posted and not yet complete
   bool stop = false;         // drain what is queued and posted, then finalize and exit
@@ -366,6 +369,7 @@ class MpiEngine {
       // that is only polling posted point-to-point requests sees `abandoned`, fails them and exits.
       for (Op& op : queue_->ops) Complete(*op.state, "MPI communicator destroyed before this ran");
       queue_->ops.clear();
+      queue_->p2p_queued = 0;
       queue_->abandoned = true;
       queue_->cv.notify_all();
       lock.unlock();
@@ -389,10 +393,22 @@ class MpiEngine {
     return Enqueue(Op{std::move(run), nullptr, /*cleanup=*/false, std::nullopt});
   }
 
-  // Queues a point-to-point op behind every earlier operation; the handle completes when its
-  // transfer has, which may be after later operations.
+  // Queues a point-to-point op ahead of the queued collectives but behind earlier point-to-point
+  // ops; the handle completes when its transfer has, which may be after later operations.
+  // Posting never blocks and MPI matches point-to-point messages apart from collectives, so
+  // jumping the queue is safe; it keeps a pipeline stage's activations and gradients from waiting
+  // behind a backward's worth of gradient all-reduce buckets (it still waits for the one running).
   std::shared_ptr<OpState> SubmitP2p(const P2pArgs& args) {
-    return Enqueue(Op{nullptr, nullptr, /*cleanup=*/false, args});
+    auto state = std::make_shared<OpState>();
+    {
+      std::lock_guard lock(queue_->mu);
+      KEEL_CHECK(!queue_->stop, "operation submitted to a communicator being destroyed");
+      queue_->ops.insert(queue_->ops.begin() + std::ptrdiff_t(queue_->p2p_queued),
+                         Op{nullptr, state, /*cleanup=*/false, args});
+      ++queue_->p2p_queued;
+    }
+    queue_->cv.notify_all();
+    return state;
   }
 
   // Queues `run` with nobody waiting for it, for clean-ups in destructors: they must neither throw
@@ -510,6 +526,7 @@ class MpiEngine {
       if (!q->ops.empty()) {
         Op op = std::move(q->ops.front());
         q->ops.pop_front();
+        if (op.p2p) --q->p2p_queued;
         q->busy = !op.cleanup;
         lock.unlock();
         std::string error;
