@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/parallel/pipeline_schedule.h"
 #include "keel/plan/memory.h"
 #include "keel/train/step.h"
 
@@ -85,14 +86,28 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   }
   g_recorded = nullptr;
   const int stage = groups.pp ? groups.pp->rank() : 0, pp = groups.pp ? groups.pp->size() : 1;
-  const model::StageRange st =
-      pp > 1 ? model::StageOf(spec.model, pp, stage) : model::WholeModel(spec.model);
+  // The rank's chunks (virtual stage c·p + s of p·v), each with its own arena.
+  const int v = pp > 1 ? spec.virtual_stages : 1;
+  std::vector<model::StageRange> chunks;
+  for (int c = 0; c < v; ++c)
+    chunks.push_back(pp > 1 ? model::StageOf(spec.model, pp * v, c * pp + stage)
+                            : model::WholeModel(spec.model));
   const parallel::StateBytes b = parallel::StateBytesPerRank(
-      model::StateShapeOf(model::ParamLayout::Gpt2Stage(spec.model, st), spec.dtype), spec.dims);
+      model::StateShapeOf(model::ParamLayout::Gpt2Stage(spec.model, chunks), spec.dtype),
+      spec.dims);
   ASSERT_EQ(double(b.working + b.biases), plan.state.params);
   std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.master),
-                              Round64(plan.state.moments / 2), Round64(plan.state.moments / 2),
-                              Round64(plan.activations)};
+                              Round64(plan.state.moments / 2), Round64(plan.state.moments / 2)};
+  const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.micro_batches);
+  double arenas = 0;
+  for (int c = 0; c < v; ++c) {
+    const size_t a = model::PlanActivations(spec.model, spec.micro_batch, spec.seq_len, spec.dtype,
+                                            spec.recompute, &chunks[size_t(c)], slots[size_t(c)])
+                         .total_bytes;
+    want.push_back(Round64(double(a)));
+    arenas += double(a);
+  }
+  EXPECT_EQ(arenas, plan.activations);
   for (size_t x : {b.working, b.biases})
     if (x) want.push_back(Round64(double(x)));
   std::vector<size_t> rest = got;
@@ -163,13 +178,14 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
       }
 }
 
-// Pipeline stages: each stage's store and arena (its blocks, the embeddings on the first, the
-// final LayerNorm and the tied wte copy on the last, 1F1B's slots and the boundary gradients) are
-// the planner's for that stage, and the plan's figure is the busiest stage's.
+// Pipeline stages: each stage's store and arenas (its blocks, the embeddings on the first, the
+// final LayerNorm and the tied wte copy on the last, the schedule's slots and the boundary
+// gradients; one arena per chunk when interleaved) are the planner's for that stage, and the
+// plan's figure is the busiest stage's.
 TEST(TrainerBytes, EveryPipelineStageEqualsThePlannersFigureForIt) {
   for (Precision prec : {Precision::kBf16, Precision::kFp32})
     for (Recompute rc : {Recompute::kNone, Recompute::kFull})
-      for (int pp : {2, 4})
+      for (auto [pp, v] : {std::pair{2, 1}, {4, 1}, {2, 2}})
         for (int dp : {1, 2})
           for (int zero : {0, 1}) {
             Job job;
@@ -187,11 +203,13 @@ TEST(TrainerBytes, EveryPipelineStageEqualsThePlannersFigureForIt) {
             l.zero = zero;
             l.micro_batch = micro;
             l.recompute = rc;
+            l.virtual_stages = v;
             double busiest = 0;
             for (int stage = 0; stage < pp; ++stage) {
               SCOPED_TRACE(std::string(PrecisionName(prec)) + " " + RecomputeName(rc) + " pp " +
-                           std::to_string(pp) + " dp " + std::to_string(dp) + " zero " +
-                           std::to_string(zero) + " stage " + std::to_string(stage));
+                           std::to_string(pp) + " v " + std::to_string(v) + " dp " +
+                           std::to_string(dp) + " zero " + std::to_string(zero) + " stage " +
+                           std::to_string(stage));
               const MemoryBreakdown plan = KeelStageMemory(job, l, stage);
               busiest = std::max(busiest, plan.used());
               train::StepSpec spec;
@@ -199,6 +217,7 @@ TEST(TrainerBytes, EveryPipelineStageEqualsThePlannersFigureForIt) {
               spec.dtype = prec == Precision::kBf16 ? DType::kBF16 : DType::kF32;
               spec.micro_batch = micro;
               spec.micro_batches = m;
+              spec.virtual_stages = v;
               spec.seq_len = spec.model.block_size;
               spec.recompute =
                   rc == Recompute::kNone ? model::Recompute::kNone : model::Recompute::kFull;

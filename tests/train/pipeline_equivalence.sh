@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Pipeline parallelism trains the same model as one process. A 4-layer tiny GPT, 20 steps, global
 # batch 8 in micro-batches of 2 (the reference accumulates the same micro-batches):
-#   fp32: pp 2, pp 4, pp 2 with full recompute, dp 2 x pp 2 with ZeRO 0 and 1: every step's loss
+#   fp32: pp 2, pp 4, pp 2 with full recompute, pp 2 interleaved (2 chunks of 1 layer per rank),
+#         dp 2 x pp 2 with ZeRO 0 and 1: every step's loss
 #         within 1e-5 relative of one process, and the final weights within 1e-4 of its, relative
 #         to each tensor's largest value (a stage that dropped the tied embedding's other half,
 #         or double-counted it in the norm, breaks both);
@@ -15,7 +16,9 @@ keel=$1 src=$2 shared=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
+head -c 500000 "$shared/brown/brown.gpt2.u16" | tail -c 100000 >"$tmp/val.u16"
 common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=20
+        --set data.val="$tmp/val.u16" --set train.val_every=10 --set train.val_batches=2
         --set train.batch_size=8 --set train.micro_batch_size=2 --set model.n_layer=4
         --set optim.lr=3e-3 --set parallel.bucket_mb=0.05 --set checkpoint.every_minutes=0)
 
@@ -47,12 +50,17 @@ run ref-bf16 1 --set train.precision=bf16
 run pp2 2 --set parallel.pp=2
 run pp4 4 --set parallel.pp=4
 run pp2-recompute 2 --set parallel.pp=2 --set model.recompute=full
+run pp2-v2 2 --set parallel.pp=2 --set parallel.virtual_stages=2
 run dp2-pp2-z0 4 --set parallel.pp=2 --set parallel.dp=2 --set train.micro_batch_size=1
 run dp2-pp2-z1 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=1 \
+  --set train.micro_batch_size=1
+run dp2-pp2-v2 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.virtual_stages=2 \
   --set train.micro_batch_size=1
 run bf16-pp2 2 --set parallel.pp=2 --set train.precision=bf16
 grep -q "pipeline: 2 stages of 2 layers, 1F1B over 4 micro-batches" "$tmp/pp2.log" ||
   { echo "pp2: no pipeline line in the log"; cat "$tmp/pp2.log"; exit 1; }
+grep -q "pipeline: 2 stages x 2 interleaved chunks of 1 layer(s)" "$tmp/pp2-v2.log" ||
+  { echo "pp2-v2: no interleaved pipeline line in the log"; cat "$tmp/pp2-v2.log"; exit 1; }
 
 # Checkpoints across pipeline layouts (the manifest stores whole tensors; a stage is a box).
 run full-pp2 2 --set parallel.pp=2 --set checkpoint.every_steps=10
@@ -63,7 +71,10 @@ run cut-dp1 1 --set train.stop_at=10
 cp -r "$tmp/cut-dp1" "$tmp/dp1to-pp2dp2" &&
   run dp1to-pp2dp2 4 --set parallel.pp=2 --set parallel.dp=2 --set train.micro_batch_size=1 \
     --resume auto
-for r in pp2to-dp2 pp2to-pp4 dp1to-pp2dp2; do
+run cut-dp2pp2z1 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=1 \
+  --set train.micro_batch_size=1 --set train.stop_at=10
+cp -r "$tmp/cut-dp2pp2z1" "$tmp/dp2pp2z1to-dp1" && run dp2pp2z1to-dp1 1 --resume auto
+for r in pp2to-dp2 pp2to-pp4 dp1to-pp2dp2 dp2pp2z1to-dp1; do
   grep -q "resuming from .*step_00000010" "$tmp/$r.log" ||
     { echo "$r did not resume from step 10"; cat "$tmp/$r.log"; exit 1; }
 done
@@ -71,13 +82,19 @@ done
 refused bad-zero2 2 "pipeline stages take ZeRO 0 or 1" --set parallel.pp=2 --set parallel.zero=2
 refused bad-micro 4 "needs at least 4 micro-batches" --set parallel.pp=4 --set train.micro_batch_size=4
 refused bad-layers 2 "n_layer" --set parallel.pp=2 --set model.n_layer=3
+refused bad-chunks 2 "pp=2 x virtual_stages=4 = 8 does not divide model.n_layer=4" \
+  --set parallel.pp=2 --set parallel.virtual_stages=4
+refused bad-interleave 2 "a multiple of pp=2" --set parallel.pp=2 --set parallel.virtual_stages=2 \
+  --set train.batch_size=6
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, struct, sys
 import numpy as np
 d = sys.argv[1]
+def metric(name, key):
+    return [json.loads(l).get(key) for l in open(f"{d}/{name}/metrics.jsonl")]
 def losses(name):
-    return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl")]
+    return metric(name, "loss")
 def weights(name):
     raw = open(f"{d}/{name}/model.safetensors", "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
@@ -100,6 +117,16 @@ def check(name, ref, limit, wlimit=None, first=0):
         print(f"{name}: {len(got)} steps (reference {len(want)}), expected 20"); bad = 1; return
     worst = max(abs(a - b) / abs(b) for a, b in zip(got[first:], want[first:]))
     ok, line = worst <= limit, f"{name:14s} steps {first + 1}-20: max relative loss difference {worst:.2e} (limit {limit:g})"
+    # The gradient norm (every parameter counted once over the stages) and the validation loss
+    # (the pipeline's forward-only path), to the same tolerance.
+    for key in ("grad_norm", "val_loss"):
+        g = [x for x in metric(name, key)[first:] if x is not None]
+        w = [x for x in metric(ref, key)[first:] if x is not None]
+        if len(g) != len(w) or not g:
+            ok, line = False, line + f", {key}: {len(g)} values vs {len(w)}"
+            continue
+        kw = max(abs(a - b) / abs(b) for a, b in zip(g, w))
+        ok, line = ok and kw <= limit, line + f", {key} {kw:.1e}"
     if wlimit is not None:
         w, rw = weights(name), weights(ref)
         ww, wk = max((float(np.max(np.abs(comparable(k, w[k]) - comparable(k, rw[k]))) /
@@ -111,10 +138,11 @@ def check(name, ref, limit, wlimit=None, first=0):
         bad = 1
         for i, (a, b) in enumerate(zip(got, want)):
             print(f"  step {i+1}: {a:.8f} reference {b:.8f}")
-for name in ["pp2", "pp4", "pp2-recompute", "dp2-pp2-z0", "dp2-pp2-z1"]:
+for name in ["pp2", "pp4", "pp2-recompute", "pp2-v2", "dp2-pp2-z0", "dp2-pp2-z1", "dp2-pp2-v2"]:
     check(name, "ref-fp32", 1e-5, 1e-4)
 check("bf16-pp2", "ref-bf16", 1e-2)
-for name, ref in [("pp2to-dp2", "full-pp2"), ("pp2to-pp4", "full-pp2"), ("dp1to-pp2dp2", "ref-fp32")]:
+for name, ref in [("pp2to-dp2", "full-pp2"), ("pp2to-pp4", "full-pp2"), ("dp1to-pp2dp2", "ref-fp32"),
+                  ("dp2pp2z1to-dp1", "dp2-pp2-z1")]:
     check(name, ref, 1e-6, first=10)
 bubbles = [json.loads(l) for l in open(f"{d}/pp4/metrics.jsonl")]
 b = bubbles[-1]

@@ -1,8 +1,9 @@
 // Pipeline parallelism's gradients: after one step's backward (the tied embedding's halves summed
 // between the first and last stage), every parameter a stage holds has the gradient one process
 // computes for the whole model over the same micro-batches, within 1e-5 relative to the tensor's
-// largest value. Run by ctest as `mpirun -np 2` (pp 2) and `-np 4` (pp 4, and dp 2 x pp 2 with
-// ZeRO 1). Also: the whole model's weights gathered from the stages are the ones set.
+// largest value. Run by ctest as `mpirun -np 2` (pp 2, and pp 2 interleaved with 2 chunks per
+// rank at ZeRO 1) and `-np 4` (pp 4, and dp 2 x pp 2 with ZeRO 1, plain and interleaved). Also: the
+// whole model's weights gathered from the stages are the ones set.
 //
 // Not named *_test.cc: that would glob it into the single-process train_test binary.
 #include <algorithm>
@@ -33,7 +34,7 @@ void Batch(int r, int k, int vocab, int32_t* tokens, int32_t* targets) {
   }
 }
 
-int Check(parallel::Comm& world, const parallel::ParallelDims& dims) {
+int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1) {
   model::ModelConfig cfg = model::NamedConfig("gpt2-tiny");
   cfg.n_layer = 4;
   const model::ParamLayout whole = model::ParamLayout::Gpt2(cfg);
@@ -59,6 +60,7 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims) {
   spec.micro_batch = kB;
   spec.seq_len = kT;
   spec.micro_batches = kMicro;
+  spec.virtual_stages = v;
   spec.dims = dims;
   spec.bucket_elems = 4096;
   spec.comm_timeout_s = 60;
@@ -83,8 +85,8 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims) {
     for (size_t i = 0; i < p.numel; ++i)
       worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
     if (worst / scale > 1e-5) {
-      std::printf("%s rank %d (stage %d): %s gradient differs by %.2e relative\n",
-                  parallel::DimsName(dims).c_str(), world.rank(), g.at.pp, p.name.c_str(),
+      std::printf("%s v=%d rank %d (stage %d): %s gradient differs by %.2e relative\n",
+                  parallel::DimsName(dims).c_str(), v, world.rank(), g.at.pp, p.name.c_str(),
                   worst / scale);
       ++bad;
     }
@@ -96,8 +98,8 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims) {
     ++bad;
   }
   if (world.rank() == 0)
-    std::printf("%s: stage 0 holds %zu of %zu parameters; %zu tensors compared on rank 0\n",
-                parallel::DimsName(dims).c_str(), st.layout().total(), whole.total(),
+    std::printf("%s v=%d: stage 0 holds %zu of %zu parameters; %zu tensors compared on rank 0\n",
+                parallel::DimsName(dims).c_str(), v, st.layout().total(), whole.total(),
                 st.layout().params().size());
   return bad;
 }
@@ -108,7 +110,9 @@ int main() {
   auto world = keel::parallel::MakeMpiComm();
   const int n = world->size();
   int bad = Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/n, /*zero=*/0});
+  if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
   if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1});
+  if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
   const bool failed = world->AllReduceMax(double(bad)) > 0;
   if (world->rank() == 0) std::printf(failed ? "FAILED\n" : "all gradients match\n");
   return failed ? 1 : 0;

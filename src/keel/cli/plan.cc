@@ -25,7 +25,7 @@ struct PlanArgs {
   std::string recompute = "any", sp = "any";
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
-  int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1;
+  int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1;
   double tflops = 0, fp32_tflops = 0, memory_gb = 0, hbm_gbps = 0, intra_gbps = 0, inter_gbps = 0;
   double efficiency = -1;  // not given: plan::DefaultEfficiency for the accelerator and precision
   double node_mtbf_hours = 6000, storage_gbps = 0, restart_minutes = 10, price_per_hour = 0;
@@ -145,7 +145,7 @@ plan::Job MakeJob(const PlanArgs& a) {
 }
 
 plan::Constraints MakeConstraints(const PlanArgs& a) {
-  plan::Constraints c{a.tp, a.pp, a.dp, a.zero, a.micro_batch, -1, {}};
+  plan::Constraints c{a.tp, a.pp, a.dp, a.zero, a.micro_batch, -1, a.virtual_stages, {}};
   // -1 is "not given"; anything else below 1 (below 0 for ZeRO) is a mistake, not "any".
   const std::pair<const char*, int> fixed[] = {
       {"--tp", a.tp}, {"--pp", a.pp}, {"--dp", a.dp}, {"--micro-batch", a.micro_batch}};
@@ -208,6 +208,8 @@ void RegisterPlan(CLI::App& app) {
                   "kernels on the model's shapes)");
   cmd->add_option("--tp", a.tp, "fix tensor parallelism");
   cmd->add_option("--pp", a.pp, "fix pipeline parallelism");
+  cmd->add_option("--virtual-stages", a.virtual_stages,
+                  "interleaved 1F1B: model chunks per pipeline rank (default 1)");
   cmd->add_option("--dp", a.dp, "fix data parallelism");
   cmd->add_option("--zero", a.zero, "fix the ZeRO stage (0-3)");
   cmd->add_option("--micro-batch", a.micro_batch, "fix sequences per micro-batch");

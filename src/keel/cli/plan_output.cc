@@ -2,6 +2,7 @@
 // summary, --explain's step-by-step arithmetic, and the JSON of one estimate.
 #include "keel/cli/plan_output.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -26,6 +27,7 @@ nlohmann::json EstimateJson(const plan::Estimate& e) {
       {"micro_batch", l.micro_batch},
       {"recompute", plan::RecomputeName(l.recompute)},
       {"sp", l.sp},
+      {"virtual_stages", l.virtual_stages},
       {"fits", e.fits},
       {"reason", e.reason},
       {"memory_bytes",
@@ -204,6 +206,39 @@ void PrintRun(const plan::Job& j, const plan::Estimate& e, bool explain) {
   std::printf("\n");
 }
 
+// The groups and collectives of this layout as `keel train` builds them (parallel/groups.h,
+// train/zero.h, train/pipeline.h), so a plan names what the trainer will run.
+void PrintGroups(const plan::Layout& l) {
+  std::printf("process groups (as keel train splits them; ranks numbered tp, then dp, then pp):\n");
+  static const char* const kZero[] = {
+      "all-reduce of the gradients in [parallel] bucket_mb buckets, overlapping the last "
+      "micro-batch's backward",
+      "all-reduce of the gradients, then all-gather of the updated weights (ZeRO 1)",
+      "reduce-scatter of each segment's gradients every micro-batch, all-gather of the updated "
+      "weights (ZeRO 2)",
+      "ZeRO 2's, plus an all-gather of each block's weights before its forward and its backward "
+      "(ZeRO 3)"};
+  if (l.dp > 1)
+    std::printf("  dp    %d ranks each (same tp, pp): %s\n", l.dp, kZero[std::clamp(l.zero, 0, 3)]);
+  if (l.pp > 1) {
+    std::printf(
+        "  pp    %d stages each (same dp, tp): %s; send/recv of one (micro-batch x seq x "
+        "hidden) activation down and its gradient up per micro-batch and stage boundary\n",
+        l.pp,
+        l.virtual_stages > 1
+            ? ("interleaved 1F1B, " + std::to_string(l.virtual_stages) + " chunks per rank").c_str()
+            : "1F1B");
+    std::printf("  tied  first and last stage: all-reduce of wte's gradient once per step\n");
+  }
+  if (l.tp > 1)
+    std::printf(
+        "  tp    %d ranks each: two all-reduces per block in forward and in backward "
+        "(Megatron-LM); not built in keel train yet\n",
+        l.tp);
+  if (l.dp * l.pp * l.tp == 1) std::printf("  none: one rank\n");
+  std::printf("\n");
+}
+
 }  // namespace
 
 void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
@@ -226,9 +261,10 @@ void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
               link(e.comm.pp_intra));
   std::printf("  dp  %10.3f GB  %8.4f s (%s, overlaps backward)\n\n", e.comm.dp_bytes / 1e9,
               e.comm.dp_s, link(e.comm.dp_intra));
+  PrintGroups(e.layout);
   const auto& t = e.time;
   std::printf(
-      "time: %d micro-batches, bubble %.3f = (pp-1)/(m+pp-1), compute %.3f s, exposed "
+      "time: %d micro-batches, bubble %.3f = (pp-1)/(m+pp-1)/v, compute %.3f s, exposed "
       "comm %.3f s\nstep %.3f s, %.0f tokens/s, MFU %.1f%% (6N + 12Lhs per token)\n",
       t.micro_batches, t.bubble, t.compute_s, t.exposed_comm_s, t.step_s, t.tokens_per_s,
       100 * t.mfu);

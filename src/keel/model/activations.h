@@ -39,12 +39,6 @@ struct ActivationPlan {
   const ActivationBuffer& Find(const std::string& name) const;
 };
 
-// Micro-batches whose activations stage `stage` of `pp` keeps at once under the 1F1B schedule
-// with m micro-batches per step: min(pp - stage, m) (1 without pipelining).
-inline int PipelineSlots(int pp, int stage, int m) {
-  return pp - stage < m ? pp - stage : (m > 0 ? m : 1);
-}
-
 // `stage`: the blocks this rank runs (default: all); `slots`: the micro-batches whose
 // activations it keeps at once (a pipeline schedule's in-flight count; 1 without pipelining).
 // Per-micro-batch buffers are kept `slots` times; recompute scratch and backward's buffers once.

@@ -81,12 +81,14 @@ struct GptModel::Impl {
   StageRange stage;
   int slots;
   ParamLayout layout;
+  bool uses_embed, finishes_embed;
   ActivationPlan plan;
   Buffer arena;
   std::unique_ptr<DenseParams> dense;  // when the model owns its parameters
   ParamAccess* acc = nullptr;
 
-  Impl(const ModelConfig& c, DType d, int b, int t, Recompute r, const StageRange& st, int sl)
+  Impl(const ModelConfig& c, DType d, int b, int t, Recompute r, const ParamLayout& lay,
+       const StageRange& st, int sl)
       : cfg(c),
         dtype(d),
         B(b),
@@ -94,7 +96,11 @@ struct GptModel::Impl {
         recompute(r),
         stage(st),
         slots(sl),
-        layout(ParamLayout::Gpt2Stage(c, st)),
+        layout(lay),
+        uses_embed(st.first() || st.last()),
+        // The rank's lowest chunk runs its last backward: the embeddings' gradients (the
+        // classifier's too, on the last rank) are final only then.
+        finishes_embed(lay.embed_segment() >= 0 && st.l0 == lay.chunks().front().l0),
         plan(PlanActivations(c, b, t, d, r, &st, sl)),
         arena(plan.total_bytes) {
     std::memset(arena.data(), 0, arena.bytes());
@@ -283,7 +289,7 @@ void StageForward(GptModel::Impl& m, int slot, const int32_t* tokens) {
 // The end of a forward-only pass: the embeddings and final LayerNorm are no longer needed.
 void EndForward(GptModel::Impl& m) {
   if (m.stage.last()) m.acc->Done(m.layout.final_segment(), Pass::kForward);
-  if (m.layout.embed_segment() >= 0) m.acc->Done(m.layout.embed_segment(), Pass::kForward);
+  if (m.uses_embed) m.acc->Done(m.layout.embed_segment(), Pass::kForward);
 }
 
 double SumLosses(const float* losses, int n) {
@@ -316,8 +322,8 @@ double StageBackward(GptModel::Impl& m, int slot, const int32_t* tokens, const i
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   ParamAccess& acc = *m.acc;
   const int e = m.layout.embed_segment();
-  float* ge = e >= 0 ? acc.Grads(e) : nullptr;  // the embeddings' segment starts the layout
-  const size_t wte = e >= 0 ? m.layout.Find("wte.weight").offset : 0;
+  float* ge = m.uses_embed ? acc.Grads(e) : nullptr;  // the embeddings' segment starts the layout
+  const size_t wte = m.uses_embed ? m.layout.Find("wte.weight").offset : 0;
   T* dres = m.Act<T>("dres");
   T* dtmp = m.Act<T>("dtmp");
   double loss = 0;
@@ -361,7 +367,7 @@ double StageBackward(GptModel::Impl& m, int slot, const int32_t* tokens, const i
                                                 dres, tokens, m.B, m.T, C));
   else
     std::memcpy(din, dres, sizeof(T) * BT * C);
-  if (e >= 0) {
+  if (m.finishes_embed) {
     acc.GradsDone(e);
     acc.Done(e, Pass::kBackward);
   }
@@ -382,12 +388,18 @@ GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute 
     : GptModel(cfg, dtype, B, T, recompute, params, WholeModel(cfg), 1) {}
 
 GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-                   ParamAccess* params, const StageRange& stage, int slots) {
+                   ParamAccess* params, const StageRange& stage, int slots)
+    : GptModel(cfg, dtype, B, T, recompute, params, ParamLayout::Gpt2Stage(cfg, stage), stage,
+               slots) {}
+
+GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+                   ParamAccess* params, const ParamLayout& layout, const StageRange& stage,
+                   int slots) {
   Validate(cfg);
   if (T > cfg.block_size)
     ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
                   "(block_size " + std::to_string(cfg.block_size) + ")");
-  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute, stage, slots);
+  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute, layout, stage, slots);
   if (params == nullptr) {
     impl_->dense = std::make_unique<DenseParams>(impl_->layout, dtype);
     params = impl_->dense.get();
@@ -402,6 +414,7 @@ const ActivationPlan& GptModel::activation_plan() const { return impl_->plan; }
 DType GptModel::dtype() const { return impl_->dtype; }
 int GptModel::batch() const { return impl_->B; }
 int GptModel::seq_len() const { return impl_->T; }
+int GptModel::slots() const { return impl_->slots; }
 
 DenseParams& GptModel::Dense() const {
   KEEL_CHECK(impl_->dense != nullptr, "GptModel: parameters are held by its ParamAccess");

@@ -34,6 +34,10 @@ class GptModel {
   // ParamLayout::Gpt2Stage(cfg, stage), keeping the activations of `slots` micro-batches at once.
   GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
            ParamAccess* params, const StageRange& stage, int slots);
+  // One chunk of an interleaved pipeline rank: blocks [chunk.l0, chunk.l1), with `params` laid
+  // out as `layout` (the rank's: ParamLayout::Gpt2Stage over all its chunks).
+  GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+           ParamAccess* params, const ParamLayout& layout, const StageRange& chunk, int slots);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -44,6 +48,7 @@ class GptModel {
   DType dtype() const;
   int batch() const;
   int seq_len() const;
+  int slots() const;  // micro-batches whose activations it keeps at once
 
   // A model that owns its parameters only (throws otherwise):
   float* master();       // fp32 master weights, layout().total() floats

@@ -51,7 +51,7 @@ ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
   // GPT-2 scales the residual projections by 1/√(2L) so that the residual stream's variance does
   // not grow with depth.
   const float proj_std = init_std / std::sqrt(2.0f * L);
-  p.stage_ = WholeModel(cfg);
+  p.chunks_ = {WholeModel(cfg)};
   p.seg_start_.push_back(0);
   p.Add("wte.weight", {cfg.padded_vocab(), C}, true, init_std);
   p.Add("wpe.weight", {cfg.block_size, C}, true, init_std);
@@ -78,33 +78,43 @@ ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
   return p;
 }
 
-ParamLayout ParamLayout::Gpt2Stage(const ModelConfig& cfg, const StageRange& stage) {
+ParamLayout ParamLayout::Gpt2Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks) {
   const ParamLayout whole = Gpt2(cfg);
-  if (stage.first() && stage.last()) return whole;
+  if (chunks.size() == 1 && chunks[0].first() && chunks[0].last()) return whole;
   ParamLayout p;
-  p.stage_ = stage;
-  p.has_embed_ = stage.first() || stage.last();
+  p.chunks_ = chunks;
+  p.has_embed_ = p.holds_first() || p.holds_last();
   if (p.has_embed_) {
     p.seg_start_.push_back(0);
     p.Append(whole.Find("wte.weight"));
-    if (stage.first())
+    if (p.holds_first())
       p.Append(whole.Find("wpe.weight"));
     else
       p.params_.back().replica = true;
   }
-  for (int l = stage.l0; l < stage.l1; ++l) {
-    p.seg_start_.push_back(p.total_);
-    const std::string h = "h." + std::to_string(l) + ".";
-    for (const ParamInfo& info : whole.params())
-      if (info.name.compare(0, h.size(), h) == 0) p.Append(info);
-  }
-  if (stage.last()) {
+  for (const StageRange& c : chunks)
+    for (int l = c.l0; l < c.l1; ++l) {
+      p.seg_start_.push_back(p.total_);
+      const std::string h = "h." + std::to_string(l) + ".";
+      for (const ParamInfo& info : whole.params())
+        if (info.name.compare(0, h.size(), h) == 0) p.Append(info);
+    }
+  if (p.holds_last()) {
     p.seg_start_.push_back(p.total_);
     p.Append(whole.Find("ln_f.weight"));
     p.Append(whole.Find("ln_f.bias"));
   }
   p.AssignBiases();
   return p;
+}
+
+int ParamLayout::block_segment(int l) const {
+  int s = has_embed_ ? 1 : 0;
+  for (const StageRange& c : chunks_) {
+    if (l >= c.l0 && l < c.l1) return s + l - c.l0;
+    s += c.layers();
+  }
+  return l == chunks_.back().l1 ? s : -1;
 }
 
 const ParamInfo& ParamLayout::Find(const std::string& name) const {
@@ -120,8 +130,9 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   const int e = layout.embed_segment(), f = layout.final_segment();
   s.embed = e < 0 ? 0 : layout.segment_size(e);
   s.final_norm = f < 0 ? 0 : layout.segment_size(f);
-  for (int l = layout.stage().l0; l < layout.stage().l1; ++l)
-    s.max_block = std::max(s.max_block, layout.segment_size(layout.block_segment(l)));
+  for (const StageRange& c : layout.chunks())
+    for (int l = c.l0; l < c.l1; ++l)
+      s.max_block = std::max(s.max_block, layout.segment_size(layout.block_segment(l)));
   s.working_bytes = dtype == DType::kBF16 ? 2 : 4;
   return s;
 }

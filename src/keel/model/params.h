@@ -58,16 +58,24 @@ inline StageRange WholeModel(const ModelConfig& cfg) { return {0, cfg.n_layer, c
 class ParamLayout {
  public:
   static ParamLayout Gpt2(const ModelConfig& cfg, float init_std = 0.02f);
-  // The tensors of one pipeline stage, in the same order, named as in the whole model.
-  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const StageRange& stage);
+  // The tensors of one pipeline rank, in the same order, named as in the whole model: its
+  // chunks' blocks (one stage, or v interleaved chunks in order), the embeddings if it holds the
+  // first block, the final LayerNorm and a replica of the tied wte if it holds the last.
+  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks);
+  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const StageRange& stage) {
+    return Gpt2Stage(cfg, std::vector<StageRange>{stage});
+  }
 
   const std::vector<ParamInfo>& params() const { return params_; }
   size_t total() const { return total_; }
   // Throws keel::Error if the name is unknown.
   const ParamInfo& Find(const std::string& name) const;
-  const StageRange& stage() const { return stage_; }
-  // First element of layer l's tensors (h.l.*, l in the stage); layer_start(l1) is where ln_f
-  // begins on the last stage.
+  const std::vector<StageRange>& chunks() const { return chunks_; }
+  bool holds_first() const { return chunks_.front().first(); }
+  bool holds_last() const { return chunks_.back().last(); }
+  bool whole() const { return chunks_.size() == 1 && holds_first() && holds_last(); }
+  // First element of layer l's tensors (h.l.*, l held here); layer_start(n_layer) is where ln_f
+  // begins on the rank holding the last block.
   size_t layer_start(int l) const { return seg_start_[size_t(block_segment(l))]; }
 
   // Segments: the units in which weights are gathered and gradients reduced under ZeRO, in
@@ -81,8 +89,9 @@ class ParamLayout {
   size_t segment_size(int s) const { return segment_end(s) - segment_start(s); }
   // -1 where the stage has none.
   int embed_segment() const { return has_embed_ ? 0 : -1; }
-  int block_segment(int l) const { return (has_embed_ ? 1 : 0) + l - stage_.l0; }
-  int final_segment() const { return stage_.last() ? segments() - 1 : -1; }
+  // Block l's segment (l one past the rank's last block: the segment after it); -1 if not held.
+  int block_segment(int l) const;
+  int final_segment() const { return holds_last() ? segments() - 1 : -1; }
   size_t n_bias() const { return n_bias_; }
 
  private:
@@ -93,7 +102,7 @@ class ParamLayout {
   // Find runs per layer per step (and per token in generation): a hash, not a scan of 150 names.
   std::unordered_map<std::string, size_t> index_;
   std::vector<size_t> seg_start_;
-  StageRange stage_;
+  std::vector<StageRange> chunks_;
   bool has_embed_ = true;
   size_t total_ = 0;
   size_t n_bias_ = 0;

@@ -30,7 +30,8 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   c.tp_bytes = collectives * 2 * Ring(l.tp) * sbh_bytes * (m.layers / l.pp) * micro_batches;
   // Pipeline: each micro-batch sends its activations forward and receives their gradient back;
   // with sequence parallelism only the local 1/t of the sequence crosses (scatter-gather).
-  if (l.pp > 1) c.pp_bytes = 2 * sbh_bytes / (l.sp ? l.tp : 1) * micro_batches;
+  // Interleaving crosses every rank boundary v times per micro-batch.
+  if (l.pp > 1) c.pp_bytes = 2 * sbh_bytes / (l.sp ? l.tp : 1) * micro_batches * l.virtual_stages;
   // Data parallel, per step: ZeRO 0 all-reduces the grads; ZeRO 1/2 reduce-scatter the grads and
   // all-gather the updated weights; ZeRO 3 also all-gathers the weights again for backward (the
   // ZeRO paper's 1.5x). keel's own stage 1 keeps the stage-0 all-reduce (every rank has all the
@@ -69,16 +70,12 @@ double HardwareFlopsPerToken(const ModelSpec& m, double n_params, Recompute rc) 
   return f;
 }
 
-double PipelineBubble(int pp, int micro_batches) {
-  return double(pp - 1) / (micro_batches + pp - 1);
-}
-
 StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c) {
   const ModelSpec& m = job.model;
   const Accelerator& acc = job.cluster.accel;
   StepTime t;
   t.micro_batches = job.global_batch / (l.dp * l.micro_batch);
-  t.bubble = PipelineBubble(l.pp, t.micro_batches);
+  t.bubble = PipelineBubble(l.pp, t.micro_batches, l.virtual_stages);
   const double n = TotalParams(m);
   const double tokens = double(job.global_batch) * m.seq;
   const double world = job.cluster.world;

@@ -2,6 +2,7 @@
 // communication and the pipeline bubble; FLOPs per PaLM (Chowdhery et al. 2022, Appendix B).
 #pragma once
 
+#include "keel/parallel/pipeline_schedule.h"
 #include "keel/plan/job.h"
 
 namespace keel::plan {
@@ -23,8 +24,9 @@ double ModelFlopsPerToken(const ModelSpec& m, double n_params);
 // 2N + 4Lhs more; selective: the attention core again, 4Lhs).
 double HardwareFlopsPerToken(const ModelSpec& m, double n_params, Recompute rc);
 
-// (pp - 1) / (m + pp - 1): the idle share of a 1F1B pipeline with m micro-batches.
-double PipelineBubble(int pp, int micro_batches);
+// (pp - 1) / (m + pp - 1): the idle share of a 1F1B pipeline with m micro-batches (the
+// trainer's schedules and this formula live in parallel/pipeline_schedule.h).
+using parallel::PipelineBubble;
 
 struct StepTime {
   int micro_batches = 0;

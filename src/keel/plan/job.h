@@ -49,7 +49,8 @@ const char* RecomputeName(Recompute r);
 struct Layout : parallel::ParallelDims {
   int micro_batch = 1;  // sequences per micro-batch per dp rank
   Recompute recompute = Recompute::kNone;
-  bool sp = false;  // sequence parallelism (only meaningful with tp > 1)
+  bool sp = false;         // sequence parallelism (only meaningful with tp > 1)
+  int virtual_stages = 1;  // model chunks per pipeline rank: > 1 is interleaved 1F1B
   // Compares the dims and the planner's own fields (the inherited == would see the dims only).
   bool operator==(const Layout&) const = default;
 };

@@ -5,6 +5,7 @@
 
 #include "keel/model/activations.h"
 #include "keel/model/params.h"
+#include "keel/parallel/pipeline_schedule.h"
 
 namespace keel::plan {
 
@@ -99,9 +100,14 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   mem.headroom = std::max(1e9, 0.05 * mem.capacity);
   const DType dt = job.precision == Precision::kFp32 ? DType::kF32 : DType::kBF16;
   const model::ModelConfig cfg = ToModelConfig(m);
-  const model::StageRange st = l.pp > 1 ? model::StageOf(cfg, l.pp, stage) : model::WholeModel(cfg);
+  // The rank's chunks as train::TrainStep builds them: virtual stage c·p + s of p·v.
+  const int v = l.pp > 1 ? l.virtual_stages : 1;
+  std::vector<model::StageRange> chunks;
+  for (int c = 0; c < v; ++c)
+    chunks.push_back(l.pp > 1 ? model::StageOf(cfg, l.pp * v, c * l.pp + stage)
+                              : model::WholeModel(cfg));
   // The store's and the ZeRO strategy's buffers, by the formula they allocate with.
-  const auto layout = model::ParamLayout::Gpt2Stage(cfg, st);
+  const auto layout = model::ParamLayout::Gpt2Stage(cfg, chunks);
   const parallel::StateBytes b = parallel::StateBytesPerRank(model::StateShapeOf(layout, dt), l);
   mem.state.params = double(b.working + b.biases);
   mem.state.grads = double(b.grads);
@@ -113,9 +119,11 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
                               : l.recompute == Recompute::kSelective ? model::Recompute::kAttn
                                                                      : model::Recompute::kFull;
   const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
-  const int slots = model::PipelineSlots(l.pp, stage, micro_batches);
-  mem.activations =
-      double(model::PlanActivations(cfg, l.micro_batch, m.seq, dt, rc, &st, slots).total_bytes);
+  const std::vector<int> slots = parallel::PipelineSlots(l.pp, stage, v, micro_batches);
+  for (int c = 0; c < v; ++c)
+    mem.activations += double(model::PlanActivations(cfg, l.micro_batch, m.seq, dt, rc,
+                                                     &chunks[size_t(c)], slots[size_t(c)])
+                                  .total_bytes);
   mem.exact_activations = true;
   return mem;
 }

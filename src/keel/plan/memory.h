@@ -56,8 +56,9 @@ struct MemoryBreakdown {
 MemoryBreakdown EstimateMemory(const Job& job, const Layout& l);
 
 // What one rank of pipeline stage `stage` allocates in keel: the parameter store and ZeRO buffers
-// (parallel::StateBytesPerRank over the stage's layout) and the model's activation arena
-// (model::PlanActivations for the stage's blocks and its 1F1B slots). tp must be 1.
+// (parallel::StateBytesPerRank over the stage's layout) and the models' activation arenas
+// (model::PlanActivations for each of its chunks' blocks and slots under the schedule). tp must
+// be 1.
 MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage);
 
 }  // namespace keel::plan

@@ -33,7 +33,8 @@ std::string LayoutName(const Layout& l) {
   return "tp=" + std::to_string(l.tp) + " pp=" + std::to_string(l.pp) +
          " dp=" + std::to_string(l.dp) + " zero=" + std::to_string(l.zero) +
          " mb=" + std::to_string(l.micro_batch) + " recompute=" + RecomputeName(l.recompute) +
-         " sp=" + (l.sp ? "on" : "off");
+         " sp=" + (l.sp ? "on" : "off") +
+         (l.virtual_stages > 1 ? " v=" + std::to_string(l.virtual_stages) : "");
 }
 
 namespace {
@@ -75,6 +76,12 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
                   n(c.dp > 0 ? c.dp : 1) + " x micro-batch " +
                   n(c.micro_batch > 0 ? c.micro_batch : 1) + " = " + n(batch_unit));
   if (c.zero > 3) ThrowBadInput("plan: zero stage " + n(c.zero) + " not in 0..3");
+  const int v = c.virtual_stages;
+  if (v < 1) ThrowBadInput("plan: --virtual-stages " + n(v) + ": expected >= 1");
+  if (v > 1 && c.pp > 0 && job.model.layers % (long(c.pp) * v))
+    ThrowBadInput("plan: layers " + n(job.model.layers) + " % (pp " + n(c.pp) +
+                  " x virtual stages " + n(v) + ") = " + n(job.model.layers % (long(c.pp) * v)) +
+                  ": each chunk holds whole layers");
   std::vector<Recompute> rcs = c.recompute;
   if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
 
@@ -83,6 +90,8 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
     if (world % tp || job.model.heads % tp) continue;
     for (int pp : Candidates(c.pp, world / tp)) {
       if ((world / tp) % pp || job.model.layers % pp) continue;
+      // Interleaving needs a pipeline, whole layers per chunk, and groups of pp micro-batches.
+      if (v > 1 && (pp == 1 || job.model.layers % (pp * v))) continue;
       const int dp = world / (tp * pp);
       if (c.dp > 0 && dp != c.dp) continue;
       if (job.global_batch % dp) continue;
@@ -90,6 +99,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
       for (int mb = 1; mb <= per_dp; mb *= 2) {
         if (c.micro_batch > 0 && mb != c.micro_batch) continue;
         if (per_dp % mb) continue;
+        if (v > 1 && (per_dp / mb) % pp) continue;
         for (int zero = 0; zero <= 3; ++zero) {
           if (c.zero >= 0 && zero != c.zero) continue;
           if (c.zero < 0 && zero > 0 && dp == 1) continue;  // nothing to shard over
@@ -97,7 +107,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
             for (int sp = 0; sp <= 1; ++sp) {
               if (c.sp >= 0 && sp != c.sp) continue;
               if (c.sp < 0 && sp && tp == 1) continue;  // sp means nothing without tp
-              Layout l{{dp, tp, pp, zero}, mb, rc, sp == 1};
+              Layout l{{dp, tp, pp, zero}, mb, rc, sp == 1, v};
               out.push_back(Evaluate(job, l));
             }
           }
@@ -110,7 +120,9 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
             for (int sp = 0; sp <= 1; ++sp) {
               if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;
               if ((c.zero < 0 && zero > 0 && dp == 1) || (c.sp < 0 && sp && tp == 1)) continue;
-              out.push_back(Evaluate(job, Layout{{dp, tp, pp, zero}, c.micro_batch, rc, sp == 1}));
+              if (v > 1 && (per_dp / c.micro_batch) % pp) continue;
+              out.push_back(
+                  Evaluate(job, Layout{{dp, tp, pp, zero}, c.micro_batch, rc, sp == 1, v}));
             }
     }
   }

@@ -34,7 +34,8 @@ Estimate Evaluate(const Job& job, const Layout& l);
 // Fixed values for the search; -1 (or an empty recompute list) leaves a dimension free.
 struct Constraints {
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1;
-  int sp = -1;  // 0 or 1
+  int sp = -1;             // 0 or 1
+  int virtual_stages = 1;  // interleaved 1F1B chunks per pipeline rank (layouts with pp > 1)
   std::vector<Recompute> recompute;
 };
 

@@ -70,6 +70,7 @@ std::vector<Section> BindSections(RunConfig& c) {
        {{"dp", &c.parallel.dp},
         {"tp", &c.parallel.tp},
         {"pp", &c.parallel.pp},
+        {"virtual_stages", &c.parallel.virtual_stages},
         {"zero", &c.parallel.zero},
         {"bucket_mb", &c.parallel.bucket_mb},
         {"comm_timeout_s", &c.parallel.comm_timeout_s}}},

@@ -97,6 +97,7 @@ struct ParallelSection {
   int dp = 0;  // 0 = the ranks launched / (tp x pp)
   int tp = 1;
   int pp = 1;
+  int virtual_stages = 1;         // model chunks per pipeline rank: > 1 is interleaved 1F1B
   int zero = 0;                   // 0: replicated; 1: optimizer state; 2: + gradients; 3: + weights
   float bucket_mb = 25.0f;        // gradient all-reduce bucket size
   float comm_timeout_s = 600.0f;  // a collective that takes longer is a hang: exit 75

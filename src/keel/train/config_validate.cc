@@ -237,6 +237,15 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
     ThrowBadInput(prefix + "tp=" + s(d.tp) +
                   ": tensor parallelism is not built yet (dp, pp and zero are); set "
                   "parallel.tp=1");
+  const int v = p.virtual_stages;
+  if (v < 1) ThrowBadInput(prefix + "virtual_stages=" + s(v) + ": expected an integer >= 1");
+  if (v > 1 && d.pp == 1)
+    ThrowBadInput(prefix + "virtual_stages=" + s(v) +
+                  " interleaves pipeline stages: it needs pp > 1 (got pp=1)");
+  if (v > 1 && m.n_layer % (d.pp * v) != 0)
+    ThrowBadInput(prefix + "pp=" + s(d.pp) + " x virtual_stages=" + s(v) + " = " + s(d.pp * v) +
+                  " does not divide model.n_layer=" + s(m.n_layer) +
+                  " (each chunk holds whole layers)");
   if (d.pp > 1) {
     // DeepSpeed refuses the same: stages 2 and 3 reduce gradients per micro-batch, and the tied
     // embedding's gradient, summed between the first and last stage after the step's backward,
@@ -248,12 +257,16 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
     const TrainSection& t = cfg.train;
     const long local = t.batch_size / d.dp;
     const long micro = t.micro_batch_size > 0 ? t.micro_batch_size : local;
-    const long m = micro > 0 ? local / micro : 0;
-    if (m < d.pp)
+    const long n_micro = micro > 0 ? local / micro : 0;
+    if (n_micro < d.pp)
       ThrowBadInput(prefix + "pp=" + s(d.pp) + " needs at least " + s(d.pp) +
-                    " micro-batches per step for the 1F1B schedule, got " + s(m) +
+                    " micro-batches per step for the 1F1B schedule, got " + s(n_micro) +
                     " (train.batch_size " + s(t.batch_size) + " / dp " + s(d.dp) +
                     " / train.micro_batch_size " + s(micro) + "); lower train.micro_batch_size");
+    // The interleaved schedule sends groups of pp micro-batches through the chunks in turn.
+    if (v > 1 && n_micro % d.pp != 0)
+      ThrowBadInput(prefix + "virtual_stages=" + s(v) + " needs the micro-batches per step (" +
+                    s(n_micro) + ") to be a multiple of pp=" + s(d.pp));
   }
   return d;
 }

@@ -4,45 +4,70 @@
 
 #include "keel/core/error.h"
 #include "keel/core/timer.h"
+#include "keel/parallel/pipeline_schedule.h"
 
 namespace keel::train {
 namespace {
 
-// Tags: activations flow down the pipeline, gradients up; between two ranks each kind arrives in
-// the order it was sent, which is micro-batch order on both sides.
-constexpr int kActTag = 11, kGradTag = 12;
+// Tags by the receiving chunk: activations flow down the virtual stages, gradients up. Between
+// two ranks each (kind, chunk) stream arrives in the order it was sent, micro-batch order.
+int ActTag(int chunk) { return 10 + 2 * chunk; }
+int GradTag(int chunk) { return 11 + 2 * chunk; }
 
 }  // namespace
 
-Pipeline::Pipeline(model::GptModel& model, parallel::Comm* pp, int slots, double timeout_s)
-    : model_(model),
-      pp_(pp),
-      slots_(slots),
-      stage_(pp ? pp->rank() : 0),
-      stages_(pp ? pp->size() : 1),
-      timeout_s_(timeout_s),
-      bytes_(model.boundary_elems() * DTypeSize(model.dtype())),
-      tokens_(size_t(slots)),
-      targets_(size_t(slots)),
-      act_recv_(size_t(slots)),
-      act_send_(size_t(slots)),
-      grad_recv_(size_t(slots)),
-      grad_send_(size_t(slots)) {
-  const size_t bt = size_t(model.batch()) * model.seq_len();
-  for (int s = 0; s < slots; ++s) {
-    tokens_[size_t(s)].resize(bt);
-    targets_[size_t(s)].resize(bt);
+struct Pipeline::Chunk {
+  model::GptModel* model;
+  int slots;
+  std::vector<std::unique_ptr<parallel::Work>> act_recv, act_send, grad_recv, grad_send;
+  // Chunk 0 also keeps each micro-batch's tokens and targets, for every chunk: a micro-batch's
+  // data lives from chunk 0's forward to chunk 0's backward, the last of its units here.
+  std::vector<std::vector<int32_t>> tokens, targets;
+};
+
+Pipeline::Pipeline(std::vector<model::GptModel*> chunks, parallel::Comm* pp, double timeout_s)
+    : pp_(pp), stage_(pp ? pp->rank() : 0), stages_(pp ? pp->size() : 1), timeout_s_(timeout_s) {
+  const model::GptModel& m0 = *chunks.front();
+  bytes_ = m0.boundary_elems() * DTypeSize(m0.dtype());
+  const size_t bt = size_t(m0.batch()) * m0.seq_len();
+  for (model::GptModel* m : chunks) {
+    Chunk c{m, m->slots(), {}, {}, {}, {}, {}, {}};
+    for (auto* v : {&c.act_recv, &c.act_send, &c.grad_recv, &c.grad_send})
+      v->resize(size_t(c.slots));
+    if (chunks_.empty()) {  // chunk 0 keeps every chunk's micro-batches (see Chunk)
+      c.tokens.assign(size_t(c.slots), std::vector<int32_t>(bt));
+      c.targets.assign(size_t(c.slots), std::vector<int32_t>(bt));
+    }
+    chunks_.push_back(std::move(c));
   }
 }
 
-Pipeline::~Pipeline() {
-  // Transfers still in flight read or write the model's arena: let them finish before it goes.
-  // (One that does not is stuck on a lost peer; the process is on its way to exit 75.)
-  for (auto* v : {&act_recv_, &act_send_, &grad_recv_, &grad_send_})
-    for (auto& w : *v) try {
-        if (w) (void)w->Wait(timeout_s_);
-      } catch (const std::exception&) {
+Pipeline::~Pipeline() = default;
+
+bool Pipeline::Quiesce() {
+  // One deadline for all: a lost peer must not cost comm_timeout_s per pending transfer.
+  Timer t;
+  bool done = true;
+  for (Chunk& c : chunks_)
+    for (auto* v : {&c.act_recv, &c.act_send, &c.grad_recv, &c.grad_send})
+      for (auto& w : *v) {
+        if (!w) continue;
+        try {
+          done = w->Wait(std::max(0.0, timeout_s_ - t.Seconds())) && done;
+        } catch (const std::exception&) {  // it failed, so it is over: nothing writes any more
+        }
       }
+  return done;
+}
+
+std::pair<int, int> Pipeline::Prev(int c) const {
+  if (stage_ > 0) return {stage_ - 1, c};
+  return c > 0 ? std::pair{stages_ - 1, c - 1} : std::pair{-1, -1};
+}
+
+std::pair<int, int> Pipeline::Next(int c) const {
+  if (stage_ + 1 < stages_) return {stage_ + 1, c};
+  return c + 1 < int(chunks_.size()) ? std::pair{0, c + 1} : std::pair{-1, -1};
 }
 
 void Pipeline::Wait(std::unique_ptr<parallel::Work>& w, const char* what) {
@@ -63,48 +88,64 @@ double Pipeline::Run(int m, const NextBatch& next, float dloss,
   wait_ms_ = 0;
   sent_bytes_ = 0;
   double loss = 0, waited = 0;
-  const bool first = stage_ == 0, last = stage_ + 1 == stages_;
-  const int S = slots_;
-  auto post_act_recv = [&](int i) {
-    if (!first && i < m)
-      act_recv_[size_t(i % S)] =
-          pp_->RecvAsync(model_.StageInput(i % S), bytes_, stage_ - 1, kActTag);
+  const int v = int(chunks_.size());
+  KEEL_CHECK(v == 1 || m % stages_ == 0,
+             "pipeline: interleaving needs the micro-batches to be a multiple of the stages");
+  const std::vector<int> need = parallel::PipelineSlots(stages_, stage_, v, m);
+  for (int c = 0; c < v; ++c)
+    KEEL_CHECK(need[size_t(c)] <= chunks_[size_t(c)].slots,
+               "pipeline: the schedule keeps more micro-batches than the model has slots for");
+  // The last virtual stage keeps one copy of the head's buffers (model/activations.cc): it must
+  // run each micro-batch's backward right after its forward.
+  KEEL_CHECK(stage_ + 1 < stages_ || need.back() == 1,
+             "pipeline: the last stage would keep more than one micro-batch in flight");
+  auto post_act_recv = [&](int c, int i) {
+    Chunk& ch = chunks_[size_t(c)];
+    const auto [rank, chunk] = Prev(c);
+    if (rank < 0 || i >= m) return;
+    const int s = i % ch.slots;
+    ch.act_recv[size_t(s)] = pp_->RecvAsync(ch.model->StageInput(s), bytes_, rank, ActTag(c));
   };
-  auto forward = [&](int i) {
-    const size_t s = size_t(i % S);
-    waited += next(tokens_[s].data(), targets_[s].data());
-    Wait(act_recv_[s], "receiving activations");
-    Wait(act_send_[s], "sending activations");  // the slot's output is about to be rewritten
-    model_.StageForward(int(s), tokens_[s].data());
-    if (last) return;
-    act_send_[s] = pp_->SendAsync(model_.StageOutput(int(s)), bytes_, stage_ + 1, kActTag);
-    grad_recv_[s] = pp_->RecvAsync(model_.PipeGradIn(int(s)), bytes_, stage_ + 1, kGradTag);
+  auto forward = [&](int c, int i) {
+    Chunk& ch = chunks_[size_t(c)];
+    Chunk& c0 = chunks_[0];
+    const size_t s = size_t(i % ch.slots), d = size_t(i % c0.slots);
+    if (c == 0) waited += next(c0.tokens[d].data(), c0.targets[d].data());
+    Wait(ch.act_recv[s], "receiving activations");
+    Wait(ch.act_send[s], "sending activations");  // the slot's output is about to be rewritten
+    ch.model->StageForward(int(s), c0.tokens[d].data());
+    const auto [rank, chunk] = Next(c);
+    if (rank < 0) return;
+    ch.act_send[s] = pp_->SendAsync(ch.model->StageOutput(int(s)), bytes_, rank, ActTag(chunk));
+    ch.grad_recv[s] = pp_->RecvAsync(ch.model->PipeGradIn(int(s)), bytes_, rank, GradTag(c));
     sent_bytes_ += double(bytes_);
   };
-  auto backward = [&](int j) {
-    const size_t s = size_t(j % S);
-    if (before_backward) before_backward(j);
-    Wait(grad_recv_[s], "receiving gradients");
-    if (!first) Wait(grad_send_[s], "sending gradients");
-    loss += model_.StageBackward(int(s), tokens_[s].data(), targets_[s].data(), dloss,
-                                 last ? nullptr : model_.PipeGradIn(int(s)),
-                                 first ? nullptr : model_.PipeGradOut(int(s)));
+  auto backward = [&](int c, int i) {
+    Chunk& ch = chunks_[size_t(c)];
+    Chunk& c0 = chunks_[0];
+    const size_t s = size_t(i % ch.slots), d = size_t(i % c0.slots);
+    if (before_backward) before_backward(i);
+    const auto [prev, prev_chunk] = Prev(c);
+    const bool last = Next(c).first < 0, first = prev < 0;
+    Wait(ch.grad_recv[s], "receiving gradients");
+    if (!first) Wait(ch.grad_send[s], "sending gradients");
+    loss += ch.model->StageBackward(int(s), c0.tokens[d].data(), c0.targets[d].data(), dloss,
+                                    last ? nullptr : ch.model->PipeGradIn(int(s)),
+                                    first ? nullptr : ch.model->PipeGradOut(int(s)));
     if (!first) {
-      grad_send_[s] = pp_->SendAsync(model_.PipeGradOut(int(s)), bytes_, stage_ - 1, kGradTag);
+      ch.grad_send[s] =
+          pp_->SendAsync(ch.model->PipeGradOut(int(s)), bytes_, prev, GradTag(prev_chunk));
       sent_bytes_ += double(bytes_);
     }
-    post_act_recv(j + S);  // the slot is free again
+    post_act_recv(c, i + ch.slots);  // the slot is free again
   };
-  for (int i = 0; i < std::min(S, m); ++i) post_act_recv(i);
-  const int warmup = std::min(stages_ - stage_ - 1, m);
-  for (int i = 0; i < warmup; ++i) forward(i);
-  for (int j = 0; j + warmup < m; ++j) {
-    forward(j + warmup);
-    backward(j);
-  }
-  for (int j = m - warmup; j < m; ++j) backward(j);
-  for (auto* v : {&act_send_, &grad_send_})
-    for (auto& w : *v) Wait(w, "draining sends");
+  for (int c = 0; c < v; ++c)
+    for (int i = 0; i < chunks_[size_t(c)].slots; ++i) post_act_recv(c, i);
+  for (const parallel::PipeUnit& u : parallel::PipelineUnits(stages_, stage_, v, m))
+    u.forward ? forward(u.chunk, u.micro) : backward(u.chunk, u.micro);
+  for (Chunk& ch : chunks_)
+    for (auto* w : {&ch.act_send, &ch.grad_send})
+      for (auto& x : *w) Wait(x, "draining sends");
   if (data_ms) *data_ms = waited;
   const double ms = total.Millis() - waited;
   bubble_ = ms > 0 ? wait_ms_ / ms : 0;
@@ -112,18 +153,22 @@ double Pipeline::Run(int m, const NextBatch& next, float dloss,
 }
 
 double Pipeline::Forward(const int32_t* tokens, const int32_t* targets) {
-  const bool first = stage_ == 0, last = stage_ + 1 == stages_;
-  if (!first) {
-    auto r = pp_->RecvAsync(model_.StageInput(0), bytes_, stage_ - 1, kActTag);
-    Wait(r, "receiving activations");
+  double loss = 0;
+  for (int c = 0; c < int(chunks_.size()); ++c) {
+    model::GptModel& m = *chunks_[size_t(c)].model;
+    if (const auto [rank, chunk] = Prev(c); rank >= 0) {
+      auto r = pp_->RecvAsync(m.StageInput(0), bytes_, rank, ActTag(c));
+      Wait(r, "receiving activations");
+    }
+    m.StageForward(0, tokens);
+    if (const auto [rank, chunk] = Next(c); rank >= 0) {
+      auto w = pp_->SendAsync(m.StageOutput(0), bytes_, rank, ActTag(chunk));
+      Wait(w, "sending activations");
+    } else {
+      loss = m.StageLoss(targets);
+    }
   }
-  model_.StageForward(0, tokens);
-  if (!last) {
-    auto w = pp_->SendAsync(model_.StageOutput(0), bytes_, stage_ + 1, kActTag);
-    Wait(w, "sending activations");
-    return 0;
-  }
-  return model_.StageLoss(targets);
+  return loss;
 }
 
 }  // namespace keel::train

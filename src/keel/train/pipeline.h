@@ -1,13 +1,12 @@
-// The pipeline schedule: 1F1B (PipeDream-Flush, as in Megatron-LM). Stage s of p runs
-// w = min(p - s - 1, m) warm-up forwards, then alternates one forward and one backward, then
-// drains the last w backwards, so it keeps at most min(p - s, m) micro-batches' activations
-// (the model's slots). Activations travel to the next stage and their gradients back by
-// asynchronous send/recv, posted as soon as the receiving slot is free so that transfers overlap
-// compute. With one stage it is the plain loop: forward, backward, next micro-batch.
+// Runs a pipeline schedule (parallel/pipeline_schedule.h) on this rank: 1F1B over one stage, or
+// interleaved 1F1B over v model chunks. Activations travel to the next virtual stage and their
+// gradients back by asynchronous send/recv, each receive posted as soon as its slot is free, so
+// that transfers overlap compute. With one stage it is the plain loop: forward, backward, next
+// micro-batch.
 //
-//   Pipeline pipe(model, pp_comm, timeout_s);      // pp_comm: this rank's stages, in order
+//   Pipeline pipe({&chunk0, &chunk1}, pp_comm, timeout_s);   // pp_comm: the stages, in order
 //   double loss = pipe.Run(m, next, dloss, [&](int k) { zero.BeginMicroBatch(k == m - 1); });
-//   pipe.bubble();   // the fraction of the schedule this stage sat waiting for a peer
+//   pipe.bubble();   // the fraction of the schedule this rank sat waiting for a peer
 #pragma once
 
 #include <functional>
@@ -24,13 +23,19 @@ using NextBatch = std::function<double(int32_t* tokens, int32_t* targets)>;
 
 class Pipeline {
  public:
-  // `pp`: the ranks of this pipeline, stage = rank (null: one stage).
-  Pipeline(model::GptModel& model, parallel::Comm* pp, int slots, double timeout_s);
+  // `chunks`: this rank's model chunks in layer order, each with the slots the schedule needs
+  // (parallel::PipelineSlots); `pp`: the ranks of this pipeline, stage = rank (null: one stage).
+  Pipeline(std::vector<model::GptModel*> chunks, parallel::Comm* pp, double timeout_s);
   ~Pipeline();
 
-  // One step's micro-batches through this stage. `before_backward(k)` runs before micro-batch
-  // k's backward (the gradient strategy learns which is the last). Returns this stage's Σ row
-  // losses (the last stage's; 0 elsewhere). `data_ms` receives the time spent in `next`.
+  // Waits, within one comm_timeout_s in all, for the transfers still in flight (they read and
+  // write the models' arenas). False if one did not end: the arenas must then outlive this.
+  bool Quiesce();
+
+  // One step's micro-batches through this rank. `before_backward(k)` runs before each backward
+  // of micro-batch k (the gradient strategy learns which is the last). Returns this rank's Σ row
+  // losses (the last virtual stage's; 0 elsewhere). `data_ms` receives the time spent in `next`,
+  // which every rank calls once per micro-batch, in order.
   double Run(int m, const NextBatch& next, float dloss,
              const std::function<void(int)>& before_backward, double* data_ms);
   // Forward only, one micro-batch, no overlap (evaluation): Σ row losses on the last stage.
@@ -43,15 +48,17 @@ class Pipeline {
   double sent_bytes() const { return sent_bytes_; }
 
  private:
+  struct Chunk;
   void Wait(std::unique_ptr<parallel::Work>& w, const char* what);
+  // The neighbours of chunk c's virtual stage: rank and chunk there (-1: none).
+  std::pair<int, int> Prev(int c) const;
+  std::pair<int, int> Next(int c) const;
 
-  model::GptModel& model_;
+  std::vector<Chunk> chunks_;
   parallel::Comm* pp_;
-  const int slots_, stage_, stages_;
+  const int stage_, stages_;
   const double timeout_s_;
-  const size_t bytes_;                                  // one boundary tensor
-  std::vector<std::vector<int32_t>> tokens_, targets_;  // per slot
-  std::vector<std::unique_ptr<parallel::Work>> act_recv_, act_send_, grad_recv_, grad_send_;
+  size_t bytes_;  // one boundary tensor
   double wait_ms_ = 0, bubble_ = 0, sent_bytes_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
 #include "keel/core/timer.h"
+#include "keel/parallel/pipeline_schedule.h"
 
 namespace keel::train {
 namespace {
@@ -18,9 +19,16 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
   return r;
 }
 
-model::StageRange StageFor(const StepSpec& spec, const parallel::Comm* pp) {
-  if (!pp || pp->size() == 1) return model::WholeModel(spec.model);
-  return model::StageOf(spec.model, pp->size(), pp->rank());
+// This rank's chunks: virtual stage c·p + s of p·v equal ones, for c < v.
+std::vector<model::StageRange> ChunksFor(const StepSpec& spec, const parallel::Comm* pp) {
+  if (!pp || pp->size() == 1) return {model::WholeModel(spec.model)};
+  const int p = pp->size(), v = spec.virtual_stages;
+  KEEL_CHECK(v >= 1 && spec.model.n_layer % (p * v) == 0,
+             "TrainStep: pp x virtual_stages must divide n_layer (config validation says so)");
+  std::vector<model::StageRange> chunks;
+  for (int c = 0; c < v; ++c)
+    chunks.push_back(model::StageOf(spec.model, p * v, c * p + pp->rank()));
+  return chunks;
 }
 
 }  // namespace
@@ -32,22 +40,34 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     : spec_(spec),
       g_(groups),
       comm_(*groups.dp),
-      layout_(model::ParamLayout::Gpt2Stage(spec.model, StageFor(spec, groups.pp))) {
+      layout_(model::ParamLayout::Gpt2Stage(spec.model, ChunksFor(spec, groups.pp))) {
   KEEL_CHECK(!g_.pp || g_.pp->size() == spec.dims.pp, "TrainStep: pp group size != dims.pp");
-  const model::StageRange& st = layout_.stage();
   store_ =
       std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype), spec.dims,
                                           comm_.rank(), RangesOf(layout_, spec.frozen), spec.hyper);
   zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
                                          spec.comm_timeout_s);
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
-  const int slots = model::PipelineSlots(pp, stage, spec.micro_batches);
-  model_ = std::make_unique<model::GptModel>(spec.model, spec.dtype, spec.micro_batch, spec.seq_len,
-                                             spec.recompute, zero_.get(), st, slots);
-  pipe_ = std::make_unique<Pipeline>(*model_, pp > 1 ? g_.pp : nullptr, slots, spec.comm_timeout_s);
+  const auto& chunks = layout_.chunks();
+  const std::vector<int> slots =
+      parallel::PipelineSlots(pp, stage, int(chunks.size()), spec.micro_batches);
+  std::vector<model::GptModel*> ptrs;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    models_.push_back(std::make_unique<model::GptModel>(spec.model, spec.dtype, spec.micro_batch,
+                                                        spec.seq_len, spec.recompute, zero_.get(),
+                                                        layout_, chunks[c], slots[c]));
+    ptrs.push_back(models_.back().get());
+  }
+  pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
 }
 
-TrainStep::~TrainStep() = default;
+TrainStep::~TrainStep() {
+  // Transfers in flight write into the models' arenas. If one does not end (a lost peer; the
+  // process is on its way to exit 75), the arenas are leaked on purpose rather than freed under
+  // MPI, as ZeroStrategy does with its buffers.
+  if (!pipe_->Quiesce())
+    for (auto& m : models_) (void)m.release();
+}
 
 void TrainStep::SetWeights(const float* full) {
   // `full` is the whole model's layout; this stage's tensors sit elsewhere in its own.
@@ -123,8 +143,7 @@ double TrainStep::Forward(const int32_t* tokens, const int32_t* targets) {
 ckpt::StateView TrainStep::StateView() {
   ckpt::StateView v;
   v.tensors = ckpt::TensorSpecs(layout_);
-  if (layout_.stage().layers() != spec_.model.n_layer)
-    v.all_tensors = ckpt::TensorSpecs(model::ParamLayout::Gpt2(spec_.model));
+  if (!layout_.whole()) v.all_tensors = ckpt::TensorSpecs(model::ParamLayout::Gpt2(spec_.model));
   v.buffers = {
       {"master", store_->master()}, {"adam_m", store_->adam_m()}, {"adam_v", store_->adam_v()}};
   v.lo = store_->state_lo();
@@ -135,6 +154,12 @@ ckpt::StateView TrainStep::StateView() {
   return v;
 }
 
+size_t TrainStep::ActivationBytes() const {
+  size_t b = 0;
+  for (const auto& m : models_) b += m->activation_plan().total_bytes;
+  return b;
+}
+
 nlohmann::json TrainStep::MemoryBytes() const {
   const parallel::StateBytes b = store_->bytes();
   return {{"master", b.master},
@@ -143,7 +168,7 @@ nlohmann::json TrainStep::MemoryBytes() const {
           {"grads", b.grads},
           {"adam_moments", b.moments},
           {"zero_buffers", zero_->buffer_bytes()},
-          {"activations", model_->activation_plan().total_bytes}};
+          {"activations", ActivationBytes()}};
 }
 
 }  // namespace keel::train

@@ -33,7 +33,8 @@ struct StepSpec {
   model::ModelConfig model;
   DType dtype = DType::kBF16;
   int micro_batch = 1, seq_len = 64;
-  int micro_batches = 1;  // per step (gradient accumulation): sizes the pipeline's slots
+  int micro_batches = 1;   // per step (gradient accumulation): sizes the pipeline's slots
+  int virtual_stages = 1;  // model chunks per pipeline rank (> 1: interleaved 1F1B)
   model::Recompute recompute = model::Recompute::kNone;
   parallel::ParallelDims dims;
   optim::AdamWHyper hyper;
@@ -57,7 +58,7 @@ class TrainStep {
   ~TrainStep();
 
   const model::ParamLayout& layout() const { return layout_; }
-  model::GptModel& model() { return *model_; }
+  model::GptModel& model() { return *models_.front(); }  // the first chunk
   optim::ParamStore& store() { return *store_; }
   ZeroStrategy& strategy() { return *zero_; }
 
@@ -85,6 +86,7 @@ class TrainStep {
   ckpt::StateView StateView();
   // What this rank allocated, by kind (the figures `keel plan --accounting keel` predicts).
   nlohmann::json MemoryBytes() const;
+  size_t ActivationBytes() const;  // every chunk's arena
   // Of the last step, by group: milliseconds waited on communication the step could not overlap
   // (dp: gradient reduction and ZeRO; pp: activations and gradients between stages, i.e. the
   // bubble; tied: the embedding's gradient sum) and bytes sent.
@@ -95,7 +97,7 @@ class TrainStep {
   double tied_wait_ms() const { return tied_ms_; }
   // The fraction of this stage's schedule spent waiting for other stages (the measured bubble).
   double bubble() const { return pipe_->bubble(); }
-  const model::StageRange& stage() const { return layout_.stage(); }
+  bool last_stage() const { return layout_.holds_last(); }
 
  private:
   void SumTiedGrads();
@@ -106,7 +108,7 @@ class TrainStep {
   model::ParamLayout layout_;
   std::unique_ptr<optim::ParamStore> store_;
   std::unique_ptr<ZeroStrategy> zero_;
-  std::unique_ptr<model::GptModel> model_;
+  std::vector<std::unique_ptr<model::GptModel>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
   double tied_ms_ = 0, tied_bytes_ = 0;
 };

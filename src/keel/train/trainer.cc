@@ -24,7 +24,7 @@
 #include "keel/monitor/jsonl.h"
 #include "keel/optim/schedule.h"
 #include "keel/parallel/groups.h"
-#include "keel/plan/comm_time.h"
+#include "keel/parallel/pipeline_schedule.h"
 #include "keel/train/checkpointing.h"
 #include "keel/train/freeze.h"
 #include "keel/train/samples.h"
@@ -150,6 +150,7 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.dtype = s.dtype;
   spec.micro_batch = s.micro_batch;
   spec.micro_batches = s.n_micro;
+  spec.virtual_stages = cfg.parallel.virtual_stages;
   spec.seq_len = cfg.data.seq_len;
   spec.recompute = model::ParseRecompute(cfg.model.recompute);
   spec.dims = s.dims;
@@ -204,6 +205,8 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const parallel::Groups groups = parallel::MakeGroups(comm, dims);
   TrainStep step(spec, StepGroups{groups.dp.get(), groups.pp.get(), groups.tied.get()});
   const bool pipelined = dims.pp > 1;
+  const double bubble_predicted =
+      parallel::PipelineBubble(dims.pp, s.n_micro, cfg.parallel.virtual_stages);
   {
     // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
     std::vector<float> init(layout.total());
@@ -275,11 +278,15 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
         cfg.model.name.c_str(), DTypeName(s.dtype), layout.total(), comm.size(), threads,
         cfg.train.batch_size, T, s.n_micro, s.micro_batch);
     Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm.size());
-    if (pipelined)
+    if (pipelined && spec.virtual_stages == 1)
       Log("keel: pipeline: %d stages of %d layers, 1F1B over %d micro-batches; predicted bubble "
           "%.1f%% ((pp - 1) / (m + pp - 1), as keel plan)",
-          dims.pp, mcfg.n_layer / dims.pp, s.n_micro,
-          100 * plan::PipelineBubble(dims.pp, s.n_micro));
+          dims.pp, mcfg.n_layer / dims.pp, s.n_micro, 100 * bubble_predicted);
+    if (pipelined && spec.virtual_stages > 1)
+      Log("keel: pipeline: %d stages x %d interleaved chunks of %d layer(s), 1F1B over %d "
+          "micro-batches; predicted bubble %.1f%% ((pp - 1) / (m + pp - 1) / v)",
+          dims.pp, spec.virtual_stages, mcfg.n_layer / (dims.pp * spec.virtual_stages), s.n_micro,
+          100 * bubble_predicted);
     std::string kinds;
     for (const auto& [kind, bytes] : memory.items())
       if (bytes.get<size_t>())
@@ -325,7 +332,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     // Update adds its own (inside optim_ms). Waiting for other stages is the pipeline's bubble.
     const double backward_wait_ms = step.comm_wait_ms() + step.pp_wait_ms();
     // The bubble as the last stage measured it, and the slowest stage's wait, for rank 0's log.
-    double pipe[2] = {step.stage().last() ? step.bubble() : 0.0, step.pp_wait_ms()};
+    double pipe[2] = {step.last_stage() ? step.bubble() : 0.0, step.pp_wait_ms()};
     if (pipelined) comm.AllReduceMax(pipe, 2);
     if (!std::isfinite(loss) && cfg.resilience.stop_on_nonfinite)
       ThrowRuntime("step " + std::to_string(step_i) + ": the loss is " + std::to_string(loss) +
@@ -377,7 +384,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
         m["pp_wait_ms"] = pipe[1];
         m["tied_wait_ms"] = step.tied_wait_ms();
         m["bubble"] = pipe[0];
-        m["bubble_predicted"] = plan::PipelineBubble(dims.pp, s.n_micro);
+        m["bubble_predicted"] = bubble_predicted;
       }
       metrics.Write(m);
     }
