@@ -3,7 +3,9 @@
 // tokens/s, MFU, communication and a per-kernel breakdown as one JSON line (rank 0).
 //
 //   build/bench_train_step gpt2 4 256 bf16 [steps=10] [warmup=2] [recompute=none] [zero=0]
+//                          [micro_batches=1] [pp=1] [virtual_stages=1]
 //   mpirun -np 2 build/bench_train_step gpt2 4 256 bf16 10 2 none 3    # dp 2, ZeRO-3
+//   mpirun -np 2 build/bench_train_step gpt2 1 256 bf16 5 2 none 0 8 2  # pp 2, 8 micro-batches
 #include <omp.h>
 
 #include <algorithm>
@@ -19,13 +21,17 @@
 #include "keel/model/params.h"
 #include "keel/monitor/flops.h"
 #include "keel/parallel/comm.h"
+#include "keel/parallel/groups.h"
 #include "keel/train/step.h"
 
 using namespace keel;
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s MODEL B T fp32|bf16 [steps] [warmup] [recompute]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s MODEL B T fp32|bf16 [steps] [warmup] [recompute] [zero] "
+                 "[micro_batches] [pp] [virtual_stages]\n",
+                 argv[0]);
     return 2;
   }
   const std::string name = argv[1];
@@ -47,14 +53,19 @@ int main(int argc, char** argv) {
   spec.micro_batch = B;
   spec.seq_len = T;
   spec.recompute = recompute;
-  spec.dims = {comm->size(), 1, 1, argc > 8 ? std::atoi(argv[8]) : 0};
-  train::TrainStep st(spec, *comm);
+  const int m = argc > 9 ? std::atoi(argv[9]) : 1, pp = argc > 10 ? std::atoi(argv[10]) : 1;
+  spec.micro_batches = m;
+  spec.virtual_stages = argc > 11 ? std::atoi(argv[11]) : 1;
+  spec.dims = {comm->size() / pp, 1, pp, argc > 8 ? std::atoi(argv[8]) : 0};
+  const parallel::Groups g = parallel::MakeGroups(*comm, spec.dims);
+  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get()});
+  const model::ParamLayout whole = model::ParamLayout::Gpt2(cfg);
   {
-    std::vector<float> init(st.layout().total());
-    model::InitParams(st.layout(), cfg, 1, init.data());
+    std::vector<float> init(whole.total());
+    model::InitParams(whole, cfg, 1, init.data());
     st.SetWeights(init.data());
   }
-  Philox rng(1, uint64_t(comm->rank()));
+  Philox rng(1, uint64_t(g.at.dp));
   // Drawn once, outside the timed steps; each step copies them.
   std::vector<int32_t> toks(size_t(B) * T), tgts(toks.size());
   for (size_t i = 0; i < toks.size(); ++i) {
@@ -66,12 +77,12 @@ int main(int argc, char** argv) {
     std::copy(tgts.begin(), tgts.end(), targets);
     return 0.0;
   };
-  double total_s = 0, wait_ms = 0, sent = 0;
+  double total_s = 0, wait_ms = 0, sent = 0, pp_wait_ms = 0, bubble = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     if (s == warmup) kernels::ProfileReset(true);
     comm->Barrier();
     Timer t;
-    st.ForwardBackward(1, next, 1.0f / (B * T * comm->size()));
+    st.ForwardBackward(m, next, 1.0f / float(B * T * m * spec.dims.dp));
     {
       kernels::ProfileScope p("adamw");
       st.Update(1e-4f, 1.0f);
@@ -79,12 +90,16 @@ int main(int argc, char** argv) {
     if (s >= warmup) {
       total_s += t.Seconds();
       wait_ms += st.comm_wait_ms();
+      pp_wait_ms += st.pp_wait_ms();
+      bubble += st.last_stage() ? st.bubble() : 0;
       sent += st.comm_bytes();
     }
   }
   total_s = comm->AllReduceMax(total_s);
-  const double tok_s = double(B) * T * steps * comm->size() / total_s;
-  const double params = double(st.layout().total() - st.layout().Find("wpe.weight").numel);
+  pp_wait_ms = comm->AllReduceMax(pp_wait_ms);
+  bubble = comm->AllReduceMax(bubble);  // the last stage's
+  const double tok_s = double(B) * T * m * steps * spec.dims.dp / total_s;
+  const double params = double(whole.total() - whole.Find("wpe.weight").numel);
   const double flops = monitor::TrainFlopsPerToken(params, cfg.n_layer, cfg.n_embd, T);
   const int threads = omp_get_max_threads();
   nlohmann::json out = {{"impl", "keel"},
@@ -96,14 +111,19 @@ int main(int argc, char** argv) {
                         {"threads", threads},
                         {"tokens_per_s", tok_s},
                         {"ms_per_step", 1e3 * total_s / steps},
-                        {"dp", comm->size()},
+                        {"dp", spec.dims.dp},
+                        {"pp", pp},
+                        {"micro_batches", m},
+                        {"virtual_stages", spec.virtual_stages},
                         {"zero", spec.dims.zero},
                         {"mfu", flops * tok_s / monitor::PeakFlops(dtype, threads) / comm->size()},
                         {"comm_wait_ms", wait_ms / steps},
+                        {"pp_wait_ms", pp_wait_ms / steps},
+                        {"bubble", bubble / steps},
                         {"comm_bytes", sent / steps},
-                        {"params", st.layout().total()},
+                        {"params", whole.total()},
                         {"memory_bytes", st.MemoryBytes()},
-                        {"activation_mib", st.model().activation_plan().total_bytes / 1048576.0},
+                        {"activation_mib", st.ActivationBytes() / 1048576.0},
                         {"breakdown_ms", kernels::ProfileReport(steps)}};
   if (comm->rank() == 0) std::printf("%s\n", out.dump().c_str());
   return 0;
