@@ -18,7 +18,7 @@ model=${MODEL:-gpt2} dtype=${DTYPE:-bf16} steps=${STEPS:-3} warmup=${WARMUP:-1}
 out=$build/pipeline_throughput.jsonl
 : >"$out"
 echo "pipeline_throughput: $model $dtype, T=256, 8 sequences per step, $steps timed steps ($(nproc) cores)"
-bench() {  # np threads B zero micro_batches pp [virtual_stages]
+bench() {  # np threads B zero micro_batches pp [virtual_stages] [equal|auto]
   local np=$1 threads=$2
   shift 2
   local cmd=("$build/bench_train_step" "$model" "$1" 256 "$dtype" "$steps" "$warmup" none "${@:2}")
@@ -33,6 +33,7 @@ bench 1 2 1 0 8 1   # one process, 8 micro-batches
 bench 2 1 1 0 4 1   # dp 2
 bench 2 1 1 0 8 2   # pp 2
 bench 2 1 1 0 8 2 2 # pp 2, interleaved: 2 chunks of 3 layers per rank
+bench 2 1 1 0 8 2 1 auto  # pp 2, 9 + 3 layers: the classifier's stage gets fewer
 bench 4 1 1 0 8 4   # pp 4 (4 ranks on the cores)
 bench 4 1 1 0 4 2   # dp 2 x pp 2 (4 ranks on the cores)
 /usr/bin/python3 - "$out" "$build/keel" "$model" "$dtype" <<'PY'
@@ -55,9 +56,11 @@ print(f"{'run':26s} {'tokens/s':>9s} {'/1proc':>7s} {'dp wait':>8s} {'pp wait':>
       f"{'bubble':>7s} {'planned':>8s} {'step s':>7s} {'plan s':>7s}")
 for r in rows:
     v = r.get("virtual_stages", 1)
+    split = ", 9+3" if r.get("pp_layers") == "auto" else ""
     name = ("1 process x 2 threads" if r["dp"] * r["pp"] == 1 else
-            f"dp {r['dp']} x pp {r['pp']}{' v ' + str(v) if v > 1 else ''}, m {r['micro_batches']}")
-    p = planned(r) if r["dp"] * r["pp"] > 1 else None
+            f"dp {r['dp']} x pp {r['pp']}{' v ' + str(v) if v > 1 else ''}, m {r['micro_batches']}{split}")
+    # The planner splits the layers equally: no figure for the balanced split.
+    p = planned(r) if r["dp"] * r["pp"] > 1 and r.get("pp_layers") != "auto" else None
     pb = f"{p['bubble']:.3f}" if p else "-"
     ps = f"{p['step_s']:.2f}" if p else "-"
     bubble = f"{r['bubble']:.3f}" if r["pp"] > 1 else "-"

@@ -3,7 +3,7 @@
 // tokens/s, MFU, communication and a per-kernel breakdown as one JSON line (rank 0).
 //
 //   build/bench_train_step gpt2 4 256 bf16 [steps=10] [warmup=2] [recompute=none] [zero=0]
-//                          [micro_batches=1] [pp=1] [virtual_stages=1]
+//                          [micro_batches=1] [pp=1] [virtual_stages=1] [pp_layers=equal|auto]
 //   mpirun -np 2 build/bench_train_step gpt2 4 256 bf16 10 2 none 3    # dp 2, ZeRO-3
 //   mpirun -np 2 build/bench_train_step gpt2 1 256 bf16 5 2 none 0 8 2  # pp 2, 8 micro-batches
 #include <omp.h>
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   if (argc < 5) {
     std::fprintf(stderr,
                  "usage: %s MODEL B T fp32|bf16 [steps] [warmup] [recompute] [zero] "
-                 "[micro_batches] [pp] [virtual_stages]\n",
+                 "[micro_batches] [pp] [virtual_stages] [equal|auto]\n",
                  argv[0]);
     return 2;
   }
@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
   const int m = argc > 9 ? std::atoi(argv[9]) : 1, pp = argc > 10 ? std::atoi(argv[10]) : 1;
   spec.micro_batches = m;
   spec.virtual_stages = argc > 11 ? std::atoi(argv[11]) : 1;
+  const bool balanced = argc > 12 && std::string(argv[12]) == "auto";
+  if (balanced) spec.stage_layers = model::BalancedStageLayers(cfg, T, pp);
   spec.dims = {comm->size() / pp, 1, pp, argc > 8 ? std::atoi(argv[8]) : 0};
   const parallel::Groups g = parallel::MakeGroups(*comm, spec.dims);
   train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get()});
@@ -115,6 +117,7 @@ int main(int argc, char** argv) {
                         {"pp", pp},
                         {"micro_batches", m},
                         {"virtual_stages", spec.virtual_stages},
+                        {"pp_layers", balanced ? "auto" : "equal"},
                         {"zero", spec.dims.zero},
                         {"mfu", flops * tok_s / monitor::PeakFlops(dtype, threads) / comm->size()},
                         {"comm_wait_ms", wait_ms / steps},

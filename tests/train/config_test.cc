@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "keel/core/error.h"
+#include "keel/model/params.h"
 
 namespace keel::train {
 namespace {
@@ -128,8 +129,8 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
   a.train.sample_prompt = "";
   a.optim = {3e-4f,  0.1f * 3e-4f, 7,    "constant", 0.8f,
              0.999f, 1e-8f,        0.0f, 0.7f,       "wte.*,h.?.ln_1.*"};
-  a.parallel = {3, 2,     4,      2,
-                1, 25.0f, 1234.5f};  // dp, tp, pp, v, zero (LoadConfig does not check them)
+  // dp, tp, pp, virtual_stages, pp_layers, zero (LoadConfig does not check them)
+  a.parallel = {3, 2, 4, 2, "3,1", 1, 25.0f, 1234.5f};
   a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto"};
   a.resilience.stop_on_nonfinite = false;
   a.monitor = {123.456, false};
@@ -314,15 +315,19 @@ TEST(Config, ParallelLayoutKeysParseAndRoundTrip) {
   EXPECT_EQ(a.parallel.zero, 3);
   EXPECT_EQ(RunConfig{}.parallel.dp, 0);  // 0 = the ranks launched / (tp x pp)
   std::string text = ToToml(a);
-  EXPECT_NE(text.find("[parallel]\ndp = 2\ntp = 1\npp = 1\nvirtual_stages = 1\nzero = 3\n"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find(
+          "[parallel]\ndp = 2\ntp = 1\npp = 1\nvirtual_stages = 1\npp_layers = \"\"\nzero = 3\n"),
+      std::string::npos)
       << text;
   RunConfig b = LoadConfig(WriteConfig("parallel_round.toml", text), {});
   a.source = b.source;
   EXPECT_EQ(a, b) << text;
   std::string msg = BadInputMessage([] { LoadConfig("", {"parallel.zeros=1"}); });
-  EXPECT_NE(msg.find("--set parallel.zeros: unknown key (known: dp, tp, pp, virtual_stages, zero,"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find(
+          "--set parallel.zeros: unknown key (known: dp, tp, pp, virtual_stages, pp_layers, zero,"),
+      std::string::npos)
       << msg;
   msg = LoadError("parallel_type.toml", "[parallel]\ntp = 2.5\n");
   EXPECT_NE(msg.find("[parallel] tp: expected an integer, got float 2.5"), std::string::npos)
@@ -439,6 +444,38 @@ TEST(ResolveDims, PipelineNeedsMicroBatchesAndZeroAtMostOne) {
   cfg.parallel.pp = 3;  // 4 layers
   msg = BadInputMessage([&] { ResolveDims(cfg, 3); });
   EXPECT_NE(msg.find("pp=3 does not divide model.n_layer=4"), std::string::npos) << msg;
+}
+
+TEST(ResolveDims, PipelineLayersPerStageAreCheckedAndMayBeUneven) {
+  RunConfig cfg;  // gpt2-mini: 4 layers, batch 8
+  cfg.parallel.pp = 2;
+  cfg.train.micro_batch_size = 2;
+  EXPECT_TRUE(StageLayers(cfg, 2).empty());  // equal stages
+  cfg.parallel.pp_layers = "3,1";
+  EXPECT_EQ(StageLayers(cfg, 2), (std::vector<int>{3, 1}));
+  EXPECT_EQ(ResolveDims(cfg, 2).pp, 2);
+  cfg.parallel.pp_layers = "auto";
+  EXPECT_EQ(StageLayers(cfg, 2),
+            model::BalancedStageLayers(cfg.ResolvedModel(), cfg.data.seq_len, 2));
+  cfg.parallel.pp = 3;  // 4 layers do not split equally over 3 stages, but 2+1+1 is fine
+  cfg.parallel.pp_layers = "2,1,1";
+  cfg.train.batch_size = 6;
+  EXPECT_EQ(ResolveDims(cfg, 3).pp, 3);
+  cfg.parallel.pp_layers = "2,1";
+  EXPECT_EQ(BadInputMessage([&] { ResolveDims(cfg, 3); }),
+            "config (defaults): [parallel] pp_layers: \"2,1\" gives 2 stage(s) of 3 layers in all; "
+            "the run has pp=3 and model.n_layer=4");
+  cfg.parallel.pp_layers = "2,,2";
+  EXPECT_NE(BadInputMessage([&] { ResolveDims(cfg, 3); }).find("expected \"auto\" or blocks per"),
+            std::string::npos);
+  cfg.parallel.pp_layers = "2,0,2";
+  EXPECT_NE(BadInputMessage([&] { ResolveDims(cfg, 3); }).find("(each >= 1)"), std::string::npos);
+  cfg.parallel.pp = 2;
+  cfg.train.batch_size = 8;
+  cfg.parallel.pp_layers = "3,1";
+  cfg.parallel.virtual_stages = 2;
+  EXPECT_NE(BadInputMessage([&] { ResolveDims(cfg, 2); }).find("uneven stages do not interleave"),
+            std::string::npos);
 }
 
 TEST(Config, ShippedConfigsLoad) {

@@ -53,26 +53,15 @@ if [[ -z ${4:-} ]]; then
   done
 fi
 
-/usr/bin/python3 - "$tmp" "${names[@]}" <<'PY'
-import json, struct, sys
-import numpy as np
+KEEL_TEST_DIR="$src/tests/train" /usr/bin/python3 - "$tmp" "${names[@]}" <<'PY'
+import json, os, sys
+sys.path.insert(0, os.environ["KEEL_TEST_DIR"])
+import run_outputs as ro
 d, names = sys.argv[1], sys.argv[2:]
 def losses(name):
-    return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl")]
+    return ro.metric(d, name, "loss")
 def weights(name):  # the run's model.safetensors (fp32), tensor by tensor
-    raw = open(f"{d}/{name}/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
-                             dtype=np.float32)
-            for k, v in head.items() if k != "__metadata__"}
-def comparable(k, a):
-    # The key third of c_attn.bias has no gradient (softmax ignores a shift shared by all keys),
-    # so AdamW moves it by the sign of rounding noise, which the reduction order changes.
-    if k.endswith("attn.c_attn.bias"):
-        n = a.size // 3
-        return np.concatenate([a[:n], a[2 * n:]])
-    return a
+    return ro.weights(d, name)
 def ref_of(name):
     kind = "bf16" if "bf16" in name else "fp32"
     return ("deep-ref-" if name.startswith("deep") else "ref-") + kind
@@ -103,8 +92,7 @@ for name in names:
         refs[wr] = (None, weights(wr))
     w, rw = weights(name), refs[wr][1]
     wlimit = 1e-3
-    wworst, wname = max((float(np.max(np.abs(comparable(k, w[k]) - comparable(k, rw[k]))) /
-                               (np.max(np.abs(comparable(k, rw[k]))) + 1e-6)), k) for k in rw)
+    wworst, wname = ro.worst_weight_difference(w, rw)
     wok = wworst <= wlimit
     ok = ok and wok
     print(f"{name:18s} max relative loss difference {worst:.2e} (limit {limit:g}), final weights "

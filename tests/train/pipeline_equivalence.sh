@@ -2,6 +2,7 @@
 # Pipeline parallelism trains the same model as one process. A 4-layer tiny GPT, 20 steps, global
 # batch 8 in micro-batches of 2 (the reference accumulates the same micro-batches):
 #   fp32: pp 2, pp 4, pp 2 with full recompute, pp 2 interleaved (2 chunks of 1 layer per rank),
+#         pp 2 split 3+1 by parallel.pp_layers=auto,
 #         dp 2 x pp 2 with ZeRO 0 and 1: every step's loss
 #         within 1e-5 relative of one process, and the final weights within 1e-4 of its, relative
 #         to each tensor's largest value (a stage that dropped the tied embedding's other half,
@@ -51,13 +52,16 @@ run pp2 2 --set parallel.pp=2
 run pp4 4 --set parallel.pp=4
 run pp2-recompute 2 --set parallel.pp=2 --set model.recompute=full
 run pp2-v2 2 --set parallel.pp=2 --set parallel.virtual_stages=2
+run pp2-auto 2 --set parallel.pp=2 --set parallel.pp_layers=auto
+grep -q "pipeline: 2 stages of 3+1 layers" "$tmp/pp2-auto.log" ||
+  { echo "pp2-auto: the balanced split is not 3+1"; cat "$tmp/pp2-auto.log"; exit 1; }
 run dp2-pp2-z0 4 --set parallel.pp=2 --set parallel.dp=2 --set train.micro_batch_size=1
 run dp2-pp2-z1 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=1 \
   --set train.micro_batch_size=1
 run dp2-pp2-v2 4 --set parallel.pp=2 --set parallel.dp=2 --set parallel.virtual_stages=2 \
   --set train.micro_batch_size=1
 run bf16-pp2 2 --set parallel.pp=2 --set train.precision=bf16
-grep -q "pipeline: 2 stages of 2 layers, 1F1B over 4 micro-batches" "$tmp/pp2.log" ||
+grep -q "pipeline: 2 stages of 2+2 layers, 1F1B over 4 micro-batches" "$tmp/pp2.log" ||
   { echo "pp2: no pipeline line in the log"; cat "$tmp/pp2.log"; exit 1; }
 grep -q "pipeline: 2 stages x 2 interleaved chunks of 1 layer(s)" "$tmp/pp2-v2.log" ||
   { echo "pp2-v2: no interleaved pipeline line in the log"; cat "$tmp/pp2-v2.log"; exit 1; }
@@ -84,31 +88,24 @@ refused bad-micro 4 "needs at least 4 micro-batches" --set parallel.pp=4 --set t
 refused bad-layers 2 "n_layer" --set parallel.pp=2 --set model.n_layer=3
 refused bad-chunks 2 "pp=2 x virtual_stages=4 = 8 does not divide model.n_layer=4" \
   --set parallel.pp=2 --set parallel.virtual_stages=4
+refused bad-split 2 '"2,1" gives 2 stage(s) of 3 layers in all' --set parallel.pp=2 \
+  --set parallel.pp_layers=2,1
+refused bad-split-text 2 'expected "auto" or blocks per stage' --set parallel.pp=2 \
+  --set parallel.pp_layers=3,x
 refused bad-interleave 2 "a multiple of pp=2" --set parallel.pp=2 --set parallel.virtual_stages=2 \
   --set train.batch_size=6
 
-/usr/bin/python3 - "$tmp" <<'PY'
-import json, struct, sys
-import numpy as np
+KEEL_TEST_DIR="$src/tests/train" /usr/bin/python3 - "$tmp" <<'PY'
+import json, os, sys
+sys.path.insert(0, os.environ["KEEL_TEST_DIR"])
+import run_outputs as ro
 d = sys.argv[1]
 def metric(name, key):
-    return [json.loads(l).get(key) for l in open(f"{d}/{name}/metrics.jsonl")]
+    return ro.metric(d, name, key)
 def losses(name):
     return metric(name, "loss")
 def weights(name):
-    raw = open(f"{d}/{name}/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    head = json.loads(raw[8:8 + n])
-    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
-                             dtype=np.float32)
-            for k, v in head.items() if k != "__metadata__"}
-def comparable(k, a):
-    # The key third of c_attn.bias has no gradient (softmax ignores a shift shared by all keys):
-    # AdamW moves it by the sign of rounding noise, which the summation order changes.
-    if k.endswith("attn.c_attn.bias"):
-        n = a.size // 3
-        return np.concatenate([a[:n], a[2 * n:]])
-    return a
+    return ro.weights(d, name)
 bad = 0
 def check(name, ref, limit, wlimit=None, first=0):
     global bad
@@ -129,8 +126,7 @@ def check(name, ref, limit, wlimit=None, first=0):
         ok, line = ok and kw <= limit, line + f", {key} {kw:.1e}"
     if wlimit is not None:
         w, rw = weights(name), weights(ref)
-        ww, wk = max((float(np.max(np.abs(comparable(k, w[k]) - comparable(k, rw[k]))) /
-                            (np.max(np.abs(comparable(k, rw[k]))) + 1e-6)), k) for k in rw)
+        ww, wk = ro.worst_weight_difference(w, rw)
         ok = ok and ww <= wlimit
         line += f", final weights {ww:.1e} ({wk}; limit {wlimit:g})"
     print(line + (" ok" if ok else " FAIL"))
@@ -138,7 +134,8 @@ def check(name, ref, limit, wlimit=None, first=0):
         bad = 1
         for i, (a, b) in enumerate(zip(got, want)):
             print(f"  step {i+1}: {a:.8f} reference {b:.8f}")
-for name in ["pp2", "pp4", "pp2-recompute", "pp2-v2", "dp2-pp2-z0", "dp2-pp2-z1", "dp2-pp2-v2"]:
+for name in ["pp2", "pp4", "pp2-recompute", "pp2-v2", "pp2-auto", "dp2-pp2-z0", "dp2-pp2-z1",
+             "dp2-pp2-v2"]:
     check(name, "ref-fp32", 1e-5, 1e-4)
 check("bf16-pp2", "ref-bf16", 1e-2)
 for name, ref in [("pp2to-dp2", "full-pp2"), ("pp2to-pp4", "full-pp2"), ("dp1to-pp2dp2", "ref-fp32"),

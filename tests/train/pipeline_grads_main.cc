@@ -34,7 +34,8 @@ void Batch(int r, int k, int vocab, int32_t* tokens, int32_t* targets) {
   }
 }
 
-int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1) {
+int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
+          std::vector<int> stage_layers = {}) {
   model::ModelConfig cfg = model::NamedConfig("gpt2-tiny");
   cfg.n_layer = 4;
   const model::ParamLayout whole = model::ParamLayout::Gpt2(cfg);
@@ -61,6 +62,7 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1) 
   spec.seq_len = kT;
   spec.micro_batches = kMicro;
   spec.virtual_stages = v;
+  spec.stage_layers = stage_layers;
   spec.dims = dims;
   spec.bucket_elems = 4096;
   spec.comm_timeout_s = 60;
@@ -111,6 +113,7 @@ int main() {
   const int n = world->size();
   int bad = Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/n, /*zero=*/0});
   if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
+  if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/0}, 1, {3, 1});
   if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1});
   if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
   const bool failed = world->AllReduceMax(double(bad)) > 0;

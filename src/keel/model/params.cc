@@ -45,6 +45,42 @@ StageRange StageOf(const ModelConfig& cfg, int pp, int stage) {
   return {stage * per, (stage + 1) * per, cfg.n_layer};
 }
 
+StageRange StageOf(const ModelConfig& cfg, const std::vector<int>& layers, int stage) {
+  int l0 = 0;
+  for (int i = 0; i < stage; ++i) l0 += layers[size_t(i)];
+  return {l0, l0 + layers[size_t(stage)], cfg.n_layer};
+}
+
+std::vector<int> BalancedStageLayers(const ModelConfig& cfg, int T, int pp) {
+  // Forward FLOPs per token: a block's matrix products (24·C²) and attention (4·T·C, causal
+  // halved: 2·T·C), the classifier 2·Vp·C on the last stage. Backward is about twice each, alike.
+  const double C = cfg.n_embd, block = 24 * C * C + 2.0 * T * C;
+  const double head = 2.0 * cfg.padded_vocab() * C;
+  const int L = cfg.n_layer;
+  // best[k][l]: the least possible largest stage over the first k stages holding l blocks.
+  const double inf = 1e300;
+  std::vector<std::vector<double>> best(size_t(pp) + 1, std::vector<double>(size_t(L) + 1, inf));
+  std::vector<std::vector<int>> cut(size_t(pp) + 1, std::vector<int>(size_t(L) + 1, 0));
+  best[0][0] = 0;
+  for (int k = 1; k <= pp; ++k)
+    for (int l = k; l <= L; ++l)
+      for (int n = 1; n <= l - (k - 1); ++n) {
+        const double prev = best[size_t(k - 1)][size_t(l - n)];
+        if (prev >= inf) continue;
+        const double cost = std::max(prev, n * block + (k == pp ? head : 0.0));
+        if (cost < best[size_t(k)][size_t(l)]) {
+          best[size_t(k)][size_t(l)] = cost;
+          cut[size_t(k)][size_t(l)] = n;
+        }
+      }
+  std::vector<int> layers(static_cast<size_t>(pp));
+  for (int k = pp, l = L; k >= 1; --k) {
+    layers[size_t(k - 1)] = cut[size_t(k)][size_t(l)];
+    l -= layers[size_t(k - 1)];
+  }
+  return layers;
+}
+
 ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
   ParamLayout p;
   const int C = cfg.n_embd, L = cfg.n_layer;

@@ -53,6 +53,13 @@ struct StageRange {
 };
 // Stage `stage` of `pp` equal stages (n_layer % pp == 0, checked by the config).
 StageRange StageOf(const ModelConfig& cfg, int pp, int stage);
+// Stage `stage` when stage i holds layers[i] blocks (Σ = n_layer).
+StageRange StageOf(const ModelConfig& cfg, const std::vector<int>& layers, int stage);
+// Blocks per stage that even out the stages' work: the last stage also runs the classifier
+// (2·V·C FLOPs per token forward, about 5 GPT-2 124M blocks' worth), so it gets fewer blocks.
+// Splits minimising the largest stage's forward FLOPs per token at sequence length T (each stage
+// at least one block).
+std::vector<int> BalancedStageLayers(const ModelConfig& cfg, int T, int pp);
 inline StageRange WholeModel(const ModelConfig& cfg) { return {0, cfg.n_layer, cfg.n_layer}; }
 
 class ParamLayout {

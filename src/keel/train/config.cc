@@ -71,6 +71,7 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"tp", &c.parallel.tp},
         {"pp", &c.parallel.pp},
         {"virtual_stages", &c.parallel.virtual_stages},
+        {"pp_layers", &c.parallel.pp_layers},
         {"zero", &c.parallel.zero},
         {"bucket_mb", &c.parallel.bucket_mb},
         {"comm_timeout_s", &c.parallel.comm_timeout_s}}},

@@ -98,6 +98,7 @@ struct ParallelSection {
   int tp = 1;
   int pp = 1;
   int virtual_stages = 1;         // model chunks per pipeline rank: > 1 is interleaved 1F1B
+  std::string pp_layers;          // blocks per stage: "" equal, "auto" balanced, or "9,3"
   int zero = 0;                   // 0: replicated; 1: optimizer state; 2: + gradients; 3: + weights
   float bucket_mb = 25.0f;        // gradient all-reduce bucket size
   float comm_timeout_s = 600.0f;  // a collective that takes longer is a hang: exit 75
@@ -168,9 +169,15 @@ void ValidateBatch(const RunConfig& cfg, int world_size);
 // The run's layout over `world` ranks: [parallel] dp, tp, pp and zero, with dp = 0 resolved to
 // world / (tp x pp), checked by parallel::ValidateDims against the ranks, the model's heads,
 // layers and padded vocabulary, and the global batch (train.batch_size over dp x micro-batches).
-// Then refuses what the trainer does not implement yet (tp > 1, pp > 1). Throws keel::Error (bad
-// input) with one line, e.g.
+// Then the pipeline's rules (zero <= 1, enough micro-batches, virtual_stages, pp_layers) and
+// refuses what the trainer does not implement yet (tp > 1). Throws keel::Error (bad input) with
+// one line, e.g.
 // "config a.toml: [parallel] tp=4 x pp=1 x dp=1 = 4 does not match the 6 ranks launched".
 parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world);
+
+// Blocks per pipeline stage from [parallel] pp_layers: empty for equal stages (""), the
+// FLOP-balanced split ("auto", model::BalancedStageLayers), or the list given ("9,3"). Throws
+// keel::Error (bad input) with one line when the list does not fit the model and pp.
+std::vector<int> StageLayers(const RunConfig& cfg, int pp);
 
 }  // namespace keel::train

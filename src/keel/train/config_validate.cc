@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <sstream>
 
 #include "keel/core/error.h"
+#include "keel/model/params.h"
 #include "keel/train/config.h"
 #include "keel/train/config_schema.h"
 
@@ -205,6 +207,45 @@ void ValidateBatch(const RunConfig& cfg, int world_size) {
   CheckBatchSplit(cfg, world_size, "ranks");
 }
 
+std::vector<int> StageLayers(const RunConfig& cfg, int pp) {
+  const ParallelSection& p = cfg.parallel;
+  if (p.pp_layers.empty()) return {};
+  const std::string where = internal::Provenance(cfg.source).Where("parallel", "pp_layers");
+  const model::ModelConfig m = cfg.ResolvedModel();
+  if (p.virtual_stages > 1)
+    ThrowBadInput(where + ": uneven stages do not interleave; set parallel.virtual_stages=1");
+  if (p.pp_layers == "auto") {
+    if (pp > m.n_layer)
+      ThrowBadInput(where + ": pp=" + std::to_string(pp) +
+                    " stages need at least as many layers (" +
+                    "model.n_layer=" + std::to_string(m.n_layer) + ")");
+    return model::BalancedStageLayers(m, cfg.data.seq_len, pp);
+  }
+  std::vector<int> layers;
+  int sum = 0;
+  std::stringstream in(p.pp_layers);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    while (used < item.size() && item[used] == ' ') ++used;
+    if (used != item.size() || item.empty() || n < 1)
+      ThrowBadInput(where + ": \"" + p.pp_layers +
+                    "\": expected \"auto\" or blocks per stage, e.g. \"9,3\" (each >= 1)");
+    layers.push_back(n);
+    sum += n;
+  }
+  if (int(layers.size()) != pp || sum != m.n_layer)
+    ThrowBadInput(where + ": \"" + p.pp_layers + "\" gives " + std::to_string(layers.size()) +
+                  " stage(s) of " + std::to_string(sum) + " layers in all; the run has pp=" +
+                  std::to_string(pp) + " and model.n_layer=" + std::to_string(m.n_layer));
+  return layers;
+}
+
 parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
   const std::string prefix = internal::Provenance(cfg.source).File() + ": [parallel] ";
   auto s = [](long v) { return std::to_string(v); };
@@ -222,10 +263,15 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
   // The layout against the ranks and the model (parallel/dims.h), then the global batch over dp
   // in the [train] keys' own words: the same rule as ValidateDims's, naming where it was set.
   const model::ModelConfig m = cfg.ResolvedModel();
-  parallel::ValidateDims(
-      d,
-      {.world = world, .n_head = m.n_head, .n_layer = m.n_layer, .padded_vocab = m.padded_vocab()},
-      prefix);
+  // With pp_layers the stages need not be equal: StageLayers checks the list instead.
+  const bool uneven = !p.pp_layers.empty();
+  parallel::ValidateDims(d,
+                         {.world = world,
+                          .n_head = m.n_head,
+                          .n_layer = uneven ? 0 : m.n_layer,
+                          .padded_vocab = m.padded_vocab()},
+                         prefix);
+  if (uneven) (void)StageLayers(cfg, d.pp);
   const bool derived = p.dp == 0;
   CheckBatchSplit(cfg, d.dp,
                   !derived           ? "parallel.dp"

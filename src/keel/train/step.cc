@@ -23,6 +23,10 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
 std::vector<model::StageRange> ChunksFor(const StepSpec& spec, const parallel::Comm* pp) {
   if (!pp || pp->size() == 1) return {model::WholeModel(spec.model)};
   const int p = pp->size(), v = spec.virtual_stages;
+  if (!spec.stage_layers.empty()) {
+    KEEL_CHECK(v == 1 && int(spec.stage_layers.size()) == p, "TrainStep: stage_layers != pp");
+    return {model::StageOf(spec.model, spec.stage_layers, pp->rank())};
+  }
   KEEL_CHECK(v >= 1 && spec.model.n_layer % (p * v) == 0,
              "TrainStep: pp x virtual_stages must divide n_layer (config validation says so)");
   std::vector<model::StageRange> chunks;

@@ -33,8 +33,9 @@ struct StepSpec {
   model::ModelConfig model;
   DType dtype = DType::kBF16;
   int micro_batch = 1, seq_len = 64;
-  int micro_batches = 1;   // per step (gradient accumulation): sizes the pipeline's slots
-  int virtual_stages = 1;  // model chunks per pipeline rank (> 1: interleaved 1F1B)
+  int micro_batches = 1;          // per step (gradient accumulation): sizes the pipeline's slots
+  int virtual_stages = 1;         // model chunks per pipeline rank (> 1: interleaved 1F1B)
+  std::vector<int> stage_layers;  // blocks per pipeline stage (v = 1); empty: equal stages
   model::Recompute recompute = model::Recompute::kNone;
   parallel::ParallelDims dims;
   optim::AdamWHyper hyper;

@@ -151,6 +151,7 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.micro_batch = s.micro_batch;
   spec.micro_batches = s.n_micro;
   spec.virtual_stages = cfg.parallel.virtual_stages;
+  spec.stage_layers = StageLayers(cfg, s.dims.pp);
   spec.seq_len = cfg.data.seq_len;
   spec.recompute = model::ParseRecompute(cfg.model.recompute);
   spec.dims = s.dims;
@@ -278,10 +279,18 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
         cfg.model.name.c_str(), DTypeName(s.dtype), layout.total(), comm.size(), threads,
         cfg.train.batch_size, T, s.n_micro, s.micro_batch);
     Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm.size());
-    if (pipelined && spec.virtual_stages == 1)
-      Log("keel: pipeline: %d stages of %d layers, 1F1B over %d micro-batches; predicted bubble "
+    if (pipelined && spec.virtual_stages == 1) {
+      std::string layers;
+      for (int i = 0; i < dims.pp; ++i)
+        layers += (i ? "+" : "") + std::to_string(model::StageOf(mcfg, dims.pp, i).layers());
+      if (!spec.stage_layers.empty()) {
+        layers.clear();
+        for (int n : spec.stage_layers) layers += (layers.empty() ? "" : "+") + std::to_string(n);
+      }
+      Log("keel: pipeline: %d stages of %s layers, 1F1B over %d micro-batches; predicted bubble "
           "%.1f%% ((pp - 1) / (m + pp - 1), as keel plan)",
-          dims.pp, mcfg.n_layer / dims.pp, s.n_micro, 100 * bubble_predicted);
+          dims.pp, layers.c_str(), s.n_micro, 100 * bubble_predicted);
+    }
     if (pipelined && spec.virtual_stages > 1)
       Log("keel: pipeline: %d stages x %d interleaved chunks of %d layer(s), 1F1B over %d "
           "micro-batches; predicted bubble %.1f%% ((pp - 1) / (m + pp - 1) / v)",
