@@ -118,9 +118,21 @@ TEST(Memory, NamedModelsHaveTheirParameterCounts) {
   EXPECT_NEAR(ParamsPerRank(NamedModel("175B"), 8, 1), TotalParams(NamedModel("175B")) / 8, 1);
 }
 
+TEST(Time, PipelineRunsAtTheClassifierStagesPace) {
+  // GPT-2 124M, seq 1024: a block is 72h² + 12hs = 51.9 MFLOPs per token, the classifier
+  // 6Vh = 231.6: the last of 2 equal stages has 543 of 854, i.e. 1.27 times the average.
+  const ModelSpec gpt2 = NamedModel("gpt2");
+  EXPECT_DOUBLE_EQ(PipelineStageImbalance(gpt2, 1), 1.0);
+  EXPECT_NEAR(PipelineStageImbalance(gpt2, 2), 1.27, 0.01);
+  EXPECT_GT(PipelineStageImbalance(gpt2, 4), PipelineStageImbalance(gpt2, 2));
+  // 175B at pp 8: the classifier is a third of a block beside 12 blocks per stage.
+  EXPECT_NEAR(PipelineStageImbalance(NamedModel("175B"), 8), 1.03, 0.01);
+}
+
 TEST(Time, BubbleAndMfu) {
   EXPECT_DOUBLE_EQ(PipelineBubble(1, 8), 0);
   EXPECT_DOUBLE_EQ(PipelineBubble(4, 8), 3.0 / 11);
+  EXPECT_DOUBLE_EQ(PipelineBubble(4, 8, 2), 3.0 / 22);  // interleaved, 2 chunks per rank
   const ModelSpec m = NamedModel("175B");
   EXPECT_DOUBLE_EQ(ModelFlopsPerToken(m, 175e9), 6 * 175e9 + 12.0 * 96 * 12288 * 2048);
   EXPECT_GT(HardwareFlopsPerToken(m, 175e9, Recompute::kFull),

@@ -70,6 +70,15 @@ double HardwareFlopsPerToken(const ModelSpec& m, double n_params, Recompute rc) 
   return f;
 }
 
+double PipelineStageImbalance(const ModelSpec& m, int pp) {
+  if (pp <= 1) return 1.0;
+  // Per token, forward and backward: a block 72h² + 12hs, the classifier 6Vh (the embedding
+  // lookup is free). Equal stages of blocks, the classifier on the last one.
+  const double h = m.hidden, block = 72 * h * h + 12 * h * m.seq, head = 6.0 * m.vocab * h;
+  const double total = m.layers * block + head, last = double(m.layers / pp) * block + head;
+  return pp * last / total;
+}
+
 StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c) {
   const ModelSpec& m = job.model;
   const Accelerator& acc = job.cluster.accel;
@@ -83,6 +92,8 @@ StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c) {
   // against the peak of the precision the run uses, as keel's trainer reports it.
   const double peak = PeakFlops(acc, job.precision == Precision::kFp32);
   t.compute_s = tokens * HardwareFlopsPerToken(m, n, l.recompute) / world / (peak * job.efficiency);
+  // A pipeline runs at its busiest stage's pace: the last, which also has the classifier.
+  t.compute_s *= PipelineStageImbalance(m, l.pp);
   // tp and pp transfers sit on the critical path; the dp traffic overlaps backward (about 2/3 of
   // the compute) and only its excess is exposed.
   const double dp_exposed = std::max(0.0, c.dp_s - t.compute_s * 2.0 / 3.0);
