@@ -146,6 +146,12 @@ b = bubbles[-1]
 print(f"pp4: measured bubble {b['bubble']:.3f}, predicted {b['bubble_predicted']:.3f}")
 if not (0 <= b["bubble"] < 1 and abs(b["bubble_predicted"] - 3 / 7) < 1e-9):
     print("pp4: bubble figures out of range"); bad = 1
+# The trainer's memory report names every stage: stage 0's total is rank 0's own.
+mem = next(json.loads(l) for l in open(f"{d}/pp2/events.jsonl") if '"memory"' in l)
+per = mem.get("stage_bytes", [])
+print(f"pp2: memory per stage {[round(b / 2**20, 2) for b in per]} MiB")
+if len(per) != 2 or per[0] != sum(mem["bytes"].values()) or min(per) <= 0:
+    print(f"pp2: memory event {mem}"); bad = 1
 m = json.load(open(f"{d}/cut-pp2/checkpoints/step_00000010/manifest.json"))
 if m["state"]["layout"] != {"dp": 1, "tp": 1, "pp": 2, "zero": 0}:
     print(f"cut-pp2: manifest layout {m['state']['layout']}"); bad = 1

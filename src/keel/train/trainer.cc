@@ -273,6 +273,11 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const nlohmann::json memory = step.MemoryBytes();
   size_t memory_total = 0;
   for (const auto& [kind, bytes] : memory.items()) memory_total += bytes.get<size_t>();
+  // Pipeline stages hold different parts of the model: each stage's total, for rank 0's log
+  // (every rank takes part; a stage's data-parallel ranks differ only by ZeRO rounding).
+  std::vector<double> stage_bytes(size_t(dims.pp), 0.0);
+  stage_bytes[size_t(groups.at.pp)] = double(memory_total);
+  if (pipelined) comm.AllReduceMax(stage_bytes.data(), stage_bytes.size());
   if (lead) {
     Log("keel: %s %s, %zu parameters, %d rank(s) × %d thread(s), batch %d × %d tokens, "
         "%d micro-batch(es) of %d",
@@ -302,7 +307,17 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
         kinds += (kinds.empty() ? "" : ", ") + kind + " " +
                  std::to_string(bytes.get<size_t>() / 1048576.0).substr(0, 6);
     Log("keel: memory per rank (MiB): %s; total %.1f MiB", kinds.c_str(), memory_total / 1048576.0);
-    events.Write({{"event", "memory"}, {"bytes", memory}, {"layout", parallel::DimsName(dims)}});
+    nlohmann::json event = {
+        {"event", "memory"}, {"bytes", memory}, {"layout", parallel::DimsName(dims)}};
+    if (pipelined) {
+      std::string per;
+      for (double b : stage_bytes)
+        per += (per.empty() ? "" : ", ") + std::to_string(b / 1048576.0).substr(0, 6);
+      Log("keel: memory per pipeline stage (MiB, the figures above are stage 0's): %s",
+          per.c_str());
+      event["stage_bytes"] = stage_bytes;
+    }
+    events.Write(event);
   }
   if (lead) {
     // Which data the run draws from, with each source's share, so a log says what was trained.
