@@ -5,6 +5,7 @@
 #include "keel/core/error.h"
 #include "keel/core/timer.h"
 #include "keel/parallel/pipeline_schedule.h"
+#include "keel/train/comm_wait.h"
 
 namespace keel::train {
 namespace {
@@ -45,18 +46,12 @@ Pipeline::Pipeline(std::vector<model::GptModel*> chunks, parallel::Comm* pp, dou
 Pipeline::~Pipeline() = default;
 
 bool Pipeline::Quiesce() {
-  // One deadline for all: a lost peer must not cost comm_timeout_s per pending transfer.
-  Timer t;
+  const Timer since;
   bool done = true;
   for (Chunk& c : chunks_)
     for (auto* v : {&c.act_recv, &c.act_send, &c.grad_recv, &c.grad_send})
-      for (auto& w : *v) {
-        if (!w) continue;
-        try {
-          done = w->Wait(std::max(0.0, timeout_s_ - t.Seconds())) && done;
-        } catch (const std::exception&) {  // it failed, so it is over: nothing writes any more
-        }
-      }
+      for (auto& w : *v)
+        if (w) done = Settled(*w, since, timeout_s_) && done;
   return done;
 }
 
@@ -72,14 +67,8 @@ std::pair<int, int> Pipeline::Next(int c) const {
 
 void Pipeline::Wait(std::unique_ptr<parallel::Work>& w, const char* what) {
   if (!w) return;
-  Timer t;
-  if (!w->Wait(timeout_s_))
-    throw Error(ExitCode::kTempFail, std::string("pipeline stage ") + std::to_string(stage_) +
-                                         ": " + what +
-                                         " did not complete within [parallel] comm_timeout_s = " +
-                                         std::to_string(timeout_s_) + " s: a peer is lost or hung");
+  wait_ms_ += WaitOrLost(*w, timeout_s_, "pipeline stage " + std::to_string(stage_) + ": " + what);
   w.reset();
-  wait_ms_ += t.Millis();
 }
 
 double Pipeline::Run(int m, const NextBatch& next, float dloss,

@@ -5,8 +5,8 @@
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
-#include "keel/core/timer.h"
 #include "keel/parallel/pipeline_schedule.h"
+#include "keel/train/comm_wait.h"
 
 namespace keel::train {
 namespace {
@@ -109,14 +109,8 @@ void TrainStep::SumTiedGrads() {
   if (!g_.tied || g_.tied->size() < 2) return;
   // ZeRO 0 and 1 (the only stages pipelines take) keep every gradient: wte is whole on both.
   const model::ParamInfo& wte = layout_.Find("wte.weight");
-  Timer t;
   auto w = g_.tied->AllReduceSumAsync(store_->grads() + wte.offset, wte.numel);
-  if (!w->Wait(spec_.comm_timeout_s))
-    throw Error(ExitCode::kTempFail,
-                "the tied embedding's gradient sum did not complete within [parallel] "
-                "comm_timeout_s = " +
-                    std::to_string(spec_.comm_timeout_s) + " s: a peer is lost or hung");
-  tied_ms_ = t.Millis();
+  tied_ms_ = WaitOrLost(*w, spec_.comm_timeout_s, "the tied embedding's gradient sum");
   tied_bytes_ = 4.0 * double(wte.numel);
 }
 

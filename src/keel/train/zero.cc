@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "keel/core/error.h"
-#include "keel/core/timer.h"
+#include "keel/train/comm_wait.h"
 
 namespace keel::train {
 
@@ -55,15 +55,10 @@ ZeroStrategy::~ZeroStrategy() {
   // Operations still queued write into the slots: let them finish before the buffers go. One that
   // does not (a lost peer; the process is on its way to exit 75) keeps its buffer, leaked on
   // purpose, so that a late write lands in memory nobody else uses.
+  const Timer since;
   for (auto* slots : {&grad_slots_, &weight_slots_})
-    for (auto& s : *slots) {
-      bool done = true;
-      try {
-        done = !s->op || s->op->Wait(timeout_s_);
-      } catch (const std::exception&) {  // it failed, so it is over: nothing writes any more
-      }
-      if (!done) new Buffer(std::move(s->buf));
-    }
+    for (auto& s : *slots)
+      if (s->op && !Settled(*s->op, since, timeout_s_)) new Buffer(std::move(s->buf));
 }
 
 size_t ZeroStrategy::ElemBytes() const { return store_.dtype() == DType::kBF16 ? 2 : 4; }
@@ -86,12 +81,7 @@ std::vector<size_t> ZeroStrategy::Counts(size_t a, size_t b) const {
 }
 
 void ZeroStrategy::Wait(parallel::Work& w, const char* what) {
-  Timer t;
-  if (!w.Wait(timeout_s_))
-    throw Error(ExitCode::kTempFail, std::string(what) +
-                                         " did not complete within [parallel] comm_timeout_s = " +
-                                         std::to_string(timeout_s_) + " s: a peer is lost or hung");
-  wait_ms_ += t.Millis();
+  wait_ms_ += WaitOrLost(w, timeout_s_, what);
 }
 
 ZeroStrategy::Slot& ZeroStrategy::GradSlot(int s) {
