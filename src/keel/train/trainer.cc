@@ -284,23 +284,24 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
         cfg.model.name.c_str(), DTypeName(s.dtype), layout.total(), comm.size(), threads,
         cfg.train.batch_size, T, s.n_micro, s.micro_batch);
     Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm.size());
-    if (pipelined && spec.virtual_stages == 1) {
-      std::string layers;
-      for (int i = 0; i < dims.pp; ++i)
-        layers += (i ? "+" : "") + std::to_string(model::StageOf(mcfg, dims.pp, i).layers());
-      if (!spec.stage_layers.empty()) {
-        layers.clear();
-        for (int n : spec.stage_layers) layers += (layers.empty() ? "" : "+") + std::to_string(n);
+    if (pipelined) {
+      const int v = spec.virtual_stages;
+      std::string shape;  // " of 9+3 layers", or " x 2 interleaved chunks of 3 layer(s)"
+      if (v > 1) {
+        shape = " x " + std::to_string(v) + " interleaved chunks of " +
+                std::to_string(mcfg.n_layer / (dims.pp * v)) + " layer(s)";
+      } else {
+        for (int i = 0; i < dims.pp; ++i)
+          shape += (i ? "+" : " of ") + std::to_string(spec.stage_layers.empty()
+                                                           ? mcfg.n_layer / dims.pp
+                                                           : spec.stage_layers[size_t(i)]);
+        shape += " layers";
       }
-      Log("keel: pipeline: %d stages of %s layers, 1F1B over %d micro-batches; predicted bubble "
-          "%.1f%% ((pp - 1) / (m + pp - 1), as keel plan)",
-          dims.pp, layers.c_str(), s.n_micro, 100 * bubble_predicted);
+      Log("keel: pipeline: %d stages%s, 1F1B over %d micro-batches; predicted bubble %.1f%% "
+          "((pp - 1) / (m + pp - 1)%s)",
+          dims.pp, shape.c_str(), s.n_micro, 100 * bubble_predicted,
+          v > 1 ? " / v" : ", as keel plan");
     }
-    if (pipelined && spec.virtual_stages > 1)
-      Log("keel: pipeline: %d stages x %d interleaved chunks of %d layer(s), 1F1B over %d "
-          "micro-batches; predicted bubble %.1f%% ((pp - 1) / (m + pp - 1) / v)",
-          dims.pp, spec.virtual_stages, mcfg.n_layer / (dims.pp * spec.virtual_stages), s.n_micro,
-          100 * bubble_predicted);
     std::string kinds;
     for (const auto& [kind, bytes] : memory.items())
       if (bytes.get<size_t>())
