@@ -15,6 +15,7 @@
 #include "keel/ckpt/retention.h"
 #include "keel/ckpt/writer.h"
 #include "keel/core/error.h"
+#include "keel/model/params.h"
 
 namespace keel::ckpt {
 namespace {
@@ -146,6 +147,62 @@ TEST(CkptStore, BoxesOfAFlatRangeAreContiguousRunsInOrder) {
         next += x.numel;
       }
       EXPECT_EQ(next, e) << a << ".." << e;
+    }
+}
+
+// A tensor-parallel shard's slice [lo, hi) is the shard's elements in order, each in its place in
+// the whole tensor: checked element by element against model::ForEachShardRun (the mapping the
+// trainer copies weights with), for c_attn's 3 blocks cut by rows and c_proj's cut by columns,
+// every rank of tp 2 and 3, and ranges that start and end mid-row (ZeRO slices).
+TEST(CkptStore, TensorParallelShardBoxesLandInTheWholeTensor) {
+  struct Cut {
+    std::vector<int> whole;
+    int axis, groups;
+  };
+  for (const Cut& c : {Cut{{12, 4}, 0, 3}, Cut{{12}, 0, 3}, Cut{{4, 12}, 1, 1}, Cut{{12, 5}, 0, 1}})
+    for (int tp : {2, 3}) {
+      if (c.whole[size_t(c.axis)] % (tp * c.groups) != 0) continue;
+      for (int r = 0; r < tp; ++r) {
+        model::ParamInfo p;
+        p.global_shape = c.whole;
+        p.shape = c.whole;
+        p.shape[size_t(c.axis)] /= tp;
+        p.numel = 1;
+        for (int d : p.shape) p.numel *= size_t(d);
+        p.tp_axis = c.axis;
+        p.tp_groups = c.groups;
+        std::vector<uint64_t> want(p.numel);  // local element → its index in the whole tensor
+        model::ForEachShardRun(p, tp, r, [&](size_t local, size_t global, size_t n) {
+          for (size_t i = 0; i < n; ++i) want[local + i] = global + i;
+        });
+        TensorSpec t;
+        t.shape.assign(c.whole.begin(), c.whole.end());
+        t.local_shape.assign(p.shape.begin(), p.shape.end());
+        t.offset = 100;
+        t.tp_axis = c.axis, t.tp_groups = c.groups, t.tp_rank = r;
+        for (size_t lo = 0; lo <= p.numel; lo += 3)
+          for (size_t hi = lo; hi <= p.numel; hi += 5) {
+            uint64_t next = lo;
+            for (const Box& x : TensorBoxesIn(t, 100 + lo, 100 + hi)) {
+              ASSERT_EQ(x.flat, next);
+              // The box's elements in row-major order, as global indices.
+              std::vector<int64_t> at = x.start;
+              for (uint64_t i = 0; i < x.numel; ++i) {
+                uint64_t g = 0;
+                for (size_t d = 0; d < at.size(); ++d)
+                  g = g * uint64_t(t.shape[d]) + uint64_t(at[d]);
+                ASSERT_EQ(g, want[x.flat + i])
+                    << "tp " << tp << " rank " << r << " [" << lo << ", " << hi << ")";
+                for (size_t d = at.size(); d-- > 0;) {
+                  if (++at[d] < x.start[d] + x.count[d]) break;
+                  at[d] = x.start[d];
+                }
+              }
+              next += x.numel;
+            }
+            EXPECT_EQ(next, std::max(lo, hi));
+          }
+      }
     }
 }
 

@@ -86,6 +86,7 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   }
   g_recorded = nullptr;
   const int stage = groups.pp ? groups.pp->rank() : 0, pp = groups.pp ? groups.pp->size() : 1;
+  const model::TpShard tp{groups.tp ? groups.tp->size() : 1, groups.tp ? groups.tp->rank() : 0};
   // The rank's chunks (virtual stage c·p + s of p·v), each with its own arena.
   const int v = pp > 1 ? spec.virtual_stages : 1;
   std::vector<model::StageRange> chunks;
@@ -93,7 +94,7 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
     chunks.push_back(pp > 1 ? model::StageOf(spec.model, pp * v, c * pp + stage)
                             : model::WholeModel(spec.model));
   const parallel::StateBytes b = parallel::StateBytesPerRank(
-      model::StateShapeOf(model::ParamLayout::Gpt2Stage(spec.model, chunks), spec.dtype),
+      model::StateShapeOf(model::ParamLayout::Gpt2Stage(spec.model, chunks, tp), spec.dtype),
       spec.dims);
   ASSERT_EQ(double(b.working + b.biases), plan.state.params);
   std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.master),
@@ -101,9 +102,10 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.micro_batches);
   double arenas = 0;
   for (int c = 0; c < v; ++c) {
-    const size_t a = model::PlanActivations(spec.model, spec.micro_batch, spec.seq_len, spec.dtype,
-                                            spec.recompute, &chunks[size_t(c)], slots[size_t(c)])
-                         .total_bytes;
+    const size_t a =
+        model::PlanActivations(spec.model, spec.micro_batch, spec.seq_len, spec.dtype,
+                               spec.recompute, &chunks[size_t(c)], slots[size_t(c)], tp.size)
+            .total_bytes;
     want.push_back(Round64(double(a)));
     arenas += double(a);
   }
@@ -228,6 +230,67 @@ TEST(TrainerBytes, EveryPipelineStageEqualsThePlannersFigureForIt) {
               ExpectAllocations(spec, train::StepGroups{&dp_comm, &pp_comm, &tied}, plan, zero);
             }
             EXPECT_EQ(EstimateMemory(job, l).used(), busiest);
+          }
+}
+
+// Tensor-parallel ranks: each holds shards of the same sizes (its heads, hidden units and
+// vocabulary rows; LayerNorms, wpe and the projections' biases whole), and its arena holds its
+// heads' and hidden units' activations: the planner's figure for tp 2, alone and with pp and dp,
+// equals what every tp rank allocates, and sharding shrinks both.
+TEST(TrainerBytes, EveryTensorParallelRankEqualsThePlannersFigure) {
+  for (Precision prec : {Precision::kBf16, Precision::kFp32})
+    for (Recompute rc : {Recompute::kNone, Recompute::kSelective})
+      for (int pp : {1, 2})
+        for (int dp : {1, 2})
+          for (int zero : {0, 1, 3}) {
+            if (pp > 1 && zero > 1) continue;
+            Job job;
+            job.model = NamedModel("gpt2-mini");  // 4 heads, 4 layers
+            job.precision = prec;
+            job.accounting = Accounting::kKeel;
+            const int micro = 2, m = 2;
+            job.global_batch = micro * m * dp;
+            job.cluster.world = 2 * dp * pp;
+            job.cluster.per_node = 1;
+            job.cluster.accel = NamedAccelerator("H100-80GB");
+            Layout l;
+            l.dp = dp;
+            l.tp = 2;
+            l.pp = pp;
+            l.zero = zero;
+            l.micro_batch = micro;
+            l.recompute = rc;
+            Layout whole = l;
+            whole.tp = 1;
+            const MemoryBreakdown one = KeelStageMemory(job, whole, 0);
+            for (int stage = 0; stage < pp; ++stage)
+              for (int r = 0; r < 2; ++r) {
+                SCOPED_TRACE(std::string(PrecisionName(prec)) + " " + RecomputeName(rc) + " pp " +
+                             std::to_string(pp) + " dp " + std::to_string(dp) + " zero " +
+                             std::to_string(zero) + " stage " + std::to_string(stage) +
+                             " tp rank " + std::to_string(r));
+                const MemoryBreakdown plan = KeelStageMemory(job, l, stage);
+                if (stage == 0) {
+                  EXPECT_LT(plan.state.master, 0.6 * one.state.master);
+                  EXPECT_LT(plan.activations, one.activations);
+                }
+                train::StepSpec spec;
+                spec.model = ToModelConfig(job.model);
+                spec.dtype = prec == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+                spec.micro_batch = micro;
+                spec.micro_batches = m;
+                spec.seq_len = spec.model.block_size;
+                spec.recompute =
+                    rc == Recompute::kNone ? model::Recompute::kNone : model::Recompute::kAttn;
+                spec.dims = l;
+                const bool end = stage == 0 || stage == pp - 1;
+                SilentComm dp_comm(dp - 1, dp), pp_comm(stage, pp),
+                    tied(stage == 0 ? 0 : 1, end ? 2 : 1), tp_comm(r, 2);
+                ExpectAllocations(spec,
+                                  train::StepGroups{&dp_comm, pp > 1 ? &pp_comm : nullptr,
+                                                    pp > 1 ? &tied : nullptr, &tp_comm},
+                                  plan, zero);
+              }
           }
 }
 

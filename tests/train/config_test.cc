@@ -375,8 +375,6 @@ TEST(ResolveDims, ZeroStageOutOfRangeIsBadInput) {
   EXPECT_NE(msg.find("zero=-1: expected 0, 1, 2 or 3"), std::string::npos) << msg;
 }
 
-// The shape checks come before the "not built yet" refusal, so a tp that could never work is
-// named as such.
 TEST(ResolveDims, TpMustDivideTheHeads) {
   RunConfig cfg;
   cfg.source = "tiny.toml";
@@ -413,13 +411,29 @@ TEST(ResolveDims, BatchMustSplitOverDp) {
   EXPECT_EQ(ResolveDims(cfg, 2).dp, 2);
 }
 
-TEST(ResolveDims, TensorParallelismIsRefusedForNow) {
+TEST(ResolveDims, TensorParallelismLeavesTheRestToDp) {
   RunConfig cfg;  // gpt2-mini: 4 heads, 4 layers, batch 8
   cfg.parallel.tp = 2;
-  std::string msg = BadInputMessage([&] { ResolveDims(cfg, 2); });
-  EXPECT_EQ(msg,
-            "config (defaults): [parallel] tp=2: tensor parallelism is not built yet (dp, pp and "
-            "zero are); set parallel.tp=1");
+  EXPECT_EQ(ResolveDims(cfg, 2), (parallel::ParallelDims{1, 2, 1, 0}));
+  EXPECT_EQ(ResolveDims(cfg, 8), (parallel::ParallelDims{4, 2, 1, 0}));
+  cfg.parallel.pp = 2;
+  cfg.train.micro_batch_size = 1;
+  EXPECT_EQ(ResolveDims(cfg, 8), (parallel::ParallelDims{2, 2, 2, 0}));
+}
+
+// The vocabulary is padded to a multiple of 128 rows: a tp with another prime factor cannot
+// split it even where it splits the heads.
+TEST(ResolveDims, TpMustDivideThePaddedVocabulary) {
+  RunConfig cfg;
+  cfg.model.name = "gpt2-tiny";
+  cfg.model.n_head = 5;
+  cfg.model.n_embd = 40;
+  cfg.train.batch_size = 5;
+  cfg.parallel.tp = 5;
+  const std::string msg = BadInputMessage([&] { ResolveDims(cfg, 5); });
+  EXPECT_NE(msg.find("[parallel] tp=5 does not divide model.vocab_size padded to 50304"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(ResolveDims, PipelineNeedsMicroBatchesAndZeroAtMostOne) {

@@ -16,17 +16,7 @@ head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
 common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=20
         --set train.batch_size=8 --set optim.lr=3e-3 --set parallel.bucket_mb=0.05)
 
-run() {  # name np extra...
-  local name=$1 np=$2
-  shift 2
-  local cmd=("$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.name="$name" "$@")
-  if ((np == 1)); then
-    OMP_NUM_THREADS=1 "${cmd[@]}" >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; exit 1; }
-  else
-    mpirun --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 "${cmd[@]}" \
-      >"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; exit 1; }
-  fi
-}
+source "$src/tests/train/run_lib.sh"
 
 declare -A extra=([fp32]="" [accum]="--set train.micro_batch_size=2"
                    [bf16]="--set train.precision=bf16")

@@ -23,28 +23,7 @@ common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set trai
         --set train.batch_size=8 --set train.micro_batch_size=2 --set model.n_layer=4
         --set optim.lr=3e-3 --set parallel.bucket_mb=0.05 --set checkpoint.every_minutes=0)
 
-run() {  # name np extra...
-  local name=$1 np=$2
-  shift 2
-  local cmd=("$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.name="$name" "$@")
-  if ((np > 1)); then
-    cmd=(mpirun --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 "${cmd[@]}")
-  fi
-  OMP_NUM_THREADS=1 "${cmd[@]}" >>"$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; exit 1; }
-}
-
-# refused NAME NP EXPECTED-TEXT extra...: exit 2 and one line naming the problem.
-refused() {
-  local name=$1 np=$2 want=$3
-  shift 3
-  local rc=0
-  mpirun --oversubscribe --allow-run-as-root -np "$np" -x OMP_NUM_THREADS=1 "$keel" train \
-    "$src/configs/test-tiny.toml" "${common[@]}" --set train.name="$name" "$@" \
-    >"$tmp/$name.log" 2>&1 || rc=$?
-  grep -q -- "$want" "$tmp/$name.log" || { echo "$name: no \"$want\":"; cat "$tmp/$name.log"; exit 1; }
-  ((rc == 2)) || { echo "$name: exit $rc, expected 2"; cat "$tmp/$name.log"; exit 1; }
-  echo "$name: refused with exit 2: $(grep -m1 -- "$want" "$tmp/$name.log")"
-}
+source "$src/tests/train/run_lib.sh"
 
 run ref-fp32 1
 run ref-bf16 1 --set train.precision=bf16
@@ -100,40 +79,10 @@ import json, os, sys
 sys.path.insert(0, os.environ["KEEL_TEST_DIR"])
 import run_outputs as ro
 d = sys.argv[1]
-def metric(name, key):
-    return ro.metric(d, name, key)
-def losses(name):
-    return metric(name, "loss")
-def weights(name):
-    return ro.weights(d, name)
 bad = 0
 def check(name, ref, limit, wlimit=None, first=0):
     global bad
-    got, want = losses(name), losses(ref)
-    if len(got) != 20 or len(want) != 20:
-        print(f"{name}: {len(got)} steps (reference {len(want)}), expected 20"); bad = 1; return
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got[first:], want[first:]))
-    ok, line = worst <= limit, f"{name:14s} steps {first + 1}-20: max relative loss difference {worst:.2e} (limit {limit:g})"
-    # The gradient norm (every parameter counted once over the stages) and the validation loss
-    # (the pipeline's forward-only path), to the same tolerance.
-    for key in ("grad_norm", "val_loss"):
-        g = [x for x in metric(name, key)[first:] if x is not None]
-        w = [x for x in metric(ref, key)[first:] if x is not None]
-        if len(g) != len(w) or not g:
-            ok, line = False, line + f", {key}: {len(g)} values vs {len(w)}"
-            continue
-        kw = max(abs(a - b) / abs(b) for a, b in zip(g, w))
-        ok, line = ok and kw <= limit, line + f", {key} {kw:.1e}"
-    if wlimit is not None:
-        w, rw = weights(name), weights(ref)
-        ww, wk = ro.worst_weight_difference(w, rw)
-        ok = ok and ww <= wlimit
-        line += f", final weights {ww:.1e} ({wk}; limit {wlimit:g})"
-    print(line + (" ok" if ok else " FAIL"))
-    if not ok:
-        bad = 1
-        for i, (a, b) in enumerate(zip(got, want)):
-            print(f"  step {i+1}: {a:.8f} reference {b:.8f}")
+    bad |= not ro.check(d, name, ref, limit, wlimit, first)
 for name in ["pp2", "pp4", "pp2-recompute", "pp2-v2", "pp2-auto", "dp2-pp2-z0", "dp2-pp2-z1",
              "dp2-pp2-v2"]:
     check(name, "ref-fp32", 1e-5, 1e-4)

@@ -34,9 +34,20 @@ model::ModelConfig ModelConfigFromJson(const nlohmann::json& j, const std::strin
 
 std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout) {
   std::vector<TensorSpec> specs;
-  for (const auto& p : layout.params())
-    specs.push_back(
-        {p.name, std::vector<int64_t>(p.shape.begin(), p.shape.end()), p.offset, p.replica});
+  for (const auto& p : layout.params()) {
+    TensorSpec t;
+    t.name = p.name;
+    t.shape.assign(p.global_shape.begin(), p.global_shape.end());
+    t.offset = p.offset;
+    t.replica = p.replica;
+    if (p.shape != p.global_shape) {
+      t.local_shape.assign(p.shape.begin(), p.shape.end());
+      t.tp_axis = p.tp_axis;
+      t.tp_groups = p.tp_groups;
+      t.tp_rank = layout.tp().rank;
+    }
+    specs.push_back(std::move(t));
+  }
   return specs;
 }
 

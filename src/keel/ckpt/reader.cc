@@ -156,12 +156,12 @@ void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
       if (t->shape != s.shape)
         ThrowBadInput(dir_ + "/manifest.json: " + s.name + " (" + b.kind + ") has shape " +
                       Shape(t->shape) + ", the model config expects " + Shape(s.shape));
-      if (hi == 0) {
+      if (hi == 0 && s.local_shape.empty()) {
         ReadBox(*t, std::vector<int64_t>(s.shape.size(), 0), s.shape, b.data + s.offset);
         continue;
       }
       // A shard: the boxes of this tensor that fall in [lo, hi), whatever pieces hold them.
-      for (const Box& box : TensorBoxesIn(s, lo, hi))
+      for (const Box& box : TensorBoxesIn(s, lo, hi == 0 ? SIZE_MAX : hi))
         ReadBox(*t, box.start, box.count, b.data + (s.offset + box.flat - lo));
     }
 }

@@ -62,7 +62,31 @@ std::vector<Box> BoxesOf(const std::vector<int64_t>& shape, uint64_t a, uint64_t
 std::vector<Box> TensorBoxesIn(const TensorSpec& t, size_t lo, size_t hi) {
   const size_t a = std::max(lo, t.offset), b = std::min(hi, t.offset + size_t(t.numel()));
   if (a >= b) return {};
-  return BoxesOf(t.shape, a - t.offset, b - t.offset);
+  std::vector<Box> held = BoxesOf(t.held_shape(), a - t.offset, b - t.offset);
+  if (t.local_shape.empty() || t.tp_axis < 0) return held;
+  // Shards cut along a later axis (the projections' input columns, one block) map box for box;
+  // along axis 0 a box of whole rows may span blocks (q, k, v) and is cut at their ends.
+  const size_t ax = size_t(t.tp_axis);
+  const int64_t part = t.local_shape[ax] / t.tp_groups, block = t.shape[ax] / t.tp_groups;
+  std::vector<Box> out;
+  for (const Box& h : held) {
+    int64_t s = h.start[ax];
+    const int64_t end = s + h.count[ax];
+    while (s < end) {
+      const int64_t g = s / part, e = std::min(end, (g + 1) * part);
+      Box o = h;
+      o.start[ax] = g * block + t.tp_rank * part + (s - g * part);
+      o.count[ax] = e - s;
+      if (ax == 0) {  // a box of several rows spans whole rows; one row may be partial
+        const uint64_t per_row = h.numel / uint64_t(h.count[0]);
+        o.flat = h.flat + uint64_t(s - h.start[ax]) * per_row;
+        o.numel = uint64_t(e - s) * per_row;
+      }
+      out.push_back(o);
+      s = e;
+    }
+  }
+  return out;
 }
 
 }  // namespace keel::ckpt

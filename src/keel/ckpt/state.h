@@ -14,14 +14,23 @@ namespace keel::ckpt {
 
 struct TensorSpec {
   std::string name;
-  std::vector<int64_t> shape;
-  size_t offset = 0;  // elements into each flat buffer
-  // Another rank writes this tensor (a pipeline stage's copy of the tied wte): loaded, not saved.
+  std::vector<int64_t> shape;  // the whole tensor's, as the manifest lists it
+  size_t offset = 0;           // elements into each flat buffer
+  // Another rank writes this tensor (a pipeline stage's copy of the tied wte, a tensor every
+  // tensor-parallel rank holds whole): loaded, not saved.
   bool replica = false;
+  // A tensor-parallel shard (model::ParamInfo's cut): `local_shape` is what the flat buffers
+  // hold, cut along `tp_axis` in tp_groups blocks of which this rank holds part tp_rank.
+  // Empty local_shape: the whole tensor.
+  std::vector<int64_t> local_shape = {};
+  int tp_axis = -1, tp_groups = 1, tp_rank = 0;
 
-  uint64_t numel() const {
+  const std::vector<int64_t>& held_shape() const {
+    return local_shape.empty() ? shape : local_shape;
+  }
+  uint64_t numel() const {  // elements held
     uint64_t n = 1;
-    for (int64_t d : shape) n *= uint64_t(d);
+    for (int64_t d : held_shape()) n *= uint64_t(d);
     return n;
   }
 };
@@ -58,7 +67,9 @@ struct Box {
 // The elements [a, b) of a row-major tensor of `shape`, as at most 2·rank - 1 boxes in order.
 std::vector<Box> BoxesOf(const std::vector<int64_t>& shape, uint64_t a, uint64_t b);
 
-// The part of tensor `t` in the flat range [lo, hi) of the layout, as boxes (flat: within t).
+// The part of tensor `t` in the flat range [lo, hi) of the layout, as boxes of the whole tensor
+// (flat: within what this rank holds of t, each box a contiguous run of it). A tensor-parallel
+// shard's run is cut where its blocks end (c_attn's q, k, v).
 std::vector<Box> TensorBoxesIn(const TensorSpec& t, size_t lo, size_t hi);
 
 }  // namespace keel::ckpt

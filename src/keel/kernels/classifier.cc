@@ -30,8 +30,9 @@ U* Scratch(std::vector<U>& v, size_t n) {
   return v.data();
 }
 
-// log Σ exp over row[0..V).
+// log Σ exp over row[0..V); -inf for none.
 float RowLogSumExp(const float* row, int V) {
+  if (V <= 0) return -INFINITY;
   float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
   for (int v = 0; v < V; ++v) mx = std::max(mx, row[v]);
@@ -93,10 +94,16 @@ void Logits(float* logits, const T* x, const T* wte, int rows, int C, int cols) 
 
 template <typename T>
 void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int32_t* targets,
-         float dloss, int M, int C, int V, int Vp) {
-  static std::vector<float> logits_buf;
+         float dloss, int M, int C, int V, int Vp, const VocabShard* shard) {
+  static std::vector<float> logits_buf, stats_buf;
   static std::vector<T> grad_buf;
   float* logits = Scratch(logits_buf, size_t(kRowTile) * Vp);
+  float* lse = Scratch(stats_buf, size_t(2) * kRowTile);
+  float* target_logit = lse + kRowTile;
+  // This shard's real ids: [v0, v0 + live) of the vocabulary, columns [0, live) of its logits.
+  const int v0 = shard ? shard->v0 : 0;
+  const int live = std::clamp(V - v0, 0, Vp);
+  auto local = [&](int t) { return t >= v0 && t < v0 + live ? t - v0 : -1; };
   // fp32 gradients are written over the logits; bf16 ones need their own tile.
   T* grad = nullptr;
   if (dx) {
@@ -111,10 +118,18 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; ++r) {
       const float* row = logits + size_t(r) * Vp;
-      const int t = targets[r0 + r];
-      const float lse = RowLogSumExp(row, V);
-      losses[r0 + r] = t >= 0 ? lse - row[t] : 0.0f;
-      if (dx) RowGradient(grad + size_t(r) * Vp, row, lse, t, t >= 0 ? dloss : 0.0f, V, Vp);
+      const int t = local(targets[r0 + r]);
+      lse[r] = RowLogSumExp(row, live);
+      target_logit[r] = t >= 0 ? row[t] : 0.0f;
+    }
+    if (shard && shard->combine) shard->combine(lse, target_logit, rows);
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; ++r) {
+      const bool scored = targets[r0 + r] >= 0;
+      losses[r0 + r] = scored ? lse[r] - target_logit[r] : 0.0f;
+      if (dx)
+        RowGradient(grad + size_t(r) * Vp, logits + size_t(r) * Vp, lse[r], local(targets[r0 + r]),
+                    scored ? dloss : 0.0f, live, Vp);
     }
     if (!dx) continue;
     // dx (rows,C) = g (rows,Vp) · wte (Vp,C). In fp32, oneDNN runs this long-K product 30% faster
@@ -149,14 +164,15 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
 
 template <typename T>
 void ClassifierForward(float* losses, const T* x, const T* wte, const int32_t* targets, int M,
-                       int C, int V, int Vp) {
-  Run<T>(losses, nullptr, nullptr, x, wte, targets, 0.0f, M, C, V, Vp);
+                       int C, int V, int Vp, const VocabShard* shard) {
+  Run<T>(losses, nullptr, nullptr, x, wte, targets, 0.0f, M, C, V, Vp, shard);
 }
 
 template <typename T>
 void ClassifierForwardBackward(float* losses, T* dx, float* dwte, const T* x, const T* wte,
-                               const int32_t* targets, float dloss, int M, int C, int V, int Vp) {
-  Run<T>(losses, dx, dwte, x, wte, targets, dloss, M, C, V, Vp);
+                               const int32_t* targets, float dloss, int M, int C, int V, int Vp,
+                               const VocabShard* shard) {
+  Run<T>(losses, dx, dwte, x, wte, targets, dloss, M, C, V, Vp, shard);
 }
 
 template <typename T>
@@ -166,9 +182,10 @@ void ClassifierLogits(float* logits, const T* x, const T* wte, int M, int C, int
 
 #define KEEL_INSTANTIATE(T)                                                                     \
   template void ClassifierForward<T>(float*, const T*, const T*, const int32_t*, int, int, int, \
-                                     int);                                                      \
+                                     int, const VocabShard*);                                   \
   template void ClassifierForwardBackward<T>(float*, T*, float*, const T*, const T*,            \
-                                             const int32_t*, float, int, int, int, int);        \
+                                             const int32_t*, float, int, int, int, int,         \
+                                             const VocabShard*);                                \
   template void ClassifierLogits<T>(float*, const T*, const T*, int, int, int);
 KEEL_INSTANTIATE(float)
 KEEL_INSTANTIATE(bf16)

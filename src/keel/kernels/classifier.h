@@ -8,21 +8,35 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "keel/core/dtype.h"
 
 namespace keel::kernels {
 
+// Vocabulary parallelism (Megatron-LM's): `wte` holds rows [v0, v0 + Vp) of the padded
+// vocabulary, and `combine` turns each tile's per-row statistics over those rows — the
+// log-sum-exp (-inf where the shard holds no real id) and the target's logit (0 where another
+// shard holds the target) — into the whole vocabulary's, in place: the tensor-parallel ranks'
+// all-gather. Losses and softmax gradients are then the whole vocabulary's; dx is this shard's
+// term of the sum over the vocabulary, which the caller sums over the shards. Targets stay
+// global ids; V the global real vocabulary. No M×V logits exist anywhere.
+struct VocabShard {
+  int v0 = 0;
+  std::function<void(float* lse, float* target_logit, int rows)> combine;
+};
+
 // losses (M) fp32: -log softmax(x·wteᵀ)[target]  (0 where the target is negative).
 template <typename T>
 void ClassifierForward(float* losses, const T* x, const T* wte, const int32_t* targets, int M,
-                       int C, int V, int Vp);
+                       int C, int V, int Vp, const VocabShard* shard = nullptr);
 
 // As ClassifierForward, and the backward of Σ_rows dloss·loss_row:
 // dx (M,C) overwritten; dwte (Vp,C) fp32 += .
 template <typename T>
 void ClassifierForwardBackward(float* losses, T* dx, float* dwte, const T* x, const T* wte,
-                               const int32_t* targets, float dloss, int M, int C, int V, int Vp);
+                               const int32_t* targets, float dloss, int M, int C, int V, int Vp,
+                               const VocabShard* shard = nullptr);
 
 // logits (M, V) fp32 for sampling: x·wteᵀ over the real vocabulary.
 template <typename T>

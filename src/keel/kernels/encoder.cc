@@ -23,21 +23,28 @@ constexpr int kChannelAlign = 16;
 }  // namespace
 
 template <typename T>
-void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
-                    int C) {
+void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C,
+                    int v0, int v1) {
 #pragma omp parallel for schedule(static)
   for (int bt = 0; bt < B * T_; ++bt) {
-    const T* te = wte + size_t(tokens[bt]) * C;
-    const T* pe = wpe + size_t(bt % T_) * C;
+    const int tok = tokens[bt];
+    const T* te = tok >= v0 && tok < v1 ? wte + size_t(tok - v0) * C : nullptr;
+    const T* pe = wpe ? wpe + size_t(bt % T_) * C : nullptr;
     T* o = out + size_t(bt) * C;
+    if (te && pe) {
 #pragma omp simd
-    for (int c = 0; c < C; ++c) o[c] = FromFloat<T>(ToFloat(te[c]) + ToFloat(pe[c]));
+      for (int c = 0; c < C; ++c) o[c] = FromFloat<T>(ToFloat(te[c]) + ToFloat(pe[c]));
+    } else if (te || pe) {
+      std::copy(te ? te : pe, (te ? te : pe) + C, o);
+    } else {
+      std::fill(o, o + C, FromFloat<T>(0.0f));
+    }
   }
 }
 
 template <typename T>
 void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_,
-                     int C) {
+                     int C, int v0, int v1) {
 #pragma omp parallel
   {
     const int threads = omp_get_num_threads();
@@ -47,8 +54,14 @@ void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tok
     const int c_end = std::min(C, chunks * (thread + 1) / threads * kChannelAlign);
     for (int bt = 0; bt < B * T_; ++bt) {
       const T* g = dout + size_t(bt) * C;
-      float* dte = dwte + size_t(tokens[bt]) * C;
+      const int tok = tokens[bt];
       float* dpe = dwpe + size_t(bt % T_) * C;
+      if (tok < v0 || tok >= v1) {
+#pragma omp simd
+        for (int c = c_begin; c < c_end; ++c) dpe[c] += ToFloat(g[c]);
+        continue;
+      }
+      float* dte = dwte + size_t(tok - v0) * C;
 #pragma omp simd
       for (int c = c_begin; c < c_end; ++c) {
         const float gc = ToFloat(g[c]);
@@ -60,9 +73,12 @@ void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tok
 }
 
 template void EncoderForward<float>(float*, const int32_t*, const float*, const float*, int, int,
+                                    int, int, int);
+template void EncoderForward<bf16>(bf16*, const int32_t*, const bf16*, const bf16*, int, int, int,
+                                   int, int);
+template void EncoderBackward<float>(float*, float*, const float*, const int32_t*, int, int, int,
+                                     int, int);
+template void EncoderBackward<bf16>(float*, float*, const bf16*, const int32_t*, int, int, int, int,
                                     int);
-template void EncoderForward<bf16>(bf16*, const int32_t*, const bf16*, const bf16*, int, int, int);
-template void EncoderBackward<float>(float*, float*, const float*, const int32_t*, int, int, int);
-template void EncoderBackward<bf16>(float*, float*, const bf16*, const int32_t*, int, int, int);
 
 }  // namespace keel::kernels

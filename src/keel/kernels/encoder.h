@@ -6,18 +6,21 @@
 // split the channels, and each walks the tokens in order.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "keel/core/dtype.h"
 
 namespace keel::kernels {
 
+// A vocabulary-parallel shard passes the token rows it holds, [v0, v1), with `wte`/`dwte` at row
+// v0: other tokens contribute zero (another rank adds them). A null `wpe` adds no position term.
 template <typename T>
-void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
-                    int C);
+void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C,
+                    int v0 = 0, int v1 = INT_MAX);
 
 template <typename T>
 void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_,
-                     int C);
+                     int C, int v0 = 0, int v1 = INT_MAX);
 
 }  // namespace keel::kernels

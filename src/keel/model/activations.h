@@ -45,8 +45,12 @@ struct ActivationPlan {
 // A pipeline stage also keeps, per slot, the gradient it receives from the next stage
 // ("pipe_grad_in", all but the last) and the one it sends to the previous ("pipe_grad_out", all
 // but the first), which stay in flight while other micro-batches compute.
+// `tp`: tensor-parallel ranks. The buffers inside attention and the MLP (qkv, the attention's
+// output and statistics, the MLP's hidden layer, and their gradients) hold this rank's heads and
+// hidden units only (1/tp); the residual stream and LayerNorms stay whole. The last stage adds
+// the vocabulary shards' per-row statistics.
 ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype,
                                Recompute recompute, const StageRange* stage = nullptr,
-                               int slots = 1);
+                               int slots = 1, int tp = 1);
 
 }  // namespace keel::model

@@ -6,8 +6,17 @@
 //   ln2 = LN(res2); fch = ln2·Wfcᵀ + b; fch_gelu = gelu(fch); resid[l+1] = res2 + fch_gelu·Wfcpᵀ +
 //   b
 // The residual adds are folded into the projections (MatmulForward's accumulate).
+//
+// Tensor parallelism (Megatron-LM): a rank holds NH/t heads (qkv, atty: 3C/t, C/t channels) and
+// 4C/t hidden units (fch), the projections' matching input columns, and wte rows [v0, v0 + Vp/t).
+// Each row-parallel projection leaves a partial sum: tp rank 0 seeds it with the residual and the
+// bias, the others with zero, and one all-reduce completes it (g). In backward the column-parallel
+// products leave partial input gradients, summed by one all-reduce each (f's backward). The
+// LayerNorms and residual stream are whole and identical on every tp rank.
 #include "keel/model/gpt.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -22,6 +31,7 @@
 #include "keel/kernels/layernorm.h"
 #include "keel/kernels/matmul.h"
 #include "keel/kernels/profile.h"
+#include "keel/parallel/comm_wait.h"
 
 namespace keel::model {
 
@@ -86,9 +96,14 @@ struct GptModel::Impl {
   Buffer arena;
   std::unique_ptr<DenseParams> dense;  // when the model owns its parameters
   ParamAccess* acc = nullptr;
+  // Tensor parallelism: tp ranks, this one's shard, its heads and channels, its vocabulary rows.
+  TensorParallel tpg;
+  int tp, tp_rank, NHl, Cl, Vl, v0;
+  bool lead;  // tp rank 0: adds the residual and the replicated biases into partial sums
+  double tp_ms = 0, tp_bytes = 0;
 
   Impl(const ModelConfig& c, DType d, int b, int t, Recompute r, const ParamLayout& lay,
-       const StageRange& st, int sl)
+       const StageRange& st, int sl, const TensorParallel& tpar)
       : cfg(c),
         dtype(d),
         B(b),
@@ -101,10 +116,53 @@ struct GptModel::Impl {
         // The rank's lowest chunk runs its last backward: the embeddings' gradients (the
         // classifier's too, on the last rank) are final only then.
         finishes_embed(lay.embed_segment() >= 0 && st.l0 == lay.chunks().front().l0),
-        plan(PlanActivations(c, b, t, d, r, &st, sl)),
-        arena(plan.total_bytes) {
+        plan(PlanActivations(c, b, t, d, r, &st, sl, lay.tp().size)),
+        arena(plan.total_bytes),
+        tpg(tpar),
+        tp(lay.tp().size),
+        tp_rank(lay.tp().rank),
+        NHl(c.n_head / tp),
+        Cl(c.n_embd / tp),
+        Vl(c.padded_vocab() / tp),
+        v0(tp_rank * Vl),
+        lead(tp_rank == 0) {
     std::memset(arena.data(), 0, arena.bytes());
+    KEEL_CHECK(tp == 1 || (tpg.comm && tpg.comm->size() == tp && tpg.comm->rank() == tp_rank),
+               "GptModel: the tensor-parallel group does not match the layout's shard");
   }
+
+  // Completes a partial sum over the tp ranks, in place (`n` elements of the model's dtype).
+  void TpSum(void* data, size_t n) {
+    if (tp == 1) return;
+    auto w = tpg.comm->AllReduceSumAsync(data, n, dtype);
+    tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a tensor-parallel all-reduce");
+    tp_bytes += double(n * DTypeSize(dtype));
+  }
+
+  // The vocabulary shards' per-row statistics → the whole vocabulary's (kernels::VocabShard).
+  void CombineVocabStats(float* lse, float* target_logit, int rows) {
+    float* mine = Act<float>("vocab_stats");
+    float* all = mine + 2 * size_t(rows);
+    std::memcpy(mine, lse, 4 * size_t(rows));
+    std::memcpy(mine + rows, target_logit, 4 * size_t(rows));
+    auto w = tpg.comm->AllGatherAsync(mine, all, 2 * size_t(rows));
+    tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "the vocabulary-parallel loss's all-gather");
+    tp_bytes += 8.0 * rows;
+    for (int r = 0; r < rows; ++r) {
+      float mx = -INFINITY, sum = 0, tl = 0;
+      for (int k = 0; k < tp; ++k) mx = std::max(mx, all[size_t(k) * 2 * rows + r]);
+      for (int k = 0; k < tp; ++k) {
+        sum += std::exp(all[size_t(k) * 2 * rows + r] - mx);
+        tl += all[size_t(k) * 2 * rows + rows + r];
+      }
+      lse[r] = mx + std::log(sum);
+      target_logit[r] = tl;
+    }
+  }
+  k::VocabShard vocab_shard() {
+    return {v0, [this](float* l, float* t, int n) { CombineVocabStats(l, t, n); }};
+  }
+  const k::VocabShard* vocab(const k::VocabShard& vs) const { return tp > 1 ? &vs : nullptr; }
 
   // Buffer `name` of local layer `copy` (0-based within the stage) of micro-batch `slot`; shared
   // buffers (one copy) whatever the layer and slot.
@@ -190,51 +248,64 @@ BlockActs<T> Acts(GptModel::Impl& m, int l, int slot) {
 
 template <typename T>
 void AttentionSublayerForward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   KEEL_PROFILED("layernorm",
                 k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, BT, C));
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * C));
-  KEEL_PROFILED("attention_fwd",
-                k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, C, m.cfg.n_head));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl));
+  KEEL_PROFILED("attention_fwd", k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl));
+}
+
+// out = residual + inp·weightᵀ + bias over the tp ranks: the lead rank seeds the residual and the
+// bias, the others zero, and the all-reduce sums the partial products.
+template <typename T>
+void RowParallelForward(GptModel::Impl& m, T* out, const T* residual, const T* inp, const T* weight,
+                        const float* bias, int K) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  if (m.lead)
+    std::memcpy(out, residual, sizeof(T) * BT * C);
+  else
+    std::memset(out, 0, sizeof(T) * BT * C);
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(out, inp, weight, m.lead ? bias : nullptr, BT, K, C,
+                                               /*accumulate=*/true));
+  KEEL_PROFILED("tp_comm", m.TpSum(out, size_t(BT) * C));
 }
 
 template <typename T>
 void BlockForward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   AttentionSublayerForward(m, p, a);
-  std::memcpy(a.res2, a.in, sizeof(T) * BT * C);
-  KEEL_PROFILED("matmul_fwd",
-                k::MatmulForward(a.res2, a.atty, p.projw, p.projb, BT, C, C, /*accumulate=*/true));
+  RowParallelForward(m, a.res2, a.in, a.atty, p.projw, p.projb, Cl);
   KEEL_PROFILED("layernorm",
                 k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, BT, C));
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * C));
-  KEEL_PROFILED("gelu", k::GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * C));
-  std::memcpy(a.out, a.res2, sizeof(T) * BT * C);
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.out, a.fch_gelu, p.fcpw, p.fcpb, BT, 4 * C, C,
-                                               /*accumulate=*/true));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl));
+  KEEL_PROFILED("gelu", k::GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
+  RowParallelForward(m, a.out, a.res2, a.fch_gelu, p.fcpw, p.fcpb, 4 * Cl);
 }
 
 // dres holds ∂loss/∂resid[l+1] on entry and ∂loss/∂resid[l] on exit.
 template <typename T>
 void BlockBackward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a, T* dres) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   T* dtmp = m.Act<T>("dtmp");
   T* dqkv = m.Act<T>("dqkv");
   T* dfch_gelu = m.Act<T>("dfch_gelu");
   T* dfch = m.Act<T>("dfch");
+  // The projections' biases are whole on every tp rank and so are their gradients (dres is).
   KEEL_PROFILED("matmul_bwd", k::MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, dres, a.fch_gelu,
-                                                p.fcpw, BT, 4 * C, C));
-  KEEL_PROFILED("gelu", k::GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * C));
+                                                p.fcpw, BT, 4 * Cl, C));
+  KEEL_PROFILED("gelu", k::GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, a.ln2, p.fcw, BT, C, 4 * C));
+                k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, a.ln2, p.fcw, BT, C, 4 * Cl));
+  KEEL_PROFILED("tp_comm", m.TpSum(dtmp, size_t(BT) * C));
   KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
                                                   a.ln2_mean, a.ln2_rstd, BT, C));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_projw, p.d_projb, dres, a.atty, p.projw, BT, C, C));
+                k::MatmulBackward(dtmp, p.d_projw, p.d_projb, dres, a.atty, p.projw, BT, Cl, C));
   KEEL_PROFILED("attention_bwd",
-                k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, C, m.cfg.n_head));
+                k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, Cl, m.NHl));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, a.ln1, p.qkvw, BT, C, 3 * C));
+                k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, a.ln1, p.qkvw, BT, C, 3 * Cl));
+  KEEL_PROFILED("tp_comm", m.TpSum(dtmp, size_t(BT) * C));
   KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
                                                   a.ln1_mean, a.ln1_rstd, BT, C));
 }
@@ -264,10 +335,13 @@ void StageForward(GptModel::Impl& m, int slot, const int32_t* tokens) {
   if (m.stage.first()) {
     acc.Use(0, Pass::kForward);
     const T* e = static_cast<const T*>(acc.Weights(0));
+    // Vocabulary-parallel: each rank looks up the tokens it holds, the lead adds the positions.
     KEEL_PROFILED(
         "encoder",
         k::EncoderForward(m.Resid<T>(slot, 0), tokens, e + m.layout.Find("wte.weight").offset,
-                          e + m.layout.Find("wpe.weight").offset, m.B, m.T, C));
+                          m.lead ? e + m.layout.Find("wpe.weight").offset : nullptr, m.B, m.T, C,
+                          m.v0, m.v0 + m.Vl));
+    KEEL_PROFILED("tp_comm", m.TpSum(m.Resid<T>(slot, 0), size_t(BT) * C));
   }
   for (int l = m.stage.l0; l < m.stage.l1; ++l) {
     const int s = m.layout.block_segment(l);
@@ -302,14 +376,16 @@ template <typename T>
 double StageLoss(GptModel::Impl& m, const int32_t* targets) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   float* losses = m.Act<float>("losses");
+  const k::VocabShard vs = m.vocab_shard();
   KEEL_PROFILED("classifier", k::ClassifierForward(losses, m.Act<T>("lnf"), Wte<T>(m), targets, BT,
-                                                   C, m.cfg.vocab_size, m.cfg.padded_vocab()));
+                                                   C, m.cfg.vocab_size, m.Vl, m.vocab(vs)));
   EndForward(m);
   return SumLosses(losses, BT);
 }
 
 template <typename T>
 void ForwardLogits(GptModel::Impl& m, const int32_t* tokens, float* logits) {
+  KEEL_CHECK(m.tp == 1, "ForwardLogits: the whole logits exist only without tensor parallelism");
   StageForward<T>(m, 0, tokens);
   KEEL_PROFILED("classifier", k::ClassifierLogits(logits, m.Act<T>("lnf"), Wte<T>(m), m.B * m.T,
                                                   m.cfg.n_embd, m.cfg.vocab_size));
@@ -329,9 +405,11 @@ double StageBackward(GptModel::Impl& m, int slot, const int32_t* tokens, const i
   double loss = 0;
   if (m.stage.last()) {
     float* losses = m.Act<float>("losses");
+    const k::VocabShard vs = m.vocab_shard();
     KEEL_PROFILED("classifier", k::ClassifierForwardBackward(
                                     losses, dtmp, ge + wte, m.Act<T>("lnf"), Wte<T>(m), targets,
-                                    dloss, BT, C, m.cfg.vocab_size, m.cfg.padded_vocab()));
+                                    dloss, BT, C, m.cfg.vocab_size, m.Vl, m.vocab(vs)));
+    KEEL_PROFILED("tp_comm", m.TpSum(dtmp, size_t(BT) * C));  // the vocabulary shards' terms
     loss = SumLosses(losses, BT);
     std::memset(dres, 0, sizeof(T) * BT * C);
     const int s = m.layout.final_segment();
@@ -364,7 +442,7 @@ double StageBackward(GptModel::Impl& m, int slot, const int32_t* tokens, const i
   }
   if (m.stage.first())
     KEEL_PROFILED("encoder", k::EncoderBackward(ge + wte, ge + m.layout.Find("wpe.weight").offset,
-                                                dres, tokens, m.B, m.T, C));
+                                                dres, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
   else
     std::memcpy(din, dres, sizeof(T) * BT * C);
   if (m.finishes_embed) {
@@ -394,12 +472,12 @@ GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute 
 
 GptModel::GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
                    ParamAccess* params, const ParamLayout& layout, const StageRange& stage,
-                   int slots) {
+                   int slots, const TensorParallel& tp) {
   Validate(cfg);
   if (T > cfg.block_size)
     ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
                   "(block_size " + std::to_string(cfg.block_size) + ")");
-  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute, layout, stage, slots);
+  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute, layout, stage, slots, tp);
   if (params == nullptr) {
     impl_->dense = std::make_unique<DenseParams>(impl_->layout, dtype);
     params = impl_->dense.get();
@@ -415,6 +493,9 @@ DType GptModel::dtype() const { return impl_->dtype; }
 int GptModel::batch() const { return impl_->B; }
 int GptModel::seq_len() const { return impl_->T; }
 int GptModel::slots() const { return impl_->slots; }
+double GptModel::tp_wait_ms() const { return impl_->tp_ms; }
+double GptModel::tp_bytes() const { return impl_->tp_bytes; }
+void GptModel::ResetTpStats() { impl_->tp_ms = impl_->tp_bytes = 0; }
 
 DenseParams& GptModel::Dense() const {
   KEEL_CHECK(impl_->dense != nullptr, "GptModel: parameters are held by its ParamAccess");

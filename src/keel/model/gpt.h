@@ -19,10 +19,21 @@
 #include "keel/model/config.h"
 #include "keel/model/param_access.h"
 #include "keel/model/params.h"
+#include "keel/parallel/comm.h"
 
 namespace keel::model {
 
 class DenseParams;
+
+// The tensor-parallel group a model's shards compute with (the layout's TpShard says which shard
+// this rank holds): one all-reduce after each row-parallel projection in forward and one after
+// each column-parallel product in backward (Megatron-LM's f and g), an all-reduce of the
+// vocabulary-parallel embedding, and an all-gather of per-row statistics in the vocabulary-
+// parallel cross-entropy. Waits past `timeout_s` exit 75 (parallel::WaitOrLost).
+struct TensorParallel {
+  parallel::Comm* comm = nullptr;  // null: no tensor parallelism
+  double timeout_s = 600;
+};
 
 class GptModel {
  public:
@@ -35,9 +46,10 @@ class GptModel {
   GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
            ParamAccess* params, const StageRange& stage, int slots);
   // One chunk of an interleaved pipeline rank: blocks [chunk.l0, chunk.l1), with `params` laid
-  // out as `layout` (the rank's: ParamLayout::Gpt2Stage over all its chunks).
+  // out as `layout` (the rank's: ParamLayout::Gpt2Stage over all its chunks, its tp shard).
   GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-           ParamAccess* params, const ParamLayout& layout, const StageRange& chunk, int slots);
+           ParamAccess* params, const ParamLayout& layout, const StageRange& chunk, int slots,
+           const TensorParallel& tp = {});
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -87,6 +99,12 @@ class GptModel {
                        const void* dout, void* din);
   // Forward-only head of the last stage after StageForward: Σ row losses.
   double StageLoss(const int32_t* targets);
+
+  // Tensor parallelism since the last ResetTpStats: milliseconds waited on the group's
+  // collectives (none of them overlaps compute) and bytes sent into them.
+  double tp_wait_ms() const;
+  double tp_bytes() const;
+  void ResetTpStats();
 
   struct Impl;
 

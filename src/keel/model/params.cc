@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
 
 #include "keel/core/error.h"
 #include "keel/core/rng.h"
@@ -13,7 +16,15 @@ void ParamLayout::Add(std::string name, std::vector<int> shape, bool decay, floa
   size_t numel = 1;
   for (int d : shape) numel *= size_t(d);
   index_.emplace(name, params_.size());
-  ParamInfo p{std::move(name), std::move(shape), total_, numel, decay, std, value};
+  ParamInfo p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  p.global_shape = p.shape;
+  p.offset = total_;
+  p.numel = numel;
+  p.decay = decay;
+  p.init_std = std;
+  p.init_value = value;
   p.stream = params_.size();
   params_.push_back(std::move(p));
   total_ += numel;
@@ -114,10 +125,48 @@ ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
   return p;
 }
 
-ParamLayout ParamLayout::Gpt2Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks) {
-  const ParamLayout whole = Gpt2(cfg);
-  if (chunks.size() == 1 && chunks[0].first() && chunks[0].last()) return whole;
+namespace {
+
+// How tensor parallelism cuts a tensor of the whole model: (axis, groups), axis -1 for none.
+std::pair<int, int> TpCut(const std::string& name) {
+  auto ends = [&](const char* s) {
+    const size_t n = std::char_traits<char>::length(s);
+    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+  };
+  if (name == "wte.weight") return {0, 1};
+  if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) return {0, 3};
+  if (ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return {0, 1};
+  if (ends("c_proj.weight")) return {1, 1};
+  return {-1, 1};
+}
+
+}  // namespace
+
+ParamLayout ParamLayout::Gpt2Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
+                                   TpShard tp) {
+  ParamLayout whole = Gpt2(cfg);
+  if (chunks.size() == 1 && chunks[0].first() && chunks[0].last() && tp.size == 1) return whole;
+  if (tp.size > 1) {
+    KEEL_CHECK(cfg.n_head % tp.size == 0 && cfg.padded_vocab() % tp.size == 0,
+               "Gpt2Stage: tp must divide n_head and the padded vocabulary (config validation)");
+    // Shard every tensor of the whole layout in place, then pick the stage's as usual.
+    ParamLayout cut;
+    for (ParamInfo info : whole.params_) {
+      auto [axis, groups] = TpCut(info.name);
+      info.tp_axis = axis;
+      info.tp_groups = groups;
+      if (axis >= 0) {
+        info.shape[size_t(axis)] /= tp.size;
+        info.numel /= size_t(tp.size);
+      } else if (tp.rank != 0) {
+        info.replica = true;
+      }
+      cut.Append(info);
+    }
+    whole = std::move(cut);
+  }
   ParamLayout p;
+  p.tp_ = tp;
   p.chunks_ = chunks;
   p.has_embed_ = p.holds_first() || p.holds_last();
   if (p.has_embed_) {
@@ -173,7 +222,23 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   return s;
 }
 
+void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float* from, float* to,
+                bool to_whole) {
+  const TpShard& tp = layout.tp();
+  for (const ParamInfo& p : layout.params()) {
+    if (to_whole && p.replica) continue;
+    const size_t w = whole.Find(p.name).offset;
+    ForEachShardRun(p, tp.size, tp.rank, [&](size_t local, size_t global, size_t n) {
+      if (to_whole)
+        std::memcpy(to + w + global, from + p.offset + local, 4 * n);
+      else
+        std::memcpy(to + p.offset + local, from + w + global, 4 * n);
+    });
+  }
+}
+
 void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed, float* out) {
+  KEEL_CHECK(layout.tp().size == 1, "InitParams: the whole model's layout, then CopyShards");
   const auto& ps = layout.params();
   for (size_t i = 0; i < ps.size(); ++i) {
     const ParamInfo& p = ps[i];

@@ -41,7 +41,35 @@ struct ParamInfo {
   // It is updated like the original (its gradient is summed with the first stage's, so both stay
   // bit-identical) but neither written to checkpoints nor counted twice in the gradient norm.
   bool replica = false;
+  // Tensor parallelism: the whole tensor's shape, and how this rank's shard (`shape`) is cut from
+  // it: along axis `tp_axis` (-1: not cut; every tp rank holds it whole, and all but tp rank 0
+  // hold it as a replica), which is `tp_groups` equal blocks (3 for c_attn: q, k, v), each cut in
+  // tp equal parts; tp rank r holds part r of every block.
+  std::vector<int> global_shape = {};
+  int tp_axis = -1, tp_groups = 1;
 };
+
+// The tensor-parallel part of the model a rank holds: shard `rank` of `size`.
+struct TpShard {
+  int size = 1, rank = 0;
+};
+
+// For each contiguous run of the shard `p` of tp rank `tp_rank`: f(local, global, n), element
+// offsets into the shard and into the whole tensor (row-major). One run for an uncut tensor.
+template <typename F>
+void ForEachShardRun(const ParamInfo& p, int tp_size, int tp_rank, F f) {
+  if (p.tp_axis < 0 || tp_size == 1) return f(size_t(0), size_t(0), p.numel);
+  size_t outer = 1, inner = 1;
+  for (int a = 0; a < p.tp_axis; ++a) outer *= size_t(p.shape[size_t(a)]);
+  for (size_t a = size_t(p.tp_axis) + 1; a < p.shape.size(); ++a) inner *= size_t(p.shape[a]);
+  const size_t local = size_t(p.shape[size_t(p.tp_axis)]);
+  const size_t global = size_t(p.global_shape[size_t(p.tp_axis)]);
+  const size_t part = local / size_t(p.tp_groups), block = global / size_t(p.tp_groups);
+  for (size_t o = 0; o < outer; ++o)
+    for (size_t g = 0; g < size_t(p.tp_groups); ++g)
+      f((o * local + g * part) * inner, (o * global + g * block + size_t(tp_rank) * part) * inner,
+        part * inner);
+}
 
 // The part of the model a pipeline stage holds: blocks [l0, l1), the embeddings on the first
 // stage, the final LayerNorm and the classifier (through the tied wte) on the last.
@@ -68,9 +96,13 @@ class ParamLayout {
   // The tensors of one pipeline rank, in the same order, named as in the whole model: its
   // chunks' blocks (one stage, or v interleaved chunks in order), the embeddings if it holds the
   // first block, the final LayerNorm and a replica of the tied wte if it holds the last.
-  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks);
-  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const StageRange& stage) {
-    return Gpt2Stage(cfg, std::vector<StageRange>{stage});
+  // Under tensor parallelism (tp.size > 1) each tensor is this rank's shard (Megatron-LM's
+  // cuts): c_attn and c_fc by output rows (heads split across ranks), the projections c_proj by
+  // input columns, wte by vocabulary rows; LayerNorms, wpe and the projections' biases whole.
+  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
+                               TpShard tp = {});
+  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const StageRange& stage, TpShard tp = {}) {
+    return Gpt2Stage(cfg, std::vector<StageRange>{stage}, tp);
   }
 
   const std::vector<ParamInfo>& params() const { return params_; }
@@ -80,7 +112,10 @@ class ParamLayout {
   const std::vector<StageRange>& chunks() const { return chunks_; }
   bool holds_first() const { return chunks_.front().first(); }
   bool holds_last() const { return chunks_.back().last(); }
-  bool whole() const { return chunks_.size() == 1 && holds_first() && holds_last(); }
+  bool whole() const {
+    return chunks_.size() == 1 && holds_first() && holds_last() && tp_.size == 1;
+  }
+  const TpShard& tp() const { return tp_; }
   // First element of layer l's tensors (h.l.*, l held here); layer_start(n_layer) is where ln_f
   // begins on the rank holding the last block.
   size_t layer_start(int l) const { return seg_start_[size_t(block_segment(l))]; }
@@ -110,6 +145,7 @@ class ParamLayout {
   std::unordered_map<std::string, size_t> index_;
   std::vector<size_t> seg_start_;
   std::vector<StageRange> chunks_;
+  TpShard tp_;
   bool has_embed_ = true;
   size_t total_ = 0;
   size_t n_bias_ = 0;
@@ -117,6 +153,11 @@ class ParamLayout {
 
 // The sizes parallel::StateBytesPerRank needs, from the layout (trainer and planner alike).
 parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype);
+
+// Copies this rank's shards out of the whole model's flat values (ParamLayout::Gpt2's order) into
+// `mine` (layout.total() floats), or back with `to_whole` (replicas skipped).
+void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float* from, float* to,
+                bool to_whole);
 
 // Fills `out` (layout.total() floats) with the initial weights: a pure function of the seed, the
 // tensor's index and the element's index (Philox), so every rank and thread count agrees.

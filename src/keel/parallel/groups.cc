@@ -6,6 +6,7 @@ Groups MakeGroups(Comm& world, const ParallelDims& d) {
   Groups g;
   g.at = Coords(d, world.rank());
   const RankCoords& c = g.at;
+  g.tp = world.Split(c.pp * d.dp + c.dp, c.tp);
   g.dp = world.Split(c.pp * d.tp + c.tp, c.dp);
   g.pp = world.Split(c.dp * d.tp + c.tp, c.pp);
   // Colors past every pipeline's put each middle stage in a group of its own.

@@ -1,5 +1,7 @@
 // The process groups of a layout (dims.h's coordinates), split from the world communicator:
 //
+//   tp    the ranks sharing one model's layers as tensor-parallel shards (same dp and pp),
+//         neighbours in rank order: the f/g all-reduces of every block;
 //   dp    the ranks holding the same parameters (same tp and pp coordinates): gradient
 //         reduction and ZeRO;
 //   pp    the stages of this rank's pipeline, in stage order (same dp and tp): activations and
@@ -22,7 +24,7 @@ namespace keel::parallel {
 
 struct Groups {
   RankCoords at;
-  std::unique_ptr<Comm> dp, pp, tied;
+  std::unique_ptr<Comm> tp, dp, pp, tied;
 };
 
 Groups MakeGroups(Comm& world, const ParallelDims& dims);

@@ -106,8 +106,9 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   for (int c = 0; c < v; ++c)
     chunks.push_back(l.pp > 1 ? model::StageOf(cfg, l.pp * v, c * l.pp + stage)
                               : model::WholeModel(cfg));
-  // The store's and the ZeRO strategy's buffers, by the formula they allocate with.
-  const auto layout = model::ParamLayout::Gpt2Stage(cfg, chunks);
+  // The store's and the ZeRO strategy's buffers, by the formula they allocate with. Every
+  // tensor-parallel rank holds shards of the same sizes: rank 0's layout stands for all.
+  const auto layout = model::ParamLayout::Gpt2Stage(cfg, chunks, {l.tp, 0});
   const parallel::StateBytes b = parallel::StateBytesPerRank(model::StateShapeOf(layout, dt), l);
   mem.state.params = double(b.working + b.biases);
   mem.state.grads = double(b.grads);
@@ -122,14 +123,14 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const std::vector<int> slots = parallel::PipelineSlots(l.pp, stage, v, micro_batches);
   for (int c = 0; c < v; ++c)
     mem.activations += double(model::PlanActivations(cfg, l.micro_batch, m.seq, dt, rc,
-                                                     &chunks[size_t(c)], slots[size_t(c)])
+                                                     &chunks[size_t(c)], slots[size_t(c)], l.tp)
                                   .total_bytes);
   mem.exact_activations = true;
   return mem;
 }
 
 MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
-  if (job.accounting == Accounting::kKeel && l.tp == 1) {
+  if (job.accounting == Accounting::kKeel) {
     // Middle stages differ only in their slots, which fall with the stage: stage 1 bounds them.
     MemoryBreakdown worst = KeelStageMemory(job, l, 0);
     for (int s : {1, l.pp - 1})

@@ -278,11 +278,6 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
                   : d.tp * d.pp == 1 ? "ranks"
                                      : "data-parallel ranks");
 
-  // Valid layouts that the trainer cannot run yet.
-  if (d.tp > 1)
-    ThrowBadInput(prefix + "tp=" + s(d.tp) +
-                  ": tensor parallelism is not built yet (dp, pp and zero are); set "
-                  "parallel.tp=1");
   const int v = p.virtual_stages;
   if (v < 1) ThrowBadInput(prefix + "virtual_stages=" + s(v) + ": expected an integer >= 1");
   if (v > 1 && d.pp == 1)

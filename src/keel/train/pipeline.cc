@@ -4,8 +4,8 @@
 
 #include "keel/core/error.h"
 #include "keel/core/timer.h"
+#include "keel/parallel/comm_wait.h"
 #include "keel/parallel/pipeline_schedule.h"
-#include "keel/train/comm_wait.h"
 
 namespace keel::train {
 namespace {
@@ -51,7 +51,7 @@ bool Pipeline::Quiesce() {
   for (Chunk& c : chunks_)
     for (auto* v : {&c.act_recv, &c.act_send, &c.grad_recv, &c.grad_send})
       for (auto& w : *v)
-        if (w) done = Settled(*w, since, timeout_s_) && done;
+        if (w) done = parallel::Settled(*w, since, timeout_s_) && done;
   return done;
 }
 
@@ -67,7 +67,8 @@ std::pair<int, int> Pipeline::Next(int c) const {
 
 void Pipeline::Wait(std::unique_ptr<parallel::Work>& w, const char* what) {
   if (!w) return;
-  wait_ms_ += WaitOrLost(*w, timeout_s_, "pipeline stage " + std::to_string(stage_) + ": " + what);
+  wait_ms_ += parallel::WaitOrLost(*w, timeout_s_,
+                                   "pipeline stage " + std::to_string(stage_) + ": " + what);
   w.reset();
 }
 

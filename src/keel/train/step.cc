@@ -5,8 +5,8 @@
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
+#include "keel/parallel/comm_wait.h"
 #include "keel/parallel/pipeline_schedule.h"
-#include "keel/train/comm_wait.h"
 
 namespace keel::train {
 namespace {
@@ -44,8 +44,11 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     : spec_(spec),
       g_(groups),
       comm_(*groups.dp),
-      layout_(model::ParamLayout::Gpt2Stage(spec.model, ChunksFor(spec, groups.pp))) {
+      layout_(model::ParamLayout::Gpt2Stage(
+          spec.model, ChunksFor(spec, groups.pp),
+          {groups.tp ? groups.tp->size() : 1, groups.tp ? groups.tp->rank() : 0})) {
   KEEL_CHECK(!g_.pp || g_.pp->size() == spec.dims.pp, "TrainStep: pp group size != dims.pp");
+  KEEL_CHECK(layout_.tp().size == spec.dims.tp, "TrainStep: tp group size != dims.tp");
   store_ =
       std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype), spec.dims,
                                           comm_.rank(), RangesOf(layout_, spec.frozen), spec.hyper);
@@ -57,9 +60,9 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
       parallel::PipelineSlots(pp, stage, int(chunks.size()), spec.micro_batches);
   std::vector<model::GptModel*> ptrs;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    models_.push_back(std::make_unique<model::GptModel>(spec.model, spec.dtype, spec.micro_batch,
-                                                        spec.seq_len, spec.recompute, zero_.get(),
-                                                        layout_, chunks[c], slots[c]));
+    models_.push_back(std::make_unique<model::GptModel>(
+        spec.model, spec.dtype, spec.micro_batch, spec.seq_len, spec.recompute, zero_.get(),
+        layout_, chunks[c], slots[c], model::TensorParallel{g_.tp, spec.comm_timeout_s}));
     ptrs.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
@@ -74,11 +77,10 @@ TrainStep::~TrainStep() {
 }
 
 void TrainStep::SetWeights(const float* full) {
-  // `full` is the whole model's layout; this stage's tensors sit elsewhere in its own.
+  // `full` is the whole model's layout; this rank's tensors (or shards) sit elsewhere in its own.
   const model::ParamLayout whole = model::ParamLayout::Gpt2(spec_.model);
   std::vector<float> mine(layout_.total());
-  for (const model::ParamInfo& p : layout_.params())
-    std::memcpy(mine.data() + p.offset, full + whole.Find(p.name).offset, 4 * p.numel);
+  model::CopyShards(layout_, whole, full, mine.data(), /*to_whole=*/false);
   std::memcpy(store_->master(), mine.data() + store_->state_lo(),
               4 * (store_->state_hi() - store_->state_lo()));
   zero_->PublishWeights();
@@ -91,15 +93,14 @@ void TrainStep::Restored(int optimizer_step) {
 
 std::vector<float> TrainStep::GatherWeights() {
   std::vector<float> mine = zero_->GatherMaster();
-  if (!g_.pp || g_.pp->size() == 1) return mine;
-  // Each stage puts its tensors into the whole layout, zeros elsewhere; the sum over the stages
-  // is then every stage's values exactly (x + 0 = x).
+  if (layout_.whole()) return mine;
+  // Each stage and tp shard puts its values into the whole layout, zeros elsewhere; the sum over
+  // the stages and shards is then every one's values exactly (x + 0 = x).
   const model::ParamLayout whole = model::ParamLayout::Gpt2(spec_.model);
   std::vector<float> full(whole.total(), 0.0f);
-  for (const model::ParamInfo& p : layout_.params())
-    if (!p.replica)
-      std::memcpy(full.data() + whole.Find(p.name).offset, mine.data() + p.offset, 4 * p.numel);
-  g_.pp->AllReduceSum(full.data(), full.size());
+  model::CopyShards(layout_, whole, mine.data(), full.data(), /*to_whole=*/true);
+  if (g_.pp && g_.pp->size() > 1) g_.pp->AllReduceSum(full.data(), full.size());
+  if (g_.tp && g_.tp->size() > 1) g_.tp->AllReduceSum(full.data(), full.size());
   return full;
 }
 
@@ -110,12 +111,25 @@ void TrainStep::SumTiedGrads() {
   // ZeRO 0 and 1 (the only stages pipelines take) keep every gradient: wte is whole on both.
   const model::ParamInfo& wte = layout_.Find("wte.weight");
   auto w = g_.tied->AllReduceSumAsync(store_->grads() + wte.offset, wte.numel);
-  tied_ms_ = WaitOrLost(*w, spec_.comm_timeout_s, "the tied embedding's gradient sum");
+  tied_ms_ = parallel::WaitOrLost(*w, spec_.comm_timeout_s, "the tied embedding's gradient sum");
   tied_bytes_ = 4.0 * double(wte.numel);
+}
+
+double TrainStep::tp_wait_ms() const {
+  double ms = 0;
+  for (const auto& m : models_) ms += m->tp_wait_ms();
+  return ms;
+}
+
+double TrainStep::tp_bytes() const {
+  double b = 0;
+  for (const auto& m : models_) b += m->tp_bytes();
+  return b;
 }
 
 double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                                   double* data_ms) {
+  for (auto& m : models_) m->ResetTpStats();
   zero_->BeginStep();
   double loss = pipe_->Run(
       n_micro, next, dloss, [&](int k) { zero_->BeginMicroBatch(k == n_micro - 1); }, data_ms);
@@ -128,6 +142,7 @@ double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dlos
 double TrainStep::Update(float lr, float grad_clip, const std::function<void()>& before_update) {
   double sq = zero_->GradSquares();
   if (g_.pp && g_.pp->size() > 1) sq = g_.pp->AllReduceSum(sq);
+  if (g_.tp && g_.tp->size() > 1) sq = g_.tp->AllReduceSum(sq);
   const double norm = std::sqrt(sq);
   if (before_update) before_update();
   zero_->Update(lr, optim::ClipScale(norm, grad_clip));
@@ -135,7 +150,8 @@ double TrainStep::Update(float lr, float grad_clip, const std::function<void()>&
 }
 
 double TrainStep::Forward(const int32_t* tokens, const int32_t* targets) {
-  return pipe_->Forward(tokens, targets);
+  const double loss = pipe_->Forward(tokens, targets);
+  return layout_.tp().rank == 0 ? loss : 0.0;  // the tp ranks computed the same one
 }
 
 ckpt::StateView TrainStep::StateView() {

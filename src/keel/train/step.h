@@ -10,8 +10,10 @@
 // Under pipeline parallelism (groups.pp) this rank is one stage: it holds blocks [l0, l1) of the
 // model (ParamLayout::Gpt2Stage), the micro-batches run through the 1F1B schedule (Pipeline),
 // the tied embedding's gradient is summed between the first and last stage (groups.tied), and
-// the gradient norm and the loss are summed over the stages. A tensor-parallel strategy would
-// plug in beside ZeroStrategy as another model::ParamAccess over its shards.
+// the gradient norm and the loss are summed over the stages. Under tensor parallelism (groups.tp)
+// the rank holds its shard of every tensor it holds (ParamLayout's TpShard), the model's layers
+// talk over the tp group, and the norm sums the shards (tensors every tp rank holds whole count
+// once: they are replicas on all but tp rank 0).
 #pragma once
 
 #include <functional>
@@ -49,6 +51,7 @@ struct StepGroups {
   parallel::Comm* dp = nullptr;  // required
   parallel::Comm* pp = nullptr;
   parallel::Comm* tied = nullptr;
+  parallel::Comm* tp = nullptr;
 };
 
 class TrainStep {
@@ -80,7 +83,8 @@ class TrainStep {
   // snapshot must be done). Returns the global gradient norm before clipping.
   double Update(float lr, float grad_clip, const std::function<void()>& before_update = nullptr);
   // Σ row losses of one micro-batch, forward only, this rank's (through the pipeline: the last
-  // stage returns it, the others 0).
+  // stage returns it, the others 0; of a tensor-parallel group, tp rank 0), so that the sum over
+  // the world counts each once.
   double Forward(const int32_t* tokens, const int32_t* targets);
 
   // The checkpointed state of this rank: master weights and AdamW moments over what it holds.
@@ -89,12 +93,17 @@ class TrainStep {
   nlohmann::json MemoryBytes() const;
   size_t ActivationBytes() const;  // every chunk's arena
   // Of the last step, by group: milliseconds waited on communication the step could not overlap
-  // (dp: gradient reduction and ZeRO; pp: activations and gradients between stages, i.e. the
-  // bubble; tied: the embedding's gradient sum) and bytes sent.
-  double comm_wait_ms() const { return zero_->wait_ms() + tied_ms_; }
-  double comm_bytes() const { return zero_->sent_bytes() + pipe_->sent_bytes() + tied_bytes_; }
+  // (dp: gradient reduction and ZeRO; tp: the layers' all-reduces, none overlapped; pp: activations
+  // and gradients between stages, i.e. the bubble; tied: the embedding's gradient sum) and bytes
+  // sent.
+  double comm_wait_ms() const { return zero_->wait_ms() + tied_ms_ + tp_wait_ms(); }
+  double comm_bytes() const {
+    return zero_->sent_bytes() + pipe_->sent_bytes() + tied_bytes_ + tp_bytes();
+  }
   double dp_wait_ms() const { return zero_->wait_ms(); }
   double pp_wait_ms() const { return pipe_->wait_ms(); }
+  double tp_wait_ms() const;
+  double tp_bytes() const;
   double tied_wait_ms() const { return tied_ms_; }
   // The fraction of this stage's schedule spent waiting for other stages (the measured bubble).
   double bubble() const { return pipe_->bubble(); }

@@ -204,7 +204,8 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
   const StepSpec spec = SpecFor(cfg, s, frozen);
   const parallel::Groups groups = parallel::MakeGroups(comm, dims);
-  TrainStep step(spec, StepGroups{groups.dp.get(), groups.pp.get(), groups.tied.get()});
+  TrainStep step(spec,
+                 StepGroups{groups.dp.get(), groups.pp.get(), groups.tied.get(), groups.tp.get()});
   const bool pipelined = dims.pp > 1;
   const double bubble_predicted =
       parallel::PipelineBubble(dims.pp, s.n_micro, cfg.parallel.virtual_stages);
@@ -405,6 +406,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
                           {"memory_bytes", memory_total}};
       if (val >= 0) m["val_loss"] = val;
       if (ckpt_ms > 0) m["ckpt_blocked_ms"] = ckpt_ms;
+      if (dims.tp > 1) m["tp_wait_ms"] = step.tp_wait_ms();
       if (pipelined) {
         m["pp_wait_ms"] = pipe[1];
         m["tied_wait_ms"] = step.tied_wait_ms();

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "keel/core/error.h"
-#include "keel/train/comm_wait.h"
+#include "keel/parallel/comm_wait.h"
 
 namespace keel::train {
 
@@ -58,7 +58,7 @@ ZeroStrategy::~ZeroStrategy() {
   const Timer since;
   for (auto* slots : {&grad_slots_, &weight_slots_})
     for (auto& s : *slots)
-      if (s->op && !Settled(*s->op, since, timeout_s_)) new Buffer(std::move(s->buf));
+      if (s->op && !parallel::Settled(*s->op, since, timeout_s_)) new Buffer(std::move(s->buf));
 }
 
 size_t ZeroStrategy::ElemBytes() const { return store_.dtype() == DType::kBF16 ? 2 : 4; }
@@ -81,7 +81,7 @@ std::vector<size_t> ZeroStrategy::Counts(size_t a, size_t b) const {
 }
 
 void ZeroStrategy::Wait(parallel::Work& w, const char* what) {
-  wait_ms_ += WaitOrLost(w, timeout_s_, what);
+  wait_ms_ += parallel::WaitOrLost(w, timeout_s_, what);
 }
 
 ZeroStrategy::Slot& ZeroStrategy::GradSlot(int s) {

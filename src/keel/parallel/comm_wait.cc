@@ -1,12 +1,12 @@
-#include "keel/train/comm_wait.h"
+#include "keel/parallel/comm_wait.h"
 
 #include <algorithm>
 
 #include "keel/core/error.h"
 
-namespace keel::train {
+namespace keel::parallel {
 
-double WaitOrLost(parallel::Work& w, double timeout_s, const std::string& what) {
+double WaitOrLost(Work& w, double timeout_s, const std::string& what) {
   Timer t;
   if (!w.Wait(timeout_s))
     throw Error(ExitCode::kTempFail, what +
@@ -15,7 +15,7 @@ double WaitOrLost(parallel::Work& w, double timeout_s, const std::string& what) 
   return t.Millis();
 }
 
-bool Settled(parallel::Work& w, const Timer& since, double deadline_s) {
+bool Settled(Work& w, const Timer& since, double deadline_s) {
   try {
     return w.Wait(std::max(0.0, deadline_s - since.Seconds()));
   } catch (const std::exception&) {
@@ -23,4 +23,4 @@ bool Settled(parallel::Work& w, const Timer& since, double deadline_s) {
   }
 }
 
-}  // namespace keel::train
+}  // namespace keel::parallel

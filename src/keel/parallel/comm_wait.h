@@ -10,15 +10,15 @@
 #include "keel/core/timer.h"
 #include "keel/parallel/comm.h"
 
-namespace keel::train {
+namespace keel::parallel {
 
 // Returns the milliseconds waited; throws keel::Error (kTempFail) past the timeout.
-double WaitOrLost(parallel::Work& w, double timeout_s, const std::string& what);
+double WaitOrLost(Work& w, double timeout_s, const std::string& what);
 
 // For destructors, whose buffers an operation still in flight writes into: waits until
 // `deadline_s` seconds after `since` (one deadline for all of an object's operations, so a lost
 // peer costs comm_timeout_s once, not per operation). True once `w` is over: done, or failed
 // (then nothing writes any more). False: it may still write, and its buffer must be leaked.
-bool Settled(parallel::Work& w, const Timer& since, double deadline_s);
+bool Settled(Work& w, const Timer& since, double deadline_s);
 
-}  // namespace keel::train
+}  // namespace keel::parallel

@@ -1,9 +1,11 @@
-// Pipeline parallelism's gradients: after one step's backward (the tied embedding's halves summed
-// between the first and last stage), every parameter a stage holds has the gradient one process
-// computes for the whole model over the same micro-batches, within 1e-5 relative to the tensor's
-// largest value. Run by ctest as `mpirun -np 2` (pp 2, and pp 2 interleaved with 2 chunks per
-// rank at ZeRO 1) and `-np 4` (pp 4, and dp 2 x pp 2 with ZeRO 1, plain and interleaved). Also: the
-// whole model's weights gathered from the stages are the ones set.
+// Tensor and pipeline parallelism's gradients: after one step's backward (the tied embedding's
+// halves summed between the first and last stage), every parameter a rank holds — a stage's
+// tensors, a tensor-parallel rank's shards of them — has the gradient one process computes for the
+// whole model over the same micro-batches (the same slice of it), within 1e-5 relative to the
+// tensor's largest value. Run by ctest as `mpirun -np 2` (pp 2, pp 2 interleaved with 2 chunks per
+// rank at ZeRO 1, uneven stages, tp 2) and `-np 4` (pp 4, dp 2 x pp 2 with ZeRO 1 plain and
+// interleaved, tp 2 x pp 2, dp 2 x tp 2 at ZeRO 2). Also: the whole model's weights gathered from
+// the stages and shards are the ones set.
 //
 // Not named *_test.cc: that would glob it into the single-process train_test binary.
 #include <algorithm>
@@ -66,7 +68,7 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
   spec.dims = dims;
   spec.bucket_elems = 4096;
   spec.comm_timeout_s = 60;
-  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get()});
+  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get(), g.tp.get()});
   st.SetWeights(init.data());
   int k = 0;
   st.ForwardBackward(
@@ -78,9 +80,11 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
       dloss);
 
   int bad = 0;
-  const float* grads = st.store().grads();  // ZeRO 0 and 1: every gradient of the stage
+  const float* grads = st.store().grads();  // ZeRO 0 and 1: every gradient of the rank's tensors
+  std::vector<float> shards(st.layout().total());
+  model::CopyShards(st.layout(), whole, ref.grads(), shards.data(), /*to_whole=*/false);
   for (const model::ParamInfo& p : st.layout().params()) {
-    const float* want = ref.grads() + whole.Find(p.name).offset;
+    const float* want = shards.data() + p.offset;
     const float* got = grads + p.offset;
     double scale = 1e-12, worst = 0;
     for (size_t i = 0; i < p.numel; ++i) scale = std::max(scale, double(std::fabs(want[i])));
@@ -116,6 +120,9 @@ int main() {
   if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/0}, 1, {3, 1});
   if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1});
   if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
+  if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0});
+  if (n == 4) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/2, /*zero=*/0});
+  if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/2, /*pp=*/1, /*zero=*/1});
   const bool failed = world->AllReduceMax(double(bad)) > 0;
   if (world->rank() == 0) std::printf(failed ? "FAILED\n" : "all gradients match\n");
   return failed ? 1 : 0;
