@@ -102,10 +102,10 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.micro_batches);
   double arenas = 0;
   for (int c = 0; c < v; ++c) {
-    const size_t a =
-        model::PlanActivations(spec.model, spec.micro_batch, spec.seq_len, spec.dtype,
-                               spec.recompute, &chunks[size_t(c)], slots[size_t(c)], tp.size)
-            .total_bytes;
+    const size_t a = model::PlanActivations(spec.model, spec.micro_batch, spec.seq_len, spec.dtype,
+                                            spec.recompute, &chunks[size_t(c)], slots[size_t(c)],
+                                            tp.size, spec.sequence_parallel && tp.size > 1)
+                         .total_bytes;
     want.push_back(Round64(double(a)));
     arenas += double(a);
   }
@@ -235,63 +235,72 @@ TEST(TrainerBytes, EveryPipelineStageEqualsThePlannersFigureForIt) {
 
 // Tensor-parallel ranks: each holds shards of the same sizes (its heads, hidden units and
 // vocabulary rows; LayerNorms, wpe and the projections' biases whole), and its arena holds its
-// heads' and hidden units' activations: the planner's figure for tp 2, alone and with pp and dp,
-// equals what every tp rank allocates, and sharding shrinks both.
+// heads' and hidden units' activations (with sequence parallelism also 1/tp of the residual
+// stream's): the planner's figure for tp 2, alone and with pp and dp, with and without sp, equals
+// what every tp rank allocates, and sharding shrinks both.
 TEST(TrainerBytes, EveryTensorParallelRankEqualsThePlannersFigure) {
   for (Precision prec : {Precision::kBf16, Precision::kFp32})
     for (Recompute rc : {Recompute::kNone, Recompute::kSelective})
       for (int pp : {1, 2})
         for (int dp : {1, 2})
-          for (int zero : {0, 1, 3}) {
-            if (pp > 1 && zero > 1) continue;
-            Job job;
-            job.model = NamedModel("gpt2-mini");  // 4 heads, 4 layers
-            job.precision = prec;
-            job.accounting = Accounting::kKeel;
-            const int micro = 2, m = 2;
-            job.global_batch = micro * m * dp;
-            job.cluster.world = 2 * dp * pp;
-            job.cluster.per_node = 1;
-            job.cluster.accel = NamedAccelerator("H100-80GB");
-            Layout l;
-            l.dp = dp;
-            l.tp = 2;
-            l.pp = pp;
-            l.zero = zero;
-            l.micro_batch = micro;
-            l.recompute = rc;
-            Layout whole = l;
-            whole.tp = 1;
-            const MemoryBreakdown one = KeelStageMemory(job, whole, 0);
-            for (int stage = 0; stage < pp; ++stage)
-              for (int r = 0; r < 2; ++r) {
-                SCOPED_TRACE(std::string(PrecisionName(prec)) + " " + RecomputeName(rc) + " pp " +
-                             std::to_string(pp) + " dp " + std::to_string(dp) + " zero " +
-                             std::to_string(zero) + " stage " + std::to_string(stage) +
-                             " tp rank " + std::to_string(r));
-                const MemoryBreakdown plan = KeelStageMemory(job, l, stage);
-                if (stage == 0) {
-                  EXPECT_LT(plan.state.master, 0.6 * one.state.master);
-                  EXPECT_LT(plan.activations, one.activations);
+          for (int zero : {0, 1, 3})
+            for (bool sp : {false, true}) {
+              if (pp > 1 && zero > 1) continue;
+              Job job;
+              job.model = NamedModel("gpt2-mini");  // 4 heads, 4 layers
+              job.precision = prec;
+              job.accounting = Accounting::kKeel;
+              const int micro = 2, m = 2;
+              job.global_batch = micro * m * dp;
+              job.cluster.world = 2 * dp * pp;
+              job.cluster.per_node = 1;
+              job.cluster.accel = NamedAccelerator("H100-80GB");
+              Layout l;
+              l.dp = dp;
+              l.tp = 2;
+              l.pp = pp;
+              l.zero = zero;
+              l.micro_batch = micro;
+              l.recompute = rc;
+              l.sp = sp;
+              Layout whole = l;
+              whole.tp = 1;
+              whole.sp = false;
+              Layout no_sp = l;
+              no_sp.sp = false;
+              const MemoryBreakdown one = KeelStageMemory(job, whole, 0);
+              const MemoryBreakdown without = KeelStageMemory(job, no_sp, 0);
+              for (int stage = 0; stage < pp; ++stage)
+                for (int r = 0; r < 2; ++r) {
+                  SCOPED_TRACE(std::string(PrecisionName(prec)) + " " + RecomputeName(rc) + " pp " +
+                               std::to_string(pp) + " dp " + std::to_string(dp) + " zero " +
+                               std::to_string(zero) + (sp ? " sp" : "") + " stage " +
+                               std::to_string(stage) + " tp rank " + std::to_string(r));
+                  const MemoryBreakdown plan = KeelStageMemory(job, l, stage);
+                  if (stage == 0) {
+                    EXPECT_LT(plan.state.master, 0.6 * one.state.master);
+                    EXPECT_LT(plan.activations, one.activations);
+                    if (sp) EXPECT_LT(plan.activations, without.activations);
+                  }
+                  train::StepSpec spec;
+                  spec.model = ToModelConfig(job.model);
+                  spec.dtype = prec == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+                  spec.micro_batch = micro;
+                  spec.micro_batches = m;
+                  spec.seq_len = spec.model.block_size;
+                  spec.recompute =
+                      rc == Recompute::kNone ? model::Recompute::kNone : model::Recompute::kAttn;
+                  spec.dims = l;
+                  spec.sequence_parallel = sp;
+                  const bool end = stage == 0 || stage == pp - 1;
+                  SilentComm dp_comm(dp - 1, dp), pp_comm(stage, pp),
+                      tied(stage == 0 ? 0 : 1, end ? 2 : 1), tp_comm(r, 2);
+                  ExpectAllocations(spec,
+                                    train::StepGroups{&dp_comm, pp > 1 ? &pp_comm : nullptr,
+                                                      pp > 1 ? &tied : nullptr, &tp_comm},
+                                    plan, zero);
                 }
-                train::StepSpec spec;
-                spec.model = ToModelConfig(job.model);
-                spec.dtype = prec == Precision::kBf16 ? DType::kBF16 : DType::kF32;
-                spec.micro_batch = micro;
-                spec.micro_batches = m;
-                spec.seq_len = spec.model.block_size;
-                spec.recompute =
-                    rc == Recompute::kNone ? model::Recompute::kNone : model::Recompute::kAttn;
-                spec.dims = l;
-                const bool end = stage == 0 || stage == pp - 1;
-                SilentComm dp_comm(dp - 1, dp), pp_comm(stage, pp),
-                    tied(stage == 0 ? 0 : 1, end ? 2 : 1), tp_comm(r, 2);
-                ExpectAllocations(spec,
-                                  train::StepGroups{&dp_comm, pp > 1 ? &pp_comm : nullptr,
-                                                    pp > 1 ? &tied : nullptr, &tp_comm},
-                                  plan, zero);
-              }
-          }
+            }
 }
 
 }  // namespace

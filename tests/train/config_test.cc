@@ -129,8 +129,8 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
   a.train.sample_prompt = "";
   a.optim = {3e-4f,  0.1f * 3e-4f, 7,    "constant", 0.8f,
              0.999f, 1e-8f,        0.0f, 0.7f,       "wte.*,h.?.ln_1.*"};
-  // dp, tp, pp, virtual_stages, pp_layers, zero (LoadConfig does not check them)
-  a.parallel = {3, 2, 4, 2, "3,1", 1, 25.0f, 1234.5f};
+  // dp, tp, pp, sp, virtual_stages, pp_layers, zero (LoadConfig does not check them)
+  a.parallel = {3, 2, 4, true, 2, "3,1", 1, 25.0f, 1234.5f};
   a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto"};
   a.resilience.stop_on_nonfinite = false;
   a.monitor = {123.456, false};
@@ -315,19 +315,17 @@ TEST(Config, ParallelLayoutKeysParseAndRoundTrip) {
   EXPECT_EQ(a.parallel.zero, 3);
   EXPECT_EQ(RunConfig{}.parallel.dp, 0);  // 0 = the ranks launched / (tp x pp)
   std::string text = ToToml(a);
-  EXPECT_NE(
-      text.find(
-          "[parallel]\ndp = 2\ntp = 1\npp = 1\nvirtual_stages = 1\npp_layers = \"\"\nzero = 3\n"),
-      std::string::npos)
+  EXPECT_NE(text.find("[parallel]\ndp = 2\ntp = 1\npp = 1\nsp = false\nvirtual_stages = "
+                      "1\npp_layers = \"\"\nzero = 3\n"),
+            std::string::npos)
       << text;
   RunConfig b = LoadConfig(WriteConfig("parallel_round.toml", text), {});
   a.source = b.source;
   EXPECT_EQ(a, b) << text;
   std::string msg = BadInputMessage([] { LoadConfig("", {"parallel.zeros=1"}); });
-  EXPECT_NE(
-      msg.find(
-          "--set parallel.zeros: unknown key (known: dp, tp, pp, virtual_stages, pp_layers, zero,"),
-      std::string::npos)
+  EXPECT_NE(msg.find("--set parallel.zeros: unknown key (known: dp, tp, pp, sp, virtual_stages, "
+                     "pp_layers, zero,"),
+            std::string::npos)
       << msg;
   msg = LoadError("parallel_type.toml", "[parallel]\ntp = 2.5\n");
   EXPECT_NE(msg.find("[parallel] tp: expected an integer, got float 2.5"), std::string::npos)

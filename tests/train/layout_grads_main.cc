@@ -1,11 +1,12 @@
 // Tensor and pipeline parallelism's gradients: after one step's backward (the tied embedding's
-// halves summed between the first and last stage), every parameter a rank holds — a stage's
-// tensors, a tensor-parallel rank's shards of them — has the gradient one process computes for the
-// whole model over the same micro-batches (the same slice of it), within 1e-5 relative to the
-// tensor's largest value. Run by ctest as `mpirun -np 2` (pp 2, pp 2 interleaved with 2 chunks per
-// rank at ZeRO 1, uneven stages, tp 2) and `-np 4` (pp 4, dp 2 x pp 2 with ZeRO 1 plain and
-// interleaved, tp 2 x pp 2, dp 2 x tp 2 at ZeRO 2). Also: the whole model's weights gathered from
-// the stages and shards are the ones set.
+// halves summed between the first and last stage, the LayerNorms' over the tp group under
+// sequence parallelism), every parameter a rank holds — a stage's tensors, a tensor-parallel
+// rank's shards of them — has the gradient one process computes for the whole model over the same
+// micro-batches (the same slice of it), within 1e-5 relative to the tensor's largest value. Run by
+// ctest as `mpirun -np 2` (pp 2, pp 2 interleaved with 2 chunks per rank at ZeRO 1, uneven
+// stages, tp 2, tp 2 + sp) and `-np 4` (pp 4, dp 2 x pp 2 with ZeRO 1 plain and interleaved,
+// tp 2 x pp 2 and dp 2 x tp 2 at ZeRO 1, both also with sp). Also: the whole model's weights
+// gathered from the stages and shards are the ones set.
 //
 // Not named *_test.cc: that would glob it into the single-process train_test binary.
 #include <algorithm>
@@ -37,7 +38,7 @@ void Batch(int r, int k, int vocab, int32_t* tokens, int32_t* targets) {
 }
 
 int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
-          std::vector<int> stage_layers = {}) {
+          std::vector<int> stage_layers = {}, bool sp = false) {
   model::ModelConfig cfg = model::NamedConfig("gpt2-tiny");
   cfg.n_layer = 4;
   const model::ParamLayout whole = model::ParamLayout::Gpt2(cfg);
@@ -65,6 +66,7 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
   spec.micro_batches = kMicro;
   spec.virtual_stages = v;
   spec.stage_layers = stage_layers;
+  spec.sequence_parallel = sp;
   spec.dims = dims;
   spec.bucket_elems = 4096;
   spec.comm_timeout_s = 60;
@@ -91,9 +93,9 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
     for (size_t i = 0; i < p.numel; ++i)
       worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
     if (worst / scale > 1e-5) {
-      std::printf("%s v=%d rank %d (stage %d): %s gradient differs by %.2e relative\n",
-                  parallel::DimsName(dims).c_str(), v, world.rank(), g.at.pp, p.name.c_str(),
-                  worst / scale);
+      std::printf("%s v=%d%s rank %d (stage %d): %s gradient differs by %.2e relative\n",
+                  parallel::DimsName(dims).c_str(), v, sp ? " sp" : "", world.rank(), g.at.pp,
+                  p.name.c_str(), worst / scale);
       ++bad;
     }
   }
@@ -104,9 +106,9 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
     ++bad;
   }
   if (world.rank() == 0)
-    std::printf("%s v=%d: stage 0 holds %zu of %zu parameters; %zu tensors compared on rank 0\n",
-                parallel::DimsName(dims).c_str(), v, st.layout().total(), whole.total(),
-                st.layout().params().size());
+    std::printf("%s v=%d%s: rank 0 holds %zu of %zu parameters; %zu tensors compared on it\n",
+                parallel::DimsName(dims).c_str(), v, sp ? " sp" : "", st.layout().total(),
+                whole.total(), st.layout().params().size());
   return bad;
 }
 
@@ -123,6 +125,10 @@ int main() {
   if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0});
   if (n == 4) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/2, /*zero=*/0});
   if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/2, /*pp=*/1, /*zero=*/1});
+  // Sequence parallelism: the LayerNorms' gradients are summed over the tp group.
+  if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0}, 1, {}, true);
+  if (n == 4) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/2, /*zero=*/0}, 1, {}, true);
+  if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/2, /*pp=*/1, /*zero=*/1}, 1, {}, true);
   const bool failed = world->AllReduceMax(double(bad)) > 0;
   if (world->rank() == 0) std::printf(failed ? "FAILED\n" : "all gradients match\n");
   return failed ? 1 : 0;

@@ -30,12 +30,15 @@ const ActivationBuffer& ActivationPlan::Find(const std::string& name) const {
 }
 
 ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype,
-                               Recompute recompute, const StageRange* stage, int slots, int tp) {
+                               Recompute recompute, const StageRange* stage, int slots, int tp,
+                               bool sp) {
   ActivationPlan plan;
   const StageRange st = stage ? *stage : WholeModel(cfg);
   const size_t L = st.layers(), C = cfg.n_embd, BT = size_t(B) * T;
   // This rank's heads' channels and hidden units (tensor parallelism), and its heads.
   const size_t Cl = C / size_t(tp), NH = size_t(cfg.n_head / tp);
+  // The rows of the residual stream this rank holds (sequence parallelism: its 1/tp of them).
+  const size_t R = sp ? BT / size_t(tp) : BT;
   const size_t t = DTypeSize(dtype), f = 4, S = size_t(slots);
   auto add = [&](const char* name, size_t count, size_t elem_bytes, size_t elems) {
     ActivationBuffer b{name, count, elem_bytes, elems, plan.total_bytes};
@@ -46,32 +49,33 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   const size_t attn_copies = recompute == Recompute::kNone ? L * S : 1;
   const size_t mlp_copies = recompute == Recompute::kFull ? 1 : L * S;
   // The residual stream: block inputs and the last block's output, per slot.
-  add("resid", (L + 1) * S, t, BT * C);
-  add("ln1", attn_copies, t, BT * C);
-  add("ln1_mean", attn_copies, f, BT);
-  add("ln1_rstd", attn_copies, f, BT);
+  add("resid", (L + 1) * S, t, R * C);
+  add("ln1", attn_copies, t, R * C);
+  add("ln1_mean", attn_copies, f, R);
+  add("ln1_rstd", attn_copies, f, R);
   add("qkv", attn_copies, t, BT * 3 * Cl);
   add("atty", attn_copies, t, BT * Cl);
   add("att_lse", attn_copies, f, BT * NH);
-  add("res2", mlp_copies, t, BT * C);
-  add("ln2", mlp_copies, t, BT * C);
-  add("ln2_mean", mlp_copies, f, BT);
-  add("ln2_rstd", mlp_copies, f, BT);
+  add("res2", mlp_copies, t, R * C);
+  add("ln2", mlp_copies, t, R * C);
+  add("ln2_mean", mlp_copies, f, R);
+  add("ln2_rstd", mlp_copies, f, R);
   add("fch", mlp_copies, t, BT * 4 * Cl);
   add("fch_gelu", mlp_copies, t, BT * 4 * Cl);
   if (st.last()) {
     // The last stage runs a micro-batch's head right before its backward: one copy serves.
-    add("lnf", 1, t, BT * C);
-    add("lnf_mean", 1, f, BT);
-    add("lnf_rstd", 1, f, BT);
+    add("lnf", 1, t, R * C);
+    add("lnf_mean", 1, f, R);
+    add("lnf_rstd", 1, f, R);
     add("losses", 1, f, BT);
     // Each rank's log-sum-exp and target logit per row, gathered by the vocabulary shards.
     if (tp > 1) add("vocab_stats", 1, f, 2 * BT * size_t(tp + 1));
   }
-  if (!st.last()) add("pipe_grad_in", S, t, BT * C);
-  if (!st.first()) add("pipe_grad_out", S, t, BT * C);
+  if (!st.last()) add("pipe_grad_in", S, t, R * C);
+  if (!st.first()) add("pipe_grad_out", S, t, R * C);
+  if (sp) add("gathered", 1, t, BT * C);
   // Backward's gradient buffers: one layer's worth, reused by every layer.
-  add("dres", 1, t, BT * C);
+  add("dres", 1, t, R * C);
   add("dtmp", 1, t, BT * C);
   add("dqkv", 1, t, BT * 3 * Cl);
   add("dfch_gelu", 1, t, BT * 4 * Cl);

@@ -49,8 +49,13 @@ struct ActivationPlan {
 // output and statistics, the MLP's hidden layer, and their gradients) hold this rank's heads and
 // hidden units only (1/tp); the residual stream and LayerNorms stay whole. The last stage adds
 // the vocabulary shards' per-row statistics.
+// `sp` (sequence parallelism, tp > 1): the residual stream, the LayerNorms' outputs and statistics
+// and the stage boundaries hold this rank's B·T/tp rows only; one shared B·T×C buffer ("gathered")
+// takes a LayerNorm output all-gathered for the next product (again in backward, instead of
+// keeping it), a projection's partial sum before its reduce-scatter, and the final LayerNorm's
+// output for the classifier.
 ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype,
                                Recompute recompute, const StageRange* stage = nullptr,
-                               int slots = 1, int tp = 1);
+                               int slots = 1, int tp = 1, bool sp = false);
 
 }  // namespace keel::model

@@ -13,6 +13,12 @@
 // bias, the others with zero, and one all-reduce completes it (g). In backward the column-parallel
 // products leave partial input gradients, summed by one all-reduce each (f's backward). The
 // LayerNorms and residual stream are whole and identical on every tp rank.
+// Sequence parallelism keeps R = B·T/tp rows of the residual stream per rank instead (rows
+// [tp_rank·R, (tp_rank + 1)·R)): the LayerNorms run on those, their outputs are all-gathered into
+// one shared buffer before the column-parallel products (again in backward rather than kept), and
+// the row-parallel partial sums are reduce-scattered instead of all-reduced: each rank seeds its
+// own rows with its residual, the lead adds the bias to all rows.
+
 #include "keel/model/gpt.h"
 
 #include <algorithm>
@@ -99,7 +105,9 @@ struct GptModel::Impl {
   // Tensor parallelism: tp ranks, this one's shard, its heads and channels, its vocabulary rows.
   TensorParallel tpg;
   int tp, tp_rank, NHl, Cl, Vl, v0;
-  bool lead;  // tp rank 0: adds the residual and the replicated biases into partial sums
+  bool lead;  // tp rank 0: adds the replicated biases (and without sp the residual) into sums
+  bool sp;    // sequence parallelism: R of the B·T rows from row0
+  int R, row0;
   double tp_ms = 0, tp_bytes = 0;
 
   Impl(const ModelConfig& c, DType d, int b, int t, Recompute r, const ParamLayout& lay,
@@ -116,7 +124,8 @@ struct GptModel::Impl {
         // The rank's lowest chunk runs its last backward: the embeddings' gradients (the
         // classifier's too, on the last rank) are final only then.
         finishes_embed(lay.embed_segment() >= 0 && st.l0 == lay.chunks().front().l0),
-        plan(PlanActivations(c, b, t, d, r, &st, sl, lay.tp().size)),
+        plan(PlanActivations(c, b, t, d, r, &st, sl, lay.tp().size,
+                             tpar.sequence && lay.tp().size > 1)),
         arena(plan.total_bytes),
         tpg(tpar),
         tp(lay.tp().size),
@@ -125,7 +134,11 @@ struct GptModel::Impl {
         Cl(c.n_embd / tp),
         Vl(c.padded_vocab() / tp),
         v0(tp_rank * Vl),
-        lead(tp_rank == 0) {
+        lead(tp_rank == 0),
+        sp(tpar.sequence && tp > 1),
+        R(sp ? b * t / tp : b * t),
+        row0(sp ? tp_rank * R : 0) {
+    KEEL_CHECK(!sp || (b * t) % tp == 0, "GptModel: sequence parallelism needs tp | B·T");
     std::memset(arena.data(), 0, arena.bytes());
     KEEL_CHECK(tp == 1 || (tpg.comm && tpg.comm->size() == tp && tpg.comm->rank() == tp_rank),
                "GptModel: the tensor-parallel group does not match the layout's shard");
@@ -137,6 +150,32 @@ struct GptModel::Impl {
     auto w = tpg.comm->AllReduceSumAsync(data, n, dtype);
     tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a tensor-parallel all-reduce");
     tp_bytes += double(n * DTypeSize(dtype));
+  }
+
+  // Sequence parallelism: every rank's R rows of `mine` → all B·T rows in `all`, in rank order.
+  void GatherRows(const void* mine, void* all) {
+    const size_t n = size_t(R) * cfg.n_embd;
+    auto w = tpg.comm->AllGatherAsync(mine, all, std::vector<size_t>(size_t(tp), n), dtype);
+    tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a sequence-parallel all-gather");
+    tp_bytes += double(n * DTypeSize(dtype));
+  }
+  // `x` (this rank's rows) as all B·T rows, for a product over the whole sequence: itself, or
+  // gathered into the shared buffer under sequence parallelism.
+  template <typename U>
+  const U* Whole(const U* x) {
+    if (!sp) return x;
+    U* all = Act<U>("gathered");
+    GatherRows(x, all);
+    return all;
+  }
+  // Completes a partial sum of all B·T rows (`all`): summed in place without sp; under sp, this
+  // rank's rows of the sum into `mine` (may be `all`: then at its start).
+  void SumRows(void* all, void* mine) {
+    if (!sp) return TpSum(all, size_t(B) * T * cfg.n_embd);
+    const size_t n = size_t(R) * cfg.n_embd;
+    auto w = tpg.comm->ReduceScatterSumAsync(all, mine, std::vector<size_t>(size_t(tp), n), dtype);
+    tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a sequence-parallel reduce-scatter");
+    tp_bytes += double(n * size_t(tp) * DTypeSize(dtype));
   }
 
   // The vocabulary shards' per-row statistics → the whole vocabulary's (kernels::VocabShard).
@@ -250,24 +289,33 @@ template <typename T>
 void AttentionSublayerForward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   KEEL_PROFILED("layernorm",
-                k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, BT, C));
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, a.ln1, p.qkvw, p.qkvb, BT, C, 3 * Cl));
+                k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, m.R, C));
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, x, p.qkvw, p.qkvb, BT, C, 3 * Cl));
   KEEL_PROFILED("attention_fwd", k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl));
 }
 
 // out = residual + inp·weightᵀ + bias over the tp ranks: the lead rank seeds the residual and the
-// bias, the others zero, and the all-reduce sums the partial products.
+// bias, the others zero, and the all-reduce sums the partial products. Under sequence parallelism
+// each rank seeds its own rows' residual into the shared buffer, and the reduce-scatter leaves
+// each its rows of the sum.
 template <typename T>
 void RowParallelForward(GptModel::Impl& m, T* out, const T* residual, const T* inp, const T* weight,
                         const float* bias, int K) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
-  if (m.lead)
+  T* sum = m.sp ? m.Act<T>("gathered") : out;
+  if (m.sp) {
+    std::memset(sum, 0, sizeof(T) * BT * C);
+    std::memcpy(sum + size_t(m.row0) * C, residual, sizeof(T) * m.R * C);
+  } else if (m.lead) {
     std::memcpy(out, residual, sizeof(T) * BT * C);
-  else
+  } else {
     std::memset(out, 0, sizeof(T) * BT * C);
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(out, inp, weight, m.lead ? bias : nullptr, BT, K, C,
+  }
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
                                                /*accumulate=*/true));
-  KEEL_PROFILED("tp_comm", m.TpSum(out, size_t(BT) * C));
+  KEEL_PROFILED("tp_comm", m.SumRows(sum, out));
 }
 
 template <typename T>
@@ -276,8 +324,10 @@ void BlockForward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T>
   AttentionSublayerForward(m, p, a);
   RowParallelForward(m, a.res2, a.in, a.atty, p.projw, p.projb, Cl);
   KEEL_PROFILED("layernorm",
-                k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, BT, C));
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, a.ln2, p.fcw, p.fcb, BT, C, 4 * Cl));
+                k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, m.R, C));
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, x, p.fcw, p.fcb, BT, C, 4 * Cl));
   KEEL_PROFILED("gelu", k::GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
   RowParallelForward(m, a.out, a.res2, a.fch_gelu, p.fcpw, p.fcpb, 4 * Cl);
 }
@@ -290,24 +340,31 @@ void BlockBackward(GptModel::Impl& m, const BlockParams<T>& p, const BlockActs<T
   T* dqkv = m.Act<T>("dqkv");
   T* dfch_gelu = m.Act<T>("dfch_gelu");
   T* dfch = m.Act<T>("dfch");
-  // The projections' biases are whole on every tp rank and so are their gradients (dres is).
-  KEEL_PROFILED("matmul_bwd", k::MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, dres, a.fch_gelu,
+  // The projections' biases are whole on every tp rank and so are their gradients: each rank has
+  // all of dres (gathered under sequence parallelism). Each Whole() below overwrites the shared
+  // buffer once its previous contents are consumed.
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  KEEL_PROFILED("matmul_bwd", k::MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu,
                                                 p.fcpw, BT, 4 * Cl, C));
   KEEL_PROFILED("gelu", k::GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, a.ln2, p.fcw, BT, C, 4 * Cl));
-  KEEL_PROFILED("tp_comm", m.TpSum(dtmp, size_t(BT) * C));
+                k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, x, p.fcw, BT, C, 4 * Cl));
+  KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
-                                                  a.ln2_mean, a.ln2_rstd, BT, C));
+                                                  a.ln2_mean, a.ln2_rstd, m.R, C));
+  KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_projw, p.d_projb, dres, a.atty, p.projw, BT, Cl, C));
+                k::MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty, p.projw, BT, Cl, C));
   KEEL_PROFILED("attention_bwd",
                 k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, Cl, m.NHl));
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, a.ln1, p.qkvw, BT, C, 3 * Cl));
-  KEEL_PROFILED("tp_comm", m.TpSum(dtmp, size_t(BT) * C));
+                k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, p.qkvw, BT, C, 3 * Cl));
+  KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
-                                                  a.ln1_mean, a.ln1_rstd, BT, C));
+                                                  a.ln1_mean, a.ln1_rstd, m.R, C));
 }
 
 // The final LayerNorm's weight and bias (working dtype) inside its segment's weights.
@@ -330,18 +387,18 @@ const T* Wte(GptModel::Impl& m) {
 // The embedding (first stage), the stage's blocks, and the final LayerNorm into "lnf" (last).
 template <typename T>
 void StageForward(GptModel::Impl& m, int slot, const int32_t* tokens) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  const int C = m.cfg.n_embd;
   ParamAccess& acc = *m.acc;
   if (m.stage.first()) {
     acc.Use(0, Pass::kForward);
     const T* e = static_cast<const T*>(acc.Weights(0));
     // Vocabulary-parallel: each rank looks up the tokens it holds, the lead adds the positions.
-    KEEL_PROFILED(
-        "encoder",
-        k::EncoderForward(m.Resid<T>(slot, 0), tokens, e + m.layout.Find("wte.weight").offset,
-                          m.lead ? e + m.layout.Find("wpe.weight").offset : nullptr, m.B, m.T, C,
-                          m.v0, m.v0 + m.Vl));
-    KEEL_PROFILED("tp_comm", m.TpSum(m.Resid<T>(slot, 0), size_t(BT) * C));
+    T* emb = m.sp ? m.Act<T>("gathered") : m.Resid<T>(slot, 0);
+    KEEL_PROFILED("encoder",
+                  k::EncoderForward(emb, tokens, e + m.layout.Find("wte.weight").offset,
+                                    m.lead ? e + m.layout.Find("wpe.weight").offset : nullptr, m.B,
+                                    m.T, C, m.v0, m.v0 + m.Vl));
+    KEEL_PROFILED("tp_comm", m.SumRows(emb, m.Resid<T>(slot, 0)));
   }
   for (int l = m.stage.l0; l < m.stage.l1; ++l) {
     const int s = m.layout.block_segment(l);
@@ -357,7 +414,7 @@ void StageForward(GptModel::Impl& m, int slot, const int32_t* tokens) {
   KEEL_PROFILED(
       "layernorm",
       k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"),
-                          m.Resid<T>(slot, m.stage.layers()), lnfw, lnfb, BT, C));
+                          m.Resid<T>(slot, m.stage.layers()), lnfw, lnfb, m.R, C));
 }
 
 // The end of a forward-only pass: the embeddings and final LayerNorm are no longer needed.
@@ -377,8 +434,10 @@ double StageLoss(GptModel::Impl& m, const int32_t* targets) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   float* losses = m.Act<float>("losses");
   const k::VocabShard vs = m.vocab_shard();
-  KEEL_PROFILED("classifier", k::ClassifierForward(losses, m.Act<T>("lnf"), Wte<T>(m), targets, BT,
-                                                   C, m.cfg.vocab_size, m.Vl, m.vocab(vs)));
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
+  KEEL_PROFILED("classifier", k::ClassifierForward(losses, x, Wte<T>(m), targets, BT, C,
+                                                   m.cfg.vocab_size, m.Vl, m.vocab(vs)));
   EndForward(m);
   return SumLosses(losses, BT);
 }
@@ -406,12 +465,14 @@ double StageBackward(GptModel::Impl& m, int slot, const int32_t* tokens, const i
   if (m.stage.last()) {
     float* losses = m.Act<float>("losses");
     const k::VocabShard vs = m.vocab_shard();
-    KEEL_PROFILED("classifier", k::ClassifierForwardBackward(
-                                    losses, dtmp, ge + wte, m.Act<T>("lnf"), Wte<T>(m), targets,
-                                    dloss, BT, C, m.cfg.vocab_size, m.Vl, m.vocab(vs)));
-    KEEL_PROFILED("tp_comm", m.TpSum(dtmp, size_t(BT) * C));  // the vocabulary shards' terms
+    const T* x = nullptr;
+    KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
+    KEEL_PROFILED("classifier",
+                  k::ClassifierForwardBackward(losses, dtmp, ge + wte, x, Wte<T>(m), targets, dloss,
+                                               BT, C, m.cfg.vocab_size, m.Vl, m.vocab(vs)));
+    KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));  // the vocabulary shards' terms
     loss = SumLosses(losses, BT);
-    std::memset(dres, 0, sizeof(T) * BT * C);
+    std::memset(dres, 0, sizeof(T) * m.R * C);
     const int s = m.layout.final_segment();
     const size_t base = m.layout.segment_start(s);
     float* gf = acc.Grads(s);
@@ -421,11 +482,11 @@ double StageBackward(GptModel::Impl& m, int slot, const int32_t* tokens, const i
                   k::LayerNormBackward(dres, gf + (m.layout.Find("ln_f.weight").offset - base),
                                        gf + (m.layout.Find("ln_f.bias").offset - base), dtmp,
                                        m.Resid<T>(slot, m.stage.layers()), lnfw,
-                                       m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"), BT, C));
+                                       m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"), m.R, C));
     acc.GradsDone(s);
     acc.Done(s, Pass::kBackward);
   } else {
-    std::memcpy(dres, dout, sizeof(T) * BT * C);
+    std::memcpy(dres, dout, sizeof(T) * m.R * C);
   }
   for (int l = m.stage.l1 - 1; l >= m.stage.l0; --l) {
     const int s = m.layout.block_segment(l);
@@ -440,11 +501,14 @@ double StageBackward(GptModel::Impl& m, int slot, const int32_t* tokens, const i
     acc.GradsDone(s);
     acc.Done(s, Pass::kBackward);
   }
-  if (m.stage.first())
+  if (m.stage.first()) {
+    const T* x = nullptr;
+    KEEL_PROFILED("tp_comm", x = m.Whole(dres));
     KEEL_PROFILED("encoder", k::EncoderBackward(ge + wte, ge + m.layout.Find("wpe.weight").offset,
-                                                dres, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
-  else
-    std::memcpy(din, dres, sizeof(T) * BT * C);
+                                                x, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
+  } else {
+    std::memcpy(din, dres, sizeof(T) * m.R * C);
+  }
   if (m.finishes_embed) {
     acc.GradsDone(e);
     acc.Done(e, Pass::kBackward);
@@ -517,7 +581,7 @@ double GptModel::Forward(const int32_t* tokens, const int32_t* targets) {
   return StageLoss(targets);
 }
 
-size_t GptModel::boundary_elems() const { return size_t(impl_->B) * impl_->T * impl_->cfg.n_embd; }
+size_t GptModel::boundary_elems() const { return size_t(impl_->R) * impl_->cfg.n_embd; }
 void* GptModel::StageInput(int slot) { return impl_->Resid<char>(slot, 0); }
 const void* GptModel::StageOutput(int slot) {
   return impl_->Resid<char>(slot, impl_->stage.layers());

@@ -30,9 +30,15 @@ class DenseParams;
 // each column-parallel product in backward (Megatron-LM's f and g), an all-reduce of the
 // vocabulary-parallel embedding, and an all-gather of per-row statistics in the vocabulary-
 // parallel cross-entropy. Waits past `timeout_s` exit 75 (parallel::WaitOrLost).
+// `sequence` (Korthikanti et al. 2022): each rank holds 1/tp of the rows (B·T) of the residual
+// stream and runs the LayerNorms on those; an all-gather before each column-parallel product and
+// a reduce-scatter after each row-parallel one replace the all-reduces (and the reverse in
+// backward). The LayerNorms' gradients then cover this rank's rows: the caller sums them over the
+// group (NormParam).
 struct TensorParallel {
   parallel::Comm* comm = nullptr;  // null: no tensor parallelism
   double timeout_s = 600;
+  bool sequence = false;
 };
 
 class GptModel {
@@ -79,7 +85,8 @@ class GptModel {
 
   // The stage pieces that ForwardBackward and Forward are made of, and that a pipeline schedule
   // calls with micro-batches in flight (`slot` < slots: whose activations). Between stages the
-  // model's dtype travels: boundary_elems() elements, (B, T, C).
+  // model's dtype travels: boundary_elems() elements, (B, T, C) (sequence parallelism: this
+  // rank's B·T/tp rows).
   size_t boundary_elems() const;
   // The first block's input: a later stage receives its predecessor's output here before
   // StageForward. The last block's output: sent on to the next stage after StageForward.

@@ -222,6 +222,10 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   return s;
 }
 
+bool NormParam(const ParamInfo& p) {
+  return p.name.find("ln_") != std::string::npos;  // h.l.ln_1, h.l.ln_2, ln_f
+}
+
 void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float* from, float* to,
                 bool to_whole) {
   const TpShard& tp = layout.tp();

@@ -154,6 +154,10 @@ class ParamLayout {
 // The sizes parallel::StateBytesPerRank needs, from the layout (trainer and planner alike).
 parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype);
 
+// A LayerNorm's weight or bias: under sequence parallelism a tp rank's gradient of it covers its
+// rows only, and the group sums them.
+bool NormParam(const ParamInfo& p);
+
 // Copies this rank's shards out of the whole model's flat values (ParamLayout::Gpt2's order) into
 // `mine` (layout.total() floats), or back with `to_whole` (replicas skipped).
 void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float* from, float* to,

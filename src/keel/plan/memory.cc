@@ -122,9 +122,10 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
   const std::vector<int> slots = parallel::PipelineSlots(l.pp, stage, v, micro_batches);
   for (int c = 0; c < v; ++c)
-    mem.activations += double(model::PlanActivations(cfg, l.micro_batch, m.seq, dt, rc,
-                                                     &chunks[size_t(c)], slots[size_t(c)], l.tp)
-                                  .total_bytes);
+    mem.activations +=
+        double(model::PlanActivations(cfg, l.micro_batch, m.seq, dt, rc, &chunks[size_t(c)],
+                                      slots[size_t(c)], l.tp, l.sp && l.tp > 1)
+                   .total_bytes);
   mem.exact_activations = true;
   return mem;
 }

@@ -97,6 +97,7 @@ struct ParallelSection {
   int dp = 0;  // 0 = the ranks launched / (tp x pp)
   int tp = 1;
   int pp = 1;
+  bool sp = false;                // sequence parallelism over the tp group (tp > 1)
   int virtual_stages = 1;         // model chunks per pipeline rank: > 1 is interleaved 1F1B
   std::string pp_layers;          // blocks per stage: "" equal, "auto" balanced, or "9,3"
   int zero = 0;                   // 0: replicated; 1: optimizer state; 2: + gradients; 3: + weights

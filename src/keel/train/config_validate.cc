@@ -278,6 +278,18 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
                   : d.tp * d.pp == 1 ? "ranks"
                                      : "data-parallel ranks");
 
+  if (p.sp && d.tp == 1)
+    ThrowBadInput(prefix +
+                  "sp=true splits the sequence over the tensor-parallel group: it needs "
+                  "tp > 1 (got tp=1)");
+  if (p.sp) {
+    const TrainSection& t = cfg.train;
+    const long micro = t.micro_batch_size > 0 ? t.micro_batch_size : t.batch_size / d.dp;
+    if ((micro * cfg.data.seq_len) % d.tp != 0)
+      ThrowBadInput(prefix + "sp=true splits each micro-batch's " + s(micro) + " x " +
+                    s(cfg.data.seq_len) + " tokens over tp=" + s(d.tp) +
+                    " ranks: they must divide evenly (train.micro_batch_size x data.seq_len)");
+  }
   const int v = p.virtual_stages;
   if (v < 1) ThrowBadInput(prefix + "virtual_stages=" + s(v) + ": expected an integer >= 1");
   if (v > 1 && d.pp == 1)

@@ -1,5 +1,6 @@
 #include "keel/train/step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -62,7 +63,8 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
   for (size_t c = 0; c < chunks.size(); ++c) {
     models_.push_back(std::make_unique<model::GptModel>(
         spec.model, spec.dtype, spec.micro_batch, spec.seq_len, spec.recompute, zero_.get(),
-        layout_, chunks[c], slots[c], model::TensorParallel{g_.tp, spec.comm_timeout_s}));
+        layout_, chunks[c], slots[c],
+        model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.sequence_parallel}));
     ptrs.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
@@ -115,8 +117,24 @@ void TrainStep::SumTiedGrads() {
   tied_bytes_ = 4.0 * double(wte.numel);
 }
 
+// Under sequence parallelism each tp rank's LayerNorm gradients cover its rows of the sequence:
+// summed over the group, where this rank holds them (the dp-reduced gradients, or its ZeRO 2/3
+// slice, which its tp peers hold alike: their layouts have the same sizes).
+void TrainStep::SumNormGrads() {
+  if (!spec_.sequence_parallel || !g_.tp || g_.tp->size() < 2) return;
+  const size_t lo = store_->grads_lo(), hi = lo + store_->grads_size();
+  std::vector<std::unique_ptr<parallel::Work>> ops;
+  for (const model::ParamInfo& p : layout_.params()) {
+    if (!model::NormParam(p)) continue;
+    const size_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
+    if (a < b) ops.push_back(g_.tp->AllReduceSumAsync(store_->grads() + (a - lo), b - a));
+  }
+  for (auto& w : ops)
+    sp_ms_ += parallel::WaitOrLost(*w, spec_.comm_timeout_s, "the LayerNorms' gradient sum");
+}
+
 double TrainStep::tp_wait_ms() const {
-  double ms = 0;
+  double ms = sp_ms_;
   for (const auto& m : models_) ms += m->tp_wait_ms();
   return ms;
 }
@@ -130,11 +148,13 @@ double TrainStep::tp_bytes() const {
 double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                                   double* data_ms) {
   for (auto& m : models_) m->ResetTpStats();
+  sp_ms_ = 0;
   zero_->BeginStep();
   double loss = pipe_->Run(
       n_micro, next, dloss, [&](int k) { zero_->BeginMicroBatch(k == n_micro - 1); }, data_ms);
   zero_->FinishBackward();
   SumTiedGrads();
+  SumNormGrads();
   if (g_.pp && g_.pp->size() > 1) loss = g_.pp->AllReduceSum(loss);
   return comm_.AllReduceSum(loss);
 }

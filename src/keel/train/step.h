@@ -35,9 +35,10 @@ struct StepSpec {
   model::ModelConfig model;
   DType dtype = DType::kBF16;
   int micro_batch = 1, seq_len = 64;
-  int micro_batches = 1;          // per step (gradient accumulation): sizes the pipeline's slots
-  int virtual_stages = 1;         // model chunks per pipeline rank (> 1: interleaved 1F1B)
-  std::vector<int> stage_layers;  // blocks per pipeline stage (v = 1); empty: equal stages
+  int micro_batches = 1;           // per step (gradient accumulation): sizes the pipeline's slots
+  int virtual_stages = 1;          // model chunks per pipeline rank (> 1: interleaved 1F1B)
+  std::vector<int> stage_layers;   // blocks per pipeline stage (v = 1); empty: equal stages
+  bool sequence_parallel = false;  // with tp > 1: the residual stream split over the tp group
   model::Recompute recompute = model::Recompute::kNone;
   parallel::ParallelDims dims;
   optim::AdamWHyper hyper;
@@ -111,6 +112,7 @@ class TrainStep {
 
  private:
   void SumTiedGrads();
+  void SumNormGrads();
 
   StepSpec spec_;
   StepGroups g_;
@@ -120,7 +122,7 @@ class TrainStep {
   std::unique_ptr<ZeroStrategy> zero_;
   std::vector<std::unique_ptr<model::GptModel>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
-  double tied_ms_ = 0, tied_bytes_ = 0;
+  double tied_ms_ = 0, tied_bytes_ = 0, sp_ms_ = 0;
 };
 
 }  // namespace keel::train

@@ -152,6 +152,7 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.micro_batches = s.n_micro;
   spec.virtual_stages = cfg.parallel.virtual_stages;
   spec.stage_layers = StageLayers(cfg, s.dims.pp);
+  spec.sequence_parallel = cfg.parallel.sp;
   spec.seq_len = cfg.data.seq_len;
   spec.recompute = model::ParseRecompute(cfg.model.recompute);
   spec.dims = s.dims;
@@ -285,6 +286,15 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
         cfg.model.name.c_str(), DTypeName(s.dtype), layout.total(), comm.size(), threads,
         cfg.train.batch_size, T, s.n_micro, s.micro_batch);
     Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm.size());
+    if (dims.tp > 1)
+      Log("keel: tensor parallel: %d ranks, each with %d of %d heads, %d of %d MLP units and %d "
+          "of %d vocabulary rows%s",
+          dims.tp, mcfg.n_head / dims.tp, mcfg.n_head, 4 * mcfg.n_embd / dims.tp, 4 * mcfg.n_embd,
+          mcfg.padded_vocab() / dims.tp, mcfg.padded_vocab(),
+          cfg.parallel.sp ? ("; sequence parallel: " + std::to_string(s.micro_batch * T / dims.tp) +
+                             " of " + std::to_string(s.micro_batch * T) + " rows per micro-batch")
+                                .c_str()
+                          : "");
     if (pipelined) {
       const int v = spec.virtual_stages;
       std::string shape;  // " of 9+3 layers", or " x 2 interleaved chunks of 3 layer(s)"
