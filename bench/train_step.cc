@@ -4,8 +4,10 @@
 //
 //   build/bench_train_step gpt2 4 256 bf16 [steps=10] [warmup=2] [recompute=none] [zero=0]
 //                          [micro_batches=1] [pp=1] [virtual_stages=1] [pp_layers=equal|auto]
+//                          [tp=1] [sp=0|1]
 //   mpirun -np 2 build/bench_train_step gpt2 4 256 bf16 10 2 none 3    # dp 2, ZeRO-3
 //   mpirun -np 2 build/bench_train_step gpt2 1 256 bf16 5 2 none 0 8 2  # pp 2, 8 micro-batches
+//   mpirun -np 2 build/bench_train_step gpt2 1 256 bf16 5 2 none 0 8 1 1 equal 2 1  # tp 2 + sp
 #include <omp.h>
 
 #include <algorithm>
@@ -30,7 +32,7 @@ int main(int argc, char** argv) {
   if (argc < 5) {
     std::fprintf(stderr,
                  "usage: %s MODEL B T fp32|bf16 [steps] [warmup] [recompute] [zero] "
-                 "[micro_batches] [pp] [virtual_stages] [equal|auto]\n",
+                 "[micro_batches] [pp] [virtual_stages] [equal|auto] [tp] [sp]\n",
                  argv[0]);
     return 2;
   }
@@ -58,9 +60,11 @@ int main(int argc, char** argv) {
   spec.virtual_stages = argc > 11 ? std::atoi(argv[11]) : 1;
   const bool balanced = argc > 12 && std::string(argv[12]) == "auto";
   if (balanced) spec.stage_layers = model::BalancedStageLayers(cfg, T, pp);
-  spec.dims = {comm->size() / pp, 1, pp, argc > 8 ? std::atoi(argv[8]) : 0};
+  const int tp = argc > 13 ? std::atoi(argv[13]) : 1;
+  spec.sequence_parallel = argc > 14 && std::atoi(argv[14]) != 0;
+  spec.dims = {comm->size() / (pp * tp), tp, pp, argc > 8 ? std::atoi(argv[8]) : 0};
   const parallel::Groups g = parallel::MakeGroups(*comm, spec.dims);
-  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get()});
+  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get(), g.tp.get()});
   const model::ParamLayout whole = model::ParamLayout::Gpt2(cfg);
   {
     std::vector<float> init(whole.total());
@@ -79,7 +83,8 @@ int main(int argc, char** argv) {
     std::copy(tgts.begin(), tgts.end(), targets);
     return 0.0;
   };
-  double total_s = 0, wait_ms = 0, sent = 0, pp_wait_ms = 0, bubble = 0;
+  double total_s = 0, wait_ms = 0, sent = 0, pp_wait_ms = 0, bubble = 0, dp_wait_ms = 0,
+         tp_wait_ms = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     if (s == warmup) kernels::ProfileReset(true);
     comm->Barrier();
@@ -92,6 +97,8 @@ int main(int argc, char** argv) {
     if (s >= warmup) {
       total_s += t.Seconds();
       wait_ms += st.comm_wait_ms();
+      dp_wait_ms += st.dp_wait_ms();
+      tp_wait_ms += st.tp_wait_ms();
       pp_wait_ms += st.pp_wait_ms();
       bubble += st.last_stage() ? st.bubble() : 0;
       sent += st.comm_bytes();
@@ -99,6 +106,8 @@ int main(int argc, char** argv) {
   }
   total_s = comm->AllReduceMax(total_s);
   pp_wait_ms = comm->AllReduceMax(pp_wait_ms);
+  dp_wait_ms = comm->AllReduceMax(dp_wait_ms);
+  tp_wait_ms = comm->AllReduceMax(tp_wait_ms);
   bubble = comm->AllReduceMax(bubble);  // the last stage's
   const double tok_s = double(B) * T * m * steps * spec.dims.dp / total_s;
   const double params = double(whole.total() - whole.Find("wpe.weight").numel);
@@ -115,6 +124,8 @@ int main(int argc, char** argv) {
                         {"ms_per_step", 1e3 * total_s / steps},
                         {"dp", spec.dims.dp},
                         {"pp", pp},
+                        {"tp", tp},
+                        {"sp", spec.sequence_parallel},
                         {"micro_batches", m},
                         {"virtual_stages", spec.virtual_stages},
                         {"pp_layers", balanced ? "auto" : "equal"},
@@ -122,6 +133,8 @@ int main(int argc, char** argv) {
                         {"mfu", flops * tok_s / monitor::PeakFlops(dtype, threads) / comm->size()},
                         {"comm_wait_ms", wait_ms / steps},
                         {"pp_wait_ms", pp_wait_ms / steps},
+                        {"dp_wait_ms", dp_wait_ms / steps},
+                        {"tp_wait_ms", tp_wait_ms / steps},
                         {"bubble", bubble / steps},
                         {"comm_bytes", sent / steps},
                         {"params", whole.total()},

@@ -45,6 +45,13 @@ TEST(PlanCli, ExplainNamesTheActivationRow) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("tp+sp+selective: sbh(34/t)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bubble"), std::string::npos);
+  // The groups and collectives keel train runs for this layout (model/gpt.cc, train/step.cc).
+  EXPECT_NE(r.out.find("tp    8 ranks each (same dp, pp; neighbours): per block one "
+                       "reduce-scatter"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("sequence parallel: each rank keeps 1/8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pp    8 stages each"), std::string::npos) << r.out;
 }
 
 TEST(PlanCli, ReadsTomlAndFlagsWin) {

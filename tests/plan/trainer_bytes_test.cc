@@ -124,6 +124,23 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   EXPECT_EQ(rest.empty(), zero < 2);
 }
 
+// The step `keel train` builds for the planner's job and layout (m micro-batches per step).
+train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
+  train::StepSpec spec;
+  spec.model = ToModelConfig(job.model);
+  spec.dtype = job.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  spec.micro_batch = l.micro_batch;
+  spec.micro_batches = m;
+  spec.virtual_stages = l.virtual_stages;
+  spec.seq_len = spec.model.block_size;
+  spec.recompute = l.recompute == Recompute::kNone        ? model::Recompute::kNone
+                   : l.recompute == Recompute::kSelective ? model::Recompute::kAttn
+                                                          : model::Recompute::kFull;
+  spec.dims = l;
+  spec.sequence_parallel = l.sp;
+  return spec;
+}
+
 struct Case {
   const char* model;
   Precision precision;
@@ -161,15 +178,7 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
         const MemoryBreakdown plan = EstimateMemory(job, l);
         ASSERT_TRUE(plan.exact_activations);
 
-        train::StepSpec spec;
-        spec.model = ToModelConfig(job.model);
-        spec.dtype = c.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
-        spec.micro_batch = c.micro_batch;
-        spec.seq_len = spec.model.block_size;
-        spec.recompute = c.recompute == Recompute::kNone        ? model::Recompute::kNone
-                         : c.recompute == Recompute::kSelective ? model::Recompute::kAttn
-                                                                : model::Recompute::kFull;
-        spec.dims = l;
+        const train::StepSpec spec = SpecOf(job, l, 1);
         SilentComm comm(rank, dp);
         ExpectAllocations(spec, train::StepGroups{&comm}, plan, zero);
         // Sharding shrinks what it should: master and moments by dp from ZeRO-1, grads from 2.
@@ -214,16 +223,7 @@ TEST(TrainerBytes, EveryPipelineStageEqualsThePlannersFigureForIt) {
                            std::to_string(stage));
               const MemoryBreakdown plan = KeelStageMemory(job, l, stage);
               busiest = std::max(busiest, plan.used());
-              train::StepSpec spec;
-              spec.model = ToModelConfig(job.model);
-              spec.dtype = prec == Precision::kBf16 ? DType::kBF16 : DType::kF32;
-              spec.micro_batch = micro;
-              spec.micro_batches = m;
-              spec.virtual_stages = v;
-              spec.seq_len = spec.model.block_size;
-              spec.recompute =
-                  rc == Recompute::kNone ? model::Recompute::kNone : model::Recompute::kFull;
-              spec.dims = l;
+              const train::StepSpec spec = SpecOf(job, l, m);
               const bool end = stage == 0 || stage == pp - 1;
               SilentComm dp_comm(dp - 1, dp), pp_comm(stage, pp),
                   tied(stage == 0 ? 0 : 1, end ? 2 : 1);
@@ -282,16 +282,7 @@ TEST(TrainerBytes, EveryTensorParallelRankEqualsThePlannersFigure) {
                     EXPECT_LT(plan.activations, one.activations);
                     if (sp) EXPECT_LT(plan.activations, without.activations);
                   }
-                  train::StepSpec spec;
-                  spec.model = ToModelConfig(job.model);
-                  spec.dtype = prec == Precision::kBf16 ? DType::kBF16 : DType::kF32;
-                  spec.micro_batch = micro;
-                  spec.micro_batches = m;
-                  spec.seq_len = spec.model.block_size;
-                  spec.recompute =
-                      rc == Recompute::kNone ? model::Recompute::kNone : model::Recompute::kAttn;
-                  spec.dims = l;
-                  spec.sequence_parallel = sp;
+                  const train::StepSpec spec = SpecOf(job, l, m);
                   const bool end = stage == 0 || stage == pp - 1;
                   SilentComm dp_comm(dp - 1, dp), pp_comm(stage, pp),
                       tied(stage == 0 ? 0 : 1, end ? 2 : 1), tp_comm(r, 2);

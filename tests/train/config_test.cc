@@ -419,6 +419,24 @@ TEST(ResolveDims, TensorParallelismLeavesTheRestToDp) {
   EXPECT_EQ(ResolveDims(cfg, 8), (parallel::ParallelDims{2, 2, 2, 0}));
 }
 
+TEST(ResolveDims, SequenceParallelismNeedsTpAndEvenRows) {
+  RunConfig cfg;  // gpt2-mini: 4 heads, batch 8, seq_len 256
+  cfg.parallel.sp = true;
+  std::string msg = BadInputMessage([&] { ResolveDims(cfg, 1); });
+  EXPECT_EQ(msg,
+            "config (defaults): [parallel] sp=true splits the sequence over the tensor-parallel "
+            "group: it needs tp > 1 (got tp=1)");
+  cfg.parallel.tp = 4;
+  cfg.train.micro_batch_size = 1;
+  cfg.data.seq_len = 6;
+  msg = BadInputMessage([&] { ResolveDims(cfg, 4); });
+  EXPECT_NE(msg.find("sp=true splits each micro-batch's 1 x 6 tokens over tp=4 ranks"),
+            std::string::npos)
+      << msg;
+  cfg.data.seq_len = 8;
+  EXPECT_EQ(ResolveDims(cfg, 4).tp, 4);
+}
+
 // The vocabulary is padded to a multiple of 128 rows: a tp with another prime factor cannot
 // split it even where it splits the heads.
 TEST(ResolveDims, TpMustDivideThePaddedVocabulary) {

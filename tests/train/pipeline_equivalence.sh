@@ -16,14 +16,8 @@ set -euo pipefail
 keel=$1 src=$2 shared=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
-head -c 500000 "$shared/brown/brown.gpt2.u16" | tail -c 100000 >"$tmp/val.u16"
-common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=20
-        --set data.val="$tmp/val.u16" --set train.val_every=10 --set train.val_batches=2
-        --set train.batch_size=8 --set train.micro_batch_size=2 --set model.n_layer=4
-        --set optim.lr=3e-3 --set parallel.bucket_mb=0.05 --set checkpoint.every_minutes=0)
-
 source "$src/tests/train/run_lib.sh"
+tiny_4layer "$shared"
 
 run ref-fp32 1
 run ref-bf16 1 --set train.precision=bf16

@@ -1,5 +1,8 @@
 # The layout tests' way of running keel train, sourced after setting `keel`, `src`, `tmp` and the
-# `common` array of --set flags:
+# `common` array of --set flags (or `tiny_4layer SHARED` for the pipeline and tensor tests'):
+#   tiny_4layer SHARED              training and validation tokens from the shared Brown corpus
+#                                   in $tmp, and `common` for a 4-layer tiny GPT: 20 steps, global
+#                                   batch 8 in micro-batches of 2, validation every 10 steps
 #   run NAME NP EXTRA...            trains $src/configs/test-tiny.toml as $tmp/NAME (mpirun when
 #                                   NP > 1); on failure prints the log and exits 1
 #   refused NAME NP TEXT EXTRA...   expects exit 2 and TEXT in the output (one line naming it)
@@ -24,4 +27,13 @@ refused() {
   grep -q -- "$want" "$tmp/$name.log" || { echo "$name: no \"$want\":"; cat "$tmp/$name.log"; exit 1; }
   ((rc == 2)) || { echo "$name: exit $rc, expected 2"; cat "$tmp/$name.log"; exit 1; }
   echo "$name: refused with exit 2: $(grep -m1 -- "$want" "$tmp/$name.log")"
+}
+
+tiny_4layer() {
+  head -c 400000 "$1/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
+  head -c 500000 "$1/brown/brown.gpt2.u16" | tail -c 100000 >"$tmp/val.u16"
+  common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=20
+          --set data.val="$tmp/val.u16" --set train.val_every=10 --set train.val_batches=2
+          --set train.batch_size=8 --set train.micro_batch_size=2 --set model.n_layer=4
+          --set optim.lr=3e-3 --set parallel.bucket_mb=0.05 --set checkpoint.every_minutes=0)
 }

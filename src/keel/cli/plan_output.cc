@@ -222,19 +222,31 @@ void PrintGroups(const plan::Layout& l) {
     std::printf("  dp    %d ranks each (same tp, pp): %s\n", l.dp, kZero[std::clamp(l.zero, 0, 3)]);
   if (l.pp > 1) {
     std::printf(
-        "  pp    %d stages each (same dp, tp): %s; send/recv of one (micro-batch x seq x "
+                "  pp    %d stages each (same dp, tp): %s; send/recv of one (micro-batch x seq%s x "
         "hidden) activation down and its gradient up per micro-batch and stage boundary\n",
-        l.pp,
+        l.pp, l.sp && l.tp > 1 ? " / tp" : "",
         l.virtual_stages > 1
             ? ("interleaved 1F1B, " + std::to_string(l.virtual_stages) + " chunks per rank").c_str()
             : "1F1B");
     std::printf("  tied  first and last stage: all-reduce of wte's gradient once per step\n");
   }
-  if (l.tp > 1)
+  if (l.tp > 1) {
     std::printf(
-        "  tp    %d ranks each: two all-reduces per block in forward and in backward "
-        "(Megatron-LM); not built in keel train yet\n",
-        l.tp);
+        "  tp    %d ranks each (same dp, pp; neighbours): per block %s after the attention's and "
+        "the MLP's row-parallel projection in forward, %s after their column-parallel products' "
+        "input gradients in backward; the vocabulary-parallel embedding's %s and the "
+        "classifier's input gradient the same way; the loss all-gathers each row's "
+        "log-sum-exp and target logit (8 bytes a row)\n",
+        l.tp, l.sp ? "one reduce-scatter" : "one all-reduce",
+        l.sp ? "one reduce-scatter" : "one all-reduce", l.sp ? "reduce-scatter" : "all-reduce");
+    if (l.sp)
+      std::printf(
+          "        sequence parallel: each rank keeps 1/%d of the (micro-batch x seq) rows; "
+          "an all-gather of the LayerNorm output before each column-parallel product (again "
+          "in backward), and of the final LayerNorm's before the classifier; the LayerNorms' "
+          "gradients all-reduced once per step\n",
+          l.tp);
+  }
   if (l.dp * l.pp * l.tp == 1) std::printf("  none: one rank\n");
   std::printf("\n");
 }
