@@ -222,7 +222,7 @@ void PrintGroups(const plan::Layout& l) {
     std::printf("  dp    %d ranks each (same tp, pp): %s\n", l.dp, kZero[std::clamp(l.zero, 0, 3)]);
   if (l.pp > 1) {
     std::printf(
-                "  pp    %d stages each (same dp, tp): %s; send/recv of one (micro-batch x seq%s x "
+        "  pp    %d stages each (same dp, tp): %s; send/recv of one (micro-batch x seq%s x "
         "hidden) activation down and its gradient up per micro-batch and stage boundary\n",
         l.pp, l.sp && l.tp > 1 ? " / tp" : "",
         l.virtual_stages > 1
