@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : int(keel::ExitCode::kBadInput);
   } catch (const keel::Error& e) {
-    std::fprintf(stderr, "keel: error: %s\n", e.what());
+    if (!e.quiet()) std::fprintf(stderr, "keel: error: %s\n", e.what());
     return int(e.code());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "keel: error: %s\n", e.what());

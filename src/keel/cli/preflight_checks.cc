@@ -30,6 +30,7 @@
 #include "keel/plan/comm_time.h"
 #include "keel/plan/hardware.h"
 #include "keel/plan/memory.h"
+#include "keel/train/rank_agreement.h"
 #include "keel/train/step.h"
 
 namespace keel::cli::preflight {
@@ -121,12 +122,7 @@ Row CheckSoftware(Context& c) {
   Row row{"software", "", "", "go", ""};
   // The keel binary itself stands for its build; compiler and library versions say why two
   // builds differ.
-  std::string exe;
-  {
-    std::ifstream in("/proc/self/exe", std::ios::binary);
-    exe.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  const uint64_t keel_hash = XXH3_64bits(exe.data(), exe.size());
+  const uint64_t keel_hash = train::ExecutableHash();
   const dnnl_version_t* dv = dnnl_version();
   char line[512];
   std::snprintf(line, sizeof(line), "keel %08llx, gcc %s, %s, oneDNN %d.%d.%d",

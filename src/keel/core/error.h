@@ -21,11 +21,15 @@ enum class ExitCode : int {
 
 class Error : public std::runtime_error {
  public:
-  Error(ExitCode code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  // `quiet`: another rank of the job prints this error; this one only exits with its code.
+  Error(ExitCode code, const std::string& what, bool quiet = false)
+      : std::runtime_error(what), code_(code), quiet_(quiet) {}
   ExitCode code() const { return code_; }
+  bool quiet() const { return quiet_; }
 
  private:
   ExitCode code_;
+  bool quiet_;
 };
 
 // Bad input from the user: a config key, a file, an argument.

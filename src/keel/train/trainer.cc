@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/ckpt/model_file.h"
@@ -27,6 +28,7 @@
 #include "keel/parallel/pipeline_schedule.h"
 #include "keel/train/checkpointing.h"
 #include "keel/train/freeze.h"
+#include "keel/train/rank_agreement.h"
 #include "keel/train/samples.h"
 #include "keel/train/step.h"
 
@@ -186,17 +188,61 @@ nlohmann::json SavedState(const RunConfig& cfg, const Setup& s, int step_done,
       {"metrics", {{"recent_losses", recent_losses}}}};
 }
 
+// What every rank reads and checks before the job's first collective (AgreeOnSetup).
+struct Prepared {
+  Setup s;
+  RunData d;
+  std::vector<float> init;  // the whole model's initial weights
+  Fingerprint fingerprint;
+};
+
+Prepared Prepare(const RunConfig& cfg, int rank, int world) {
+  Prepared p;
+  p.s = Validate(cfg, world);
+  const parallel::RankCoords at = parallel::Coords(p.s.dims, rank);
+  p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.dims.dp);
+  // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
+  const model::ParamLayout layout = model::ParamLayout::Gpt2(p.s.mcfg);
+  p.init.resize(layout.total());
+  model::InitParams(layout, p.s.mcfg, cfg.train.seed, p.init.data());
+  // Fine-tuning: the file's weights replace the random ones.
+  if (!cfg.model.init_from.empty())
+    ckpt::LoadInitWeights(cfg.model.init_from, p.s.mcfg, p.init.data());
+  if (world > 1) {
+    p.fingerprint = ConfigFingerprint(cfg);
+    const model::ModelConfig& m = p.s.mcfg;
+    p.fingerprint.emplace_back("model (resolved)", std::to_string(m.n_layer) + " layers, " +
+                                                       std::to_string(m.n_head) + " heads, " +
+                                                       std::to_string(m.n_embd) + " wide");
+    for (size_t i = 0; i < p.d.sources.size(); ++i)
+      p.fingerprint.emplace_back(
+          cfg.data.sources.empty() ? "data.train" : "data.sources[" + std::to_string(i) + "]",
+          DataIdentity(p.d.train_ds[i], p.d.sources[i].path));
+    if (p.d.val_ds) p.fingerprint.emplace_back("data.val", DataIdentity(*p.d.val_ds, cfg.data.val));
+    p.fingerprint.emplace_back("keel build", BuildIdentity());
+  }
+  return p;
+}
+
 }  // namespace
 
 TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const bool lead = comm.rank() == 0;
-  const Setup s = Validate(cfg, comm.size());
+  // Everything that can be wrong with the input is found before the run directory exists, and
+  // before the first collective: a rank's error reaches every rank, and ranks that would run
+  // different things do not start.
+  std::optional<Prepared> prep;
+  std::optional<Error> failed;
+  try {
+    prep = Prepare(cfg, comm.rank(), comm.size());
+  } catch (const Error& e) {
+    failed = e;
+  }
+  AgreeOnSetup(comm, failed, prep ? prep->fingerprint : Fingerprint());
+  const Setup& s = prep->s;
   const int T = cfg.data.seq_len;
   const auto& mcfg = s.mcfg;
-
-  // Everything that can be wrong with the input is found before the run directory exists.
-  const parallel::RankCoords at = parallel::Coords(s.dims, comm.rank());
-  RunData d = OpenData(cfg, mcfg, at.dp, s.dims.dp);
+  RunData& d = prep->d;
   data::BatchLoader& loader = *d.loader;
   const std::vector<DataSource>& sources = d.sources;
   const std::vector<double>& weights = d.weights;
@@ -210,16 +256,10 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   const bool pipelined = dims.pp > 1;
   const double bubble_predicted =
       parallel::PipelineBubble(dims.pp, s.n_micro, cfg.parallel.virtual_stages);
-  {
-    // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
-    std::vector<float> init(layout.total());
-    model::InitParams(layout, mcfg, cfg.train.seed, init.data());
-    if (!cfg.model.init_from.empty()) {  // fine-tuning: the file's weights replace the random ones
-      ckpt::LoadInitWeights(cfg.model.init_from, mcfg, init.data());
-      if (lead) Log("initialized the weights from %s", cfg.model.init_from.c_str());
-    }
-    step.SetWeights(init.data());
-  }
+  step.SetWeights(prep->init.data());
+  std::vector<float>().swap(prep->init);
+  if (lead && !cfg.model.init_from.empty())
+    Log("initialized the weights from %s", cfg.model.init_from.c_str());
   size_t n_frozen = 0;
   for (size_t i = 0; i < frozen.size(); ++i)
     if (frozen[i]) n_frozen += layout.params()[i].numel;

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Ranks that would run different things do not start, and a rank's setup error reaches the job:
+# launched with mpirun's per-rank command lines (`-np 1 A : -np 1 B`),
+#   - another optim.lr, another data.train (same size, other tokens), another model.n_layer on
+#     rank 1: exit 2 before any step, one line naming the key and both values;
+#   - a missing data.train on rank 1: exit 2 (not 75 after a timeout), its message printed once;
+#   - the same command on both ranks trains (the control).
+#   tests/train/rank_agreement.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
+set -euo pipefail
+keel=$1 src=$2 shared=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+head -c 200000 "$shared/brown/brown.gpt2.u16" >"$tmp/a.u16"
+head -c 400000 "$shared/brown/brown.gpt2.u16" | tail -c 200000 >"$tmp/b.u16"
+base=("$keel" train "$src/configs/test-tiny.toml" --set train.out_dir="$tmp" --set train.steps=2
+      --set parallel.comm_timeout_s=30)
+
+# two NAME EXPECTED-RC EXPECTED-TEXT RANK0-ARGS... -- RANK1-ARGS...
+two() {
+  local name=$1 want_rc=$2 want=$3
+  shift 3
+  local a=() b=()
+  while (($#)) && [[ $1 != -- ]]; do a+=("$1"); shift; done
+  shift
+  b=("$@")
+  local rc=0
+  timeout 120 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 \
+    -np 1 "${base[@]}" --set train.name="$name" "${a[@]}" : \
+    -np 1 "${base[@]}" --set train.name="$name" "${b[@]}" >"$tmp/$name.log" 2>&1 || rc=$?
+  ((rc == want_rc)) || { echo "$name: exit $rc, expected $want_rc"; cat "$tmp/$name.log"; exit 1; }
+  if [[ -n $want ]]; then
+    local n
+    n=$(grep -c -F -- "$want" "$tmp/$name.log" || true)
+    ((n == 1)) || { echo "$name: \"$want\" appears $n times, expected once"; cat "$tmp/$name.log"; exit 1; }
+    echo "$name: exit $rc: $(grep -F -- "$want" "$tmp/$name.log")"
+  fi
+}
+
+two same 0 "" --set data.train="$tmp/a.u16" -- --set data.train="$tmp/a.u16"
+grep -q "step     2/2" "$tmp/same.log" || { echo "same: did not train"; cat "$tmp/same.log"; exit 1; }
+two lr 2 "the ranks disagree on optim.lr: rank 1 has 0.01, rank 0 has 6e-04" \
+  --set data.train="$tmp/a.u16" -- --set data.train="$tmp/a.u16" --set optim.lr=1e-2
+two data 2 "the ranks disagree on data.train: rank 1 has 200000 bytes, xxh3" \
+  --set data.train="$tmp/a.u16" -- --set data.train="$tmp/b.u16"
+two layers 2 "the ranks disagree on model.n_layer: rank 1 has 3, rank 0 has 0 (from gpt2-tiny: 2)" \
+  --set data.train="$tmp/a.u16" -- --set data.train="$tmp/a.u16" --set model.n_layer=3
+two missing 2 "rank 1: $tmp/nowhere.u16: not found" \
+  --set data.train="$tmp/a.u16" -- --set data.train="$tmp/nowhere.u16"
+for n in lr data layers missing; do
+  if ls "$tmp/$n" >/dev/null 2>&1; then echo "$n: the run folder was created"; exit 1; fi
+done
+echo "rank agreement: ok"
