@@ -9,7 +9,9 @@
 #include <numeric>
 #include <random>
 
+#include "../bad_input.h"
 #include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/checkpoint_model.h"
 #include "keel/ckpt/manifest.h"
 #include "keel/ckpt/reader.h"
 #include "keel/ckpt/retention.h"
@@ -148,6 +150,38 @@ TEST(CkptStore, BoxesOfAFlatRangeAreContiguousRunsInOrder) {
       }
       EXPECT_EQ(next, e) << a << ".." << e;
     }
+}
+
+// A manifest is checked against the model its state describes, as resume and verify do: a
+// missing tensor, one of another shape, or one the model does not have is refused by name.
+TEST(CkptStore, ManifestMustMatchTheModelItDescribes) {
+  model::ModelConfig cfg = model::NamedConfig("gpt2-tiny");
+  const model::ParamLayout layout = model::ParamLayout::Gpt2(cfg);
+  Manifest m;
+  m.state["model"] = ModelConfigToJson(cfg);
+  for (const char* kind : {"master", "adam_m"})
+    for (const TensorSpec& t : TensorSpecs(layout))
+      m.tensors.push_back({t.name, kind, "f32", t.shape, {}});
+  EXPECT_NO_THROW(CheckManifestModel(m, "ck"));
+  Manifest missing = m;
+  missing.tensors.erase(missing.tensors.begin() + 5);
+  std::string msg = BadInputMessage([&] { CheckManifestModel(missing, "ck"); });
+  EXPECT_NE(msg.find("ck/manifest.json: no tensor " + m.tensors[5].name + " (master)"),
+            std::string::npos)
+      << msg;
+  Manifest reshaped = m;
+  reshaped.tensors[2].shape = {7};
+  msg = BadInputMessage([&] { CheckManifestModel(reshaped, "ck"); });
+  EXPECT_NE(msg.find("has shape [7]"), std::string::npos) << msg;
+  Manifest extra = m;
+  extra.tensors.push_back({"h.9.ln_1.weight", "master", "f32", {32}, {}});
+  msg = BadInputMessage([&] { CheckManifestModel(extra, "ck"); });
+  EXPECT_NE(msg.find("tensor h.9.ln_1.weight (master) is not part of the model"), std::string::npos)
+      << msg;
+  model::ModelConfig smaller = cfg;
+  smaller.n_layer = 1;
+  msg = BadInputMessage([&] { CheckSameModel(m, smaller, "ck"); });
+  EXPECT_NE(msg.find("model.n_layer = 2 there, 1 in this run's config"), std::string::npos) << msg;
 }
 
 // A tensor-parallel shard's slice [lo, hi) is the shard's elements in order, each in its place in

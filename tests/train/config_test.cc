@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 
+#include "../bad_input.h"
 #include "keel/core/error.h"
 #include "keel/model/params.h"
 
@@ -24,20 +25,6 @@ std::string WriteConfig(const std::string& name, const std::string& text) {
   fs::path path = dir / name;
   std::ofstream(path) << text;
   return path.string();
-}
-
-// Runs `fn`, expects a bad-input keel::Error, and returns its message.
-template <typename Fn>
-std::string BadInputMessage(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadInput) << e.what();
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a keel::Error";
-  return "";
 }
 
 std::string LoadError(const std::string& name, const std::string& text,

@@ -81,6 +81,14 @@ TEST(TrainCli, InterruptSavesTheModelAndExitsZero) {
   EXPECT_EQ(res.code, 0) << res.err;
   EXPECT_TRUE(std::filesystem::exists(dir / "test-tiny/model.safetensors"));
   EXPECT_NE(res.out.find("interrupted"), std::string::npos) << res.out;
+  // The hint continues this run: its config.toml holds the --set flags as resolved.
+  EXPECT_NE(res.out.find("continue with: keel train " + (dir / "test-tiny") +
+                         "/config.toml --resume auto"),
+            std::string::npos)
+      << res.out;
+  const std::string resolved = ReadFile(dir / "test-tiny/config.toml");
+  EXPECT_NE(resolved.find("steps = 100000"), std::string::npos) << resolved;
+  EXPECT_NE(resolved.find(data), std::string::npos) << resolved;
   // The checkpoint of the step it stopped at is committed and `latest` names it.
   const auto ckpts = dir / "test-tiny/checkpoints";
   std::ifstream latest(ckpts + "/latest");
@@ -88,6 +96,42 @@ TEST(TrainCli, InterruptSavesTheModelAndExitsZero) {
   ASSERT_TRUE(latest >> name) << res.err;
   EXPECT_TRUE(std::filesystem::exists(ckpts + "/" + name + "/COMMIT")) << name;
   EXPECT_EQ(RunCommand(kKeel + " ckpt verify " + ckpts + "/" + name).code, 0);
+}
+
+// Resumes that do not fit the run are refused with one line, before anything is written: another
+// model shape, train.steps below the checkpoint, a stop_at already passed. A finished run says
+// there is nothing left to train and leaves its outputs as they are.
+TEST(TrainCli, ResumesThatDoNotFitAreRefused) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  const std::string run = dir / "test-tiny";
+  ASSERT_EQ(RunCommand(TrainCmd(dir, data, "--set train.steps=4")).code, 0);
+  const std::string metrics = ReadFile(run + "/metrics.jsonl");
+  struct Case {
+    const char* args;
+    const char* want;
+  };
+  const Case cases[] = {
+      {"--set model.n_layer=1 --set train.steps=6",
+       "the checkpoint is of another model: model.n_layer = 2 there, 1 in this run's config"},
+      {"--set model.n_head=1 --set train.steps=6",
+       "the checkpoint is of another model: model.n_head = 2 there, 1 in this run's config"},
+      {"--set train.steps=2", "[train] steps: 2 is below the step of the checkpoint resumed"},
+      {"--set train.steps=8 --set train.stop_at=3", "[train] stop_at: 3 is already passed"},
+  };
+  for (const Case& c : cases) {
+    auto res = RunCommand(TrainCmd(dir, data, std::string(c.args) + " --resume auto"));
+    EXPECT_EQ(res.code, 2) << c.args << "\n" << res.err;
+    EXPECT_NE(res.err.find(c.want), std::string::npos) << c.args << "\n" << res.err;
+    EXPECT_EQ(ReadFile(run + "/metrics.jsonl"), metrics) << c.args;
+  }
+  auto done = RunCommand(TrainCmd(dir, data, "--set train.steps=4 --resume auto"));
+  EXPECT_EQ(done.code, 0) << done.err;
+  EXPECT_NE(done.out.find("already trained to step 4 of train.steps = 4"), std::string::npos)
+      << done.out;
+  EXPECT_EQ(done.out.find("final train loss"), std::string::npos) << done.out;
+  EXPECT_EQ(ReadFile(run + "/metrics.jsonl"), metrics);
+  EXPECT_TRUE(std::filesystem::exists(run + "/model.safetensors"));
 }
 
 // [checkpoint] every_minutes saves on rank 0's clock, in the middle of a run.

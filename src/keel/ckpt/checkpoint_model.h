@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "keel/ckpt/manifest.h"
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/state.h"
 #include "keel/model/config.h"
@@ -18,6 +19,15 @@ namespace keel::ckpt {
 nlohmann::json ModelConfigToJson(const model::ModelConfig& c);
 // Throws keel::Error (bad input) naming `where` and the key.
 model::ModelConfig ModelConfigFromJson(const nlohmann::json& j, const std::string& where);
+
+// The manifest against the model its state describes (state.model): every tensor of that model,
+// for every kind the manifest holds (master, adam_m, adam_v), with its shape, and no other.
+// Throws keel::Error (bad input) naming `dir` and the first difference. `keel ckpt verify` and
+// resume both run it. A manifest without state.model (written by a tool, not a run) passes.
+void CheckManifestModel(const Manifest& m, const std::string& dir);
+// A run's model against the checkpoint's (state.model): throws bad input naming the first field
+// that differs, with both values.
+void CheckSameModel(const Manifest& m, const model::ModelConfig& run, const std::string& dir);
 
 // The tensors of a parameter layout, as a checkpoint names them.
 std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 
+#include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
 #include "keel/data/file_util.h"
 
@@ -182,6 +183,13 @@ VerifyResult Verify(const std::string& dir) {
   v.step = m.step;
   v.tokens = m.tokens;
   v.tensors = m.tensors.size();
+  try {  // the manifest against its model: what resume would refuse, verify refuses too
+    CheckManifestModel(m, dir);
+  } catch (const Error& e) {
+    v.status = "corrupt";
+    v.problem = e.what();
+    return v;
+  }
   std::vector<float> tmp;
   for (const TensorEntry& t : m.tensors) {
     uint64_t covered = 0;

@@ -57,13 +57,25 @@ void RegisterTrain(CLI::App& app) {
     if (comm->size() > 1) SetLogRank(comm->rank());
     train::TrainSummary s = train::Train(cfg, *comm);
     if (comm->rank() != 0) return;
+    if (s.nothing_left) {
+      std::printf(
+          "run %s: already trained to step %d of train.steps = %d (%s); nothing left to "
+          "train: raise train.steps to continue it\n",
+          s.run_dir.c_str(), s.steps_done, cfg.train.steps, s.resumed_from.c_str());
+      return;
+    }
     std::printf("\nrun %s: %d steps, final train loss %.4f", s.run_dir.c_str(), s.steps_done,
                 s.last_loss);
     if (s.val_loss >= 0) std::printf(", validation loss %.4f", s.val_loss);
     std::printf(" (unigram entropy of the data: %.4f nats/token)\n", s.unigram_entropy);
+    // The run's config.toml holds every key as this run resolved it, --set flags included.
     if (s.interrupted)
-      std::printf("interrupted at step %d; continue with: keel train %s --resume auto\n",
-                  s.steps_done, config.empty() ? "--set ..." : config.c_str());
+      std::printf(
+          "interrupted at step %d; continue with: %skeel train %s/config.toml --resume "
+          "auto\n",
+          s.steps_done,
+          comm->size() > 1 ? ("mpirun -np " + std::to_string(comm->size()) + " ").c_str() : "",
+          s.run_dir.c_str());
   });
 }
 

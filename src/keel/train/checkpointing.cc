@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/checkpoint_model.h"
 #include "keel/ckpt/reader.h"
 #include "keel/core/error.h"
 #include "keel/core/log.h"
@@ -83,9 +84,14 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
     candidates.push_back(how);
   }
   for (const std::string& dir : candidates) {
+    bool other_model = false;  // not a bad checkpoint but the wrong run: never skipped
     try {
       Timer load;
       ckpt::CheckpointReader r = ckpt::CheckpointReader::Open(dir);
+      other_model = true;
+      ckpt::CheckSameModel(r.manifest(), cfg_.ResolvedModel(), dir);
+      other_model = false;
+      ckpt::CheckManifestModel(r.manifest(), dir);
       r.Load(view.tensors, view.buffers, view.lo, view.hi);
       const ckpt::Manifest& m = r.manifest();
       if (fs::path(dir).parent_path() == fs::path(root_))
@@ -109,7 +115,7 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
       }
       return Resumed{dir, m.step, m.tokens, m.state};
     } catch (const Error& e) {
-      if (!search) throw;
+      if (!search || other_model) throw;
       if (lead) {
         Log("keel: skipping checkpoint %s: %s", dir.c_str(), e.what());
         if (events_)

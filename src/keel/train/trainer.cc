@@ -292,6 +292,21 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     loader.restore(data::LoaderStateFromJson(r->state.at("loader")));
     sum.resumed_from = r->path;
   }
+  if (start_step > cfg.train.steps)
+    ThrowBadInput("[train] steps: " + std::to_string(cfg.train.steps) +
+                  " is below the step of the checkpoint resumed (" + sum.resumed_from + ", step " +
+                  std::to_string(start_step) + "): raise train.steps to continue that run");
+  if (cfg.train.stop_at > 0 && cfg.train.stop_at <= start_step && start_step < cfg.train.steps)
+    ThrowBadInput("[train] stop_at: " + std::to_string(cfg.train.stop_at) +
+                  " is already passed: the run resumes at step " + std::to_string(start_step) +
+                  " (" + sum.resumed_from + "); raise it, or set 0 to train to train.steps = " +
+                  std::to_string(cfg.train.steps));
+  if (start_step == cfg.train.steps && start_step > 0) {
+    // A finished run: nothing is trained, saved or rewritten.
+    sum.steps_done = start_step;
+    sum.nothing_left = true;
+    return sum;
+  }
   ckpt.Prepare(state);
   if (lead) {
     // Steps past the checkpoint were lost with the crash; the resumed run writes them again.
@@ -481,7 +496,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
       if (lead) Log("keel: interrupted at step %d", step_i + 1);
       break;
     }
-    if (step_i + 1 == cfg.train.stop_at) {
+    if (step_i + 1 == cfg.train.stop_at) {  // stop_at > start_step, checked at resume
       if (lead) Log("keel: stopping at step %d ([train] stop_at)", step_i + 1);
       break;
     }
