@@ -134,6 +134,38 @@ TEST(TrainCli, ResumesThatDoNotFitAreRefused) {
   EXPECT_TRUE(std::filesystem::exists(run + "/model.safetensors"));
 }
 
+// Outputs that cannot be written (here a file-size limit; a full disk fails the same way) are
+// reported once, never left half-written, and the run ends with exit 1 saying what was lost.
+TEST(TrainCli, OutputsThatCannotBeWrittenFailTheRunWithWholeLines) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  auto res =
+      RunCommand("ulimit -f 24 && " +
+                 TrainCmd(dir, data,
+                          "--set train.steps=200 --set checkpoint.every_minutes=0 "
+                          "--set checkpoint.at_end=false --set checkpoint.save_final=false"));
+  EXPECT_EQ(res.code, 1) << res.err;
+  const std::string metrics = dir / "test-tiny/metrics.jsonl";
+  size_t warnings = 0;
+  for (size_t at = 0; (at = res.err.find("keel: warning: cannot write", at)) != std::string::npos;
+       ++at)
+    ++warnings;
+  EXPECT_EQ(warnings, 1u) << res.err;
+  EXPECT_NE(res.err.find("the run trained to step 200 but its outputs are incomplete: could not "
+                         "write"),
+            std::string::npos)
+      << res.err;
+  EXPECT_NE(res.err.find(metrics), std::string::npos) << res.err;
+  const std::string text = ReadFile(metrics);
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n') << "a line was left half-written";
+  size_t lines = 0;
+  for (size_t a = 0, b; (b = text.find('\n', a)) != std::string::npos; a = b + 1, ++lines)
+    EXPECT_NO_THROW((void)nlohmann::json::parse(text.substr(a, b - a))) << "line " << lines;
+  EXPECT_GT(lines, 10u);
+  EXPECT_LT(lines, 200u);
+}
+
 // [checkpoint] every_minutes saves on rank 0's clock, in the middle of a run.
 TEST(TrainCli, EveryMinutesSavesDuringTheRun) {
   TempDir dir;

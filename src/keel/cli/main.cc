@@ -1,4 +1,5 @@
 // keel: train GPT-style models and keep long runs alive. `keel help` lists the verbs.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -8,6 +9,9 @@
 
 int main(int argc, char** argv) {
   keel::InstallStopSignals();  // before any thread exists, so that every thread inherits the mask
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG, which keel reports, rather than
+  // the process being killed mid-line.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"keel: train GPT-style language models, from one CPU to a cluster", "keel"};
   app.require_subcommand(1);
   keel::cli::RegisterTrain(app);

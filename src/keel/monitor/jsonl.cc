@@ -1,25 +1,63 @@
 #include "keel/monitor/jsonl.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "keel/core/error.h"
+#include "keel/core/log.h"
 
 namespace keel::monitor {
 
-JsonlWriter::JsonlWriter(const std::string& path) : f_(std::fopen(path.c_str(), "a")) {
-  if (!f_) ThrowRuntime("open " + path + ": " + std::strerror(errno));
+JsonlWriter::JsonlWriter(const std::string& path)
+    : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), path_(path) {
+  if (fd_ < 0) ThrowRuntime("open " + path + ": " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd_, &st) == 0) size_ = uint64_t(st.st_size);
+}
+
+JsonlWriter& JsonlWriter::operator=(JsonlWriter&& o) noexcept {
+  std::swap(fd_, o.fd_);
+  std::swap(path_, o.path_);
+  std::swap(size_, o.size_);
+  std::swap(failed_, o.failed_);
+  std::swap(failure_, o.failure_);
+  return *this;
 }
 
 JsonlWriter::~JsonlWriter() {
-  if (f_) std::fclose(f_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void JsonlWriter::Write(const nlohmann::json& obj) {
-  if (!f_) return;
-  std::string line = obj.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), f_);
-  std::fflush(f_);
+  if (fd_ < 0) return;
+  const std::string line = obj.dump() + "\n";
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  if (done == line.size()) {
+    size_ += done;
+    return;
+  }
+  const int err = errno;
+  // Never leave half a line: a reader of the file sees whole lines or none.
+  if (done > 0 && ::ftruncate(fd_, off_t(size_)) != 0)
+    Log("keel: warning: %s: could not cut a partly written line back off (%s)", path_.c_str(),
+        std::strerror(errno));
+  if (failed_++ == 0) {
+    failure_ = std::strerror(err ? err : ENOSPC);
+    Log("keel: warning: cannot write %s (%s): this line and any later one that fails are lost; "
+        "the run goes on and will exit 1 with its outputs incomplete",
+        path_.c_str(), failure_.c_str());
+  }
 }
 
 }  // namespace keel::monitor

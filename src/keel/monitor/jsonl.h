@@ -1,8 +1,12 @@
-// An append-only JSON-lines file (metrics.jsonl, events.jsonl): one object per line, flushed per
-// line so that a crash loses at most the line being written.
+// An append-only JSON-lines file (metrics.jsonl, events.jsonl): one object per line, written with
+// one write(2) and so never interleaved; a crash loses at most the line being written.
+//
+// A line that cannot be written whole (a full disk, a file-size limit) is cut back off the file,
+// so that every line in it is complete; the first failure is reported once on stderr, and every
+// failed line is counted: the trainer ends such a run with exit 1, its outputs incomplete.
 #pragma once
 
-#include <cstdio>
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -12,20 +16,25 @@ class JsonlWriter {
  public:
   JsonlWriter() = default;
   explicit JsonlWriter(const std::string& path);  // throws keel::Error if it cannot open
-  JsonlWriter(JsonlWriter&& o) noexcept : f_(o.f_) { o.f_ = nullptr; }
-  JsonlWriter& operator=(JsonlWriter&& o) noexcept {
-    std::swap(f_, o.f_);
-    return *this;
-  }
+  JsonlWriter(JsonlWriter&& o) noexcept { *this = std::move(o); }
+  JsonlWriter& operator=(JsonlWriter&& o) noexcept;
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
   ~JsonlWriter();
 
   void Write(const nlohmann::json& obj);
-  bool is_open() const { return f_ != nullptr; }
+  bool is_open() const { return fd_ >= 0; }
+  const std::string& path() const { return path_; }
+  // Lines that could not be written, and why the first one failed.
+  int64_t failed_lines() const { return failed_; }
+  const std::string& failure() const { return failure_; }
 
  private:
-  std::FILE* f_ = nullptr;
+  int fd_ = -1;
+  std::string path_;
+  uint64_t size_ = 0;  // the file's length after its last complete line
+  int64_t failed_ = 0;
+  std::string failure_;
 };
 
 }  // namespace keel::monitor

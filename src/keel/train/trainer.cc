@@ -275,7 +275,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   ckpt.CheckResumeRequest();  // a bad request fails here, before the run folder is touched
   if (lead) {
     std::filesystem::create_directories(sum.run_dir);
-    std::ofstream(sum.run_dir + "/config.toml") << ToToml(cfg);
+    data::WriteFileAtomic(sum.run_dir + "/config.toml", ToToml(cfg));
     events = monitor::JsonlWriter(sum.run_dir + "/events.jsonl");
     sum.unigram_entropy = UnigramEntropy(d.train_ptrs, weights);
   }
@@ -509,6 +509,15 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     ckpt::WriteModel(sum.run_dir + "/model.safetensors", mcfg, layout, final_w.data());
   if (lead && !sum.interrupted) PrintSamples(cfg, mcfg, layout, final_w.data());
   ckpt.Finish();  // after the model file: a failed last save must not cost the weights too
+  // Lines of metrics or events that could not be written: the run's record is incomplete.
+  std::string lost;
+  for (const monitor::JsonlWriter* w : {&metrics, &events})
+    if (w->failed_lines() > 0)
+      lost += (lost.empty() ? "" : "; ") + std::to_string(w->failed_lines()) + " line(s) of " +
+              w->path() + " (" + w->failure() + ")";
+  if (!lost.empty())
+    ThrowRuntime("the run trained to step " + std::to_string(sum.steps_done) +
+                 " but its outputs are incomplete: could not write " + lost);
   return sum;
 }
 
