@@ -210,6 +210,7 @@ TEST(TrainCli, BadInputGetsOneClearLineAndExitCode2) {
       {"missing file", "--set data.train=" + dir.path() + "/nope.u16", "nope.u16"},
       {"truncated file", "--set data.train=" + odd, "odd.u16"},
       {"token id", "--set data.train=" + big, "big.u16"},
+      {"run name path", "--set train.name=../../x", "\"../../x\" is a path"},
   };
   for (const auto& c : cases) {
     std::string cmd = "OMP_NUM_THREADS=2 " + kKeel + " train " + kTiny +
@@ -290,6 +291,54 @@ TEST(GenerateCli, MissingRunIsBadInput) {
   auto res = RunCommand(kKeel + " generate --run /nonexistent --prompt hi");
   EXPECT_EQ(res.code, 2);
   EXPECT_NE(res.err.find("/nonexistent"), std::string::npos) << res.err;
+}
+
+TEST(Cli, UnknownVerbIsNamed) {
+  auto res = RunCommand(kKeel + " frobnicate");
+  EXPECT_EQ(res.code, 2);
+  EXPECT_NE(res.err.find("unknown verb \"frobnicate\" (known: train, generate"), std::string::npos)
+      << res.err;
+}
+
+// Sampling arguments out of range are refused; a request past the context says where it stopped;
+// a run whose newest checkpoint is corrupt generates from the newest good one, saying so (as
+// resume does); export creates the folder it writes into (as import does).
+TEST(GenerateCli, ArgumentsContextAndCorruptCheckpoints) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  ASSERT_EQ(
+      RunCommand(TrainCmd(dir, data, "--set train.steps=4 --set checkpoint.every_steps=2")).code,
+      0);
+  const std::string run = dir / "test-tiny";
+  const std::string gen = kKeel + " generate --run " + run + " --prompt The ";
+  for (const char* bad : {"--temperature nan", "--temperature inf", "--count -1", "--count 0"}) {
+    auto res = RunCommand(gen + bad);
+    EXPECT_EQ(res.code, 2) << bad;
+    EXPECT_NE(res.err.find("generate: expected --max-tokens >= 0"), std::string::npos) << res.err;
+  }
+  auto longer = RunCommand(gen + "--max-tokens 100000 --temperature 0");
+  EXPECT_EQ(longer.code, 0) << longer.err;
+  EXPECT_NE(longer.err.find("at the model's context of 64"), std::string::npos) << longer.err;
+  const auto good = RunCommand(kKeel + " generate --run " + run +
+                               "/checkpoints/step_00000002 --prompt The --temperature 0");
+  ASSERT_EQ(good.code, 0) << good.err;
+  // Corrupt the newest checkpoint's first data file: its pieces no longer match their xxh3.
+  for (const auto& e : std::filesystem::directory_iterator(run + "/checkpoints/step_00000004"))
+    if (e.path().extension() == ".bin") {
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(100);
+      f.write("XXXX", 4);
+    }
+  auto fallback = RunCommand(gen + "--temperature 0");
+  EXPECT_EQ(fallback.code, 0) << fallback.err;
+  EXPECT_NE(fallback.err.find("skipping checkpoint " + run + "/checkpoints/step_00000004"),
+            std::string::npos)
+      << fallback.err;
+  EXPECT_EQ(fallback.out, good.out);
+  auto exported =
+      RunCommand(kKeel + " ckpt export " + run + " --out " + (dir / "new/folder/m.safetensors"));
+  EXPECT_EQ(exported.code, 0) << exported.err;
+  EXPECT_TRUE(std::filesystem::exists(dir / "new/folder/m.safetensors"));
 }
 
 // A checkpoint folder and the model file of the same step generate the same text.

@@ -1,6 +1,7 @@
 #include "keel/ckpt/model_source.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 #include "keel/ckpt/checkpoint_dir.h"
@@ -16,9 +17,20 @@ LoadedModel LoadWeightsForExport(const std::string& src) {
   std::string path = src;
   if (fs::exists(fs::path(src) / "manifest.json")) return ReadCheckpointModel(src);
   if (fs::is_directory(src)) {
-    // A run or checkpoints folder: its newest checkpoint, else the run's model file.
+    // A run or checkpoints folder: its newest checkpoint that reads whole (as resume skips the
+    // ones that do not verify, saying so), else the run's model file.
     const auto dirs = ListStepDirs(CheckpointRoot(src));
-    if (!dirs.empty()) return ReadCheckpointModel(dirs.back().path);
+    std::string skipped;
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
+      try {
+        LoadedModel m = ReadCheckpointModel(it->path);
+        if (!skipped.empty()) std::fprintf(stderr, "%s", skipped.c_str());
+        return m;
+      } catch (const Error& e) {
+        skipped += "keel: skipping checkpoint " + it->path + ": " + e.what() + "\n";
+      }
+    }
+    if (!skipped.empty()) std::fprintf(stderr, "%s", skipped.c_str());
     path = (fs::path(src) / "model.safetensors").string();
     if (!fs::exists(path))
       ThrowBadInput(src + ": directory has no model.safetensors (expected a run directory)");

@@ -15,6 +15,14 @@ namespace keel::cli {
 namespace {
 
 // Prints what was written; the parameters counted are the file's (no padded vocabulary rows).
+// export and import alike create the folder they write into.
+void CreateParentDirs(const std::string& out) {
+  const auto parent = std::filesystem::path(out).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) ThrowRuntime(parent.string() + ": cannot create the --out folder: " + ec.message());
+}
+
 void PrintSummary(const std::string& out, const model::ModelConfig& c, const char* kind) {
   const size_t params = model::ParamLayout::Gpt2(c).total() -
                         size_t(c.padded_vocab() - c.vocab_size) * size_t(c.n_embd);
@@ -45,6 +53,7 @@ void AddExport(CLI::App& ckpt) {
                     "\" is not supported (supported: safetensors, with Hugging Face GPT-2 names)");
     ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src);
     const auto layout = model::ParamLayout::Gpt2(m.config);
+    CreateParentDirs(out);
     ckpt::WriteHfGpt2(out, m.config, layout, m.weights.data());
     PrintSummary(out, m.config, "Hugging Face GPT-2 names, Conv1D layout");
   });
@@ -73,8 +82,7 @@ void AddImport(CLI::App& ckpt) {
       ThrowBadInput(src + ": already a keel model file (nothing to import; use it as it is)");
     ckpt::LoadedModel m = ckpt::ReadHfGpt2(src, n_head);
     const auto layout = model::ParamLayout::Gpt2(m.config);
-    const auto parent = std::filesystem::path(out).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
+    CreateParentDirs(out);
     ckpt::WriteModel(out, m.config, layout, m.weights.data());
     PrintSummary(out, m.config, "keel model file");
   });

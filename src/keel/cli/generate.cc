@@ -1,4 +1,5 @@
 // keel generate: sample continuations of a prompt from a trained run, a checkpoint or a model file.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -39,8 +40,12 @@ void RegisterGenerate(CLI::App& app) {
       ThrowBadInput(run +
                     ": no such file or folder (expected a run folder, a checkpoint or a "
                     "model file)");
-    if (max_tokens < 0 || temperature < 0 || top_k < 0)
-      ThrowBadInput("generate: --max-tokens, --temperature and --top-k must be >= 0");
+    if (max_tokens < 0 || top_k < 0 || count < 1 || !(temperature >= 0) || std::isinf(temperature))
+      ThrowBadInput(
+          "generate: expected --max-tokens >= 0, --top-k >= 0, --count >= 1 and a "
+          "finite --temperature >= 0; got " +
+          std::to_string(max_tokens) + ", " + std::to_string(top_k) + ", " + std::to_string(count) +
+          " and " + std::to_string(temperature));
     ckpt::LoadedModel m = std::filesystem::is_directory(run) ? ckpt::LoadWeightsForExport(run)
                                                              : ckpt::ReadAnyModelFile(run);
     auto tok = data::Tokenizer::LoadGpt2(train::TokenizerDir());
@@ -49,7 +54,13 @@ void RegisterGenerate(CLI::App& app) {
     for (int i = 0; i < count; ++i) {
       model::SampleOptions opt{max_tokens, temperature, top_k, seed + uint64_t(i), tok.eos_id()};
       auto out = gen.Generate(ids, opt);
-      if (!out.empty() && out.back() == tok.eos_id()) out.pop_back();
+      const bool stopped = !out.empty() && out.back() == tok.eos_id();
+      if (stopped) out.pop_back();
+      if (!stopped && int(out.size()) < max_tokens)
+        std::fprintf(stderr,
+                     "keel: generate: stopped after %zu tokens at the model's context of %d "
+                     "(prompt %zu + generated), short of --max-tokens %d\n",
+                     out.size(), m.config.block_size, ids.size(), max_tokens);
       std::printf("%s%s\n", prompt.c_str(), tok.Decode(out).c_str());
       if (i + 1 < count) std::printf("---\n");
     }

@@ -2,6 +2,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
@@ -40,6 +41,20 @@ int main(int argc, char** argv) {
     if (!sub) keel::ThrowBadInput("help: unknown verb \"" + verb + "\" (try: keel help)");
     std::printf("%s", sub->help().c_str());
   });
+  // CLI11 would say only "A subcommand is required" for a verb it does not know.
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string verbs;
+    for (auto* s : app.get_subcommands({})) {
+      known = known || s->get_name() == argv[1];
+      verbs += (verbs.empty() ? "" : ", ") + s->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "keel: error: unknown verb \"%s\" (known: %s; see keel help)\n", argv[1],
+                   verbs.c_str());
+      return int(keel::ExitCode::kBadInput);
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -118,6 +118,11 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   const Checker train(prov, "train");
   const TrainSection& t = cfg.train;
   train.NonEmpty("name", t.name);
+  // The run's folder is out_dir/name: a name that is a path could write anywhere.
+  if (t.name.find('/') != std::string::npos || t.name == "." || t.name == "..")
+    train.Fail("name", "\"" + t.name +
+                           "\" is a path; expected a folder name inside train.out_dir (no '/', not "
+                           "'.' or '..')");
   train.NonEmpty("out_dir", t.out_dir);
   train.Positive("steps", t.steps);
   train.Positive("batch_size", t.batch_size);
