@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "keel/ckpt/model_file.h"
@@ -292,6 +293,41 @@ TEST(HfGpt2, BadInputIsOneLineNamingFileAndTensor) {
   }
   WriteRaw(bad, raw);
   expect_line(ErrorOf([&] { ReadHfGpt2(bad); }), {"\"transformer.ln_f.bias\"", "dtype I64"});
+
+  // Non-finite weights are refused by name.
+  Rewrite(path, bad, [](auto& t, auto&) {
+    t["transformer.h.0.ln_1.weight"].data[3] = std::numeric_limits<float>::quiet_NaN();
+  });
+  expect_line(ErrorOf([&] { ReadHfGpt2(bad); }),
+              {"\"transformer.h.0.ln_1.weight\"", "element 3 is NaN"});
+}
+
+// The format's tiling rule: tensors' bytes may neither overlap nor leave holes.
+TEST(Safetensors, OverlapsAndHolesAreRefused) {
+  TempDir dir;
+  const std::string bad = dir / "bad.safetensors";
+  auto file = [&](const std::string& header, size_t data_bytes) {
+    std::ofstream out(bad, std::ios::binary);
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(data_bytes, '\0');
+  };
+  auto t = [](const char* name, int a, int b) {
+    return "\"" + std::string(name) + "\":{\"dtype\":\"F32\",\"shape\":[" +
+           std::to_string((b - a) / 4) + "],\"data_offsets\":[" + std::to_string(a) + "," +
+           std::to_string(b) + "]}";
+  };
+  file("{" + t("a", 0, 8) + "," + t("b", 8, 16) + "}", 16);
+  EXPECT_NO_THROW(SafetensorsFile::Read(bad));
+  file("{" + t("a", 0, 8) + "," + t("b", 4, 12) + "}", 12);
+  std::string e = ErrorOf([&] { SafetensorsFile::Read(bad); });
+  EXPECT_NE(e.find("tensor \"b\" overlaps tensor \"a\""), std::string::npos) << e;
+  file("{" + t("a", 0, 8) + "," + t("b", 12, 20) + "}", 20);
+  e = ErrorOf([&] { SafetensorsFile::Read(bad); });
+  EXPECT_NE(e.find("data bytes [8, 12) belong to no tensor"), std::string::npos) << e;
+  file("{" + t("a", 0, 8) + "}", 12);
+  e = ErrorOf([&] { SafetensorsFile::Read(bad); });
+  EXPECT_NE(e.find("data bytes [8, 12) after the last tensor"), std::string::npos) << e;
 }
 
 TEST(ModelSource, InitWeightsFromKeelOrHfFileCheckTheConfig) {
@@ -302,6 +338,11 @@ TEST(ModelSource, InitWeightsFromKeelOrHfFileCheckTheConfig) {
   WriteModel(keel_file, kCfg, layout, w.data());
   EXPECT_FALSE(IsHfGpt2File(keel_file));
   EXPECT_TRUE(IsHfGpt2File(hf));
+  // A shape the metadata cannot have is named with the file it is in.
+  const std::string bad = dir / "bad.safetensors";
+  Rewrite(keel_file, bad, [](auto&, auto& meta) { meta["keel.n_head"] = "0"; });
+  const std::string e = ErrorOf([&] { ReadModel(bad); });
+  EXPECT_NE(e.find(bad + ": metadata keel.*: [model] n_head"), std::string::npos) << e;
 
   for (const std::string& path : {hf, keel_file}) {
     std::vector<float> master(layout.total(), -1.0f);

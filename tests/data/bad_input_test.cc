@@ -127,8 +127,13 @@ TEST_F(BadInput, EmptyInputIsAnError) {
   ExpectOneLineError(Prepare(tmp_ / "empty_dir"), {"no input files"});
   Spit(tmp_ / "empty.jsonl", "");
   ExpectOneLineError(Prepare(tmp_ / "empty.jsonl"), {tmp_ / "empty.jsonl", "no documents"});
-  Spit(tmp_ / "blank.jsonl", "\n  \n\t\n");
+    Spit(tmp_ / "blank.jsonl", "\n  \n\t\n");
   ExpectOneLineError(Prepare(tmp_ / "blank.jsonl"), {tmp_ / "blank.jsonl", "no documents"});
+  // Text files alike: an empty or blank one is no document.
+  Spit(tmp_ / "empty.txt", "");
+  ExpectOneLineError(Prepare(tmp_ / "empty.txt"), {tmp_ / "empty.txt", "no documents"});
+  Spit(tmp_ / "blank.txt", " \n\n");
+  ExpectOneLineError(Prepare(tmp_ / "blank.txt"), {tmp_ / "blank.txt", "no documents"});
   Spit(tmp_ / "allbad.jsonl", "nope\n[1]\n");
   ExpectOneLineError(Prepare(tmp_ / "allbad.jsonl", "--on-error skip"),
                      {tmp_ / "allbad.jsonl", "no documents", "all 2 lines were bad"});
@@ -209,6 +214,19 @@ TEST_F(BadInput, InconsistentIndexNamesTheFileAndEntry) {
   ExpectOneLineError("data verify " + ds_, {idx, "entry 1 is 1000", "non-decreasing"});
 }
 
+// meta.json's totals are required and must be the shards' sums.
+TEST_F(BadInput, MetaJsonTotalsMustMatchTheShards) {
+  Dataset();
+  const std::string meta = ds_ + "/meta.json";
+  const std::string good = Slurp(meta);
+  EditMeta([](nlohmann::json& j) { j["documents"] = j["documents"].get<uint64_t>() + 1; });
+  ExpectOneLineError("data verify " + ds_, {meta, "documents: expected the sum over shards"});
+  Spit(meta, good);
+  EditMeta([](nlohmann::json& j) { j.erase("tokens"); });
+  ExpectOneLineError("data verify " + ds_, {meta, "tokens"});
+  Spit(meta, good);
+}
+
 TEST_F(BadInput, TokenIdAtOrAboveVocabNamesTheOffset) {
   // Written for a vocabulary of 60000, then claimed to be GPT-2's: token 55555 does not fit.
   Dataset(60000, 55555);
@@ -218,6 +236,21 @@ TEST_F(BadInput, TokenIdAtOrAboveVocabNamesTheOffset) {
   });
   ExpectOneLineError("data verify " + ds_, {ds_ + "/shard_00000.bin", "token 55555 at offset 5",
                                             "(byte 10)", "expected an id < 50257"});
+}
+
+// A flat file's ids past the vocabulary are named, in the sample and as an error, not shown as
+// <|endoftext|>.
+TEST_F(BadInput, InspectNamesOutOfRangeIdsOfAFlatFile) {
+  std::vector<uint16_t> ids = {464, 65535, 1110, 50257, 13};
+  Spit(tmp_ / "bad.u16", std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 2));
+  const KeelResult r = Keel("data inspect " + (tmp_ / "bad.u16"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("keel: error: " + (tmp_ / "bad.u16") +
+                          ": token 65535 at offset 1 (byte 2): expected an id < 50257"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("<id 65535: out of range>"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("<id 50257: out of range>"), std::string::npos) << r.output;
 }
 
 TEST_F(BadInput, FlatFileWithAnOddByteCount) {

@@ -171,7 +171,11 @@ LoadedModel ReadHfGpt2(const std::string& path, int n_head) {
   if (m.config.n_head <= 0 || m.config.n_embd % m.config.n_head != 0)
     ThrowBadInput(path + ": n_embd " + std::to_string(m.config.n_embd) +
                   " is not a multiple of n_head " + std::to_string(m.config.n_head));
-  model::Validate(m.config);
+  try {
+    model::Validate(m.config);
+  } catch (const Error& e) {
+    ThrowBadInput(path + ": the shapes its tensors give: " + e.what());
+  }
 
   const auto layout = model::ParamLayout::Gpt2(m.config);
   m.weights.assign(layout.total(), 0.0f);  // the padded wte rows stay zero

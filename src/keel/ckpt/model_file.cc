@@ -40,7 +40,11 @@ LoadedModel ReadModel(const std::string& path) {
   m.config.n_embd = meta("keel.n_embd");
   m.config.vocab_size = meta("keel.vocab_size");
   m.config.block_size = meta("keel.block_size");
-  model::Validate(m.config);
+  try {
+    model::Validate(m.config);
+  } catch (const Error& e) {
+    ThrowBadInput(path + ": metadata keel.*: " + e.what());
+  }
   const auto layout = model::ParamLayout::Gpt2(m.config);
   m.weights.resize(layout.total());
   for (const auto& p : layout.params()) {

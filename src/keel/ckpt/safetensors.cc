@@ -3,10 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "keel/core/dtype.h"
 #include "keel/core/error.h"
@@ -97,6 +100,7 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
   const uint64_t data_start = 8 + hlen, data_size = size - data_start;
+  std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;  // to check the tiling
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       for (auto m = it->begin(); m != it->end(); ++m) f.metadata_[m.key()] = m->get<std::string>();
@@ -114,6 +118,7 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
       if (esize == 0) ThrowBadInput(where + ": dtype " + dtype + " (expected F32, BF16 or F16)");
       if (off.size() != 2 || off[1] < off[0] || off[1] > data_size || off[1] - off[0] != n * esize)
         ThrowBadInput(where + ": data_offsets do not match its shape and the file's size");
+      ranges.emplace_back(off[0], off[1], it.key());
       std::vector<char> raw(off[1] - off[0]);
       in.seekg(std::streamoff(data_start + off[0]));
       in.read(raw.data(), std::streamsize(raw.size()));
@@ -131,11 +136,35 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
           t.data[i] = float(hv);
         }
       }
+      // NaN or Inf weights are never a model to start from or sample: refuse them by name.
+      for (size_t i = 0; i < n; ++i)
+        if (!std::isfinite(t.data[i]))
+          ThrowBadInput(where + ": element " + std::to_string(i) + " is " +
+                        (std::isnan(t.data[i]) ? "NaN" : "infinite") +
+                        " (the weights are not finite)");
       f.tensors_[it.key()] = std::move(t);
     } catch (const nlohmann::json::exception& e) {
       ThrowBadInput(where + ": malformed entry (" + e.what() + ")");
     }
   }
+  // The format: the tensors' byte ranges tile the data exactly, no overlap and no hole.
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t end = 0;
+  std::string prev = "the start of the data";
+  for (const auto& [b, e, name] : ranges) {
+    if (b < end)
+      ThrowBadInput(path + ": tensor \"" + name + "\" overlaps " + prev + " (data_offsets [" +
+                    std::to_string(b) + ", " + std::to_string(e) + ") start before byte " +
+                    std::to_string(end) + ")");
+    if (b > end)
+      ThrowBadInput(path + ": data bytes [" + std::to_string(end) + ", " + std::to_string(b) +
+                    ") belong to no tensor (the format allows no holes)");
+    end = e;
+    prev = "tensor \"" + name + "\"";
+  }
+  if (end != data_size)
+    ThrowBadInput(path + ": data bytes [" + std::to_string(end) + ", " + std::to_string(data_size) +
+                  ") after the last tensor belong to no tensor (the format allows no holes)");
   return f;
 }
 

@@ -98,12 +98,26 @@ void Inspect(const std::string& path) {
     }
   }
   auto tok = data::Tokenizer::LoadGpt2(train::TokenizerDir());
-  if (ds.vocab_size() != tok.vocab_size()) return;  // another tokenizer: ids are not GPT-2's
-  for (int32_t& id : ids) {
-    if (id < 0 || id >= tok.vocab_size()) id = tok.eos_id();  // verify reports bad ids
+  if (ds.vocab_size() == tok.vocab_size()) {  // another tokenizer: ids are not GPT-2's
+    // Decoded in runs of valid ids; an id past the vocabulary shows as itself, out of range.
+    std::string text;
+    std::vector<int32_t> run;
+    for (size_t i = 0; i <= ids.size(); ++i) {
+      const bool bad = i < ids.size() && (ids[i] < 0 || ids[i] >= tok.vocab_size());
+      if (i == ids.size() || bad) {
+        text += tok.Decode(run);
+        run.clear();
+        if (bad) text += "<id " + std::to_string(ids[i]) + ": out of range>";
+      } else {
+        run.push_back(ids[i]);
+      }
+    }
+    std::printf("sample (first %zu tokens, GPT-2 decoded):\n  %s\n", ids.size(),
+                Printable(text).c_str());
   }
-  std::printf("sample (first %zu tokens, GPT-2 decoded):\n  %s\n", ids.size(),
-              Printable(tok.Decode(ids)).c_str());
+  // A flat file has no meta.json that was checked when written: scan it all (a mapped read, about
+  // a second per GB) and name the first id past the vocabulary (exit 2), as a run would.
+  if (!ds.meta()) ds.CheckIds(ds.vocab_size());
 }
 
 }  // namespace

@@ -134,9 +134,14 @@ DatasetMeta ReadDatasetMeta(const std::string& dir) {
     pr.dropped_short = r.Count(p, "dropped_short", "prepare.");
     pr.dropped_duplicate = r.Count(p, "dropped_duplicate", "prepare.");
   }
-  if (j.contains("tokens") && j["tokens"] != m.tokens()) {
-    r.Fail("tokens", "the sum over shards, " + std::to_string(m.tokens()));
-  }
+  // The totals are what readers quote and what `data prepare` wrote: both must be there and agree
+  // with the shards.
+  if (r.Count(j, "tokens") != m.tokens())
+    r.Fail("tokens",
+           "the sum over shards, " + std::to_string(m.tokens()) + ", got " + j["tokens"].dump());
+  if (r.Count(j, "documents") != m.documents())
+    r.Fail("documents", "the sum over shards, " + std::to_string(m.documents()) + ", got " +
+                            j["documents"].dump());
   return m;
 }
 

@@ -239,6 +239,10 @@ PrepareSummary Prepare(const PrepareOptions& o) {
         target = nullptr;
         continue;
       }
+            // An empty or blank text file holds no document, as a blank JSONL line does not.
+      if (item.first && item.last && item.kind == RawItem::Kind::kText &&
+          item.bytes.find_first_not_of(" \t\r\n\f\v") == std::string::npos)
+        continue;
       if (item.first) {
         ++sum.documents_read;
         target = GoesToVal(input_index++, o) ? val.get() : &train;
