@@ -16,6 +16,22 @@
 
 namespace keel::data {
 
+bool CheckShardHashes(const std::string& dir, const DatasetMeta& meta,
+                      const std::atomic<bool>* stop, uint64_t* bytes) {
+  for (const ShardMeta& s : meta.shards)
+    for (const auto& [name, want] : {std::pair{s.file, s.xxh3}, {s.index, s.index_xxh3}}) {
+      if (stop && stop->load()) return false;
+      const std::string file = dir + "/" + name;
+      MappedFile f = MappedFile::Open(file);
+      const std::string got = HashHex(XXH3_64bits(f.data(), f.size()));
+      if (got != want)
+        ThrowBadInput(file + ": xxh3 " + got + ", expected " + want +
+                      " (from meta.json): the file is corrupt or was changed after writing");
+      if (bytes) *bytes += f.size();
+    }
+  return true;
+}
+
 VerifySummary VerifyDataset(const std::string& path) {
   // Open first: it gives the clear error for a missing meta.json, wrong sizes, a flat file.
   TokenDataset ds = TokenDataset::Open(path);
@@ -39,18 +55,8 @@ VerifySummary VerifyDataset(const std::string& path) {
     return sum;
   } else if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     const DatasetMeta meta = ReadDatasetMeta(path);
+    CheckShardHashes(path, meta, nullptr, &sum.bytes);
     for (const ShardMeta& s : meta.shards) {
-      for (const auto& [name, want] : {std::pair{s.file, s.xxh3}, {s.index, s.index_xxh3}}) {
-        const std::string file = path + "/" + name;
-        MappedFile f = MappedFile::Open(file);
-        const std::string got = HashHex(XXH3_64bits(f.data(), f.size()));
-        if (got != want) {
-          ThrowBadInput(file + ": xxh3 " + got + ", expected " + want +
-                        " (from meta.json): the "
-                        "file is corrupt or was changed after writing");
-        }
-        sum.bytes += f.size();
-      }
       MappedFile idx = MappedFile::Open(path + "/" + s.index);
       uint64_t prev = 0;
       for (uint64_t i = 0; i <= s.documents; ++i) {

@@ -6,6 +6,7 @@
 //   keel::data::VerifySummary s = keel::data::VerifyDataset("data/brown/train");
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -20,5 +21,13 @@ struct VerifySummary {
 
 // Throws keel::Error (bad input) naming the file and what was expected at the first problem.
 VerifySummary VerifyDataset(const std::string& path);
+
+struct DatasetMeta;
+// The first part of VerifyDataset for a local dataset folder: each shard's token and index file
+// against its xxh3 in meta.json (a flipped byte that still decodes to valid ids shows only here).
+// Stops early, returning false, once `*stop` is set. Returns the bytes hashed through `bytes`.
+// Throws keel::Error (bad input) naming the file.
+bool CheckShardHashes(const std::string& dir, const DatasetMeta& meta,
+                      const std::atomic<bool>* stop = nullptr, uint64_t* bytes = nullptr);
 
 }  // namespace keel::data

@@ -167,18 +167,21 @@ void Checkpointer::Complete() {
 }
 
 StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_requested,
+                                     bool failed,
                                      const std::function<ckpt::StateView()>& make_view) {
   const auto& c = cfg_.checkpoint;
   const double minutes =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count() / 60;
-  // One all-reduce carries every decision: a signal on any rank, rank 0's clock, and the worst
-  // state of the save in flight (writing 1, failed 2).
-  double v[3] = {stop_requested ? 1.0 : 0.0,
+  // One all-reduce carries every decision: a signal on any rank, rank 0's clock, the worst
+  // state of the save in flight (writing 1, failed 2), and a failure found on any rank.
+  double v[4] = {stop_requested ? 1.0 : 0.0,
                  comm_.rank() == 0 && c.every_minutes > 0 && minutes >= c.every_minutes ? 1.0 : 0.0,
-                 save_state_ == kWriting ? double(writer_->status()) : 0.0};
-  comm_.AllReduceMax(v, 3);
+                 save_state_ == kWriting ? double(writer_->status()) : 0.0, failed ? 1.0 : 0.0};
+  comm_.AllReduceMax(v, 4);
   StepDecision d;
   d.stop = v[0] > 0;
+  d.failed = v[3] > 0;
+  if (d.failed) return d;
   const int worst = int(v[2]);
   if (save_state_ == kWriting && worst != ckpt::CheckpointWriter::kWriting) {
     if (worst == ckpt::CheckpointWriter::kFailed)

@@ -41,6 +41,7 @@ struct StepDecision {
   bool stop = false;      // every rank stops after this step (a signal)
   double blocked_ms = 0;  // what this call blocked the step (a synchronous save at the end)
   bool saved = false;     // a save began at this step
+  bool failed = false;    // some rank reported a failure (`failed` below): every rank stops now
 };
 
 class Checkpointer {
@@ -66,7 +67,7 @@ class Checkpointer {
   double BeforeUpdate();
   // After step `step_done` (1-based): agrees with the other ranks, advances the save in flight,
   // and begins a save when a trigger fires (`make_view` gives the state to save).
-  StepDecision AfterStep(int step_done, bool last_step, bool stop_requested,
+  StepDecision AfterStep(int step_done, bool last_step, bool stop_requested, bool failed,
                          const std::function<ckpt::StateView()>& make_view);
   // Completes a save in flight (commit or abort), so that nothing is left half-done. Throws
   // keel::Error if the final save failed.

@@ -119,13 +119,18 @@ std::string BuildIdentity() {
   return id;
 }
 
-void AgreeOnSetup(parallel::Comm& comm, const std::optional<Error>& failed,
-                  const Fingerprint& fingerprint) {
+void ShareError(parallel::Comm& comm, const std::optional<Error>& error) {
   if (comm.size() == 1) {
-    if (failed) throw *failed;
+    if (error) throw *error;
     return;
   }
-  ThrowLowest(comm, failed, /*name_rank=*/true);
+  ThrowLowest(comm, error, /*name_rank=*/true);
+}
+
+void AgreeOnSetup(parallel::Comm& comm, const std::optional<Error>& failed,
+                  const Fingerprint& fingerprint) {
+  ShareError(comm, failed);
+  if (comm.size() == 1) return;
   // Rank 0's fingerprint to every rank; each names its first difference.
   std::string ref = comm.rank() == 0 ? nlohmann::json(fingerprint).dump() : std::string();
   BroadcastString(comm, ref, 0);

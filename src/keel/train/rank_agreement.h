@@ -46,4 +46,8 @@ uint64_t ExecutableHash();
 void AgreeOnSetup(parallel::Comm& comm, const std::optional<Error>& failed,
                   const Fingerprint& fingerprint);
 
+// Collective over `comm`: if any rank holds an error, every rank throws the lowest such rank's,
+// printed once (as AgreeOnSetup); returns on every rank otherwise.
+void ShareError(parallel::Comm& comm, const std::optional<Error>& error);
+
 }  // namespace keel::train

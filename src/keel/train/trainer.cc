@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 
 #include "keel/ckpt/checkpoint_model.h"
@@ -30,6 +31,7 @@
 #include "keel/train/freeze.h"
 #include "keel/train/rank_agreement.h"
 #include "keel/train/samples.h"
+#include "keel/train/shard_check.h"
 #include "keel/train/step.h"
 
 namespace keel::train {
@@ -194,6 +196,7 @@ struct Prepared {
   RunData d;
   std::vector<float> init;  // the whole model's initial weights
   Fingerprint fingerprint;
+  std::unique_ptr<ShardCheck> shard_check;
 };
 
 Prepared Prepare(const RunConfig& cfg, int rank, int world) {
@@ -201,6 +204,9 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   p.s = Validate(cfg, world);
   const parallel::RankCoords at = parallel::Coords(p.s.dims, rank);
   p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.dims.dp);
+  std::vector<std::string> paths = {cfg.data.val};
+  for (const DataSource& src : p.d.sources) paths.push_back(src.path);
+  p.shard_check = std::make_unique<ShardCheck>(paths);
   // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
   const model::ParamLayout layout = model::ParamLayout::Gpt2(p.s.mcfg);
   p.init.resize(layout.total());
@@ -491,7 +497,16 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
       return v;
     };
     // Every rank agrees on stopping and saving at the same step, or the next collective hangs.
-    if (ckpt.AfterStep(step_i + 1, last_step, stop.requested(), view).stop) {
+    std::optional<Error> data_error;
+    try {
+      prep->shard_check->ThrowIfFailed();
+    } catch (const Error& e) {
+      data_error = e;
+    }
+    const StepDecision decision =
+        ckpt.AfterStep(step_i + 1, last_step, stop.requested(), data_error.has_value(), view);
+    if (decision.failed) ShareError(comm, data_error);  // throws on every rank
+    if (decision.stop) {
       sum.interrupted = true;
       if (lead) Log("keel: interrupted at step %d", step_i + 1);
       break;
