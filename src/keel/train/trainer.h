@@ -15,7 +15,7 @@ struct TrainSummary {
   double last_loss = 0;
   double val_loss = -1;        // < 0 when there is no validation set
   double unigram_entropy = 0;  // nats per token of the training data
-    bool interrupted = false;    // stopped by SIGINT/SIGTERM
+  bool interrupted = false;    // stopped by SIGINT/SIGTERM
   bool nothing_left = false;   // resumed at train.steps: the run was already finished
   std::string run_dir;
   std::string resumed_from;  // the checkpoint folder a resumed run started from; "" otherwise
