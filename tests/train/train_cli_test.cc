@@ -211,6 +211,11 @@ TEST(TrainCli, BadInputGetsOneClearLineAndExitCode2) {
       {"truncated file", "--set data.train=" + odd, "odd.u16"},
       {"token id", "--set data.train=" + big, "big.u16"},
       {"run name path", "--set train.name=../../x", "\"../../x\" is a path"},
+      // Sizes no machine has: refused before allocating, naming the largest item.
+      {"huge batch", "--set train.batch_size=1000000000", "the activations of micro-batches of "},
+      {"huge width", "--set model.n_embd=1000000000", "the weights, gradients and fp32 master"},
+      {"huge depth", "--set model.n_layer=100000000", "model.n_layer 100000000"},
+      {"huge prefetch", "--set data.prefetch=1000000000", "data.prefetch = 1000000000"},
   };
   for (const auto& c : cases) {
     std::string cmd = "OMP_NUM_THREADS=2 " + kKeel + " train " + kTiny +

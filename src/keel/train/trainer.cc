@@ -29,6 +29,7 @@
 #include "keel/parallel/pipeline_schedule.h"
 #include "keel/train/checkpointing.h"
 #include "keel/train/freeze.h"
+#include "keel/train/memory_check.h"
 #include "keel/train/rank_agreement.h"
 #include "keel/train/samples.h"
 #include "keel/train/shard_check.h"
@@ -103,6 +104,7 @@ Setup Validate(const RunConfig& cfg, int world) {
   s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
   if (cfg.data.train.empty() && cfg.data.sources.empty())
     ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
+  CheckMemoryFits(cfg, s.dims, s.micro_batch, s.n_micro);  // before anything large is allocated
   return s;
 }
 

@@ -1,0 +1,34 @@
+// Before a run allocates anything large, what it will need per rank against what the machine has:
+// a size that cannot fit (a batch of 10⁹ sequences, 10⁸ layers, a prefetch queue of 10⁸
+// micro-batches) is refused at once with exit 2, naming the largest items, rather than dying in
+// std::bad_alloc, growing until the kernel's OOM killer ends it, or building a parameter table
+// of 10⁹ entries first.
+//
+// The figures are the planner's formulas for the state (parallel::StateBytesPerRank's, from the
+// parameter count computed without building a layout) and keel's activation plan itself, plus the
+// prefetch queue and the classifier's logit tile; they are checked against MemAvailable from
+// /proc/meminfo, shared by the ranks that run on this machine.
+//
+//   CheckMemoryFits(cfg, dims, micro_batch, n_micro);   // throws keel::Error (bad input)
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "keel/parallel/dims.h"
+#include "keel/train/config.h"
+
+namespace keel::train {
+
+// (what, bytes) per rank, largest first.
+std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
+                                                           const parallel::ParallelDims& dims,
+                                                           int micro_batch, int n_micro);
+
+// Throws keel::Error (bad input) when the items exceed `available` bytes (default: MemAvailable
+// divided by the ranks on this machine, $OMPI_COMM_WORLD_LOCAL_SIZE).
+void CheckMemoryFits(const RunConfig& cfg, const parallel::ParallelDims& dims, int micro_batch,
+                     int n_micro, double available = -1);
+
+}  // namespace keel::train
