@@ -2,6 +2,7 @@
 // pinned losses, and one clear line with exit code 2 for each kind of bad input.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cstdint>
 #include <fstream>
@@ -132,6 +133,26 @@ TEST(TrainCli, ResumesThatDoNotFitAreRefused) {
   EXPECT_EQ(done.out.find("final train loss"), std::string::npos) << done.out;
   EXPECT_EQ(ReadFile(run + "/metrics.jsonl"), metrics);
   EXPECT_TRUE(std::filesystem::exists(run + "/model.safetensors"));
+
+  // A manifest missing a tensor, with a COMMIT that matches it: verify refuses it as resume does.
+  const std::string ck = run + "/checkpoints/step_00000004";
+  nlohmann::json m = nlohmann::json::parse(ReadFile(ck + "/manifest.json"));
+  auto& tensors = m["tensors"];
+  for (auto it = tensors.begin(); it != tensors.end(); ++it)
+    if ((*it)["name"] == "h.1.ln_2.bias") {
+      tensors.erase(it);
+      break;
+    }
+  const std::string text = m.dump(1);
+  std::ofstream(ck + "/manifest.json", std::ios::binary) << text;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  std::ofstream(ck + "/COMMIT") << "xxh3 " << hex << "\n";
+  auto verify = RunCommand(kKeel + " ckpt verify " + ck);
+  EXPECT_NE(verify.code, 0) << verify.out;
+  EXPECT_NE((verify.out + verify.err).find("no tensor h.1.ln_2.bias"), std::string::npos)
+      << verify.out << verify.err;
 }
 
 // Outputs that cannot be written (here a file-size limit; a full disk fails the same way) are
