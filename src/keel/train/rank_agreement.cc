@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -33,9 +34,15 @@ void ThrowLowest(parallel::Comm& comm, const std::optional<Error>& mine, bool na
   int32_t code = rank == root ? int32_t(mine->code()) : 0;
   comm.Broadcast(&code, sizeof code, root);
   BroadcastString(comm, msg, root);
-  if (rank != 0) throw Error(ExitCode(code), msg, /*quiet=*/true);
-  throw Error(ExitCode(code),
-              root == 0 || !name_rank ? msg : "rank " + std::to_string(root) + ": " + msg);
+  // Rank 0 prints before any rank exits: mpirun ends the whole job at the first non-zero exit,
+  // and a quiet rank that left first would cut rank 0 off before its line.
+  if (rank == 0)
+    std::fprintf(
+        stderr, "keel: error: %s\n",
+        (root == 0 || !name_rank ? msg : "rank " + std::to_string(root) + ": " + msg).c_str());
+  std::fflush(stderr);
+  comm.Barrier();
+  throw Error(ExitCode(code), msg, /*quiet=*/true);
 }
 
 std::string Hex(uint64_t h) { return data::HashHex(h); }

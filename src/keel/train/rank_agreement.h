@@ -39,10 +39,10 @@ uint64_t ExecutableHash();
 
 // Collective over `comm`; every rank calls it at the same point of its setup.
 // `failed`: this rank's setup error. If any rank failed, the lowest such rank's message and exit
-// code reach every rank and all throw it: rank 0 prints it ("rank N: ..." when it is another
-// rank's), the others throw it quietly (Error::quiet), so the job prints it once and exits with
-// its code. Otherwise each rank's fingerprint is compared with rank 0's: the first key on which
-// a rank differs is exit 2 on every rank, naming the rank, the key and both values.
+// code reach every rank, rank 0 prints it ("rank N: ..." when it is another rank's) before any rank
+// leaves, and all throw it quietly (Error::quiet): the job prints it once and exits with its code.
+// Otherwise each rank's fingerprint is compared with rank 0's: the first key on which a rank
+// differs is exit 2 on every rank, naming the rank, the key and both values.
 void AgreeOnSetup(parallel::Comm& comm, const std::optional<Error>& failed,
                   const Fingerprint& fingerprint);
 

@@ -280,7 +280,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   sum.run_dir = (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
   monitor::JsonlWriter metrics, events;
   Checkpointer ckpt(cfg, comm, sum.run_dir, lead ? &events : nullptr);
-    {
+  {
     // A bad request fails here, before the run folder is touched, on every rank alike (a folder
     // one rank cannot see would otherwise leave the others waiting in the resume's collectives).
     std::optional<Error> bad_request;
