@@ -17,7 +17,8 @@ PACKAGES=(
   zlib1g-dev libzstd-dev   # compressed corpora
   libcurl4-openssl-dev     # http(s) datasets (RemoteCache)
   libutf8proc-dev          # Unicode NFC for `keel data prepare --nfc`
-  libgtest-dev libbenchmark-dev  # tests and benchmarks
+    libgtest-dev libbenchmark-dev  # tests and benchmarks
+  clang libclang-rt-dev    # the fuzz targets' test build (libFuzzer, ASan, UBSan)
   python3-torch python3-numpy    # the PyTorch oracle in tests (never needed at run time)
 )
 

@@ -129,7 +129,7 @@ Manifest ManifestFromJsonText(const std::string& text, const std::string& where)
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     ThrowBadInput(where + ": not valid JSON (" + std::string(e.what()) + ")");
   }
   if (!j.is_object()) ThrowBadInput(where + ": expected a JSON object");

@@ -42,7 +42,7 @@ void SafetensorsWriter::SetMetadata(const std::string& key, const std::string& v
 }
 
 void SafetensorsWriter::Write(const std::string& path) const {
-  nlohmann::ordered_json header;
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();  // "{}", not "null", if empty
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   size_t offset = 0;
   for (const auto& e : entries_) {
@@ -101,9 +101,16 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
   f.path_ = path;
   const uint64_t data_start = 8 + hlen, data_size = size - data_start;
   std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;  // to check the tiling
+  // Checked here, not left to nlohmann's exceptions, which would escape as internal errors.
+  if (!header.is_object()) ThrowBadInput(path + ": header is not a JSON object");
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
-      for (auto m = it->begin(); m != it->end(); ++m) f.metadata_[m.key()] = m->get<std::string>();
+      if (!it->is_object()) ThrowBadInput(path + ": __metadata__ is not an object of strings");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string())
+          ThrowBadInput(path + ": __metadata__ \"" + m.key() + "\" is not a string");
+        f.metadata_[m.key()] = m->get<std::string>();
+      }
       continue;
     }
     const std::string where = path + ": tensor \"" + it.key() + "\"";
@@ -112,11 +119,15 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
       Fp32Tensor t;
       t.shape = it->at("shape").get<std::vector<int64_t>>();
       auto off = it->at("data_offsets").get<std::vector<uint64_t>>();
+      // A negative or overflowing shape could otherwise wrap to a count that matches the range.
       size_t n = 1;
-      for (int64_t d : t.shape) n *= size_t(d);
+      for (int64_t d : t.shape)
+        if (d < 0 || __builtin_mul_overflow(n, size_t(d), &n))
+          ThrowBadInput(where + ": shape " + it->at("shape").dump() + " is negative or too large");
       const size_t esize = dtype == "F32" ? 4 : (dtype == "BF16" || dtype == "F16") ? 2 : 0;
       if (esize == 0) ThrowBadInput(where + ": dtype " + dtype + " (expected F32, BF16 or F16)");
-      if (off.size() != 2 || off[1] < off[0] || off[1] > data_size || off[1] - off[0] != n * esize)
+      if (off.size() != 2 || off[1] < off[0] || off[1] > data_size || n > data_size / esize ||
+          off[1] - off[0] != n * esize)
         ThrowBadInput(where + ": data_offsets do not match its shape and the file's size");
       ranges.emplace_back(off[0], off[1], it.key());
       std::vector<char> raw(off[1] - off[0]);
@@ -124,7 +135,7 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
       in.read(raw.data(), std::streamsize(raw.size()));
       t.data.resize(n);
       if (dtype == "F32") {
-        std::memcpy(t.data.data(), raw.data(), n * 4);
+        if (n > 0) std::memcpy(t.data.data(), raw.data(), n * 4);  // else data() may be null
       } else if (dtype == "BF16") {
         ConvertBf16ToF32(t.data.data(), reinterpret_cast<const bf16*>(raw.data()), n);
       } else {

@@ -109,6 +109,11 @@ DatasetMeta ReadDatasetMeta(const std::string& dir) {
   if (m.dtype == "uint16" && vocab > 65536) r.Fail("dtype", "uint32 for a vocab over 65536");
   const json& shards = r.Get(j, "shards", "");
   if (!shards.is_array()) r.Fail("shards", "an array");
+  // No real dataset comes near 2^60 tokens (2 EiB of uint16). Above that, readers' byte sizes
+  // (tokens x width, (documents + 1) x 8, sums over shards) could wrap around and make a forged
+  // count match a small file, and reads would run off its end.
+  constexpr uint64_t kMaxCount = uint64_t(1) << 60;
+  uint64_t all_tokens = 0, all_documents = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string where = "shards[" + std::to_string(i) + "].";
     const json& s = shards[i];
@@ -120,6 +125,11 @@ DatasetMeta ReadDatasetMeta(const std::string& dir) {
     if (!IsPlainName(sm.index)) r.Fail(where + "index", "a file name inside the folder");
     sm.tokens = r.Count(s, "tokens", where);
     sm.documents = r.Count(s, "documents", where);
+    if (sm.tokens > kMaxCount - all_tokens) r.Fail(where + "tokens", "at most 2^60 in all shards");
+    if (sm.documents > kMaxCount - all_documents)
+      r.Fail(where + "documents", "at most 2^60 in all shards");
+    all_tokens += sm.tokens;
+    all_documents += sm.documents;
     sm.xxh3 = r.String(s, "xxh3", where);
     sm.index_xxh3 = r.String(s, "index_xxh3", where);
     m.shards.push_back(std::move(sm));

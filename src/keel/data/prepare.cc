@@ -52,6 +52,10 @@ std::string ParseJsonLine(const std::string& line, const std::string& field, std
     j = nlohmann::json::parse(line);
   } catch (const nlohmann::json::parse_error& e) {
     return "invalid JSON (syntax error at byte " + std::to_string(e.byte) + ")";
+  } catch (const nlohmann::json::exception& e) {
+    // out_of_range for a number no double holds (1e999). Uncaught, it would end the worker
+    // thread and so the process (std::terminate), whatever --on-error says.
+    return "invalid JSON (" + std::string(e.what()) + ")";
   }
   if (!j.is_object()) return std::string("a JSON ") + j.type_name();
   auto it = j.find(field);
@@ -239,7 +243,7 @@ PrepareSummary Prepare(const PrepareOptions& o) {
         target = nullptr;
         continue;
       }
-            // An empty or blank text file holds no document, as a blank JSONL line does not.
+      // An empty or blank text file holds no document, as a blank JSONL line does not.
       if (item.first && item.last && item.kind == RawItem::Kind::kText &&
           item.bytes.find_first_not_of(" \t\r\n\f\v") == std::string::npos)
         continue;

@@ -188,6 +188,18 @@ std::string Quote(std::string_view s) {
   return out + "\"";
 }
 
+// Whether `text` is valid TOML. ToToml checks with it what it writes of the user's bytes: TOML is
+// UTF-8 without raw control characters, and a --set value or a config path of other bytes would
+// make the run's config.toml unreadable.
+bool ParsesAsToml(const std::string& text) {
+  try {
+    (void)toml::parse(text);
+    return true;
+  } catch (const toml::parse_error&) {
+    return false;
+  }
+}
+
 // "string \"abc\"", "integer 5", "float 1.5": what the user wrote, for "got ..." in messages.
 std::string Describe(const toml::node& n) {
   switch (n.type()) {
@@ -404,6 +416,8 @@ void ApplyOverride(const std::string& text, std::vector<Section>& sections, Prov
     Assign(*parsed.get("v"), f->ref, where);
   } else if (wants_string) {
     // A bare word (or something like 2024 given for a string key): the text itself.
+    if (!ParsesAsToml("v = " + Quote(value)))
+      ThrowBadInput(where + ": expected UTF-8 text, got other bytes");
     *std::get<std::string*>(f->ref) = std::string(value);
   } else {
     Assign(toml::value<std::string>(std::string(value)), f->ref, where);
@@ -443,8 +457,10 @@ std::string ToToml(const RunConfig& cfg) {
   RunConfig copy = cfg;  // BindSections hands out mutable pointers; nothing is written through
   std::ostringstream out;
   out << "# keel run configuration, fully resolved: every key with the value the run used.\n";
-  // A path with a line break would end the comment early and corrupt the file.
-  if (!cfg.source.empty() && cfg.source.find_first_of("\r\n") == std::string::npos)
+  // A path with a line break would end the comment early and corrupt the file; one that is not
+  // UTF-8, or holds control characters, would make it unreadable.
+  if (!cfg.source.empty() && cfg.source.find_first_of("\r\n") == std::string::npos &&
+      ParsesAsToml("# Read from " + cfg.source))
     out << "# Read from " << cfg.source << ".\n";
   // The model shapes left at 0 come from the named config; a comment shows the values in force,
   // so that a run directory's config.toml says what was trained without looking up the name.
