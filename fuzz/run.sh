@@ -10,7 +10,8 @@
 # KEEL_FUZZ_LONG_SECONDS: the long run's cap per target (600).
 # New inputs the fuzzer finds go to build-fuzz/corpus/TARGET (the seeds stay untouched); a finding
 # is saved as build-fuzz/findings/TARGET/crash-* (or leak-, timeout-, oom-), and the script exits
-# non-zero. Reproduce one with: build-fuzz/fuzz_TARGET build-fuzz/findings/TARGET/crash-...
+# non-zero. Each target's libFuzzer output is in build-fuzz/logs/MODE/TARGET.log. Reproduce a
+# finding with: build-fuzz/fuzz_TARGET build-fuzz/findings/TARGET/crash-...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,7 +45,7 @@ export OMP_NUM_THREADS=1
 failed=()
 summary=()
 for t in "${targets[@]}"; do
-  corpus=build-fuzz/corpus/$t findings=build-fuzz/findings/$t log=build-fuzz/logs/$t.log
+  corpus=build-fuzz/corpus/$t findings=build-fuzz/findings/$t log=build-fuzz/logs/$mode/$t.log
   mkdir -p "$corpus" "$findings" "$(dirname "$log")"
   echo "== fuzz_$t ($mode)"
   # -timeout: an input that takes 10 s is a hang. The first corpus folder is the writable one.
