@@ -25,7 +25,8 @@ std::string FillHashes(const std::string& meta, const std::map<std::string, std:
   for (auto& s : j["shards"]) {
     if (!s.is_object()) continue;
     for (const auto& [name_key, hash_key] : {std::pair{"file", "xxh3"}, {"index", "index_xxh3"}}) {
-      if (!s.contains(name_key) || !s[name_key].is_string() || s.value(hash_key, "") != "fill")
+      if (!s.contains(name_key) || !s[name_key].is_string() || !s.contains(hash_key) ||
+          s[hash_key] != "fill")
         continue;
       auto it = files.find(s[name_key].get<std::string>());
       if (it == files.end()) continue;

@@ -4,7 +4,7 @@
 //
 // Input: one flags byte, then the file's bytes. Flags: 1 nfc, 2 dedup, 4 on_error skip, 8 a .txt
 // file instead of .jsonl, 16 val_fraction 0.5, 32 text pieces of 16 bytes, 64 shards of 16
-// tokens, 128 min_chars 3. The tokenizer is a 1,000-merge cut of GPT-2's (small_tokenizer.h):
+// tokens, 128 min_chars 3. The tokenizer is a 300-merge cut of GPT-2's (small_tokenizer.h):
 // Prepare loads it per input, and the full one would cost most of the time.
 #include <filesystem>
 
@@ -17,7 +17,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static keel::fuzz::Scratch tok_dir("prepare_tokenizer");
   static const bool tok_ready = [] {
-    keel::fuzz::WriteSmallGpt2(std::string(KEEL_SOURCE_DIR) + "/assets/gpt2", tok_dir.path(), 1000);
+    keel::fuzz::WriteSmallGpt2(std::string(KEEL_SOURCE_DIR) + "/assets/gpt2", tok_dir.path(), 300);
     return true;
   }();
   (void)tok_ready;

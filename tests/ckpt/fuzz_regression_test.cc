@@ -47,6 +47,11 @@ TEST(FuzzRegression, SafetensorsHeaderShapesAreBadInput) {
             "", "is negative or too large"},
            {R"({"a": {"dtype": "F32", "shape": [-1, -1], "data_offsets": [0, 4]}})",
             std::string(4, '\0'), "is negative or too large"},
+           // nlohmann's cast of 4.4e22 to int64 was undefined behaviour.
+           {R"({"a": {"dtype": "F32", "shape": [4.4e22], "data_offsets": [0, 4]}})",
+            std::string(4, '\0'), "shape: expected integers"},
+           {R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, -4.5]}})",
+            std::string(4, '\0'), "data_offsets: expected integers"},
        }) {
     const std::string path = WriteSafetensors(dir, header, data);
     const std::string e = BadInputMessage([&] { SafetensorsFile::Read(path); });

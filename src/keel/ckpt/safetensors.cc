@@ -116,6 +116,11 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
     const std::string where = path + ": tensor \"" + it.key() + "\"";
     try {
       const std::string dtype = it->at("dtype").get<std::string>();
+      // Integers only: nlohmann casts a number such as 1e30 to an integer type, which is undefined
+      // behaviour out of the type's range.
+      for (const char* key : {"shape", "data_offsets"})
+        for (const auto& v : it->at(key))
+          if (!v.is_number_integer()) ThrowBadInput(where + ": " + key + ": expected integers");
       Fp32Tensor t;
       t.shape = it->at("shape").get<std::vector<int64_t>>();
       auto off = it->at("data_offsets").get<std::vector<uint64_t>>();

@@ -35,7 +35,7 @@ struct Gpt2Vocab {
   std::string token_arena;
   std::vector<uint32_t> token_offset;
   // Ordinary tokens only (not <|endoftext|>): bytes -> id.
-  internal::BytesTable vocab{1 << 17};
+  internal::BytesTable vocab{16};  // sized by LoadGpt2
   // (left id, right id) -> id of their concatenation, for every way of splitting every ordinary
   // token into two tokens. tiktoken ranks a pair by the id of the concatenated bytes; this table
   // answers that question without building the concatenation.

@@ -122,6 +122,11 @@ Tokenizer Tokenizer::LoadGpt2(const std::string& dir) {
     impl->token_offset.push_back(uint32_t(impl->token_arena.size()));
   }
   impl->byte_token.fill(-1);
+  // Sized for the vocabulary at hand (half full at most, as Insert keeps it): GPT-2's 50,257
+  // entries get 2^17 slots, a small test vocabulary a table it can clear quickly.
+  size_t slots = 16;
+  while (slots < 2 * (n + 1)) slots *= 2;
+  impl->vocab.Reset(slots);
   for (size_t id = 0; id < n; ++id) {
     if (int32_t(id) == impl->eos) continue;
     impl->vocab.Insert(bytes[id], internal::HashBytes(bytes[id]), id);
