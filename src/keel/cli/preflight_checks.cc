@@ -30,6 +30,7 @@
 #include "keel/plan/comm_time.h"
 #include "keel/plan/hardware.h"
 #include "keel/plan/memory.h"
+#include "keel/resilience/build_id.h"
 #include "keel/train/rank_agreement.h"
 #include "keel/train/step.h"
 
@@ -122,7 +123,7 @@ Row CheckSoftware(Context& c) {
   Row row{"software", "", "", "go", ""};
   // The keel binary itself stands for its build; compiler and library versions say why two
   // builds differ.
-  const uint64_t keel_hash = train::ExecutableHash();
+  const uint64_t keel_hash = resilience::ExecutableHash();
   const dnnl_version_t* dv = dnnl_version();
   char line[512];
   std::snprintf(line, sizeof(line), "keel %08llx, gcc %s, %s, oneDNN %d.%d.%d",

@@ -12,6 +12,8 @@ void RegisterGenerate(CLI::App& app);
 void RegisterData(CLI::App& app);
 void RegisterPlan(CLI::App& app);
 void RegisterPreflight(CLI::App& app);
+// keel launch (the supervisor) and keel health (its per-host check); launch.cc.
+void RegisterLaunch(CLI::App& app);
 
 }  // namespace keel::cli
 

@@ -40,6 +40,7 @@ void InstallStopSignals() {
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   std::thread(WaitForSignals, set).detach();
 }
@@ -49,6 +50,7 @@ StopScope::StopScope() {
   if (g_scopes.fetch_add(1) == 0 && !g_installed) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
+    std::signal(SIGUSR2, OnSignal);
   }
 }
 
@@ -56,6 +58,7 @@ StopScope::~StopScope() {
   if (g_scopes.fetch_sub(1) == 1 && !g_installed) {
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGUSR2, SIG_DFL);
   }
 }
 

@@ -1,4 +1,6 @@
-// SIGINT/SIGTERM as a request to stop, handled on one thread of keel's own.
+// SIGINT/SIGTERM as a request to stop, handled on one thread of keel's own. SIGUSR2 is the same
+// request from a supervisor: mpirun forwards SIGUSR2 to every rank without killing them after a
+// second, as it does on SIGTERM (keel launch uses it to stop a job that should checkpoint).
 //
 // A signal handler runs on whichever thread the kernel picks (an OpenMP worker inside a kernel,
 // the data prefetcher, MPI's progress thread) and makes some of their system calls fail with

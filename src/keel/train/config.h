@@ -128,6 +128,30 @@ struct ResilienceSection {
   bool operator==(const ResilienceSection&) const = default;
 };
 
+// keel launch, the supervisor (docs/CONFIG.md, [launch]); keel train reads only heartbeat_s.
+struct LaunchSection {
+  std::string launcher = "auto";  // auto | local | mpirun | slurm
+  std::string hostfile;           // OpenMPI hostfile ("name slots=N" lines); "" = none
+  int ranks_per_host = 0;         // 0: the hostfile's slots, Slurm's tasks per node, or 1
+  std::string spares;             // hosts held back to replace failed ones: "h7,h8"
+  std::string launcher_args;      // extra arguments for mpirun or srun, split at spaces
+  int max_restarts = 10;
+  double backoff_s = 10;       // wait before a restart, doubled after each consecutive failure
+  double backoff_max_s = 300;  // ... up to this
+  int window_failures = 5;     // this many failures within window_minutes: give up (0 = off)
+  double window_minutes = 30;
+  int host_failures = 2;             // failures of a host's ranks before it is excluded
+  double heartbeat_s = 5;            // each rank beats this often under keel launch
+  double heartbeat_timeout_s = 120;  // a rank silent this long is stopped (0 = off)
+  double health_timeout_s = 60;      // a host's health check that takes longer fails
+  double health_min_free_gb = 1;     // free disk in the checkpoint folder, per host
+  double health_min_gflops = 0;      // 0: the matrix product's rate is reported, not judged
+  double stop_grace_s = 300;         // after asking the job to save and stop, kill it after this
+  double regrow_minutes = 10;  // re-check excluded hosts this often while shrunk (0 = at restarts)
+
+  bool operator==(const LaunchSection&) const = default;
+};
+
 struct MonitorSection {
   double peak_gflops = 0;  // per rank, for MFU; 0 = the built-in figure for this CPU
   bool metrics_jsonl = true;
@@ -145,6 +169,7 @@ struct RunConfig {
   CheckpointSection checkpoint;
   ResilienceSection resilience;
   MonitorSection monitor;
+  LaunchSection launch;
 
   // The model shapes: the named config with any explicit overrides applied, validated.
   model::ModelConfig ResolvedModel() const;

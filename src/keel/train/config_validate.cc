@@ -168,6 +168,30 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   const Checker monitor(prov, "monitor");
   monitor.FiniteNonNegative("peak_gflops", cfg.monitor.peak_gflops);
 
+  const Checker launch(prov, "launch");
+  const LaunchSection& l = cfg.launch;
+  launch.OneOf("launcher", l.launcher, {"auto", "local", "mpirun", "slurm"});
+  launch.NonNegative("ranks_per_host", l.ranks_per_host);
+  launch.NonNegative("max_restarts", l.max_restarts);
+  launch.NonNegative("window_failures", l.window_failures);
+  launch.Positive("host_failures", l.host_failures);
+  for (const auto& [key, v] : {std::pair{"backoff_s", l.backoff_s},
+                               {"backoff_max_s", l.backoff_max_s},
+                               {"window_minutes", l.window_minutes},
+                               {"heartbeat_timeout_s", l.heartbeat_timeout_s},
+                               {"health_min_free_gb", l.health_min_free_gb},
+                               {"health_min_gflops", l.health_min_gflops},
+                               {"regrow_minutes", l.regrow_minutes}})
+    launch.FiniteNonNegative(key, v);
+  for (const auto& [key, v] : {std::pair{"heartbeat_s", l.heartbeat_s},
+                               {"health_timeout_s", l.health_timeout_s},
+                               {"stop_grace_s", l.stop_grace_s}})
+    launch.FinitePositive(key, v);
+  if (l.heartbeat_timeout_s > 0 && l.heartbeat_timeout_s < 2 * l.heartbeat_s)
+    launch.Fail("heartbeat_timeout_s",
+                FormatNumber(l.heartbeat_timeout_s) + " is shorter than two beats (heartbeat_s = " +
+                    FormatNumber(l.heartbeat_s) + "): a healthy rank would be taken for silent");
+
   // Cross-section: a sample longer than the position embedding has no positions to use.
   model::ModelConfig resolved = ResolveModel(m, prov);
   if (cfg.data.seq_len > resolved.block_size)

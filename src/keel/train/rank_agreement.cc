@@ -114,18 +114,6 @@ std::string DataIdentity(const data::TokenDataset& ds, const std::string& path) 
   return std::to_string(size) + " bytes, xxh3 " + Hex(h) + (size > kWhole ? " (sampled)" : "");
 }
 
-uint64_t ExecutableHash() {
-  std::ifstream in("/proc/self/exe", std::ios::binary);
-  const std::string exe((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return XXH3_64bits(exe.data(), exe.size());
-}
-
-std::string BuildIdentity() {
-  std::string id = "keel " + Hex(ExecutableHash());
-  if (const char* tag = std::getenv("KEEL_BUILD_TAG")) id += std::string(", tag ") + tag;
-  return id;
-}
-
 void ShareError(parallel::Comm& comm, const std::optional<Error>& error) {
   if (comm.size() == 1) {
     if (error) throw *error;

@@ -32,10 +32,6 @@ Fingerprint ConfigFingerprint(const RunConfig& cfg);
 // its size and the xxh3 of its bytes (above 256 MiB, of 64 evenly spread 1 MiB blocks: a
 // sampled check, so that a 100 GB file costs 64 MiB of reading).
 std::string DataIdentity(const data::TokenDataset& ds, const std::string& path);
-// The keel build the rank runs: xxh3 of its executable, and $KEEL_BUILD_TAG when set (e.g. a
-// container image digest).
-std::string BuildIdentity();
-uint64_t ExecutableHash();
 
 // Collective over `comm`; every rank calls it at the same point of its setup.
 // `failed`: this rank's setup error. If any rank failed, the lowest such rank's message and exit

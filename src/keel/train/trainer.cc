@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -27,6 +28,8 @@
 #include "keel/optim/schedule.h"
 #include "keel/parallel/groups.h"
 #include "keel/parallel/pipeline_schedule.h"
+#include "keel/resilience/build_id.h"
+#include "keel/resilience/heartbeat.h"
 #include "keel/train/checkpointing.h"
 #include "keel/train/freeze.h"
 #include "keel/train/memory_check.h"
@@ -227,14 +230,17 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
           cfg.data.sources.empty() ? "data.train" : "data.sources[" + std::to_string(i) + "]",
           DataIdentity(p.d.train_ds[i], p.d.sources[i].path));
     if (p.d.val_ds) p.fingerprint.emplace_back("data.val", DataIdentity(*p.d.val_ds, cfg.data.val));
-    p.fingerprint.emplace_back("keel build", BuildIdentity());
+    p.fingerprint.emplace_back("keel build", resilience::BuildIdentity());
   }
   return p;
 }
 
 }  // namespace
 
-TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
+namespace {
+
+TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
+                      resilience::HeartbeatWriter& heartbeat) {
   const bool lead = comm.rank() == 0;
   // Everything that can be wrong with the input is found before the run directory exists, and
   // before the first collective: a rank's error reaches every rank, and ranks that would run
@@ -428,8 +434,9 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   // The order is the loader's cursor order, i.e. exactly Fill(step, k) for k = 0..n_micro-1.
   data::Prefetcher prefetch(loader, s.micro_batch, cfg.data.prefetch);
 
-  StopScope stop;  // SIGINT/SIGTERM from here on: finish the step, save, exit 0
+  StopScope stop;  // SIGINT/SIGTERM/SIGUSR2 from here on: finish the step, save, exit 0
   sum.steps_done = start_step;
+  heartbeat.StartedAt(start_step);
   for (int step_i = start_step; step_i < cfg.train.steps; ++step_i) {
     Timer step_timer;
     double data_ms = 0;
@@ -456,6 +463,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     const double tok_s = tokens_per_step / (ms / 1e3);
     const double mfu = flops_per_token * tok_s / peak;
     sum.steps_done = step_i + 1;
+    heartbeat.StepDone(step_i + 1);
     if (lead && step_i == start_step && s.dtype == DType::kBF16 && kernels::Bf16ProductsEmulated())
       Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
           "(slower)");
@@ -463,8 +471,11 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     double val = -1;
     const bool last_step = step_i + 1 == cfg.train.steps || step_i + 1 == cfg.train.stop_at;
     if (d.val_loader &&
-        ((cfg.train.val_every > 0 && (step_i + 1) % cfg.train.val_every == 0) || last_step))
+        ((cfg.train.val_every > 0 && (step_i + 1) % cfg.train.val_every == 0) || last_step)) {
+      heartbeat.Set(step_i + 1, "validate");
       val = sum.val_loss = validate();
+      heartbeat.Set(step_i + 1, "train");
+    }
     if (lead) {
       if (cfg.train.log_every > 0 && (step_i % cfg.train.log_every == 0 || last_step))
         std::printf(
@@ -515,8 +526,10 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     } catch (const Error& e) {
       data_error = e;
     }
+    heartbeat.Set(step_i + 1, "checkpoint");
     const StepDecision decision =
         ckpt.AfterStep(step_i + 1, last_step, stop.requested(), data_error.has_value(), view);
+    heartbeat.Set(step_i + 1, "train");
     if (decision.failed) ShareError(comm, data_error);  // throws on every rank
     if (decision.stop) {
       sum.interrupted = true;
@@ -529,6 +542,7 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     }
   }
 
+  heartbeat.Set(sum.steps_done, "final");
   // Every rank takes part in gathering the weights; rank 0 writes them.
   const bool need_weights = cfg.checkpoint.save_final || !sum.interrupted;
   const std::vector<float> final_w = need_weights ? step.GatherWeights() : std::vector<float>();
@@ -546,6 +560,27 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
     ThrowRuntime("the run trained to step " + std::to_string(sum.steps_done) +
                  " but its outputs are incomplete: could not write " + lost);
   return sum;
+}
+
+}  // namespace
+
+TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
+  // Under keel launch each rank beats into the folder the supervisor named, which watches it;
+  // a run started by hand writes none.
+  const char* dir = std::getenv("KEEL_HEARTBEAT_DIR");
+  resilience::HeartbeatWriter heartbeat(dir ? dir : "", comm.rank(),
+                                        dir && *dir ? cfg.launch.heartbeat_s : 0);
+  try {
+    TrainSummary s = TrainRun(cfg, comm, heartbeat);
+    heartbeat.Finish(0, "");
+    return s;
+  } catch (const Error& e) {
+    heartbeat.Finish(int(e.code()), e.what());
+    throw;
+  } catch (const std::exception& e) {
+    heartbeat.Finish(int(ExitCode::kRuntime), e.what());
+    throw;
+  }
 }
 
 }  // namespace keel::train

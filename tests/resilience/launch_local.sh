@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# keel launch on this machine (2 ranks under mpirun), each case a property that could be false:
+#   kill    SIGKILL rank 1 at a random step: the supervisor restarts from the newest checkpoint
+#           and the final weights equal the uninterrupted run's bitwise (same layout);
+#   silent  SIGSTOP rank 1: the supervisor names it (rank, host, step, phase), restarts, finishes;
+#   bad     bad input (exit 2) is not retried: exit 2 with the rank's message, one start only;
+#   max     a job that always dies: exit 1 after max_restarts restarts, with the failure history;
+#   term    SIGTERM to the supervisor: the job saves, exit 0, no keel process left behind.
+#   tests/resilience/launch_local.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
+set -euo pipefail
+keel=$1 src=$2 shared=$3
+tmp=$(mktemp -d)
+trap 'pkill -KILL -f "$tmp" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
+export OMP_NUM_THREADS=1
+common=(--np 2 --set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=40
+        --set checkpoint.every_steps=5 --set checkpoint.every_minutes=0
+        --set parallel.comm_timeout_s=20 --set launch.heartbeat_s=0.5
+        --set launch.heartbeat_timeout_s=4 --set launch.backoff_s=0.2 --set launch.health_timeout_s=30
+        --set launch.launcher_args=--oversubscribe)
+
+launch() {  # NAME EXTRA... (in the background; pid in $sup)
+  local name=$1
+  shift
+  "$keel" launch "$src/configs/test-tiny.toml" "${common[@]}" --set train.name="$name" "$@" \
+    >"$tmp/$name.log" 2>&1 &
+  sup=$!
+}
+finish() {  # NAME WANT_RC: waits for the supervisor
+  local rc=0
+  wait "$sup" || rc=$?
+  ((rc == $2)) || { echo "$1: keel launch exit $rc, expected $2"; cat "$tmp/$1.log"; exit 1; }
+}
+beat_pid() {  # NAME RANK MIN_STEP: waits until the rank passed MIN_STEP, prints its pid
+  local f="$tmp/$1/heartbeat/rank_0000$2.json"
+  for _ in $(seq 600); do
+    if [[ -f $f ]] && /usr/bin/python3 -c "import json,sys; b=json.load(open('$f')); sys.exit(0 if b['step'] >= $3 and 'exit_code' not in b else 1)" 2>/dev/null; then
+      /usr/bin/python3 -c "import json; print(json.load(open('$f'))['pid'])"
+      return
+    fi
+    sleep 0.1
+  done
+  echo "$1: rank $2 never reached step $3"; cat "$tmp/$1.log"; exit 1
+}
+expect() {  # NAME TEXT
+  grep -q -F -- "$2" "$tmp/$1.log" || { echo "$1: no \"$2\" in the log:"; cat "$tmp/$1.log"; exit 1; }
+}
+events() {  # NAME EVENT: how many the supervisor wrote (they carry "attempt")
+  /usr/bin/python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if (j := json.loads(l)).get('event') == sys.argv[2] and 'attempt' in j))" "$tmp/$1/events.jsonl" "$2"
+}
+
+launch ref
+finish ref 0
+expect ref "keel launch: finished at step 40"
+
+step=$((RANDOM % 20 + 8))
+launch kill
+pid=$(beat_pid kill 1 "$step")
+kill -KILL "$pid"
+finish kill 0
+expect kill "start 1 failed"
+expect kill "no last heartbeat: killed or crashed"
+expect kill "start 2:"
+cmp "$tmp/ref/model.safetensors" "$tmp/kill/model.safetensors" ||
+  { echo "kill: final weights differ from the uninterrupted run"; exit 1; }
+(($(events kill failure) == 1 && $(events kill restart) == 1)) ||
+  { echo "kill: expected one failure and one restart event"; cat "$tmp/kill/events.jsonl"; exit 1; }
+/usr/bin/python3 - "$tmp/kill/goodput.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+assert g["restarts"] == 1 and g["outcome"] == "finished", g
+assert 0 < g["goodput"] < 1 and g["recompute_s"] >= 0 and g["detect_s"] > 0, g
+parts = sum(g[k] for k in ("useful_s", "recompute_s", "detect_s", "restart_s", "startup_s", "other_s"))
+assert abs(parts - g["wall_s"]) < 0.01 * g["wall_s"] + 1e-3, (parts, g)
+PY
+echo "kill: rank 1 killed after step $step; restarted; final weights equal the uninterrupted run's"
+
+launch silent
+pid=$(beat_pid silent 1 10)
+kill -STOP "$pid"
+finish silent 0
+expect silent "rank 1 on $(hostname) (pid $pid) is silent"
+expect silent "keel launch: finished at step 40"
+cmp "$tmp/ref/model.safetensors" "$tmp/silent/model.safetensors" ||
+  { echo "silent: final weights differ"; exit 1; }
+echo "silent: $(grep -m1 'is silent' "$tmp/silent.log")"
+
+launch bad --set data.val="$tmp/missing.u16"
+finish bad 2
+expect bad "which a restart would not fix"
+expect bad "missing.u16"
+(($(events bad job_start) == 1)) || { echo "bad: started more than once"; exit 1; }
+echo "bad: $(grep -m1 'would not fix' "$tmp/bad.log")"
+
+KEEL_CKPT_CRASH_AT=write launch max --set launch.max_restarts=2
+finish max 1
+expect max "giving up: max_restarts = 2 reached"
+expect max "  3. start 3:"
+(($(events max job_start) == 3)) || { echo "max: expected 3 starts"; exit 1; }
+echo "max: gave up after 3 starts, history printed"
+
+launch term --set train.steps=100000
+beat_pid term 0 6 >/dev/null
+kill -TERM "$sup"
+finish term 0
+expect term "stopped, with a checkpoint, at step"
+"$keel" ckpt verify "$tmp/term/checkpoints/$(cat "$tmp/term/checkpoints/latest")" >/dev/null
+sleep 0.5
+left=$(pgrep -f -- "train.name=term" || true)
+[[ -z $left ]] || { echo "term: processes left: $left"; ps -fp $left; exit 1; }
+echo "term: SIGTERM saved $(cat "$tmp/term/checkpoints/latest"), exit 0, no process left"
