@@ -1,5 +1,6 @@
 #include "keel/resilience/hosts.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -67,10 +68,8 @@ Placement Place(const std::vector<Host>& hosts, int want_hosts, int ranks_per_ho
   p.ranks_per_host = ranks_per_host;
   for (bool spares : {false, true})
     for (const Host& h : hosts)
-      if (h.spare == spares && !h.excluded && !h.unhealthy && int(p.hosts.size()) < want_hosts) {
+      if (h.spare == spares && !h.excluded && !h.unhealthy && int(p.hosts.size()) < want_hosts)
         p.hosts.push_back(h.name);
-        if (spares) p.spares_used.push_back(h.name);
-      }
   p.ranks = FitRanks(int(p.hosts.size()) * ranks_per_host, rule);
   p.dp = p.ranks / (rule.tp * rule.pp);
   // Fewer ranks than the hosts hold: drop the hosts the ranks do not reach.
@@ -82,6 +81,9 @@ Placement Place(const std::vector<Host>& hosts, int want_hosts, int ranks_per_ho
     for (const std::string& n : p.hosts)
       if (n == h.name) ordered.push_back(n);
   p.hosts = ordered;
+  for (const Host& h : hosts)
+    if (h.spare && std::find(p.hosts.begin(), p.hosts.end(), h.name) != p.hosts.end())
+      p.spares_used.push_back(h.name);
   return p;
 }
 

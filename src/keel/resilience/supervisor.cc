@@ -1,6 +1,7 @@
 #include "keel/resilience/supervisor.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -132,6 +133,10 @@ class Supervisor {
   void HealthCheck(bool only_unhealthy);
   std::vector<HealthResult> CheckHosts(const std::vector<std::string>& names);
   int Finish(int code, const std::string& outcome);
+  void Event(nlohmann::json j) {
+    j["time"] = UnixNow();
+    events_.Write(j);
+  }
   std::string History() const;
 
   SupervisorSpec spec_;
@@ -170,7 +175,7 @@ void Supervisor::HealthCheck(bool only_unhealthy) {
                          {"seconds", r.seconds},
                          {"problem", r.problem}};
     if (r.report.contains("matmul_gflops")) ev["matmul_gflops"] = r.report["matmul_gflops"];
-    events_.Write(ev);
+    Event(ev);
     if (r.ok) {
       if (h.unhealthy) Say("host %s is healthy again (%.1f s)", r.host.c_str(), r.seconds);
       h.unhealthy = false;
@@ -179,7 +184,7 @@ void Supervisor::HealthCheck(bool only_unhealthy) {
     if (!h.unhealthy) {
       Say("host %s failed its health check (%.1f s): %s; excluded", r.host.c_str(), r.seconds,
           r.problem.c_str());
-      events_.Write({{"event", "exclusion"}, {"host", r.host}, {"reason", r.problem}});
+      Event({{"event", "exclusion"}, {"host", r.host}, {"reason", r.problem}});
     }
     h.unhealthy = true;
     h.reason = r.problem;
@@ -199,8 +204,15 @@ int Supervisor::Finish(int code, const std::string& outcome) {
   summary["outcome"] = outcome;
   summary["exit_code"] = code;
   summary["failures"] = history_;
-  events_.Write(
-      {{"event", "launch_end"}, {"outcome", outcome}, {"exit_code", code}, {"goodput", summary}});
+  for (const Attempt& a : attempts_)
+    summary["attempts"].push_back({{"spawn", a.spawn},
+                                   {"loop_start", a.loop_start},
+                                   {"last_step_end", a.last_step_end},
+                                   {"end", a.end},
+                                   {"start_step", a.start_step},
+                                   {"end_step", a.end_step},
+                                   {"outcome", a.outcome}});
+  Event({{"event", "launch_end"}, {"outcome", outcome}, {"exit_code", code}, {"goodput", summary}});
   data::WriteFileAtomic(spec_.run_dir + "/goodput.json", summary.dump(2) + "\n");
   Say("%s", g.Text().c_str());
   return code;
@@ -215,10 +227,10 @@ int Supervisor::Run() {
     names += (names.empty() ? "" : ", ") + h.name + (h.spare ? " (spare)" : "");
   Say("%s launcher, hosts %s, %d rank(s) per host; run %s", LauncherName(spec_.launcher),
       names.c_str(), spec_.ranks_per_host, spec_.run_dir.c_str());
-  events_.Write({{"event", "launch_start"},
-                 {"launcher", LauncherName(spec_.launcher)},
-                 {"hosts", names},
-                 {"ranks_per_host", spec_.ranks_per_host}});
+  Event({{"event", "launch_start"},
+         {"launcher", LauncherName(spec_.launcher)},
+         {"hosts", names},
+         {"ranks_per_host", spec_.ranks_per_host}});
   std::vector<double> failure_times;
   int consecutive = 0;
   for (int attempt = 1;; ++attempt) {
@@ -246,7 +258,7 @@ int Supervisor::Run() {
     nlohmann::json start_ev = {{"event", "job_start"}, {"attempt", attempt},
                                {"ranks", place.ranks}, {"dp", place.dp},
                                {"hosts", place.hosts}, {"spares_used", place.spares_used}};
-    events_.Write(start_ev);
+    Event(start_ev);
     ClearHeartbeats(beat_dir_);
     Attempt a;
     a.spawn = UnixNow();
@@ -325,7 +337,7 @@ int Supervisor::Run() {
         for (const HealthResult& r : regrow_check->get())
           if (r.ok && stop_sent == 0) {
             Say("host %s is back: stopping the job to restart it on more ranks", r.host.c_str());
-            events_.Write({{"event", "regrow"}, {"host", r.host}});
+            Event({{"event", "regrow"}, {"host", r.host}});
             regrow = true;
             stop_sent = now;
             ::kill(job.pid(), SIGUSR2);
@@ -356,15 +368,20 @@ int Supervisor::Run() {
       a.outcome = regrow ? "regrow" : user_stop ? "stopped" : "finished";
       attempts_.push_back(a);
       if (regrow) continue;
-      events_.Write({{"event", user_stop ? "stopped" : "finished"}, {"step", a.end_step}});
+      Event({{"event", user_stop ? "stopped" : "finished"}, {"step", a.end_step}});
       Say("%s at step %d", user_stop ? "stopped, with a checkpoint," : "finished", a.end_step);
       return Finish(0, a.outcome);
     }
     if (user_stop) {
       a.outcome = "stopped";
       attempts_.push_back(a);
-      Say("the job ended with %s after the stop request", DescribeStatus(status).c_str());
-      return Finish(code == 0 ? 0 : 1, "stopped");
+      // Stopped before its training loop, the job had nothing to save: SIGUSR2's default action
+      // ended it, and the newest checkpoint stays as it was.
+      const bool before_loop =
+          code == 128 + SIGUSR2 || (WIFSIGNALED(status) && WTERMSIG(status) == SIGUSR2);
+      Say("the job ended with %s after the stop request%s", DescribeStatus(status).c_str(),
+          before_loop ? " (it had not resumed training; the newest checkpoint stays)" : "");
+      return Finish(code == 0 || before_loop ? 0 : 1, "stopped");
     }
     // Bad input is the same on every try: say it once and stop.
     const Heartbeat* bad = nullptr;
@@ -422,7 +439,7 @@ int Supervisor::Run() {
       fev["rank"] = culprits.front()->rank;
       fev["host"] = culprits.front()->host;
     }
-    events_.Write(fev);
+    Event(fev);
     std::vector<std::string> charged;
     // One machine has nowhere else to go: it is never excluded.
     if (spec_.launcher == Launcher::kLocal) culprits.clear();
@@ -436,7 +453,7 @@ int Supervisor::Run() {
           h.excluded = true;
           h.reason = "its ranks failed " + std::to_string(h.failures) + " times";
           Say("host %s excluded: %s", h.name.c_str(), h.reason.c_str());
-          events_.Write({{"event", "exclusion"}, {"host", h.name}, {"reason", h.reason}});
+          Event({{"event", "exclusion"}, {"host", h.name}, {"reason", h.reason}});
         }
       }
     }
@@ -461,7 +478,7 @@ int Supervisor::Run() {
     consecutive = a.end_step > a.start_step && a.start_step >= 0 ? 1 : consecutive + 1;
     const double wait = std::min(spec_.policy.backoff_max_s,
                                  spec_.policy.backoff_s * std::pow(2.0, consecutive - 1));
-    events_.Write({{"event", "restart"}, {"attempt", attempt + 1}, {"backoff_s", wait}});
+    Event({{"event", "restart"}, {"attempt", attempt + 1}, {"backoff_s", wait}});
     Say("restarting in %.1f s (restart %d of at most %d)", wait, restarts,
         spec_.policy.max_restarts);
     for (double t = 0; t < wait; t += 0.1) {
