@@ -151,41 +151,56 @@ int ExitCodeOf(int status) {
 
 void BecomeSubreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
-int KillDescendants() {
+namespace {
+
+// Every live descendant of this process (zombies are reaped, not listed).
+std::vector<pid_t> Descendants() {
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+  }
+  std::multimap<pid_t, pid_t> children;  // ppid -> pid
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    pid_t ppid;
+    if (rest >> state >> ppid && state != 'Z') children.emplace(ppid, pid_t(std::stol(name)));
+  }
+  std::vector<pid_t> todo = {::getpid()}, found;
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    auto [lo, hi] = children.equal_range(p);
+    for (auto it = lo; it != hi; ++it) {
+      found.push_back(it->second);
+      todo.push_back(it->second);
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+int KillDescendants(double grace_s) {
+  // Remote daemons and launcher agents finish on their own shortly after the launcher: give
+  // them `grace_s` before counting what is left as left behind.
+  for (double t = 0; t < grace_s && !Descendants().empty(); t += 0.05) ::usleep(50000);
   int killed = 0;
   // Orphans reparent to us as their parents die, so a few passes catch whole trees.
   for (int pass = 0; pass < 5; ++pass) {
-    std::multimap<pid_t, pid_t> children;  // ppid -> pid
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream in(e.path() / "stat");
-      std::string stat;
-      std::getline(in, stat);
-      const size_t close = stat.rfind(')');
-      if (close == std::string::npos) continue;
-      std::istringstream rest(stat.substr(close + 2));
-      char state;
-      pid_t ppid;
-      if (rest >> state >> ppid) children.emplace(ppid, pid_t(std::stol(name)));
-    }
-    std::vector<pid_t> todo = {::getpid()}, found;
-    while (!todo.empty()) {
-      const pid_t p = todo.back();
-      todo.pop_back();
-      auto [lo, hi] = children.equal_range(p);
-      for (auto it = lo; it != hi; ++it) {
-        found.push_back(it->second);
-        todo.push_back(it->second);
-      }
-    }
+    const std::vector<pid_t> found = Descendants();
     if (found.empty()) break;
     for (pid_t p : found) ::kill(p, SIGKILL);
     killed += int(found.size());
     ::usleep(50000);
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-    }
+  }
+  while (::waitpid(-1, nullptr, WNOHANG) > 0) {
   }
   return killed;
 }

@@ -62,8 +62,9 @@ int ExitCodeOf(int status);
 // Makes this process the reaper of its orphaned descendants (Linux), so that KillDescendants can
 // find what a killed job left behind.
 void BecomeSubreaper();
-// SIGKILLs every descendant of this process, waits for them, and returns how many there were.
-int KillDescendants();
+// Waits up to `grace_s` for this process's descendants to end, then SIGKILLs what is left and
+// returns how many that was.
+int KillDescendants(double grace_s);
 // Runs argv to completion within `timeout_s`, capturing its output; false on timeout (the group is
 // killed). `status` is waitpid's.
 bool RunCaptured(const std::vector<std::string>& argv, double timeout_s, std::string* output,

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -101,6 +102,9 @@ int LauncherCulprit(const std::string& output) {
   }
   return -1;
 }
+
+// How long the launcher may outlive the last of its ranks.
+constexpr double kLauncherGraceS = 10;
 
 class Supervisor {
  public:
@@ -270,7 +274,7 @@ int Supervisor::Run() {
 
     // Watch: the job's end, the ranks' heartbeats, a stop request, a host coming back.
     int status = 0;
-    bool killed = false, user_stop = false, regrow = false;
+    bool killed = false, user_stop = false, regrow = false, ended_by_ranks = false;
     std::string silent;  // "rank 3 on kh2 ..."
     int silent_rank = -1;
     double stop_sent = 0, regrow_checked = UnixNow();
@@ -322,6 +326,24 @@ int Supervisor::Run() {
           killed = true;
         }
       }
+      // Every rank has said how it ended, but the launcher still waits (mpirun for a daemon
+      // on a host it can no longer reach): end it.
+      if (!killed && place.ranks > 0) {
+        const std::vector<Heartbeat> beats = ReadHeartbeats(beat_dir_);
+        const bool all_out =
+            int(beats.size()) == place.ranks &&
+            std::all_of(beats.begin(), beats.end(), [](const Heartbeat& b) { return b.exited; });
+        double last_exit = 0;
+        for (const auto& b : beats) last_exit = std::max(last_exit, b.time);
+        if (all_out && now - last_exit > kLauncherGraceS) {
+          Say("every rank has exited but the launcher has not after %.0f s; ending it",
+              kLauncherGraceS);
+          job.Signal(SIGTERM);
+          if (!job.Wait(5, &status)) job.Signal(SIGKILL);
+          killed = true;
+          ended_by_ranks = true;
+        }
+      }
       // While shrunk, see now and then whether an excluded host is back; if so, stop the job
       // (it saves) and start again on more ranks.
       if (spec_.policy.regrow_minutes > 0 && stop_sent == 0 && place.ranks < full_ranks_ &&
@@ -347,7 +369,7 @@ int Supervisor::Run() {
     }
     if (regrow_check) regrow_check->wait();
     a.end = UnixNow();
-    const int left = KillDescendants();
+    const int left = KillDescendants(killed ? 0.5 : 3.0);
     job.Drain();
     const std::vector<Heartbeat> beats = ReadHeartbeats(beat_dir_);
     for (const Heartbeat& b : beats) {
@@ -359,6 +381,11 @@ int Supervisor::Run() {
         a.end_step = std::max(a.end_step, b.step);
         a.last_step_end = std::max(a.last_step_end, b.last_step_end);
       }
+    }
+    if (ended_by_ranks && std::all_of(beats.begin(), beats.end(),
+                                      [](const Heartbeat& b) { return b.exit_code == 0; })) {
+      killed = false;  // the ranks finished; only the launcher lingered
+      status = 0;
     }
     const int code = ExitCodeOf(status);
     const std::vector<std::string> errors = job.ErrorLines();
@@ -388,10 +415,18 @@ int Supervisor::Run() {
     for (const Heartbeat& b : beats)
       if (b.exited && b.exit_code == int(ExitCode::kBadInput) && !bad) bad = &b;
     if (bad || (code == int(ExitCode::kBadInput) && !killed && silent_rank < 0)) {
-      const std::string msg =
-          bad ? "rank " + std::to_string(bad->rank) + " on " + bad->host + ": " + bad->error
-          : errors.empty() ? job.Tail(5)
-                           : errors.front();
+      // The job's own line names the rank the error came from ("keel: error: rank 2: ..."; every
+      // rank shares it, so the beats alone would name rank 0): add that rank's host.
+      std::string msg = errors.empty() ? "" : errors.front().substr(std::strlen("keel: error: "));
+      if (msg.rfind("rank ", 0) == 0) {
+        const int r = std::atoi(msg.c_str() + 5);
+        for (const Heartbeat& b : beats)
+          if (b.rank == r) msg.insert(msg.find(':'), " on " + b.host);
+      } else if (msg.empty() && bad) {
+        msg = "rank " + std::to_string(bad->rank) + " on " + bad->host + ": " + bad->error;
+      } else if (msg.empty()) {
+        msg = job.Tail(5);
+      }
       a.outcome = "bad input";
       attempts_.push_back(a);
       Say("the job stopped on bad input (exit 2), which a restart would not fix: %s", msg.c_str());
