@@ -20,6 +20,8 @@ PACKAGES=(
     libgtest-dev libbenchmark-dev  # tests and benchmarks
   clang libclang-rt-dev    # the fuzz targets' test build (libFuzzer, ASan, UBSan)
   python3-torch python3-numpy    # the PyTorch oracle in tests (never needed at run time)
+  iproute2 util-linux      # tests' network-namespace hosts (ip netns, nsenter, unshare)
+  slurm-wlm munge          # tests' local Slurm (keel launch under srun)
 )
 
 if [[ "${KEEL_SKIP_APT:-0}" != 1 ]]; then

@@ -160,7 +160,7 @@ expect term "stopped, with a checkpoint, at step"
 sleep 0.5
 for i in 1 2 3; do
   left=$(ip netns pids "$p$i")
-  [[ -z $left ]] || { echo "term: processes left in $p$i: $left"; ps -fp $left; exit 1; }
+  [[ -z $left ]] || { echo "term: processes left in $p$i: $left"; ps -fp "$left"; exit 1; }
 done
 [[ -z $(pgrep -f -- "train.name=term" || true) ]] || { echo "term: keel processes left"; exit 1; }
 echo "term: SIGTERM saved $(cat "$tmp/term/checkpoints/latest"), exit 0, nothing left in any namespace"

@@ -64,7 +64,7 @@ void RegisterLaunch(CLI::App& app) {
       "events go to RUN/events.jsonl and the accounting to RUN/goodput.json.\n"
       "Examples:\n"
       "  keel launch configs/quickstart.toml --np 2                   # this machine, 2 ranks\n"
-      "  keel launch configs/gpt2.toml --hostfile hosts --set launch.spares=node9\n"
+      "  keel launch configs/quickstart.toml --hostfile hosts --set launch.spares=node9\n"
       "  sbatch examples/slurm_launch.sbatch                          # inside Slurm: srun\n"
       "Exit codes: 0 finished (or stopped with a checkpoint), 2 bad input, 1 gave up.");
   static std::string config;

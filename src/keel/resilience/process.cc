@@ -41,6 +41,10 @@ Child::Child(const std::vector<std::string>& argv, const std::string& log_path, 
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::dup2(fds[1], 1);
     ::dup2(fds[1], 2);
+    // No stdin: mpirun would forward it to rank 0, and that traffic keeps its links to remote
+    // daemons from ever looking idle to TCP keepalive (which is how it notices a lost host).
+    const int null_fd = ::open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) ::dup2(null_fd, 0);
     ::execvp(args[0], args.data());
     std::fprintf(stderr, "keel launch: cannot run %s: %s\n", args[0], std::strerror(errno));
     ::_exit(127);

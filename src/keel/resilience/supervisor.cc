@@ -275,7 +275,8 @@ int Supervisor::Run() {
     // Watch: the job's end, the ranks' heartbeats, a stop request, a host coming back.
     int status = 0;
     bool killed = false, user_stop = false, regrow = false, ended_by_ranks = false;
-    std::string silent;  // "rank 3 on kh2 ..."
+    bool resumed = false;  // the "resumed" event is written
+    std::string silent;    // "rank 3 on kh2 ..."
     int silent_rank = -1;
     double stop_sent = 0, regrow_checked = UnixNow();
     std::optional<std::future<std::vector<HealthResult>>> regrow_check;
@@ -299,6 +300,13 @@ int Supervisor::Run() {
         const std::vector<Heartbeat> beats = ReadHeartbeats(beat_dir_);
         std::map<int, const Heartbeat*> by_rank;
         for (const auto& b : beats) by_rank[b.rank] = &b;
+        if (!resumed && by_rank.count(0) && by_rank[0]->start_step >= 0) {
+          resumed = true;
+          Event({{"event", "resumed"},
+                 {"attempt", attempt},
+                 {"step", by_rank[0]->start_step},
+                 {"seconds", by_rank[0]->loop_start - a.spawn}});
+        }
         for (int r = 0; r < place.ranks && silent_rank < 0; ++r) {
           auto it = by_rank.find(r);
           if (it == by_rank.end()) {

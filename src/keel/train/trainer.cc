@@ -213,12 +213,17 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   for (const DataSource& src : p.d.sources) paths.push_back(src.path);
   p.shard_check = std::make_unique<ShardCheck>(paths);
   // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
-  const model::ParamLayout layout = model::ParamLayout::Gpt2(p.s.mcfg);
-  p.init.resize(layout.total());
-  model::InitParams(layout, p.s.mcfg, cfg.train.seed, p.init.data());
-  // Fine-tuning: the file's weights replace the random ones.
-  if (!cfg.model.init_from.empty())
-    ckpt::LoadInitWeights(cfg.model.init_from, p.s.mcfg, p.init.data());
+  // A run that may resume leaves it for later: the checkpoint brings the weights, and drawing
+  // 124M normal values takes seconds of every restart (TrainRun draws them if none is found).
+  // A fine-tuning file is read here all the same, so that a bad one fails before anything else.
+  if (cfg.checkpoint.resume.empty() || !cfg.model.init_from.empty()) {
+    const model::ParamLayout layout = model::ParamLayout::Gpt2(p.s.mcfg);
+    p.init.resize(layout.total());
+    model::InitParams(layout, p.s.mcfg, cfg.train.seed, p.init.data());
+    // Fine-tuning: the file's weights replace the random ones.
+    if (!cfg.model.init_from.empty())
+      ckpt::LoadInitWeights(cfg.model.init_from, p.s.mcfg, p.init.data());
+  }
   if (world > 1) {
     p.fingerprint = ConfigFingerprint(cfg);
     const model::ModelConfig& m = p.s.mcfg;
@@ -270,7 +275,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   const bool pipelined = dims.pp > 1;
   const double bubble_predicted =
       parallel::PipelineBubble(dims.pp, s.n_micro, cfg.parallel.virtual_stages);
-  step.SetWeights(prep->init.data());
+  const bool init_later = prep->init.empty();
+  if (!init_later) step.SetWeights(prep->init.data());
   std::vector<float>().swap(prep->init);
   if (lead && !cfg.model.init_from.empty())
     Log("initialized the weights from %s", cfg.model.init_from.c_str());
@@ -315,6 +321,10 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     step.Restored(r->state.at("optimizer").at("step").get<int>());
     loader.restore(data::LoaderStateFromJson(r->state.at("loader")));
     sum.resumed_from = r->path;
+  } else if (init_later) {
+    std::vector<float> init(layout.total());
+    model::InitParams(layout, mcfg, cfg.train.seed, init.data());
+    step.SetWeights(init.data());
   }
   if (start_step > cfg.train.steps)
     ThrowBadInput("[train] steps: " + std::to_string(cfg.train.steps) +

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# keel launch under a local Slurm (slurmctld + one slurmd per network-namespace host, netns.sh):
+# inside an allocation of 2 hosts x 2 tasks the supervisor starts the ranks with srun; a rank on
+# host 2 is SIGKILLed at a random step; the supervisor restarts within the allocation and the
+# final weights equal the uninterrupted run's bitwise. Needs root and slurm-wlm + munge; fails,
+# not skips, without them.
+#   tests/cluster/launch_slurm.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
+set -euo pipefail
+keel=$1 src=$2 shared=$3
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=netns.sh
+source "$here/netns.sh"
+p=ks
+command -v slurmctld >/dev/null && command -v munged >/dev/null ||
+  { echo "launch_slurm: slurm-wlm and munge are not installed (scripts/setup.sh installs them)"; exit 1; }
+tmp=$(mktemp -d)
+cleanup() {
+  cluster_down "$p" >/dev/null 2>&1 || true
+  pkill -KILL -f "$tmp" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+cluster_down "$p" >/dev/null 2>&1 || true
+cluster_up "$p" 2 || { echo "launch_slurm: cannot make network-namespace hosts (root needed)"; exit 1; }
+slurm_up "$p" || { echo "launch_slurm: the local Slurm did not start"; exit 1; }
+export OMP_NUM_THREADS=1
+
+head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
+common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=40
+        --set train.batch_size=8 --set train.micro_batch_size=2 --set optim.lr=3e-3
+        --set checkpoint.every_steps=5 --set checkpoint.every_minutes=0
+        --set parallel.comm_timeout_s=10 --set launch.heartbeat_s=0.5
+        --set launch.heartbeat_timeout_s=20 --set launch.backoff_s=0.2
+        --set launch.health_timeout_s=20)
+
+launch() {  # NAME: keel launch inside a fresh allocation, in the background (pid in $sup)
+  salloc --quiet -N 2 --ntasks-per-node=2 "$keel" launch "$src/configs/test-tiny.toml" \
+    "${common[@]}" --set train.name="$1" >"$tmp/$1.log" 2>&1 &
+  sup=$!
+}
+finish() {
+  local rc=0
+  wait "$sup" || rc=$?
+  ((rc == 0)) || { echo "$1: salloc keel launch exit $rc"; cat "$tmp/$1.log"; exit 1; }
+}
+beat() {  # NAME RANK MIN_STEP FIELD
+  local f="$tmp/$1/heartbeat/rank_0000$2.json"
+  for _ in $(seq 900); do
+    if [[ -f $f ]] && /usr/bin/python3 -c "import json,sys; b=json.load(open('$f')); sys.exit(0 if b['step'] >= $3 and 'exit_code' not in b else 1)" 2>/dev/null; then
+      /usr/bin/python3 -c "import json; print(json.load(open('$f'))['$4'])"
+      return
+    fi
+    sleep 0.1
+  done
+  echo "$1: rank $2 never reached step $3"; cat "$tmp/$1.log"; exit 1
+}
+expect() {
+  grep -q -F -- "$2" "$tmp/$1.log" || { echo "$1: no \"$2\" in the log:"; cat "$tmp/$1.log"; exit 1; }
+}
+
+launch ref
+finish ref
+expect ref "keel launch: slurm launcher, hosts ${p}1, ${p}2, 2 rank(s) per host"
+expect ref "start 1: 4 rank(s) on ${p}1, ${p}2, dp 4"
+expect ref "keel launch: finished at step 40"
+
+step=$((RANDOM % 20 + 5))
+rank=$((RANDOM % 2 + 2))
+launch kill
+[[ $(beat kill "$rank" "$step" host) == "$p"2 ]] || { echo "kill: rank $rank is not on ${p}2"; exit 1; }
+kill -KILL "$(beat kill "$rank" "$step" pid)"
+finish kill
+expect kill "start 1 failed"
+expect kill "start 2: 4 rank(s) on ${p}1, ${p}2, dp 4"
+expect kill "keel launch: finished at step 40"
+cmp "$tmp/ref/model.safetensors" "$tmp/kill/model.safetensors" ||
+  { echo "kill: final weights differ from the uninterrupted run"; exit 1; }
+echo "slurm kill: rank $rank on ${p}2 killed after step $step; srun restarted it in the allocation; bitwise the same weights"
+echo "slurm kill: $(grep -m1 'start 1 failed' "$tmp/kill.log")"
