@@ -66,6 +66,10 @@ for i, k in enumerate(kills):
     startup = b["loop_start"] - b["spawn"]
     lost = a["end_step"] - b["start_step"]
     print(f"| {i+1} | {noticed:.1f} | {restart:.1f} | {startup:.1f} | {b['loop_start'] - k:.1f} | {lost} |")
+ms = sorted(json.loads(l)["ms"] for l in open(run + "/metrics.jsonl"))
+if ms:
+    print(f"step time: median {ms[len(ms)//2]/1e3:.2f} s, 90th percentile {ms[int(0.9*len(ms))]/1e3:.2f} s "
+          f"over {len(ms)} steps (steps that overlap a save are slower; this is not in goodput)")
 print(f"health check: median {sorted(health)[len(health)//2]:.2f} s over {len(health)} checks")
 print(f"goodput {100*g['goodput']:.1f}% of {g['wall_s']:.0f} s wall, {g['restarts']} restarts: "
       f"useful {g['useful_s']:.0f} s, recomputed {g['recompute_s']:.0f} s, noticing {g['detect_s']:.0f} s, "

@@ -19,6 +19,8 @@ keel=$1 src=$2 shared=$3
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=netns.sh
 source "$here/netns.sh"
+# shellcheck source=../resilience/launch_lib.sh
+source "$here/../resilience/launch_lib.sh"
 p=kl
 tmp=$(mktemp -d)
 cleanup() {
@@ -49,28 +51,6 @@ launch() {  # NAME HOSTFILE EXTRA... (in the background; pid in $sup)
   "$keel" launch "$src/configs/test-tiny.toml" --hostfile "$hosts" "${common[@]}" \
     --set train.name="$name" "$@" >"$tmp/$name.log" 2>&1 &
   sup=$!
-}
-finish() {  # NAME WANT_RC
-  local rc=0
-  wait "$sup" || rc=$?
-  ((rc == $2)) || { echo "$1: keel launch exit $rc, expected $2"; cat "$tmp/$1.log"; exit 1; }
-}
-beat() {  # NAME RANK MIN_STEP FIELD: waits until the rank passed MIN_STEP, prints FIELD
-  local f="$tmp/$1/heartbeat/rank_0000$2.json"
-  for _ in $(seq 900); do
-    if [[ -f $f ]] && /usr/bin/python3 -c "import json,sys; b=json.load(open('$f')); sys.exit(0 if b['step'] >= $3 and 'exit_code' not in b else 1)" 2>/dev/null; then
-      /usr/bin/python3 -c "import json; print(json.load(open('$f'))['$4'])"
-      return
-    fi
-    sleep 0.1
-  done
-  echo "$1: rank $2 never reached step $3"; cat "$tmp/$1.log"; exit 1
-}
-expect() {  # NAME TEXT
-  grep -q -F -- "$2" "$tmp/$1.log" || { echo "$1: no \"$2\" in the log:"; cat "$tmp/$1.log"; exit 1; }
-}
-starts() {  # NAME: the supervisor's job_start events
-  grep -c '"event":"job_start"' "$tmp/$1/events.jsonl"
 }
 
 launch ref "$tmp/hosts2"
@@ -147,7 +127,7 @@ OMPI_MCA_plm_rsh_agent=$tmp/agent.sh launch bad "$tmp/hosts2"
 finish bad 2
 expect bad "which a restart would not fix"
 expect bad "on ${p}2"
-(($(starts bad) == 1)) || { echo "bad: started more than once"; exit 1; }
+(($(supervisor_events bad job_start) == 1)) || { echo "bad: started more than once"; exit 1; }
 echo "bad: $(grep -m1 'would not fix' "$tmp/bad.log")"
 
 # --- term: SIGTERM to the supervisor ---

@@ -10,6 +10,8 @@ keel=$1 src=$2 shared=$3
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=netns.sh
 source "$here/netns.sh"
+# shellcheck source=../resilience/launch_lib.sh
+source "$here/../resilience/launch_lib.sh"
 p=ks
 command -v slurmctld >/dev/null && command -v munged >/dev/null ||
   { echo "launch_slurm: slurm-wlm and munge are not installed (scripts/setup.sh installs them)"; exit 1; }
@@ -38,28 +40,9 @@ launch() {  # NAME: keel launch inside a fresh allocation, in the background (pi
     "${common[@]}" --set train.name="$1" >"$tmp/$1.log" 2>&1 &
   sup=$!
 }
-finish() {
-  local rc=0
-  wait "$sup" || rc=$?
-  ((rc == 0)) || { echo "$1: salloc keel launch exit $rc"; cat "$tmp/$1.log"; exit 1; }
-}
-beat() {  # NAME RANK MIN_STEP FIELD
-  local f="$tmp/$1/heartbeat/rank_0000$2.json"
-  for _ in $(seq 900); do
-    if [[ -f $f ]] && /usr/bin/python3 -c "import json,sys; b=json.load(open('$f')); sys.exit(0 if b['step'] >= $3 and 'exit_code' not in b else 1)" 2>/dev/null; then
-      /usr/bin/python3 -c "import json; print(json.load(open('$f'))['$4'])"
-      return
-    fi
-    sleep 0.1
-  done
-  echo "$1: rank $2 never reached step $3"; cat "$tmp/$1.log"; exit 1
-}
-expect() {
-  grep -q -F -- "$2" "$tmp/$1.log" || { echo "$1: no \"$2\" in the log:"; cat "$tmp/$1.log"; exit 1; }
-}
 
 launch ref
-finish ref
+finish ref 0
 expect ref "keel launch: slurm launcher, hosts ${p}1, ${p}2, 2 rank(s) per host"
 expect ref "start 1: 4 rank(s) on ${p}1, ${p}2, dp 4"
 expect ref "keel launch: finished at step 40"
@@ -69,7 +52,7 @@ rank=$((RANDOM % 2 + 2))
 launch kill
 [[ $(beat kill "$rank" "$step" host) == "$p"2 ]] || { echo "kill: rank $rank is not on ${p}2"; exit 1; }
 kill -KILL "$(beat kill "$rank" "$step" pid)"
-finish kill
+finish kill 0
 expect kill "start 1 failed"
 expect kill "start 2: 4 rank(s) on ${p}1, ${p}2, dp 4"
 expect kill "keel launch: finished at step 40"

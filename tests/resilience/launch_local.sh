@@ -13,6 +13,8 @@ tmp=$(mktemp -d)
 trap 'pkill -KILL -f "$tmp" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
 export OMP_NUM_THREADS=1
+# shellcheck source=launch_lib.sh
+source "$(dirname "$0")/launch_lib.sh"
 common=(--np 2 --set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=40
         --set checkpoint.every_steps=5 --set checkpoint.every_minutes=0
         --set parallel.comm_timeout_s=20 --set launch.heartbeat_s=0.5
@@ -26,28 +28,6 @@ launch() {  # NAME EXTRA... (in the background; pid in $sup)
     >"$tmp/$name.log" 2>&1 &
   sup=$!
 }
-finish() {  # NAME WANT_RC: waits for the supervisor
-  local rc=0
-  wait "$sup" || rc=$?
-  ((rc == $2)) || { echo "$1: keel launch exit $rc, expected $2"; cat "$tmp/$1.log"; exit 1; }
-}
-beat_pid() {  # NAME RANK MIN_STEP: waits until the rank passed MIN_STEP, prints its pid
-  local f="$tmp/$1/heartbeat/rank_0000$2.json"
-  for _ in $(seq 600); do
-    if [[ -f $f ]] && /usr/bin/python3 -c "import json,sys; b=json.load(open('$f')); sys.exit(0 if b['step'] >= $3 and 'exit_code' not in b else 1)" 2>/dev/null; then
-      /usr/bin/python3 -c "import json; print(json.load(open('$f'))['pid'])"
-      return
-    fi
-    sleep 0.1
-  done
-  echo "$1: rank $2 never reached step $3"; cat "$tmp/$1.log"; exit 1
-}
-expect() {  # NAME TEXT
-  grep -q -F -- "$2" "$tmp/$1.log" || { echo "$1: no \"$2\" in the log:"; cat "$tmp/$1.log"; exit 1; }
-}
-events() {  # NAME EVENT: how many the supervisor wrote (they carry "attempt")
-  /usr/bin/python3 -c "import json,sys; print(sum(1 for l in open(sys.argv[1]) if (j := json.loads(l)).get('event') == sys.argv[2] and 'attempt' in j))" "$tmp/$1/events.jsonl" "$2"
-}
 
 launch ref
 finish ref 0
@@ -55,7 +35,7 @@ expect ref "keel launch: finished at step 40"
 
 step=$((RANDOM % 20 + 8))
 launch kill
-pid=$(beat_pid kill 1 "$step")
+pid=$(beat kill 1 "$step" pid)
 kill -KILL "$pid"
 finish kill 0
 expect kill "start 1 failed"
@@ -63,7 +43,7 @@ expect kill "no last heartbeat: killed or crashed"
 expect kill "start 2:"
 cmp "$tmp/ref/model.safetensors" "$tmp/kill/model.safetensors" ||
   { echo "kill: final weights differ from the uninterrupted run"; exit 1; }
-(($(events kill failure) == 1 && $(events kill restart) == 1)) ||
+(($(supervisor_events kill failure) == 1 && $(supervisor_events kill restart) == 1)) ||
   { echo "kill: expected one failure and one restart event"; cat "$tmp/kill/events.jsonl"; exit 1; }
 /usr/bin/python3 - "$tmp/kill/goodput.json" <<'PY'
 import json, sys
@@ -76,7 +56,7 @@ PY
 echo "kill: rank 1 killed after step $step; restarted; final weights equal the uninterrupted run's"
 
 launch silent
-pid=$(beat_pid silent 1 10)
+pid=$(beat silent 1 10 pid)
 kill -STOP "$pid"
 finish silent 0
 expect silent "rank 1 on $(hostname) (pid $pid) is silent"
@@ -89,23 +69,24 @@ launch bad --set data.val="$tmp/missing.u16"
 finish bad 2
 expect bad "which a restart would not fix"
 expect bad "missing.u16"
-(($(events bad job_start) == 1)) || { echo "bad: started more than once"; exit 1; }
+(($(supervisor_events bad job_start) == 1)) || { echo "bad: started more than once"; exit 1; }
 echo "bad: $(grep -m1 'would not fix' "$tmp/bad.log")"
 
+# shellcheck disable=SC2209 # an environment variable for the function and what it starts
 KEEL_CKPT_CRASH_AT=write launch max --set launch.max_restarts=2
 finish max 1
 expect max "giving up: max_restarts = 2 reached"
 expect max "  3. start 3:"
-(($(events max job_start) == 3)) || { echo "max: expected 3 starts"; exit 1; }
+(($(supervisor_events max job_start) == 3)) || { echo "max: expected 3 starts"; exit 1; }
 echo "max: gave up after 3 starts, history printed"
 
 launch term --set train.steps=100000
-beat_pid term 0 6 >/dev/null
+beat term 0 6 pid >/dev/null
 kill -TERM "$sup"
 finish term 0
 expect term "stopped, with a checkpoint, at step"
 "$keel" ckpt verify "$tmp/term/checkpoints/$(cat "$tmp/term/checkpoints/latest")" >/dev/null
 sleep 0.5
 left=$(pgrep -f -- "train.name=term" || true)
-[[ -z $left ]] || { echo "term: processes left: $left"; ps -fp $left; exit 1; }
+[[ -z $left ]] || { echo "term: processes left: $left"; ps -fp "$left"; exit 1; }
 echo "term: SIGTERM saved $(cat "$tmp/term/checkpoints/latest"), exit 0, no process left"

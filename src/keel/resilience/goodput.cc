@@ -51,7 +51,8 @@ std::string Goodput::Text() const {
   auto pct = [&](double s) { return wall_s > 0 ? 100 * s / wall_s : 0.0; };
   std::snprintf(buf, sizeof buf,
                 "goodput %.1f%% of %.1f s wall, %d restart(s): training %.1f s; lost: recomputed "
-                "steps %.1f s (%.1f%%), detecting failures %.1f s (%.1f%%), restarting %.1f s "
+                "steps %.1f s (%.1f%%), steps cut short and noticing the failure %.1f s (%.1f%%), "
+                "restarting %.1f s "
                 "(%.1f%%), starting up and loading checkpoints %.1f s (%.1f%%), other %.1f s "
                 "(%.1f%%)",
                 100 * goodput(), wall_s, restarts, useful_s, recompute_s, pct(recompute_s),

@@ -27,7 +27,8 @@ struct Goodput {
   double wall_s = 0;
   double useful_s = 0;     // steps that count
   double recompute_s = 0;  // steps trained again after a failure
-  double detect_s = 0;     // from the last step before a failure to noticing it
+  double detect_s = 0;     // from the last step before a failure to noticing it (the step
+                           // cut short, then the launcher's and the supervisor's detection)
   double restart_s = 0;    // from noticing a failure (or a regrow) to the next start
   double startup_s = 0;    // from each start to its training loop
   double other_s = 0;
