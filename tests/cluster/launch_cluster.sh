@@ -2,6 +2,7 @@
 # keel launch across "hosts" made of network namespaces (netns.sh), mpirun over TCP:
 #   kill      SIGKILL a rank on host 2 of a 2-host x 2-rank run at a random step: restarted, the
 #             final weights equal the uninterrupted run's bitwise (same layout after the restart);
+#   twice     host 2's ranks killed in two starts: host 2 is excluded, the job shrinks to dp 2;
 #   linkdown  host 2's link goes down: the job exits 75 within the collective timeout, host 2
 #             fails its health check, the run goes on with dp 2 on host 1; when the link is back
 #             the supervisor grows the job to dp 4 again; every step's loss is within 1e-5
@@ -70,6 +71,17 @@ expect kill "start 2: 4 rank(s) on $p""1, $p""2, dp 4"
 cmp "$tmp/ref/model.safetensors" "$tmp/kill/model.safetensors" ||
   { echo "kill: final weights differ from the uninterrupted run"; exit 1; }
 echo "kill: rank $rank on ${p}2 killed after step $step; restarted on the same layout; bitwise the same weights"
+
+# --- twice: host 2's ranks fail twice, so host 2 is excluded and the job shrinks to host 1 ---
+launch twice "$tmp/hosts2"
+kill -KILL "$(beat twice 2 5 pid)"
+for _ in $(seq 600); do grep -q "start 2:" "$tmp/twice.log" && break; sleep 0.1; done
+kill -KILL "$(beat twice 3 12 pid)"
+finish twice 0
+expect twice "host ${p}2 excluded: its ranks failed 2 times"
+expect twice "start 3: 2 rank(s) on ${p}1, dp 2 (shrunk"
+expect twice "keel launch: finished at step 40"
+echo "twice: $(grep -m1 'excluded' "$tmp/twice.log")"
 
 # --- linkdown: shrink to host 1, grow back when the link returns ---
 "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.steps=60 \
