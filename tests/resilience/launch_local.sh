@@ -5,7 +5,8 @@
 #   silent  SIGSTOP rank 1: the supervisor names it (rank, host, step, phase), restarts, finishes;
 #   bad     bad input (exit 2) is not retried: exit 2 with the rank's message, one start only;
 #   max     a job that always dies: exit 1 after max_restarts restarts, with the failure history;
-#   term    SIGTERM to the supervisor: the job saves, exit 0, no keel process left behind.
+#   term    SIGTERM to the supervisor: the job saves, exit 0, no keel process left behind;
+#   layout  3 ranks that the batch cannot split over: exit 2 before anything is written.
 #   tests/resilience/launch_local.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -90,3 +91,11 @@ sleep 0.5
 left=$(pgrep -f -- "train.name=term" || true)
 [[ -z $left ]] || { echo "term: processes left: $left"; ps -fp "$left"; exit 1; }
 echo "term: SIGTERM saved $(cat "$tmp/term/checkpoints/latest"), exit 0, no process left"
+
+rc=0
+"$keel" launch "$src/configs/test-tiny.toml" "${common[@]:2}" --np 3 --set train.name=layout \
+  --set train.micro_batch_size=2 >"$tmp/layout.log" 2>&1 || rc=$?
+((rc == 2)) || { echo "layout: exit $rc, expected 2"; cat "$tmp/layout.log"; exit 1; }
+expect layout "the layout does not take the 3 ranks of the hosts"
+[[ ! -e $tmp/layout ]] || { echo "layout: the run folder was written"; exit 1; }
+echo "layout: $(grep -m1 'does not take' "$tmp/layout.log")"

@@ -109,13 +109,25 @@ constexpr double kLauncherGraceS = 10;
 class Supervisor {
  public:
   explicit Supervisor(const SupervisorSpec& spec) : spec_(spec), hosts_(spec.hosts) {
+    for (const Host& h : hosts_)
+      if (!h.spare) ++want_hosts_;
+    full_ranks_ = FitRanks(want_hosts_ * spec_.ranks_per_host, spec_.layout);
+    // The first start uses every slot, as mpirun would: a layout that does not take them all is
+    // the user's to fix (before anything is written), not a reason to start smaller.
+    const int slots = want_hosts_ * spec_.ranks_per_host;
+    if (full_ranks_ != slots)
+      ThrowBadInput("launch: the layout does not take the " + std::to_string(slots) +
+                    " ranks of the hosts (" + std::to_string(want_hosts_) + " x " +
+                    std::to_string(spec_.ranks_per_host) + "): tp " +
+                    std::to_string(spec_.layout.tp) + " x pp " + std::to_string(spec_.layout.pp) +
+                    " must divide it and [train] batch_size " + std::to_string(spec_.layout.batch) +
+                    " must split into micro-batches of " + std::to_string(spec_.layout.micro) +
+                    " over the data-parallel ranks; change --np ([launch] ranks_per_host) or the "
+                    "batch");
     std::filesystem::create_directories(spec_.run_dir + "/logs");
     events_ = monitor::JsonlWriter(spec_.run_dir + "/events.jsonl");
     beat_dir_ = spec_.run_dir + "/heartbeat";
     std::filesystem::create_directories(beat_dir_);
-    for (const Host& h : hosts_)
-      if (!h.spare) ++want_hosts_;
-    full_ranks_ = FitRanks(want_hosts_ * spec_.ranks_per_host, spec_.layout);
     build_ = BuildIdentity();
   }
 
