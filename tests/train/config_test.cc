@@ -120,7 +120,9 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
   // dp, tp, pp, sp, virtual_stages, pp_layers, zero (LoadConfig does not check them)
   a.parallel = {3, 2, 4, true, 2, "3,1", 1, 25.0f, 1234.5f};
   a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto"};
-  a.resilience.stop_on_nonfinite = false;
+  a.resilience.stop_on_nonfinite = true;
+  a.resilience.skip_batches = "40:3";
+  a.resilience.spike_z = 4.5;
   a.monitor = {123.456, false};
 
   std::string text = ToToml(a);
@@ -132,10 +134,11 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
 
   // Every key is written, also those at their default.
   std::string defaults = ToToml(RunConfig{});
-  for (const char* key : {"[model]", "[data]", "[train]", "[optim]", "[parallel]", "[checkpoint]",
-                          "[resilience]", "[monitor]", "\nn_layer = 0", "\nval = \"\"",
-                          "\nmicro_batch_size = 0", "\ndp = 0", "\nzero = 0", "\nbucket_mb = 25.0",
-                          "\ninit_std = 0.02", "\nstop_on_nonfinite = true", "\nseed = 1337"})
+  for (const char* key :
+       {"[model]", "[data]", "[train]", "[optim]", "[parallel]", "[checkpoint]", "[resilience]",
+        "[monitor]", "\nn_layer = 0", "\nval = \"\"", "\nmicro_batch_size = 0", "\ndp = 0",
+        "\nzero = 0", "\nbucket_mb = 25.0", "\ninit_std = 0.02", "\nstop_on_nonfinite = false",
+        "\nsdc_every = 100", "\nseed = 1337"})
     EXPECT_NE(defaults.find(key), std::string::npos) << key << " missing in\n" << defaults;
 }
 

@@ -83,6 +83,24 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
   } else {
     candidates.push_back(how);
   }
+  return LoadFirst(view, candidates, search, how == "auto" ? root_ : how);
+}
+
+std::optional<Resumed> Checkpointer::RollBack(const ckpt::StateView& view, int64_t max_step) {
+  Complete();  // a save in flight commits (or fails) first: it may be the one to return to
+  Report();
+  std::vector<std::string> candidates;
+  auto dirs = ckpt::ListStepDirs(root_);
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
+    if (it->step <= max_step) candidates.push_back(it->path);
+  if (candidates.empty()) return std::nullopt;
+  return LoadFirst(view, candidates, /*search=*/true, root_);
+}
+
+std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
+                                               const std::vector<std::string>& candidates,
+                                               bool search, const std::string& where) {
+  const bool lead = comm_.rank() == 0;
   for (const std::string& dir : candidates) {
     bool other_model = false;  // not a bad checkpoint but the wrong run: never skipped
     try {
@@ -124,7 +142,7 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
     }
   }
   ThrowBadInput("[checkpoint] resume: none of the " + std::to_string(candidates.size()) +
-                " checkpoints in " + (how == "auto" ? root_ : how) +
+                " checkpoints in " + where +
                 " verifies (see the lines above); refusing to start over from step 0");
 }
 

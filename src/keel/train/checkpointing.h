@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "keel/ckpt/state.h"
 #include "keel/ckpt/writer.h"
@@ -59,6 +60,9 @@ class Checkpointer {
   // Loads the state into `view`'s buffers. "auto" tries committed checkpoints newest first and
   // skips (with a log line and an event) any that does not verify. nullopt: a fresh start.
   std::optional<Resumed> Resume(const ckpt::StateView& view);
+  // A rollback (a loss spike): completes any save in flight, then loads the newest committed
+  // checkpoint of this run at or before `max_step` that verifies. nullopt: there is none.
+  std::optional<Resumed> RollBack(const ckpt::StateView& view, int64_t max_step);
 
   // Readies the writer for saves of `view` in the background (its staging buffer), when this run
   // saves at all.
@@ -75,6 +79,11 @@ class Checkpointer {
 
  private:
   void Begin(const ckpt::StateView& view);
+  // The first of `candidates` that loads and verifies; with `search`, skipping (and saying so)
+  // those that do not.
+  std::optional<Resumed> LoadFirst(const ckpt::StateView& view,
+                                   const std::vector<std::string>& candidates, bool search,
+                                   const std::string& where);
   // Waits until every rank's part is written or failed, then commits or aborts it everywhere.
   void Complete();
   void Report();

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -122,8 +124,25 @@ struct CheckpointSection {
   bool operator==(const CheckpointSection&) const = default;
 };
 
+// The detectors of docs/RESILIENCE.md; each writes what it saw to events.jsonl.
 struct ResilienceSection {
-  bool stop_on_nonfinite = true;  // a NaN/Inf loss stops the run with a clear message
+  bool stop_on_nonfinite = false;  // a NaN/Inf loss or gradient stops the run (false: skip it)
+  int max_skips = 3;               // non-finite steps in a row skipped before a rollback
+  int spike_window = 50;           // steps of loss and gradient norm the spike detectors keep
+  int spike_min_steps = 20;        // no spike verdict before this many
+  double spike_z = 6.0;            // deviations above the window's mean ...
+  double spike_ratio = 1.5;        // ... and times its median: a loss spike
+  double norm_spike_ratio = 0;     // the same for the gradient norm (0: not watched)
+  bool rollback = true;            // on a spike: back to the checkpoint before it, skip its data
+  int max_rollbacks = 3;           // rollbacks within rollback_window steps before giving up
+  int rollback_window = 1000;
+  std::string skip_batches;  // "STEP:COUNT,...": at step STEP, skip COUNT global batches
+  int sdc_every = 100;       // steps between replica hash comparisons (0: off)
+  int straggler_every = 20;  // steps between compute-time comparisons (0: off)
+  double straggler_ratio = 1.3;
+  int straggler_checks = 3;      // checks in a row slower than the ratio before a rank is named
+  bool straggler_fails = false;  // a named straggler exits 75 so keel launch excludes its host
+  double hang_timeout_s = 1800;  // a step running this long: name who is stuck, exit 75 (0: off)
 
   bool operator==(const ResilienceSection&) const = default;
 };
@@ -205,5 +224,7 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world);
 // FLOP-balanced split ("auto", model::BalancedStageLayers), or the list given ("9,3"). Throws
 // keel::Error (bad input) with one line when the list does not fit the model and pp.
 std::vector<int> StageLayers(const RunConfig& cfg, int pp);
+// [resilience] skip_batches: step -> global batches skipped at that step; nullopt if malformed.
+std::optional<std::map<int, int>> ParseSkipBatches(const std::string& text);
 
 }  // namespace keel::train

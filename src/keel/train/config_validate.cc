@@ -168,6 +168,33 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   const Checker monitor(prov, "monitor");
   monitor.FiniteNonNegative("peak_gflops", cfg.monitor.peak_gflops);
 
+  const Checker res(prov, "resilience");
+  const ResilienceSection& r = cfg.resilience;
+  for (const auto& [key, v] : {std::pair{"max_skips", r.max_skips},
+                               {"spike_window", r.spike_window},
+                               {"spike_min_steps", r.spike_min_steps},
+                               {"max_rollbacks", r.max_rollbacks},
+                               {"rollback_window", r.rollback_window},
+                               {"straggler_checks", r.straggler_checks}})
+    res.Positive(key, v);
+  res.NonNegative("sdc_every", r.sdc_every);
+  res.NonNegative("straggler_every", r.straggler_every);
+  for (const auto& [key, v] : {std::pair{"spike_z", r.spike_z},
+                               {"spike_ratio", r.spike_ratio},
+                               {"straggler_ratio", r.straggler_ratio}})
+    res.FinitePositive(key, v);
+  res.FiniteNonNegative("norm_spike_ratio", r.norm_spike_ratio);
+  res.FiniteNonNegative("hang_timeout_s", r.hang_timeout_s);
+  if (r.spike_min_steps > r.spike_window)
+    res.Fail("spike_min_steps",
+             std::to_string(r.spike_min_steps) + " is more than spike_window = " +
+                 std::to_string(r.spike_window) + ": no verdict would ever come");
+  if (!ParseSkipBatches(r.skip_batches))
+    res.Fail("skip_batches",
+             "expected \"STEP:COUNT\" entries separated by commas (whole numbers, "
+             "COUNT >= 1, each STEP once), got \"" +
+                 r.skip_batches + "\"");
+
   const Checker launch(prov, "launch");
   const LaunchSection& l = cfg.launch;
   launch.OneOf("launcher", l.launcher, {"auto", "local", "mpirun", "slurm"});
@@ -351,6 +378,25 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
                     s(n_micro) + ") to be a multiple of pp=" + s(d.pp));
   }
   return d;
+}
+
+}  // namespace keel::train
+
+namespace keel::train {
+
+std::optional<std::map<int, int>> ParseSkipBatches(const std::string& text) {
+  std::map<int, int> skips;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    int step = -1, count = 0;
+    char colon = 0, extra = 0;
+    std::stringstream one(item);
+    if (!(one >> step >> colon >> count) || colon != ':' || (one >> extra) || step < 0 ||
+        count < 1 || skips.count(step))
+      return std::nullopt;
+    skips[step] = count;
+  }
+  return skips;
 }
 
 }  // namespace keel::train

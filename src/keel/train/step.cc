@@ -159,13 +159,21 @@ double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dlos
   return comm_.AllReduceSum(loss);
 }
 
-double TrainStep::Update(float lr, float grad_clip, const std::function<void()>& before_update) {
+double TrainStep::GradNorm() {
   double sq = zero_->GradSquares();
   if (g_.pp && g_.pp->size() > 1) sq = g_.pp->AllReduceSum(sq);
   if (g_.tp && g_.tp->size() > 1) sq = g_.tp->AllReduceSum(sq);
-  const double norm = std::sqrt(sq);
-  if (before_update) before_update();
+  return std::sqrt(sq);
+}
+
+void TrainStep::Apply(float lr, float grad_clip, double norm) {
   zero_->Update(lr, optim::ClipScale(norm, grad_clip));
+}
+
+double TrainStep::Update(float lr, float grad_clip, const std::function<void()>& before_update) {
+  const double norm = GradNorm();
+  if (before_update) before_update();
+  Apply(lr, grad_clip, norm);
   return norm;
 }
 

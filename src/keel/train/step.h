@@ -83,6 +83,10 @@ class TrainStep {
   // Norm, clipping, AdamW; `before_update` runs just before the state changes (a checkpoint's
   // snapshot must be done). Returns the global gradient norm before clipping.
   double Update(float lr, float grad_clip, const std::function<void()>& before_update = nullptr);
+  // Update in two halves, for a caller that judges the step between them (the trainer's
+  // detectors): the global norm (every rank of the step gets the same), then clipping and AdamW.
+  double GradNorm();
+  void Apply(float lr, float grad_clip, double norm);
   // Σ row losses of one micro-batch, forward only, this rank's (through the pipeline: the last
   // stage returns it, the others 0; of a tensor-parallel group, tp rank 0), so that the sum over
   // the world counts each once.

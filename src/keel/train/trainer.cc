@@ -1,10 +1,14 @@
 #include "keel/train/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -29,9 +33,14 @@
 #include "keel/parallel/groups.h"
 #include "keel/parallel/pipeline_schedule.h"
 #include "keel/resilience/build_id.h"
+#include "keel/resilience/fault_inject.h"
 #include "keel/resilience/heartbeat.h"
+#include "keel/resilience/spike.h"
+#include "keel/resilience/straggler.h"
+#include "keel/resilience/watchdog.h"
 #include "keel/train/checkpointing.h"
 #include "keel/train/freeze.h"
+#include "keel/train/guards.h"
 #include "keel/train/memory_check.h"
 #include "keel/train/rank_agreement.h"
 #include "keel/train/samples.h"
@@ -175,8 +184,10 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
 // Everything a checkpoint holds beside the tensors, after `step_done` steps.
 nlohmann::json SavedState(const RunConfig& cfg, const Setup& s, int step_done,
                           const data::LoaderState& loader, int optimizer_step,
-                          const std::vector<double>& recent_losses) {
+                          const std::vector<double>& recent_losses,
+                          const nlohmann::json& detectors) {
   return {
+      {"resilience", detectors},
       {"config", ToToml(cfg)},
       {"model", ckpt::ModelConfigToJson(s.mcfg)},
       {"loader", data::ToJson(loader)},
@@ -314,9 +325,30 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   // over the slice of the layout this rank holds.
   const ckpt::StateView state = step.StateView();
   int start_step = 0;
-  std::vector<double> recent_losses;  // the last few, for spike detection; kept across resumes
+  std::vector<double> recent_losses;  // the last few, for the log's record; kept across resumes
+  // The detectors of docs/RESILIENCE.md; their windows are part of each checkpoint.
+  const ResilienceSection& rs = cfg.resilience;
+  resilience::SpikeDetector loss_spikes(
+      "loss", {rs.spike_window, rs.spike_min_steps, rs.spike_z, rs.spike_ratio});
+  resilience::SpikeDetector norm_spikes(
+      "gradient norm", {rs.spike_window, rs.spike_min_steps, rs.spike_z, rs.norm_spike_ratio});
+  int skips_in_row = 0, skipped_steps = 0;
+  auto detectors = [&] {
+    return nlohmann::json{{"loss_window", loss_spikes.ToJson()},
+                          {"norm_window", norm_spikes.ToJson()},
+                          {"skips_in_row", skips_in_row},
+                          {"skipped_steps", skipped_steps}};
+  };
+  auto restore_detectors = [&](const nlohmann::json& st) {
+    recent_losses = st.at("metrics").at("recent_losses").get<std::vector<double>>();
+    const nlohmann::json d = st.value("resilience", nlohmann::json::object());
+    loss_spikes.FromJson(d.value("loss_window", nlohmann::json::array()));
+    norm_spikes.FromJson(d.value("norm_window", nlohmann::json::array()));
+    skips_in_row = d.value("skips_in_row", 0);
+    skipped_steps = d.value("skipped_steps", 0);
+  };
   if (auto r = ckpt.Resume(state)) {
-    recent_losses = r->state.at("metrics").at("recent_losses").get<std::vector<double>>();
+    restore_detectors(r->state);
     start_step = int(r->step);
     step.Restored(r->state.at("optimizer").at("step").get<int>());
     loader.restore(data::LoaderStateFromJson(r->state.at("loader")));
@@ -442,32 +474,282 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
 
   // Micro-batches prepared ahead by a background thread; the loader belongs to it from here on.
   // The order is the loader's cursor order, i.e. exactly Fill(step, k) for k = 0..n_micro-1.
-  data::Prefetcher prefetch(loader, s.micro_batch, cfg.data.prefetch);
+  std::optional<data::Prefetcher> prefetch;
+  prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+
+  // Faults to inject (KEEL_FAULT), fired once per run: the markers live in the run folder.
+  resilience::FaultInjector faults = resilience::FaultInjector::FromEnv(comm.rank());
+  faults.SetMarkerDir(sum.run_dir + "/faults");
+  RollbackLog rollbacks(sum.run_dir + "/rollbacks.json", *ParseSkipBatches(rs.skip_batches));
+  resilience::StragglerTracker stragglers(rs.straggler_ratio, rs.straggler_checks);
+  const std::vector<std::string> hosts = GatherHosts(comm);
+  // The world rank of each data-parallel peer, for naming a replica that disagrees.
+  const std::vector<double> dp_world_ranks = GatherPerRank(*groups.dp, comm.rank());
+  const bool sdc_on = rs.sdc_every > 0 && dims.dp > 1 && CanCompareReplicas(step, dims.zero);
+  if (lead && rs.sdc_every > 0 && dims.dp > 1 && !sdc_on)
+    Log("keel: [resilience] sdc_every: ZeRO %d keeps no replica of the weights to compare; the "
+        "silent-corruption check is off",
+        dims.zero);
+  double compute_since = 0;  // this rank's compute (ms) since the last straggler check
+  const char* beat_dir = std::getenv("KEEL_HEARTBEAT_DIR");
+  resilience::HangWatchdog watchdog(
+      rs.hang_timeout_s, beat_dir ? beat_dir : "", comm.rank(), [&](const std::string& line) {
+        Log("keel: %s; exiting 75 so that keel launch restarts the job", line.c_str());
+        heartbeat.Finish(int(ExitCode::kTempFail), line);
+        std::fflush(nullptr);
+        std::_Exit(int(ExitCode::kTempFail));
+      });
+  // `done`: the steps the heartbeat reports (the step's own once it is done, at the checkpoint).
+  auto hang_if_due = [&](int step_i, const char* phase, int done) {
+    heartbeat.Set(done, phase);
+    if (!faults.Take(resilience::FaultKind::kHang, step_i, phase)) return;
+    Log("keel: injected fault: rank %d hangs in step %d, phase %s", comm.rank(), step_i + 1, phase);
+    for (;;) pause();
+  };
+  // Moves the data past `n` global batches at the boundary before step `step_i` (a rollback's
+  // skipped window, or [resilience] skip_batches).
+  auto skip_batches = [&](int step_i, int n) {
+    data::LoaderState st = prefetch->state();
+    prefetch.reset();
+    st.position += uint64_t(n) * uint64_t(cfg.train.batch_size);
+    loader.restore(st);
+    prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+    if (lead) {
+      Log("keel: step %d: skipping %d batch(es) of data (RUN/rollbacks.json or [resilience] "
+          "skip_batches)",
+          step_i + 1, n);
+      events.Write({{"event", "data_skip"}, {"step", step_i}, {"batches", n}});
+    }
+  };
+  auto flip_bit = [&](const resilience::Fault& f) {
+    const model::ParamInfo& p = step.layout().Find(f.param);
+    const size_t at = p.offset + std::min(f.index, p.numel - 1);
+    optim::ParamStore& st = step.store();
+    if (at < st.state_lo() || at >= st.state_hi()) return;  // another rank's shard
+    uint32_t bits;
+    std::memcpy(&bits, st.master() + (at - st.state_lo()), 4);
+    bits ^= 1u << f.bit;
+    std::memcpy(st.master() + (at - st.state_lo()), &bits, 4);
+    Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]", comm.rank(), f.bit,
+        f.param.c_str(), at - p.offset);
+  };
+  // Back to the newest checkpoint at or before `spike_step`, skipping the data from there through
+  // the spike (PaLM): returns the step to continue from.
+  auto roll_back = [&](int spike_step, const std::string& why) -> int {
+    const int recent = rollbacks.RecentRollbacks(spike_step + 1, rs.rollback_window);
+    if (recent >= rs.max_rollbacks)
+      ThrowRuntime("step " + std::to_string(spike_step + 1) + ": " + why + "; " +
+                   std::to_string(recent) + " rollback(s) within the last " +
+                   std::to_string(rs.rollback_window) + " steps already ([resilience] " +
+                   "max_rollbacks = " + std::to_string(rs.max_rollbacks) +
+                   "): stopping; the data or the learning rate needs a look (RUN/rollbacks.json)");
+    watchdog.Disarm();
+    heartbeat.Set(spike_step, "resume");
+    const data::LoaderState now = prefetch->state();
+    prefetch.reset();
+    std::optional<Resumed> r = ckpt.RollBack(state, spike_step);
+    if (!r) {  // nothing to return to: this step's update is skipped instead, the data kept
+      loader.restore(now);
+      prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+      if (lead) {
+        Log("keel: step %d: %s; no committed checkpoint to roll back to: the update is skipped "
+            "(save more often: [checkpoint] every_steps)",
+            spike_step + 1, why.c_str());
+        events.Write({{"event", "spike_skip"}, {"step", spike_step + 1}, {"why", why}});
+      }
+      return -1;
+    }
+    const int to = int(r->step);
+    step.Restored(r->state.at("optimizer").at("step").get<int>());
+    const data::LoaderState then = data::LoaderStateFromJson(r->state.at("loader"));
+    const int batches = int((now.position - then.position) / uint64_t(cfg.train.batch_size));
+    rollbacks.Record(spike_step + 1, to, batches, why, lead);
+    loader.restore(then);  // the loop's skip at `to` moves past the window
+    prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+    restore_detectors(r->state);
+    if (lead) {
+      Log("keel: step %d: %s; rolled back to step %d and skipping the %d batch(es) from there "
+          "through step %d",
+          spike_step + 1, why.c_str(), to, batches, spike_step + 1);
+      events.Write({{"event", "rollback"},
+                    {"spike_step", spike_step + 1},
+                    {"to_step", to},
+                    {"skipped_batches", batches},
+                    {"why", why}});
+      KeepMetricsUpTo(sum.run_dir + "/metrics.jsonl", to);
+      if (cfg.monitor.metrics_jsonl) metrics = monitor::JsonlWriter(sum.run_dir + "/metrics.jsonl");
+    }
+    sum.steps_done = to;
+    return to;
+  };
 
   StopScope stop;  // SIGINT/SIGTERM/SIGUSR2 from here on: finish the step, save, exit 0
   sum.steps_done = start_step;
   heartbeat.StartedAt(start_step);
   for (int step_i = start_step; step_i < cfg.train.steps; ++step_i) {
+    if (const int n = rollbacks.SkipAt(step_i)) skip_batches(step_i, n);
+    watchdog.Arm(step_i);
     Timer step_timer;
     double data_ms = 0;
-    const double loss =
-        step.ForwardBackward(
-            s.n_micro, [&](int32_t* tok, int32_t* tgt) { return prefetch.Next(tok, tgt); }, dloss,
-            &data_ms) /
-        tokens_per_step;
+    hang_if_due(step_i, "data", step_i);
+    hang_if_due(step_i, "forward", step_i);
+    const bool spike_fault = faults.Take(resilience::FaultKind::kSpike, step_i) != nullptr;
+    const bool nan_fault = faults.Take(resilience::FaultKind::kNanGrad, step_i) != nullptr;
+    if (spike_fault || nan_fault)
+      Log("keel: injected fault: rank %d, step %d: %s", comm.rank(), step_i + 1,
+          spike_fault ? "a corrupted batch (every target the last token id)" : "NaN gradients");
+    const bool sdc_step = sdc_on && (step_i + 1) % rs.sdc_every == 0;
+    std::vector<int32_t> kept;  // the step's micro-batches, for a re-run (silent-corruption check)
+    const size_t rows = size_t(s.micro_batch) * T;
+    auto next = [&](int32_t* tok, int32_t* tgt) {
+      const double waited = prefetch->Next(tok, tgt);
+      if (spike_fault) std::fill(tgt, tgt + rows, int32_t(mcfg.vocab_size - 1));
+      if (sdc_step)
+        kept.insert(kept.end(), tok, tok + rows), kept.insert(kept.end(), tgt, tgt + rows);
+      return waited;
+    };
+    Timer fb_timer;
+    double loss =
+        step.ForwardBackward(s.n_micro, next, nan_fault ? NAN : dloss, &data_ms) / tokens_per_step;
     // Update adds its own (inside optim_ms). Waiting for other stages is the pipeline's bubble.
     const double backward_wait_ms = step.comm_wait_ms() + step.pp_wait_ms();
+    double compute_ms = std::max(0.0, fb_timer.Millis() - data_ms - backward_wait_ms);
+    if (const resilience::Fault* slow = faults.Take(resilience::FaultKind::kSlow, step_i)) {
+      const double extra = (slow->factor - 1) * compute_ms;
+      usleep(useconds_t(extra * 1e3));
+      compute_ms += extra;
+    }
+    compute_since += compute_ms;
+    hang_if_due(step_i, "backward", step_i);
     // The bubble as the last stage measured it, and the slowest stage's wait, for rank 0's log.
     double pipe[2] = {step.last_stage() ? step.bubble() : 0.0, step.pp_wait_ms()};
     if (pipelined) comm.AllReduceMax(pipe, 2);
-    if (!std::isfinite(loss) && cfg.resilience.stop_on_nonfinite)
-      ThrowRuntime("step " + std::to_string(step_i) + ": the loss is " + std::to_string(loss) +
-                   "; stopping (lower [optim] lr, or set [resilience] stop_on_nonfinite = false)");
+    if (sdc_step) {
+      // Replicas compare their weights; a disagreement is repaired from the majority and the
+      // step re-run on the same data: a fault that strikes again is persistent (a bad host).
+      std::vector<int> first_suspects;
+      for (int attempt = 0;; ++attempt) {
+        const resilience::Disagreement dis =
+            CompareReplicas(*groups.dp, ReplicaHash(step, dims.zero));
+        std::vector<int> suspects;
+        std::string named;
+        for (int d : dis.suspects) {
+          const int w = int(dp_world_ranks[size_t(d)]);
+          suspects.push_back(w);
+          named +=
+              (named.empty() ? "rank " : ", rank ") + std::to_string(w) + " on " + hosts[size_t(w)];
+        }
+        if (suspects.empty()) {
+          if (attempt > 0 && lead) {
+            Log("keel: step %d: the replicas agree after the repair and re-run: transient",
+                step_i + 1);
+            events.Write({{"event", "sdc"},
+                          {"step", step_i + 1},
+                          {"ranks", first_suspects},
+                          {"class", "transient"}});
+          }
+          break;
+        }
+        if (attempt == 0) first_suspects = suspects;
+        const std::string what = "silent data corruption at step " + std::to_string(step_i + 1) +
+                                 ": " + named +
+                                 (dis.majority ? " holds weights that differ from the majority "
+                                                 "of its data-parallel replicas"
+                                               : ": the replicas disagree and no majority tells "
+                                                 "which is wrong");
+        if (lead)
+          events.Write({{"event", "sdc"},
+                        {"step", step_i + 1},
+                        {"ranks", suspects},
+                        {"majority", dis.majority},
+                        {"class", attempt == 0 ? "detected" : "persistent"}});
+        if (attempt > 0 || !dis.majority) {
+          const bool mine =
+              std::find(suspects.begin(), suspects.end(), comm.rank()) != suspects.end();
+          throw Error(ExitCode::kTempFail,
+                      what +
+                          (attempt > 0 ? ", again after a repair and a re-run: persistent" : "") +
+                          "; exiting 75 so that keel launch restarts without the host",
+                      /*quiet=*/!lead && !mine);
+        }
+        if (lead)
+          Log("keel: %s; repairing from the majority and re-running the step", what.c_str());
+        int from = 0;
+        while (std::find(dis.suspects.begin(), dis.suspects.end(), from) != dis.suspects.end())
+          ++from;
+        RepairReplicas(step, *groups.dp, dims.zero, from);
+        if (const resilience::Fault* f = faults.Repeat(resilience::FaultKind::kBitflip, step_i))
+          flip_bit(*f);
+        size_t at = 0;
+        auto replay = [&](int32_t* tok, int32_t* tgt) {
+          std::copy_n(kept.data() + at, rows, tok);
+          std::copy_n(kept.data() + at + rows, rows, tgt);
+          at += 2 * rows;
+          return 0.0;
+        };
+        loss = step.ForwardBackward(s.n_micro, replay, dloss) / tokens_per_step;
+      }
+    }
+    hang_if_due(step_i, "optimizer", step_i);
     Timer ot;
     const float lr = sched.At(step_i);
-    double ckpt_ms = 0;  // a save in flight must have its snapshot before the update
-    const double norm =
-        step.Update(lr, cfg.optim.grad_clip, [&] { ckpt_ms = ckpt.BeforeUpdate(); });
+    const double norm = step.GradNorm();
+    if (faults.Take(resilience::FaultKind::kKill, step_i)) {
+      Log("keel: injected fault: rank %d is killed in step %d", comm.rank(), step_i + 1);
+      std::fflush(nullptr);
+      std::raise(SIGKILL);
+    }
+    // Every rank judges the same numbers (the loss and the norm are reduced), so every rank
+    // skips or rolls back alike without a collective of its own.
+    const bool nonfinite = !std::isfinite(loss) || !std::isfinite(norm);
+    if (nonfinite && rs.stop_on_nonfinite)
+      ThrowRuntime("step " + std::to_string(step_i + 1) + ": the loss is " + std::to_string(loss) +
+                   " and the gradient norm " + std::to_string(norm) +
+                   "; stopping ([resilience] stop_on_nonfinite = true)");
+    std::optional<std::string> rollback_why;
+    if (nonfinite) {
+      ++skipped_steps;
+      ++skips_in_row;
+      if (lead) {
+        Log("keel: step %d: the loss is %g and the gradient norm %g; the update is skipped on "
+            "every rank (%d in a row)",
+            step_i + 1, loss, norm, skips_in_row);
+        events.Write({{"event", "nonfinite_skip"},
+                      {"step", step_i + 1},
+                      {"in_a_row", skips_in_row},
+                      {"loss_finite", std::isfinite(loss)}});
+      }
+      if (skips_in_row >= rs.max_skips)
+        rollback_why =
+            std::to_string(skips_in_row) + " non-finite steps in a row ([resilience] max_skips)";
+    } else {
+      skips_in_row = 0;
+      std::optional<std::string> spike = loss_spikes.Check(loss);
+      if (!spike && rs.norm_spike_ratio > 0) spike = norm_spikes.Check(norm);
+      if (spike && rs.rollback) {
+        rollback_why = *spike;
+      } else if (spike && lead) {
+        Log("keel: step %d: %s ([resilience] rollback = false: training on)", step_i + 1,
+            spike->c_str());
+        events.Write({{"event", "spike"}, {"step", step_i + 1}, {"why", *spike}});
+      }
+    }
+    if (rollback_why) {
+      if (const int to = roll_back(step_i, *rollback_why); to >= 0) {
+        step_i = to - 1;
+        continue;
+      }
+      skips_in_row = 0;
+    }
+    const bool skip_update = nonfinite || rollback_why.has_value();
+    double ckpt_ms = ckpt.BeforeUpdate();  // a save in flight must have its snapshot first
+    if (!skip_update) {
+      step.Apply(lr, cfg.optim.grad_clip, norm);
+      loss_spikes.Add(loss);
+      norm_spikes.Add(norm);
+    }
+    if (const resilience::Fault* f = faults.Take(resilience::FaultKind::kBitflip, step_i))
+      flip_bit(*f);
     const double optim_ms = ot.Millis();
     const double ms = step_timer.Millis();
     const double tok_s = tokens_per_step / (ms / 1e3);
@@ -478,6 +760,34 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
           "(slower)");
     sum.last_loss = loss;
+    std::vector<double> straggler_scores;  // this step's check, when one ran
+    if (rs.straggler_every > 0 && comm.size() > 1 && (step_i + 1) % rs.straggler_every == 0) {
+      const std::vector<int> named = stragglers.Update(GatherPerRank(comm, compute_since));
+      compute_since = 0;
+      straggler_scores = stragglers.scores();
+      for (int r : named) {
+        const double score = stragglers.scores()[size_t(r)];
+        const std::string line =
+            "straggler: rank " + std::to_string(r) + " on " + hosts[size_t(r)] + " computes " +
+            std::to_string(score).substr(0, 4) + "x as long as the median of the others (" +
+            std::to_string(rs.straggler_checks) + " checks in a row, [resilience] " +
+            "straggler_ratio = " + std::to_string(rs.straggler_ratio).substr(0, 4) + ")";
+        if (lead) {
+          Log("keel: step %d: %s", step_i + 1, line.c_str());
+          events.Write({{"event", "straggler"},
+                        {"step", step_i + 1},
+                        {"rank", r},
+                        {"host", hosts[size_t(r)]},
+                        {"score", score}});
+        }
+        if (rs.straggler_fails)
+          throw Error(ExitCode::kTempFail,
+                      line +
+                          "; exiting 75 ([resilience] straggler_fails) so that keel launch "
+                          "restarts without the host",
+                      /*quiet=*/comm.rank() != r);
+      }
+    }
     double val = -1;
     const bool last_step = step_i + 1 == cfg.train.steps || step_i + 1 == cfg.train.stop_at;
     if (d.val_loader &&
@@ -509,6 +819,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                           {"compute_ms", ms - data_ms - backward_wait_ms - optim_ms},
                           {"memory_bytes", memory_total}};
       if (val >= 0) m["val_loss"] = val;
+      if (skip_update) m["skipped"] = true;
+      if (!straggler_scores.empty()) m["straggler_scores"] = straggler_scores;
       if (ckpt_ms > 0) m["ckpt_blocked_ms"] = ckpt_ms;
       if (dims.tp > 1) m["tp_wait_ms"] = step.tp_wait_ms();
       if (pipelined) {
@@ -525,8 +837,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       ckpt::StateView v = state;
       v.step = step_i + 1;
       v.tokens = uint64_t(step_i + 1) * uint64_t(tokens_per_step);
-      v.state =
-          SavedState(cfg, s, step_i + 1, prefetch.state(), step.store().step(), recent_losses);
+      v.state = SavedState(cfg, s, step_i + 1, prefetch->state(), step.store().step(),
+                           recent_losses, detectors());
       return v;
     };
     // Every rank agrees on stopping and saving at the same step, or the next collective hangs.
@@ -536,7 +848,11 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     } catch (const Error& e) {
       data_error = e;
     }
-    heartbeat.Set(step_i + 1, "checkpoint");
+    if (faults.Take(resilience::FaultKind::kSigterm, step_i)) {
+      Log("keel: injected fault: SIGTERM to rank %d after step %d", comm.rank(), step_i + 1);
+      std::raise(SIGTERM);
+    }
+    hang_if_due(step_i, "checkpoint", step_i + 1);
     const StepDecision decision =
         ckpt.AfterStep(step_i + 1, last_step, stop.requested(), data_error.has_value(), view);
     heartbeat.Set(step_i + 1, "train");
@@ -552,6 +868,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     }
   }
 
+  watchdog.Disarm();
   heartbeat.Set(sum.steps_done, "final");
   // Every rank takes part in gathering the weights; rank 0 writes them.
   const bool need_weights = cfg.checkpoint.save_final || !sum.interrupted;

@@ -1,0 +1,109 @@
+#include "keel/train/guards.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "keel/core/error.h"
+#include "keel/data/file_util.h"
+#include "keel/resilience/heartbeat.h"
+
+namespace keel::train {
+
+std::vector<std::string> GatherHosts(parallel::Comm& comm) {
+  constexpr size_t kFloats = 16;  // 64 bytes of name, carried as raw float bits
+  float mine[kFloats] = {};
+  char name[64] = {};
+  gethostname(name, sizeof name - 1);
+  std::memcpy(mine, name, sizeof name);
+  std::vector<float> all(kFloats * size_t(comm.size()));
+  comm.AllGatherAsync(mine, all.data(), kFloats)->Wait(-1);
+  std::vector<std::string> hosts;
+  for (int r = 0; r < comm.size(); ++r) {
+    char h[65] = {};
+    std::memcpy(h, all.data() + kFloats * size_t(r), 64);
+    hosts.emplace_back(h);
+  }
+  return hosts;
+}
+
+std::vector<double> GatherPerRank(parallel::Comm& comm, double mine) {
+  std::vector<double> v(size_t(comm.size()), -1.0);
+  v[size_t(comm.rank())] = mine;
+  comm.AllReduceMax(v.data(), v.size());
+  return v;
+}
+
+bool CanCompareReplicas(TrainStep& step, int zero) {
+  return zero == 0 || (zero <= 2 && step.store().bytes().working > 0);
+}
+
+uint64_t ReplicaHash(TrainStep& step, int zero) {
+  optim::ParamStore& st = step.store();
+  if (zero == 0) return resilience::HashBytes(st.master(), 4 * (st.state_hi() - st.state_lo()));
+  return resilience::HashBytes(st.working(), st.bytes().working);
+}
+
+resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine) {
+  // Four 16-bit pieces per rank: each exact in a double, gathered by a max over the group.
+  std::vector<double> v(4 * size_t(dp.size()), 0.0);
+  for (int i = 0; i < 4; ++i) v[4 * size_t(dp.rank()) + i] = double((mine >> (16 * i)) & 0xffff);
+  dp.AllReduceMax(v.data(), v.size());
+  std::vector<uint64_t> hashes(size_t(dp.size()), 0);
+  for (size_t r = 0; r < hashes.size(); ++r)
+    for (int i = 0; i < 4; ++i) hashes[r] |= uint64_t(v[4 * r + i]) << (16 * i);
+  return resilience::FindDisagreement(hashes);
+}
+
+void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from) {
+  optim::ParamStore& st = step.store();
+  if (zero == 0) {
+    const size_t bytes = 4 * (st.state_hi() - st.state_lo());
+    for (float* buf : {st.master(), st.adam_m(), st.adam_v()}) dp.Broadcast(buf, bytes, from);
+  }
+  step.strategy().PublishWeights();  // the working weights again, from the (repaired) master
+}
+
+RollbackLog::RollbackLog(std::string path, std::map<int, int> configured)
+    : path_(std::move(path)), configured_(std::move(configured)) {
+  if (!std::filesystem::exists(path_)) return;
+  std::ifstream in(path_);
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("skips") || !j["skips"].is_object())
+    ThrowBadInput(path_ + ": expected {\"skips\": {STEP: BATCHES}, \"rollbacks\": [...]} " +
+                  "(written by keel); move it away to train without its skips");
+  for (const auto& [step, n] : j["skips"].items()) recorded_[std::stoi(step)] = n.get<int>();
+  if (j.contains("rollbacks")) rollbacks_ = j["rollbacks"];
+}
+
+int RollbackLog::SkipAt(int step) const {
+  if (auto it = recorded_.find(step); it != recorded_.end()) return it->second;
+  if (auto it = configured_.find(step); it != configured_.end()) return it->second;
+  return 0;
+}
+
+void RollbackLog::Record(int spike_step, int to_step, int batches, const std::string& why,
+                         bool write) {
+  recorded_[to_step] = batches;
+  rollbacks_.push_back({{"spike_step", spike_step},
+                        {"to_step", to_step},
+                        {"skipped_batches", batches},
+                        {"why", why},
+                        {"time", resilience::UnixNow()}});
+  if (!write) return;
+  nlohmann::json skips = nlohmann::json::object();
+  for (const auto& [step, n] : recorded_) skips[std::to_string(step)] = n;
+  data::WriteFileAtomic(path_,
+                        nlohmann::json{{"skips", skips}, {"rollbacks", rollbacks_}}.dump(1) + "\n");
+}
+
+int RollbackLog::RecentRollbacks(int step, int window) const {
+  int n = 0;
+  for (const auto& r : rollbacks_)
+    if (r.value("spike_step", -1) > step - window) ++n;
+  return n;
+}
+
+}  // namespace keel::train

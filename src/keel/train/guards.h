@@ -1,0 +1,52 @@
+// The trainer's side of the detectors of docs/RESILIENCE.md (resilience/ holds the detectors
+// themselves, which know nothing of communicators): the collectives that let every rank judge
+// alike, and the run's record of rollbacks and skipped data.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "keel/parallel/comm.h"
+#include "keel/resilience/sdc.h"
+#include "keel/train/step.h"
+
+namespace keel::train {
+
+// Every rank's host name, in rank order (one collective, at setup).
+std::vector<std::string> GatherHosts(parallel::Comm& comm);
+// Every rank's `mine` (>= 0), in rank order.
+std::vector<double> GatherPerRank(parallel::Comm& comm, double mine);
+
+// Silent data corruption: the bytes this rank's data-parallel replicas must hold identically
+// (the fp32 master under ZeRO 0, the gathered working weights under ZeRO 1 and 2), hashed and
+// compared over the dp group. Under ZeRO 3 no rank holds a replica: nothing is compared.
+bool CanCompareReplicas(TrainStep& step, int zero);
+uint64_t ReplicaHash(TrainStep& step, int zero);
+resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine);
+// Every dp rank takes the state of dp rank `from` (a majority rank): master weights and AdamW
+// moments under ZeRO 0; under ZeRO 1 and 2 each rank's own master shard is republished.
+void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from);
+
+// RUN/rollbacks.json: every rollback of the run and the data it skipped. The skips are honoured
+// on every later resume, and [resilience] skip_batches adds the user's own.
+class RollbackLog {
+ public:
+  RollbackLog(std::string path, std::map<int, int> configured);
+  // Global batches to skip at step boundary `step` (0 if none).
+  int SkipAt(int step) const;
+  // Records a rollback from `spike_step` (1-based, as logged) to `to_step` that skips `batches` at
+  // `to_step` (replacing an earlier skip there: it covers it); rank 0 writes the file.
+  void Record(int spike_step, int to_step, int batches, const std::string& why, bool write);
+  // Rollbacks whose spike fell within `window` steps up to `step`.
+  int RecentRollbacks(int step, int window) const;
+
+ private:
+  std::string path_;
+  std::map<int, int> configured_, recorded_;
+  nlohmann::json rollbacks_ = nlohmann::json::array();
+};
+
+}  // namespace keel::train
