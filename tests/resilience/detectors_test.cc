@@ -9,6 +9,7 @@
 
 #include "bad_input.h"
 #include "data/temp_dir.h"
+#include "keel/core/collective_progress.h"
 #include "keel/resilience/fault_inject.h"
 #include "keel/resilience/sdc.h"
 #include "keel/resilience/spike.h"
@@ -148,11 +149,55 @@ TEST(Watchdog, TheRankFurthestBehindIsStuck) {
   EXPECT_NE(line.find("stuck in step 8, phase backward"), std::string::npos) << line;
 }
 
+TEST(Watchdog, NamesThePeerThatHasNotIssuedTheCollective) {
+  auto beat = [](int rank, uint64_t world_issued, const char* phase) {
+    Heartbeat b;
+    b.rank = rank;
+    b.pid = 100 + rank;
+    b.step = 12;
+    b.phase = phase;
+    b.host = "h" + std::to_string(rank);
+    b.collectives = {{"dp#0", 40, 40, ""}, {"world", world_issued, world_issued, ""}};
+    return b;
+  };
+  const std::vector<GroupProgress> mine = {{"dp#0", 40, 40, ""},
+                                           {"world", 57, 56, "MPI_Allreduce"}};
+  const std::vector<Heartbeat> beats = {beat(0, 57, "checkpoint"), beat(1, 56, "backward"),
+                                        beat(2, 57, "checkpoint")};
+  const std::string line = DescribeWait(0, mine, beats);
+  EXPECT_NE(line.find("rank 0 waits in world MPI_Allreduce #57: rank 1 on h1 (pid 101) has not "
+                      "issued it (it is at #56, in step 13, phase backward)"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.find("rank 2"), std::string::npos) << line;
+  // Nobody behind: said so; waiting in nothing: nothing to say.
+  EXPECT_NE(DescribeWait(0, mine, {beat(1, 57, "checkpoint")}).find("every peer"),
+            std::string::npos);
+  EXPECT_EQ(DescribeWait(0, {{"world", 57, 57, ""}}, beats), "");
+}
+
+TEST(Watchdog, ProgressCountsIssuedAndFinishedInOrder) {
+  const uint64_t a = NoteIssued("test#9", "MPI_Allreduce");
+  const uint64_t b = NoteIssued("test#9", "MPI_Bcast");
+  NoteDone("test#9", b);  // out of order: the oldest still waits
+  auto find = [] {
+    for (const GroupProgress& g : CollectiveProgress())
+      if (g.group == "test#9") return g;
+    return GroupProgress{};
+  };
+  EXPECT_EQ(find().issued, b);
+  EXPECT_EQ(find().done, a - 1);
+  EXPECT_EQ(find().op, "MPI_Allreduce");
+  NoteDone("test#9", a);
+  EXPECT_EQ(find().done, b);
+  EXPECT_EQ(find().op, "");
+}
+
 TEST(Watchdog, FiresOnceWhenAStepOutlivesTheTimeout) {
   std::atomic<int> fired{0};
   std::string said;
   {
-    HangWatchdog w(0.3, "", 0, [&](const std::string& line) {
+    HangWatchdog w(0.3, "", 0, [&](const std::string& line, bool) {
       said = line;
       ++fired;
     });
@@ -163,7 +208,7 @@ TEST(Watchdog, FiresOnceWhenAStepOutlivesTheTimeout) {
   EXPECT_NE(said.find("step 5 has not finished"), std::string::npos) << said;
   fired = 0;
   {
-    HangWatchdog w(0.5, "", 0, [&](const std::string&) { ++fired; });
+    HangWatchdog w(0.5, "", 0, [&](const std::string&, bool) { ++fired; });
     for (int i = 0; i < 6; ++i) {  // steps that finish in time
       w.Arm(i);
       std::this_thread::sleep_for(std::chrono::milliseconds(150));

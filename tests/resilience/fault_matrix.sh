@@ -80,7 +80,7 @@ fired = min(os.path.getmtime(m) for m in markers) if markers else 0
 print(eval(expr))
 PY
 }
-row() { rows+=("$(printf '%-13s | %-34s | %-9s | %-30s | %-5s | %s' "$@")"); echo "${rows[-1]}"; }
+row() { rows+=("$(printf '%-13s | %-50s | %-9s | %-32s | %-5s | %s' "$@")"); echo "${rows[-1]}"; }
 failure_delay='round([e for e in sup if e["event"]=="failure"][0]["time"] - fired, 1)'
 lost='[e for e in sup if e["event"]=="failure"][0]["step"] - [e for e in ev if e["event"]=="restart" and "from" in e][0]["step"]'
 
@@ -96,8 +96,12 @@ run hang 0 "hang@12:1,phase=backward" --set resilience.hang_timeout_s=4
 same hang ref hang
 expect hang "rank 1 on $(hostname)"
 expect hang "is stuck in step 13, phase backward"
-expect hang "rank 0 waits for it"
-row hang "watchdog: rank 1, phase backward" "$(j hang "$failure_delay") s" "restarted, finished" \
+expect hang "rank 0 waits in world MPI_Allreduce #"
+expect hang "has not issued it (it is at #"
+[[ $(j hang '[e.get("rank") for e in sup if e["event"]=="failure"]') == "[1]" ]] ||
+  { echo "hang: keel launch did not blame rank 1"; grep failure "$tmp/hang/events.jsonl"; exit 1; }
+op=$(grep -o -m1 'waits in world MPI_Allreduce #[0-9]*' "$tmp/hang.log" | sed 's/waits in //')
+row hang "watchdog: rank 1, backward, $op" "$(j hang "$failure_delay") s" "restarted, finished" \
   "$(j hang "$lost")" "bitwise = reference"
 
 run nan1 0 "nan_grad@12:1"
@@ -137,6 +141,8 @@ row "bitflip" "replica hashes: rank 2 (of 3)" "2 steps" "repaired, transient" 0 
 NP=3 run flipp 0 "$flip,persistent" "${three[@]}"
 same flipp ref3 "bitflip (persistent)"
 expect flipp "again after a repair and a re-run: persistent"
+[[ $(j flipp '[e.get("rank") for e in sup if e["event"]=="failure"]') == "[2]" ]] ||
+  { echo "bitflip: keel launch did not blame rank 2"; grep failure "$tmp/flipp/events.jsonl"; exit 1; }
 row "bitflip pers." "replica hashes: rank 2, persistent" "2 steps" "exit 75, restarted" \
   "$(j flipp "$lost")" "bitwise = reference (3 ranks)"
 
@@ -193,6 +199,6 @@ row sigterm "supervisor: SIGTERM -> SIGUSR2" "at once" "saved $stopped, exit 0" 
 
 echo
 echo "fault matrix (every cell passed):"
-printf '%-13s | %-34s | %-9s | %-30s | %-5s | %s\n' fault "detected by" detection recovered lost \
+printf '%-13s | %-50s | %-9s | %-32s | %-5s | %s\n' fault "detected by" detection recovered lost \
   "final state"
 for r in "${rows[@]}"; do echo "$r"; done

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/core/dtype.h"
@@ -41,6 +42,10 @@ class Comm {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const char* name() const = 0;  // "local", "mpi"
+  // The group's name in progress reports (core/collective_progress.h), the same on every rank of
+  // the group: "world" unless MakeGroups named it ("dp#0": the data-parallel group of color 0).
+  const std::string& label() const { return label_; }
+  void set_label(std::string label) { label_ = std::move(label); }
 
   // In-place sum over all ranks. The buffer must stay alive and untouched until Wait returns true.
   // Operations complete in the order they were issued.
@@ -93,6 +98,9 @@ class Comm {
 
  protected:
   virtual void AllReduceDoubles(double* data, size_t n, bool max) = 0;
+
+ private:
+  std::string label_ = "world";
 };
 
 std::unique_ptr<Comm> MakeLocalComm();

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/collective_progress.h"
 #include "keel/core/dtype.h"
 #include "keel/core/error.h"
 #include "keel/core/log.h"
@@ -77,7 +78,7 @@ class MpiComm final : public Comm {
                                                         " floats over " + std::to_string(size_) +
                                                         " ranks");
     int count = ToCount(n / static_cast<size_t>(size_), "MPI_Reduce_scatter_block");
-    return Async([=, comm = comm_, rank = rank_] {
+    return Async("MPI_Reduce_scatter_block", [=, comm = comm_, rank = rank_] {
       return Check(MPI_Reduce_scatter_block(send, recv, count, MPI_FLOAT, MPI_SUM, comm),
                    "MPI_Reduce_scatter_block", rank);
     });
@@ -88,7 +89,7 @@ class MpiComm final : public Comm {
     // MPI forbids aliasing send and recv unless said with MPI_IN_PLACE; allow the common case
     // where this rank's piece already sits at its place in recv.
     const void* sendbuf = (send == recv + n * static_cast<size_t>(rank_)) ? MPI_IN_PLACE : send;
-    return Async([=, comm = comm_, rank = rank_] {
+    return Async("MPI_Allgather", [=, comm = comm_, rank = rank_] {
       return Check(MPI_Allgather(sendbuf, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm),
                    "MPI_Allgather", rank);
     });
@@ -98,7 +99,7 @@ class MpiComm final : public Comm {
     const MPI_Datatype type = MpiType(dtype);
     const MPI_Op op = SumOp(dtype);
     const size_t elem = DTypeSize(dtype);
-    return Async([=, comm = comm_, rank = rank_]() -> std::string {
+    return Async("MPI_Allreduce", [=, comm = comm_, rank = rank_]() -> std::string {
       auto* p = static_cast<char*>(data);
       for (size_t off = 0; off < n; off += kMaxChunk) {
         int count = static_cast<int>(std::min(kMaxChunk, n - off));
@@ -125,10 +126,11 @@ class MpiComm final : public Comm {
     // In place (send == recv): MPI takes the input from recv and leaves this rank's part at its
     // start, which saves the caller a receive buffer as large as the input.
     const void* sendbuf = send == recv ? MPI_IN_PLACE : send;
-    return Async([=, recvcounts = std::move(recvcounts), comm = comm_, rank = rank_] {
-      return Check(MPI_Reduce_scatter(sendbuf, recv, recvcounts.data(), type, op, comm),
-                   "MPI_Reduce_scatter", rank);
-    });
+    return Async(
+        "MPI_Reduce_scatter", [=, recvcounts = std::move(recvcounts), comm = comm_, rank = rank_] {
+          return Check(MPI_Reduce_scatter(sendbuf, recv, recvcounts.data(), type, op, comm),
+                       "MPI_Reduce_scatter", rank);
+        });
   }
 
   std::unique_ptr<Work> AllGatherAsync(const void* send, void* recv,
@@ -149,8 +151,8 @@ class MpiComm final : public Comm {
     const char* mine =
         static_cast<const char*>(recv) + size_t(displs[size_t(rank_)]) * DTypeSize(dtype);
     const void* sendbuf = send == mine ? MPI_IN_PLACE : send;
-    return Async([=, recvcounts = std::move(recvcounts), displs = std::move(displs), comm = comm_,
-                  rank = rank_] {
+    return Async("MPI_Allgatherv", [=, recvcounts = std::move(recvcounts),
+                                    displs = std::move(displs), comm = comm_, rank = rank_] {
       return Check(MPI_Allgatherv(sendbuf, sendcount, type, recv, recvcounts.data(), displs.data(),
                                   type, comm),
                    "MPI_Allgatherv", rank);
@@ -175,7 +177,7 @@ class MpiComm final : public Comm {
   }
 
   void Broadcast(void* data, size_t bytes, int root) override {
-    engine_->Run([=, comm = comm_, rank = rank_]() -> std::string {
+    Blocking("MPI_Bcast", [=, comm = comm_, rank = rank_]() -> std::string {
       auto* p = static_cast<char*>(data);
       for (size_t off = 0; off < bytes; off += kMaxChunk) {
         int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
@@ -228,14 +230,15 @@ class MpiComm final : public Comm {
   }
 
   void Barrier() override {
-    engine_->Run(
-        [comm = comm_, rank = rank_] { return Check(MPI_Barrier(comm), "MPI_Barrier", rank); });
+    Blocking("MPI_Barrier", [comm = comm_, rank = rank_] {
+      return Check(MPI_Barrier(comm), "MPI_Barrier", rank);
+    });
   }
 
  protected:
   void AllReduceDoubles(double* data, size_t n, bool max) override {
     int count = ToCount(n, "MPI_Allreduce");
-    engine_->Run([=, comm = comm_, rank = rank_] {
+    Blocking("MPI_Allreduce", [=, comm = comm_, rank = rank_] {
       return Check(
           MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, max ? MPI_MAX : MPI_SUM, comm),
           "MPI_Allreduce", rank);
@@ -245,8 +248,21 @@ class MpiComm final : public Comm {
  private:
   static constexpr int kTag = 0;  // one stream per pair; MPI keeps it in order
 
-  std::unique_ptr<Work> Async(std::function<std::string()> run) {
-    return std::make_unique<MpiWork>(engine_->Submit(std::move(run)));
+  // A collective on the engine, counted in this group's progress (core/collective_progress.h)
+  // when issued and when it returns.
+  std::function<std::string()> Tracked(const char* op, std::function<std::string()> run) {
+    const uint64_t seq = NoteIssued(label(), op);
+    return [group = label(), seq, run = std::move(run)] {
+      std::string error = run();
+      NoteDone(group, seq);
+      return error;
+    };
+  }
+  std::unique_ptr<Work> Async(const char* op, std::function<std::string()> run) {
+    return std::make_unique<MpiWork>(engine_->Submit(Tracked(op, std::move(run))));
+  }
+  void Blocking(const char* op, std::function<std::string()> run) {
+    engine_->Run(Tracked(op, std::move(run)));
   }
 
   // A bad peer is left to MPI (Wait throws its error, as for Send); a bad tag could silently

@@ -1,17 +1,25 @@
 #include "keel/parallel/groups.h"
 
+#include <string>
+
 namespace keel::parallel {
 
 Groups MakeGroups(Comm& world, const ParallelDims& d) {
   Groups g;
   g.at = Coords(d, world.rank());
   const RankCoords& c = g.at;
-  g.tp = world.Split(c.pp * d.dp + c.dp, c.tp);
-  g.dp = world.Split(c.pp * d.tp + c.tp, c.dp);
-  g.pp = world.Split(c.dp * d.tp + c.tp, c.pp);
+  // Each group is named by its kind and color, the same on all its ranks (progress reports).
+  auto split = [&](const char* kind, int color, int key) {
+    std::unique_ptr<Comm> group = world.Split(color, key);
+    group->set_label(std::string(kind) + "#" + std::to_string(color));
+    return group;
+  };
+  g.tp = split("tp", c.pp * d.dp + c.dp, c.tp);
+  g.dp = split("dp", c.pp * d.tp + c.tp, c.dp);
+  g.pp = split("pp", c.dp * d.tp + c.tp, c.pp);
   // Colors past every pipeline's put each middle stage in a group of its own.
   const bool end = c.pp == 0 || c.pp == d.pp - 1;
-  g.tied = world.Split(end ? c.dp * d.tp + c.tp : d.world() + world.rank(), c.pp);
+  g.tied = split("tied", end ? c.dp * d.tp + c.tp : d.world() + world.rank(), c.pp);
   return g;
 }
 

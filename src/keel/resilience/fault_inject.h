@@ -14,8 +14,8 @@
 //   bitflip   flip bit `bit` (default 0) of element `index` (default 0) of parameter `param` in
 //             this rank's fp32 master weights; `persistent` repeats it when the step is re-run
 //   nan_grad  NaN gradients on this rank (its backward is scaled by NaN), before the reduction
-//   spike     a corrupted batch: every target of this rank's micro-batches set to the last token
-//             id of the vocabulary
+//   spike     a corrupted batch: the targets of this rank's micro-batches replaced by ids spread
+//             over the whole vocabulary (garbage data, a loss near log(vocab) or above)
 //   sigterm   raise SIGTERM in this rank after the step
 // A fault fires once per run, restarts included: it leaves a marker in RUN/faults/ before it
 // strikes, so a supervised run that resumes from before STEP does not meet it again (except slow,

@@ -36,6 +36,10 @@ nlohmann::json ToJson(const Heartbeat& b) {
                       {"start_step", b.start_step},
                       {"loop_start", b.loop_start},
                       {"last_step_end", b.last_step_end}};
+  for (const GroupProgress& g : b.collectives)
+    j["collectives"].push_back(
+        {{"group", g.group}, {"issued", g.issued}, {"done", g.done}, {"op", g.op}});
+  if (b.culprit) j["culprit"] = true;
   if (b.exited) {
     j["exit_code"] = b.exit_code;
     j["error"] = b.error;
@@ -98,6 +102,11 @@ void HeartbeatWriter::StepDone(int step) {
   beat_.last_step_end = UnixNow();
 }
 
+void HeartbeatWriter::BlameSelf() {
+  std::lock_guard<std::mutex> lock(mu_);
+  beat_.culprit = true;
+}
+
 void HeartbeatWriter::Finish(int exit_code, const std::string& error) {
   if (period_s_ <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
@@ -121,6 +130,7 @@ void HeartbeatWriter::Loop() {
 // supervisor then sees a silent rank, which is what it is.
 void HeartbeatWriter::WriteNow() {
   beat_.time = UnixNow();
+  beat_.collectives = CollectiveProgress();
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -154,6 +164,10 @@ std::vector<Heartbeat> ReadHeartbeats(const std::string& dir) {
       b.exited = j.contains("exit_code");
       b.exit_code = j.value("exit_code", 0);
       b.error = j.value("error", "");
+      b.culprit = j.value("culprit", false);
+      for (const auto& g : j.value("collectives", nlohmann::json::array()))
+        b.collectives.push_back({g.at("group").get<std::string>(), g.at("issued").get<uint64_t>(),
+                                 g.at("done").get<uint64_t>(), g.value("op", "")});
       out.push_back(b);
     } catch (const nlohmann::json::exception&) {
       continue;  // a file of another format: not a rank of this run

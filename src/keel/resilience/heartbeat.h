@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "keel/core/collective_progress.h"
+
 namespace keel::resilience {
 
 struct Heartbeat {
@@ -30,7 +32,11 @@ struct Heartbeat {
   double last_step_end = 0;  // unix seconds when the newest step finished; 0 before
   bool exited = false;       // the rank wrote its last beat on its way out
   int exit_code = 0;
-  std::string error;  // the rank's error line, when it exited with one
+  std::string error;     // the rank's error line, when it exited with one
+  bool culprit = false;  // the rank found the fault in itself (a hang, corruption, slowness)
+  // Each communicator's collectives issued and finished (core/collective_progress.h): where a
+  // rank waits, and which peer has not yet issued what it waits in.
+  std::vector<GroupProgress> collectives;
 };
 
 class HeartbeatWriter {
@@ -44,6 +50,9 @@ class HeartbeatWriter {
   void Set(int step, const char* phase);  // cheap: the thread writes it on its next beat
   void StartedAt(int start_step);         // the training loop begins at this step
   void StepDone(int step);                // a step finished (its time is recorded)
+  // This rank is the one at fault (a detector named it): its last beat says so, and keel launch
+  // charges its host rather than treating the exit as a lost peer's.
+  void BlameSelf();
   // Writes the last beat at once, with how the rank ends. Later Sets are ignored.
   void Finish(int exit_code, const std::string& error);
 

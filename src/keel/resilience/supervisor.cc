@@ -459,8 +459,12 @@ int Supervisor::Run() {
     for (const Heartbeat& b : beats)
       if (b.rank == silent_rank) culprits.push_back(&b);
     if (silent_rank < 0) {
+      // A rank that found the fault in itself, else one that failed other than as a lost peer.
       for (const Heartbeat& b : beats)
-        if (b.exited && b.exit_code != 0 && b.exit_code != int(ExitCode::kTempFail))
+        if (b.culprit) culprits.push_back(&b);
+      for (const Heartbeat& b : beats)
+        if (culprits.empty() && b.exited && b.exit_code != 0 &&
+            b.exit_code != int(ExitCode::kTempFail))
           culprits.push_back(&b);
       const int seen = LauncherCulprit(job.Tail(40));
       if (culprits.empty())

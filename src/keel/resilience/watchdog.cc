@@ -41,6 +41,35 @@ std::string DescribeStuck(const std::vector<Heartbeat>& beats, const std::vector
   return out;
 }
 
+std::string DescribeWait(int me, const std::vector<GroupProgress>& mine,
+                         const std::vector<Heartbeat>& beats) {
+  std::string first;  // a wait with no peer behind, said only if no group has one
+  for (const GroupProgress& g : mine) {
+    if (g.issued <= g.done) continue;
+    const uint64_t seq = g.done + 1;
+    const std::string where = "rank " + std::to_string(me) + " waits in " + g.group + " " + g.op +
+                              " #" + std::to_string(seq);
+    std::string behind;
+    for (const Heartbeat& b : beats) {
+      if (b.rank == me) continue;
+      for (const GroupProgress& p : b.collectives) {
+        if (p.group != g.group || p.issued >= seq) continue;
+        behind +=
+            (behind.empty() ? "" : "; ") +
+            ("rank " + std::to_string(b.rank) + " on " + b.host + " (pid " + std::to_string(b.pid) +
+             ") has not issued it (it is at #" + std::to_string(p.issued) + ", in step " +
+             std::to_string(b.step + 1) + ", phase " + b.phase + ")");
+      }
+    }
+    if (!behind.empty()) return where + ": " + behind;
+    if (first.empty())
+      first = where +
+              ", which every peer's last beat has issued (stuck inside MPI, or a peer "
+              "that is gone)";
+  }
+  return first;
+}
+
 HangWatchdog::HangWatchdog(double timeout_s, std::string heartbeat_dir, int rank, OnHang on_hang)
     : timeout_s_(timeout_s),
       dir_(std::move(heartbeat_dir)),
@@ -84,12 +113,16 @@ void HangWatchdog::Loop() {
                   "hang: step %d has not finished after %.0f s ([resilience] hang_timeout_s = %g)",
                   step + 1, waited, timeout_s_);
     std::string line = head;
+    bool self = false;
     if (dir_.empty()) {
       line += "; run under keel launch for heartbeats that name the stuck rank";
     } else {
       const std::vector<Heartbeat> beats = ReadHeartbeats(dir_);
       const std::vector<int> stuck = StuckRanks(beats);
-      if (stuck.empty())
+      const std::string wait = DescribeWait(rank_, CollectiveProgress(), beats);
+      if (!wait.empty() && std::find(stuck.begin(), stuck.end(), rank_) == stuck.end())
+        line += ": " + wait;
+      else if (stuck.empty())
         line += "; every rank's heartbeat is at the same step and phase (stuck inside MPI?)";
       else
         line += ": " + DescribeStuck(beats, stuck) +
@@ -97,10 +130,10 @@ void HangWatchdog::Loop() {
                      ? " [this rank]"
                      : "; rank " + std::to_string(rank_) + " waits for it");
       // The stuck rank leaves last, so that the others still read where it is, not its exit.
-      if (std::find(stuck.begin(), stuck.end(), rank_) != stuck.end())
-        std::this_thread::sleep_for(std::chrono::seconds(2));
+      self = std::find(stuck.begin(), stuck.end(), rank_) != stuck.end();
+      if (self) std::this_thread::sleep_for(std::chrono::seconds(2));
     }
-    on_hang_(line);
+    on_hang_(line, self);
     lock.lock();
   }
 }

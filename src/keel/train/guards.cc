@@ -46,6 +46,10 @@ uint64_t ReplicaHash(TrainStep& step, int zero) {
   return resilience::HashBytes(st.working(), st.bytes().working);
 }
 
+uint64_t GradHash(TrainStep& step) {
+  return resilience::HashBytes(step.store().grads(), 4 * step.store().grads_size());
+}
+
 resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine) {
   // Four 16-bit pieces per rank: each exact in a double, gathered by a max over the group.
   std::vector<double> v(4 * size_t(dp.size()), 0.0);

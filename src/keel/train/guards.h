@@ -25,6 +25,8 @@ std::vector<double> GatherPerRank(parallel::Comm& comm, double mine);
 // compared over the dp group. Under ZeRO 3 no rank holds a replica: nothing is compared.
 bool CanCompareReplicas(TrainStep& step, int zero);
 uint64_t ReplicaHash(TrainStep& step, int zero);
+// Under ZeRO 0 every dp rank holds the whole reduced gradient: its hash.
+uint64_t GradHash(TrainStep& step);
 resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine);
 // Every dp rank takes the state of dp rank `from` (a majority rank): master weights and AdamW
 // moments under ZeRO 0; under ZeRO 1 and 2 each rank's own master shard is republished.

@@ -493,7 +493,9 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   double compute_since = 0;  // this rank's compute (ms) since the last straggler check
   const char* beat_dir = std::getenv("KEEL_HEARTBEAT_DIR");
   resilience::HangWatchdog watchdog(
-      rs.hang_timeout_s, beat_dir ? beat_dir : "", comm.rank(), [&](const std::string& line) {
+      rs.hang_timeout_s, beat_dir ? beat_dir : "", comm.rank(),
+      [&](const std::string& line, bool self) {
+        if (self) heartbeat.BlameSelf();
         Log("keel: %s; exiting 75 so that keel launch restarts the job", line.c_str());
         heartbeat.Finish(int(ExitCode::kTempFail), line);
         std::fflush(nullptr);
@@ -597,13 +599,15 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     const bool nan_fault = faults.Take(resilience::FaultKind::kNanGrad, step_i) != nullptr;
     if (spike_fault || nan_fault)
       Log("keel: injected fault: rank %d, step %d: %s", comm.rank(), step_i + 1,
-          spike_fault ? "a corrupted batch (every target the last token id)" : "NaN gradients");
+          spike_fault ? "a corrupted batch (targets spread over the vocabulary)" : "NaN gradients");
     const bool sdc_step = sdc_on && (step_i + 1) % rs.sdc_every == 0;
     std::vector<int32_t> kept;  // the step's micro-batches, for a re-run (silent-corruption check)
     const size_t rows = size_t(s.micro_batch) * T;
     auto next = [&](int32_t* tok, int32_t* tgt) {
       const double waited = prefetch->Next(tok, tgt);
-      if (spike_fault) std::fill(tgt, tgt + rows, int32_t(mcfg.vocab_size - 1));
+      if (spike_fault)  // garbage: targets spread over the whole vocabulary
+        for (size_t i = 0; i < rows; ++i)
+          tgt[i] = int32_t((i * 2654435761u + size_t(step_i)) % size_t(mcfg.vocab_size));
       if (sdc_step)
         kept.insert(kept.end(), tok, tok + rows), kept.insert(kept.end(), tgt, tgt + rows);
       return waited;
@@ -625,12 +629,17 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     double pipe[2] = {step.last_stage() ? step.bubble() : 0.0, step.pp_wait_ms()};
     if (pipelined) comm.AllReduceMax(pipe, 2);
     if (sdc_step) {
-      // Replicas compare their weights; a disagreement is repaired from the majority and the
-      // step re-run on the same data: a fault that strikes again is persistent (a bad host).
+      // Replicas compare their weights, then (ZeRO 0) the reduced gradients; a disagreement is
+      // repaired from the majority and the step re-run on the same data: a fault that strikes
+      // again is persistent (a bad host).
       std::vector<int> first_suspects;
       for (int attempt = 0;; ++attempt) {
-        const resilience::Disagreement dis =
-            CompareReplicas(*groups.dp, ReplicaHash(step, dims.zero));
+        const char* part = "weights";
+        resilience::Disagreement dis = CompareReplicas(*groups.dp, ReplicaHash(step, dims.zero));
+        if (dis.suspects.empty() && dims.zero == 0) {
+          part = "reduced gradients";
+          dis = CompareReplicas(*groups.dp, GradHash(step));
+        }
         std::vector<int> suspects;
         std::string named;
         for (int d : dis.suspects) {
@@ -653,8 +662,9 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
         if (attempt == 0) first_suspects = suspects;
         const std::string what = "silent data corruption at step " + std::to_string(step_i + 1) +
                                  ": " + named +
-                                 (dis.majority ? " holds weights that differ from the majority "
-                                                 "of its data-parallel replicas"
+                                 (dis.majority ? std::string(" holds ") + part +
+                                                     " that differ from the majority of its "
+                                                     "data-parallel replicas"
                                                : ": the replicas disagree and no majority tells "
                                                  "which is wrong");
         if (lead)
@@ -662,10 +672,12 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                         {"step", step_i + 1},
                         {"ranks", suspects},
                         {"majority", dis.majority},
+                        {"part", part},
                         {"class", attempt == 0 ? "detected" : "persistent"}});
         if (attempt > 0 || !dis.majority) {
           const bool mine =
               std::find(suspects.begin(), suspects.end(), comm.rank()) != suspects.end();
+          if (mine && dis.majority) heartbeat.BlameSelf();
           throw Error(ExitCode::kTempFail,
                       what +
                           (attempt > 0 ? ", again after a repair and a re-run: persistent" : "") +
@@ -780,6 +792,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                         {"host", hosts[size_t(r)]},
                         {"score", score}});
         }
+        if (rs.straggler_fails && comm.rank() == r) heartbeat.BlameSelf();
         if (rs.straggler_fails)
           throw Error(ExitCode::kTempFail,
                       line +
