@@ -7,7 +7,7 @@
 # caught each fault, when, and the goodput breakdown from RUN/goodput.json.
 #
 #   bench/fault_goodput.sh                      # 30 minutes
-#   DURATION_S=600 STEPS="5 12 20 28 36 44" bench/fault_goodput.sh
+#   MODEL=gpt2-mini DURATION_S=150 STEPS="10 40 70 100 130 160" bench/fault_goodput.sh  # a try
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 keel=${KEEL:-$root/build/keel}
@@ -20,7 +20,7 @@ cp "$shared/brown/brown.gpt2.u16" "$tmp/tokens.u16"
 export OMP_NUM_THREADS=1
 export KEEL_FAULT="kill@$s_kill:1; hang@$s_hang:1,phase=backward; nan_grad@$s_nan:0; \
 spike@$s_spike; bitflip@$s_flip:1,param=h.5.mlp.c_fc.weight,index=7; slow@$s_slow:1,factor=1.5"
-"$keel" launch "$root/configs/quickstart.toml" --np 2 --set model.name=gpt2 \
+"$keel" launch "$root/configs/quickstart.toml" --np 2 --set model.name="${MODEL:-gpt2}" \
   --set data.train="$tmp/tokens.u16" --set data.val="" --set data.seq_len=256 \
   --set train.batch_size=4 --set train.steps=1000000 --set train.val_every=0 \
   --set train.out_dir="$tmp" --set train.name=run --set train.log_every=10 \
