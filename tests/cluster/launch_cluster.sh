@@ -3,6 +3,8 @@
 #   kill      SIGKILL a rank on host 2 of a 2-host x 2-rank run at a random step: restarted, the
 #             final weights equal the uninterrupted run's bitwise (same layout after the restart);
 #   twice     host 2's ranks killed in two starts: host 2 is excluded, the job shrinks to dp 2;
+#   flap      host 2's link goes down and comes back before the restart: restarted on the same
+#             layout, the final weights equal the uninterrupted run's bitwise;
 #   linkdown  host 2's link goes down: the job exits 75 within the collective timeout, host 2
 #             fails its health check, the run goes on with dp 2 on host 1; when the link is back
 #             the supervisor grows the job to dp 4 again; every step's loss is within 1e-5
@@ -82,6 +84,20 @@ expect twice "host ${p}2 excluded: its ranks failed 2 times"
 expect twice "start 3: 2 rank(s) on ${p}1, dp 2 (shrunk"
 expect twice "keel launch: finished at step 40"
 echo "twice: $(grep -m1 'excluded' "$tmp/twice.log")"
+
+# --- flap: host 2's link goes down and is back before the restart: the same layout, bitwise ---
+launch flap "$tmp/hosts2" --set launch.backoff_s=2
+beat flap 0 8 step >/dev/null
+cluster_link_down "$p" 2
+down=$(date +%s.%N)
+for _ in $(seq 600); do grep -q "start 1 failed" "$tmp/flap.log" && break; sleep 0.1; done
+noticed=$(date +%s.%N)
+cluster_link_up "$p" 2
+finish flap 0
+expect flap "start 2: 4 rank(s) on ${p}1, ${p}2, dp 4"
+cmp "$tmp/ref/model.safetensors" "$tmp/flap/model.safetensors" ||
+  { echo "flap: final weights differ from the uninterrupted run"; exit 1; }
+echo "flap: host ${p}2's link down, noticed in $(/usr/bin/python3 -c "print(f'{$noticed - $down:.1f}')") s, back before the restart: same layout, bitwise the same weights"
 
 # --- linkdown: shrink to host 1, grow back when the link returns ---
 "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.steps=60 \

@@ -16,7 +16,7 @@
 #   disk full      saves fail while the file system is full; training goes on, the committed
 #                  checkpoints verify, and saves commit again once there is space
 #   sigterm        SIGTERM to the supervisor: saved, exit 0; relaunched, equal to the reference
-# (link down needs hosts: tests/cluster/launch_cluster.sh covers it.)
+# (link down needs hosts: tests/cluster/launch_cluster.sh, "flap" and "linkdown".)
 #   tests/resilience/fault_matrix.sh KEEL_BINARY SOURCE_DIR
 set -euo pipefail
 keel=$1 src=$2

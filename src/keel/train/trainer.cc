@@ -681,7 +681,10 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
           throw Error(ExitCode::kTempFail,
                       what +
                           (attempt > 0 ? ", again after a repair and a re-run: persistent" : "") +
-                          "; exiting 75 so that keel launch restarts without the host",
+                          (dis.majority ? "; exiting 75 so that keel launch restarts and "
+                                          "charges the host"
+                                        : "; exiting 75 so that keel launch restarts from the "
+                                          "last checkpoint"),
                       /*quiet=*/!lead && !mine);
         }
         if (lead)
