@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "keel/core/error.h"
+#include "keel/core/log.h"
 #include "keel/data/file_util.h"
 #include "keel/resilience/heartbeat.h"
 
@@ -68,6 +70,79 @@ void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from) {
     for (float* buf : {st.master(), st.adam_m(), st.adam_v()}) dp.Broadcast(buf, bytes, from);
   }
   step.strategy().PublishWeights();  // the working weights again, from the (repaired) master
+}
+
+void CheckReplicas(const ReplicaCheck& c, int step_done, const std::function<void()>& rerun,
+                   const std::function<void()>& blame_self) {
+  std::vector<int> first_suspects;
+  for (int attempt = 0;; ++attempt) {
+    const char* part = "weights";
+    resilience::Disagreement dis = CompareReplicas(c.dp, ReplicaHash(c.step, c.zero));
+    if (dis.suspects.empty() && c.zero == 0) {
+      part = "reduced gradients";
+      dis = CompareReplicas(c.dp, GradHash(c.step));
+    }
+    std::vector<int> suspects;
+    std::string named;
+    for (int d : dis.suspects) {
+      const int w = int(c.dp_world_ranks[size_t(d)]);
+      suspects.push_back(w);
+      named +=
+          (named.empty() ? "rank " : ", rank ") + std::to_string(w) + " on " + c.hosts[size_t(w)];
+    }
+    if (suspects.empty()) {
+      if (attempt > 0 && c.events) {
+        Log("keel: step %d: the replicas agree after the repair and re-run: transient", step_done);
+        c.events->Write({{"event", "sdc"},
+                         {"step", step_done},
+                         {"ranks", first_suspects},
+                         {"class", "transient"}});
+      }
+      return;
+    }
+    if (attempt == 0) first_suspects = suspects;
+    const std::string what =
+        "silent data corruption at step " + std::to_string(step_done) + ": " + named +
+        (dis.majority ? std::string(" holds ") + part +
+                            " that differ from the majority of its data-parallel replicas"
+                      : ": the replicas disagree and no majority tells which is wrong");
+    if (c.events)
+      c.events->Write({{"event", "sdc"},
+                       {"step", step_done},
+                       {"ranks", suspects},
+                       {"majority", dis.majority},
+                       {"part", part},
+                       {"class", attempt == 0 ? "detected" : "persistent"}});
+    if (attempt > 0 || !dis.majority) {
+      const bool mine = std::find(suspects.begin(), suspects.end(), c.world_rank) != suspects.end();
+      if (mine && dis.majority) blame_self();
+      throw Error(
+          ExitCode::kTempFail,
+          what + (attempt > 0 ? ", again after a repair and a re-run: persistent" : "") +
+              (dis.majority ? "; exiting 75 so that keel launch restarts and charges the host"
+                            : "; exiting 75 so that keel launch restarts from the last checkpoint"),
+          /*quiet=*/!c.events && !mine);
+    }
+    if (c.events)
+      Log("keel: %s; repairing from the majority and re-running the step", what.c_str());
+    int from = 0;
+    while (std::find(dis.suspects.begin(), dis.suspects.end(), from) != dis.suspects.end()) ++from;
+    RepairReplicas(c.step, c.dp, c.zero, from);
+    rerun();
+  }
+}
+
+void FlipBit(TrainStep& step, const resilience::Fault& f, int rank) {
+  const model::ParamInfo& p = step.layout().Find(f.param);
+  const size_t at = p.offset + std::min(f.index, p.numel - 1);
+  optim::ParamStore& st = step.store();
+  if (at < st.state_lo() || at >= st.state_hi()) return;  // another rank's shard
+  uint32_t bits;
+  std::memcpy(&bits, st.master() + (at - st.state_lo()), 4);
+  bits ^= 1u << f.bit;
+  std::memcpy(st.master() + (at - st.state_lo()), &bits, 4);
+  Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]", rank, f.bit, f.param.c_str(),
+      at - p.offset);
 }
 
 RollbackLog::RollbackLog(std::string path, std::map<int, int> configured)

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "keel/monitor/jsonl.h"
 #include "keel/parallel/comm.h"
+#include "keel/resilience/fault_inject.h"
 #include "keel/resilience/sdc.h"
 #include "keel/train/step.h"
 
@@ -31,6 +34,28 @@ resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine);
 // Every dp rank takes the state of dp rank `from` (a majority rank): master weights and AdamW
 // moments under ZeRO 0; under ZeRO 1 and 2 each rank's own master shard is republished.
 void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from);
+
+// One silent-corruption check (docs/RESILIENCE.md), after a step's forward and backward: the
+// replicas compare their weights, then (ZeRO 0) their reduced gradients. On a disagreement the
+// minority is repaired from a majority rank and `rerun` runs the step again on the same data; if
+// the replicas still disagree the fault is persistent. Throws keel::Error (exit 75) then, or at
+// once when no majority tells which replica is wrong; `blame_self` runs first on the rank at
+// fault. Returns when the replicas agree (after a transient fault: repaired and re-run).
+struct ReplicaCheck {
+  TrainStep& step;
+  parallel::Comm& dp;
+  int zero;
+  int world_rank;
+  const std::vector<double>& dp_world_ranks;  // the world rank of each dp peer
+  const std::vector<std::string>& hosts;      // by world rank
+  monitor::JsonlWriter* events;               // the run's events (rank 0), or null
+};
+void CheckReplicas(const ReplicaCheck& c, int step_done, const std::function<void()>& rerun,
+                   const std::function<void()>& blame_self);
+
+// KEEL_FAULT bitflip: flips the bit in this rank's fp32 master copy of the parameter, if it
+// holds that element.
+void FlipBit(TrainStep& step, const resilience::Fault& f, int rank);
 
 // RUN/rollbacks.json: every rollback of the run and the data it skipped. The skips are honoured
 // on every later resume, and [resilience] skip_batches adds the user's own.

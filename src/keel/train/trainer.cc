@@ -523,18 +523,6 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       events.Write({{"event", "data_skip"}, {"step", step_i}, {"batches", n}});
     }
   };
-  auto flip_bit = [&](const resilience::Fault& f) {
-    const model::ParamInfo& p = step.layout().Find(f.param);
-    const size_t at = p.offset + std::min(f.index, p.numel - 1);
-    optim::ParamStore& st = step.store();
-    if (at < st.state_lo() || at >= st.state_hi()) return;  // another rank's shard
-    uint32_t bits;
-    std::memcpy(&bits, st.master() + (at - st.state_lo()), 4);
-    bits ^= 1u << f.bit;
-    std::memcpy(st.master() + (at - st.state_lo()), &bits, 4);
-    Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]", comm.rank(), f.bit,
-        f.param.c_str(), at - p.offset);
-  };
   // Back to the newest checkpoint at or before `spike_step`, skipping the data from there through
   // the spike (PaLM): returns the step to continue from.
   auto roll_back = [&](int spike_step, const std::string& why) -> int {
@@ -629,81 +617,28 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     double pipe[2] = {step.last_stage() ? step.bubble() : 0.0, step.pp_wait_ms()};
     if (pipelined) comm.AllReduceMax(pipe, 2);
     if (sdc_step) {
-      // Replicas compare their weights, then (ZeRO 0) the reduced gradients; a disagreement is
-      // repaired from the majority and the step re-run on the same data: a fault that strikes
-      // again is persistent (a bad host).
-      std::vector<int> first_suspects;
-      for (int attempt = 0;; ++attempt) {
-        const char* part = "weights";
-        resilience::Disagreement dis = CompareReplicas(*groups.dp, ReplicaHash(step, dims.zero));
-        if (dis.suspects.empty() && dims.zero == 0) {
-          part = "reduced gradients";
-          dis = CompareReplicas(*groups.dp, GradHash(step));
-        }
-        std::vector<int> suspects;
-        std::string named;
-        for (int d : dis.suspects) {
-          const int w = int(dp_world_ranks[size_t(d)]);
-          suspects.push_back(w);
-          named +=
-              (named.empty() ? "rank " : ", rank ") + std::to_string(w) + " on " + hosts[size_t(w)];
-        }
-        if (suspects.empty()) {
-          if (attempt > 0 && lead) {
-            Log("keel: step %d: the replicas agree after the repair and re-run: transient",
-                step_i + 1);
-            events.Write({{"event", "sdc"},
-                          {"step", step_i + 1},
-                          {"ranks", first_suspects},
-                          {"class", "transient"}});
-          }
-          break;
-        }
-        if (attempt == 0) first_suspects = suspects;
-        const std::string what = "silent data corruption at step " + std::to_string(step_i + 1) +
-                                 ": " + named +
-                                 (dis.majority ? std::string(" holds ") + part +
-                                                     " that differ from the majority of its "
-                                                     "data-parallel replicas"
-                                               : ": the replicas disagree and no majority tells "
-                                                 "which is wrong");
-        if (lead)
-          events.Write({{"event", "sdc"},
-                        {"step", step_i + 1},
-                        {"ranks", suspects},
-                        {"majority", dis.majority},
-                        {"part", part},
-                        {"class", attempt == 0 ? "detected" : "persistent"}});
-        if (attempt > 0 || !dis.majority) {
-          const bool mine =
-              std::find(suspects.begin(), suspects.end(), comm.rank()) != suspects.end();
-          if (mine && dis.majority) heartbeat.BlameSelf();
-          throw Error(ExitCode::kTempFail,
-                      what +
-                          (attempt > 0 ? ", again after a repair and a re-run: persistent" : "") +
-                          (dis.majority ? "; exiting 75 so that keel launch restarts and "
-                                          "charges the host"
-                                        : "; exiting 75 so that keel launch restarts from the "
-                                          "last checkpoint"),
-                      /*quiet=*/!lead && !mine);
-        }
-        if (lead)
-          Log("keel: %s; repairing from the majority and re-running the step", what.c_str());
-        int from = 0;
-        while (std::find(dis.suspects.begin(), dis.suspects.end(), from) != dis.suspects.end())
-          ++from;
-        RepairReplicas(step, *groups.dp, dims.zero, from);
-        if (const resilience::Fault* f = faults.Repeat(resilience::FaultKind::kBitflip, step_i))
-          flip_bit(*f);
-        size_t at = 0;
-        auto replay = [&](int32_t* tok, int32_t* tgt) {
-          std::copy_n(kept.data() + at, rows, tok);
-          std::copy_n(kept.data() + at + rows, rows, tgt);
-          at += 2 * rows;
-          return 0.0;
-        };
-        loss = step.ForwardBackward(s.n_micro, replay, dloss) / tokens_per_step;
-      }
+      const ReplicaCheck check{step,
+                               *groups.dp,
+                               dims.zero,
+                               comm.rank(),
+                               dp_world_ranks,
+                               hosts,
+                               lead ? &events : nullptr};
+      CheckReplicas(
+          check, step_i + 1,
+          [&] {  // after the repair: a persistent fault strikes again, and the step is re-run
+            if (const auto* f = faults.Repeat(resilience::FaultKind::kBitflip, step_i))
+              FlipBit(step, *f, comm.rank());
+            size_t at = 0;
+            auto replay = [&](int32_t* tok, int32_t* tgt) {
+              std::copy_n(kept.data() + at, rows, tok);
+              std::copy_n(kept.data() + at + rows, rows, tgt);
+              at += 2 * rows;
+              return 0.0;
+            };
+            loss = step.ForwardBackward(s.n_micro, replay, dloss) / tokens_per_step;
+          },
+          [&] { heartbeat.BlameSelf(); });
     }
     hang_if_due(step_i, "optimizer", step_i);
     Timer ot;
@@ -764,7 +699,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       norm_spikes.Add(norm);
     }
     if (const resilience::Fault* f = faults.Take(resilience::FaultKind::kBitflip, step_i))
-      flip_bit(*f);
+      FlipBit(step, *f, comm.rank());
     const double optim_ms = ot.Millis();
     const double ms = step_timer.Millis();
     const double tok_s = tokens_per_step / (ms / 1e3);
