@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -21,7 +22,8 @@ std::vector<std::string> GatherHosts(parallel::Comm& comm) {
   gethostname(name, sizeof name - 1);
   std::memcpy(mine, name, sizeof name);
   std::vector<float> all(kFloats * size_t(comm.size()));
-  comm.AllGatherAsync(mine, all.data(), kFloats)->Wait(-1);
+  KEEL_CHECK(comm.AllGatherAsync(mine, all.data(), kFloats)->Wait(-1),
+             "Wait without a timeout returned false");
   std::vector<std::string> hosts;
   for (int r = 0; r < comm.size(); ++r) {
     char h[65] = {};
@@ -70,6 +72,82 @@ void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from) {
     for (float* buf : {st.master(), st.adam_m(), st.adam_v()}) dp.Broadcast(buf, bytes, from);
   }
   step.strategy().PublishWeights();  // the working weights again, from the (repaired) master
+}
+
+StepJudge::StepJudge(const ResilienceSection& rs)
+    : rs_(rs),
+      loss_("loss", {rs.spike_window, rs.spike_min_steps, rs.spike_z, rs.spike_ratio}),
+      norm_("gradient norm",
+            {rs.spike_window, rs.spike_min_steps, rs.spike_z, rs.norm_spike_ratio}) {}
+
+StepJudge::Verdict StepJudge::Judge(double loss, double norm) {
+  Verdict v;
+  v.nonfinite = !std::isfinite(loss) || !std::isfinite(norm);
+  if (v.nonfinite) {
+    ++skipped_steps_;
+    v.in_a_row = ++skips_in_row_;
+    if (skips_in_row_ >= rs_.max_skips)
+      v.rollback =
+          std::to_string(skips_in_row_) + " non-finite steps in a row ([resilience] max_skips)";
+    return v;
+  }
+  skips_in_row_ = 0;
+  v.spike = loss_.Check(loss);
+  if (!v.spike && rs_.norm_spike_ratio > 0) v.spike = norm_.Check(norm);
+  if (v.spike && rs_.rollback) v.rollback = v.spike;
+  return v;
+}
+
+void StepJudge::Applied(double loss, double norm) {
+  loss_.Add(loss);
+  norm_.Add(norm);
+}
+
+nlohmann::json StepJudge::ToJson() const {
+  return {{"loss_window", loss_.ToJson()},
+          {"norm_window", norm_.ToJson()},
+          {"skips_in_row", skips_in_row_},
+          {"skipped_steps", skipped_steps_}};
+}
+
+void StepJudge::FromJson(const nlohmann::json& j) {
+  loss_.FromJson(j.value("loss_window", nlohmann::json::array()));
+  norm_.FromJson(j.value("norm_window", nlohmann::json::array()));
+  skips_in_row_ = j.value("skips_in_row", 0);
+  skipped_steps_ = j.value("skipped_steps", 0);
+}
+
+std::vector<double> CheckStragglers(resilience::StragglerTracker& tracker, parallel::Comm& world,
+                                    double compute_ms, int step_done, const ResilienceSection& rs,
+                                    const std::vector<std::string>& hosts,
+                                    monitor::JsonlWriter* events,
+                                    const std::function<void()>& blame_self) {
+  if (rs.straggler_every <= 0 || world.size() < 2 || step_done % rs.straggler_every != 0) return {};
+  const std::vector<int> named = tracker.Update(GatherPerRank(world, compute_ms));
+  for (int r : named) {
+    const double score = tracker.scores()[size_t(r)];
+    const std::string line =
+        "straggler: rank " + std::to_string(r) + " on " + hosts[size_t(r)] + " computes " +
+        std::to_string(score).substr(0, 4) + "x as long as the median of the others (" +
+        std::to_string(rs.straggler_checks) + " checks in a row, [resilience] " +
+        "straggler_ratio = " + std::to_string(rs.straggler_ratio).substr(0, 4) + ")";
+    if (events) {
+      Log("keel: step %d: %s", step_done, line.c_str());
+      events->Write({{"event", "straggler"},
+                     {"step", step_done},
+                     {"rank", r},
+                     {"host", hosts[size_t(r)]},
+                     {"score", score}});
+    }
+    if (!rs.straggler_fails) continue;
+    if (world.rank() == r) blame_self();
+    throw Error(ExitCode::kTempFail,
+                line +
+                    "; exiting 75 ([resilience] straggler_fails) so that keel launch restarts "
+                    "without the host",
+                /*quiet=*/world.rank() != r);
+  }
+  return tracker.scores();
 }
 
 void CheckReplicas(const ReplicaCheck& c, int step_done, const std::function<void()>& rerun,

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,9 @@
 #include "keel/parallel/comm.h"
 #include "keel/resilience/fault_inject.h"
 #include "keel/resilience/sdc.h"
+#include "keel/resilience/spike.h"
+#include "keel/resilience/straggler.h"
+#include "keel/train/config.h"
 #include "keel/train/step.h"
 
 namespace keel::train {
@@ -34,6 +38,40 @@ resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine);
 // Every dp rank takes the state of dp rank `from` (a majority rank): master weights and AdamW
 // moments under ZeRO 0; under ZeRO 1 and 2 each rank's own master shard is republished.
 void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from);
+
+// The step's verdict from its reduced loss and gradient norm, the same on every rank: a
+// non-finite one is skipped, `max_skips` of them in a row or a spike (loss, and the norm when
+// `norm_spike_ratio` > 0) ask for a rollback. Its windows and counts go into every checkpoint.
+class StepJudge {
+ public:
+  explicit StepJudge(const ResilienceSection& rs);
+  struct Verdict {
+    bool nonfinite = false;
+    int in_a_row = 0;                     // non-finite steps in a row, this one included
+    std::optional<std::string> spike;     // why the step is a spike
+    std::optional<std::string> rollback;  // why the run should roll back
+  };
+  Verdict Judge(double loss, double norm);
+  void Applied(double loss, double norm);   // the update went in: the windows take the step
+  void NoRollback() { skips_in_row_ = 0; }  // nothing to roll back to: count afresh
+  nlohmann::json ToJson() const;
+  void FromJson(const nlohmann::json& j);
+
+ private:
+  const ResilienceSection& rs_;
+  resilience::SpikeDetector loss_, norm_;
+  int skips_in_row_ = 0, skipped_steps_ = 0;
+};
+
+// Every `straggler_every` steps (collective over `world`): each rank's compute since the last
+// check, scored; a rank named (`straggler_checks` slow checks in a row) goes to the log and
+// `events` (rank 0's, else null). Returns the scores, empty when no check ran. With
+// `straggler_fails` a named rank ends the job: keel::Error, exit 75 (`blame_self` first on it).
+std::vector<double> CheckStragglers(resilience::StragglerTracker& tracker, parallel::Comm& world,
+                                    double compute_ms, int step_done, const ResilienceSection& rs,
+                                    const std::vector<std::string>& hosts,
+                                    monitor::JsonlWriter* events,
+                                    const std::function<void()>& blame_self);
 
 // One silent-corruption check (docs/RESILIENCE.md), after a step's forward and backward: the
 // replicas compare their weights, then (ZeRO 0) their reduced gradients. On a disagreement the

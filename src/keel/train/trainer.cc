@@ -35,7 +35,6 @@
 #include "keel/resilience/build_id.h"
 #include "keel/resilience/fault_inject.h"
 #include "keel/resilience/heartbeat.h"
-#include "keel/resilience/spike.h"
 #include "keel/resilience/straggler.h"
 #include "keel/resilience/watchdog.h"
 #include "keel/train/checkpointing.h"
@@ -328,24 +327,10 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   std::vector<double> recent_losses;  // the last few, for the log's record; kept across resumes
   // The detectors of docs/RESILIENCE.md; their windows are part of each checkpoint.
   const ResilienceSection& rs = cfg.resilience;
-  resilience::SpikeDetector loss_spikes(
-      "loss", {rs.spike_window, rs.spike_min_steps, rs.spike_z, rs.spike_ratio});
-  resilience::SpikeDetector norm_spikes(
-      "gradient norm", {rs.spike_window, rs.spike_min_steps, rs.spike_z, rs.norm_spike_ratio});
-  int skips_in_row = 0, skipped_steps = 0;
-  auto detectors = [&] {
-    return nlohmann::json{{"loss_window", loss_spikes.ToJson()},
-                          {"norm_window", norm_spikes.ToJson()},
-                          {"skips_in_row", skips_in_row},
-                          {"skipped_steps", skipped_steps}};
-  };
+  StepJudge judge(rs);
   auto restore_detectors = [&](const nlohmann::json& st) {
     recent_losses = st.at("metrics").at("recent_losses").get<std::vector<double>>();
-    const nlohmann::json d = st.value("resilience", nlohmann::json::object());
-    loss_spikes.FromJson(d.value("loss_window", nlohmann::json::array()));
-    norm_spikes.FromJson(d.value("norm_window", nlohmann::json::array()));
-    skips_in_row = d.value("skips_in_row", 0);
-    skipped_steps = d.value("skipped_steps", 0);
+    judge.FromJson(st.value("resilience", nlohmann::json::object()));
   };
   if (auto r = ckpt.Resume(state)) {
     restore_detectors(r->state);
@@ -508,14 +493,18 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     Log("keel: injected fault: rank %d hangs in step %d, phase %s", comm.rank(), step_i + 1, phase);
     for (;;) pause();
   };
+  // The data from position `st` on: the prefetcher stops, the loader moves, a new one starts.
+  auto reposition = [&](const data::LoaderState& st) {
+    prefetch.reset();
+    loader.restore(st);
+    prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+  };
   // Moves the data past `n` global batches at the boundary before step `step_i` (a rollback's
   // skipped window, or [resilience] skip_batches).
   auto skip_batches = [&](int step_i, int n) {
     data::LoaderState st = prefetch->state();
-    prefetch.reset();
     st.position += uint64_t(n) * uint64_t(cfg.train.batch_size);
-    loader.restore(st);
-    prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+    reposition(st);
     if (lead) {
       Log("keel: step %d: skipping %d batch(es) of data (RUN/rollbacks.json or [resilience] "
           "skip_batches)",
@@ -536,11 +525,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     watchdog.Disarm();
     heartbeat.Set(spike_step, "resume");
     const data::LoaderState now = prefetch->state();
-    prefetch.reset();
     std::optional<Resumed> r = ckpt.RollBack(state, spike_step);
     if (!r) {  // nothing to return to: this step's update is skipped instead, the data kept
-      loader.restore(now);
-      prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
       if (lead) {
         Log("keel: step %d: %s; no committed checkpoint to roll back to: the update is skipped "
             "(save more often: [checkpoint] every_steps)",
@@ -554,8 +540,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     const data::LoaderState then = data::LoaderStateFromJson(r->state.at("loader"));
     const int batches = int((now.position - then.position) / uint64_t(cfg.train.batch_size));
     rollbacks.Record(spike_step + 1, to, batches, why, lead);
-    loader.restore(then);  // the loop's skip at `to` moves past the window
-    prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+    reposition(then);  // the loop's skip at `to` moves past the window
     restore_detectors(r->state);
     if (lead) {
       Log("keel: step %d: %s; rolled back to step %d and skipping the %d batch(es) from there "
@@ -651,52 +636,39 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     }
     // Every rank judges the same numbers (the loss and the norm are reduced), so every rank
     // skips or rolls back alike without a collective of its own.
-    const bool nonfinite = !std::isfinite(loss) || !std::isfinite(norm);
+    const StepJudge::Verdict verdict = judge.Judge(loss, norm);
+    const bool nonfinite = verdict.nonfinite;
     if (nonfinite && rs.stop_on_nonfinite)
       ThrowRuntime("step " + std::to_string(step_i + 1) + ": the loss is " + std::to_string(loss) +
                    " and the gradient norm " + std::to_string(norm) +
                    "; stopping ([resilience] stop_on_nonfinite = true)");
-    std::optional<std::string> rollback_why;
-    if (nonfinite) {
-      ++skipped_steps;
-      ++skips_in_row;
-      if (lead) {
-        Log("keel: step %d: the loss is %g and the gradient norm %g; the update is skipped on "
-            "every rank (%d in a row)",
-            step_i + 1, loss, norm, skips_in_row);
-        events.Write({{"event", "nonfinite_skip"},
-                      {"step", step_i + 1},
-                      {"in_a_row", skips_in_row},
-                      {"loss_finite", std::isfinite(loss)}});
-      }
-      if (skips_in_row >= rs.max_skips)
-        rollback_why =
-            std::to_string(skips_in_row) + " non-finite steps in a row ([resilience] max_skips)";
-    } else {
-      skips_in_row = 0;
-      std::optional<std::string> spike = loss_spikes.Check(loss);
-      if (!spike && rs.norm_spike_ratio > 0) spike = norm_spikes.Check(norm);
-      if (spike && rs.rollback) {
-        rollback_why = *spike;
-      } else if (spike && lead) {
-        Log("keel: step %d: %s ([resilience] rollback = false: training on)", step_i + 1,
-            spike->c_str());
-        events.Write({{"event", "spike"}, {"step", step_i + 1}, {"why", *spike}});
-      }
+    if (nonfinite && lead) {
+      Log("keel: step %d: the loss is %g and the gradient norm %g; the update is skipped on "
+          "every rank (%d in a row)",
+          step_i + 1, loss, norm, verdict.in_a_row);
+      events.Write({{"event", "nonfinite_skip"},
+                    {"step", step_i + 1},
+                    {"in_a_row", verdict.in_a_row},
+                    {"loss_finite", std::isfinite(loss)}});
     }
+    if (verdict.spike && !verdict.rollback && lead) {
+      Log("keel: step %d: %s ([resilience] rollback = false: training on)", step_i + 1,
+          verdict.spike->c_str());
+      events.Write({{"event", "spike"}, {"step", step_i + 1}, {"why", *verdict.spike}});
+    }
+    const std::optional<std::string>& rollback_why = verdict.rollback;
     if (rollback_why) {
       if (const int to = roll_back(step_i, *rollback_why); to >= 0) {
         step_i = to - 1;
         continue;
       }
-      skips_in_row = 0;
+      judge.NoRollback();
     }
     const bool skip_update = nonfinite || rollback_why.has_value();
     double ckpt_ms = ckpt.BeforeUpdate();  // a save in flight must have its snapshot first
     if (!skip_update) {
       step.Apply(lr, cfg.optim.grad_clip, norm);
-      loss_spikes.Add(loss);
-      norm_spikes.Add(norm);
+      judge.Applied(loss, norm);
     }
     if (const resilience::Fault* f = faults.Take(resilience::FaultKind::kBitflip, step_i))
       FlipBit(step, *f, comm.rank());
@@ -710,35 +682,10 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
           "(slower)");
     sum.last_loss = loss;
-    std::vector<double> straggler_scores;  // this step's check, when one ran
-    if (rs.straggler_every > 0 && comm.size() > 1 && (step_i + 1) % rs.straggler_every == 0) {
-      const std::vector<int> named = stragglers.Update(GatherPerRank(comm, compute_since));
-      compute_since = 0;
-      straggler_scores = stragglers.scores();
-      for (int r : named) {
-        const double score = stragglers.scores()[size_t(r)];
-        const std::string line =
-            "straggler: rank " + std::to_string(r) + " on " + hosts[size_t(r)] + " computes " +
-            std::to_string(score).substr(0, 4) + "x as long as the median of the others (" +
-            std::to_string(rs.straggler_checks) + " checks in a row, [resilience] " +
-            "straggler_ratio = " + std::to_string(rs.straggler_ratio).substr(0, 4) + ")";
-        if (lead) {
-          Log("keel: step %d: %s", step_i + 1, line.c_str());
-          events.Write({{"event", "straggler"},
-                        {"step", step_i + 1},
-                        {"rank", r},
-                        {"host", hosts[size_t(r)]},
-                        {"score", score}});
-        }
-        if (rs.straggler_fails && comm.rank() == r) heartbeat.BlameSelf();
-        if (rs.straggler_fails)
-          throw Error(ExitCode::kTempFail,
-                      line +
-                          "; exiting 75 ([resilience] straggler_fails) so that keel launch "
-                          "restarts without the host",
-                      /*quiet=*/comm.rank() != r);
-      }
-    }
+    const std::vector<double> straggler_scores =
+        CheckStragglers(stragglers, comm, compute_since, step_i + 1, rs, hosts,
+                        lead ? &events : nullptr, [&] { heartbeat.BlameSelf(); });
+    if (!straggler_scores.empty()) compute_since = 0;
     double val = -1;
     const bool last_step = step_i + 1 == cfg.train.steps || step_i + 1 == cfg.train.stop_at;
     if (d.val_loader &&
@@ -789,7 +736,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       v.step = step_i + 1;
       v.tokens = uint64_t(step_i + 1) * uint64_t(tokens_per_step);
       v.state = SavedState(cfg, s, step_i + 1, prefetch->state(), step.store().step(),
-                           recent_losses, detectors());
+                           recent_losses, judge.ToJson());
       return v;
     };
     // Every rank agrees on stopping and saving at the same step, or the next collective hangs.
