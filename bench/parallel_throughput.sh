@@ -72,6 +72,6 @@ for r in rows:
     ps = f"{p['step_s']:.2f}" if p else "-"
     bubble = f"{r['bubble']:.3f}" if r["pp"] > 1 else "-"
     print(f"{name:30s} {r['tokens_per_s']:9.0f} {r['tokens_per_s']/one:7.2f} "
-          f"{r['dp_wait_ms']:8.0f} {r['tp_wait_ms']:8.0f} {r['pp_wait_ms']:8.0f} {bubble:>7s} "
+          f"{r['dp_wait_ms']:8.0f} {r['tp_wait_ms']:8.0f} {r['pp_wait_max_ms']:8.0f} {bubble:>7s} "
           f"{pb:>8s} {r['ms_per_step']/1e3:7.2f} {ps:>7s}")
 PY

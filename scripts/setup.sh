@@ -17,9 +17,11 @@ PACKAGES=(
   zlib1g-dev libzstd-dev   # compressed corpora
   libcurl4-openssl-dev     # http(s) datasets (RemoteCache)
   libutf8proc-dev          # Unicode NFC for `keel data prepare --nfc`
+  prometheus-cpp-dev       # the Prometheus endpoint ([monitor] metrics_port)
     libgtest-dev libbenchmark-dev  # tests and benchmarks
   clang libclang-rt-dev    # the fuzz targets' test build (libFuzzer, ASan, UBSan)
   python3-torch python3-numpy    # the PyTorch oracle in tests (never needed at run time)
+  python3-prometheus-client curl # tests: scrape and parse the Prometheus endpoint
   iproute2 util-linux      # tests' network-namespace hosts (ip netns, nsenter, unshare)
   slurm-wlm munge          # tests' local Slurm (keel launch under srun)
 )

@@ -58,7 +58,7 @@ void RegisterPreflight(CLI::App& app) {
       "  keel preflight --quick                      (about 5 s; the default run takes < 30 s)\n"
       "  keel preflight --config configs/quickstart.toml --json\n"
       "  mpirun -np 4 keel preflight --config run.toml   (adds all-reduce and per-rank checks)\n"
-      "Rows: software consistency, matmul bf16/fp32 vs the table peak, a training step vs the\n"
+      "Rows: software consistency, matmul bf16/fp32 vs the measured peak, a training step vs the\n"
       "plan's prediction, memory bandwidth, planned vs available memory, checkpoint\n"
       "write+fsync+read-back, data loader vs the step's need, all-reduce bus bandwidth.\n"
       "Exit code 1 on any no-go; see docs/PLAN.md.");
@@ -71,7 +71,7 @@ void RegisterPreflight(CLI::App& app) {
   cmd->add_option("--node-mtbf-hours", a.node_mtbf_hours, "for the checkpoint interval")
       ->capture_default_str();
   cmd->add_option("--efficiency", a.efficiency,
-                  "fraction of the table peak the plan assumes (default: keel plan's for "
+                  "fraction of the measured peak the plan assumes (default: keel plan's for "
                   "this-cpu, 0.5 fp32, 0.095 bf16)");
   cmd->add_flag("--quick", a.quick, "short measurements (about 5 s)");
   cmd->add_flag("--json", a.json, "print JSON instead of a table");

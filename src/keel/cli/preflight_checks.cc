@@ -164,12 +164,13 @@ Row CheckMatmul(Context& c, DType dtype) {
   }
   const auto all = Gather(*c.comm, local);
   const double med = Median(all);
-  const double peak = monitor::PeakFlops(dtype, c.threads);
+  const double peak = monitor::MachinePeak(dtype, c.threads).flops;
   const double eff = Efficiency(c, dtype);
   const double expected = peak * eff;
   if (dtype == c.dtype) c.matmul_flops = med;
   row.measured = Fmt("%.4g GFLOP/s (%.0fx%.0f", med / 1e9, M, K) + Fmt("x%.0f, median)", N);
-  row.expected = Fmt("%.4g GFLOP/s (%.3g of the %.4g table peak)", expected / 1e9, eff, peak / 1e9);
+  row.expected =
+      Fmt("%.4g GFLOP/s (%.3g of the %.4g measured peak)", expected / 1e9, eff, peak / 1e9);
   row.data = {
       {"gflops_per_rank", all}, {"expected_gflops", expected / 1e9}, {"M", M}, {"K", K}, {"N", N}};
   const std::string slow = SlowRanks(all);
@@ -241,12 +242,12 @@ Row CheckStep(Context& c) {
     return row;
   }
   // What `keel plan --accelerator this-cpu` predicts for the same micro-batch: keel's kernels
-  // timed on the model's shapes (or the table peak at --efficiency).
+  // timed on the model's shapes (or the measured peak at --efficiency).
   const plan::ModelSpec spec = Spec(c);
   const double tokens = double(c.micro_batch) * c.seq;
   const double n = plan::TotalParams(spec);
   const double hw = tokens * plan::HardwareFlopsPerToken(spec, n, PlanRecompute(c.recompute));
-  const double peak = monitor::PeakFlops(c.dtype, c.threads);
+  const double peak = monitor::MachinePeak(c.dtype, c.threads).flops;
   double rate = peak * c.efficiency;
   std::string how = Fmt("efficiency %.3g", c.efficiency) + Fmt(" of %.4g GFLOP/s", peak / 1e9);
   if (c.efficiency <= 0) {

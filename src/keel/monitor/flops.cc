@@ -1,24 +1,80 @@
 #include "keel/monitor/flops.h"
 
-#include <cpuid.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "keel/monitor/machine_probe.h"
 
 namespace keel::monitor {
+namespace {
+
+std::string CacheDir() {
+  if (const char* d = std::getenv("KEEL_CACHE_DIR"); d && *d) return d;
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::string(d) + "/keel";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/keel";
+  return "";
+}
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown cpu";
+}
+
+nlohmann::json ReadCache(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json::object();
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json::object();  // unreadable: measured again
+}
+
+// Best effort: a cache that cannot be written costs a second of the next start, nothing else.
+void WriteCache(const std::string& dir, const std::string& path, const nlohmann::json& j) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) return;
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+}  // namespace
 
 double TrainFlopsPerToken(double matmul_params, int n_layer, int n_embd, int seq_len) {
   return 6.0 * matmul_params + 12.0 * n_layer * n_embd * double(seq_len);
 }
 
-bool CpuHasAmxBf16() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  return (d >> 22) & 1;  // EDX bit 22: AMX-BF16
-}
-
-double PeakFlops(DType dtype, int cores, double override_gflops) {
-  if (override_gflops > 0) return override_gflops * 1e9;
-  constexpr double kFp32PerCore = 220e9, kAmxBf16PerCore = 3040e9;
-  if (dtype == DType::kF32) return kFp32PerCore * cores;
-  return (CpuHasAmxBf16() ? kAmxBf16PerCore : 2 * kFp32PerCore) * cores;
+Peak MachinePeak(DType dtype, int threads, double override_gflops) {
+  if (override_gflops > 0) return {override_gflops * 1e9, "[monitor] peak_gflops"};
+  const std::string dir = CacheDir(), path = dir.empty() ? "" : dir + "/peak_flops.json";
+  const std::string key = CpuModel() + " | threads " + std::to_string(threads);
+  nlohmann::json cache = path.empty() ? nlohmann::json::object() : ReadCache(path);
+  const nlohmann::json* entry = nullptr;
+  if (auto it = cache.find(key);
+      it != cache.end() && it->is_object() && it->value("fp32", 0.0) > 0 && it->contains("bf16"))
+    entry = &*it;
+  std::string source = "measured on this CPU, cached in " + path;
+  if (!entry) {
+    const PeakRates r = MeasurePeakRates(threads, 0.1, 3);
+    cache[key] = {{"fp32", r.fp32_fma}, {"bf16", r.bf16()}, {"fma_bits", r.fma_bits}};
+    entry = &cache[key];
+    if (!path.empty()) WriteCache(dir, path, cache);
+    source = path.empty() ? "measured on this CPU now (no cache folder)"
+                          : "measured on this CPU now, cached in " + path;
+  }
+  const double fp32 = entry->value("fp32", 0.0), bf16 = entry->value("bf16", 0.0);
+  if (fp32 <= 0) return {0, "this CPU has no FMA loop keel can time; set [monitor] peak_gflops"};
+  return {dtype == DType::kF32 || bf16 <= 0 ? fp32 : bf16, source};
 }
 
 }  // namespace keel::monitor

@@ -4,10 +4,11 @@
 // the tied token embedding counts, since it is also the classifier's matrix product.
 //
 //   double f = TrainFlopsPerToken(/*n_params=*/124e6, L, C, T);
-//   double mfu = f * tokens_per_s / PeakFlops(DType::kBF16, threads);
+//   double mfu = f * tokens_per_s / MachinePeak(DType::kBF16, threads).flops;
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "keel/core/dtype.h"
 
@@ -15,15 +16,16 @@ namespace keel::monitor {
 
 double TrainFlopsPerToken(double matmul_params, int n_layer, int n_embd, int seq_len);
 
-// The peak arithmetic rate of `cores` cores of this CPU for matrix products in `dtype`, as
-// measured by build/peak_flops (bench/peak_flops.cc) on the reference machines, per core:
-//   fp32, AVX-512 FMA:            220 GFLOP/s
-//   bf16 with AMX (tdpbf16ps):   3040 GFLOP/s   (oneDNN uses AMX for bf16 where it exists)
-//   bf16 without AMX:            twice the fp32 figure (vdpbf16ps on CPUs that run it at full rate)
-// `override_gflops` > 0 ([monitor] peak_gflops, for all cores of one rank) wins.
-double PeakFlops(DType dtype, int cores, double override_gflops = 0);
-
-// Whether this CPU has AMX tiles with bf16 (cpuid leaf 7: AMX-BF16).
-bool CpuHasAmxBf16();
+// The peak arithmetic rate of this rank's `threads` threads for matrix products in `dtype`, and
+// where it came from, for the log. Measured on this CPU (monitor/machine_probe.h: about a second)
+// the first time and cached per CPU model and thread count in KEEL_CACHE_DIR, else
+// $XDG_CACHE_HOME/keel, else ~/.cache/keel (peak_flops.json). bf16 takes the fastest bf16 path the
+// CPU has (AMX tiles, else vdpbf16ps), or the fp32 rate where it has none: keel's bf16 products
+// run in fp32 there. `override_gflops` > 0 ([monitor] peak_gflops, all threads of the rank) wins.
+struct Peak {
+  double flops = 0;
+  std::string source;  // "measured on this CPU, cached in PATH", "[monitor] peak_gflops", ...
+};
+Peak MachinePeak(DType dtype, int threads, double override_gflops = 0);
 
 }  // namespace keel::monitor

@@ -172,8 +172,11 @@ struct LaunchSection {
 };
 
 struct MonitorSection {
-  double peak_gflops = 0;  // per rank, for MFU; 0 = the built-in figure for this CPU
+  double peak_gflops = 0;  // per rank, for MFU; 0 = measured on this CPU (cached)
   bool metrics_jsonl = true;
+  int metrics_port = 0;  // Prometheus endpoint on rank 0; 0 = none
+  std::string metrics_addr = "127.0.0.1";
+  std::string metrics_token;  // required for a non-loopback metrics_addr
 
   bool operator==(const MonitorSection&) const = default;
 };

@@ -10,6 +10,7 @@
 
 #include "keel/core/error.h"
 #include "keel/model/params.h"
+#include "keel/monitor/prometheus_exporter.h"
 #include "keel/train/config.h"
 #include "keel/train/config_schema.h"
 
@@ -167,6 +168,17 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
 
   const Checker monitor(prov, "monitor");
   monitor.FiniteNonNegative("peak_gflops", cfg.monitor.peak_gflops);
+  monitor.NonNegative("metrics_port", cfg.monitor.metrics_port);
+  if (cfg.monitor.metrics_port > 65535)
+    monitor.Fail("metrics_port", "expected a TCP port, 1 to 65535 (0: no endpoint), got " +
+                                     std::to_string(cfg.monitor.metrics_port));
+  monitor.NonEmpty("metrics_addr", cfg.monitor.metrics_addr);
+  if (cfg.monitor.metrics_port > 0 && !monitor::IsLoopback(cfg.monitor.metrics_addr) &&
+      cfg.monitor.metrics_token.empty())
+    monitor.Fail("metrics_addr",
+                 "\"" + cfg.monitor.metrics_addr +
+                     "\" is reachable from other machines: set [monitor] metrics_token too "
+                     "(scrapers then send it as the basic-auth password of user \"keel\")");
 
   const Checker res(prov, "resilience");
   const ResilienceSection& r = cfg.resilience;

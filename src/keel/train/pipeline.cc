@@ -77,6 +77,7 @@ double Pipeline::Run(int m, const NextBatch& next, float dloss,
   Timer total;
   wait_ms_ = 0;
   sent_bytes_ = 0;
+  forward_ms_ = 0;
   double loss = 0, waited = 0;
   const int v = int(chunks_.size());
   KEEL_CHECK(v == 1 || m % stages_ == 0,
@@ -103,7 +104,10 @@ double Pipeline::Run(int m, const NextBatch& next, float dloss,
     if (c == 0) waited += next(c0.tokens[d].data(), c0.targets[d].data());
     Wait(ch.act_recv[s], "receiving activations");
     Wait(ch.act_send[s], "sending activations");  // the slot's output is about to be rewritten
+    const Timer fwd;
+    const double waited_before = wait_clock_ ? wait_clock_() : 0;
     ch.model->StageForward(int(s), c0.tokens[d].data());
+    forward_ms_ += fwd.Millis() - ((wait_clock_ ? wait_clock_() : 0) - waited_before);
     const auto [rank, chunk] = Next(c);
     if (rank < 0) return;
     ch.act_send[s] = pp_->SendAsync(ch.model->StageOutput(int(s)), bytes_, rank, ActTag(chunk));

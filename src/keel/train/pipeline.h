@@ -45,6 +45,11 @@ class Pipeline {
   // to drain), and that time as a fraction of the schedule (the measured bubble).
   double wait_ms() const { return wait_ms_; }
   double bubble() const { return bubble_; }
+  // Of the last Run: milliseconds in the chunks' forward passes, less the communication waits
+  // the wait clock saw during them (a tensor-parallel all-reduce, a ZeRO 3 gather).
+  double forward_ms() const { return forward_ms_; }
+  // Cumulative milliseconds of communication waits within the step, read around each forward.
+  void set_wait_clock(std::function<double()> clock) { wait_clock_ = std::move(clock); }
   double sent_bytes() const { return sent_bytes_; }
 
  private:
@@ -59,7 +64,8 @@ class Pipeline {
   const int stage_, stages_;
   const double timeout_s_;
   size_t bytes_;  // one boundary tensor
-  double wait_ms_ = 0, bubble_ = 0, sent_bytes_ = 0;
+  double wait_ms_ = 0, bubble_ = 0, sent_bytes_ = 0, forward_ms_ = 0;
+  std::function<double()> wait_clock_;
 };
 
 }  // namespace keel::train

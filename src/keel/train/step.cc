@@ -68,6 +68,7 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     ptrs.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
+  pipe_->set_wait_clock([this] { return zero_->wait_ms() + tp_wait_ms(); });
 }
 
 TrainStep::~TrainStep() {

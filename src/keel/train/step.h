@@ -107,6 +107,8 @@ class TrainStep {
   }
   double dp_wait_ms() const { return zero_->wait_ms(); }
   double pp_wait_ms() const { return pipe_->wait_ms(); }
+  // Of the last ForwardBackward: the forward passes' compute, waits excluded.
+  double forward_ms() const { return pipe_->forward_ms(); }
   double tp_wait_ms() const;
   double tp_bytes() const;
   double tied_wait_ms() const { return tied_ms_; }

@@ -45,6 +45,7 @@
 #include "keel/train/samples.h"
 #include "keel/train/shard_check.h"
 #include "keel/train/step.h"
+#include "keel/train/step_report.h"
 
 namespace keel::train {
 namespace {
@@ -374,7 +375,9 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   const double flops_per_token =
       monitor::TrainFlopsPerToken(double(matmul_params), mcfg.n_layer, mcfg.n_embd, T);
   const int threads = omp_get_max_threads();
-  const double peak = monitor::PeakFlops(s.dtype, threads, cfg.monitor.peak_gflops) * comm.size();
+  // MFU's denominator: every rank's measured peak (ranks may sit on different CPUs).
+  const monitor::Peak rank_peak = monitor::MachinePeak(s.dtype, threads, cfg.monitor.peak_gflops);
+  const double peak = comm.AllReduceSum(rank_peak.flops);
   const double tokens_per_step = double(cfg.train.batch_size) * T;
   const float dloss = float(1.0 / tokens_per_step);
   // What this rank allocated, by kind: the numbers `keel plan --accounting keel` predicts.
@@ -392,6 +395,9 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
         cfg.model.name.c_str(), DTypeName(s.dtype), layout.total(), comm.size(), threads,
         cfg.train.batch_size, T, s.n_micro, s.micro_batch);
     Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm.size());
+    Log("keel: MFU against a peak of %.1f GFLOP/s for rank 0's %d thread(s) in %s (%s); %.1f "
+        "GFLOP/s for all ranks",
+        rank_peak.flops / 1e9, threads, DTypeName(s.dtype), rank_peak.source.c_str(), peak / 1e9);
     if (dims.tp > 1)
       Log("keel: tensor parallel: %d ranks, each with %d of %d heads, %d of %d MLP units and %d "
           "of %d vocabulary rows%s",
@@ -561,10 +567,13 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   StopScope stop;  // SIGINT/SIGTERM/SIGUSR2 from here on: finish the step, save, exit 0
   sum.steps_done = start_step;
   heartbeat.StartedAt(start_step);
+  StepReporter report(cfg, comm, cfg.train.stop_at > 0 ? cfg.train.stop_at : cfg.train.steps);
   for (int step_i = start_step; step_i < cfg.train.steps; ++step_i) {
+    Timer step_timer;
+    monitor::StepTimes times;
+    using monitor::Phase;
     if (const int n = rollbacks.SkipAt(step_i)) skip_batches(step_i, n);
     watchdog.Arm(step_i);
-    Timer step_timer;
     double data_ms = 0;
     hang_if_due(step_i, "data", step_i);
     hang_if_due(step_i, "forward", step_i);
@@ -588,7 +597,14 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     Timer fb_timer;
     double loss =
         step.ForwardBackward(s.n_micro, next, nan_fault ? NAN : dloss, &data_ms) / tokens_per_step;
-    // Update adds its own (inside optim_ms). Waiting for other stages is the pipeline's bubble.
+    // Waiting for other stages is the pipeline's bubble; the backward phase is what the forward
+    // and the waits leave of the pass (zeroing and accumulating the gradients included).
+    times[Phase::kData] = data_ms;
+    times[Phase::kForward] = step.forward_ms();
+    times[Phase::kCommDp] = step.dp_wait_ms();
+    times[Phase::kCommTp] = step.tp_wait_ms();
+    times[Phase::kCommPp] = step.pp_wait_ms();
+    times[Phase::kCommTied] = step.tied_wait_ms();
     const double backward_wait_ms = step.comm_wait_ms() + step.pp_wait_ms();
     double compute_ms = std::max(0.0, fb_timer.Millis() - data_ms - backward_wait_ms);
     if (const resilience::Fault* slow = faults.Take(resilience::FaultKind::kSlow, step_i)) {
@@ -596,11 +612,13 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       usleep(useconds_t(extra * 1e3));
       compute_ms += extra;
     }
+    times[Phase::kBackward] = compute_ms - times[Phase::kForward];
     compute_since += compute_ms;
     hang_if_due(step_i, "backward", step_i);
     // The bubble as the last stage measured it, and the slowest stage's wait, for rank 0's log.
     double pipe[2] = {step.last_stage() ? step.bubble() : 0.0, step.pp_wait_ms()};
     if (pipelined) comm.AllReduceMax(pipe, 2);
+    Timer checks_timer;
     if (sdc_step) {
       const ReplicaCheck check{step,
                                *groups.dp,
@@ -625,6 +643,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
           },
           [&] { heartbeat.BlameSelf(); });
     }
+    times[Phase::kChecks] = checks_timer.Millis();
     hang_if_due(step_i, "optimizer", step_i);
     Timer ot;
     const float lr = sched.At(step_i);
@@ -665,69 +684,40 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       judge.NoRollback();
     }
     const bool skip_update = nonfinite || rollback_why.has_value();
-    double ckpt_ms = ckpt.BeforeUpdate();  // a save in flight must have its snapshot first
+    const double ckpt_ms = ckpt.BeforeUpdate();  // a save in flight must have its snapshot first
+    const double dp_before_update = step.dp_wait_ms();
     if (!skip_update) {
       step.Apply(lr, cfg.optim.grad_clip, norm);
       judge.Applied(loss, norm);
     }
+    const double dp_in_update = step.dp_wait_ms() - dp_before_update;  // ZeRO's all-gathers
     if (const resilience::Fault* f = faults.Take(resilience::FaultKind::kBitflip, step_i))
       FlipBit(step, *f, comm.rank());
-    const double optim_ms = ot.Millis();
-    const double ms = step_timer.Millis();
-    const double tok_s = tokens_per_step / (ms / 1e3);
-    const double mfu = flops_per_token * tok_s / peak;
+    const double optim_ms = ot.Millis() - ckpt_ms - dp_in_update;
+    times[Phase::kOptimizer] = optim_ms;
+    times[Phase::kCheckpoint] = ckpt_ms;
+    times[Phase::kCommDp] += dp_in_update;
     sum.steps_done = step_i + 1;
     heartbeat.StepDone(step_i + 1);
     if (lead && step_i == start_step && s.dtype == DType::kBF16 && kernels::Bf16ProductsEmulated())
       Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
           "(slower)");
     sum.last_loss = loss;
+    checks_timer.Reset();
     const std::vector<double> straggler_scores =
         CheckStragglers(stragglers, comm, compute_since, step_i + 1, rs, hosts,
                         lead ? &events : nullptr, [&] { heartbeat.BlameSelf(); });
     if (!straggler_scores.empty()) compute_since = 0;
+    times[Phase::kChecks] += checks_timer.Millis();
     double val = -1;
     const bool last_step = step_i + 1 == cfg.train.steps || step_i + 1 == cfg.train.stop_at;
     if (d.val_loader &&
         ((cfg.train.val_every > 0 && (step_i + 1) % cfg.train.val_every == 0) || last_step)) {
       heartbeat.Set(step_i + 1, "validate");
+      const Timer val_timer;
       val = sum.val_loss = validate();
+      times[Phase::kValidation] = val_timer.Millis();
       heartbeat.Set(step_i + 1, "train");
-    }
-    if (lead) {
-      if (cfg.train.log_every > 0 && (step_i % cfg.train.log_every == 0 || last_step))
-        std::printf(
-            "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | MFU %5.1f%% | "
-            "%7.1f ms%s\n",
-            step_i + 1, cfg.train.steps, loss, lr, norm, tok_s, 100 * mfu, ms,
-            val >= 0 ? (" | val " + std::to_string(val).substr(0, 6)).c_str() : "");
-      std::fflush(stdout);
-      nlohmann::json m = {{"step", step_i + 1},
-                          {"loss", loss},
-                          {"lr", lr},
-                          {"grad_norm", norm},
-                          {"tokens_per_s", tok_s},
-                          {"mfu", mfu},
-                          {"ms", ms},
-                          {"data_ms", data_ms},
-                          {"comm_wait_ms", step.comm_wait_ms()},
-                          {"dp_wait_ms", step.dp_wait_ms()},
-                          {"comm_bytes", step.comm_bytes()},
-                          {"optim_ms", optim_ms},
-                          {"compute_ms", ms - data_ms - backward_wait_ms - optim_ms},
-                          {"memory_bytes", memory_total}};
-      if (val >= 0) m["val_loss"] = val;
-      if (skip_update) m["skipped"] = true;
-      if (!straggler_scores.empty()) m["straggler_scores"] = straggler_scores;
-      if (ckpt_ms > 0) m["ckpt_blocked_ms"] = ckpt_ms;
-      if (dims.tp > 1) m["tp_wait_ms"] = step.tp_wait_ms();
-      if (pipelined) {
-        m["pp_wait_ms"] = pipe[1];
-        m["tied_wait_ms"] = step.tied_wait_ms();
-        m["bubble"] = pipe[0];
-        m["bubble_predicted"] = bubble_predicted;
-      }
-      metrics.Write(m);
     }
     recent_losses.push_back(loss);
     if (recent_losses.size() > 64) recent_losses.erase(recent_losses.begin());
@@ -751,9 +741,37 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       std::raise(SIGTERM);
     }
     hang_if_due(step_i, "checkpoint", step_i + 1);
+    const Timer save_timer;
     const StepDecision decision =
         ckpt.AfterStep(step_i + 1, last_step, stop.requested(), data_error.has_value(), view);
+    times[Phase::kCheckpoint] += save_timer.Millis();
     heartbeat.Set(step_i + 1, "train");
+
+    StepFigures fig;
+    fig.step = step_i + 1;
+    fig.loss = loss;
+    fig.lr = lr;
+    fig.grad_norm = norm;
+    fig.val_loss = val;
+    fig.tokens = tokens_per_step;
+    fig.flops = flops_per_token * tokens_per_step;
+    fig.peak_flops = peak;
+    fig.skipped = skip_update;
+    fig.ms = step_timer.Millis();
+    fig.times = times;
+    fig.times.CloseWith(fig.ms);
+    nlohmann::json extra = {{"comm_wait_ms", step.comm_wait_ms()},
+                            {"comm_bytes", step.comm_bytes()},
+                            {"compute_ms", compute_ms},
+                            {"memory_bytes", memory_total}};
+    if (!straggler_scores.empty()) extra["straggler_scores"] = straggler_scores;
+    if (ckpt_ms > 0) extra["ckpt_blocked_ms"] = ckpt_ms;
+    if (pipelined) {
+      extra["pp_wait_max_ms"] = pipe[1];
+      extra["bubble"] = pipe[0];
+      extra["bubble_predicted"] = bubble_predicted;
+    }
+    report.Report(fig, extra, lead && metrics.is_open() ? &metrics : nullptr);
     if (decision.failed) ShareError(comm, data_error);  // throws on every rank
     if (decision.stop) {
       sum.interrupted = true;

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Usage: step_metrics.sh KEEL SRC SHARED_DATA
+# Runs tiny trainings in four layouts and checks every metrics.jsonl line: the phases are never
+# negative and leave under 2% of the step unexplained; MFU is the model's FLOPs over the peak the
+# log names; memory per rank and the ETA are there. Then the peak's cache, and the Prometheus
+# endpoint: scraped twice during a run, refused without its token.
+set -euo pipefail
+keel=$1 src=$2
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+source "$src/tests/train/run_lib.sh"
+tiny_4layer "$3"
+export KEEL_CACHE_DIR=$tmp/cache
+py=/usr/bin/python3
+
+run dp2 2 --set parallel.zero=1 --set checkpoint.every_steps=5
+run tp2 2 --set parallel.tp=2
+run pp2 2 --set parallel.pp=2
+run one 1 --set monitor.peak_gflops=7.5 --set checkpoint.every_steps=10
+$py "$src/tests/monitor/check_metrics.py" "$tmp" dp2:2 tp2:2 pp2:2 one:1
+
+# The peak: measured once (dp2's first start wrote the cache), then read back by every run.
+grep -q "measured on this CPU now, cached in $KEEL_CACHE_DIR/peak_flops.json" "$tmp/dp2.log" ||
+  { echo "dp2 did not measure the peak:"; grep "MFU against" "$tmp/dp2.log"; exit 1; }
+grep -q "measured on this CPU, cached in $KEEL_CACHE_DIR/peak_flops.json" "$tmp/tp2.log" ||
+  { echo "tp2 did not read the cached peak:"; grep "MFU against" "$tmp/tp2.log"; exit 1; }
+grep -q "peak of 7.5 GFLOP/s for rank 0's 1 thread(s) in fp32 (\[monitor\] peak_gflops)" \
+  "$tmp/one.log" || { echo "one: the override is not the peak:"; grep "MFU" "$tmp/one.log"; exit 1; }
+grep -q "| ETA " "$tmp/one.log" || { echo "no ETA on the step line"; exit 1; }
+echo "peak: measured, cached, read back, overridden"
+
+# Prometheus: a non-loopback address needs a token; a request without it gets 401.
+refused open 1 "metrics_addr: \"0.0.0.0\" is reachable from other machines" \
+  --set monitor.metrics_port=9 --set monitor.metrics_addr=0.0.0.0
+port=$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+OMP_NUM_THREADS=1 "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.name=prom \
+  --set train.steps=60 --set train.val_every=30 --set monitor.metrics_port="$port" \
+  --set monitor.metrics_token=s3cret >"$tmp/prom.log" 2>&1 &
+$py "$src/tests/monitor/scrape.py" "$port" s3cret "$tmp/prom"
+wait $! || { cat "$tmp/prom.log"; exit 1; }
+$py - "$port" <<'PY'
+import socket, sys
+s = socket.socket()
+if s.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0:
+    sys.exit("the endpoint is still open after the run ended")
+print("the endpoint closed with the run")
+PY
