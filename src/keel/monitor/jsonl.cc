@@ -21,6 +21,7 @@ JsonlWriter::JsonlWriter(const std::string& path)
 }
 
 JsonlWriter& JsonlWriter::operator=(JsonlWriter&& o) noexcept {
+  std::swap(mu_, o.mu_);
   std::swap(fd_, o.fd_);
   std::swap(path_, o.path_);
   std::swap(size_, o.size_);
@@ -36,6 +37,7 @@ JsonlWriter::~JsonlWriter() {
 void JsonlWriter::Write(const nlohmann::json& obj) {
   if (fd_ < 0) return;
   const std::string line = obj.dump() + "\n";
+  const std::lock_guard<std::mutex> lock(*mu_);
   size_t done = 0;
   while (done < line.size()) {
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);

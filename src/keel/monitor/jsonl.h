@@ -1,5 +1,6 @@
 // An append-only JSON-lines file (metrics.jsonl, events.jsonl): one object per line, written with
-// one write(2) and so never interleaved; a crash loses at most the line being written.
+// one write(2) and so never interleaved; a crash loses at most the line being written. Write may
+// be called from several threads (the alerts' timer writes events beside the training loop).
 //
 // A line that cannot be written whole (a full disk, a file-size limit) is cut back off the file,
 // so that every line in it is complete; the first failure is reported once on stderr, and every
@@ -7,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -30,6 +33,7 @@ class JsonlWriter {
   const std::string& failure() const { return failure_; }
 
  private:
+  std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();
   int fd_ = -1;
   std::string path_;
   uint64_t size_ = 0;  // the file's length after its last complete line

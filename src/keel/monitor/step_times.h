@@ -23,6 +23,7 @@ enum class Phase {
   kCommTp,      // exposed tensor-parallel communication
   kCommPp,      // waiting for a pipeline neighbour (the bubble)
   kCommTied,    // the tied embedding's gradient sum across pipeline stages
+  kSync,        // at the step's end, waiting for the slowest rank (the save/stop agreement)
   kOptimizer,   // gradient norm, clipping, AdamW, publishing the new weights
   kCheckpoint,  // what the step waited for a save (snapshot staging, the blocking part)
   kChecks,      // anomaly checks: replica hashes, straggler scores

@@ -195,8 +195,10 @@ StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_re
   double v[4] = {stop_requested ? 1.0 : 0.0,
                  comm_.rank() == 0 && c.every_minutes > 0 && minutes >= c.every_minutes ? 1.0 : 0.0,
                  save_state_ == kWriting ? double(writer_->status()) : 0.0, failed ? 1.0 : 0.0};
+  const Timer agree;
   comm_.AllReduceMax(v, 4);
   StepDecision d;
+  d.agree_ms = agree.Millis();
   d.stop = v[0] > 0;
   d.failed = v[3] > 0;
   if (d.failed) return d;
@@ -267,6 +269,7 @@ void Checkpointer::Report() {
         "ms), the step was blocked %.1f ms%s%s",
         r.path.c_str(), r.total_bytes / 1048576.0, unchanged, r.total_ms, r.bytes / 1048576.0,
         r.write_ms, pending_blocked_ms_, deleted.empty() ? "" : "; deleted ", deleted.c_str());
+    if (on_commit_) on_commit_();
     if (events_)
       events_->Write({{"event", "checkpoint"},
                       {"step", r.step},

@@ -43,6 +43,7 @@ struct StepDecision {
   double blocked_ms = 0;  // what this call blocked the step (a synchronous save at the end)
   bool saved = false;     // a save began at this step
   bool failed = false;    // some rank reported a failure (`failed` below): every rank stops now
+  double agree_ms = 0;    // in the decision's all-reduce: waiting for the slowest rank's step
 };
 
 class Checkpointer {
@@ -76,6 +77,8 @@ class Checkpointer {
   // Completes a save in flight (commit or abort), so that nothing is left half-done. Throws
   // keel::Error if the final save failed.
   void Finish();
+  // Called (on the training thread) when a save commits.
+  void set_on_commit(std::function<void()> f) { on_commit_ = std::move(f); }
 
  private:
   void Begin(const ckpt::StateView& view);
@@ -92,6 +95,7 @@ class Checkpointer {
   parallel::Comm& comm_;
   const std::string run_dir_, root_;
   monitor::JsonlWriter* events_;
+  std::function<void()> on_commit_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
   std::chrono::steady_clock::time_point last_save_;
   int save_state_ = 0;             // none, writing (not yet agreed), committing

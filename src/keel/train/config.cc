@@ -111,6 +111,15 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"metrics_port", &c.monitor.metrics_port},
         {"metrics_addr", &c.monitor.metrics_addr},
         {"metrics_token", &c.monitor.metrics_token}}},
+      {"monitor.alerts",
+       {{"nonfinite", &c.monitor.alerts.nonfinite},
+        {"loss_ceiling", &c.monitor.alerts.loss_ceiling},
+        {"throughput_drop", &c.monitor.alerts.throughput_drop},
+        {"no_step_s", &c.monitor.alerts.no_step_s},
+        {"checkpoint_age_min", &c.monitor.alerts.checkpoint_age_min},
+        {"min_free_disk_gb", &c.monitor.alerts.min_free_disk_gb},
+        {"straggler", &c.monitor.alerts.straggler},
+        {"webhook", &c.monitor.alerts.webhook}}},
       {"launch",
        {{"launcher", &c.launch.launcher},
         {"hostfile", &c.launch.hostfile},
@@ -400,6 +409,18 @@ void ApplyFile(const toml::table& root, std::vector<Section>& sections, RunConfi
         ApplySources(value, cfg.data.sources, prov);
         continue;
       }
+      // A sub-table ([monitor.alerts]): its keys belong to the section of the dotted name.
+      if (Section* sub =
+              FindSection(sections, std::string(sec->name) + "." + std::string(key.str()));
+          sub && value.is_table()) {
+        for (const auto& [k, v] : *value.as_table()) {
+          const Field* f = FindField(*sub, k.str());
+          const std::string where = prov.Where(sub->name, k.str());
+          if (f == nullptr) ThrowBadInput(where + ": unknown key (known: " + KnownKeys(*sub) + ")");
+          Assign(v, f->ref, where);
+        }
+        continue;
+      }
       const Field* f = FindField(*sec, key.str());
       std::string where = prov.Where(sec->name, key.str());
       if (f == nullptr) ThrowBadInput(where + ": unknown key (known: " + KnownKeys(*sec) + ")");
@@ -425,6 +446,10 @@ void ApplyOverride(const std::string& text, std::vector<Section>& sections, Prov
   std::string_view value = Trim(std::string_view(text).substr(eq + 1));
   size_t dot = path.find('.');
   if (dot == std::string_view::npos || dot == 0 || dot + 1 == path.size()) ThrowBadInput(usage);
+  // monitor.alerts.webhook: the longest section name that exists.
+  if (const size_t last = path.rfind('.');
+      last != dot && FindSection(sections, path.substr(0, last)) != nullptr)
+    dot = last;
   std::string_view sec_name = path.substr(0, dot);
   std::string_view key = path.substr(dot + 1);
 

@@ -171,12 +171,27 @@ struct LaunchSection {
   bool operator==(const LaunchSection&) const = default;
 };
 
+// [monitor.alerts]: see monitor/alerts.h and docs/CONFIG.md.
+struct AlertsSection {
+  bool nonfinite = true;
+  double loss_ceiling = 0;     // after [optim] warmup_steps; 0 = off
+  double throughput_drop = 0;  // fraction below the running median; 0 = off
+  double no_step_s = 0;
+  double checkpoint_age_min = 0;
+  double min_free_disk_gb = 0;
+  bool straggler = true;
+  std::string webhook;
+
+  bool operator==(const AlertsSection&) const = default;
+};
+
 struct MonitorSection {
   double peak_gflops = 0;  // per rank, for MFU; 0 = measured on this CPU (cached)
   bool metrics_jsonl = true;
   int metrics_port = 0;  // Prometheus endpoint on rank 0; 0 = none
   std::string metrics_addr = "127.0.0.1";
   std::string metrics_token;  // required for a non-loopback metrics_addr
+  AlertsSection alerts;
 
   bool operator==(const MonitorSection&) const = default;
 };

@@ -180,6 +180,22 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                      "\" is reachable from other machines: set [monitor] metrics_token too "
                      "(scrapers then send it as the basic-auth password of user \"keel\")");
 
+  const Checker alerts(prov, "monitor.alerts");
+  const AlertsSection& al = cfg.monitor.alerts;
+  for (const auto& [key, v] : {std::pair{"loss_ceiling", al.loss_ceiling},
+                               {"no_step_s", al.no_step_s},
+                               {"checkpoint_age_min", al.checkpoint_age_min},
+                               {"min_free_disk_gb", al.min_free_disk_gb}})
+    alerts.FiniteNonNegative(key, v);
+  if (!(al.throughput_drop >= 0 && al.throughput_drop < 1))
+    alerts.Fail("throughput_drop",
+                "expected a fraction in [0, 1) (0.3: alert 30% below the "
+                "running median; 0: off), got " +
+                    std::to_string(al.throughput_drop));
+  if (!al.webhook.empty() && al.webhook.rfind("http://", 0) != 0 &&
+      al.webhook.rfind("https://", 0) != 0)
+    alerts.Fail("webhook", "expected an http:// or https:// URL, got \"" + al.webhook + "\"");
+
   const Checker res(prov, "resilience");
   const ResilienceSection& r = cfg.resilience;
   for (const auto& [key, v] : {std::pair{"max_skips", r.max_skips},

@@ -121,7 +121,8 @@ std::vector<double> CheckStragglers(resilience::StragglerTracker& tracker, paral
                                     double compute_ms, int step_done, const ResilienceSection& rs,
                                     const std::vector<std::string>& hosts,
                                     monitor::JsonlWriter* events,
-                                    const std::function<void()>& blame_self) {
+                                    const std::function<void()>& blame_self,
+                                    std::string* named_line) {
   if (rs.straggler_every <= 0 || world.size() < 2 || step_done % rs.straggler_every != 0) return {};
   const std::vector<int> named = tracker.Update(GatherPerRank(world, compute_ms));
   for (int r : named) {
@@ -131,6 +132,8 @@ std::vector<double> CheckStragglers(resilience::StragglerTracker& tracker, paral
         std::to_string(score).substr(0, 4) + "x as long as the median of the others (" +
         std::to_string(rs.straggler_checks) + " checks in a row, [resilience] " +
         "straggler_ratio = " + std::to_string(rs.straggler_ratio).substr(0, 4) + ")";
+    if (named_line && named_line->empty())
+      *named_line = "step " + std::to_string(step_done) + ": " + line;
     if (events) {
       Log("keel: step %d: %s", step_done, line.c_str());
       events->Write({{"event", "straggler"},

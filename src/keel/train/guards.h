@@ -67,11 +67,13 @@ class StepJudge {
 // check, scored; a rank named (`straggler_checks` slow checks in a row) goes to the log and
 // `events` (rank 0's, else null). Returns the scores, empty when no check ran. With
 // `straggler_fails` a named rank ends the job: keel::Error, exit 75 (`blame_self` first on it).
+// `named_line` (optional) receives the first named rank's line.
 std::vector<double> CheckStragglers(resilience::StragglerTracker& tracker, parallel::Comm& world,
                                     double compute_ms, int step_done, const ResilienceSection& rs,
                                     const std::vector<std::string>& hosts,
                                     monitor::JsonlWriter* events,
-                                    const std::function<void()>& blame_self);
+                                    const std::function<void()>& blame_self,
+                                    std::string* named_line = nullptr);
 
 // One silent-corruption check (docs/RESILIENCE.md), after a step's forward and backward: the
 // replicas compare their weights, then (ZeRO 0) their reduced gradients. On a disagreement the

@@ -27,6 +27,7 @@
 #include "keel/data/prefetcher.h"
 #include "keel/kernels/matmul.h"
 #include "keel/model/params.h"
+#include "keel/monitor/alerts.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/optim/schedule.h"
@@ -568,6 +569,24 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   sum.steps_done = start_step;
   heartbeat.StartedAt(start_step);
   StepReporter report(cfg, comm, cfg.train.stop_at > 0 ? cfg.train.stop_at : cfg.train.steps);
+  // [monitor.alerts], judged on rank 0: it has the reduced loss and every rank's figures.
+  // Shared with the checkpointer's commit hook, which may outlive the loop.
+  std::shared_ptr<monitor::Alerts> alerts;
+  if (lead) {
+    const AlertsSection& a = cfg.monitor.alerts;
+    alerts = std::make_shared<monitor::Alerts>(
+        monitor::AlertConfig{a.nonfinite, a.loss_ceiling, cfg.optim.warmup_steps, a.throughput_drop,
+                             a.no_step_s, a.checkpoint_age_min, a.min_free_disk_gb,
+                             std::filesystem::exists(ckpt.root()) ? ckpt.root() : sum.run_dir,
+                             a.straggler, a.webhook},
+        [&](const nlohmann::json& e, const std::string& line) {
+          events.Write(e);
+          Log("keel: %s", line.c_str());
+        });
+    ckpt.set_on_commit([weak = std::weak_ptr<monitor::Alerts>(alerts)] {
+      if (auto a = weak.lock()) a->Checkpointed();
+    });
+  }
   for (int step_i = start_step; step_i < cfg.train.steps; ++step_i) {
     Timer step_timer;
     monitor::StepTimes times;
@@ -704,9 +723,10 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
           "(slower)");
     sum.last_loss = loss;
     checks_timer.Reset();
-    const std::vector<double> straggler_scores =
-        CheckStragglers(stragglers, comm, compute_since, step_i + 1, rs, hosts,
-                        lead ? &events : nullptr, [&] { heartbeat.BlameSelf(); });
+    std::string straggler;  // the line naming one, for the alert
+    const std::vector<double> straggler_scores = CheckStragglers(
+        stragglers, comm, compute_since, step_i + 1, rs, hosts, lead ? &events : nullptr,
+        [&] { heartbeat.BlameSelf(); }, &straggler);
     if (!straggler_scores.empty()) compute_since = 0;
     times[Phase::kChecks] += checks_timer.Millis();
     double val = -1;
@@ -744,7 +764,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     const Timer save_timer;
     const StepDecision decision =
         ckpt.AfterStep(step_i + 1, last_step, stop.requested(), data_error.has_value(), view);
-    times[Phase::kCheckpoint] += save_timer.Millis();
+    times[Phase::kSync] = decision.agree_ms;
+    times[Phase::kCheckpoint] += save_timer.Millis() - decision.agree_ms;
     heartbeat.Set(step_i + 1, "train");
 
     StepFigures fig;
@@ -772,6 +793,11 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       extra["bubble_predicted"] = bubble_predicted;
     }
     report.Report(fig, extra, lead && metrics.is_open() ? &metrics : nullptr);
+    if (alerts) {
+      const double train_ms = fig.ms - times[Phase::kValidation] - times[Phase::kCheckpoint];
+      alerts->Step({step_i + 1, loss, norm, train_ms > 0 ? tokens_per_step / (train_ms / 1e3) : 0,
+                    !straggler_scores.empty(), straggler});
+    }
     if (decision.failed) ShareError(comm, data_error);  // throws on every rank
     if (decision.stop) {
       sum.interrupted = true;

@@ -1,0 +1,119 @@
+// The pure parts of monitor/: alert hysteresis (each rule fires once per episode, resolves once),
+// the step-time tiling, the ETA and its formatting, resident memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "keel/monitor/alerts.h"
+#include "keel/monitor/eta.h"
+#include "keel/monitor/memory_usage.h"
+#include "keel/monitor/step_times.h"
+
+namespace keel::monitor {
+namespace {
+
+struct Fired {
+  std::vector<std::pair<std::string, std::string>> events;  // (event, rule)
+  Alerts::Sink sink() {
+    return [this](const nlohmann::json& e, const std::string&) {
+      events.push_back({e["event"], e["rule"]});
+    };
+  }
+};
+
+TEST(Alerts, NonFiniteFiresOncePerEpisode) {
+  Fired f;
+  Alerts a(AlertConfig{}, f.sink());
+  a.Step({1, 3.0, 1.0});
+  a.Step({2, NAN, 1.0});
+  a.Step({3, 3.0, NAN});  // still non-finite: no second alert
+  a.Step({4, 3.0, 1.0});
+  a.Step({5, INFINITY, 1.0});
+  using P = std::pair<std::string, std::string>;
+  EXPECT_EQ(f.events,
+            (std::vector<P>{
+                {"alert", "nonfinite"}, {"alert_resolved", "nonfinite"}, {"alert", "nonfinite"}}));
+}
+
+TEST(Alerts, LossCeilingWaitsForWarmup) {
+  Fired f;
+  AlertConfig c;
+  c.loss_ceiling = 5;
+  c.after_step = 3;
+  Alerts a(c, f.sink());
+  for (int s = 1; s <= 3; ++s) a.Step({s, 9.0, 1.0});  // warmup: above, no alert
+  EXPECT_TRUE(f.events.empty());
+  a.Step({4, 9.0, 1.0});
+  a.Step({5, 9.5, 1.0});
+  a.Step({6, 4.0, 1.0});
+  ASSERT_EQ(f.events.size(), 2u);
+  EXPECT_EQ(f.events[0].first, "alert");
+  EXPECT_EQ(f.events[1].first, "alert_resolved");
+}
+
+TEST(Alerts, ThroughputDropNeedsThreeLowStepsAndThreeToResolve) {
+  Fired f;
+  AlertConfig c;
+  c.throughput_drop = 0.3;
+  Alerts a(c, f.sink());
+  int s = 0;
+  for (int i = 0; i < 20; ++i) a.Step({++s, 3.0, 1.0, 1000.0 + i % 3});
+  a.Step({++s, 3.0, 1.0, 500.0});  // one slow step (a checkpoint's page cache): nothing
+  a.Step({++s, 3.0, 1.0, 1000.0});
+  EXPECT_TRUE(f.events.empty());
+  for (int i = 0; i < 10; ++i) a.Step({++s, 3.0, 1.0, 600.0});  // a slow stretch: one alert
+  ASSERT_EQ(f.events.size(), 1u);
+  EXPECT_EQ(f.events[0], std::make_pair(std::string("alert"), std::string("throughput_drop")));
+  for (int i = 0; i < 3; ++i) a.Step({++s, 3.0, 1.0, 1000.0});
+  ASSERT_EQ(f.events.size(), 2u);
+  EXPECT_EQ(f.events[1].first, "alert_resolved");
+}
+
+TEST(Alerts, StragglerJudgedOnlyOnCheckSteps) {
+  Fired f;
+  Alerts a(AlertConfig{}, f.sink());
+  a.Step({5, 3.0, 1.0, 0, true, "rank 1 is slow"});
+  a.Step({6, 3.0, 1.0, 0, false, ""});  // no check: still named
+  a.Step({10, 3.0, 1.0, 0, true, "rank 1 is slow"});
+  EXPECT_EQ(f.events.size(), 1u);
+  a.Step({15, 3.0, 1.0, 0, true, ""});
+  EXPECT_EQ(f.events.size(), 2u);
+}
+
+TEST(StepTimes, OtherIsWhatThePhasesLeave) {
+  StepTimes t;
+  t[Phase::kForward] = 30;
+  t[Phase::kBackward] = 60;
+  t[Phase::kOptimizer] = 8;
+  t.CloseWith(100);
+  EXPECT_DOUBLE_EQ(t[Phase::kOther], 2);
+  EXPECT_DOUBLE_EQ(t.Sum(), 100);
+  t.CloseWith(90);  // phases timed past the step: a negative remainder shows the double count
+  EXPECT_DOUBLE_EQ(t[Phase::kOther], -8);
+  EXPECT_EQ(ShareLine(t, 98), " | fwd 31% bwd 61% opt 8%");
+  EXPECT_STREQ(PhaseKey(Phase::kCommDp), "dp_wait_ms");
+  EXPECT_STREQ(PhaseName(Phase::kCheckpoint), "checkpoint");
+}
+
+TEST(Eta, MedianOfRecentStepsTimesStepsLeft) {
+  Eta e(5);
+  EXPECT_LT(e.SecondsLeft(10), 0);
+  for (double ms : {100.0, 100.0, 5000.0, 100.0, 100.0}) e.Add(ms);  // one save: ignored
+  EXPECT_DOUBLE_EQ(e.SecondsLeft(10), 1.0);
+  EXPECT_EQ(FormatDuration(42), "42s");
+  EXPECT_EQ(FormatDuration(185), "3m05s");
+  EXPECT_EQ(FormatDuration(3725), "1h02m");
+  EXPECT_EQ(FormatDuration(2 * 86400 + 3 * 3600 + 5), "2d03h");
+}
+
+TEST(Rss, CurrentAndPeakAreRead) {
+  std::vector<char> big(64 << 20, 1);  // touched: resident
+  const Rss r = ReadRss();
+  EXPECT_GT(r.current, 64e6);
+  EXPECT_GE(r.peak, r.current);
+  EXPECT_EQ(big[123], 1);
+}
+
+}  // namespace
+}  // namespace keel::monitor
