@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what keel needs from Debian's archive (idempotent) and builds it in build/.
-#   scripts/setup.sh            # packages + release build
+#   scripts/setup.sh            # what running keel needs + release build of keel
+#   KEEL_SETUP_TESTS=1 scripts/setup.sh   # also the tests' packages, tests and benchmarks
 #   KEEL_SKIP_APT=1 scripts/setup.sh   # build only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,16 +16,26 @@ PACKAGES=(
   libxxhash-dev            # integrity hashes
   libpcre2-dev             # GPT-2 pre-tokenization (Unicode classes, JIT)
   zlib1g-dev libzstd-dev   # compressed corpora
-  libcurl4-openssl-dev     # http(s) datasets (RemoteCache)
+  libcurl4-openssl-dev     # http(s) datasets (RemoteCache), alert webhooks
   libutf8proc-dev          # Unicode NFC for `keel data prepare --nfc`
   prometheus-cpp-dev       # the Prometheus endpoint ([monitor] metrics_port)
-    libgtest-dev libbenchmark-dev  # tests and benchmarks
+  libcpp-httplib-dev libjs-chart.js  # keel dashboard and keel report
+)
+# Only for the tests and benchmarks (scripts/test.sh asks for them): the quickstart does not need
+# PyTorch, a browser or a Slurm.
+TEST_PACKAGES=(
+  libgtest-dev libbenchmark-dev  # tests and benchmarks
   clang libclang-rt-dev    # the fuzz targets' test build (libFuzzer, ASan, UBSan)
   python3-torch python3-numpy    # the PyTorch oracle in tests (never needed at run time)
-  python3-prometheus-client curl # tests: scrape and parse the Prometheus endpoint
+  python3-prometheus-client curl # scrape and parse the Prometheus endpoint
+  chromium python3-websocket python3-pil  # the dashboard and reports in headless Chromium
   iproute2 util-linux      # tests' network-namespace hosts (ip netns, nsenter, unshare)
   slurm-wlm munge          # tests' local Slurm (keel launch under srun)
 )
+tests=${KEEL_SETUP_TESTS:-0}
+if [[ $tests == 1 ]]; then
+  PACKAGES+=("${TEST_PACKAGES[@]}")
+fi
 
 if [[ "${KEEL_SKIP_APT:-0}" != 1 ]]; then
   missing=()
@@ -40,6 +51,13 @@ if [[ "${KEEL_SKIP_APT:-0}" != 1 ]]; then
   fi
 fi
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# The tests are built when asked for, and kept once a build has them.
+flags=()
+if [[ $tests == 1 ]]; then
+  flags=(-DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=ON)
+elif [[ ! -f build/CMakeCache.txt ]]; then
+  flags=(-DKEEL_BUILD_TESTS=OFF -DKEEL_BUILD_BENCH=OFF)
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${flags[@]}" >/dev/null
 ninja -C build -j"$(nproc)"
-echo "setup: built build/keel"
+echo "setup: built build/keel$([[ $tests == 1 ]] && echo ', the tests and the benchmarks')"

@@ -3,6 +3,6 @@
 # oracle. Builds first if needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ -x build/keel ]] || KEEL_SKIP_APT=${KEEL_SKIP_APT:-0} scripts/setup.sh
-ninja -C build -j"$(nproc)" >/dev/null
+# The tests' own packages (PyTorch, Chromium, Slurm ...) and build; quick when already there.
+KEEL_SETUP_TESTS=1 scripts/setup.sh
 ctest --test-dir build --output-on-failure -j1 "$@"
