@@ -114,7 +114,7 @@ LoadedModel ReadCheckpointModel(const std::string& dir) {
                                  dir + "/manifest.json");
   const auto layout = model::ParamLayout::Gpt2(m.config);
   m.weights.assign(layout.total(), 0.0f);
-  r.Load(TensorSpecs(layout), {{"master", m.weights.data()}});
+  r.Load(TensorSpecs(layout), {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
   return m;
 }
 

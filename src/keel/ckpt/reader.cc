@@ -13,6 +13,7 @@
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
+#include "keel/core/progress.h"
 #include "keel/data/file_util.h"
 
 namespace keel::ckpt {
@@ -147,9 +148,15 @@ void CheckpointReader::ReadBox(const TensorEntry& t, const std::vector<int64_t>&
 }
 
 void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
-                            const std::vector<FlatBuffer>& buffers, size_t lo, size_t hi) const {
+                            const std::vector<FlatBuffer>& buffers, size_t lo, size_t hi,
+                            bool progress) const {
+  double total = 0, done = 0;
+  for (const TensorSpec& s : tensors) total += 4.0 * double(s.numel()) * double(buffers.size());
+  if (hi > 0) total = 4.0 * double(hi - lo) * double(buffers.size());
+  Progress bar("load " + dir_, total, "B", progress);
   for (const TensorSpec& s : tensors)
     for (const FlatBuffer& b : buffers) {
+      bar.Update(done);
       const TensorEntry* t = manifest_.Find(s.name, b.kind);
       if (!t)
         ThrowBadInput(dir_ + "/manifest.json: no tensor " + s.name + " (" + b.kind +
@@ -159,15 +166,19 @@ void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
                       Shape(t->shape) + ", the model config expects " + Shape(s.shape));
       if (hi == 0 && s.local_shape.empty()) {
         ReadBox(*t, std::vector<int64_t>(s.shape.size(), 0), s.shape, b.data + s.offset);
+        done += 4.0 * double(s.numel());
         continue;
       }
       // A shard: the boxes of this tensor that fall in [lo, hi), whatever pieces hold them.
-      for (const Box& box : TensorBoxesIn(s, lo, hi == 0 ? SIZE_MAX : hi))
+      for (const Box& box : TensorBoxesIn(s, lo, hi == 0 ? SIZE_MAX : hi)) {
         ReadBox(*t, box.start, box.count, b.data + (s.offset + box.flat - lo));
+        done += 4.0 * double(box.numel);
+      }
     }
+  bar.Finish(done, "");
 }
 
-VerifyResult Verify(const std::string& dir) {
+VerifyResult Verify(const std::string& dir, bool progress) {
   VerifyResult v;
   v.dir = dir;
   CheckpointReader r;
@@ -191,9 +202,14 @@ VerifyResult Verify(const std::string& dir) {
     return v;
   }
   std::vector<float> tmp;
+  double total = 0;
+  for (const TensorEntry& t : m.tensors)
+    for (const Piece& p : t.pieces) total += double(p.bytes);
+  Progress bar("verify " + dir, total, "B", progress);
   for (const TensorEntry& t : m.tensors) {
     uint64_t covered = 0;
     for (const Piece& p : t.pieces) {
+      bar.Update(double(v.bytes));
       ++v.pieces;
       v.bytes += p.bytes;
       covered += p.bytes / 4;
@@ -217,6 +233,7 @@ VerifyResult Verify(const std::string& dir) {
                        "pieces cover " + std::to_string(covered) + " of " +
                            std::to_string(t.numel()) + " elements"});
   }
+  bar.Finish(double(v.bytes), "");
   if (v.bad.empty()) {
     v.status = "committed";
   } else {

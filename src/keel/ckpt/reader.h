@@ -33,9 +33,9 @@ class CheckpointReader {
   // Reads every tensor of `tensors`, for every kind in `buffers`: whole, or (hi > 0) only the flat
   // range [lo, hi) of the layout, into buffers whose element 0 is flat index lo (a ZeRO shard).
   // A tensor missing from the checkpoint or with another shape is bad input naming it and both
-  // shapes.
+  // shapes. `progress`: a progress line on stderr while it reads (core/progress.h).
   void Load(const std::vector<TensorSpec>& tensors, const std::vector<FlatBuffer>& buffers,
-            size_t lo = 0, size_t hi = 0) const;
+            size_t lo = 0, size_t hi = 0, bool progress = false) const;
 
  private:
   std::string dir_;
@@ -58,7 +58,8 @@ struct VerifyResult {
   std::vector<BadPiece> bad;
 };
 
-// Checks COMMIT, the manifest and every piece's hash. Reports instead of throwing.
-VerifyResult Verify(const std::string& dir);
+// Checks COMMIT, the manifest and every piece's hash. Reports instead of throwing. `progress`:
+// a progress line on stderr while it reads.
+VerifyResult Verify(const std::string& dir, bool progress = false);
 
 }  // namespace keel::ckpt

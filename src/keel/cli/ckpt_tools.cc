@@ -104,7 +104,7 @@ void AddVerify(CLI::App& ckpt) {
     std::printf("%-22s %10s %8s %8s %12s  %s\n", "checkpoint", "step", "tensors", "pieces", "size",
                 "result");
     for (const auto& dir : t.dirs) {
-      ckpt::VerifyResult v = ckpt::Verify(dir);
+      ckpt::VerifyResult v = ckpt::Verify(dir, /*progress=*/true);
       const bool ok = v.status == "committed";
       bad += !ok;
       std::printf("%-22s %10lld %8zu %8zu %12s  %s\n", fs::path(dir).filename().string().c_str(),

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <unordered_set>
 
 #include "keel/core/error.h"
+#include "keel/core/progress.h"
 #include "keel/data/prepare_input.h"
 #include "keel/data/shard_writer.h"
 #include "keel/data/tokenizer.h"
@@ -165,29 +167,26 @@ bool GoesToVal(uint64_t doc_index, const PrepareOptions& o) {
   return double(h >> 11) * 0x1.0p-53 < o.val_fraction;
 }
 
-class Progress {
- public:
-  explicit Progress(bool on) : on_(on), tty_(::isatty(2) == 1) {}
-  void Update(const PrepareSummary& s, bool final_line) {
-    if (!on_) return;
-    auto now = Clock::now();
-    if (!final_line && now - last_ < std::chrono::seconds(2)) return;
-    last_ = now;
-    double secs = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(
-        stderr, "%sprepare: %.1f MB read, %llu docs, %llu tokens, %.1f MB/s%s", tty_ ? "\r" : "",
-        double(s.bytes_read) / 1e6, static_cast<unsigned long long>(s.documents_read),
-        static_cast<unsigned long long>(s.train_tokens) + s.val_tokens,
-        secs > 0 ? double(s.bytes_read) / 1e6 / secs : 0.0, tty_ && !final_line ? "" : "\n");
-    printed_ = true;
+// Input bytes in all: known when no input is compressed (the reader counts what it decompresses).
+double InputBytes(const std::vector<std::string>& files) {
+  double total = 0;
+  for (const std::string& f : files) {
+    for (const char* ext : {".gz", ".zst", ".zstd", ".xz", ".bz2"})
+      if (f.size() > std::strlen(ext) &&
+          f.compare(f.size() - std::strlen(ext), std::string::npos, ext) == 0)
+        return 0;
+    std::error_code ec;
+    const auto n = std::filesystem::file_size(f, ec);
+    if (ec) return 0;
+    total += double(n);
   }
-  bool printed() const { return printed_; }
+  return total;
+}
 
- private:
-  using Clock = std::chrono::steady_clock;
-  bool on_, tty_, printed_ = false;
-  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
-};
+std::string Counts(const PrepareSummary& s) {
+  return FormatAmount(double(s.documents_read), "docs") + ", " +
+         FormatAmount(double(s.train_tokens + s.val_tokens), "tokens");
+}
 
 }  // namespace
 
@@ -223,7 +222,7 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   PrepareSummary sum;
   sum.files = reader.files().size();
   std::unordered_set<uint64_t> seen;
-  Progress progress(o.progress);
+  Progress progress("prepare", InputBytes(reader.files()), "B", o.progress);
   ShardWriter* target = nullptr;  // where the current document goes; nullptr when dropped
   const int32_t eos = tok.eos_id();
 
@@ -294,7 +293,7 @@ PrepareSummary Prepare(const PrepareOptions& o) {
       sum.train_tokens = train.tokens();
       sum.val_documents = val ? val->documents() : 0;
       sum.val_tokens = val ? val->tokens() : 0;
-      progress.Update(sum, false);
+      progress.Update(double(sum.bytes_read), Counts(sum));
     }
   }
   if (sum.documents_read == 0) {
@@ -322,7 +321,7 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   sum.val_documents = val ? val->documents() : 0;
   sum.val_tokens = val ? val->tokens() : 0;
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (progress.printed()) progress.Update(sum, true);
+  progress.Finish(double(sum.bytes_read), Counts(sum));
   return sum;
 }
 

@@ -1,6 +1,8 @@
 #include "keel/train/checkpointing.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include "keel/ckpt/checkpoint_dir.h"
 #include "keel/ckpt/checkpoint_model.h"
@@ -110,7 +112,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       ckpt::CheckSameModel(r.manifest(), cfg_.ResolvedModel(), dir);
       other_model = false;
       ckpt::CheckManifestModel(r.manifest(), dir);
-      r.Load(view.tensors, view.buffers, view.lo, view.hi);
+      r.Load(view.tensors, view.buffers, view.lo, view.hi, /*progress=*/comm_.rank() == 0);
       const ckpt::Manifest& m = r.manifest();
       if (fs::path(dir).parent_path() == fs::path(root_))
         writer_->Seed(m, fs::path(dir).filename().string());
@@ -158,6 +160,21 @@ double Checkpointer::BeforeUpdate() {
   return ms;
 }
 
+double Checkpointer::NoteStep(double step_ms) {
+  if (save_state_ != kWriting) {
+    clean_ms_.push_back(step_ms);
+    if (clean_ms_.size() > 20) clean_ms_.pop_front();
+    return -1;
+  }
+  if (clean_ms_.empty()) return 0;  // nothing to compare with yet
+  std::vector<double> v(clean_ms_.begin(), clean_ms_.end());
+  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+  const double lost = std::max(0.0, step_ms - v[v.size() / 2]);
+  pending_lost_ms_ += lost;
+  ++pending_overlapped_;
+  return lost;
+}
+
 void Checkpointer::Begin(const ckpt::StateView& view) {
   if (save_state_ == kCommitting) {
     writer_->Drain();  // rank 0's commit of the previous save: small files and fsyncs
@@ -165,6 +182,8 @@ void Checkpointer::Begin(const ckpt::StateView& view) {
   }
   Report();
   pending_blocked_ms_ = 0;
+  pending_lost_ms_ = 0;
+  pending_overlapped_ = 0;
   last_save_ = std::chrono::steady_clock::now();
   writer_->Begin(view);
   save_state_ = kWriting;
@@ -265,10 +284,18 @@ void Checkpointer::Report() {
     if (r.referenced_bytes)
       std::snprintf(unchanged, sizeof unchanged, " (%.1f MiB unchanged: referenced, not rewritten)",
                     r.referenced_bytes / 1048576.0);
+    char lost[128] = "";
+    if (pending_overlapped_ > 0)
+      std::snprintf(lost, sizeof lost,
+                    "; the %d step(s) beside it took %.0f ms longer (%.0f%% of "
+                    "the save's time)",
+                    pending_overlapped_, pending_lost_ms_,
+                    100 * pending_lost_ms_ / std::max(1.0, r.total_ms));
     Log("keel: checkpoint %s: %.1f MiB%s in %.0f ms (this rank staged %.1f MiB and wrote in %.0f "
-        "ms), the step was blocked %.1f ms%s%s",
+        "ms), the step was blocked %.1f ms%s%s%s",
         r.path.c_str(), r.total_bytes / 1048576.0, unchanged, r.total_ms, r.bytes / 1048576.0,
-        r.write_ms, pending_blocked_ms_, deleted.empty() ? "" : "; deleted ", deleted.c_str());
+        r.write_ms, pending_blocked_ms_, lost, deleted.empty() ? "" : "; deleted ",
+        deleted.c_str());
     if (on_commit_) on_commit_();
     if (events_)
       events_->Write({{"event", "checkpoint"},
@@ -277,6 +304,8 @@ void Checkpointer::Report() {
                       {"bytes", r.total_bytes},
                       {"referenced_bytes", r.referenced_bytes},
                       {"blocked_ms", pending_blocked_ms_},
+                      {"overlapped_steps", pending_overlapped_},
+                      {"steps_lost_ms", pending_lost_ms_},
                       {"snapshot_ms", r.snapshot_ms},
                       {"write_ms", r.write_ms},
                       {"total_ms", r.total_ms},

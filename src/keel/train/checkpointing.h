@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -77,6 +78,10 @@ class Checkpointer {
   // Completes a save in flight (commit or abort), so that nothing is left half-done. Throws
   // keel::Error if the final save failed.
   void Finish();
+  // Before AfterStep, the step's wall time so far. While a save is in flight, returns how much
+  // longer the step took than the recent steps without one (the save's cost to training, which
+  // the commit's line and event sum up); -1 when no save was in flight.
+  double NoteStep(double step_ms);
   // Called (on the training thread) when a save commits.
   void set_on_commit(std::function<void()> f) { on_commit_ = std::move(f); }
 
@@ -100,6 +105,9 @@ class Checkpointer {
   std::chrono::steady_clock::time_point last_save_;
   int save_state_ = 0;             // none, writing (not yet agreed), committing
   double pending_blocked_ms_ = 0;  // the current save's blocked time so far
+  double pending_lost_ms_ = 0;     // what the steps beside it took beyond the usual
+  int pending_overlapped_ = 0;     // and how many they were
+  std::deque<double> clean_ms_;    // the last steps with no save in flight
   bool last_failed_ = false;
   std::string last_error_;
 };

@@ -761,6 +761,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       std::raise(SIGTERM);
     }
     hang_if_due(step_i, "checkpoint", step_i + 1);
+    const double save_overlap_ms = ckpt.NoteStep(step_timer.Millis());
     const Timer save_timer;
     const StepDecision decision =
         ckpt.AfterStep(step_i + 1, last_step, stop.requested(), data_error.has_value(), view);
@@ -787,6 +788,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                             {"memory_bytes", memory_total}};
     if (!straggler_scores.empty()) extra["straggler_scores"] = straggler_scores;
     if (ckpt_ms > 0) extra["ckpt_blocked_ms"] = ckpt_ms;
+    if (save_overlap_ms >= 0) extra["save_overlap_ms"] = save_overlap_ms;
     if (pipelined) {
       extra["pp_wait_max_ms"] = pipe[1];
       extra["bubble"] = pipe[0];
