@@ -13,6 +13,18 @@
 namespace keel::monitor {
 namespace {
 
+StepSignals Sig(int step, double loss, double norm, double tokens_per_s = 0,
+                bool straggler_checked = false, const std::string& straggler = "") {
+  StepSignals s;
+  s.step = step;
+  s.loss = loss;
+  s.grad_norm = norm;
+  s.tokens_per_s = tokens_per_s;
+  s.straggler_checked = straggler_checked;
+  s.straggler = straggler;
+  return s;
+}
+
 struct Fired {
   std::vector<std::pair<std::string, std::string>> events;  // (event, rule)
   Alerts::Sink sink() {
@@ -25,11 +37,11 @@ struct Fired {
 TEST(Alerts, NonFiniteFiresOncePerEpisode) {
   Fired f;
   Alerts a(AlertConfig{}, f.sink());
-  a.Step({1, 3.0, 1.0});
-  a.Step({2, NAN, 1.0});
-  a.Step({3, 3.0, NAN});  // still non-finite: no second alert
-  a.Step({4, 3.0, 1.0});
-  a.Step({5, INFINITY, 1.0});
+  a.Step(Sig(1, 3.0, 1.0));
+  a.Step(Sig(2, NAN, 1.0));
+  a.Step(Sig(3, 3.0, NAN));  // still non-finite: no second alert
+  a.Step(Sig(4, 3.0, 1.0));
+  a.Step(Sig(5, INFINITY, 1.0));
   using P = std::pair<std::string, std::string>;
   EXPECT_EQ(f.events,
             (std::vector<P>{
@@ -42,11 +54,11 @@ TEST(Alerts, LossCeilingWaitsForWarmup) {
   c.loss_ceiling = 5;
   c.after_step = 3;
   Alerts a(c, f.sink());
-  for (int s = 1; s <= 3; ++s) a.Step({s, 9.0, 1.0});  // warmup: above, no alert
+  for (int s = 1; s <= 3; ++s) a.Step(Sig(s, 9.0, 1.0));  // warmup: above, no alert
   EXPECT_TRUE(f.events.empty());
-  a.Step({4, 9.0, 1.0});
-  a.Step({5, 9.5, 1.0});
-  a.Step({6, 4.0, 1.0});
+  a.Step(Sig(4, 9.0, 1.0));
+  a.Step(Sig(5, 9.5, 1.0));
+  a.Step(Sig(6, 4.0, 1.0));
   ASSERT_EQ(f.events.size(), 2u);
   EXPECT_EQ(f.events[0].first, "alert");
   EXPECT_EQ(f.events[1].first, "alert_resolved");
@@ -58,14 +70,14 @@ TEST(Alerts, ThroughputDropNeedsThreeLowStepsAndThreeToResolve) {
   c.throughput_drop = 0.3;
   Alerts a(c, f.sink());
   int s = 0;
-  for (int i = 0; i < 20; ++i) a.Step({++s, 3.0, 1.0, 1000.0 + i % 3});
-  a.Step({++s, 3.0, 1.0, 500.0});  // one slow step (a checkpoint's page cache): nothing
-  a.Step({++s, 3.0, 1.0, 1000.0});
+  for (int i = 0; i < 20; ++i) a.Step(Sig(++s, 3.0, 1.0, 1000.0 + i % 3));
+  a.Step(Sig(++s, 3.0, 1.0, 500.0));  // one slow step (a checkpoint's page cache): nothing
+  a.Step(Sig(++s, 3.0, 1.0, 1000.0));
   EXPECT_TRUE(f.events.empty());
-  for (int i = 0; i < 10; ++i) a.Step({++s, 3.0, 1.0, 600.0});  // a slow stretch: one alert
+  for (int i = 0; i < 10; ++i) a.Step(Sig(++s, 3.0, 1.0, 600.0));  // a slow stretch: one alert
   ASSERT_EQ(f.events.size(), 1u);
   EXPECT_EQ(f.events[0], std::make_pair(std::string("alert"), std::string("throughput_drop")));
-  for (int i = 0; i < 3; ++i) a.Step({++s, 3.0, 1.0, 1000.0});
+  for (int i = 0; i < 3; ++i) a.Step(Sig(++s, 3.0, 1.0, 1000.0));
   ASSERT_EQ(f.events.size(), 2u);
   EXPECT_EQ(f.events[1].first, "alert_resolved");
 }
@@ -73,11 +85,11 @@ TEST(Alerts, ThroughputDropNeedsThreeLowStepsAndThreeToResolve) {
 TEST(Alerts, StragglerJudgedOnlyOnCheckSteps) {
   Fired f;
   Alerts a(AlertConfig{}, f.sink());
-  a.Step({5, 3.0, 1.0, 0, true, "rank 1 is slow"});
-  a.Step({6, 3.0, 1.0, 0, false, ""});  // no check: still named
-  a.Step({10, 3.0, 1.0, 0, true, "rank 1 is slow"});
+  a.Step(Sig(5, 3.0, 1.0, 0, true, "rank 1 is slow"));
+  a.Step(Sig(6, 3.0, 1.0, 0, false, ""));  // no check: still named
+  a.Step(Sig(10, 3.0, 1.0, 0, true, "rank 1 is slow"));
   EXPECT_EQ(f.events.size(), 1u);
-  a.Step({15, 3.0, 1.0, 0, true, ""});
+  a.Step(Sig(15, 3.0, 1.0, 0, true, ""));
   EXPECT_EQ(f.events.size(), 2u);
 }
 
