@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "keel/core/log.h"
 #include "keel/monitor/memory_usage.h"
 
 namespace keel::train {
@@ -14,11 +15,28 @@ constexpr size_t kRss = monitor::kPhases, kPeakRss = kRss + 1, kPerRank = kPeakR
 
 }  // namespace
 
-StepReporter::StepReporter(const RunConfig& cfg, parallel::Comm& comm, int last_step)
+StepReporter::StepReporter(const RunConfig& cfg, parallel::Comm& comm, int last_step,
+                           monitor::JsonlWriter* events, const std::string& disk_path)
     : cfg_(cfg), comm_(comm), last_step_(last_step) {
-  if (comm.rank() == 0 && cfg.monitor.metrics_port > 0)
+  if (comm.rank() != 0) return;
+  if (cfg.monitor.metrics_port > 0)
     exporter_ = std::make_unique<monitor::MetricsExporter>(
         cfg.monitor.metrics_addr, cfg.monitor.metrics_port, cfg.monitor.metrics_token);
+  const AlertsSection& a = cfg.monitor.alerts;
+  alerts_ = std::make_shared<monitor::Alerts>(
+      monitor::AlertConfig{a.nonfinite, a.loss_ceiling, cfg.optim.warmup_steps, a.throughput_drop,
+                           a.no_step_s, a.checkpoint_age_min, a.min_free_disk_gb, disk_path,
+                           a.straggler, a.webhook},
+      [events](const nlohmann::json& e, const std::string& line) {
+        if (events) events->Write(e);
+        Log("keel: %s", line.c_str());
+      });
+}
+
+std::function<void()> StepReporter::CommitHook() const {
+  return [weak = std::weak_ptr<monitor::Alerts>(alerts_)] {
+    if (auto a = weak.lock()) a->Checkpointed();
+  };
 }
 
 StepReporter::~StepReporter() = default;
@@ -74,6 +92,17 @@ void StepReporter::Report(const StepFigures& f, const nlohmann::json& extra,
     metrics->Write(m);
   }
   if (exporter_) Serve(f, all, eta_s);
+  // The training phases' rate: validation passes and saves are not a throughput drop.
+  const double train_ms =
+      f.ms - f.times[monitor::Phase::kValidation] - f.times[monitor::Phase::kCheckpoint];
+  monitor::StepSignals sig;
+  sig.step = f.step;
+  sig.loss = f.loss;
+  sig.grad_norm = f.grad_norm;
+  sig.tokens_per_s = train_ms > 0 ? f.tokens / (train_ms / 1e3) : 0;
+  sig.straggler_checked = f.straggler_checked;
+  sig.straggler = f.straggler;
+  alerts_->Step(sig);
 }
 
 void StepReporter::Serve(const StepFigures& f, const std::vector<double>& all, double eta_s) {

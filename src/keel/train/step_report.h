@@ -1,15 +1,20 @@
-// The trainer's record of each step: the console line, the metrics.jsonl line and the Prometheus
-// gauges, from one set of figures. Every rank's step-time breakdown and memory are gathered to
-// rank 0 (one small collective per step), which prints, writes and serves them.
+// The trainer's record of each step: the console line, the metrics.jsonl line, the Prometheus
+// gauges and the alerts, from one set of figures. Every rank's step-time breakdown and memory are
+// gathered to rank 0 (one small collective per step), which prints, writes, serves and judges
+// them.
 //
-//   StepReporter report(cfg, comm, lead ? &metrics : nullptr);
-//   report.Report(figures, extra);   // every rank, at the same step
+//   StepReporter report(cfg, comm, last_step, lead ? &events : nullptr, checkpoint_dir);
+//   ckpt.set_on_commit(report.CommitHook());
+//   report.Report(figures, extra, lead ? &metrics : nullptr);   // every rank, at the same step
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
+#include "keel/monitor/alerts.h"
 #include "keel/monitor/eta.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/monitor/prometheus_exporter.h"
@@ -27,16 +32,24 @@ struct StepFigures {
   double flops = 0;       // the step's model FLOPs, all ranks
   double peak_flops = 0;  // all ranks
   bool skipped = false;
-  monitor::StepTimes times;  // this rank's; `other` closed against `ms`
-  double ms = 0;             // this rank's whole loop iteration
+  bool straggler_checked = false;  // the straggler check ran this step
+  std::string straggler;           // the line naming one, "" when none
+  monitor::StepTimes times;        // this rank's; `other` closed against `ms`
+  double ms = 0;                   // this rank's whole loop iteration
 };
 
 class StepReporter {
  public:
   // `metrics`: rank 0's metrics.jsonl (null elsewhere, or when off). Rank 0 opens the Prometheus
   // endpoint when [monitor] metrics_port is set.
-  StepReporter(const RunConfig& cfg, parallel::Comm& comm, int last_step);
+  // `events` (rank 0's, else null) receives the alerts; `disk_path` is where checkpoints go.
+  StepReporter(const RunConfig& cfg, parallel::Comm& comm, int last_step,
+               monitor::JsonlWriter* events, const std::string& disk_path);
   ~StepReporter();
+
+  // For the checkpointer: a committed save restarts the checkpoint-age alert. Safe to call after
+  // this reporter is gone.
+  std::function<void()> CommitHook() const;
 
   // Collective. `extra` (rank 0's) is merged into the metrics line: layout-specific figures.
   void Report(const StepFigures& f, const nlohmann::json& extra, monitor::JsonlWriter* metrics);
@@ -49,6 +62,7 @@ class StepReporter {
   const int last_step_;
   monitor::Eta eta_;
   std::unique_ptr<monitor::MetricsExporter> exporter_;
+  std::shared_ptr<monitor::Alerts> alerts_;  // rank 0's; shared with the commit hook
 };
 
 }  // namespace keel::train

@@ -19,6 +19,7 @@
 #include "keel/ckpt/model_source.h"
 #include "keel/core/error.h"
 #include "keel/core/log.h"
+#include "keel/core/progress.h"
 #include "keel/core/stop_signal.h"
 #include "keel/core/timer.h"
 #include "keel/data/dataset.h"
@@ -27,7 +28,6 @@
 #include "keel/data/prefetcher.h"
 #include "keel/kernels/matmul.h"
 #include "keel/model/params.h"
-#include "keel/monitor/alerts.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/optim/schedule.h"
@@ -456,11 +456,16 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   std::vector<int32_t> tokens(size_t(s.micro_batch) * T), targets(tokens.size());
   auto validate = [&]() {
     double total = 0;
-    for (int b = 0; b < cfg.train.val_batches; ++b)
+    // On a terminal only: a log gets the pass's result on the step line, not its progress.
+    Progress bar("validation", cfg.train.val_batches, "batches", lead && isatty(2));
+    for (int b = 0; b < cfg.train.val_batches; ++b) {
+      bar.Update(b);
       for (int k = 0; k < s.n_micro; ++k) {
         d.val_loader->Fill(b, k, s.micro_batch, tokens.data(), targets.data());
         total += step.Forward(tokens.data(), targets.data());
       }
+    }
+    bar.Finish();
     return comm.AllReduceSum(total) / (tokens_per_step * cfg.train.val_batches);
   };
 
@@ -568,25 +573,11 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   StopScope stop;  // SIGINT/SIGTERM/SIGUSR2 from here on: finish the step, save, exit 0
   sum.steps_done = start_step;
   heartbeat.StartedAt(start_step);
-  StepReporter report(cfg, comm, cfg.train.stop_at > 0 ? cfg.train.stop_at : cfg.train.steps);
-  // [monitor.alerts], judged on rank 0: it has the reduced loss and every rank's figures.
-  // Shared with the checkpointer's commit hook, which may outlive the loop.
-  std::shared_ptr<monitor::Alerts> alerts;
-  if (lead) {
-    const AlertsSection& a = cfg.monitor.alerts;
-    alerts = std::make_shared<monitor::Alerts>(
-        monitor::AlertConfig{a.nonfinite, a.loss_ceiling, cfg.optim.warmup_steps, a.throughput_drop,
-                             a.no_step_s, a.checkpoint_age_min, a.min_free_disk_gb,
-                             std::filesystem::exists(ckpt.root()) ? ckpt.root() : sum.run_dir,
-                             a.straggler, a.webhook},
-        [&](const nlohmann::json& e, const std::string& line) {
-          events.Write(e);
-          Log("keel: %s", line.c_str());
-        });
-    ckpt.set_on_commit([weak = std::weak_ptr<monitor::Alerts>(alerts)] {
-      if (auto a = weak.lock()) a->Checkpointed();
-    });
-  }
+  // The step's record: console, metrics.jsonl, Prometheus, [monitor.alerts] (rank 0's).
+  StepReporter report(cfg, comm, cfg.train.stop_at > 0 ? cfg.train.stop_at : cfg.train.steps,
+                      lead ? &events : nullptr,
+                      std::filesystem::exists(ckpt.root()) ? ckpt.root() : sum.run_dir);
+  ckpt.set_on_commit(report.CommitHook());
   for (int step_i = start_step; step_i < cfg.train.steps; ++step_i) {
     Timer step_timer;
     monitor::StepTimes times;
@@ -779,6 +770,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     fig.flops = flops_per_token * tokens_per_step;
     fig.peak_flops = peak;
     fig.skipped = skip_update;
+    fig.straggler_checked = !straggler_scores.empty();
+    fig.straggler = straggler;
     fig.ms = step_timer.Millis();
     fig.times = times;
     fig.times.CloseWith(fig.ms);
@@ -795,11 +788,6 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       extra["bubble_predicted"] = bubble_predicted;
     }
     report.Report(fig, extra, lead && metrics.is_open() ? &metrics : nullptr);
-    if (alerts) {
-      const double train_ms = fig.ms - times[Phase::kValidation] - times[Phase::kCheckpoint];
-      alerts->Step({step_i + 1, loss, norm, train_ms > 0 ? tokens_per_step / (train_ms / 1e3) : 0,
-                    !straggler_scores.empty(), straggler});
-    }
     if (decision.failed) ShareError(comm, data_error);  // throws on every rank
     if (decision.stop) {
       sum.interrupted = true;
