@@ -5,7 +5,7 @@
 # that ran beside it and how much longer they took than the steps without a save (the trainer's
 # own figure, `steps_lost_ms` in events.jsonl), as a share of the save's time; the final save's
 # blocked time is what the same save costs when nothing overlaps it. Run twice: the writer at
-# normal priority, then with KEEL_CKPT_WRITER_NICE=19.
+# normal priority, then at the lowest ([checkpoint] writer_nice = 19).
 #   bench/ckpt_overlap.sh [OUT_DIR] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,12 +17,12 @@ mkdir -p "$out"
 head -c 4000000 ../shared/data/brown/brown.gpt2.u16 >"$out/tokens.u16"
 for nice in 0 19; do
   name=nice$nice
-  KEEL_CKPT_WRITER_NICE=$nice "$keel" train configs/quickstart.toml --set model.name=gpt2 \
+  "$keel" train configs/quickstart.toml --set model.name=gpt2 \
     --set data.train="$out/tokens.u16" --set data.val="" --set data.seq_len=256 \
     --set train.batch_size=4 --set train.precision=bf16 --set train.steps="$steps" \
     --set train.out_dir="$out" --set train.name=$name --set train.sample_count=0 \
     --set checkpoint.every_steps=3 --set checkpoint.every_minutes=0 \
-    --set checkpoint.save_final=false >"$out/$name.log" 2>&1 || { cat "$out/$name.log"; exit 1; }
+    --set checkpoint.save_final=false --set checkpoint.writer_nice=$nice >"$out/$name.log" 2>&1 || { cat "$out/$name.log"; exit 1; }
   /usr/bin/python3 - "$out/$name" "$nice" <<'PY'
 import json, sys
 run, nice = sys.argv[1], sys.argv[2]

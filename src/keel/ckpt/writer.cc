@@ -70,8 +70,9 @@ void WriteAll(int fd, const uint8_t* p, size_t n, const std::string& path) {
 
 }  // namespace
 
-CheckpointWriter::CheckpointWriter(std::string root, int rank, int world, Retention retention)
-    : root_(std::move(root)), rank_(rank), world_(world), retention_(retention) {
+CheckpointWriter::CheckpointWriter(std::string root, int rank, int world, Retention retention,
+                                   int nice)
+    : root_(std::move(root)), rank_(rank), world_(world), retention_(retention), nice_(nice) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -85,11 +86,8 @@ CheckpointWriter::~CheckpointWriter() {
 }
 
 void CheckpointWriter::Run() {
-  // The writer's CPU time (copying into the staging buffer, hashing, the kernel's copy into the
-  // page cache) competes with the step's threads. KEEL_CKPT_WRITER_NICE lowers its priority (a
-  // per-thread nice on Linux), for bench/ckpt_overlap.sh's comparison.
-  if (const char* nice = std::getenv("KEEL_CKPT_WRITER_NICE"); nice && *nice)
-    (void)setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), std::atoi(nice));
+  // A per-thread nice on Linux: the step's threads keep their own priority.
+  if (nice_ > 0) (void)setpriority(PRIO_PROCESS, id_t(syscall(SYS_gettid)), nice_);
   for (;;) {
     std::function<void()> task;
     {

@@ -59,7 +59,9 @@ class CheckpointWriter {
  public:
   enum Status { kIdle = 0, kWritten = 0, kWriting = 1, kFailed = 2 };
 
-  CheckpointWriter(std::string root, int rank, int world, Retention retention);
+  // `nice` (0..19) lowers the writer thread's priority, so that its CPU time (the staging copy,
+  // hashing, the kernel's copy into the page cache) comes from what the step leaves idle.
+  CheckpointWriter(std::string root, int rank, int world, Retention retention, int nice = 0);
   ~CheckpointWriter();  // finishes what is queued
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -145,6 +147,7 @@ class CheckpointWriter {
   };
   std::map<std::string, Stored> prev_, next_prev_;
 
+  int nice_ = 0;
   std::thread thread_;  // last
 };
 

@@ -34,7 +34,8 @@ Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::stri
       events_(events),
       writer_(std::make_unique<ckpt::CheckpointWriter>(
           root_, comm.rank(), comm.size(),
-          ckpt::Retention{cfg.checkpoint.keep_last, cfg.checkpoint.keep_every})),
+          ckpt::Retention{cfg.checkpoint.keep_last, cfg.checkpoint.keep_every},
+          cfg.checkpoint.writer_nice)),
       last_save_(std::chrono::steady_clock::now()) {}
 
 Checkpointer::~Checkpointer() = default;

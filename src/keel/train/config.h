@@ -120,6 +120,7 @@ struct CheckpointSection {
   int keep_every = 0;            // also keep every step that is a multiple of this; 0 = none
   std::string if_busy = "wait";  // a trigger while a save is in flight: "wait" | "skip"
   std::string resume;            // "" = fresh run | "auto" | a checkpoint folder
+  int writer_nice = 0;           // the writer thread's nice (0..19): its CPU time vs the step's
 
   bool operator==(const CheckpointSection&) const = default;
 };

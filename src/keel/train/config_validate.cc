@@ -165,6 +165,11 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   ckpt.Positive("keep_last", k.keep_last);
   ckpt.NonNegative("keep_every", k.keep_every);
   ckpt.OneOf("if_busy", k.if_busy, {"wait", "skip"});
+  if (k.writer_nice < 0 || k.writer_nice > 19)
+    ckpt.Fail("writer_nice",
+              "expected a nice value 0..19 (19: the writer runs when the step's "
+              "threads leave a core free), got " +
+                  std::to_string(k.writer_nice));
 
   const Checker monitor(prov, "monitor");
   monitor.FiniteNonNegative("peak_gflops", cfg.monitor.peak_gflops);
