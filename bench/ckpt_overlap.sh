@@ -36,6 +36,9 @@ for e in saves[:-1]:
     print(f"  async save of step {e['step']}: {e['total_ms']:.0f} ms, {e['overlapped_steps']} "
           f"step(s) beside it lost {e['steps_lost_ms']:.0f} ms = "
           f"{100 * e['steps_lost_ms'] / e['total_ms']:.0f}% of the save; blocked {e['blocked_ms']:.0f} ms")
+    print(f"    the writer: snapshot {e['snapshot_ms']:.0f} ms, write+fsync {e['write_ms']:.0f} ms "
+          f"(fsync {e['fsync_ms']:.0f}); CPU {e['writer_user_ms']:.0f} ms user (copy, xxh3), "
+          f"{e['writer_sys_ms']:.0f} ms kernel (page cache)")
     lost += e["steps_lost_ms"] + e["blocked_ms"]
     total += e["total_ms"]
 last = saves[-1]

@@ -49,8 +49,21 @@ for arg in sys.argv[2:]:
         problems.append(f"the last step's ETA is {lines[-1]['eta_s']}, not 0")
     if name.startswith("pp") and not any(m["pp_wait_ms"] > 0 for m in lines):
         problems.append("a pipeline that never waited for a neighbour")
-    if name.startswith("dp") and not any(m["ckpt_ms"] > 0 for m in lines):
-        problems.append("checkpoints every 5 steps and no checkpoint time")
+    if name.startswith("dp"):
+        if not any(m["ckpt_ms"] > 0 for m in lines):
+            problems.append("checkpoints every 5 steps and no checkpoint time")
+        # The steps beside an async save are timed against the others, per step and per save.
+        overlapped = [m["step"] for m in lines if "save_overlap_ms" in m]
+        saves = [json.loads(l) for l in open(f"{d}/{name}/events.jsonl")]
+        saves = [e for e in saves if e["event"] == "checkpoint"]
+        if not overlapped or 6 not in overlapped:
+            problems.append(f"no save_overlap_ms on the step after the step-5 save: {overlapped}")
+        if any(m.get("save_overlap_ms", 0) < 0 for m in lines):
+            problems.append("a negative save_overlap_ms")
+        s5 = next((e for e in saves if e["step"] == 5), None)
+        if not s5 or s5["overlapped_steps"] < 1 or s5["steps_lost_ms"] < 0 or any(
+                k not in s5 for k in ("writer_user_ms", "writer_sys_ms", "fsync_ms")):
+            problems.append(f"the step-5 save's event lacks its cost to the steps: {s5}")
     if not any(m["val_ms"] > 0 for m in lines):
         problems.append("validation every 10 steps and no validation time")
     print(f"{name}: {len(lines)} steps, phases cover each step (worst unexplained "

@@ -30,6 +30,14 @@ using nlohmann::json;
 
 namespace {
 
+// This thread's CPU time so far, user and kernel, in ms.
+std::pair<double, double> ThreadCpuMs() {
+  rusage u{};
+  getrusage(RUSAGE_THREAD, &u);
+  auto ms = [](const timeval& t) { return double(t.tv_sec) * 1e3 + double(t.tv_usec) / 1e3; };
+  return {ms(u.ru_utime), ms(u.ru_stime)};
+}
+
 // This rank's slice of the layout for a save: its ZeRO shard of the flat buffers, the same
 // whether it holds only that shard (ZeRO >= 1) or a whole replica (ZeRO 0), so that a save's
 // bandwidth grows with the ranks either way.
@@ -273,6 +281,7 @@ void CheckpointWriter::Prepare(const StateView& view) {
 
 void CheckpointWriter::DoSnapshot(const StateView& view) {
   Timer t;
+  const auto cpu0 = ThreadCpuMs();
   current_ = SaveReport{};
   current_.step = view.step;
   const std::string tmp = root_ + "/" + StepDirName(view.step) + ".tmp";
@@ -329,6 +338,9 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
   while (copied_bytes_.load() < bytes) std::this_thread::yield();  // a helper's last chunk
   staged_bytes_ = bytes;
   pieces_json_ = pieces.dump();
+  const auto [user, sys] = ThreadCpuMs();
+  current_.user_ms = user - cpu0.first;
+  current_.sys_ms = sys - cpu0.second;
   current_.bytes = bytes;
   current_.snapshot_ms = t.Millis();
   MaybeCrash("snapshot");
@@ -336,6 +348,7 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
 
 void CheckpointWriter::DoWrite() {
   Timer t;
+  const auto cpu0 = ThreadCpuMs();
   const std::string tmp = current_.path;
   fs::create_directories(tmp);
   if (rank_ == 0) {
@@ -379,8 +392,10 @@ void CheckpointWriter::DoWrite() {
       p["xxh3"] = HashHex(h);
     }
     MaybeCrash("write");
+    const Timer sync;
     if (::fsync(fd) != 0)
       throw Error(ExitCode::kRuntime, path + ": fsync failed: " + std::strerror(errno));
+    current_.fsync_ms = sync.Millis();
   } catch (...) {
     ::close(fd);
     throw;
@@ -388,6 +403,9 @@ void CheckpointWriter::DoWrite() {
   ::close(fd);
   data::WriteFileAtomic(tmp + "/" + RankFile(rank_, "json"), pieces.dump() + "\n");
   current_.write_ms = t.Millis();
+  const auto [user, sys] = ThreadCpuMs();
+  current_.user_ms += user - cpu0.first;
+  current_.sys_ms += sys - cpu0.second;
   MaybeCrash("written");
   std::lock_guard<std::mutex> lock(mu_);
   status_ = kWritten;

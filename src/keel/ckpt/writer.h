@@ -51,6 +51,9 @@ struct SaveReport {
   double snapshot_ms = 0;         // the copy the step waited for
   double write_ms = 0;            // write + fsync of this rank's file
   double total_ms = 0;            // Begin to commit (rank 0) or to written (others)
+  // Where the writer thread's time went: its CPU time in user space (the staging copy, xxh3) and
+  // in the kernel (write: the copy into the page cache), and the wait in fsync (the disk).
+  double user_ms = 0, sys_ms = 0, fsync_ms = 0;
   std::vector<std::string> deleted;  // by retention
   std::string error;                 // empty when it succeeded
 };

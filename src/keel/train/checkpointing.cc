@@ -309,6 +309,9 @@ void Checkpointer::Report() {
                       {"steps_lost_ms", pending_lost_ms_},
                       {"snapshot_ms", r.snapshot_ms},
                       {"write_ms", r.write_ms},
+                      {"writer_user_ms", r.user_ms},
+                      {"writer_sys_ms", r.sys_ms},
+                      {"fsync_ms", r.fsync_ms},
                       {"total_ms", r.total_ms},
                       {"deleted", r.deleted}});
   }
