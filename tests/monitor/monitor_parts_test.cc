@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "keel/core/progress.h"
 #include "keel/monitor/alerts.h"
 #include "keel/monitor/eta.h"
 #include "keel/monitor/memory_usage.h"
@@ -129,3 +130,27 @@ TEST(Rss, CurrentAndPeakAreRead) {
 
 }  // namespace
 }  // namespace keel::monitor
+
+namespace keel {
+namespace {
+
+TEST(Progress, AmountsReadAsPeopleWriteThem) {
+  EXPECT_EQ(FormatAmount(950, "B"), "950 B");
+  EXPECT_EQ(FormatAmount(412e6, "B"), "412 MB");
+  EXPECT_EQ(FormatAmount(1.4e9, "B"), "1.40 GB");
+  EXPECT_EQ(FormatAmount(81200, "docs"), "81,200 docs");
+  EXPECT_EQ(FormatAmount(31022686, "tokens"), "31,022,686 tokens");
+}
+
+TEST(Progress, SilentForShortWork) {
+  testing::internal::CaptureStderr();
+  {
+    Progress p("quick", 100, "B");
+    p.Update(50);
+    p.Finish();
+  }
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
+}  // namespace
+}  // namespace keel
