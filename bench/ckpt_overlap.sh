@@ -4,8 +4,9 @@
 # training goes on, and at the end synchronously. For each async save: its wall time, the steps
 # that ran beside it and how much longer they took than the steps without a save (the trainer's
 # own figure, `steps_lost_ms` in events.jsonl), as a share of the save's time; the final save's
-# blocked time is what the same save costs when nothing overlaps it. Run twice: the writer at
-# normal priority, then at the lowest ([checkpoint] writer_nice = 19).
+# blocked time is what the same save costs when nothing overlaps it. Run four times: the writer
+# at normal and at the lowest priority ([checkpoint] writer_nice 0, 19), through the page cache
+# and with O_DIRECT ([checkpoint] direct_io).
 #   bench/ckpt_overlap.sh [OUT_DIR] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,22 +16,23 @@ keel=build/keel
 rm -rf "$out"
 mkdir -p "$out"
 head -c 4000000 ../shared/data/brown/brown.gpt2.u16 >"$out/tokens.u16"
-for nice in 0 19; do
-  name=nice$nice
+for variant in "0 false" "19 false" "0 true" "19 true"; do
+  read -r nice direct <<<"$variant"
+  name=nice${nice}_direct_$direct
   "$keel" train configs/quickstart.toml --set model.name=gpt2 \
     --set data.train="$out/tokens.u16" --set data.val="" --set data.seq_len=256 \
     --set train.batch_size=4 --set train.precision=bf16 --set train.steps="$steps" \
     --set train.out_dir="$out" --set train.name=$name --set train.sample_count=0 \
     --set checkpoint.every_steps=3 --set checkpoint.every_minutes=0 \
-    --set checkpoint.save_final=false --set checkpoint.writer_nice=$nice >"$out/$name.log" 2>&1 || { cat "$out/$name.log"; exit 1; }
-  /usr/bin/python3 - "$out/$name" "$nice" <<'PY'
+    --set checkpoint.save_final=false --set checkpoint.writer_nice=$nice --set checkpoint.direct_io=$direct >"$out/$name.log" 2>&1 || { cat "$out/$name.log"; exit 1; }
+  /usr/bin/python3 - "$out/$name" "$nice" "$direct" <<'PY'
 import json, sys
-run, nice = sys.argv[1], sys.argv[2]
+run, nice, direct = sys.argv[1], sys.argv[2], sys.argv[3]
 ev = [json.loads(l) for l in open(f"{run}/events.jsonl")]
 saves = [e for e in ev if e["event"] == "checkpoint"]
 steps = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
 clean = sorted(m["ms"] for m in steps if "save_overlap_ms" not in m and m["step"] > 1)
-print(f"writer nice {nice}: median step without a save {clean[len(clean) // 2]:.0f} ms")
+print(f"writer nice {nice}, direct_io {direct}: median step without a save {clean[len(clean) // 2]:.0f} ms")
 lost = total = 0
 for e in saves[:-1]:
     print(f"  async save of step {e['step']}: {e['total_ms']:.0f} ms, {e['overlapped_steps']} "

@@ -16,8 +16,28 @@ py=/usr/bin/python3
 run dp2 2 --set parallel.zero=1 --set checkpoint.every_steps=5
 run tp2 2 --set parallel.tp=2
 run pp2 2 --set parallel.pp=2
-run one 1 --set monitor.peak_gflops=7.5 --set checkpoint.every_steps=10
+run one 1 --set monitor.peak_gflops=7.5 --set checkpoint.every_steps=10 \
+  --set checkpoint.direct_io=true
 $py "$src/tests/monitor/check_metrics.py" "$tmp" dp2:2 tp2:2 pp2:2 one:1
+
+# O_DIRECT saves where this file system takes them (not tmpfs), the same bytes as dp2's
+# plain ones would verify alike: every save of `one` verifies, and says how it was written.
+$py - "$tmp" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+try:
+    os.close(os.open(f"{d}/probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+    takes = True
+except OSError:
+    takes = False
+saves = [json.loads(l) for l in open(f"{d}/one/events.jsonl") if '"checkpoint"' in l]
+saves = [e for e in saves if e["event"] == "checkpoint"]
+if not saves or any(e["direct_io"] != takes for e in saves):
+    sys.exit(f"direct_io: the file system {'takes' if takes else 'refuses'} O_DIRECT, saves say "
+             f"{[e['direct_io'] for e in saves]}")
+print(f"direct_io: {len(saves)} saves, O_DIRECT {'used' if takes else 'refused here: plain writes'}")
+PY
+"$keel" ckpt verify "$tmp/one/checkpoints" >"$tmp/verify.log" 2>&1 || { cat "$tmp/verify.log"; exit 1; }
 
 # The peak: measured once (dp2's first start wrote the cache), then read back by every run.
 grep -q "measured on this CPU now, cached in $KEEL_CACHE_DIR/peak_flops.json" "$tmp/dp2.log" ||

@@ -119,11 +119,16 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
              0.999f, 1e-8f,        0.0f, 0.7f,       "wte.*,h.?.ln_1.*"};
   // dp, tp, pp, sp, virtual_stages, pp_layers, zero (LoadConfig does not check them)
   a.parallel = {3, 2, 4, true, 2, "3,1", 1, 25.0f, 1234.5f};
-  a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto"};
+  a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto", 19, true};
   a.resilience.stop_on_nonfinite = true;
   a.resilience.skip_batches = "40:3";
   a.resilience.spike_z = 4.5;
-  a.monitor = {123.456, false};
+  a.monitor.peak_gflops = 123.456;
+  a.monitor.metrics_jsonl = false;
+  a.monitor.metrics_port = 9401;
+  a.monitor.metrics_addr = "10.1.2.3";
+  a.monitor.metrics_token = "t0k";
+  a.monitor.alerts = {false, 9.5, 0.25, 30, 5, 2.5, false, "http://h/x"};
 
   std::string text = ToToml(a);
   std::string path = WriteConfig("round.toml", text);

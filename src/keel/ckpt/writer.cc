@@ -79,8 +79,13 @@ void WriteAll(int fd, const uint8_t* p, size_t n, const std::string& path) {
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(std::string root, int rank, int world, Retention retention,
-                                   int nice)
-    : root_(std::move(root)), rank_(rank), world_(world), retention_(retention), nice_(nice) {
+                                   int nice, bool direct_io)
+    : root_(std::move(root)),
+      rank_(rank),
+      world_(world),
+      retention_(retention),
+      nice_(nice),
+      direct_io_(direct_io) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -361,35 +366,54 @@ void CheckpointWriter::DoWrite() {
   const std::string path = tmp + "/" + RankFile(rank_, "bin");
   json pieces = json::parse(pieces_json_);
   const uint8_t* base = staging_.get();
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(ExitCode::kRuntime, path + ": cannot create: " + std::strerror(errno));
   next_prev_.clear();
   current_.referenced_bytes = 0;
+  // First what goes where: each piece hashed, and written unless an older file holds its bytes.
+  std::vector<std::pair<const uint8_t*, uint64_t>> runs;
+  uint64_t file_offset = 0;
+  for (json& p : pieces) {
+    const uint8_t* bytes = base + p["offset"].get<size_t>();
+    const uint64_t n = p["bytes"].get<uint64_t>();
+    const uint64_t h = Hash(bytes, n);
+    const std::string key = p["name"].get<std::string>() + "|" + p["kind"].get<std::string>() +
+                            "|" + p["start"].dump() + p["count"].dump();
+    // Incremental: a piece with the bytes of the previous save (a frozen parameter) is
+    // referenced where it already lies, as long as that committed file is still there.
+    auto it = prev_.find(key);
+    if (it != prev_.end() && it->second.xxh3 == h && it->second.bytes == n &&
+        fs::exists(root_ + "/" + it->second.file)) {
+      p["file"] = "../" + it->second.file;
+      p["offset"] = it->second.offset;
+      next_prev_[key] = it->second;
+      current_.referenced_bytes += n;
+    } else {
+      runs.push_back({bytes, n});
+      p["file"] = RankFile(rank_, "bin");
+      p["offset"] = file_offset;
+      next_prev_[key] = {name + "/" + RankFile(rank_, "bin"), file_offset, n, h};
+      file_offset += n;
+    }
+    p["xxh3"] = HashHex(h);
+  }
+  // With nothing referenced the file is the staging buffer's first bytes: written with O_DIRECT
+  // (the buffer is 2 MiB aligned and zero past its end), the kernel neither copies it into the
+  // page cache nor writes it back later. Where the file system refuses O_DIRECT (tmpfs), or
+  // pieces are referenced, the plain path.
+  int fd = -1;
+  const bool direct = direct_io_ && current_.referenced_bytes == 0 && file_offset > 0;
+  if (direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+  const bool went_direct = fd >= 0;
+  current_.direct_io = went_direct;
+  if (fd < 0) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(ExitCode::kRuntime, path + ": cannot create: " + std::strerror(errno));
   try {
-    uint64_t file_offset = 0;
-    for (json& p : pieces) {
-      const uint8_t* bytes = base + p["offset"].get<size_t>();
-      const uint64_t n = p["bytes"].get<uint64_t>();
-      const uint64_t h = Hash(bytes, n);
-      const std::string key = p["name"].get<std::string>() + "|" + p["kind"].get<std::string>() +
-                              "|" + p["start"].dump() + p["count"].dump();
-      // Incremental: a piece with the bytes of the previous save (a frozen parameter) is
-      // referenced where it already lies, as long as that committed file is still there.
-      auto it = prev_.find(key);
-      if (it != prev_.end() && it->second.xxh3 == h && it->second.bytes == n &&
-          fs::exists(root_ + "/" + it->second.file)) {
-        p["file"] = "../" + it->second.file;
-        p["offset"] = it->second.offset;
-        next_prev_[key] = it->second;
-        current_.referenced_bytes += n;
-      } else {
-        WriteAll(fd, bytes, n, path);
-        p["file"] = RankFile(rank_, "bin");
-        p["offset"] = file_offset;
-        next_prev_[key] = {name + "/" + RankFile(rank_, "bin"), file_offset, n, h};
-        file_offset += n;
-      }
-      p["xxh3"] = HashHex(h);
+    if (went_direct) {
+      constexpr uint64_t kBlock = 4096;
+      WriteAll(fd, base, size_t((file_offset + kBlock - 1) / kBlock * kBlock), path);
+      if (::ftruncate(fd, off_t(file_offset)) != 0)
+        throw Error(ExitCode::kRuntime, path + ": ftruncate failed: " + std::strerror(errno));
+    } else {
+      for (const auto& [bytes, n] : runs) WriteAll(fd, bytes, n, path);
     }
     MaybeCrash("write");
     const Timer sync;

@@ -54,6 +54,7 @@ struct SaveReport {
   // Where the writer thread's time went: its CPU time in user space (the staging copy, xxh3) and
   // in the kernel (write: the copy into the page cache), and the wait in fsync (the disk).
   double user_ms = 0, sys_ms = 0, fsync_ms = 0;
+  bool direct_io = false;            // the file went out with O_DIRECT
   std::vector<std::string> deleted;  // by retention
   std::string error;                 // empty when it succeeded
 };
@@ -64,7 +65,9 @@ class CheckpointWriter {
 
   // `nice` (0..19) lowers the writer thread's priority, so that its CPU time (the staging copy,
   // hashing, the kernel's copy into the page cache) comes from what the step leaves idle.
-  CheckpointWriter(std::string root, int rank, int world, Retention retention, int nice = 0);
+  // `direct_io`: write the rank's file with O_DIRECT where the file system takes it.
+  CheckpointWriter(std::string root, int rank, int world, Retention retention, int nice = 0,
+                   bool direct_io = false);
   ~CheckpointWriter();  // finishes what is queued
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -151,6 +154,7 @@ class CheckpointWriter {
   std::map<std::string, Stored> prev_, next_prev_;
 
   int nice_ = 0;
+  bool direct_io_ = false;
   std::thread thread_;  // last
 };
 

@@ -35,7 +35,7 @@ Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::stri
       writer_(std::make_unique<ckpt::CheckpointWriter>(
           root_, comm.rank(), comm.size(),
           ckpt::Retention{cfg.checkpoint.keep_last, cfg.checkpoint.keep_every},
-          cfg.checkpoint.writer_nice)),
+          cfg.checkpoint.writer_nice, cfg.checkpoint.direct_io)),
       last_save_(std::chrono::steady_clock::now()) {}
 
 Checkpointer::~Checkpointer() = default;
@@ -312,6 +312,7 @@ void Checkpointer::Report() {
                       {"writer_user_ms", r.user_ms},
                       {"writer_sys_ms", r.sys_ms},
                       {"fsync_ms", r.fsync_ms},
+                      {"direct_io", r.direct_io},
                       {"total_ms", r.total_ms},
                       {"deleted", r.deleted}});
   }
