@@ -6,21 +6,20 @@
 #include <cstdio>
 
 namespace keel {
-namespace {
-
-std::string Duration(double s) {
-  char b[32];
-  const long t = long(s + 0.5);
-  if (t < 60)
-    std::snprintf(b, sizeof b, "%lds", t);
-  else if (t < 3600)
-    std::snprintf(b, sizeof b, "%ldm%02lds", t / 60, t % 60);
+std::string FormatDuration(double seconds) {
+  if (seconds < 0) return "?";
+  const long s = long(seconds + 0.5);
+  char buf[32];
+  if (s < 60)
+    std::snprintf(buf, sizeof buf, "%lds", s);
+  else if (s < 3600)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", s / 60, s % 60);
+  else if (s < 86400)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", s / 3600, (s % 3600) / 60);
   else
-    std::snprintf(b, sizeof b, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
-  return b;
+    std::snprintf(buf, sizeof buf, "%ldd%02ldh", s / 86400, (s % 86400) / 3600);
+  return buf;
 }
-
-}  // namespace
 
 std::string FormatAmount(double v, const std::string& unit) {
   char b[48];
@@ -90,9 +89,9 @@ void Progress::Print(double done, const std::string& extra, bool last) {
   }
   if (secs > 0) line += ", " + FormatAmount(done / secs, unit_) + "/s";
   if (last)
-    line += ", took " + Duration(secs);
+    line += ", took " + FormatDuration(secs);
   else if (total_ > 0 && done > 0)
-    line += ", ETA " + Duration(secs * (total_ - done) / done);
+    line += ", ETA " + FormatDuration(secs * (total_ - done) / done);
   if (!extra.empty()) line += "; " + extra;
   std::fprintf(stderr, "%s%s%s", tty_ ? "\r\033[K" : "", line.c_str(), tty_ && !last ? "" : "\n");
   std::fflush(stderr);

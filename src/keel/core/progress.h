@@ -38,6 +38,8 @@ class Progress {
   double done_ = 0;
 };
 
+// "42s", "3m05s", "1h02m", "2d03h"; "?" for a negative time.
+std::string FormatDuration(double seconds);
 // "412 MB", "1.40 GB", "950 B"; "81,200 docs" for other units.
 std::string FormatAmount(double v, const std::string& unit);
 

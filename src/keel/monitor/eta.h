@@ -3,11 +3,13 @@
 //   monitor::Eta eta;
 //   eta.Add(step_ms);
 //   eta.SecondsLeft(steps_left);   // -1 before the first step
-//   FormatDuration(3725) == "1h02m"
+//   FormatDuration(3725) == "1h02m"       (core/progress.h)
 #pragma once
 
 #include <deque>
 #include <string>
+
+#include "keel/core/progress.h"
 
 namespace keel::monitor {
 
@@ -23,8 +25,5 @@ class Eta {
   size_t window_;
   std::deque<double> ms_;
 };
-
-// "42s", "3m05s", "1h02m", "2d03h".
-std::string FormatDuration(double seconds);
 
 }  // namespace keel::monitor

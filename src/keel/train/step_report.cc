@@ -64,7 +64,7 @@ void StepReporter::Report(const StepFigures& f, const nlohmann::json& extra,
         " | ETA %s\n",
         f.step, cfg_.train.steps, f.loss, f.lr, f.grad_norm, tok_s, 100 * mfu, f.ms,
         f.val_loss >= 0 ? (" | val " + std::to_string(f.val_loss).substr(0, 6)).c_str() : "",
-        monitor::ShareLine(f.times, f.ms).c_str(), monitor::FormatDuration(eta_s).c_str());
+        monitor::ShareLine(f.times, f.ms).c_str(), FormatDuration(eta_s).c_str());
     std::fflush(stdout);
   }
   std::vector<double> rss_now(ranks), rss_peak(ranks);
