@@ -48,16 +48,32 @@ class Browser:
             time.sleep(0.2)
         self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=30)
         self.next_id = 0
+        # What the DevTools console shows as errors: uncaught exceptions, console.error, failed
+        # loads (a 404), seen as events while calls wait for their answers.
+        self.console_errors = []
+        self.call("Runtime.enable")
+        self.call("Log.enable")
 
     def call(self, method, **params):
         self.next_id += 1
         self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:
             msg = json.loads(self.ws.recv())
+            self._note(msg)
             if msg.get("id") == self.next_id:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg["result"]
+
+    def _note(self, msg):
+        method, p = msg.get("method"), msg.get("params", {})
+        if method == "Runtime.exceptionThrown":
+            self.console_errors.append(p["exceptionDetails"].get("text", "exception"))
+        elif method == "Runtime.consoleAPICalled" and p.get("type") == "error":
+            self.console_errors.append(" ".join(str(a.get("value", a.get("description")))
+                                                for a in p.get("args", [])))
+        elif method == "Log.entryAdded" and p["entry"].get("level") == "error":
+            self.console_errors.append(p["entry"].get("text", "") + " " + p["entry"].get("url", ""))
 
     def navigate(self, url):
         self.call("Page.enable")

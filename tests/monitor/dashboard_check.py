@@ -80,8 +80,8 @@ with Browser(f"{logs}/chromium-profile") as b:
     for chart, n in s["charts"].items():
         if n != final:
             problems.append(f"chart {chart}: {n} points, metrics.jsonl {final} lines")
-    if s["errors"]:
-        problems.append(f"errors on the page: {s['errors']}")
+    if s["errors"] or b.console_errors:
+        problems.append(f"errors on the page: {s['errors']}, console: {b.console_errors}")
     b.screenshot(f"{logs}/dashboard.png")
 
 print(f"dashboard: {len(s['charts'])} charts, {final} points each; new steps on the page in "

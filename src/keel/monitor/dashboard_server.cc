@@ -87,6 +87,9 @@ void ServeDashboard(const DashboardOptions& o) {
     res.set_content(DashboardHtml(title, "<script src=\"chart.js" + q + "\"></script>", cfg),
                     "text/html; charset=utf-8");
   });
+  svr.Get("/favicon.ico", [](const httplib::Request&, httplib::Response& res) {
+    res.status = 204;  // none; a 404 would be an error in the browser's console
+  });
   svr.Get("/chart.js", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(chart, "application/javascript");
   });
