@@ -119,7 +119,7 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
              0.999f, 1e-8f,        0.0f, 0.7f,       "wte.*,h.?.ln_1.*"};
   // dp, tp, pp, sp, virtual_stages, pp_layers, zero (LoadConfig does not check them)
   a.parallel = {3, 2, 4, true, 2, "3,1", 1, 25.0f, 1234.5f};
-  a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto", 19, true};
+  a.checkpoint = {false, "ck/dir", 7, 2.5, false, false, 5, 100, "skip", "auto", 19, false};
   a.resilience.stop_on_nonfinite = true;
   a.resilience.skip_batches = "40:3";
   a.resilience.spike_z = 4.5;

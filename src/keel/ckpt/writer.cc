@@ -402,19 +402,27 @@ void CheckpointWriter::DoWrite() {
   int fd = -1;
   const bool direct = direct_io_ && current_.referenced_bytes == 0 && file_offset > 0;
   if (direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
-  const bool went_direct = fd >= 0;
+  bool went_direct = fd >= 0;
+  if (went_direct) {
+    // Some file systems open with O_DIRECT and then refuse the writes (EINVAL): those get the
+    // plain path from the start of the file.
+    constexpr uint64_t kBlock = 4096;
+    try {
+      WriteAll(fd, base, size_t((file_offset + kBlock - 1) / kBlock * kBlock), path);
+      if (::ftruncate(fd, off_t(file_offset)) != 0)
+        throw Error(ExitCode::kRuntime, path + ": ftruncate failed: " + std::strerror(errno));
+    } catch (const Error&) {
+      ::close(fd);
+      fd = -1;
+      went_direct = false;
+    }
+  }
   current_.direct_io = went_direct;
   if (fd < 0) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(ExitCode::kRuntime, path + ": cannot create: " + std::strerror(errno));
   try {
-    if (went_direct) {
-      constexpr uint64_t kBlock = 4096;
-      WriteAll(fd, base, size_t((file_offset + kBlock - 1) / kBlock * kBlock), path);
-      if (::ftruncate(fd, off_t(file_offset)) != 0)
-        throw Error(ExitCode::kRuntime, path + ": ftruncate failed: " + std::strerror(errno));
-    } else {
+    if (!went_direct)
       for (const auto& [bytes, n] : runs) WriteAll(fd, bytes, n, path);
-    }
     MaybeCrash("write");
     const Timer sync;
     if (::fsync(fd) != 0)

@@ -67,7 +67,7 @@ class CheckpointWriter {
   // hashing, the kernel's copy into the page cache) comes from what the step leaves idle.
   // `direct_io`: write the rank's file with O_DIRECT where the file system takes it.
   CheckpointWriter(std::string root, int rank, int world, Retention retention, int nice = 0,
-                   bool direct_io = false);
+                   bool direct_io = true);
   ~CheckpointWriter();  // finishes what is queued
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;

@@ -121,7 +121,7 @@ struct CheckpointSection {
   std::string if_busy = "wait";  // a trigger while a save is in flight: "wait" | "skip"
   std::string resume;            // "" = fresh run | "auto" | a checkpoint folder
   int writer_nice = 0;           // the writer thread's nice (0..19): its CPU time vs the step's
-  bool direct_io = false;        // write with O_DIRECT where the file system takes it
+  bool direct_io = true;         // write with O_DIRECT where the file system takes it
 
   bool operator==(const CheckpointSection&) const = default;
 };
