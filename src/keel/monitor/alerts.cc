@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <ctime>
 
+#include "keel/core/stats.h"
 #include "keel/monitor/webhook.h"
 
 namespace keel::monitor {
@@ -77,9 +78,8 @@ void Alerts::Step(const StepSignals& s) {
   }
   if (cfg_.throughput_drop > 0 && s.tokens_per_s > 0) {
     if (recent_tps_.size() >= 10) {
-      std::vector<double> v = recent_tps_;
-      std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-      const double median = v[v.size() / 2], floor = (1 - cfg_.throughput_drop) * median;
+      const double median = WindowMedian(recent_tps_);
+      const double floor = (1 - cfg_.throughput_drop) * median;
       const bool low = s.tokens_per_s < floor;
       low_in_a_row_ = low ? low_in_a_row_ + 1 : 0;
       normal_in_a_row_ = low ? 0 : normal_in_a_row_ + 1;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "keel/core/stats.h"
+
 namespace keel::monitor {
 
 void Eta::Add(double step_ms) {
@@ -12,9 +14,7 @@ void Eta::Add(double step_ms) {
 
 double Eta::SecondsLeft(long steps_left) const {
   if (ms_.empty()) return -1;
-  std::vector<double> v(ms_.begin(), ms_.end());
-  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-  return double(std::max(0L, steps_left)) * v[v.size() / 2] / 1e3;
+  return double(std::max(0L, steps_left)) * WindowMedian({ms_.begin(), ms_.end()}) / 1e3;
 }
 
 }  // namespace keel::monitor

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "keel/core/stats.h"
+
 namespace keel::resilience {
 
 std::optional<std::string> SpikeDetector::Check(double x) const {
@@ -16,9 +18,7 @@ std::optional<std::string> SpikeDetector::Check(double x) const {
   double var = 0;
   for (double v : values_) var += (v - mean) * (v - mean);
   const double dev = std::sqrt(var / double(values_.size() - 1));
-  std::vector<double> sorted(values_.begin(), values_.end());
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  const double median = sorted[sorted.size() / 2];
+  const double median = WindowMedian({values_.begin(), values_.end()});
   // A window of identical values has no deviation: any rise past the ratio is a spike.
   const double z = dev > 0 ? (x - mean) / dev : (x > mean ? INFINITY : 0.0);
   const double ratio = median > 0 ? x / median : 0.0;

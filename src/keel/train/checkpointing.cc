@@ -9,6 +9,7 @@
 #include "keel/ckpt/reader.h"
 #include "keel/core/error.h"
 #include "keel/core/log.h"
+#include "keel/core/stats.h"
 #include "keel/core/timer.h"
 
 namespace keel::train {
@@ -168,9 +169,7 @@ double Checkpointer::NoteStep(double step_ms) {
     return -1;
   }
   if (clean_ms_.empty()) return 0;  // nothing to compare with yet
-  std::vector<double> v(clean_ms_.begin(), clean_ms_.end());
-  std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-  const double lost = std::max(0.0, step_ms - v[v.size() / 2]);
+  const double lost = std::max(0.0, step_ms - WindowMedian({clean_ms_.begin(), clean_ms_.end()}));
   pending_lost_ms_ += lost;
   ++pending_overlapped_;
   return lost;
