@@ -46,7 +46,7 @@ std::string ChartJsPath() {
   return path;
 }
 
-std::string RunSummaryJson(const std::string& run_dir) {
+nlohmann::json RunSummary(const std::string& run_dir) {
   nlohmann::json s = nlohmann::json::object();
   std::ifstream in(run_dir + "/goodput.json");
   if (in) {
@@ -54,7 +54,7 @@ std::string RunSummaryJson(const std::string& run_dir) {
     if (g.is_object() && g.contains("goodput") && g["goodput"].is_number())
       s["goodput"] = g["goodput"];
   }
-  return s.dump();
+  return s;
 }
 
 void ServeDashboard(const DashboardOptions& o) {
@@ -111,7 +111,7 @@ void ServeDashboard(const DashboardOptions& o) {
       }
       const LinesRead r = ReadLinesFrom(o.runs[run] + "/" + file, since);
       nlohmann::json out = {{"lines", ParseLines(r.lines)}, {"next", r.next}};
-      out["summary"] = nlohmann::json::parse(RunSummaryJson(o.runs[run]));
+      out["summary"] = RunSummary(o.runs[run]);
       res.set_content(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                       "application/json");
     };

@@ -9,6 +9,7 @@
 // otherwise); an address other than loopback needs a token.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,6 @@ std::string ChartJsPath();
 
 // A run's figures for the summary table that are not in its lines (goodput.json, when the run was
 // supervised by keel launch).
-std::string RunSummaryJson(const std::string& run_dir);
+nlohmann::json RunSummary(const std::string& run_dir);
 
 }  // namespace keel::monitor

@@ -56,7 +56,7 @@ std::vector<std::string> WriteReport(const std::vector<std::string>& runs, const
     list.push_back({{"name", name},
                     {"metrics", AllLines(runs[i] + "/metrics.jsonl")},
                     {"events", AllLines(runs[i] + "/events.jsonl")},
-                    {"summary", nlohmann::json::parse(RunSummaryJson(runs[i]))}});
+                    {"summary", RunSummary(runs[i])}});
     charts.push_back(runs.size() > 1 ? "breakdown-" + std::to_string(i) : "breakdown");
   }
   std::ifstream in(ChartJsPath());
