@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   spec.dims = {comm->size() / (pp * tp), tp, pp, argc > 8 ? std::atoi(argv[8]) : 0};
   const parallel::Groups g = parallel::MakeGroups(*comm, spec.dims);
   train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get(), g.tp.get()});
-  const model::ParamLayout whole = model::ParamLayout::Gpt2(cfg);
+  const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
   {
     std::vector<float> init(whole.total());
     model::InitParams(whole, cfg, 1, init.data());

@@ -156,7 +156,7 @@ TEST(CkptStore, BoxesOfAFlatRangeAreContiguousRunsInOrder) {
 // missing tensor, one of another shape, or one the model does not have is refused by name.
 TEST(CkptStore, ManifestMustMatchTheModelItDescribes) {
   model::ModelConfig cfg = model::NamedConfig("gpt2-tiny");
-  const model::ParamLayout layout = model::ParamLayout::Gpt2(cfg);
+  const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
   Manifest m;
   m.state["model"] = ModelConfigToJson(cfg);
   for (const char* kind : {"master", "adam_m"})

@@ -31,7 +31,7 @@ void ExpectBadInput(const RunResult& r, const std::string& want) {
 TEST(CkptCli, ExportThenImportGivesBackTheModelFileByteForByte) {
   TempDir dir;
   const model::ModelConfig cfg{2, 4, 64, 300, 16};
-  const auto layout = model::ParamLayout::Gpt2(cfg);
+  const auto layout = model::ParamLayout::Whole(cfg);
   std::vector<float> w(layout.total());
   const Philox rng(3, 0);
   for (size_t i = 0; i < w.size(); ++i) w[i] = rng.Normal(i);
@@ -55,7 +55,7 @@ TEST(CkptCli, ExportThenImportGivesBackTheModelFileByteForByte) {
 TEST(CkptCli, BadInputIsOneLineAndExitCode2) {
   TempDir dir;
   const model::ModelConfig cfg{1, 4, 64, 300, 16};
-  const auto layout = model::ParamLayout::Gpt2(cfg);
+  const auto layout = model::ParamLayout::Whole(cfg);
   const std::vector<float> w(layout.total(), 0.25f);
   const std::string keel_file = dir / "keel.safetensors", hf = dir / "hf.safetensors";
   ckpt::WriteModel(keel_file, cfg, layout, w.data());

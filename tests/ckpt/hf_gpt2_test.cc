@@ -43,7 +43,7 @@ std::vector<float> DistinctWeights(const model::ParamLayout& layout, const model
 }
 
 std::string ExportTiny(const TempDir& dir, std::vector<float>* weights = nullptr) {
-  const auto layout = model::ParamLayout::Gpt2(kCfg);
+  const auto layout = model::ParamLayout::Whole(kCfg);
   std::vector<float> w = DistinctWeights(layout, kCfg);
   const std::string path = dir / "hf.safetensors";
   WriteHfGpt2(path, kCfg, layout, w.data());
@@ -127,7 +127,7 @@ TEST(HfGpt2, FileHoldsHfNamesShapesAndConv1DLayout) {
   TempDir dir;
   std::vector<float> w;
   const SafetensorsFile f = SafetensorsFile::Read(ExportTiny(dir, &w));
-  const auto layout = model::ParamLayout::Gpt2(kCfg);
+  const auto layout = model::ParamLayout::Whole(kCfg);
   const int C = kCfg.n_embd, V = kCfg.vocab_size;
   EXPECT_EQ(f.metadata().at("format"), "pt");
 
@@ -207,7 +207,7 @@ TEST(HfGpt2, ReadsBf16Files) {
   const std::string bf16 = dir / "bf16.safetensors";
   WriteRaw(bf16, raw);
   const LoadedModel m = ReadHfGpt2(bf16, 4);
-  const auto layout = model::ParamLayout::Gpt2(kCfg);
+  const auto layout = model::ParamLayout::Whole(kCfg);
   const auto& p = layout.Find("h.0.mlp.c_fc.weight");  // keel [4C, C] from HF [C, 4C]
   const Fp32Tensor& t = f.Get("transformer.h.0.mlp.c_fc.weight");
   uint32_t bits;
@@ -231,7 +231,7 @@ TEST(HfGpt2, HeadsComeFromMetadataGpt2WidthsOrTheCaller) {
 
   // GPT-2 124M's width: 12 heads without being told.
   const model::ModelConfig small{1, 12, 768, 10, 4};
-  const auto layout = model::ParamLayout::Gpt2(small);
+  const auto layout = model::ParamLayout::Whole(small);
   const std::vector<float> w(layout.total(), 0.5f);
   const std::string gpt2 = dir / "gpt2.safetensors", gpt2_bare = dir / "gpt2_bare.safetensors";
   WriteHfGpt2(gpt2, small, layout, w.data());
@@ -334,7 +334,7 @@ TEST(ModelSource, InitWeightsFromKeelOrHfFileCheckTheConfig) {
   TempDir dir;
   std::vector<float> w;
   const std::string hf = ExportTiny(dir, &w), keel_file = dir / "keel.safetensors";
-  const auto layout = model::ParamLayout::Gpt2(kCfg);
+  const auto layout = model::ParamLayout::Whole(kCfg);
   WriteModel(keel_file, kCfg, layout, w.data());
   EXPECT_FALSE(IsHfGpt2File(keel_file));
   EXPECT_TRUE(IsHfGpt2File(hf));
@@ -351,7 +351,7 @@ TEST(ModelSource, InitWeightsFromKeelOrHfFileCheckTheConfig) {
   }
   model::ModelConfig deeper = kCfg;
   deeper.n_layer = 3;
-  std::vector<float> master(model::ParamLayout::Gpt2(deeper).total());
+  std::vector<float> master(model::ParamLayout::Whole(deeper).total());
   for (const std::string& path : {hf, keel_file}) {
     const std::string e = ErrorOf([&] { LoadInitWeights(path, deeper, master.data()); });
     EXPECT_EQ(e, "[model] init_from " + path + ": n_layer is 2 in the file, 3 in the config");
@@ -367,7 +367,7 @@ TEST(ModelSource, InitWeightsFromKeelOrHfFileCheckTheConfig) {
 
 TEST(ModelSource, ExportSourceIsARunDirectoryOrAModelFile) {
   TempDir dir;
-  const auto layout = model::ParamLayout::Gpt2(kCfg);
+  const auto layout = model::ParamLayout::Whole(kCfg);
   const std::vector<float> w = DistinctWeights(layout, kCfg);
   std::filesystem::create_directories(dir / "run");
   EXPECT_NE(ErrorOf([&] { LoadWeightsForExport(dir / "run"); }).find("no model.safetensors"),

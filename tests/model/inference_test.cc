@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "keel/model/gpt.h"
+#include "keel/model/transformer.h"
 
 namespace keel::model {
 namespace {
@@ -15,7 +15,7 @@ namespace {
 TEST(Generator, StepLogitsMatchTheTrainingForward) {
   const ModelConfig cfg{2, 2, 32, 50257, 16};
   const int T = 12;
-  GptModel m(cfg, DType::kF32, 1, T, Recompute::kNone);
+  Transformer m(cfg, DType::kF32, 1, T, Recompute::kNone);
   InitParams(m.layout(), cfg, 5, m.master());
   std::vector<int32_t> tokens(T);
   for (int t = 0; t < T; ++t) tokens[t] = (t * 7919 + 13) % cfg.vocab_size;
@@ -37,7 +37,7 @@ TEST(Generator, StepLogitsMatchTheTrainingForward) {
 
 TEST(Generator, GreedyIsDeterministicAndStopsAtTheContext) {
   const ModelConfig cfg{1, 2, 16, 50257, 8};
-  auto layout = ParamLayout::Gpt2(cfg);
+  auto layout = ParamLayout::Whole(cfg);
   std::vector<float> w(layout.total());
   InitParams(layout, cfg, 3, w.data());
   Generator gen(cfg, w);

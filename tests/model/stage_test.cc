@@ -28,12 +28,12 @@ TEST(Stages, BalancedSplitGivesTheLastStageFewerBlocksForTheClassifier) {
 TEST(Stages, UnevenStagesCoverTheModelOnceAndKeepWholeModelNames) {
   ModelConfig cfg = NamedConfig("gpt2-tiny");
   cfg.n_layer = 4;
-  const ParamLayout whole = ParamLayout::Gpt2(cfg);
+  const ParamLayout whole = ParamLayout::Whole(cfg);
   const std::vector<int> split = {3, 1};
   size_t held = 0;
   for (int s = 0; s < 2; ++s) {
     const StageRange st = StageOf(cfg, split, s);
-    const ParamLayout stage = ParamLayout::Gpt2Stage(cfg, st);
+    const ParamLayout stage = ParamLayout::Stage(cfg, st);
     EXPECT_EQ(st.layers(), split[size_t(s)]);
     for (const ParamInfo& p : stage.params()) {
       EXPECT_EQ(p.stream, size_t(&whole.Find(p.name) - whole.params().data())) << p.name;
@@ -43,7 +43,7 @@ TEST(Stages, UnevenStagesCoverTheModelOnceAndKeepWholeModelNames) {
     EXPECT_EQ(stage.holds_last(), s == 1);
   }
   EXPECT_EQ(held, whole.total());  // every tensor once, the last stage's wte copy aside
-  EXPECT_TRUE(ParamLayout::Gpt2Stage(cfg, StageOf(cfg, split, 1)).Find("wte.weight").replica);
+  EXPECT_TRUE(ParamLayout::Stage(cfg, StageOf(cfg, split, 1)).Find("wte.weight").replica);
 }
 
 }  // namespace

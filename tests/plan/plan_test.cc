@@ -96,7 +96,7 @@ TEST(Memory, KeelAccountingIsExactlyWhatTheTrainerAllocates) {
   Job job = KeelJob("gpt2", 1, 4);
   job.accounting = Accounting::kKeel;
   const model::ModelConfig cfg = ToModelConfig(job.model);
-  const model::ParamLayout layout = model::ParamLayout::Gpt2(cfg);
+  const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
   const double n = double(layout.total());
   EXPECT_EQ(TotalParams(job.model), n);
   Layout l;

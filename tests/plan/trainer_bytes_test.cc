@@ -94,7 +94,7 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
     chunks.push_back(pp > 1 ? model::StageOf(spec.model, pp * v, c * pp + stage)
                             : model::WholeModel(spec.model));
   const parallel::StateBytes b = parallel::StateBytesPerRank(
-      model::StateShapeOf(model::ParamLayout::Gpt2Stage(spec.model, chunks, tp), spec.dtype),
+      model::StateShapeOf(model::ParamLayout::Stage(spec.model, chunks, tp), spec.dtype),
       spec.dims);
   ASSERT_EQ(double(b.working + b.biases), plan.state.params);
   std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.master),

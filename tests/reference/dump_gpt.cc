@@ -20,14 +20,14 @@
 
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/rng.h"
-#include "keel/model/gpt.h"
+#include "keel/model/transformer.h"
 #include "keel/model/params.h"
 #include "keel/optim/adamw.h"
 
 namespace {
 
 using keel::DType;
-using keel::model::GptModel;
+using keel::model::Transformer;
 
 // vocab 50257 is not a multiple of 128, so the padded wte rows and logit masking are exercised.
 constexpr keel::model::ModelConfig kConfig{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64,
@@ -66,7 +66,7 @@ void Sharpen(const keel::model::ParamLayout& layout, float* w) {
 // sharpened weights.
 void Dump(DType dtype, bool sharp, int steps, const std::string& path) {
   const int BT = kB * kT, V = kConfig.vocab_size;
-  GptModel m(kConfig, dtype, kB, kT, keel::model::Recompute::kNone);
+  Transformer m(kConfig, dtype, kB, kT, keel::model::Recompute::kNone);
   const auto& layout = m.layout();
   keel::model::InitParams(layout, kConfig, kInitSeed, m.master());
   if (sharp) Sharpen(layout, m.master());

@@ -14,7 +14,7 @@
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/rng.h"
-#include "keel/model/gpt.h"
+#include "keel/model/transformer.h"
 #include "keel/model/params.h"
 
 namespace {
@@ -41,7 +41,7 @@ void Sharpen(const keel::model::ParamLayout& layout, float* w) {
 
 void Dump(const std::string& dir) {
   const int BT = kB * kT, V = kConfig.vocab_size;
-  keel::model::GptModel m(kConfig, keel::DType::kF32, kB, kT, keel::model::Recompute::kNone);
+  keel::model::Transformer m(kConfig, keel::DType::kF32, kB, kT, keel::model::Recompute::kNone);
   const auto& layout = m.layout();
   keel::model::InitParams(layout, kConfig, kInitSeed, m.master());
   Sharpen(layout, m.master());

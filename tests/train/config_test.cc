@@ -104,7 +104,7 @@ TEST(Config, OverridesApplyAfterFile) {
 
 TEST(Config, ToTomlRoundTripsEveryValue) {
   RunConfig a;
-  a.model = {"gpt2-tiny", 3, 4, 64, 1000, 48, "full", 0.015f, "w/model.safetensors"};
+  a.model = {"gpt2-tiny", 3, 4, 64, 1000, 48, 0, 0, 0, "full", 0.015f, "w/model.safetensors"};
   a.data = {"d/train", "d/val", 24, 5, {}};
   a.train.name = "quote\" back\\slash tab\t ünïcode";
   a.train.out_dir = "out";

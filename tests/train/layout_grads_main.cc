@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/model/gpt.h"
+#include "keel/model/transformer.h"
 #include "keel/parallel/comm.h"
 #include "keel/parallel/groups.h"
 #include "keel/train/step.h"
@@ -41,13 +41,13 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
           std::vector<int> stage_layers = {}, bool sp = false) {
   model::ModelConfig cfg = model::NamedConfig("gpt2-tiny");
   cfg.n_layer = 4;
-  const model::ParamLayout whole = model::ParamLayout::Gpt2(cfg);
+  const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
   std::vector<float> init(whole.total());
   model::InitParams(whole, cfg, /*seed=*/7, init.data());
   const float dloss = 1.0f / float(kB * kT * kMicro * dims.dp);
 
   // One process: the whole model over every data-parallel rank's micro-batches.
-  model::GptModel ref(cfg, DType::kF32, kB, kT, model::Recompute::kNone);
+  model::Transformer ref(cfg, DType::kF32, kB, kT, model::Recompute::kNone);
   std::copy(init.begin(), init.end(), ref.master());
   ref.ZeroGrads();
   std::vector<int32_t> tok(kB * kT), tgt(kB * kT);

@@ -1,7 +1,6 @@
 #include "keel/ckpt/checkpoint_model.h"
 
 #include <set>
-#include <tuple>
 
 #include "keel/ckpt/reader.h"
 #include "keel/core/error.h"
@@ -9,23 +8,35 @@
 namespace keel::ckpt {
 
 nlohmann::json ModelConfigToJson(const model::ModelConfig& c) {
-  return {{"n_layer", c.n_layer},
-          {"n_head", c.n_head},
-          {"n_embd", c.n_embd},
-          {"vocab_size", c.vocab_size},
-          {"block_size", c.block_size}};
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [key, value] : model::ShapeKeys(c)) {
+    if (key == "family")
+      j[key] = value;
+    else if (key == "rope_theta" || key == "norm_eps")
+      j[key] = std::stod(value);
+    else
+      j[key] = std::stoi(value);
+  }
+  return j;
 }
 
 model::ModelConfig ModelConfigFromJson(const nlohmann::json& j, const std::string& where) {
   model::ModelConfig c;
-  for (auto [key, field] : {std::pair{"n_layer", &c.n_layer},
-                            {"n_head", &c.n_head},
-                            {"n_embd", &c.n_embd},
-                            {"vocab_size", &c.vocab_size},
-                            {"block_size", &c.block_size}}) {
+  // Checkpoints from before Llama carry the five GPT-2 keys only: their family is gpt2.
+  for (const char* key : {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"})
     if (!j.is_object() || !j.contains(key) || !j.at(key).is_number_integer())
       ThrowBadInput(where + ": state.model." + key + ": expected an integer");
-    *field = j.at(key).get<int>();
+  for (const auto& [key, value] : j.items()) {
+    std::string text;
+    if (value.is_string())
+      text = value.get<std::string>();
+    else if (value.is_number_integer())
+      text = std::to_string(value.get<long long>());
+    else if (value.is_number())
+      text = nlohmann::json(value.get<double>()).dump();
+    else
+      ThrowBadInput(where + ": state.model." + key + ": expected a number or a string");
+    model::SetShapeKey(c, key, text, where + ": state.model");
   }
   try {
     model::Validate(c);
@@ -39,7 +50,7 @@ void CheckManifestModel(const Manifest& m, const std::string& dir) {
   if (!m.state.contains("model")) return;
   const std::string where = dir + "/manifest.json";
   const model::ModelConfig cfg = ModelConfigFromJson(m.state.at("model"), where);
-  const model::ParamLayout layout = model::ParamLayout::Gpt2(cfg);
+  const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
   std::set<std::string> kinds;
   for (const TensorEntry& t : m.tensors) kinds.insert(t.kind);
   auto shape = [](const std::vector<int64_t>& s) {
@@ -76,15 +87,10 @@ void CheckManifestModel(const Manifest& m, const std::string& dir) {
 void CheckSameModel(const Manifest& m, const model::ModelConfig& run, const std::string& dir) {
   if (!m.state.contains("model")) return;
   const model::ModelConfig saved = ModelConfigFromJson(m.state.at("model"), dir + "/manifest.json");
-  for (auto [key, a, b] : {std::tuple{"n_layer", saved.n_layer, run.n_layer},
-                           {"n_head", saved.n_head, run.n_head},
-                           {"n_embd", saved.n_embd, run.n_embd},
-                           {"vocab_size", saved.vocab_size, run.vocab_size},
-                           {"block_size", saved.block_size, run.block_size}})
-    if (a != b)
-      ThrowBadInput(dir + ": the checkpoint is of another model: model." + key + " = " +
-                    std::to_string(a) + " there, " + std::to_string(b) +
-                    " in this run's config (resume with the model it was trained with)");
+  if (auto d = model::FirstDifference(saved, run))
+    ThrowBadInput(dir + ": the checkpoint is of another model: model." + d->key + " = " + d->a +
+                  " there, " + d->b +
+                  " in this run's config (resume with the model it was trained with)");
 }
 
 std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout) {
@@ -112,7 +118,7 @@ LoadedModel ReadCheckpointModel(const std::string& dir) {
   LoadedModel m;
   m.config = ModelConfigFromJson(state.contains("model") ? state.at("model") : nlohmann::json(),
                                  dir + "/manifest.json");
-  const auto layout = model::ParamLayout::Gpt2(m.config);
+  const auto layout = model::ParamLayout::Whole(m.config);
   m.weights.assign(layout.total(), 0.0f);
   r.Load(TensorSpecs(layout), {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
   return m;

@@ -177,7 +177,7 @@ LoadedModel ReadHfGpt2(const std::string& path, int n_head) {
     ThrowBadInput(path + ": the shapes its tensors give: " + e.what());
   }
 
-  const auto layout = model::ParamLayout::Gpt2(m.config);
+  const auto layout = model::ParamLayout::Whole(m.config);
   m.weights.assign(layout.total(), 0.0f);  // the padded wte rows stay zero
   std::set<std::string> used;
   for (const auto& p : layout.params()) {

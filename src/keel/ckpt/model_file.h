@@ -19,7 +19,7 @@ void WriteModel(const std::string& path, const model::ModelConfig& cfg,
 
 struct LoadedModel {
   model::ModelConfig config;
-  std::vector<float> weights;  // in ParamLayout::Gpt2(config) order
+  std::vector<float> weights;  // in ParamLayout::Whole(config) order
 };
 
 // Throws keel::Error (bad input) naming the file and the missing key or mismatched tensor.

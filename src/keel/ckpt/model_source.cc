@@ -47,16 +47,9 @@ void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, flo
   if (!std::filesystem::exists(path)) ThrowBadInput(where + ": no such file");
   // An HF file that does not name its heads takes the config's: the shapes cannot contradict it.
   LoadedModel m = ReadAnyModelFile(path, IsHfGpt2File(path) ? cfg.n_head : 0);
-  auto same = [&](const char* key, int file, int config) {
-    if (file != config)
-      ThrowBadInput(where + ": " + key + " is " + std::to_string(file) + " in the file, " +
-                    std::to_string(config) + " in the config");
-  };
-  same("n_layer", m.config.n_layer, cfg.n_layer);
-  same("n_head", m.config.n_head, cfg.n_head);
-  same("n_embd", m.config.n_embd, cfg.n_embd);
-  same("vocab_size", m.config.vocab_size, cfg.vocab_size);
-  same("block_size", m.config.block_size, cfg.block_size);
+  if (auto d = model::FirstDifference(m.config, cfg))
+    ThrowBadInput(where + ": " + d->key + " is " + d->a + " in the file, " + d->b +
+                  " in the config");
   std::copy(m.weights.begin(), m.weights.end(), master);
 }
 

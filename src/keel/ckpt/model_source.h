@@ -22,7 +22,7 @@ LoadedModel LoadWeightsForExport(const std::string& src);
 // "format"); `n_head` is used for HF files that do not say (see ReadHfGpt2).
 LoadedModel ReadAnyModelFile(const std::string& path, int n_head = 0);
 
-// Fills `master` (ParamLayout::Gpt2(cfg).total() floats) from `path` (keel or HF GPT-2), after
+// Fills `master` (ParamLayout::Whole(cfg).total() floats) from `path` (keel or HF GPT-2), after
 // checking that the file's shapes are `cfg`'s. Throws keel::Error (bad input), one line, e.g.
 //   [model] init_from a.safetensors: n_layer is 12 in the file, 4 in the config
 void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master);

@@ -24,7 +24,7 @@ void CreateParentDirs(const std::string& out) {
 }
 
 void PrintSummary(const std::string& out, const model::ModelConfig& c, const char* kind) {
-  const size_t params = model::ParamLayout::Gpt2(c).total() -
+  const size_t params = model::ParamLayout::Whole(c).total() -
                         size_t(c.padded_vocab() - c.vocab_size) * size_t(c.n_embd);
   std::printf(
       "%s %s: %d layers, %d heads, %d wide, vocabulary %d, context %d, %.2fM parameters "
@@ -52,7 +52,7 @@ void AddExport(CLI::App& ckpt) {
       ThrowBadInput("ckpt export: --format \"" + format +
                     "\" is not supported (supported: safetensors, with Hugging Face GPT-2 names)");
     ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src);
-    const auto layout = model::ParamLayout::Gpt2(m.config);
+    const auto layout = model::ParamLayout::Whole(m.config);
     CreateParentDirs(out);
     ckpt::WriteHfGpt2(out, m.config, layout, m.weights.data());
     PrintSummary(out, m.config, "Hugging Face GPT-2 names, Conv1D layout");
@@ -81,7 +81,7 @@ void AddImport(CLI::App& ckpt) {
     if (!ckpt::IsHfGpt2File(src))
       ThrowBadInput(src + ": already a keel model file (nothing to import; use it as it is)");
     ckpt::LoadedModel m = ckpt::ReadHfGpt2(src, n_head);
-    const auto layout = model::ParamLayout::Gpt2(m.config);
+    const auto layout = model::ParamLayout::Whole(m.config);
     CreateParentDirs(out);
     ckpt::WriteModel(out, m.config, layout, m.weights.data());
     PrintSummary(out, m.config, "keel model file");

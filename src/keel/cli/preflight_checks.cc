@@ -21,7 +21,7 @@
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
 #include "keel/kernels/matmul.h"
-#include "keel/model/gpt.h"
+#include "keel/model/transformer.h"
 #include "keel/model/params.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/machine_probe.h"

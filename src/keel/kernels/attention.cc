@@ -8,8 +8,9 @@
 // query index innermost lets the softmax statistics (one per query row) be plain vector ops.
 //
 // Parallelism and determinism: the forward splits (b, h, query tile) items across threads, and
-// each item's arithmetic never depends on which thread runs it. The backward gives each (b, h) to
-// one thread, which accumulates dq over key tiles and dk, dv over query tiles in a fixed order.
+// each item's arithmetic never depends on which thread runs it. The backward gives each (b, key/
+// value head) to one thread, which accumulates dq over key tiles and dk, dv over the group's query
+// heads and their query tiles in a fixed order.
 // Results are therefore bitwise identical for any thread count.
 #include "keel/kernels/attention.h"
 
@@ -216,27 +217,27 @@ inline void StoreRow(T* dst, const float* src, int hs, float scale = 1.0f) {
   for (int d = 0; d < hs; ++d) dst[d] = FromFloat<T>(src[d] * scale);
 }
 
-// One head's k and v at time steps [0, n) and q at [q_lo, n), pre-scaled by `scale`, into
-// row-major (·, hsp) fp32 arrays indexed by time step; rows [n, n rounded up to kTile) are zero.
-// q_base points at the head's q channel 0 of time step 0.
+// One head's k and v at time steps [0, n) and q at [q_lo, n) (none if q_base is null), q
+// pre-scaled by `scale`, into row-major (·, hsp) fp32 arrays indexed by time step; rows [n, n
+// rounded up to kTile) are zero. Each base points at its head's channel 0 of time step 0; rows are
+// `stride` elements apart.
 template <typename T>
-void GatherHead(float* Q, float* K, float* V, const T* q_base, int q_lo, int n, int C, int hs,
-                int hsp, float scale) {
-  const size_t C3 = 3 * size_t(C);
+void GatherHead(float* Q, float* K, float* V, const T* q_base, const T* k_base, const T* v_base,
+                size_t stride, int q_lo, int n, int hs, int hsp, float scale) {
   for (int i = 0; i < n; ++i) {
     if (i + kAhead < n) {
-      const T* ahead = q_base + size_t(i + kAhead) * C3;
-      if (i + kAhead >= q_lo) PrefetchRow<0>(ahead, hs);
-      PrefetchRow<0>(ahead + C, hs);
-      PrefetchRow<0>(ahead + 2 * C, hs);
+      const size_t ahead = size_t(i + kAhead) * stride;
+      if (q_base && i + kAhead >= q_lo) PrefetchRow<0>(q_base + ahead, hs);
+      PrefetchRow<0>(k_base + ahead, hs);
+      PrefetchRow<0>(v_base + ahead, hs);
     }
-    const T* row = q_base + size_t(i) * C3;
-    if (i >= q_lo) LoadRow(Q + size_t(i) * hsp, row, hs, hsp, scale);
-    LoadRow(K + size_t(i) * hsp, row + C, hs, hsp);
-    LoadRow(V + size_t(i) * hsp, row + 2 * C, hs, hsp);
+    const size_t at = size_t(i) * stride;
+    if (q_base && i >= q_lo) LoadRow(Q + size_t(i) * hsp, q_base + at, hs, hsp, scale);
+    LoadRow(K + size_t(i) * hsp, k_base + at, hs, hsp);
+    LoadRow(V + size_t(i) * hsp, v_base + at, hs, hsp);
   }
   const size_t pad = size_t(RoundUpTo(n, kTile) - n) * hsp;
-  std::memset(Q + size_t(std::max(n, q_lo)) * hsp, 0, sizeof(float) * pad);
+  if (q_base) std::memset(Q + size_t(std::max(n, q_lo)) * hsp, 0, sizeof(float) * pad);
   std::memset(K + size_t(n) * hsp, 0, sizeof(float) * pad);
   std::memset(V + size_t(n) * hsp, 0, sizeof(float) * pad);
 }
@@ -309,8 +310,9 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
 }  // namespace
 
 template <typename T>
-void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH) {
-  const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), C3 = 3 * C;
+void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV) {
+  const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), KV = NKV > 0 ? NKV : NH;
+  const size_t stride = size_t(C) + 2 * size_t(KV) * hs;
   const int ntiles = (T_ + kTile - 1) / kTile;
   const float scale = 1.0f / std::sqrt(float(hs));
   // Whole heads per item when there are enough heads to keep every thread busy, so that a head's
@@ -334,8 +336,10 @@ void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, in
     float* Q = scratch.Take(rows);  // (·, hsp) by time step, pre-scaled; rows < qt_lo·kTile unused
     float* K = scratch.Take(rows);
     float* V = scratch.Take(rows);
-    GatherHead(Q, K, V, qkv + size_t(b) * T_ * C3 + size_t(h) * hs, qt_lo * kTile, nrows, C, hs,
-               hsp, scale);
+    const T* base = qkv + size_t(b) * T_ * stride;
+    const T* k_base = base + C + size_t(h / (NH / KV)) * hs;
+    GatherHead(Q, K, V, base + size_t(h) * hs, k_base, k_base + size_t(KV) * hs, stride,
+               qt_lo * kTile, nrows, hs, hsp, scale);
     float* w = scratch.Take(work);
     for (int qt = qt_hi; qt >= qt_lo; --qt)
       ForwardQueryTile(out + size_t(b) * T_ * C + size_t(h) * hs, lse + size_t(bh) * T_, Q, K, V,
@@ -343,21 +347,25 @@ void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, in
   }
 }
 
+// Grouped-query attention: one thread takes a key/value head and the query heads that read it, one
+// after another, so that the key/value gradients sum over the group in a fixed order.
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B,
-                       int T_, int C, int NH) {
-  const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), C3 = 3 * C;
+                       int T_, int C, int NH, int NKV) {
+  const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), KV = NKV > 0 ? NKV : NH, G = NH / KV;
+  const size_t stride = size_t(C) + 2 * size_t(KV) * hs;
   const int ntiles = (T_ + kTile - 1) / kTile, Tp = ntiles * kTile;
   const float scale = 1.0f / std::sqrt(float(hs));
   const size_t head = size_t(Tp) * hsp;
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int bh = 0; bh < B * NH; ++bh) {
-    const int b = bh / NH, h = bh % NH;
-    const T* q_base = qkv + size_t(b) * T_ * C3 + size_t(h) * hs;
-    const T* do_base = dout + size_t(b) * T_ * C + size_t(h) * hs;
-    const T* o_base = out + size_t(b) * T_ * C + size_t(h) * hs;
-    const float* lse_bh = lse + size_t(bh) * T_;
-    T* dq_base = dqkv + size_t(b) * T_ * C3 + size_t(h) * hs;
+  for (int bkv = 0; bkv < B * KV; ++bkv) {
+    const int b = bkv / KV, kvh = bkv % KV;
+    const T* base = qkv + size_t(b) * T_ * stride;
+    const T* k_base = base + C + size_t(kvh) * hs;
+    const T* v_base = k_base + size_t(KV) * hs;
+    T* dbase = dqkv + size_t(b) * T_ * stride;
+    T* dk_base = dbase + C + size_t(kvh) * hs;
+    T* dv_base = dk_base + size_t(KV) * hs;
 
     Scratch& scratch = ThreadScratch();
     scratch.Reserve(9 * Scratch::RoundUp(head) + 2 * kTileArea + 2 * size_t(Tp) + hsp);
@@ -369,89 +377,99 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
     float* dO = scratch.Take(head);        // (Tp, hsp)
     float* dOt = scratch.Take(head);       // (Tp/kTile, hsp, kTile)
     float* dQ = scratch.Take(head);        // (Tp, hsp), Σ over key tiles of dS·K
-    float* dK = scratch.Take(head);        // (Tp, hsp), Σ over query tiles of dS·Q
-    float* dV = scratch.Take(head);        // (Tp, hsp), Σ over query tiles of P·dO
+    float* dK = scratch.Take(head);        // (Tp, hsp), Σ over the group's query tiles of dS·Q
+    float* dV = scratch.Take(head);        // (Tp, hsp), Σ over the group's query tiles of P·dO
     float* Pt = scratch.Take(kTileArea);   // (kTile keys, kTile queries)
     float* dSt = scratch.Take(kTileArea);  // dP first, then dS in place
     float* L = scratch.Take(Tp);           // lse; +inf on padded rows so that their P = 0
     float* D = scratch.Take(Tp);
     float* row = scratch.Take(hsp);
 
-    GatherHead(Q, K, V, q_base, 0, T_, C, hs, hsp, scale);
-    for (int i = 0; i < T_; ++i) {
-      if (i + kAhead < T_) {
-        PrefetchRow<0>(do_base + size_t(i + kAhead) * C, hs);
-        PrefetchRow<0>(o_base + size_t(i + kAhead) * C, hs);
-      }
-      float* g = dO + size_t(i) * hsp;
-      LoadRow(g, do_base + size_t(i) * C, hs, hsp);
-      LoadRow(row, o_base + size_t(i) * C, hs, hsp);
-      V16 acc{};
-      for (int d = 0; d < hsp; d += kLanes) acc = Fma(Load(g + d), Load(row + d), acc);
-      float sum = 0.0f;
-      for (int k = 0; k < kLanes; ++k) sum += acc[k];
-      D[i] = sum;
-      L[i] = lse_bh[i];
-    }
-    std::memset(dO + size_t(T_) * hsp, 0, sizeof(float) * size_t(Tp - T_) * hsp);
-    std::fill(D + T_, D + Tp, 0.0f);
-    std::fill(L + T_, L + Tp, std::numeric_limits<float>::infinity());
-    // The transposed copies are tile-major (each query tile's hsp × kTile block contiguous): with
-    // a row stride of Tp floats, often a power of two, a tile's rows would share a few L1 sets
-    // and evict each other inside the matrix product.
-    for (int i0 = 0; i0 < Tp; i0 += kTile)
-      for (int d = 0; d < hsp; ++d)
-        for (int i = i0; i < i0 + kTile; ++i) {
-          Qt[size_t(i0) * hsp + size_t(d) * kTile + i - i0] = Q[size_t(i) * hsp + d];
-          dOt[size_t(i0) * hsp + size_t(d) * kTile + i - i0] = dO[size_t(i) * hsp + d];
-        }
-    std::memset(dQ, 0, sizeof(float) * head);
+    GatherHead<T>(nullptr, K, V, nullptr, k_base, v_base, stride, 0, T_, hs, hsp, scale);
     std::memset(dK, 0, sizeof(float) * head);
     std::memset(dV, 0, sizeof(float) * head);
-
-    for (int kt = 0; kt < ntiles; ++kt) {
-      const size_t j0 = size_t(kt) * kTile * hsp;
-      for (int qt = kt; qt < ntiles; ++qt) {
-        const int i0 = qt * kTile;
-        Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
-        if (qt == kt) MaskDiagonal(Pt);
-        Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
-        for (ptrdiff_t j = 0; j < kTile; ++j)
-          for (int r = 0; r < kTile; r += kLanes) {
-            float* pp = Pt + j * kTile + r;
-            float* ds = dSt + j * kTile + r;
-            V16 p = Exp(Load(pp) - Load(L + i0 + r));
-            Store(pp, p);
-            Store(ds, p * (Load(ds) - Load(D + i0 + r)));
+    for (int h = kvh * G; h < (kvh + 1) * G; ++h) {
+      const T* q_base = base + size_t(h) * hs;
+      const T* do_base = dout + size_t(b) * T_ * C + size_t(h) * hs;
+      const T* o_base = out + size_t(b) * T_ * C + size_t(h) * hs;
+      const float* lse_bh = lse + (size_t(b) * NH + h) * T_;
+      for (int i = 0; i < T_; ++i) {
+        if (i + kAhead < T_) {
+          PrefetchRow<0>(q_base + size_t(i + kAhead) * stride, hs);
+          PrefetchRow<0>(do_base + size_t(i + kAhead) * C, hs);
+          PrefetchRow<0>(o_base + size_t(i + kAhead) * C, hs);
+        }
+        LoadRow(Q + size_t(i) * hsp, q_base + size_t(i) * stride, hs, hsp, scale);
+        float* g = dO + size_t(i) * hsp;
+        LoadRow(g, do_base + size_t(i) * C, hs, hsp);
+        LoadRow(row, o_base + size_t(i) * C, hs, hsp);
+        V16 acc{};
+        for (int d = 0; d < hsp; d += kLanes) acc = Fma(Load(g + d), Load(row + d), acc);
+        float sum = 0.0f;
+        for (int k = 0; k < kLanes; ++k) sum += acc[k];
+        D[i] = sum;
+        L[i] = lse_bh[i];
+      }
+      std::memset(Q + size_t(T_) * hsp, 0, sizeof(float) * size_t(Tp - T_) * hsp);
+      std::memset(dO + size_t(T_) * hsp, 0, sizeof(float) * size_t(Tp - T_) * hsp);
+      std::fill(D + T_, D + Tp, 0.0f);
+      std::fill(L + T_, L + Tp, std::numeric_limits<float>::infinity());
+      // The transposed copies are tile-major (each query tile's hsp × kTile block contiguous):
+      // with a row stride of Tp floats, often a power of two, a tile's rows would share a few L1
+      // sets and evict each other inside the matrix product.
+      for (int i0 = 0; i0 < Tp; i0 += kTile)
+        for (int d = 0; d < hsp; ++d)
+          for (int i = i0; i < i0 + kTile; ++i) {
+            Qt[size_t(i0) * hsp + size_t(d) * kTile + i - i0] = Q[size_t(i) * hsp + d];
+            dOt[size_t(i0) * hsp + size_t(d) * kTile + i - i0] = dO[size_t(i) * hsp + d];
           }
-        // dV[j] += Σ_r P[j][r]·dO[r];  dK[j] += Σ_r dS[j][r]·Q[r] (Q carries the 1/√hs);
-        // dQ[r] += Σ_j dS[j][r]·K[j] (1/√hs applied once at the end).
-        Gemm(dV + j0, hsp, Pt, kTile, 1, dO + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
-        Gemm(dK + j0, hsp, dSt, kTile, 1, Q + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
-        Gemm(dQ + size_t(i0) * hsp, hsp, dSt, 1, kTile, K + j0, hsp, kTile, hsp, kTile, true);
+      std::memset(dQ, 0, sizeof(float) * head);
+
+      for (int kt = 0; kt < ntiles; ++kt) {
+        const size_t j0 = size_t(kt) * kTile * hsp;
+        for (int qt = kt; qt < ntiles; ++qt) {
+          const int i0 = qt * kTile;
+          Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
+          if (qt == kt) MaskDiagonal(Pt);
+          Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp,
+               false);
+          for (ptrdiff_t j = 0; j < kTile; ++j)
+            for (int r = 0; r < kTile; r += kLanes) {
+              float* pp = Pt + j * kTile + r;
+              float* ds = dSt + j * kTile + r;
+              V16 p = Exp(Load(pp) - Load(L + i0 + r));
+              Store(pp, p);
+              Store(ds, p * (Load(ds) - Load(D + i0 + r)));
+            }
+          // dV[j] += Σ_r P[j][r]·dO[r];  dK[j] += Σ_r dS[j][r]·Q[r] (Q carries the 1/√hs);
+          // dQ[r] += Σ_j dS[j][r]·K[j] (1/√hs applied once at the end).
+          Gemm(dV + j0, hsp, Pt, kTile, 1, dO + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
+          Gemm(dK + j0, hsp, dSt, kTile, 1, Q + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
+          Gemm(dQ + size_t(i0) * hsp, hsp, dSt, 1, kTile, K + j0, hsp, kTile, hsp, kTile, true);
+        }
+      }
+      T* dq_base = dbase + size_t(h) * hs;
+      for (int i = 0; i < T_; ++i) {
+        if (i + kAhead < T_) PrefetchRow<1>(dq_base + size_t(i + kAhead) * stride, hs);
+        StoreRow(dq_base + size_t(i) * stride, dQ + size_t(i) * hsp, hs, scale);
       }
     }
-    // q, k and v gradients of a time step are written together: they share pages.
     for (int i = 0; i < T_; ++i) {
       if (i + kAhead < T_) {
-        T* ahead = dq_base + size_t(i + kAhead) * C3;
-        PrefetchRow<1>(ahead, hs);
-        PrefetchRow<1>(ahead + C, hs);
-        PrefetchRow<1>(ahead + 2 * C, hs);
+        PrefetchRow<1>(dk_base + size_t(i + kAhead) * stride, hs);
+        PrefetchRow<1>(dv_base + size_t(i + kAhead) * stride, hs);
       }
-      T* dq = dq_base + size_t(i) * C3;
-      StoreRow(dq, dQ + size_t(i) * hsp, hs, scale);
-      StoreRow(dq + C, dK + size_t(i) * hsp, hs);
-      StoreRow(dq + 2 * C, dV + size_t(i) * hsp, hs);
+      StoreRow(dk_base + size_t(i) * stride, dK + size_t(i) * hsp, hs);
+      StoreRow(dv_base + size_t(i) * stride, dV + size_t(i) * hsp, hs);
     }
   }
 }
 
-template void AttentionForward<float>(float*, float*, const float*, int, int, int, int);
-template void AttentionForward<bf16>(bf16*, float*, const bf16*, int, int, int, int);
+template void AttentionForward<float>(float*, float*, const float*, int, int, int, int, int);
+template void AttentionForward<bf16>(bf16*, float*, const bf16*, int, int, int, int, int);
 template void AttentionBackward<float>(float*, const float*, const float*, const float*,
-                                       const float*, int, int, int, int);
+                                       const float*, int, int, int, int, int);
 template void AttentionBackward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                                      int, int, int, int);
+                                      int, int, int, int, int);
 
 }  // namespace keel::kernels

@@ -55,19 +55,15 @@ void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tok
     for (int bt = 0; bt < B * T_; ++bt) {
       const T* g = dout + size_t(bt) * C;
       const int tok = tokens[bt];
-      float* dpe = dwpe + size_t(bt % T_) * C;
-      if (tok < v0 || tok >= v1) {
+      if (dwpe) {
+        float* dpe = dwpe + size_t(bt % T_) * C;
 #pragma omp simd
         for (int c = c_begin; c < c_end; ++c) dpe[c] += ToFloat(g[c]);
-        continue;
       }
+      if (tok < v0 || tok >= v1) continue;
       float* dte = dwte + size_t(tok - v0) * C;
 #pragma omp simd
-      for (int c = c_begin; c < c_end; ++c) {
-        const float gc = ToFloat(g[c]);
-        dte[c] += gc;
-        dpe[c] += gc;
-      }
+      for (int c = c_begin; c < c_end; ++c) dte[c] += ToFloat(g[c]);
     }
   }
 }

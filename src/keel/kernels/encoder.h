@@ -14,7 +14,8 @@
 namespace keel::kernels {
 
 // A vocabulary-parallel shard passes the token rows it holds, [v0, v1), with `wte`/`dwte` at row
-// v0: other tokens contribute zero (another rank adds them). A null `wpe` adds no position term.
+// v0: other tokens contribute zero (another rank adds them). A null `wpe` adds no position term
+// (and a null `dwpe` takes no gradient): Llama has no learned positions.
 template <typename T>
 void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C,
                     int v0 = 0, int v1 = INT_MAX);

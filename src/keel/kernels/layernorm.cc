@@ -7,10 +7,8 @@
 // so both passes parallelize over rows; the row's reductions use `omp simd reduction`, whose order
 // is fixed at compile time (by the vector width), so every row is bitwise repeatable.
 //
-// dweight/dbias are sums over rows, which threads must not race on. Rows are cut into blocks whose
-// count depends on N only — never on the thread count — each block sums into its own fp32
-// partial, and the partials are then added in block order. The result is therefore bitwise the
-// same on every call and for any number of threads, at the cost of one small extra pass.
+// dweight/dbias are sums over rows, which threads must not race on: row_blocks.h sums them in an
+// order that depends on N only, so they are bitwise the same for any number of threads.
 #include "keel/kernels/layernorm.h"
 
 #include <algorithm>
@@ -19,28 +17,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "keel/kernels/row_blocks.h"
+
 namespace keel::kernels {
 namespace {
 
 constexpr float kEps = 1e-5f;
-
-// More row blocks allow more threads but lengthen the final reduction (blocks·2·C floats). 32
-// blocks keep 16 cores busy; at least 8 rows per block keep the partials under ~1/8 of the main
-// pass's traffic.
-constexpr int kMaxRowBlocks = 32;
-constexpr int kMinRowsPerBlock = 8;
-
-int RowBlocks(int N) {
-  return std::clamp((N + kMinRowsPerBlock - 1) / kMinRowsPerBlock, 1, kMaxRowBlocks);
-}
-
-// Scratch owned by the calling thread, grown on demand and kept, so that steady-state training
-// allocates nothing. thread_local (not a plain static) keeps two concurrent callers apart.
-float* PartialScratch(size_t n) {
-  thread_local std::vector<float> buffer;
-  if (buffer.size() < n) buffer.resize(n);
-  return buffer.data();
-}
+using internal::AddPartials;
+using internal::PartialScratch;
+using internal::RowBlocks;
 
 }  // namespace
 
@@ -117,22 +102,8 @@ void LayerNormBackward(T* dinp, float* dweight, float* dbias, const T* dout, con
       }
     }
   }
-  // Ordered reduction over blocks, folded into block 0's partial so that the channel loops stay
-  // plain vectorizable streams. Channels are independent, so threads split them; every loop below
-  // has the same 2C iterations (dweight's C, then dbias's C) and the same static schedule, so each
-  // thread owns the same floats throughout (OpenMP guarantees that assignment) and `nowait` is
-  // safe.
-  float* total = partial;
-#pragma omp parallel
-  {
-    for (int k = 1; k < blocks; ++k) {
-      const float* pk = partial + size_t(k) * 2 * C;
-#pragma omp for simd schedule(static) nowait
-      for (int c = 0; c < 2 * C; ++c) total[c] += pk[c];
-    }
-#pragma omp for simd schedule(static)
-    for (int c = 0; c < 2 * C; ++c) (c < C ? dweight[c] : dbias[c - C]) += total[c];
-  }
+  AddPartials(partial, blocks, 2 * C,
+              [&](int c) -> float& { return c < C ? dweight[c] : dbias[c - C]; });
 }
 
 template void LayerNormForward<float>(float*, float*, float*, const float*, const float*,

@@ -37,6 +37,12 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   const size_t L = st.layers(), C = cfg.n_embd, BT = size_t(B) * T;
   // This rank's heads' channels and hidden units (tensor parallelism), and its heads.
   const size_t Cl = C / size_t(tp), NH = size_t(cfg.n_head / tp);
+  // This rank's fused q, k, v columns, the MLP's first product's columns (GELU's input, or
+  // SwiGLU's gate and up) and its hidden units.
+  const size_t QKV = size_t(cfg.qkv_dim() / tp), FC = size_t(cfg.fc_dim() / tp);
+  const size_t F = size_t(cfg.ffn() / tp);
+  // LayerNorm saves a mean and an rstd per row, RMSNorm an rstd only.
+  const bool means = !cfg.llama();
   // The rows of the residual stream this rank holds (sequence parallelism: its 1/tp of them).
   const size_t R = sp ? BT / size_t(tp) : BT;
   const size_t t = DTypeSize(dtype), f = 4, S = size_t(slots);
@@ -51,21 +57,21 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   // The residual stream: block inputs and the last block's output, per slot.
   add("resid", (L + 1) * S, t, R * C);
   add("ln1", attn_copies, t, R * C);
-  add("ln1_mean", attn_copies, f, R);
+  if (means) add("ln1_mean", attn_copies, f, R);
   add("ln1_rstd", attn_copies, f, R);
-  add("qkv", attn_copies, t, BT * 3 * Cl);
+  add("qkv", attn_copies, t, BT * QKV);
   add("atty", attn_copies, t, BT * Cl);
   add("att_lse", attn_copies, f, BT * NH);
   add("res2", mlp_copies, t, R * C);
   add("ln2", mlp_copies, t, R * C);
-  add("ln2_mean", mlp_copies, f, R);
+  if (means) add("ln2_mean", mlp_copies, f, R);
   add("ln2_rstd", mlp_copies, f, R);
-  add("fch", mlp_copies, t, BT * 4 * Cl);
-  add("fch_gelu", mlp_copies, t, BT * 4 * Cl);
+  add("fch", mlp_copies, t, BT * FC);
+  add("fch_gelu", mlp_copies, t, BT * F);
   if (st.last()) {
     // The last stage runs a micro-batch's head right before its backward: one copy serves.
     add("lnf", 1, t, R * C);
-    add("lnf_mean", 1, f, R);
+    if (means) add("lnf_mean", 1, f, R);
     add("lnf_rstd", 1, f, R);
     add("losses", 1, f, BT);
     // Each rank's log-sum-exp and target logit per row, gathered by the vocabulary shards.
@@ -77,9 +83,9 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   // Backward's gradient buffers: one layer's worth, reused by every layer.
   add("dres", 1, t, R * C);
   add("dtmp", 1, t, BT * C);
-  add("dqkv", 1, t, BT * 3 * Cl);
-  add("dfch_gelu", 1, t, BT * 4 * Cl);
-  add("dfch", 1, t, BT * 4 * Cl);
+  add("dqkv", 1, t, BT * QKV);
+  add("dfch_gelu", 1, t, BT * F);
+  add("dfch", 1, t, BT * FC);
   return plan;
 }
 

@@ -1,21 +1,46 @@
-// GPT-2 model shapes and the named configurations.
+// Model shapes of both families and the named configurations.
 //
-//   keel::model::ModelConfig c = keel::model::NamedConfig("gpt2");  // 124M
+// GPT-2: LayerNorm, learned positions, a 4·C GELU MLP, biases, the classifier tied to the token
+// embedding. Llama: RMSNorm, rotary positions (θ = rope_theta), a SwiGLU MLP of ffn_hidden units,
+// grouped-query attention (n_kv_head key/value heads shared by n_head/n_kv_head query heads each),
+// no biases, a separate classifier (lm_head).
+//
+//   keel::model::ModelConfig c = keel::model::NamedConfig("gpt2");        // 124M
+//   keel::model::ModelConfig l = keel::model::NamedConfig("llama-tiny");  // tests
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace keel::model {
+
+enum class Family { kGpt2, kLlama };
+const char* FamilyName(Family f);  // "gpt2" | "llama"
 
 struct ModelConfig {
   int n_layer = 12;
   int n_head = 12;
   int n_embd = 768;
   int vocab_size = 50257;  // the real vocabulary; padded internally (padded_vocab())
-  int block_size = 1024;   // maximum context (rows of the position embedding)
+  int block_size = 1024;   // maximum context (rows of GPT-2's position embedding)
+  Family family = Family::kGpt2;
+  int n_kv_head = 0;         // Llama: key/value heads, dividing n_head (0: n_head, no grouping)
+  int ffn_hidden = 0;        // Llama: SwiGLU's hidden units (0: 4·n_embd, GPT-2's)
+  float rope_theta = 10000;  // Llama: the rotary base
+  float norm_eps = 1e-5f;    // Llama: RMSNorm's ε (GPT-2's LayerNorm uses 1e-5)
 
+  bool llama() const { return family == Family::kLlama; }
+  // GPT-2 ties the classifier to the token embedding; Llama has its own lm_head.
+  bool tied() const { return !llama(); }
   int head_size() const { return n_embd / n_head; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * n_embd; }
+  // Columns of the fused q, k, v product: n_head query heads, kv_heads() key and value heads.
+  int qkv_dim() const { return (n_head + 2 * kv_heads()) * head_size(); }
+  // Columns of the MLP's first product: GELU's input, or SwiGLU's gate and up halves.
+  int fc_dim() const { return llama() ? 2 * ffn() : ffn(); }
   // Rows of the token embedding: the vocabulary rounded up to a multiple of 128, so that the
   // classifier's matrix products stay on fast tile sizes. The padded logits are masked.
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
@@ -24,8 +49,24 @@ struct ModelConfig {
 // Throws keel::Error (bad input) naming the key when shapes are inconsistent.
 void Validate(const ModelConfig& c);
 
-// "gpt2-tiny" (tests), "gpt2-mini" (quickstart), "gpt2" (124M), "gpt2-medium" (350M),
-// "gpt2-large" (774M), "gpt2-xl" (1.5B). Throws on an unknown name, listing the known ones.
+// Every key that describes a model, as text, in a fixed order: checkpoint and model-file metadata,
+// comparisons of a saved model with a run's, the resolved config. GPT-2's omit Llama's keys.
+std::vector<std::pair<std::string, std::string>> ShapeKeys(const ModelConfig& c);
+// Sets one of ShapeKeys' keys from its text; throws keel::Error (bad input) naming `where` and the
+// key for an unknown key or a malformed value.
+void SetShapeKey(ModelConfig& c, const std::string& key, const std::string& value,
+                 const std::string& where);
+
+// The first of ShapeKeys whose value differs between `a` and `b`, with both values.
+struct KeyDifference {
+  std::string key, a, b;
+};
+std::optional<KeyDifference> FirstDifference(const ModelConfig& a, const ModelConfig& b);
+
+// GPT-2: "gpt2-tiny" (tests), "gpt2-mini" (quickstart), "gpt2" (124M), "gpt2-medium" (350M),
+// "gpt2-large" (774M), "gpt2-xl" (1.5B). Llama: "llama-tiny" (tests), "llama-mini" (quickstart),
+// "llama-120m" (benchmarks), and the shapes of "tinyllama-1.1b" and "llama3-8b" (planning).
+// Throws on an unknown name, listing the known ones.
 ModelConfig NamedConfig(const std::string& name);
 std::vector<std::string> NamedConfigNames();
 

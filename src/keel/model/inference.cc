@@ -18,7 +18,7 @@ namespace keel::model {
 namespace k = keel::kernels;
 
 Generator::Generator(const ModelConfig& cfg, std::vector<float> weights)
-    : cfg_(cfg), layout_(ParamLayout::Gpt2(cfg)), w_(std::move(weights)) {
+    : cfg_(cfg), layout_(ParamLayout::Whole(cfg)), w_(std::move(weights)) {
   KEEL_CHECK(w_.size() == layout_.total(), "Generator: weights do not match the config");
   const size_t C = cfg.n_embd;
   k_cache_.resize(size_t(cfg.n_layer) * cfg.block_size * C);

@@ -1,7 +1,7 @@
 // Text generation from trained fp32 weights, one token at a time with a key/value cache: each new
 // token costs one row through every block instead of re-running the whole context.
 //
-//   Generator gen(cfg, weights);             // weights: ParamLayout::Gpt2(cfg).total() floats
+//   Generator gen(cfg, weights);             // weights: ParamLayout::Whole(cfg).total() floats
 //   auto out = gen.Generate(prompt_ids, {.max_tokens = 64, .temperature = 0.8f, .top_k = 40});
 #pragma once
 

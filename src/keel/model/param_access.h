@@ -1,4 +1,4 @@
-// Where GptModel reads its weights and writes its gradients, one segment at a time
+// Where Transformer reads its weights and writes its gradients, one segment at a time
 // (ParamLayout::segments(): embeddings, each block, the final LayerNorm). The model does not own
 // them: a data-parallel replica holds every segment all the time, a ZeRO-3 rank gathers a block's
 // weights just before the block runs and lets them go after, a ZeRO-2 rank reduces a block's

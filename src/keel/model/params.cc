@@ -92,19 +92,34 @@ std::vector<int> BalancedStageLayers(const ModelConfig& cfg, int T, int pp) {
   return layers;
 }
 
-ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
+ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
   ParamLayout p;
   const int C = cfg.n_embd, L = cfg.n_layer;
   // GPT-2 scales the residual projections by 1/√(2L) so that the residual stream's variance does
-  // not grow with depth.
+  // not grow with depth; keel's Llamas do the same (as torchtitan and OLMo do).
   const float proj_std = init_std / std::sqrt(2.0f * L);
   p.chunks_ = {WholeModel(cfg)};
   p.seg_start_.push_back(0);
   p.Add("wte.weight", {cfg.padded_vocab(), C}, true, init_std);
-  p.Add("wpe.weight", {cfg.block_size, C}, true, init_std);
+  if (!cfg.llama()) p.Add("wpe.weight", {cfg.block_size, C}, true, init_std);
+  const int hs = cfg.head_size(), q = cfg.n_head * hs, kv = cfg.kv_heads() * hs, F = cfg.ffn();
   for (int l = 0; l < L; ++l) {
     p.seg_start_.push_back(p.total_);
     const std::string h = "h." + std::to_string(l) + ".";
+    if (cfg.llama()) {
+      // q, k, v (and gate, up) are adjacent, so one product computes them together, and under
+      // tensor parallelism a rank's shards of them are adjacent too.
+      p.Add(h + "ln_1.weight", {C}, false, 0, 1.0f);
+      p.Add(h + "attn.q_proj.weight", {q, C}, true, init_std);
+      p.Add(h + "attn.k_proj.weight", {kv, C}, true, init_std);
+      p.Add(h + "attn.v_proj.weight", {kv, C}, true, init_std);
+      p.Add(h + "attn.o_proj.weight", {C, q}, true, proj_std);
+      p.Add(h + "ln_2.weight", {C}, false, 0, 1.0f);
+      p.Add(h + "mlp.gate_proj.weight", {F, C}, true, init_std);
+      p.Add(h + "mlp.up_proj.weight", {F, C}, true, init_std);
+      p.Add(h + "mlp.down_proj.weight", {C, F}, true, proj_std);
+      continue;
+    }
     p.Add(h + "ln_1.weight", {C}, false, 0, 1.0f);
     p.Add(h + "ln_1.bias", {C}, false, 0);
     p.Add(h + "attn.c_attn.weight", {3 * C, C}, true, init_std);
@@ -120,7 +135,10 @@ ParamLayout ParamLayout::Gpt2(const ModelConfig& cfg, float init_std) {
   }
   p.seg_start_.push_back(p.total_);
   p.Add("ln_f.weight", {C}, false, 0, 1.0f);
-  p.Add("ln_f.bias", {C}, false, 0);
+  if (cfg.llama())
+    p.Add("lm_head.weight", {cfg.padded_vocab(), C}, true, init_std);
+  else
+    p.Add("ln_f.bias", {C}, false, 0);
   p.AssignBiases();
   return p;
 }
@@ -133,7 +151,9 @@ std::pair<int, int> TpCut(const std::string& name) {
     const size_t n = std::char_traits<char>::length(s);
     return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
   };
-  if (name == "wte.weight") return {0, 1};
+  if (name == "wte.weight" || name == "lm_head.weight") return {0, 1};
+  if (ends("_proj.weight"))  // Llama's: o_proj and down_proj by input columns, the rest by rows
+    return {ends("o_proj.weight") || ends("down_proj.weight") ? 1 : 0, 1};
   if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) return {0, 3};
   if (ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return {0, 1};
   if (ends("c_proj.weight")) return {1, 1};
@@ -142,13 +162,15 @@ std::pair<int, int> TpCut(const std::string& name) {
 
 }  // namespace
 
-ParamLayout ParamLayout::Gpt2Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
+ParamLayout ParamLayout::Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
                                    TpShard tp) {
-  ParamLayout whole = Gpt2(cfg);
+  ParamLayout whole = Whole(cfg);
   if (chunks.size() == 1 && chunks[0].first() && chunks[0].last() && tp.size == 1) return whole;
   if (tp.size > 1) {
-    KEEL_CHECK(cfg.n_head % tp.size == 0 && cfg.padded_vocab() % tp.size == 0,
-               "Gpt2Stage: tp must divide n_head and the padded vocabulary (config validation)");
+    KEEL_CHECK(cfg.n_head % tp.size == 0 && cfg.kv_heads() % tp.size == 0 &&
+                   cfg.ffn() % tp.size == 0 && cfg.padded_vocab() % tp.size == 0,
+               "Stage: tp must divide the heads, hidden units and padded vocabulary (config "
+               "validation)");
     // Shard every tensor of the whole layout in place, then pick the stage's as usual.
     ParamLayout cut;
     for (ParamInfo info : whole.params_) {
@@ -168,8 +190,12 @@ ParamLayout ParamLayout::Gpt2Stage(const ModelConfig& cfg, const std::vector<Sta
   ParamLayout p;
   p.tp_ = tp;
   p.chunks_ = chunks;
-  p.has_embed_ = p.holds_first() || p.holds_last();
-  if (p.has_embed_) {
+  // GPT-2's last stage holds a replica of the tied wte for its classifier; Llama's has lm_head.
+  p.has_embed_ = p.holds_first() || (p.holds_last() && cfg.tied());
+  if (p.has_embed_ && cfg.llama()) {
+    p.seg_start_.push_back(0);
+    p.Append(whole.Find("wte.weight"));
+  } else if (p.has_embed_) {
     p.seg_start_.push_back(0);
     p.Append(whole.Find("wte.weight"));
     if (p.holds_first())
@@ -187,7 +213,7 @@ ParamLayout ParamLayout::Gpt2Stage(const ModelConfig& cfg, const std::vector<Sta
   if (p.holds_last()) {
     p.seg_start_.push_back(p.total_);
     p.Append(whole.Find("ln_f.weight"));
-    p.Append(whole.Find("ln_f.bias"));
+    p.Append(whole.Find(cfg.llama() ? "lm_head.weight" : "ln_f.bias"));
   }
   p.AssignBiases();
   return p;
@@ -253,7 +279,8 @@ void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed
     }
     const Philox rng(seed, p.stream);
     // Padded vocabulary rows stay zero: they are masked out and must not drift.
-    const size_t live = p.name == "wte.weight" ? size_t(cfg.vocab_size) * cfg.n_embd : p.numel;
+    const bool vocab_rows = p.name == "wte.weight" || p.name == "lm_head.weight";
+    const size_t live = vocab_rows ? size_t(cfg.vocab_size) * cfg.n_embd : p.numel;
 #pragma omp parallel for schedule(static)
     for (size_t j = 0; j < p.numel; ++j) w[j] = j < live ? p.init_std * rng.Normal(j) : 0.0f;
   }

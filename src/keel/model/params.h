@@ -7,7 +7,7 @@
 //
 // Shapes are keel's [out, in]; export transposes to Hugging Face's Conv1D [in, out].
 //
-//   auto layout = keel::model::ParamLayout::Gpt2(cfg);
+//   auto layout = keel::model::ParamLayout::Whole(cfg);
 //   const auto& p = layout.Find("h.0.attn.c_attn.weight");   // p.offset, p.numel, p.shape
 #pragma once
 
@@ -92,17 +92,17 @@ inline StageRange WholeModel(const ModelConfig& cfg) { return {0, cfg.n_layer, c
 
 class ParamLayout {
  public:
-  static ParamLayout Gpt2(const ModelConfig& cfg, float init_std = 0.02f);
+  static ParamLayout Whole(const ModelConfig& cfg, float init_std = 0.02f);
   // The tensors of one pipeline rank, in the same order, named as in the whole model: its
   // chunks' blocks (one stage, or v interleaved chunks in order), the embeddings if it holds the
   // first block, the final LayerNorm and a replica of the tied wte if it holds the last.
   // Under tensor parallelism (tp.size > 1) each tensor is this rank's shard (Megatron-LM's
   // cuts): c_attn and c_fc by output rows (heads split across ranks), the projections c_proj by
   // input columns, wte by vocabulary rows; LayerNorms, wpe and the projections' biases whole.
-  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
+  static ParamLayout Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
                                TpShard tp = {});
-  static ParamLayout Gpt2Stage(const ModelConfig& cfg, const StageRange& stage, TpShard tp = {}) {
-    return Gpt2Stage(cfg, std::vector<StageRange>{stage}, tp);
+  static ParamLayout Stage(const ModelConfig& cfg, const StageRange& stage, TpShard tp = {}) {
+    return Stage(cfg, std::vector<StageRange>{stage}, tp);
   }
 
   const std::vector<ParamInfo>& params() const { return params_; }

@@ -29,6 +29,8 @@ struct DimsInputs {
   long world = 0;         // ranks launched
   long n_head = 0;        // must be divisible by tp
   long n_layer = 0;       // must be divisible by pp
+  long n_kv_head = 0;     // must be divisible by tp (grouped-query attention)
+  long ffn_hidden = 0;    // must be divisible by tp
   long padded_vocab = 0;  // must be divisible by tp
   long global_batch = 0;  // sequences per step: divisible by dp x micro_batch
   long micro_batch = 0;

@@ -67,7 +67,7 @@ const ParamSizes& Sizes(const ModelSpec& m) {
   if (key.layers == m.layers && key.hidden == m.hidden && key.heads == m.heads &&
       key.vocab == m.vocab && key.seq == m.seq)
     return sizes;
-  const auto layout = model::ParamLayout::Gpt2(ToModelConfig(m));
+  const auto layout = model::ParamLayout::Whole(ToModelConfig(m));
   sizes.embed = double(layout.layer_start(0));  // wte + wpe
   sizes.per_layer = double(layout.layer_start(1) - layout.layer_start(0));
   sizes.ln_f = double(layout.total() - layout.layer_start(m.layers));
@@ -108,7 +108,7 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
                               : model::WholeModel(cfg));
   // The store's and the ZeRO strategy's buffers, by the formula they allocate with. Every
   // tensor-parallel rank holds shards of the same sizes: rank 0's layout stands for all.
-  const auto layout = model::ParamLayout::Gpt2Stage(cfg, chunks, {l.tp, 0});
+  const auto layout = model::ParamLayout::Stage(cfg, chunks, {l.tp, 0});
   const parallel::StateBytes b = parallel::StateBytesPerRank(model::StateShapeOf(layout, dt), l);
   mem.state.params = double(b.working + b.biases);
   mem.state.grads = double(b.grads);

@@ -35,6 +35,9 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"n_embd", &m.n_embd},
         {"vocab_size", &m.vocab_size},
         {"block_size", &m.block_size},
+        {"n_kv_head", &m.n_kv_head},
+        {"ffn_hidden", &m.ffn_hidden},
+        {"rope_theta", &m.rope_theta},
         {"recompute", &m.recompute},
         {"init_std", &m.init_std},
         {"init_from", &m.init_from}}},
@@ -539,13 +542,13 @@ std::string ToToml(const RunConfig& cfg) {
   }
   auto shape_note = [&](std::string_view key, const FieldRef& ref) -> std::string {
     const int* p = std::get_if<int*>(&ref) ? *std::get_if<int*>(&ref) : nullptr;
-    if (!resolved || p == nullptr || *p != 0) return "";
-    int v = key == "n_layer"      ? resolved->n_layer
-            : key == "n_head"     ? resolved->n_head
-            : key == "n_embd"     ? resolved->n_embd
-            : key == "vocab_size" ? resolved->vocab_size
-                                  : resolved->block_size;
-    return "  # from " + cfg.model.name + ": " + std::to_string(v);
+    const float* q = std::get_if<float*>(&ref) ? *std::get_if<float*>(&ref) : nullptr;
+    if (!resolved || (p == nullptr && q == nullptr) || (p && *p != 0) || (q && *q != 0)) return "";
+    std::string v;
+    for (const auto& [k, text] : model::ShapeKeys(*resolved))
+      if (k == key) v = text;
+    if (v.empty()) return "";
+    return "  # from " + cfg.model.name + ": " + v;
   };
   for (const auto& sec : internal::BindSections(copy)) {
     out << "\n[" << sec.name << "]\n";

@@ -72,6 +72,9 @@ model::ModelConfig ResolveModel(const ModelSection& m, const Provenance& prov) {
     if (m.n_embd > 0) c.n_embd = m.n_embd;
     if (m.vocab_size > 0) c.vocab_size = m.vocab_size;
     if (m.block_size > 0) c.block_size = m.block_size;
+    if (m.n_kv_head > 0) c.n_kv_head = m.n_kv_head;
+    if (m.ffn_hidden > 0) c.ffn_hidden = m.ffn_hidden;
+    if (m.rope_theta > 0) c.rope_theta = m.rope_theta;
     model::Validate(c);
     return c;
   } catch (const Error& e) {
@@ -101,6 +104,9 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   model.NonNegative("n_embd", m.n_embd);
   model.NonNegative("vocab_size", m.vocab_size);
   model.NonNegative("block_size", m.block_size);
+  model.NonNegative("n_kv_head", m.n_kv_head);
+  model.NonNegative("ffn_hidden", m.ffn_hidden);
+  model.FiniteNonNegative("rope_theta", m.rope_theta);
   model.OneOf("recompute", m.recompute, {"none", "attn", "full"});
   model.FinitePositive("init_std", m.init_std);
 
@@ -358,6 +364,8 @@ parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
                          {.world = world,
                           .n_head = m.n_head,
                           .n_layer = uneven ? 0 : m.n_layer,
+                          .n_kv_head = m.kv_heads(),
+                          .ffn_hidden = m.ffn(),
                           .padded_vocab = m.padded_vocab()},
                          prefix);
   if (uneven) (void)StageLayers(cfg, d.pp);

@@ -18,7 +18,7 @@ int GradTag(int chunk) { return 11 + 2 * chunk; }
 }  // namespace
 
 struct Pipeline::Chunk {
-  model::GptModel* model;
+  model::Transformer* model;
   int slots;
   std::vector<std::unique_ptr<parallel::Work>> act_recv, act_send, grad_recv, grad_send;
   // Chunk 0 also keeps each micro-batch's tokens and targets, for every chunk: a micro-batch's
@@ -26,12 +26,12 @@ struct Pipeline::Chunk {
   std::vector<std::vector<int32_t>> tokens, targets;
 };
 
-Pipeline::Pipeline(std::vector<model::GptModel*> chunks, parallel::Comm* pp, double timeout_s)
+Pipeline::Pipeline(std::vector<model::Transformer*> chunks, parallel::Comm* pp, double timeout_s)
     : pp_(pp), stage_(pp ? pp->rank() : 0), stages_(pp ? pp->size() : 1), timeout_s_(timeout_s) {
-  const model::GptModel& m0 = *chunks.front();
+  const model::Transformer& m0 = *chunks.front();
   bytes_ = m0.boundary_elems() * DTypeSize(m0.dtype());
   const size_t bt = size_t(m0.batch()) * m0.seq_len();
-  for (model::GptModel* m : chunks) {
+  for (model::Transformer* m : chunks) {
     Chunk c{m, m->slots(), {}, {}, {}, {}, {}, {}};
     for (auto* v : {&c.act_recv, &c.act_send, &c.grad_recv, &c.grad_send})
       v->resize(size_t(c.slots));
@@ -149,7 +149,7 @@ double Pipeline::Run(int m, const NextBatch& next, float dloss,
 double Pipeline::Forward(const int32_t* tokens, const int32_t* targets) {
   double loss = 0;
   for (int c = 0; c < int(chunks_.size()); ++c) {
-    model::GptModel& m = *chunks_[size_t(c)].model;
+    model::Transformer& m = *chunks_[size_t(c)].model;
     if (const auto [rank, chunk] = Prev(c); rank >= 0) {
       auto r = pp_->RecvAsync(m.StageInput(0), bytes_, rank, ActTag(c));
       Wait(r, "receiving activations");

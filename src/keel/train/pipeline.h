@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "keel/model/gpt.h"
+#include "keel/model/transformer.h"
 #include "keel/parallel/comm.h"
 
 namespace keel::train {
@@ -25,7 +25,7 @@ class Pipeline {
  public:
   // `chunks`: this rank's model chunks in layer order, each with the slots the schedule needs
   // (parallel::PipelineSlots); `pp`: the ranks of this pipeline, stage = rank (null: one stage).
-  Pipeline(std::vector<model::GptModel*> chunks, parallel::Comm* pp, double timeout_s);
+  Pipeline(std::vector<model::Transformer*> chunks, parallel::Comm* pp, double timeout_s);
   ~Pipeline();
 
   // Waits, within one comm_timeout_s in all, for the transfers still in flight (they read and

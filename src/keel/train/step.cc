@@ -45,7 +45,7 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     : spec_(spec),
       g_(groups),
       comm_(*groups.dp),
-      layout_(model::ParamLayout::Gpt2Stage(
+      layout_(model::ParamLayout::Stage(
           spec.model, ChunksFor(spec, groups.pp),
           {groups.tp ? groups.tp->size() : 1, groups.tp ? groups.tp->rank() : 0})) {
   KEEL_CHECK(!g_.pp || g_.pp->size() == spec.dims.pp, "TrainStep: pp group size != dims.pp");
@@ -59,9 +59,9 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
   const auto& chunks = layout_.chunks();
   const std::vector<int> slots =
       parallel::PipelineSlots(pp, stage, int(chunks.size()), spec.micro_batches);
-  std::vector<model::GptModel*> ptrs;
+  std::vector<model::Transformer*> ptrs;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    models_.push_back(std::make_unique<model::GptModel>(
+    models_.push_back(std::make_unique<model::Transformer>(
         spec.model, spec.dtype, spec.micro_batch, spec.seq_len, spec.recompute, zero_.get(),
         layout_, chunks[c], slots[c],
         model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.sequence_parallel}));
@@ -81,7 +81,7 @@ TrainStep::~TrainStep() {
 
 void TrainStep::SetWeights(const float* full) {
   // `full` is the whole model's layout; this rank's tensors (or shards) sit elsewhere in its own.
-  const model::ParamLayout whole = model::ParamLayout::Gpt2(spec_.model);
+  const model::ParamLayout whole = model::ParamLayout::Whole(spec_.model);
   std::vector<float> mine(layout_.total());
   model::CopyShards(layout_, whole, full, mine.data(), /*to_whole=*/false);
   std::memcpy(store_->master(), mine.data() + store_->state_lo(),
@@ -99,7 +99,7 @@ std::vector<float> TrainStep::GatherWeights() {
   if (layout_.whole()) return mine;
   // Each stage and tp shard puts its values into the whole layout, zeros elsewhere; the sum over
   // the stages and shards is then every one's values exactly (x + 0 = x).
-  const model::ParamLayout whole = model::ParamLayout::Gpt2(spec_.model);
+  const model::ParamLayout whole = model::ParamLayout::Whole(spec_.model);
   std::vector<float> full(whole.total(), 0.0f);
   model::CopyShards(layout_, whole, mine.data(), full.data(), /*to_whole=*/true);
   if (g_.pp && g_.pp->size() > 1) g_.pp->AllReduceSum(full.data(), full.size());
@@ -186,7 +186,7 @@ double TrainStep::Forward(const int32_t* tokens, const int32_t* targets) {
 ckpt::StateView TrainStep::StateView() {
   ckpt::StateView v;
   v.tensors = ckpt::TensorSpecs(layout_);
-  if (!layout_.whole()) v.all_tensors = ckpt::TensorSpecs(model::ParamLayout::Gpt2(spec_.model));
+  if (!layout_.whole()) v.all_tensors = ckpt::TensorSpecs(model::ParamLayout::Whole(spec_.model));
   v.buffers = {
       {"master", store_->master()}, {"adam_m", store_->adam_m()}, {"adam_v", store_->adam_v()}};
   v.lo = store_->state_lo();

@@ -8,7 +8,7 @@
 //   double norm = st.Update(lr, /*clip=*/1.0f, before_update);
 //
 // Under pipeline parallelism (groups.pp) this rank is one stage: it holds blocks [l0, l1) of the
-// model (ParamLayout::Gpt2Stage), the micro-batches run through the 1F1B schedule (Pipeline),
+// model (ParamLayout::Stage), the micro-batches run through the 1F1B schedule (Pipeline),
 // the tied embedding's gradient is summed between the first and last stage (groups.tied), and
 // the gradient norm and the loss are summed over the stages. Under tensor parallelism (groups.tp)
 // the rank holds its shard of every tensor it holds (ParamLayout's TpShard), the model's layers
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "keel/ckpt/state.h"
-#include "keel/model/gpt.h"
+#include "keel/model/transformer.h"
 #include "keel/optim/param_store.h"
 #include "keel/parallel/comm.h"
 #include "keel/parallel/dims.h"
@@ -63,7 +63,7 @@ class TrainStep {
   ~TrainStep();
 
   const model::ParamLayout& layout() const { return layout_; }
-  model::GptModel& model() { return *models_.front(); }  // the first chunk
+  model::Transformer& model() { return *models_.front(); }  // the first chunk
   optim::ParamStore& store() { return *store_; }
   ZeroStrategy& strategy() { return *zero_; }
 
@@ -126,7 +126,7 @@ class TrainStep {
   model::ParamLayout layout_;
   std::unique_ptr<optim::ParamStore> store_;
   std::unique_ptr<ZeroStrategy> zero_;
-  std::vector<std::unique_ptr<model::GptModel>> models_;  // one per chunk
+  std::vector<std::unique_ptr<model::Transformer>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
   double tied_ms_ = 0, tied_bytes_ = 0, sp_ms_ = 0;
 };

@@ -229,7 +229,7 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   // 124M normal values takes seconds of every restart (TrainRun draws them if none is found).
   // A fine-tuning file is read here all the same, so that a bad one fails before anything else.
   if (cfg.checkpoint.resume.empty() || !cfg.model.init_from.empty()) {
-    const model::ParamLayout layout = model::ParamLayout::Gpt2(p.s.mcfg);
+    const model::ParamLayout layout = model::ParamLayout::Whole(p.s.mcfg);
     p.init.resize(layout.total());
     model::InitParams(layout, p.s.mcfg, cfg.train.seed, p.init.data());
     // Fine-tuning: the file's weights replace the random ones.
@@ -278,7 +278,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   const std::vector<DataSource>& sources = d.sources;
   const std::vector<double>& weights = d.weights;
   const parallel::ParallelDims dims = s.dims;
-  const model::ParamLayout layout = model::ParamLayout::Gpt2(mcfg);
+  const model::ParamLayout layout = model::ParamLayout::Whole(mcfg);
   const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
   const StepSpec spec = SpecFor(cfg, s, frozen);
   const parallel::Groups groups = parallel::MakeGroups(comm, dims);

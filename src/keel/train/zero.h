@@ -14,7 +14,7 @@
 // One object per run; every rank of the group calls the same methods in the same order.
 //
 //   ZeroStrategy z(store, layout, comm, bucket_elems, timeout_s);
-//   GptModel model(cfg, dtype, B, T, rc, &z);
+//   Transformer model(cfg, dtype, B, T, rc, &z);
 //   z.BeginStep(); for k: { z.BeginMicroBatch(last); model.ForwardBackward(...); }
 //   z.FinishBackward(); double norm = std::sqrt(z.GradSquares()); ...; z.Update(lr, scale);
 #pragma once

@@ -1,7 +1,7 @@
 // Whole-model tests that need no oracle: the loss at initialization, recomputation changing
 // nothing, bitwise repeatability, and parameter/activation accounting. The PyTorch oracle
 // (tests/reference) checks the numbers themselves.
-#include "keel/model/gpt.h"
+#include "keel/model/transformer.h"
 
 #include <gtest/gtest.h>
 
@@ -35,7 +35,7 @@ Batch RandomBatch(int B, int T, int V, uint64_t seed) {
 
 std::vector<float> RunGrads(DType dtype, Recompute rc, double* loss) {
   const int B = 2, T = 16;
-  GptModel m(Tiny(), dtype, B, T, rc);
+  Transformer m(Tiny(), dtype, B, T, rc);
   InitParams(m.layout(), m.config(), 7, m.master());
   m.SyncWorking();
   Batch b = RandomBatch(B, T, 50257, 3);
@@ -72,7 +72,7 @@ TEST(Gpt, RepeatedStepsAreBitwiseIdentical) {
 
 TEST(Gpt, ForwardMatchesForwardBackwardLoss) {
   const int B = 2, T = 16;
-  GptModel m(Tiny(), DType::kF32, B, T, Recompute::kNone);
+  Transformer m(Tiny(), DType::kF32, B, T, Recompute::kNone);
   InitParams(m.layout(), m.config(), 7, m.master());
   Batch b = RandomBatch(B, T, 50257, 3);
   double fwd = m.Forward(b.tokens.data(), b.targets.data());
@@ -102,10 +102,10 @@ class RecordingAccess final : public ParamAccess {
 
 TEST(Gpt, ParamAccessSeesSegmentsInOrderAndGivesTheSameGradients) {
   const int B = 1, T = 8;
-  GptModel dense(Tiny(), DType::kF32, B, T, Recompute::kNone);
+  Transformer dense(Tiny(), DType::kF32, B, T, Recompute::kNone);
   InitParams(dense.layout(), dense.config(), 1, dense.master());
   RecordingAccess acc(dense.layout());
-  GptModel m(Tiny(), DType::kF32, B, T, Recompute::kNone, &acc);
+  Transformer m(Tiny(), DType::kF32, B, T, Recompute::kNone, &acc);
   std::copy_n(dense.master(), dense.layout().total(), acc.weights().data());
   Batch b = RandomBatch(B, T, 50257, 5);
   dense.ZeroGrads();
@@ -122,10 +122,10 @@ TEST(Gpt, ParamAccessSeesSegmentsInOrderAndGivesTheSameGradients) {
 }
 
 TEST(Gpt, Gpt2SmallHas124MParameters) {
-  auto layout = ParamLayout::Gpt2(NamedConfig("gpt2"));
+  auto layout = ParamLayout::Whole(NamedConfig("gpt2"));
   // 124,439,808 with the real vocabulary; padding to 50304 rows adds 47·768.
   EXPECT_EQ(layout.total(), 124439808u + 47u * 768u);
-  auto xl = ParamLayout::Gpt2(NamedConfig("gpt2-xl"));
+  auto xl = ParamLayout::Whole(NamedConfig("gpt2-xl"));
   EXPECT_NEAR(double(xl.total()), 1.558e9, 0.002e9);
 }
 
@@ -136,13 +136,13 @@ TEST(Gpt, RecomputationShrinksTheActivationArena) {
   size_t full = PlanActivations(cfg, 4, 256, DType::kBF16, Recompute::kFull).total_bytes;
   EXPECT_LT(attn, none);
   EXPECT_LT(full, attn);
-  GptModel m(cfg, DType::kBF16, 4, 256, Recompute::kFull);
+  Transformer m(cfg, DType::kBF16, 4, 256, Recompute::kFull);
   EXPECT_EQ(m.activation_plan().total_bytes, full);
 }
 
 TEST(Gpt, InitIsAFunctionOfTheSeedOnly) {
   auto cfg = Tiny();
-  auto layout = ParamLayout::Gpt2(cfg);
+  auto layout = ParamLayout::Whole(cfg);
   std::vector<float> a(layout.total()), b(layout.total()), c(layout.total());
   InitParams(layout, cfg, 11, a.data());
   InitParams(layout, cfg, 11, b.data());

@@ -6,7 +6,7 @@
 // the fp32 master, since they are added in fp32 inside the matrix products.
 // Gradients are always fp32 and accumulate across micro-batches until ZeroGrads.
 //
-//   GptModel m(cfg, DType::kBF16, /*B=*/4, /*T=*/256, Recompute::kNone);
+//   Transformer m(cfg, DType::kBF16, /*B=*/4, /*T=*/256, Recompute::kNone);
 //   InitParams(m.layout(), cfg, seed, m.master()); m.SyncWorking();
 //   m.ZeroGrads();
 //   double loss = m.ForwardBackward(tokens, targets, 1.0f / (B * T), on_grads_ready);
@@ -41,24 +41,24 @@ struct TensorParallel {
   bool sequence = false;
 };
 
-class GptModel {
+class Transformer {
  public:
   // `params`: where the weights and gradients live (the trainer's ZeRO strategy). Null: the
   // model owns them, every segment resident (master(), grads(), working_bf16() below).
-  GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+  Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
            ParamAccess* params = nullptr);
   // One pipeline stage: blocks [stage.l0, stage.l1) with `params` laid out as
-  // ParamLayout::Gpt2Stage(cfg, stage), keeping the activations of `slots` micro-batches at once.
-  GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+  // ParamLayout::Stage(cfg, stage), keeping the activations of `slots` micro-batches at once.
+  Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
            ParamAccess* params, const StageRange& stage, int slots);
   // One chunk of an interleaved pipeline rank: blocks [chunk.l0, chunk.l1), with `params` laid
-  // out as `layout` (the rank's: ParamLayout::Gpt2Stage over all its chunks, its tp shard).
-  GptModel(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+  // out as `layout` (the rank's: ParamLayout::Stage over all its chunks, its tp shard).
+  Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
            ParamAccess* params, const ParamLayout& layout, const StageRange& chunk, int slots,
            const TensorParallel& tp = {});
-  ~GptModel();
-  GptModel(const GptModel&) = delete;
-  GptModel& operator=(const GptModel&) = delete;
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
 
   const ModelConfig& config() const;
   const ParamLayout& layout() const;

@@ -1,0 +1,61 @@
+// Rotary position embedding forward/backward; the contract is in rope.h.
+//
+// Legend: B batch, T time, NH query heads, NKV key/value heads, hs head size, h2 = hs/2.
+// The cos/sin table (T × h2) depends on the positions only: built once per call in float64, then
+// shared by every sequence and head.
+#include "keel/kernels/rope.h"
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+namespace keel::kernels {
+namespace {
+
+// sign +1 rotates by the angle (forward), -1 by its negative (backward).
+template <typename T>
+void Rotate(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0, float sign) {
+  const int h2 = hs / 2, row = (NH + 2 * NKV) * hs, heads = NH + NKV;
+  thread_local std::vector<float> table;
+  table.resize(2 * size_t(T_) * h2);
+  float* cs = table.data();
+  for (int t = 0; t < T_; ++t)
+    for (int i = 0; i < h2; ++i) {
+      const double a = double(pos0 + t) * std::pow(double(theta), -2.0 * i / hs);
+      cs[2 * (size_t(t) * h2 + i)] = float(std::cos(a));
+      cs[2 * (size_t(t) * h2 + i) + 1] = sign * float(std::sin(a));
+    }
+#pragma omp parallel for schedule(static)
+  for (int bt = 0; bt < B * T_; ++bt) {
+    const float* c = cs + 2 * size_t(bt % T_) * h2;
+    for (int h = 0; h < heads; ++h) {
+      T* x = qkv + size_t(bt) * row + size_t(h) * hs;
+#pragma omp simd
+      for (int i = 0; i < h2; ++i) {
+        const float a = ToFloat(x[i]), b = ToFloat(x[i + h2]);
+        const float co = c[2 * i], si = c[2 * i + 1];
+        x[i] = FromFloat<T>(a * co - b * si);
+        x[i + h2] = FromFloat<T>(b * co + a * si);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void RopeForward(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0) {
+  Rotate(qkv, B, T_, NH, NKV, hs, theta, pos0, 1.0f);
+}
+
+template <typename T>
+void RopeBackward(T* dqkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0) {
+  Rotate(dqkv, B, T_, NH, NKV, hs, theta, pos0, -1.0f);
+}
+
+template void RopeForward<float>(float*, int, int, int, int, int, float, int);
+template void RopeForward<bf16>(bf16*, int, int, int, int, int, float, int);
+template void RopeBackward<float>(float*, int, int, int, int, int, float, int);
+template void RopeBackward<bf16>(bf16*, int, int, int, int, int, float, int);
+
+}  // namespace keel::kernels

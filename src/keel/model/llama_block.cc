@@ -1,0 +1,155 @@
+// Llama's transformer block, forward and backward, on the shared Transformer internals.
+//
+// Legend: B batch, T time, C channels, hs head size; per tensor-parallel rank NHl query heads
+// (Cl = NHl·hs channels), NKVl key/value heads, QKVl = Cl + 2·NKVl·hs fused q, k, v columns, Fl
+// hidden units. Block l reads resid[l] and writes resid[l+1]:
+//   ln1 = RMSNorm(resid[l]); qkv = rope(ln1·[Wq; Wk; Wv]ᵀ); atty = attn(qkv)   (grouped-query)
+//   res2 = resid[l] + atty·Woᵀ
+//   ln2 = RMSNorm(res2); fch = ln2·[Wgate; Wup]ᵀ; h = silu(gate)·up; resid[l+1] = res2 + h·Wdownᵀ
+// q, k and v (and gate and up) are adjacent in the parameter layout, and so are a tensor-parallel
+// rank's shards of them, so each pair of products is one matrix product. Rotary positions are
+// applied to q and k in place: attention's backward needs the rotated values, and the rotation's
+// backward needs none. Tensor and sequence parallelism work as for GPT-2 (transformer.cc), the
+// row-parallel products without biases.
+#include <string>
+
+#include "keel/kernels/attention.h"
+#include "keel/kernels/rmsnorm.h"
+#include "keel/kernels/rope.h"
+#include "keel/kernels/swiglu.h"
+#include "keel/model/transformer_impl.h"
+
+namespace keel::model::internal {
+namespace {
+
+// Block l's weights (working dtype) and, when `grads`, gradients (fp32).
+template <typename T>
+struct LlamaParams {
+  const T *ln1, *qkv, *o, *ln2, *gate_up, *down;
+  float *d_ln1 = nullptr, *d_qkv = nullptr, *d_o = nullptr, *d_ln2 = nullptr,
+        *d_gate_up = nullptr, *d_down = nullptr;
+};
+
+template <typename T>
+LlamaParams<T> Params(Transformer::Impl& m, int l, bool grads) {
+  const int s = m.layout.block_segment(l);
+  const size_t base = m.layout.segment_start(s);
+  const T* w = static_cast<const T*>(m.acc->Weights(s));
+  float* g = grads ? m.acc->Grads(s) : nullptr;
+  const std::string h = "h." + std::to_string(l) + ".";
+  auto at = [&](const char* n) { return m.layout.Find(h + n).offset - base; };
+  LlamaParams<T> p;
+  p.ln1 = w + at("ln_1.weight"), p.qkv = w + at("attn.q_proj.weight");
+  p.o = w + at("attn.o_proj.weight"), p.ln2 = w + at("ln_2.weight");
+  p.gate_up = w + at("mlp.gate_proj.weight"), p.down = w + at("mlp.down_proj.weight");
+  if (g) {
+    p.d_ln1 = g + at("ln_1.weight"), p.d_qkv = g + at("attn.q_proj.weight");
+    p.d_o = g + at("attn.o_proj.weight"), p.d_ln2 = g + at("ln_2.weight");
+    p.d_gate_up = g + at("mlp.gate_proj.weight"), p.d_down = g + at("mlp.down_proj.weight");
+  }
+  return p;
+}
+
+template <typename T>
+struct LlamaActs {
+  T *in, *out, *ln1, *qkv, *atty, *res2, *ln2, *fch, *h;
+  float *ln1_rstd, *lse, *ln2_rstd;
+};
+
+template <typename T>
+LlamaActs<T> Acts(Transformer::Impl& m, int l, int slot) {
+  const int i = l - m.stage.l0;
+  LlamaActs<T> a;
+  a.in = m.Resid<T>(slot, i), a.out = m.Resid<T>(slot, i + 1);
+  a.ln1 = m.Act<T>("ln1", i, slot), a.qkv = m.Act<T>("qkv", i, slot);
+  a.atty = m.Act<T>("atty", i, slot), a.res2 = m.Act<T>("res2", i, slot);
+  a.ln2 = m.Act<T>("ln2", i, slot), a.fch = m.Act<T>("fch", i, slot);
+  a.h = m.Act<T>("fch_gelu", i, slot);
+  a.ln1_rstd = m.Act<float>("ln1_rstd", i, slot), a.lse = m.Act<float>("att_lse", i, slot);
+  a.ln2_rstd = m.Act<float>("ln2_rstd", i, slot);
+  return a;
+}
+
+template <typename T>
+void AttentionSublayer(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& a) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd, hs = m.cfg.head_size();
+  KEEL_PROFILED("layernorm",
+                k::RmsNormForward(a.ln1, a.ln1_rstd, a.in, p.ln1, m.R, C, m.cfg.norm_eps));
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, x, p.qkv, nullptr, BT, C, m.QKVl));
+  KEEL_PROFILED("rope", k::RopeForward(a.qkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
+  KEEL_PROFILED("attention_fwd",
+                k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, m.Cl, m.NHl, m.NKVl));
+}
+
+template <typename T>
+void Forward(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& a) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  AttentionSublayer(m, p, a);
+  RowParallelForward<T>(m, a.res2, a.in, a.atty, p.o, nullptr, m.Cl);
+  KEEL_PROFILED("layernorm",
+                k::RmsNormForward(a.ln2, a.ln2_rstd, a.res2, p.ln2, m.R, C, m.cfg.norm_eps));
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, x, p.gate_up, nullptr, BT, C, 2 * m.Fl));
+  KEEL_PROFILED("swiglu", k::SwigluForward(a.h, a.fch, BT, m.Fl));
+  RowParallelForward<T>(m, a.out, a.res2, a.h, p.down, nullptr, m.Fl);
+}
+
+}  // namespace
+
+template <typename T>
+void LlamaBlockForward(Transformer::Impl& m, int l, int slot, bool attn_only) {
+  const LlamaParams<T> p = Params<T>(m, l, false);
+  const LlamaActs<T> a = Acts<T>(m, l, slot);
+  if (attn_only)
+    AttentionSublayer(m, p, a);
+  else
+    Forward(m, p, a);
+}
+
+template <typename T>
+void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd, hs = m.cfg.head_size();
+  const LlamaParams<T> p = Params<T>(m, l, true);
+  const LlamaActs<T> a = Acts<T>(m, l, slot);
+  if (m.recompute == Recompute::kFull)
+    Forward(m, p, a);
+  else if (m.recompute == Recompute::kAttn)
+    AttentionSublayer(m, p, a);
+  T* dtmp = m.Act<T>("dtmp");
+  T* dqkv = m.Act<T>("dqkv");
+  T* dh = m.Act<T>("dfch_gelu");
+  T* dfch = m.Act<T>("dfch");
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dh, p.d_down, nullptr, x, a.h, p.down, BT, m.Fl, C));
+  KEEL_PROFILED("swiglu", k::SwigluBackward(dfch, a.fch, dh, BT, m.Fl));
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_gate_up, nullptr, dfch, x, p.gate_up, BT, C, 2 * m.Fl));
+  KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
+  KEEL_PROFILED("layernorm",
+                k::RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
+  KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, p.o, BT, m.Cl, C));
+  KEEL_PROFILED("attention_bwd", k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
+                                                      m.Cl, m.NHl, m.NKVl));
+  KEEL_PROFILED("rope", k::RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_qkv, nullptr, dqkv, x, p.qkv, BT, C, m.QKVl));
+  KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
+  KEEL_PROFILED("layernorm",
+                k::RmsNormBackward(dres, p.d_ln1, dtmp, a.in, p.ln1, a.ln1_rstd, m.R, C));
+}
+
+template void LlamaBlockForward<float>(Transformer::Impl&, int, int, bool);
+template void LlamaBlockForward<bf16>(Transformer::Impl&, int, int, bool);
+template void LlamaBlockBackward<float>(Transformer::Impl&, int, int, float*);
+template void LlamaBlockBackward<bf16>(Transformer::Impl&, int, int, bf16*);
+
+}  // namespace keel::model::internal

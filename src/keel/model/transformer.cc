@@ -1,0 +1,443 @@
+// GPT-2 forward and backward, one block at a time, in llm.c's shape.
+//
+// Legend: B batch, T time, C channels, NH heads, L layers, V vocabulary, Vp padded vocabulary.
+// Block l reads resid[l] and writes resid[l+1]:
+//   ln1 = LN(resid[l]); qkv = ln1·Wqkvᵀ + b; atty = attn(qkv); res2 = resid[l] + atty·Wprojᵀ + b
+//   ln2 = LN(res2); fch = ln2·Wfcᵀ + b; fch_gelu = gelu(fch); resid[l+1] = res2 + fch_gelu·Wfcpᵀ +
+//   b
+// The residual adds are folded into the projections (MatmulForward's accumulate).
+//
+// Tensor parallelism (Megatron-LM): a rank holds NH/t heads (qkv, atty: 3C/t, C/t channels) and
+// 4C/t hidden units (fch), the projections' matching input columns, and wte rows [v0, v0 + Vp/t).
+// Each row-parallel projection leaves a partial sum: tp rank 0 seeds it with the residual and the
+// bias, the others with zero, and one all-reduce completes it (g). In backward the column-parallel
+// products leave partial input gradients, summed by one all-reduce each (f's backward). The
+// LayerNorms and residual stream are whole and identical on every tp rank.
+// Sequence parallelism keeps R = B·T/tp rows of the residual stream per rank instead (rows
+// [tp_rank·R, (tp_rank + 1)·R)): the LayerNorms run on those, their outputs are all-gathered into
+// one shared buffer before the column-parallel products (again in backward rather than kept), and
+// the row-parallel partial sums are reduce-scattered instead of all-reduced: each rank seeds its
+// own rows with its residual, the lead adds the bias to all rows.
+
+#include "keel/model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "keel/kernels/attention.h"
+#include "keel/kernels/encoder.h"
+#include "keel/kernels/gelu.h"
+#include "keel/kernels/layernorm.h"
+#include "keel/kernels/rmsnorm.h"
+#include "keel/model/transformer_impl.h"
+
+namespace keel::model {
+
+namespace {
+
+// Pointers of one block: weights W (working dtype), biases (fp32 master), gradients (fp32).
+template <typename T>
+struct BlockParams {
+  const T *ln1w, *ln1b, *qkvw, *projw, *ln2w, *ln2b, *fcw, *fcpw;
+  const float *qkvb, *projb, *fcb, *fcpb;
+  float *d_ln1w, *d_ln1b, *d_qkvw, *d_qkvb, *d_projw, *d_projb, *d_ln2w, *d_ln2b, *d_fcw, *d_fcb,
+      *d_fcpw, *d_fcpb;
+};
+
+template <typename T>
+struct BlockActs {
+  T *in, *out, *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu;
+  float *ln1_mean, *ln1_rstd, *lse, *ln2_mean, *ln2_rstd;
+};
+
+// Block l's pointers; gradients only when `grads` (backward), since asking for them may cost
+// the strategy a zeroed scratch buffer.
+template <typename T>
+BlockParams<T> Block(Transformer::Impl& m, int l, bool grads) {
+  const int s = m.layout.block_segment(l);
+  const size_t base = m.layout.segment_start(s);
+  const T* w = static_cast<const T*>(m.acc->Weights(s));
+  const float* biases = std::is_same_v<T, float> ? nullptr : m.acc->Biases();
+  float* g = grads ? m.acc->Grads(s) : nullptr;
+  const std::string h = "h." + std::to_string(l) + ".";
+  auto info = [&](const char* n) -> const ParamInfo& { return m.layout.Find(h + n); };
+  auto W = [&](const char* n) { return w + (info(n).offset - base); };
+  auto bias = [&](const char* n) -> const float* {
+    if constexpr (std::is_same_v<T, float>)
+      return W(n);
+    else
+      return biases + info(n).bias_index;
+  };
+  auto G = [&](const char* n) { return g ? g + (info(n).offset - base) : nullptr; };
+  BlockParams<T> p;
+  p.ln1w = W("ln_1.weight"), p.ln1b = W("ln_1.bias");
+  p.qkvw = W("attn.c_attn.weight"), p.qkvb = bias("attn.c_attn.bias");
+  p.projw = W("attn.c_proj.weight"), p.projb = bias("attn.c_proj.bias");
+  p.ln2w = W("ln_2.weight"), p.ln2b = W("ln_2.bias");
+  p.fcw = W("mlp.c_fc.weight"), p.fcb = bias("mlp.c_fc.bias");
+  p.fcpw = W("mlp.c_proj.weight"), p.fcpb = bias("mlp.c_proj.bias");
+  p.d_ln1w = G("ln_1.weight"), p.d_ln1b = G("ln_1.bias");
+  p.d_qkvw = G("attn.c_attn.weight"), p.d_qkvb = G("attn.c_attn.bias");
+  p.d_projw = G("attn.c_proj.weight"), p.d_projb = G("attn.c_proj.bias");
+  p.d_ln2w = G("ln_2.weight"), p.d_ln2b = G("ln_2.bias");
+  p.d_fcw = G("mlp.c_fc.weight"), p.d_fcb = G("mlp.c_fc.bias");
+  p.d_fcpw = G("mlp.c_proj.weight"), p.d_fcpb = G("mlp.c_proj.bias");
+  return p;
+}
+
+// Block l's activations (l global) for the micro-batch in `slot`.
+template <typename T>
+BlockActs<T> Acts(Transformer::Impl& m, int l, int slot) {
+  const int i = l - m.stage.l0;
+  BlockActs<T> a;
+  a.in = m.Resid<T>(slot, i), a.out = m.Resid<T>(slot, i + 1);
+  a.ln1 = m.Act<T>("ln1", i, slot), a.qkv = m.Act<T>("qkv", i, slot);
+  a.atty = m.Act<T>("atty", i, slot);
+  a.res2 = m.Act<T>("res2", i, slot), a.ln2 = m.Act<T>("ln2", i, slot);
+  a.fch = m.Act<T>("fch", i, slot), a.fch_gelu = m.Act<T>("fch_gelu", i, slot);
+  a.ln1_mean = m.Act<float>("ln1_mean", i, slot), a.ln1_rstd = m.Act<float>("ln1_rstd", i, slot);
+  a.lse = m.Act<float>("att_lse", i, slot);
+  a.ln2_mean = m.Act<float>("ln2_mean", i, slot), a.ln2_rstd = m.Act<float>("ln2_rstd", i, slot);
+  return a;
+}
+
+template <typename T>
+void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
+  KEEL_PROFILED("layernorm",
+                k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, m.R, C));
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, x, p.qkvw, p.qkvb, BT, C, 3 * Cl));
+  KEEL_PROFILED("attention_fwd", k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl));
+}
+
+template <typename T>
+void BlockForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
+  AttentionSublayerForward(m, p, a);
+  internal::RowParallelForward(m, a.res2, a.in, a.atty, p.projw, p.projb, Cl);
+  KEEL_PROFILED("layernorm",
+                k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, m.R, C));
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, x, p.fcw, p.fcb, BT, C, 4 * Cl));
+  KEEL_PROFILED("gelu", k::GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
+  internal::RowParallelForward(m, a.out, a.res2, a.fch_gelu, p.fcpw, p.fcpb, 4 * Cl);
+}
+
+// dres holds ∂loss/∂resid[l+1] on entry and ∂loss/∂resid[l] on exit.
+template <typename T>
+void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a, T* dres) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
+  T* dtmp = m.Act<T>("dtmp");
+  T* dqkv = m.Act<T>("dqkv");
+  T* dfch_gelu = m.Act<T>("dfch_gelu");
+  T* dfch = m.Act<T>("dfch");
+  // The projections' biases are whole on every tp rank and so are their gradients: each rank has
+  // all of dres (gathered under sequence parallelism). Each Whole() below overwrites the shared
+  // buffer once its previous contents are consumed.
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  KEEL_PROFILED("matmul_bwd", k::MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu,
+                                                p.fcpw, BT, 4 * Cl, C));
+  KEEL_PROFILED("gelu", k::GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, x, p.fcw, BT, C, 4 * Cl));
+  KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
+  KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
+                                                  a.ln2_mean, a.ln2_rstd, m.R, C));
+  KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty, p.projw, BT, Cl, C));
+  KEEL_PROFILED("attention_bwd",
+                k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, Cl, m.NHl));
+  KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
+  KEEL_PROFILED("matmul_bwd",
+                k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, p.qkvw, BT, C, 3 * Cl));
+  KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
+  KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
+                                                  a.ln1_mean, a.ln1_rstd, m.R, C));
+}
+
+// Parameter `name` of the final segment (the final norm, Llama's lm_head): its weights in the
+// working dtype, and with `grads` its gradient.
+template <typename T>
+const T* FinalWeight(Transformer::Impl& m, const char* name) {
+  const int s = m.layout.final_segment();
+  return static_cast<const T*>(m.acc->Weights(s)) +
+         (m.layout.Find(name).offset - m.layout.segment_start(s));
+}
+float* FinalGrad(Transformer::Impl& m, float* grads, const char* name) {
+  return grads + (m.layout.Find(name).offset - m.layout.segment_start(m.layout.final_segment()));
+}
+
+// The embeddings' segment starts the layout of the stages that have one: offsets index it.
+template <typename T>
+const T* Wte(Transformer::Impl& m) {
+  return static_cast<const T*>(m.acc->Weights(m.layout.embed_segment())) +
+         m.layout.Find("wte.weight").offset;
+}
+
+// The classifier's weights: GPT-2's tied wte, or Llama's lm_head.
+template <typename T>
+const T* Head(Transformer::Impl& m) {
+  return m.cfg.tied() ? Wte<T>(m) : FinalWeight<T>(m, "lm_head.weight");
+}
+
+// The embedding (first stage), the stage's blocks, and the final LayerNorm into "lnf" (last).
+template <typename T>
+void StageForward(Transformer::Impl& m, int slot, const int32_t* tokens) {
+  const int C = m.cfg.n_embd;
+  ParamAccess& acc = *m.acc;
+  if (m.stage.first()) {
+    acc.Use(0, Pass::kForward);
+    const T* e = static_cast<const T*>(acc.Weights(0));
+    // Vocabulary-parallel: each rank looks up the tokens it holds, the lead adds the positions
+    // (GPT-2's; Llama's are rotary, inside attention).
+    T* emb = m.sp ? m.Act<T>("gathered") : m.Resid<T>(slot, 0);
+    const T* wpe = m.lead && !m.cfg.llama() ? e + m.layout.Find("wpe.weight").offset : nullptr;
+    KEEL_PROFILED("encoder", k::EncoderForward(emb, tokens, e + m.layout.Find("wte.weight").offset,
+                                               wpe, m.B, m.T, C, m.v0, m.v0 + m.Vl));
+    KEEL_PROFILED("tp_comm", m.SumRows(emb, m.Resid<T>(slot, 0)));
+  }
+  for (int l = m.stage.l0; l < m.stage.l1; ++l) {
+    const int s = m.layout.block_segment(l);
+    acc.Use(s, Pass::kForward);
+    if (m.cfg.llama())
+      internal::LlamaBlockForward<T>(m, l, slot);
+    else
+      BlockForward(m, Block<T>(m, l, false), Acts<T>(m, l, slot));
+    acc.Done(s, Pass::kForward);
+  }
+  if (!m.stage.last()) return;
+  const int f = m.layout.final_segment(), e = m.layout.embed_segment();
+  acc.Use(f, Pass::kForward);
+  if (!m.stage.first() && m.cfg.tied()) acc.Use(e, Pass::kForward);  // wte, for the classifier
+  const T* x = m.Resid<T>(slot, m.stage.layers());
+  const T* lnfw = FinalWeight<T>(m, "ln_f.weight");
+  if (m.cfg.llama())
+    KEEL_PROFILED("layernorm", k::RmsNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_rstd"), x,
+                                                 lnfw, m.R, C, m.cfg.norm_eps));
+  else
+    KEEL_PROFILED("layernorm", k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"),
+                                                   m.Act<float>("lnf_rstd"), x, lnfw,
+                                                   FinalWeight<T>(m, "ln_f.bias"), m.R, C));
+}
+
+// The end of a forward-only pass: the embeddings and final LayerNorm are no longer needed.
+void EndForward(Transformer::Impl& m) {
+  if (m.stage.last()) m.acc->Done(m.layout.final_segment(), Pass::kForward);
+  if (m.uses_embed) m.acc->Done(m.layout.embed_segment(), Pass::kForward);
+}
+
+double SumLosses(const float* losses, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += losses[i];
+  return s;
+}
+
+template <typename T>
+double StageLoss(Transformer::Impl& m, const int32_t* targets) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  float* losses = m.Act<float>("losses");
+  const k::VocabShard vs = m.vocab_shard();
+  const T* x = nullptr;
+  KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
+  KEEL_PROFILED("classifier", k::ClassifierForward(losses, x, Head<T>(m), targets, BT, C,
+                                                   m.cfg.vocab_size, m.Vl, m.vocab(vs)));
+  EndForward(m);
+  return SumLosses(losses, BT);
+}
+
+template <typename T>
+void ForwardLogits(Transformer::Impl& m, const int32_t* tokens, float* logits) {
+  KEEL_CHECK(m.tp == 1, "ForwardLogits: the whole logits exist only without tensor parallelism");
+  StageForward<T>(m, 0, tokens);
+  KEEL_PROFILED("classifier", k::ClassifierLogits(logits, m.Act<T>("lnf"), Head<T>(m), m.B * m.T,
+                                                  m.cfg.n_embd, m.cfg.vocab_size));
+  EndForward(m);
+}
+
+template <typename T>
+double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, const int32_t* targets,
+                     float dloss, const void* dout, void* din) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  ParamAccess& acc = *m.acc;
+  const int e = m.layout.embed_segment();
+  float* ge = m.uses_embed ? acc.Grads(e) : nullptr;  // the embeddings' segment starts the layout
+  const size_t wte = m.uses_embed ? m.layout.Find("wte.weight").offset : 0;
+  T* dres = m.Act<T>("dres");
+  T* dtmp = m.Act<T>("dtmp");
+  double loss = 0;
+  if (m.stage.last()) {
+    float* losses = m.Act<float>("losses");
+    const k::VocabShard vs = m.vocab_shard();
+    const int s = m.layout.final_segment();
+    float* gf = acc.Grads(s);
+    float* dhead = m.cfg.tied() ? ge + wte : FinalGrad(m, gf, "lm_head.weight");
+    const T* x = nullptr;
+    KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
+    KEEL_PROFILED("classifier",
+                  k::ClassifierForwardBackward(losses, dtmp, dhead, x, Head<T>(m), targets, dloss,
+                                               BT, C, m.cfg.vocab_size, m.Vl, m.vocab(vs)));
+    KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));  // the vocabulary shards' terms
+    loss = SumLosses(losses, BT);
+    std::memset(dres, 0, sizeof(T) * m.R * C);
+    const T* lnf_in = m.Resid<T>(slot, m.stage.layers());
+    const T* lnfw = FinalWeight<T>(m, "ln_f.weight");
+    float* dlnfw = FinalGrad(m, gf, "ln_f.weight");
+    if (m.cfg.llama())
+      KEEL_PROFILED("layernorm", k::RmsNormBackward(dres, dlnfw, dtmp, lnf_in, lnfw,
+                                                    m.Act<float>("lnf_rstd"), m.R, C));
+    else
+      KEEL_PROFILED("layernorm",
+                    k::LayerNormBackward(dres, dlnfw, FinalGrad(m, gf, "ln_f.bias"), dtmp, lnf_in,
+                                         lnfw, m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"),
+                                         m.R, C));
+    acc.GradsDone(s);
+    acc.Done(s, Pass::kBackward);
+  } else {
+    std::memcpy(dres, dout, sizeof(T) * m.R * C);
+  }
+  for (int l = m.stage.l1 - 1; l >= m.stage.l0; --l) {
+    const int s = m.layout.block_segment(l);
+    acc.Use(s, Pass::kBackward);
+    if (m.cfg.llama()) {
+      internal::LlamaBlockBackward<T>(m, l, slot, dres);
+      acc.GradsDone(s);
+      acc.Done(s, Pass::kBackward);
+      continue;
+    }
+    BlockParams<T> p = Block<T>(m, l, true);
+    BlockActs<T> a = Acts<T>(m, l, slot);
+    if (m.recompute == Recompute::kFull)
+      BlockForward(m, p, a);
+    else if (m.recompute == Recompute::kAttn)
+      AttentionSublayerForward(m, p, a);
+    BlockBackward(m, p, a, dres);
+    acc.GradsDone(s);
+    acc.Done(s, Pass::kBackward);
+  }
+  if (m.stage.first()) {
+    const T* x = nullptr;
+    KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+    float* dwpe = m.cfg.llama() ? nullptr : ge + m.layout.Find("wpe.weight").offset;
+    KEEL_PROFILED("encoder", k::EncoderBackward(ge + wte, dwpe, x, tokens, m.B, m.T, C, m.v0,
+                                                m.v0 + m.Vl));
+  } else {
+    std::memcpy(din, dres, sizeof(T) * m.R * C);
+  }
+  if (m.finishes_embed) {
+    acc.GradsDone(e);
+    acc.Done(e, Pass::kBackward);
+  }
+  return loss;
+}
+
+template <typename T>
+double ForwardBackward(Transformer::Impl& m, const int32_t* tokens, const int32_t* targets,
+                       float dloss) {
+  StageForward<T>(m, 0, tokens);
+  return StageBackward<T>(m, 0, tokens, targets, dloss, nullptr, nullptr);
+}
+
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+                   ParamAccess* params)
+    : Transformer(cfg, dtype, B, T, recompute, params, WholeModel(cfg), 1) {}
+
+Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+                   ParamAccess* params, const StageRange& stage, int slots)
+    : Transformer(cfg, dtype, B, T, recompute, params, ParamLayout::Stage(cfg, stage), stage,
+               slots) {}
+
+Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
+                   ParamAccess* params, const ParamLayout& layout, const StageRange& stage,
+                   int slots, const TensorParallel& tp) {
+  Validate(cfg);
+  if (T > cfg.block_size)
+    ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
+                  "(block_size " + std::to_string(cfg.block_size) + ")");
+  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute, layout, stage, slots, tp);
+  if (params == nullptr) {
+    impl_->dense = std::make_unique<DenseParams>(impl_->layout, dtype);
+    params = impl_->dense.get();
+  }
+  impl_->acc = params;
+}
+Transformer::~Transformer() = default;
+
+const ModelConfig& Transformer::config() const { return impl_->cfg; }
+const ParamLayout& Transformer::layout() const { return impl_->layout; }
+const ActivationPlan& Transformer::activation_plan() const { return impl_->plan; }
+DType Transformer::dtype() const { return impl_->dtype; }
+int Transformer::batch() const { return impl_->B; }
+int Transformer::seq_len() const { return impl_->T; }
+int Transformer::slots() const { return impl_->slots; }
+double Transformer::tp_wait_ms() const { return impl_->tp_ms; }
+double Transformer::tp_bytes() const { return impl_->tp_bytes; }
+void Transformer::ResetTpStats() { impl_->tp_ms = impl_->tp_bytes = 0; }
+
+DenseParams& Transformer::Dense() const {
+  KEEL_CHECK(impl_->dense != nullptr, "Transformer: parameters are held by its ParamAccess");
+  return *impl_->dense;
+}
+float* Transformer::master() { return Dense().master.as<float>(); }
+float* Transformer::grads() { return Dense().grads.as<float>(); }
+bf16* Transformer::working_bf16() { return Dense().working.as<bf16>(); }
+void Transformer::ZeroGrads() { std::memset(grads(), 0, Dense().grads.bytes()); }
+void Transformer::SyncWorking() { Dense().SyncWorking(); }
+
+double Transformer::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss) {
+  return impl_->dtype == DType::kF32 ? model::ForwardBackward<float>(*impl_, tokens, targets, dloss)
+                                     : model::ForwardBackward<bf16>(*impl_, tokens, targets, dloss);
+}
+
+double Transformer::Forward(const int32_t* tokens, const int32_t* targets) {
+  StageForward(0, tokens);
+  return StageLoss(targets);
+}
+
+size_t Transformer::boundary_elems() const { return size_t(impl_->R) * impl_->cfg.n_embd; }
+void* Transformer::StageInput(int slot) { return impl_->Resid<char>(slot, 0); }
+const void* Transformer::StageOutput(int slot) {
+  return impl_->Resid<char>(slot, impl_->stage.layers());
+}
+
+void* Transformer::PipeGradIn(int slot) { return impl_->Act<char>("pipe_grad_in", 0, slot); }
+void* Transformer::PipeGradOut(int slot) { return impl_->Act<char>("pipe_grad_out", 0, slot); }
+
+void Transformer::StageForward(int slot, const int32_t* tokens) {
+  if (impl_->dtype == DType::kF32)
+    model::StageForward<float>(*impl_, slot, tokens);
+  else
+    model::StageForward<bf16>(*impl_, slot, tokens);
+}
+
+double Transformer::StageBackward(int slot, const int32_t* tokens, const int32_t* targets, float dloss,
+                               const void* dout, void* din) {
+  return impl_->dtype == DType::kF32
+             ? model::StageBackward<float>(*impl_, slot, tokens, targets, dloss, dout, din)
+             : model::StageBackward<bf16>(*impl_, slot, tokens, targets, dloss, dout, din);
+}
+
+double Transformer::StageLoss(const int32_t* targets) {
+  return impl_->dtype == DType::kF32 ? model::StageLoss<float>(*impl_, targets)
+                                     : model::StageLoss<bf16>(*impl_, targets);
+}
+
+void Transformer::ForwardLogits(const int32_t* tokens, float* logits) {
+  if (impl_->dtype == DType::kF32)
+    model::ForwardLogits<float>(*impl_, tokens, logits);
+  else
+    model::ForwardLogits<bf16>(*impl_, tokens, logits);
+}
+
+}  // namespace keel::model

@@ -1,0 +1,237 @@
+// The inside of a Transformer, shared by the model's families (transformer.cc: the stage pieces and
+// GPT-2's blocks; llama_block.cc: Llama's blocks): the parameters a model owns, the activation
+// arena, and the tensor-parallel collectives. Internal to model/.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/core/buffer.h"
+#include "keel/core/error.h"
+#include "keel/kernels/classifier.h"
+#include "keel/kernels/matmul.h"
+#include "keel/kernels/profile.h"
+#include "keel/model/transformer.h"
+#include "keel/parallel/comm_wait.h"
+
+namespace keel::model {
+
+namespace k = keel::kernels;
+
+// Times a kernel call under `label` when profiling is on (benchmarks only).
+#define KEEL_PROFILED(label, call) \
+  do {                             \
+    k::ProfileScope scope_(label); \
+    call;                          \
+  } while (0)
+
+// The parameters of a model that owns them (tests, the PyTorch oracle, evaluation): every
+// segment resident, gradients accumulated in place. The trainer brings its own ParamAccess.
+class DenseParams final : public ParamAccess {
+ public:
+  DenseParams(const ParamLayout& layout, DType dtype)
+      : layout_(layout),
+        dtype_(dtype),
+        master(layout.total() * 4),
+        grads(layout.total() * 4),
+        working(dtype == DType::kBF16 ? layout.total() * 2 : 0),
+        biases(dtype == DType::kBF16 ? layout.n_bias() * 4 : 0) {
+    std::memset(master.data(), 0, master.bytes());
+    std::memset(grads.data(), 0, grads.bytes());
+  }
+
+  const void* Weights(int s) override {
+    const size_t off = layout_.segment_start(s);
+    return dtype_ == DType::kF32 ? static_cast<const void*>(master.as<float>() + off)
+                                 : static_cast<const void*>(working.as<bf16>() + off);
+  }
+  const float* Biases() override { return biases.as<float>(); }
+  float* Grads(int s) override { return grads.as<float>() + layout_.segment_start(s); }
+
+  void SyncWorking() {
+    if (dtype_ != DType::kBF16) return;
+    ConvertF32ToBf16(working.as<bf16>(), master.as<float>(), layout_.total());
+    for (const ParamInfo& p : layout_.params())
+      if (p.bias_index != SIZE_MAX)
+        std::memcpy(biases.as<float>() + p.bias_index, master.as<float>() + p.offset, p.numel * 4);
+  }
+
+ private:
+  const ParamLayout& layout_;
+  DType dtype_;
+
+ public:
+  Buffer master, grads, working, biases;
+};
+
+struct Transformer::Impl {
+  ModelConfig cfg;
+  DType dtype;
+  int B, T;
+  Recompute recompute;
+  StageRange stage;
+  int slots;
+  ParamLayout layout;
+  bool uses_embed, finishes_embed;
+  ActivationPlan plan;
+  Buffer arena;
+  std::unique_ptr<DenseParams> dense;  // when the model owns its parameters
+  ParamAccess* acc = nullptr;
+  // Tensor parallelism: tp ranks, this one's shard, its heads and channels, its vocabulary rows.
+  TensorParallel tpg;
+  // This rank's query heads and their channels, key/value heads, fused q, k, v columns, MLP hidden
+  // units, vocabulary rows and the first of them.
+  int tp, tp_rank, NHl, Cl, NKVl, QKVl, Fl, Vl, v0;
+  bool lead;  // tp rank 0: adds the replicated biases (and without sp the residual) into sums
+  bool sp;    // sequence parallelism: R of the B·T rows from row0
+  int R, row0;
+  double tp_ms = 0, tp_bytes = 0;
+
+  Impl(const ModelConfig& c, DType d, int b, int t, Recompute r, const ParamLayout& lay,
+       const StageRange& st, int sl, const TensorParallel& tpar)
+      : cfg(c),
+        dtype(d),
+        B(b),
+        T(t),
+        recompute(r),
+        stage(st),
+        slots(sl),
+        layout(lay),
+        uses_embed(st.first() || (st.last() && c.tied())),
+        // The rank's lowest chunk runs its last backward: the embeddings' gradients (the
+        // classifier's too, on the last rank) are final only then.
+        finishes_embed(lay.embed_segment() >= 0 && st.l0 == lay.chunks().front().l0),
+        plan(PlanActivations(c, b, t, d, r, &st, sl, lay.tp().size,
+                             tpar.sequence && lay.tp().size > 1)),
+        arena(plan.total_bytes),
+        tpg(tpar),
+        tp(lay.tp().size),
+        tp_rank(lay.tp().rank),
+        NHl(c.n_head / tp),
+        Cl(c.n_embd / tp),
+        NKVl(c.kv_heads() / tp),
+        QKVl(c.qkv_dim() / tp),
+        Fl(c.ffn() / tp),
+        Vl(c.padded_vocab() / tp),
+        v0(tp_rank * Vl),
+        lead(tp_rank == 0),
+        sp(tpar.sequence && tp > 1),
+        R(sp ? b * t / tp : b * t),
+        row0(sp ? tp_rank * R : 0) {
+    KEEL_CHECK(!sp || (b * t) % tp == 0, "Transformer: sequence parallelism needs tp | B·T");
+    std::memset(arena.data(), 0, arena.bytes());
+    KEEL_CHECK(tp == 1 || (tpg.comm && tpg.comm->size() == tp && tpg.comm->rank() == tp_rank),
+               "Transformer: the tensor-parallel group does not match the layout's shard");
+  }
+
+  // Completes a partial sum over the tp ranks, in place (`n` elements of the model's dtype).
+  void TpSum(void* data, size_t n) {
+    if (tp == 1) return;
+    auto w = tpg.comm->AllReduceSumAsync(data, n, dtype);
+    tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a tensor-parallel all-reduce");
+    tp_bytes += double(n * DTypeSize(dtype));
+  }
+
+  // Sequence parallelism: every rank's R rows of `mine` → all B·T rows in `all`, in rank order.
+  void GatherRows(const void* mine, void* all) {
+    const size_t n = size_t(R) * cfg.n_embd;
+    auto w = tpg.comm->AllGatherAsync(mine, all, std::vector<size_t>(size_t(tp), n), dtype);
+    tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a sequence-parallel all-gather");
+    tp_bytes += double(n * DTypeSize(dtype));
+  }
+  // `x` (this rank's rows) as all B·T rows, for a product over the whole sequence: itself, or
+  // gathered into the shared buffer under sequence parallelism.
+  template <typename U>
+  const U* Whole(const U* x) {
+    if (!sp) return x;
+    U* all = Act<U>("gathered");
+    GatherRows(x, all);
+    return all;
+  }
+  // Completes a partial sum of all B·T rows (`all`): summed in place without sp; under sp, this
+  // rank's rows of the sum into `mine` (may be `all`: then at its start).
+  void SumRows(void* all, void* mine) {
+    if (!sp) return TpSum(all, size_t(B) * T * cfg.n_embd);
+    const size_t n = size_t(R) * cfg.n_embd;
+    auto w = tpg.comm->ReduceScatterSumAsync(all, mine, std::vector<size_t>(size_t(tp), n), dtype);
+    tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a sequence-parallel reduce-scatter");
+    tp_bytes += double(n * size_t(tp) * DTypeSize(dtype));
+  }
+
+  // The vocabulary shards' per-row statistics → the whole vocabulary's (kernels::VocabShard).
+  void CombineVocabStats(float* lse, float* target_logit, int rows) {
+    float* mine = Act<float>("vocab_stats");
+    float* all = mine + 2 * size_t(rows);
+    std::memcpy(mine, lse, 4 * size_t(rows));
+    std::memcpy(mine + rows, target_logit, 4 * size_t(rows));
+    auto w = tpg.comm->AllGatherAsync(mine, all, 2 * size_t(rows));
+    tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "the vocabulary-parallel loss's all-gather");
+    tp_bytes += 8.0 * rows;
+    for (int r = 0; r < rows; ++r) {
+      float mx = -INFINITY, sum = 0, tl = 0;
+      for (int k = 0; k < tp; ++k) mx = std::max(mx, all[size_t(k) * 2 * rows + r]);
+      for (int k = 0; k < tp; ++k) {
+        sum += std::exp(all[size_t(k) * 2 * rows + r] - mx);
+        tl += all[size_t(k) * 2 * rows + rows + r];
+      }
+      lse[r] = mx + std::log(sum);
+      target_logit[r] = tl;
+    }
+  }
+  k::VocabShard vocab_shard() {
+    return {v0, [this](float* l, float* t, int n) { CombineVocabStats(l, t, n); }};
+  }
+  const k::VocabShard* vocab(const k::VocabShard& vs) const { return tp > 1 ? &vs : nullptr; }
+
+  // Buffer `name` of local layer `copy` (0-based within the stage) of micro-batch `slot`; shared
+  // buffers (one copy) whatever the layer and slot.
+  template <typename U>
+  U* Act(const char* name, int copy = 0, int slot = 0) const {
+    const ActivationBuffer& b = plan.Find(name);
+    const size_t idx = b.count == 1 ? 0 : size_t(slot) * (b.count / size_t(slots)) + size_t(copy);
+    return reinterpret_cast<U*>(arena.as<char>() + b.offset + idx * b.elems * b.elem_bytes);
+  }
+  template <typename U>
+  U* Resid(int slot, int copy) const {
+    return Act<U>("resid", copy, slot);
+  }
+};
+
+namespace internal {
+
+// out = residual + inp·weightᵀ + bias over the tp ranks: the lead rank seeds the residual and the
+// bias, the others zero, and the all-reduce sums the partial products. Under sequence parallelism
+// each rank seeds its own rows' residual into the shared buffer, and the reduce-scatter leaves
+// each its rows of the sum.
+template <typename T>
+void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T* inp, const T* weight,
+                        const float* bias, int K) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  T* sum = m.sp ? m.Act<T>("gathered") : out;
+  if (m.sp) {
+    std::memset(sum, 0, sizeof(T) * BT * C);
+    std::memcpy(sum + size_t(m.row0) * C, residual, sizeof(T) * m.R * C);
+  } else if (m.lead) {
+    std::memcpy(out, residual, sizeof(T) * BT * C);
+  } else {
+    std::memset(out, 0, sizeof(T) * BT * C);
+  }
+  KEEL_PROFILED("matmul_fwd", k::MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
+                                               /*accumulate=*/true));
+  KEEL_PROFILED("tp_comm", m.SumRows(sum, out));
+}
+
+// Llama's blocks (llama_block.cc). Forward: resid[l] → resid[l+1] of the micro-batch in `slot`;
+// `attn_only` stops after the attention sublayer's inputs (recompute "attn"). Backward: dres
+// holds ∂loss/∂resid[l+1] on entry and ∂loss/∂resid[l] on exit; it recomputes what the model's
+// Recompute setting dropped.
+template <typename T>
+void LlamaBlockForward(Transformer::Impl& m, int l, int slot, bool attn_only = false);
+template <typename T>
+void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres);
+
+}  // namespace internal
+}  // namespace keel::model
