@@ -2,7 +2,8 @@
 // central differences of L = Σ out·R, and determinism across calls and thread counts.
 //
 // Shapes cover T = 1, T = 5, a head size that is not a multiple of 16 (C = 18, NH = 3 → hs = 6),
-// T past one 64-row tile (T = 130), B = 2, and GPT-2's hs = 64.
+// T past one 64-row tile (T = 130), B = 2, and GPT-2's hs = 64; grouped-query shapes (NKV < NH)
+// cover groups of 2, 3 and 4 query heads and one key/value head for all (multi-query).
 #include "keel/kernels/attention.h"
 
 #include <gtest/gtest.h>
@@ -25,13 +26,16 @@ using test::ToDouble;
 using test::ToTyped;
 
 struct Shape {
-  int B, T, C, NH;
+  int B, T, C, NH, NKV = 0;  // NKV 0: NH (no grouping)
+  int kv() const { return NKV > 0 ? NKV : NH; }
+  int Row() const { return C + 2 * kv() * (C / NH); }  // q, k, v columns per position
 };
 
-// Float64 causal attention with a full softmax per row: out (B,T,C), lse (B,NH,T).
+// Float64 causal attention with a full softmax per row: out (B,T,C), lse (B,NH,T). Query head h
+// reads key/value head h / (NH/NKV).
 void ReferenceForward(std::vector<double>& out, std::vector<double>& lse,
                       const std::vector<double>& qkv, const Shape& s) {
-  const int hs = s.C / s.NH;
+  const int hs = s.C / s.NH, row = s.Row(), group = s.NH / s.kv();
   const double scale = 1.0 / std::sqrt(double(hs));
   out.assign(size_t(s.B) * s.T * s.C, 0.0);
   lse.assign(size_t(s.B) * s.NH * s.T, 0.0);
@@ -39,10 +43,11 @@ void ReferenceForward(std::vector<double>& out, std::vector<double>& lse,
   for (int b = 0; b < s.B; ++b)
     for (int h = 0; h < s.NH; ++h)
       for (int i = 0; i < s.T; ++i) {
-        const double* q = &qkv[(size_t(b) * s.T + i) * 3 * s.C + size_t(h) * hs];
+        const double* q = &qkv[(size_t(b) * s.T + i) * row + size_t(h) * hs];
+        const size_t kv = size_t(h / group) * hs;
         double mx = -std::numeric_limits<double>::infinity();
         for (int j = 0; j <= i; ++j) {
-          const double* k = &qkv[(size_t(b) * s.T + j) * 3 * s.C + s.C + size_t(h) * hs];
+          const double* k = &qkv[(size_t(b) * s.T + j) * row + s.C + kv];
           double dot = 0;
           for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
           score[j] = dot * scale;
@@ -52,8 +57,7 @@ void ReferenceForward(std::vector<double>& out, std::vector<double>& lse,
         for (int j = 0; j <= i; ++j) sum += std::exp(score[j] - mx);
         double* o = &out[(size_t(b) * s.T + i) * s.C + size_t(h) * hs];
         for (int j = 0; j <= i; ++j) {
-          const double* v =
-              &qkv[(size_t(b) * s.T + j) * 3 * s.C + 2 * size_t(s.C) + size_t(h) * hs];
+          const double* v = &qkv[(size_t(b) * s.T + j) * row + s.C + size_t(s.kv()) * hs + kv];
           double p = std::exp(score[j] - mx) / sum;
           for (int d = 0; d < hs; ++d) o[d] += p * v[d];
         }
@@ -78,17 +82,17 @@ KernelResult<T> RunKernel(const std::vector<double>& qkv, const std::vector<doub
   r.lse.resize(size_t(s.B) * s.NH * s.T);
   // Poison dqkv: the backward must overwrite every element.
   r.dqkv.assign(qkv.size(), FromFloat<T>(std::numeric_limits<float>::quiet_NaN()));
-  AttentionForward(r.out.data(), r.lse.data(), qkv_t.data(), s.B, s.T, s.C, s.NH);
+  AttentionForward(r.out.data(), r.lse.data(), qkv_t.data(), s.B, s.T, s.C, s.NH, s.NKV);
   AttentionBackward(r.dqkv.data(), dout.data(), qkv_t.data(), r.out.data(), r.lse.data(), s.B, s.T,
-                    s.C, s.NH);
+                    s.C, s.NH, s.NKV);
   return r;
 }
 
 template <typename T>
 void CheckForward(const Shape& s, double out_tol, double lse_tol) {
-  SCOPED_TRACE(::testing::Message()
-               << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
-  std::vector<double> qkv = RoundTrip<T>(RandomVector(size_t(s.B) * s.T * 3 * s.C, 1));
+  SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
+                                    << " NKV=" << s.kv());
+  std::vector<double> qkv = RoundTrip<T>(RandomVector(size_t(s.B) * s.T * s.Row(), 1));
   std::vector<double> R = RandomVector(size_t(s.B) * s.T * s.C, 2);
   std::vector<double> out_ref, lse_ref;
   ReferenceForward(out_ref, lse_ref, qkv, s);
@@ -100,8 +104,10 @@ void CheckForward(const Shape& s, double out_tol, double lse_tol) {
 
 // The last shape has B·NH = 16 heads, enough for the forward to give whole heads to threads; the
 // others split heads into query tiles.
-const Shape kShapes[] = {{1, 1, 8, 2},     {2, 5, 18, 3},   {2, 130, 18, 3}, {1, 64, 32, 1},
-                         {2, 100, 128, 2}, {1, 200, 48, 3}, {2, 150, 256, 8}};
+const Shape kShapes[] = {{1, 1, 8, 2},      {2, 5, 18, 3},      {2, 130, 18, 3},
+                         {1, 64, 32, 1},    {2, 100, 128, 2},   {1, 200, 48, 3},
+                         {2, 150, 256, 8},  {2, 70, 24, 4, 2},  {1, 130, 36, 6, 2},
+                         {2, 90, 64, 4, 1}, {2, 150, 256, 8, 2}};
 
 // fp32: the kernel differs from float64 only by fp32 rounding of sums of ≤ T terms: 1e-5 leaves
 // two orders of margin over the ~1e-7 seen.
@@ -119,10 +125,10 @@ TEST(AttentionForward, Bf16MatchesFloat64Reference) {
 // shapes and at 300 random elements (q, k and v alike) for the larger ones.
 template <typename T>
 void CheckBackward(const Shape& s, double tol) {
-  SCOPED_TRACE(::testing::Message()
-               << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH);
+  SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
+                                    << " NKV=" << s.kv());
   // bf16: the kernel sees rounded qkv and R, so the float64 function is taken at those values.
-  std::vector<double> qkv = RoundTrip<T>(RandomVector(size_t(s.B) * s.T * 3 * s.C, 3));
+  std::vector<double> qkv = RoundTrip<T>(RandomVector(size_t(s.B) * s.T * s.Row(), 3));
   std::vector<double> R = RoundTrip<T>(RandomVector(size_t(s.B) * s.T * s.C, 4));
   KernelResult<T> r = RunKernel<T>(qkv, R, s);
   auto loss = [&](const std::vector<double>& x) {
@@ -147,7 +153,8 @@ void CheckBackward(const Shape& s, double tol) {
   for (double g : got) ASSERT_TRUE(std::isfinite(g)) << "dqkv not fully overwritten";
 }
 
-const Shape kGradShapes[] = {{1, 1, 8, 2}, {2, 5, 18, 3}, {2, 130, 18, 3}, {1, 70, 128, 2}};
+const Shape kGradShapes[] = {{1, 1, 8, 2},     {2, 5, 18, 3},     {2, 130, 18, 3}, {1, 70, 128, 2},
+                             {2, 5, 24, 4, 2}, {1, 70, 36, 6, 2}, {2, 9, 16, 4, 1}};
 
 // fp32 accumulation of ≤ T terms against exact gradients: 1e-3 relative to the largest entry.
 TEST(AttentionBackward, Fp32MatchesFiniteDifferences) {
@@ -166,7 +173,7 @@ bool BitwiseEqual(const std::vector<T>& a, const std::vector<T>& b) {
 
 TEST(Attention, RepeatsBitwise) {
   const Shape s{2, 200, 128, 2};
-  std::vector<double> qkv = RandomVector(size_t(s.B) * s.T * 3 * s.C, 6);
+  std::vector<double> qkv = RandomVector(size_t(s.B) * s.T * s.Row(), 6);
   std::vector<double> R = RandomVector(size_t(s.B) * s.T * s.C, 7);
   KernelResult<float> a = RunKernel<float>(qkv, R, s), b = RunKernel<float>(qkv, R, s);
   EXPECT_TRUE(BitwiseEqual(a.out, b.out));
@@ -181,18 +188,19 @@ TEST(Attention, RepeatsBitwise) {
 // agree; the bound is 1e-6 relative (in practice they are bitwise equal). B·NH = 6 heads: one
 // thread takes the forward head by head, two split it by query tiles.
 TEST(Attention, IndependentOfThreadCount) {
-  const Shape s{2, 200, 96, 3};
-  std::vector<double> qkv = RandomVector(size_t(s.B) * s.T * 3 * s.C, 8);
-  std::vector<double> R = RandomVector(size_t(s.B) * s.T * s.C, 9);
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  KernelResult<float> one = RunKernel<float>(qkv, R, s);
-  omp_set_num_threads(2);
-  KernelResult<float> two = RunKernel<float>(qkv, R, s);
-  omp_set_num_threads(threads);
-  EXPECT_LE(MaxRelError(ToDouble(one.out), ToDouble(two.out)), 1e-6);
-  EXPECT_LE(MaxRelError(ToDouble(one.lse), ToDouble(two.lse)), 1e-6);
-  EXPECT_LE(MaxRelError(ToDouble(one.dqkv), ToDouble(two.dqkv)), 1e-6);
+  for (const Shape s : {Shape{2, 200, 96, 3}, Shape{2, 200, 96, 6, 2}}) {
+    std::vector<double> qkv = RandomVector(size_t(s.B) * s.T * s.Row(), 8);
+    std::vector<double> R = RandomVector(size_t(s.B) * s.T * s.C, 9);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    KernelResult<float> one = RunKernel<float>(qkv, R, s);
+    omp_set_num_threads(2);
+    KernelResult<float> two = RunKernel<float>(qkv, R, s);
+    omp_set_num_threads(threads);
+    EXPECT_LE(MaxRelError(ToDouble(one.out), ToDouble(two.out)), 1e-6);
+    EXPECT_LE(MaxRelError(ToDouble(one.lse), ToDouble(two.lse)), 1e-6);
+    EXPECT_LE(MaxRelError(ToDouble(one.dqkv), ToDouble(two.dqkv)), 1e-6);
+  }
 }
 
 }  // namespace

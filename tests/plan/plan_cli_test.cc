@@ -45,7 +45,8 @@ TEST(PlanCli, ExplainNamesTheActivationRow) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("tp+sp+selective: sbh(34/t)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("bubble"), std::string::npos);
-  // The groups and collectives keel train runs for this layout (model/transformer.cc, train/step.cc).
+  // The groups and collectives keel train runs for this layout (model/transformer.cc,
+  // train/step.cc).
   EXPECT_NE(r.out.find("tp    8 ranks each (same dp, pp; neighbours): per block one "
                        "reduce-scatter"),
             std::string::npos)

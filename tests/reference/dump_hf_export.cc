@@ -14,8 +14,8 @@
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/rng.h"
-#include "keel/model/transformer.h"
 #include "keel/model/params.h"
+#include "keel/model/transformer.h"
 
 namespace {
 

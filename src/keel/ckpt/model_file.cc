@@ -21,8 +21,8 @@ LoadedModel ReadModel(const std::string& path) {
   SafetensorsFile f = SafetensorsFile::Read(path);
   LoadedModel m;
   // Model files from before Llama carry the five GPT-2 keys only: their family is gpt2.
-  for (const char* key : {"keel.n_layer", "keel.n_head", "keel.n_embd", "keel.vocab_size",
-                          "keel.block_size"})
+  for (const char* key :
+       {"keel.n_layer", "keel.n_head", "keel.n_embd", "keel.vocab_size", "keel.block_size"})
     if (!f.metadata().count(key))
       ThrowBadInput(path + ": metadata has no \"" + key + "\" (expected a model written by keel)");
   for (const auto& [key, value] : f.metadata())

@@ -431,8 +431,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
           const int i0 = qt * kTile;
           Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
           if (qt == kt) MaskDiagonal(Pt);
-          Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp,
-               false);
+          Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
           for (ptrdiff_t j = 0; j < kTile; ++j)
             for (int r = 0; r < kTile; r += kLanes) {
               float* pp = Pt + j * kTile + r;

@@ -92,9 +92,10 @@ void Validate(const ModelConfig& c) {
     ThrowBadInput("[model] n_kv_head: expected a divisor of n_head = " + std::to_string(c.n_head) +
                   ", got " + std::to_string(c.n_kv_head));
   if (c.head_size() % 2 != 0)
-    ThrowBadInput("[model] n_embd: rotary positions rotate pairs of channels, so n_embd / n_head "
-                  "must be even, got " +
-                  std::to_string(c.head_size()));
+    ThrowBadInput(
+        "[model] n_embd: rotary positions rotate pairs of channels, so n_embd / n_head "
+        "must be even, got " +
+        std::to_string(c.head_size()));
   positive("ffn_hidden", c.ffn());
   if (!(c.rope_theta > 1) || !std::isfinite(c.rope_theta))
     ThrowBadInput("[model] rope_theta: expected a number above 1, got " + Text(c.rope_theta));

@@ -26,8 +26,8 @@ namespace {
 template <typename T>
 struct LlamaParams {
   const T *ln1, *qkv, *o, *ln2, *gate_up, *down;
-  float *d_ln1 = nullptr, *d_qkv = nullptr, *d_o = nullptr, *d_ln2 = nullptr,
-        *d_gate_up = nullptr, *d_down = nullptr;
+  float *d_ln1 = nullptr, *d_qkv = nullptr, *d_o = nullptr, *d_ln2 = nullptr, *d_gate_up = nullptr,
+        *d_down = nullptr;
 };
 
 template <typename T>
@@ -134,8 +134,7 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
   KEEL_PROFILED("layernorm",
                 k::RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-  KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, p.o, BT, m.Cl, C));
+  KEEL_PROFILED("matmul_bwd", k::MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, p.o, BT, m.Cl, C));
   KEEL_PROFILED("attention_bwd", k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
                                                       m.Cl, m.NHl, m.NKVl));
   KEEL_PROFILED("rope", k::RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));

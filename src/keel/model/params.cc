@@ -163,7 +163,7 @@ std::pair<int, int> TpCut(const std::string& name) {
 }  // namespace
 
 ParamLayout ParamLayout::Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
-                                   TpShard tp) {
+                               TpShard tp) {
   ParamLayout whole = Whole(cfg);
   if (chunks.size() == 1 && chunks[0].first() && chunks[0].last() && tp.size == 1) return whole;
   if (tp.size > 1) {

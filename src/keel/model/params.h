@@ -100,7 +100,7 @@ class ParamLayout {
   // cuts): c_attn and c_fc by output rows (heads split across ranks), the projections c_proj by
   // input columns, wte by vocabulary rows; LayerNorms, wpe and the projections' biases whole.
   static ParamLayout Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
-                               TpShard tp = {});
+                           TpShard tp = {});
   static ParamLayout Stage(const ModelConfig& cfg, const StageRange& stage, TpShard tp = {}) {
     return Stage(cfg, std::vector<StageRange>{stage}, tp);
   }

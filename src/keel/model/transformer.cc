@@ -106,7 +106,8 @@ BlockActs<T> Acts(Transformer::Impl& m, int l, int slot) {
 }
 
 template <typename T>
-void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
+void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p,
+                              const BlockActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   KEEL_PROFILED("layernorm",
                 k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, m.R, C));
@@ -222,8 +223,8 @@ void StageForward(Transformer::Impl& m, int slot, const int32_t* tokens) {
   const T* x = m.Resid<T>(slot, m.stage.layers());
   const T* lnfw = FinalWeight<T>(m, "ln_f.weight");
   if (m.cfg.llama())
-    KEEL_PROFILED("layernorm", k::RmsNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_rstd"), x,
-                                                 lnfw, m.R, C, m.cfg.norm_eps));
+    KEEL_PROFILED("layernorm", k::RmsNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_rstd"), x, lnfw,
+                                                 m.R, C, m.cfg.norm_eps));
   else
     KEEL_PROFILED("layernorm", k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"),
                                                    m.Act<float>("lnf_rstd"), x, lnfw,
@@ -296,10 +297,9 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
       KEEL_PROFILED("layernorm", k::RmsNormBackward(dres, dlnfw, dtmp, lnf_in, lnfw,
                                                     m.Act<float>("lnf_rstd"), m.R, C));
     else
-      KEEL_PROFILED("layernorm",
-                    k::LayerNormBackward(dres, dlnfw, FinalGrad(m, gf, "ln_f.bias"), dtmp, lnf_in,
-                                         lnfw, m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"),
-                                         m.R, C));
+      KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, dlnfw, FinalGrad(m, gf, "ln_f.bias"),
+                                                      dtmp, lnf_in, lnfw, m.Act<float>("lnf_mean"),
+                                                      m.Act<float>("lnf_rstd"), m.R, C));
     acc.GradsDone(s);
     acc.Done(s, Pass::kBackward);
   } else {
@@ -328,8 +328,8 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
     const T* x = nullptr;
     KEEL_PROFILED("tp_comm", x = m.Whole(dres));
     float* dwpe = m.cfg.llama() ? nullptr : ge + m.layout.Find("wpe.weight").offset;
-    KEEL_PROFILED("encoder", k::EncoderBackward(ge + wte, dwpe, x, tokens, m.B, m.T, C, m.v0,
-                                                m.v0 + m.Vl));
+    KEEL_PROFILED("encoder",
+                  k::EncoderBackward(ge + wte, dwpe, x, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
   } else {
     std::memcpy(din, dres, sizeof(T) * m.R * C);
   }
@@ -350,17 +350,17 @@ double ForwardBackward(Transformer::Impl& m, const int32_t* tokens, const int32_
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-                   ParamAccess* params)
+                         ParamAccess* params)
     : Transformer(cfg, dtype, B, T, recompute, params, WholeModel(cfg), 1) {}
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-                   ParamAccess* params, const StageRange& stage, int slots)
+                         ParamAccess* params, const StageRange& stage, int slots)
     : Transformer(cfg, dtype, B, T, recompute, params, ParamLayout::Stage(cfg, stage), stage,
-               slots) {}
+                  slots) {}
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-                   ParamAccess* params, const ParamLayout& layout, const StageRange& stage,
-                   int slots, const TensorParallel& tp) {
+                         ParamAccess* params, const ParamLayout& layout, const StageRange& stage,
+                         int slots, const TensorParallel& tp) {
   Validate(cfg);
   if (T > cfg.block_size)
     ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
@@ -421,8 +421,8 @@ void Transformer::StageForward(int slot, const int32_t* tokens) {
     model::StageForward<bf16>(*impl_, slot, tokens);
 }
 
-double Transformer::StageBackward(int slot, const int32_t* tokens, const int32_t* targets, float dloss,
-                               const void* dout, void* din) {
+double Transformer::StageBackward(int slot, const int32_t* tokens, const int32_t* targets,
+                                  float dloss, const void* dout, void* din) {
   return impl_->dtype == DType::kF32
              ? model::StageBackward<float>(*impl_, slot, tokens, targets, dloss, dout, din)
              : model::StageBackward<bf16>(*impl_, slot, tokens, targets, dloss, dout, din);

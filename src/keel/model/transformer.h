@@ -46,16 +46,16 @@ class Transformer {
   // `params`: where the weights and gradients live (the trainer's ZeRO strategy). Null: the
   // model owns them, every segment resident (master(), grads(), working_bf16() below).
   Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-           ParamAccess* params = nullptr);
+              ParamAccess* params = nullptr);
   // One pipeline stage: blocks [stage.l0, stage.l1) with `params` laid out as
   // ParamLayout::Stage(cfg, stage), keeping the activations of `slots` micro-batches at once.
   Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-           ParamAccess* params, const StageRange& stage, int slots);
+              ParamAccess* params, const StageRange& stage, int slots);
   // One chunk of an interleaved pipeline rank: blocks [chunk.l0, chunk.l1), with `params` laid
   // out as `layout` (the rank's: ParamLayout::Stage over all its chunks, its tp shard).
   Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-           ParamAccess* params, const ParamLayout& layout, const StageRange& chunk, int slots,
-           const TensorParallel& tp = {});
+              ParamAccess* params, const ParamLayout& layout, const StageRange& chunk, int slots,
+              const TensorParallel& tp = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;

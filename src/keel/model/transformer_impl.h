@@ -207,8 +207,8 @@ namespace internal {
 // each rank seeds its own rows' residual into the shared buffer, and the reduce-scatter leaves
 // each its rows of the sum.
 template <typename T>
-void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T* inp, const T* weight,
-                        const float* bias, int K) {
+void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T* inp,
+                        const T* weight, const float* bias, int K) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   T* sum = m.sp ? m.Act<T>("gathered") : out;
   if (m.sp) {

@@ -47,8 +47,8 @@ void ValidateDims(const ParallelDims& d, const DimsInputs& in, const std::string
     ThrowBadInput(prefix + "tp=" + s(d.tp) + " does not divide model.n_head=" + s(in.n_head) +
                   " (each rank holds whole heads)");
   if (in.n_kv_head && in.n_kv_head % d.tp != 0)
-    ThrowBadInput(prefix + "tp=" + s(d.tp) + " does not divide model.n_kv_head=" +
-                  s(in.n_kv_head) + " (each rank holds whole key/value heads)");
+    ThrowBadInput(prefix + "tp=" + s(d.tp) + " does not divide model.n_kv_head=" + s(in.n_kv_head) +
+                  " (each rank holds whole key/value heads)");
   if (in.ffn_hidden && in.ffn_hidden % d.tp != 0)
     ThrowBadInput(prefix + "tp=" + s(d.tp) + " does not divide model.ffn_hidden=" +
                   s(in.ffn_hidden) + " (each rank holds whole hidden units)");

@@ -27,9 +27,9 @@ struct ModelSection {
   int n_embd = 0;
   int vocab_size = 0;
   int block_size = 0;
-  int n_kv_head = 0;        // Llama: key/value heads (grouped-query attention)
-  int ffn_hidden = 0;       // Llama: SwiGLU's hidden units
-  float rope_theta = 0;     // Llama: the rotary base
+  int n_kv_head = 0;               // Llama: key/value heads (grouped-query attention)
+  int ffn_hidden = 0;              // Llama: SwiGLU's hidden units
+  float rope_theta = 0;            // Llama: the rotary base
   std::string recompute = "none";  // "none" | "attn" | "full"
   float init_std = 0.02f;
   // A keel model file or a Hugging Face GPT-2 safetensors file whose weights replace the random

@@ -1,5 +1,6 @@
-// Writes what the PyTorch oracle (gpt2_reference.py) checks keel against: for one small GPT-2
-// and one random batch, per precision, a safetensors file holding
+// Writes what the PyTorch oracle (model_reference.py) checks keel against: for one small model of
+// the family asked for (GPT-2 or Llama) and one random batch, per precision, a safetensors file
+// holding
 //   init.<name>   the initial fp32 master weights (keel's names and [out, in] shapes)
 //   tokens, targets (B, T)   token ids stored as F32 (exact: ids < 2^24)
 //   loss          (1)        mean loss of the batch from ForwardBackward
@@ -12,7 +13,7 @@
 // The steps follow src/keel/train/trainer.cc: zero grads, forward/backward, global norm, clip
 // scale, AdamW step (which also refreshes the bf16 working copy).
 //
-//   dump_gpt <out_dir>   → <out_dir>/keel_{fp32,bf16}{,_sharp}.safetensors
+//   dump_model <out_dir> [gpt2|llama]   → <out_dir>/keel_{fp32,bf16}{,_sharp}.safetensors
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -20,8 +21,8 @@
 
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/rng.h"
-#include "keel/model/transformer.h"
 #include "keel/model/params.h"
+#include "keel/model/transformer.h"
 #include "keel/optim/adamw.h"
 
 namespace {
@@ -30,8 +31,12 @@ using keel::DType;
 using keel::model::Transformer;
 
 // vocab 50257 is not a multiple of 128, so the padded wte rows and logit masking are exercised.
-constexpr keel::model::ModelConfig kConfig{/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64,
-                                           /*vocab_size=*/50257, /*block_size=*/64};
+// The Llama has two query heads per key/value head and a SwiGLU width (176) that is not a
+// multiple of 16.
+keel::model::ModelConfig Config(const std::string& family) {
+  if (family == "llama") return keel::model::NamedConfig("llama-tiny");
+  return {/*n_layer=*/2, /*n_head=*/4, /*n_embd=*/64, /*vocab_size=*/50257, /*block_size=*/64};
+}
 constexpr int kB = 2, kT = 32, kSteps = 10;
 constexpr uint64_t kInitSeed = 1234, kBatchSeed = 99;
 constexpr float kLr = 1e-3f, kGradClip = 1.0f;
@@ -64,11 +69,12 @@ void Sharpen(const keel::model::ParamLayout& layout, float* w) {
 
 // Writes one case: keel's initial weights (sharp = false) with `steps` AdamW steps, or the
 // sharpened weights.
-void Dump(DType dtype, bool sharp, int steps, const std::string& path) {
-  const int BT = kB * kT, V = kConfig.vocab_size;
-  Transformer m(kConfig, dtype, kB, kT, keel::model::Recompute::kNone);
+void Dump(const keel::model::ModelConfig& cfg, DType dtype, bool sharp, int steps,
+          const std::string& path) {
+  const int BT = kB * kT, V = cfg.vocab_size;
+  Transformer m(cfg, dtype, kB, kT, keel::model::Recompute::kNone);
   const auto& layout = m.layout();
-  keel::model::InitParams(layout, kConfig, kInitSeed, m.master());
+  keel::model::InitParams(layout, cfg, kInitSeed, m.master());
   if (sharp) Sharpen(layout, m.master());
   m.SyncWorking();
   const std::vector<float> init(m.master(), m.master() + layout.total());
@@ -117,12 +123,8 @@ void Dump(DType dtype, bool sharp, int steps, const std::string& path) {
   if (steps > 0) w.Add("train_losses", {steps}, train_losses.data());
   w.SetMetadata("dtype", dtype == DType::kF32 ? "fp32" : "bf16");
   w.SetMetadata("weights", sharp ? "sharp" : "init");
-  w.SetMetadata("n_layer", std::to_string(kConfig.n_layer));
-  w.SetMetadata("n_head", std::to_string(kConfig.n_head));
-  w.SetMetadata("n_embd", std::to_string(kConfig.n_embd));
-  w.SetMetadata("vocab_size", std::to_string(kConfig.vocab_size));
-  w.SetMetadata("padded_vocab", std::to_string(kConfig.padded_vocab()));
-  w.SetMetadata("block_size", std::to_string(kConfig.block_size));
+  for (const auto& [key, value] : keel::model::ShapeKeys(cfg)) w.SetMetadata(key, value);
+  w.SetMetadata("padded_vocab", std::to_string(cfg.padded_vocab()));
   w.SetMetadata("lr", Num(kLr));
   w.SetMetadata("beta1", Num(kHyper.beta1));
   w.SetMetadata("beta2", Num(kHyper.beta2));
@@ -140,18 +142,20 @@ void Dump(DType dtype, bool sharp, int steps, const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <out_dir>\n", argv[0]);
+  if (argc < 2 || argc > 3 ||
+      (argc == 3 && std::string(argv[2]) != "gpt2" && std::string(argv[2]) != "llama")) {
+    std::fprintf(stderr, "usage: %s <out_dir> [gpt2|llama]\n", argv[0]);
     return 2;
   }
   try {
     const std::string dir = argv[1];
-    Dump(DType::kF32, /*sharp=*/false, kSteps, dir + "/keel_fp32.safetensors");
-    Dump(DType::kBF16, /*sharp=*/false, kSteps, dir + "/keel_bf16.safetensors");
-    Dump(DType::kF32, /*sharp=*/true, 0, dir + "/keel_fp32_sharp.safetensors");
-    Dump(DType::kBF16, /*sharp=*/true, 0, dir + "/keel_bf16_sharp.safetensors");
+    const keel::model::ModelConfig cfg = Config(argc == 3 ? argv[2] : "gpt2");
+    Dump(cfg, DType::kF32, /*sharp=*/false, kSteps, dir + "/keel_fp32.safetensors");
+    Dump(cfg, DType::kBF16, /*sharp=*/false, kSteps, dir + "/keel_bf16.safetensors");
+    Dump(cfg, DType::kF32, /*sharp=*/true, 0, dir + "/keel_fp32_sharp.safetensors");
+    Dump(cfg, DType::kBF16, /*sharp=*/true, 0, dir + "/keel_bf16_sharp.safetensors");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dump_gpt: %s\n", e.what());
+    std::fprintf(stderr, "dump_model: %s\n", e.what());
     return 1;
   }
   return 0;

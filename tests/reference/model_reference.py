@@ -1,10 +1,12 @@
 #!/usr/bin/python3
-"""PyTorch oracle for keel's GPT-2: recomputes in float64 what dump_gpt wrote and compares.
+"""PyTorch oracle for keel's models: recomputes in float64 what dump_model wrote and compares.
 
-Usage: gpt2_reference.py <dir>   (the dir dump_gpt wrote keel_{fp32,bf16}{,_sharp}.safetensors to)
+Usage: model_reference.py <dir>   (the dir dump_model wrote keel_{fp32,bf16}{,_sharp}.safetensors
+to; the files' metadata say which family, GPT-2 or Llama, and its shapes)
 
-Checks, per file written by tests/reference/dump_gpt.cc (keel's initial weights, and "sharp"
-weights under which attention is peaked and GELU nonlinear; the 10 steps only for the former):
+Checks, per file written by tests/reference/dump_model.cc (keel's initial weights, and "sharp"
+weights under which attention is peaked and GELU/SwiGLU nonlinear; the 10 steps only for the
+former):
   fp32: loss, logits, every gradient: relative error <= 1e-4, and each of the 10 AdamW-step
         losses: relative error <= 1e-4.
   bf16: loss and each of the 10 step losses: relative error <= 1e-2; every gradient's cosine
@@ -24,7 +26,7 @@ try:
     import torch.nn as nn
     import torch.nn.functional as F
 except ImportError as e:
-    sys.exit(f"gpt2_reference.py: cannot import torch/numpy ({e}); "
+    sys.exit(f"model_reference.py: cannot import torch/numpy ({e}); "
              "run: apt-get install python3-torch python3-numpy (and use /usr/bin/python3)")
 
 FP32_TOL, BF16_LOSS_TOL, BF16_MIN_COS = 1e-4, 1e-2, 0.99
@@ -92,10 +94,90 @@ class GPT(nn.Module):
         return logits.view(-1, self.V), loss
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, C, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    """Hugging Face Llama's rotary layout: channel i pairs with i + hs/2."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, C, NH, NKV, F_, eps):
+        super().__init__()
+        self.NH, self.NKV, self.hs = NH, NKV, C // NH
+        self.ln_1 = RMSNorm(C, eps)
+        self.attn = nn.Module()
+        self.attn.q_proj = nn.Linear(C, C, bias=False)
+        self.attn.k_proj = nn.Linear(C, NKV * self.hs, bias=False)
+        self.attn.v_proj = nn.Linear(C, NKV * self.hs, bias=False)
+        self.attn.o_proj = nn.Linear(C, C, bias=False)
+        self.ln_2 = RMSNorm(C, eps)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(C, F_, bias=False)
+        self.mlp.up_proj = nn.Linear(C, F_, bias=False)
+        self.mlp.down_proj = nn.Linear(F_, C, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        h = self.ln_1(x)
+        q = self.attn.q_proj(h).view(B, T, self.NH, self.hs).transpose(1, 2)
+        k = self.attn.k_proj(h).view(B, T, self.NKV, self.hs).transpose(1, 2)
+        v = self.attn.v_proj(h).view(B, T, self.NKV, self.hs).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        # Grouped-query attention: query head h reads key/value head h // (NH / NKV).
+        k = k.repeat_interleave(self.NH // self.NKV, dim=1)
+        v = v.repeat_interleave(self.NH // self.NKV, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hs)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        x = x + self.attn.o_proj((att @ v).transpose(1, 2).reshape(B, T, C))
+        h = self.ln_2(x)
+        return x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+
+
+class Llama(nn.Module):
+    """Llama (Hugging Face's LlamaForCausalLM arithmetic); parameter names are keel's."""
+
+    def __init__(self, L, NH, NKV, C, F_, V, Vp, theta, eps):
+        super().__init__()
+        self.V, self.hs, self.theta = V, C // NH, theta
+        self.wte = nn.Embedding(Vp, C)
+        self.h = nn.ModuleList([LlamaBlock(C, NH, NKV, F_, eps) for _ in range(L)])
+        self.ln_f = RMSNorm(C, eps)
+        self.lm_head = nn.Linear(C, Vp, bias=False)  # padded rows sliced away below
+
+    def forward(self, tokens, targets):
+        T = tokens.shape[1]
+        inv_freq = self.theta ** (-torch.arange(0, self.hs, 2, dtype=torch.float64) / self.hs)
+        freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        x = self.wte(tokens)
+        for block in self.h:
+            x = block(x, cos, sin)
+        logits = self.lm_head(self.ln_f(x))[..., :self.V]
+        loss = F.cross_entropy(logits.reshape(-1, self.V), targets.view(-1))
+        return logits.reshape(-1, self.V), loss
+
+
 def build(t, meta):
     i = lambda k: int(meta[k])
-    model = GPT(i("n_layer"), i("n_head"), i("n_embd"), i("vocab_size"), i("padded_vocab"),
-                i("block_size")).double()
+    if meta.get("family", "gpt2") == "llama":
+        model = Llama(i("n_layer"), i("n_head"), i("n_kv_head"), i("n_embd"), i("ffn_hidden"),
+                      i("vocab_size"), i("padded_vocab"), float(meta["rope_theta"]),
+                      float(meta["norm_eps"])).double()
+    else:
+        model = GPT(i("n_layer"), i("n_head"), i("n_embd"), i("vocab_size"), i("padded_vocab"),
+                    i("block_size")).double()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(t["init." + name])
@@ -149,7 +231,7 @@ def cosine(a, b):
 
 def check(path):
     t, meta = read_safetensors(path)
-    dtype = f"{meta['dtype']} {meta['weights']}"
+    dtype = f"{meta.get('family', 'gpt2')} {meta['dtype']} {meta['weights']}"
     train = t["train_losses"].tolist() if "train_losses" in t else []
     ref = reference_run(t, meta, len(train))
     failures, rows = [], []
@@ -188,7 +270,7 @@ def check(path):
 
 def main():
     if len(sys.argv) != 2:
-        sys.exit("usage: gpt2_reference.py <dir with keel_fp32/keel_bf16.safetensors>")
+        sys.exit("usage: model_reference.py <dir with keel_fp32/keel_bf16.safetensors>")
     torch.set_num_threads(2)
     failures = []
     for case in ("fp32", "bf16", "fp32_sharp", "bf16_sharp"):
