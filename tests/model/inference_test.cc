@@ -12,11 +12,14 @@
 namespace keel::model {
 namespace {
 
-TEST(Generator, StepLogitsMatchTheTrainingForward) {
-  const ModelConfig cfg{2, 2, 32, 50257, 16};
-  const int T = 12;
+// `sharpen` scales the weights by 8, so that attention is peaked: a key rotated at the wrong
+// position or read from the wrong group's head moves the logits well past the tolerance.
+void CheckStepsMatchForward(const ModelConfig& cfg, int T, float sharpen) {
   Transformer m(cfg, DType::kF32, 1, T, Recompute::kNone);
   InitParams(m.layout(), cfg, 5, m.master());
+  for (const ParamInfo& p : m.layout().params())
+    if (p.init_std > 0)
+      for (size_t i = 0; i < p.numel; ++i) m.master()[p.offset + i] *= sharpen;
   std::vector<int32_t> tokens(T);
   for (int t = 0; t < T; ++t) tokens[t] = (t * 7919 + 13) % cfg.vocab_size;
   std::vector<float> full(size_t(T) * cfg.vocab_size);
@@ -33,6 +36,15 @@ TEST(Generator, StepLogitsMatchTheTrainingForward) {
     }
     EXPECT_LT(max_diff, 1e-5 * std::max(1.0, max_ref)) << "position " << t;
   }
+}
+
+TEST(Generator, StepLogitsMatchTheTrainingForward) {
+  CheckStepsMatchForward(ModelConfig{2, 2, 32, 50257, 16}, 12, 1.0f);
+}
+
+// Grouped-query attention (4 query heads on 2 key/value heads) and rotary positions.
+TEST(Generator, LlamaStepLogitsMatchTheTrainingForward) {
+  CheckStepsMatchForward(NamedConfig("llama-tiny"), 20, 8.0f);
 }
 
 TEST(Generator, GreedyIsDeterministicAndStopsAtTheContext) {

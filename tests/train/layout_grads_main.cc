@@ -5,8 +5,8 @@
 // micro-batches (the same slice of it), within 1e-5 relative to the tensor's largest value. Run by
 // ctest as `mpirun -np 2` (pp 2, pp 2 interleaved with 2 chunks per rank at ZeRO 1, uneven
 // stages, tp 2, tp 2 + sp) and `-np 4` (pp 4, dp 2 x pp 2 with ZeRO 1 plain and interleaved,
-// tp 2 x pp 2 and dp 2 x tp 2 at ZeRO 1, both also with sp). Also: the whole model's weights
-// gathered from the stages and shards are the ones set.
+// tp 2 x pp 2 and dp 2 x tp 2 at ZeRO 1, both also with sp), for a GPT-2 and a Llama. Also: the
+// whole model's weights gathered from the stages and shards are the ones set.
 //
 // Not named *_test.cc: that would glob it into the single-process train_test binary.
 #include <algorithm>
@@ -37,9 +37,9 @@ void Batch(int r, int k, int vocab, int32_t* tokens, int32_t* targets) {
   }
 }
 
-int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
-          std::vector<int> stage_layers = {}, bool sp = false) {
-  model::ModelConfig cfg = model::NamedConfig("gpt2-tiny");
+int Check(const std::string& name, parallel::Comm& world, const parallel::ParallelDims& dims,
+          int v = 1, std::vector<int> stage_layers = {}, bool sp = false) {
+  model::ModelConfig cfg = model::NamedConfig(name);
   cfg.n_layer = 4;
   const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
   std::vector<float> init(whole.total());
@@ -93,22 +93,22 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
     for (size_t i = 0; i < p.numel; ++i)
       worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
     if (worst / scale > 1e-5) {
-      std::printf("%s v=%d%s rank %d (stage %d): %s gradient differs by %.2e relative\n",
-                  parallel::DimsName(dims).c_str(), v, sp ? " sp" : "", world.rank(), g.at.pp,
-                  p.name.c_str(), worst / scale);
+      std::printf("%s %s v=%d%s rank %d (stage %d): %s gradient differs by %.2e relative\n",
+                  name.c_str(), parallel::DimsName(dims).c_str(), v, sp ? " sp" : "", world.rank(),
+                  g.at.pp, p.name.c_str(), worst / scale);
       ++bad;
     }
   }
   const std::vector<float> gathered = st.GatherWeights();
   if (gathered != init) {
-    std::printf("%s rank %d: gathered weights differ from the ones set\n",
+    std::printf("%s %s rank %d: gathered weights differ from the ones set\n", name.c_str(),
                 parallel::DimsName(dims).c_str(), world.rank());
     ++bad;
   }
   if (world.rank() == 0)
-    std::printf("%s v=%d%s: rank 0 holds %zu of %zu parameters; %zu tensors compared on it\n",
-                parallel::DimsName(dims).c_str(), v, sp ? " sp" : "", st.layout().total(),
-                whole.total(), st.layout().params().size());
+    std::printf("%s %s v=%d%s: rank 0 holds %zu of %zu parameters; %zu tensors compared on it\n",
+                name.c_str(), parallel::DimsName(dims).c_str(), v, sp ? " sp" : "",
+                st.layout().total(), whole.total(), st.layout().params().size());
   return bad;
 }
 
@@ -117,18 +117,23 @@ int Check(parallel::Comm& world, const parallel::ParallelDims& dims, int v = 1,
 int main() {
   auto world = keel::parallel::MakeMpiComm();
   const int n = world->size();
-  int bad = Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/n, /*zero=*/0});
-  if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
-  if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/0}, 1, {3, 1});
-  if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1});
-  if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
-  if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0});
-  if (n == 4) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/2, /*zero=*/0});
-  if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/2, /*pp=*/1, /*zero=*/1});
-  // Sequence parallelism: the LayerNorms' gradients are summed over the tp group.
-  if (n == 2) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0}, 1, {}, true);
-  if (n == 4) bad += Check(*world, {/*dp=*/1, /*tp=*/2, /*pp=*/2, /*zero=*/0}, 1, {}, true);
-  if (n == 4) bad += Check(*world, {/*dp=*/2, /*tp=*/2, /*pp=*/1, /*zero=*/1}, 1, {}, true);
+  int bad = 0;
+  // GPT-2 (tied embedding, LayerNorm, biases) and Llama (untied lm_head, RMSNorm, grouped-query
+  // attention with tp cutting the key/value heads, SwiGLU).
+  for (const std::string m : {"gpt2-tiny", "llama-tiny"}) {
+    bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/n, /*zero=*/0});
+    if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
+    if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/0}, 1, {3, 1});
+    if (n == 4) bad += Check(m, *world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1});
+    if (n == 4) bad += Check(m, *world, {/*dp=*/2, /*tp=*/1, /*pp=*/2, /*zero=*/1}, /*v=*/2);
+    if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0});
+    if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/2, /*zero=*/0});
+    if (n == 4) bad += Check(m, *world, {/*dp=*/2, /*tp=*/2, /*pp=*/1, /*zero=*/1});
+    // Sequence parallelism: the LayerNorms' gradients are summed over the tp group.
+    if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0}, 1, {}, true);
+    if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/2, /*zero=*/0}, 1, {}, true);
+    if (n == 4) bad += Check(m, *world, {/*dp=*/2, /*tp=*/2, /*pp=*/1, /*zero=*/1}, 1, {}, true);
+  }
   const bool failed = world->AllReduceMax(double(bad)) > 0;
   if (world->rank() == 0) std::printf(failed ? "FAILED\n" : "all gradients match\n");
   return failed ? 1 : 0;

@@ -1,4 +1,5 @@
-// Legend: C channels, NH heads, hs head size, L layers, V vocabulary.
+// Legend: C channels, NH query heads, KV key/value heads, hs head size, L layers, V vocabulary,
+// F a Llama's SwiGLU width.
 #include "keel/model/inference.h"
 
 #include <algorithm>
@@ -12,6 +13,9 @@
 #include "keel/kernels/gelu.h"
 #include "keel/kernels/layernorm.h"
 #include "keel/kernels/matmul.h"
+#include "keel/kernels/rmsnorm.h"
+#include "keel/kernels/rope.h"
+#include "keel/kernels/swiglu.h"
 
 namespace keel::model {
 
@@ -20,66 +24,104 @@ namespace k = keel::kernels;
 Generator::Generator(const ModelConfig& cfg, std::vector<float> weights)
     : cfg_(cfg), layout_(ParamLayout::Whole(cfg)), w_(std::move(weights)) {
   KEEL_CHECK(w_.size() == layout_.total(), "Generator: weights do not match the config");
-  const size_t C = cfg.n_embd;
-  k_cache_.resize(size_t(cfg.n_layer) * cfg.block_size * C);
+  const size_t C = cfg.n_embd, kv = size_t(cfg.kv_heads()) * cfg.head_size();
+  k_cache_.resize(size_t(cfg.n_layer) * cfg.block_size * kv);
   v_cache_.resize(k_cache_.size());
-  x_.resize(C), ln_.resize(C), qkv_.resize(3 * C), y_.resize(C);
-  fc_.resize(4 * C), fc_gelu_.resize(4 * C), logits_.resize(cfg.vocab_size);
+  x_.resize(C), ln_.resize(C), qkv_.resize(size_t(cfg.qkv_dim())), y_.resize(C);
+  fc_.resize(size_t(cfg.fc_dim())), fc_gelu_.resize(size_t(cfg.ffn()));
+  logits_.resize(cfg.vocab_size);
   scores_.resize(cfg.block_size), mean_.resize(1), rstd_.resize(1);
+}
+
+void Generator::Attend(int l, int t) {
+  const int C = cfg_.n_embd, NH = cfg_.n_head, hs = cfg_.head_size(), KV = cfg_.kv_heads();
+  const size_t kvw = size_t(KV) * hs;
+  float* kc = k_cache_.data() + size_t(l) * cfg_.block_size * kvw;
+  float* vc = v_cache_.data() + size_t(l) * cfg_.block_size * kvw;
+  std::memcpy(kc + size_t(t) * kvw, qkv_.data() + C, sizeof(float) * kvw);
+  std::memcpy(vc + size_t(t) * kvw, qkv_.data() + C + kvw, sizeof(float) * kvw);
+  const float scale = 1.0f / std::sqrt(float(hs));
+  for (int hd = 0; hd < NH; ++hd) {
+    const float* q = qkv_.data() + hd * hs;
+    const size_t kv_at = size_t(hd / (NH / KV)) * hs;  // grouped-query: the group's head
+    float mx = -INFINITY;
+    for (int j = 0; j <= t; ++j) {
+      const float* kj = kc + size_t(j) * kvw + kv_at;
+      float s = 0;
+      for (int i = 0; i < hs; ++i) s += q[i] * kj[i];
+      scores_[j] = s * scale;
+      mx = std::max(mx, scores_[j]);
+    }
+    float sum = 0;
+    for (int j = 0; j <= t; ++j) sum += (scores_[j] = std::exp(scores_[j] - mx));
+    float* y = y_.data() + hd * hs;
+    std::fill(y, y + hs, 0.0f);
+    for (int j = 0; j <= t; ++j) {
+      const float p = scores_[j] / sum;
+      const float* vj = vc + size_t(j) * kvw + kv_at;
+      for (int i = 0; i < hs; ++i) y[i] += p * vj[i];
+    }
+  }
+}
+
+void Generator::Gpt2Block(int l, int t) {
+  const int C = cfg_.n_embd;
+  const std::string h = "h." + std::to_string(l) + ".";
+  k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_1.weight"),
+                      P(h + "ln_1.bias"), 1, C);
+  k::MatmulForward(qkv_.data(), ln_.data(), P(h + "attn.c_attn.weight"), P(h + "attn.c_attn.bias"),
+                   1, C, 3 * C);
+  Attend(l, t);
+  k::MatmulForward(x_.data(), y_.data(), P(h + "attn.c_proj.weight"), P(h + "attn.c_proj.bias"), 1,
+                   C, C, /*accumulate=*/true);
+  k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_2.weight"),
+                      P(h + "ln_2.bias"), 1, C);
+  k::MatmulForward(fc_.data(), ln_.data(), P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), 1, C,
+                   4 * C);
+  k::GeluForward(fc_gelu_.data(), fc_.data(), size_t(4) * C);
+  k::MatmulForward(x_.data(), fc_gelu_.data(), P(h + "mlp.c_proj.weight"), P(h + "mlp.c_proj.bias"),
+                   1, 4 * C, C, /*accumulate=*/true);
+}
+
+void Generator::LlamaBlock(int l, int t) {
+  const int C = cfg_.n_embd, F = cfg_.ffn();
+  const float eps = cfg_.norm_eps;
+  const std::string h = "h." + std::to_string(l) + ".";
+  k::RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P(h + "ln_1.weight"), 1, C, eps);
+  // q_proj, k_proj and v_proj are adjacent: one product.
+  k::MatmulForward(qkv_.data(), ln_.data(), P(h + "attn.q_proj.weight"), nullptr, 1, C,
+                   cfg_.qkv_dim());
+  k::RopeForward(qkv_.data(), 1, 1, cfg_.n_head, cfg_.kv_heads(), cfg_.head_size(),
+                 cfg_.rope_theta, /*pos0=*/t);
+  Attend(l, t);
+  k::MatmulForward(x_.data(), y_.data(), P(h + "attn.o_proj.weight"), nullptr, 1, C, C,
+                   /*accumulate=*/true);
+  k::RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P(h + "ln_2.weight"), 1, C, eps);
+  k::MatmulForward(fc_.data(), ln_.data(), P(h + "mlp.gate_proj.weight"), nullptr, 1, C, 2 * F);
+  k::SwigluForward(fc_gelu_.data(), fc_.data(), 1, F);
+  k::MatmulForward(x_.data(), fc_gelu_.data(), P(h + "mlp.down_proj.weight"), nullptr, 1, F, C,
+                   /*accumulate=*/true);
 }
 
 const std::vector<float>& Generator::Step(int32_t token) {
   KEEL_CHECK(pos_ < cfg_.block_size, "Generator: context is full");
   KEEL_CHECK(token >= 0 && token < cfg_.vocab_size, "Generator: token out of range");
-  const int C = cfg_.n_embd, NH = cfg_.n_head, hs = C / NH, t = pos_;
-  auto P = [&](const std::string& name) { return w_.data() + layout_.Find(name).offset; };
+  const int C = cfg_.n_embd, t = pos_;
   const float* wte = P("wte.weight");
-  const float* wpe = P("wpe.weight");
-  for (int c = 0; c < C; ++c) x_[c] = wte[size_t(token) * C + c] + wpe[size_t(t) * C + c];
-  for (int l = 0; l < cfg_.n_layer; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_1.weight"),
-                        P(h + "ln_1.bias"), 1, C);
-    k::MatmulForward(qkv_.data(), ln_.data(), P(h + "attn.c_attn.weight"),
-                     P(h + "attn.c_attn.bias"), 1, C, 3 * C);
-    float* kc = k_cache_.data() + size_t(l) * cfg_.block_size * C;
-    float* vc = v_cache_.data() + size_t(l) * cfg_.block_size * C;
-    std::memcpy(kc + size_t(t) * C, qkv_.data() + C, sizeof(float) * C);
-    std::memcpy(vc + size_t(t) * C, qkv_.data() + 2 * C, sizeof(float) * C);
-    const float scale = 1.0f / std::sqrt(float(hs));
-    for (int hd = 0; hd < NH; ++hd) {
-      const float* q = qkv_.data() + hd * hs;
-      float mx = -INFINITY;
-      for (int j = 0; j <= t; ++j) {
-        const float* kj = kc + size_t(j) * C + hd * hs;
-        float s = 0;
-        for (int i = 0; i < hs; ++i) s += q[i] * kj[i];
-        scores_[j] = s * scale;
-        mx = std::max(mx, scores_[j]);
-      }
-      float sum = 0;
-      for (int j = 0; j <= t; ++j) sum += (scores_[j] = std::exp(scores_[j] - mx));
-      float* y = y_.data() + hd * hs;
-      std::fill(y, y + hs, 0.0f);
-      for (int j = 0; j <= t; ++j) {
-        const float p = scores_[j] / sum;
-        const float* vj = vc + size_t(j) * C + hd * hs;
-        for (int i = 0; i < hs; ++i) y[i] += p * vj[i];
-      }
-    }
-    k::MatmulForward(x_.data(), y_.data(), P(h + "attn.c_proj.weight"), P(h + "attn.c_proj.bias"),
-                     1, C, C, /*accumulate=*/true);
-    k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_2.weight"),
-                        P(h + "ln_2.bias"), 1, C);
-    k::MatmulForward(fc_.data(), ln_.data(), P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), 1, C,
-                     4 * C);
-    k::GeluForward(fc_gelu_.data(), fc_.data(), size_t(4) * C);
-    k::MatmulForward(x_.data(), fc_gelu_.data(), P(h + "mlp.c_proj.weight"),
-                     P(h + "mlp.c_proj.bias"), 1, 4 * C, C, /*accumulate=*/true);
+  for (int c = 0; c < C; ++c) x_[c] = wte[size_t(token) * C + c];
+  if (!cfg_.llama()) {
+    const float* wpe = P("wpe.weight");
+    for (int c = 0; c < C; ++c) x_[c] += wpe[size_t(t) * C + c];
   }
-  k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P("ln_f.weight"),
-                      P("ln_f.bias"), 1, C);
-  k::ClassifierLogits(logits_.data(), ln_.data(), wte, 1, C, cfg_.vocab_size);
+  for (int l = 0; l < cfg_.n_layer; ++l) cfg_.llama() ? LlamaBlock(l, t) : Gpt2Block(l, t);
+  if (cfg_.llama()) {
+    k::RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P("ln_f.weight"), 1, C, cfg_.norm_eps);
+    k::ClassifierLogits(logits_.data(), ln_.data(), P("lm_head.weight"), 1, C, cfg_.vocab_size);
+  } else {
+    k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P("ln_f.weight"),
+                        P("ln_f.bias"), 1, C);
+    k::ClassifierLogits(logits_.data(), ln_.data(), wte, 1, C, cfg_.vocab_size);
+  }
   ++pos_;
   return logits_;
 }

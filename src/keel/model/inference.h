@@ -1,11 +1,14 @@
 // Text generation from trained fp32 weights, one token at a time with a key/value cache: each new
-// token costs one row through every block instead of re-running the whole context.
+// token costs one row through every block instead of re-running the whole context. Both families;
+// a Llama's cache holds its key/value heads only (grouped-query attention), each key rotated at
+// its own position once.
 //
 //   Generator gen(cfg, weights);             // weights: ParamLayout::Whole(cfg).total() floats
 //   auto out = gen.Generate(prompt_ids, {.max_tokens = 64, .temperature = 0.8f, .top_k = 40});
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "keel/model/config.h"
@@ -33,10 +36,17 @@ class Generator {
   void Reset() { pos_ = 0; }
 
  private:
+  const float* P(const std::string& name) const { return w_.data() + layout_.Find(name).offset; }
+  void Gpt2Block(int l, int t);
+  void LlamaBlock(int l, int t);
+  // Appends position t's key and value (in qkv_) to layer l's cache; attention of qkv_'s queries
+  // over positions [0, t] into y_.
+  void Attend(int l, int t);
+
   ModelConfig cfg_;
   ParamLayout layout_;
   std::vector<float> w_;
-  std::vector<float> k_cache_, v_cache_;  // (L, block_size, C)
+  std::vector<float> k_cache_, v_cache_;  // (L, block_size, kv_heads · hs)
   std::vector<float> x_, ln_, qkv_, y_, fc_, fc_gelu_, logits_, scores_;
   std::vector<float> mean_, rstd_;
   int pos_ = 0;

@@ -152,11 +152,13 @@ std::pair<int, int> TpCut(const std::string& name) {
     return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
   };
   if (name == "wte.weight" || name == "lm_head.weight") return {0, 1};
-  if (ends("_proj.weight"))  // Llama's: o_proj and down_proj by input columns, the rest by rows
-    return {ends("o_proj.weight") || ends("down_proj.weight") ? 1 : 0, 1};
+  // GPT-2's c_attn holds q, k and v (3 blocks); Llama's are separate tensors, cut alike.
   if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) return {0, 3};
   if (ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return {0, 1};
-  if (ends("c_proj.weight")) return {1, 1};
+  if (ends("q_proj.weight") || ends("k_proj.weight") || ends("v_proj.weight")) return {0, 1};
+  if (ends("gate_proj.weight") || ends("up_proj.weight")) return {0, 1};
+  // The row-parallel products: by input columns.
+  if (ends("c_proj.weight") || ends("o_proj.weight") || ends("down_proj.weight")) return {1, 1};
   return {-1, 1};
 }
 
@@ -232,6 +234,11 @@ const ParamInfo& ParamLayout::Find(const std::string& name) const {
   auto it = index_.find(name);
   if (it != index_.end()) return params_[it->second];
   ThrowRuntime("no parameter named \"" + name + "\"");
+}
+
+size_t MatmulParams(const ModelConfig& cfg) {
+  const ParamLayout whole = ParamLayout::Whole(cfg);
+  return whole.total() - whole.Find(cfg.llama() ? "wte.weight" : "wpe.weight").numel;
 }
 
 parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {

@@ -151,6 +151,11 @@ class ParamLayout {
   size_t n_bias_ = 0;
 };
 
+// Parameters that enter a matrix product for every token (the 6·N of a step's FLOPs): all but
+// GPT-2's position table and Llama's input embedding, which are looked up. (GPT-2's wte is also
+// its classifier, so it counts.)
+size_t MatmulParams(const ModelConfig& cfg);
+
 // The sizes parallel::StateBytesPerRank needs, from the layout (trainer and planner alike).
 parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype);
 

@@ -110,7 +110,7 @@ std::vector<float> TrainStep::GatherWeights() {
 void TrainStep::SumTiedGrads() {
   tied_ms_ = 0;
   tied_bytes_ = 0;
-  if (!g_.tied || g_.tied->size() < 2) return;
+  if (!g_.tied || g_.tied->size() < 2 || !spec_.model.tied()) return;
   // ZeRO 0 and 1 (the only stages pipelines take) keep every gradient: wte is whole on both.
   const model::ParamInfo& wte = layout_.Find("wte.weight");
   auto w = g_.tied->AllReduceSumAsync(store_->grads() + wte.offset, wte.numel);

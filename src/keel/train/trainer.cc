@@ -372,9 +372,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                   {"resumed_from", sum.resumed_from}});
   }
 
-  size_t matmul_params = layout.total() - layout.Find("wpe.weight").numel;
-  const double flops_per_token =
-      monitor::TrainFlopsPerToken(double(matmul_params), mcfg.n_layer, mcfg.n_embd, T);
+  const double flops_per_token = monitor::TrainFlopsPerToken(double(model::MatmulParams(mcfg)),
+                                                             mcfg.n_layer, mcfg.n_embd, T);
   const int threads = omp_get_max_threads();
   // MFU's denominator: every rank's measured peak (ranks may sit on different CPUs).
   const monitor::Peak rank_peak = monitor::MachinePeak(s.dtype, threads, cfg.monitor.peak_gflops);
