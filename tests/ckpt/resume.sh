@@ -9,7 +9,10 @@
 #     (dp 1, ZeRO-0) and (dp 3, ZeRO-2): steps 11-40 within 1e-6 relative of the uninterrupted
 #     run; and at dp 2 ZeRO-3 a stop and resume is bitwise;
 #  4. incremental: with the embeddings frozen, later checkpoints reference their unchanged bytes
-#     in the first one (which retention then keeps) and a resume from them is still bitwise.
+#     in the first one (which retention then keeps) and a resume from them is still bitwise;
+#  5. a Llama (llama-tiny): stop and resume at 2 ranks ZeRO-1 in bf16 is bitwise, saved by 2
+#     ranks and resumed by 1 follows the uninterrupted run; a GPT-2 checkpoint resumed with a
+#     Llama config is refused (exit 2) naming model.family.
 #   tests/ckpt/resume.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -86,6 +89,26 @@ grep -q '"file": "../step_00000005/rank_00000.bin"' "$tmp/inc_cut/checkpoints/st
 [[ -d "$tmp/inc_cut/checkpoints/step_00000005" ]] || { echo "incremental: referenced step 5 deleted"; exit 1; }
 grep -o '"referenced_bytes":[0-9]*' "$tmp/inc_cut/events.jsonl" | tail -1 | sed 's/^/incremental: step 40 /'
 
+llama=(--set model.name=llama-tiny --set train.precision=bf16 --set parallel.zero=1)
+run llama_full 2 "${llama[@]}"
+run llama_cut 2 "${llama[@]}" --set train.stop_at=20
+run llama_cut 2 "${llama[@]}" --resume auto
+cmp "$tmp/llama_full/model.safetensors" "$tmp/llama_cut/model.safetensors" ||
+  { echo "llama: final parameters differ after resume"; exit 1; }
+run llama_ref32 1 --set model.name=llama-tiny
+run llama_saved2 2 --set model.name=llama-tiny --set train.stop_at=20
+cp -r "$tmp/llama_saved2" "$tmp/llama_from2to1"
+rm -f "$tmp/llama_from2to1.log"
+run llama_from2to1 1 --set model.name=llama-tiny --resume auto
+cp -r "$tmp/saved1" "$tmp/gpt2_as_llama"
+rc=0
+"$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.name=gpt2_as_llama \
+  --set model.name=llama-tiny --resume auto >"$tmp/gpt2_as_llama.log" 2>&1 || rc=$?
+((rc == 2)) && grep -q "model.family = gpt2 there, llama in this run" "$tmp/gpt2_as_llama.log" ||
+  { echo "a GPT-2 checkpoint resumed as a Llama: exit $rc, expected 2 naming model.family:"
+    cat "$tmp/gpt2_as_llama.log"; exit 1; }
+echo "gpt2 checkpoint, llama config: refused: $(grep -m1 family "$tmp/gpt2_as_llama.log")"
+
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -126,5 +149,14 @@ for name in ("saved2", "saved1", "saved3"):
     pos = m["state"]["loader"]["position"]
     print(f"{name}: data position in the checkpoint {pos} (expected 20 x 12 = 240)")
     bad |= pos != 240
+same = losses("llama_full") == losses("llama_cut") and len(losses("llama_full")) == 40
+print(f"llama bf16 dp 2 ZeRO-1: 40 steps straight vs 20 + resume: "
+      f"{'bitwise identical' if same else 'DIFFERENT'}")
+bad |= not same
+got, ref = losses("llama_from2to1"), losses("llama_ref32")
+worst = max(abs(a - b) / abs(b) for a, b in zip(got[20:], ref[20:])) if len(got) == 40 else 1
+print(f"llama_from2to1: steps 21-40 vs the uninterrupted run: max relative difference "
+      f"{worst:.1e} (limit 1e-5)")
+bad |= worst > 1e-5
 sys.exit(bad)
 PY

@@ -6,7 +6,8 @@
 # and the final weights within 1e-3 of the reference's (bf16: of the same dp's run that sums the
 # gradients in the same order), relative to each tensor's largest value, which a stale bias or a
 # shard update lost at a boundary breaks. A deeper
-# model (8 layers) at dp 3 puts shard boundaries inside blocks and leaves the last shard short.
+# model (8 layers) at dp 3 puts shard boundaries inside blocks and leaves the last shard short. A
+# Llama (llama-tiny: untied lm_head, grouped-query attention) at dp 2 with every ZeRO stage.
 #   tests/train/layout_equivalence.sh KEEL_BINARY SOURCE_DIR SHARED_DATA [DPS] [ZEROS]
 set -euo pipefail
 keel=$1 src=$2 shared=$3 dps=${4:-"1 2 4"} zeros=${5:-"0 1 2 3"} kinds=${6:-"fp32 accum bf16"}
@@ -41,6 +42,17 @@ if [[ -z ${4:-} ]]; then
     run "deep-bf16-dp3-z$z" 3 "${deep[@]}" --set parallel.zero="$z" --set train.precision=bf16
     names+=("deep-fp32-dp3-z$z" "deep-bf16-dp3-z$z")
   done
+  llama=(--set model.name=llama-tiny)
+  run llama-ref-fp32 1 "${llama[@]}"
+  run llama-ref-bf16 1 "${llama[@]}" --set train.precision=bf16
+  for z in 0 1 2 3; do
+    run "llama-fp32-dp2-z$z" 2 "${llama[@]}" --set parallel.zero="$z"
+    names+=("llama-fp32-dp2-z$z")
+  done
+  for z in 0 1; do
+    run "llama-bf16-dp2-z$z" 2 "${llama[@]}" --set parallel.zero="$z" --set train.precision=bf16
+    names+=("llama-bf16-dp2-z$z")
+  done
 fi
 
 KEEL_TEST_DIR="$src/tests/train" /usr/bin/python3 - "$tmp" "${names[@]}" <<'PY'
@@ -54,7 +66,8 @@ def weights(name):  # the run's model.safetensors (fp32), tensor by tensor
     return ro.weights(d, name)
 def ref_of(name):
     kind = "bf16" if "bf16" in name else "fp32"
-    return ("deep-ref-" if name.startswith("deep") else "ref-") + kind
+    family = next((p for p in ("deep-", "llama-") if name.startswith(p)), "")
+    return family + "ref-" + kind
 def weights_ref_of(name):
     # In bf16, rounding noise amplified by AdamW where gradients are near zero (rare tokens' rows
     # of wte) makes weights differ wherever the gradient sums run in another order. So bf16 runs
