@@ -33,9 +33,10 @@ Batch RandomBatch(int B, int T, int V, uint64_t seed) {
   return b;
 }
 
-std::vector<float> RunGrads(DType dtype, Recompute rc, double* loss) {
+std::vector<float> RunGrads(DType dtype, Recompute rc, double* loss,
+                            const ModelConfig& cfg = Tiny()) {
   const int B = 2, T = 16;
-  Transformer m(Tiny(), dtype, B, T, rc);
+  Transformer m(cfg, dtype, B, T, rc);
   InitParams(m.layout(), m.config(), 7, m.master());
   m.SyncWorking();
   Batch b = RandomBatch(B, T, 50257, 3);
@@ -51,16 +52,17 @@ TEST(Gpt, InitialLossIsNearLogVocab) {
 }
 
 TEST(Gpt, RecomputeGivesBitwiseIdenticalGradients) {
-  for (DType d : {DType::kF32, DType::kBF16}) {
-    double l0, l1, l2;
-    auto g0 = RunGrads(d, Recompute::kNone, &l0);
-    auto g1 = RunGrads(d, Recompute::kAttn, &l1);
-    auto g2 = RunGrads(d, Recompute::kFull, &l2);
-    EXPECT_EQ(l0, l1);
-    EXPECT_EQ(l0, l2);
-    EXPECT_TRUE(g0 == g1) << DTypeName(d);
-    EXPECT_TRUE(g0 == g2) << DTypeName(d);
-  }
+  for (const ModelConfig& cfg : {Tiny(), NamedConfig("llama-tiny")})
+    for (DType d : {DType::kF32, DType::kBF16}) {
+      double l0, l1, l2;
+      auto g0 = RunGrads(d, Recompute::kNone, &l0, cfg);
+      auto g1 = RunGrads(d, Recompute::kAttn, &l1, cfg);
+      auto g2 = RunGrads(d, Recompute::kFull, &l2, cfg);
+      EXPECT_EQ(l0, l1) << FamilyName(cfg.family);
+      EXPECT_EQ(l0, l2) << FamilyName(cfg.family);
+      EXPECT_TRUE(g0 == g1) << FamilyName(cfg.family) << " " << DTypeName(d);
+      EXPECT_TRUE(g0 == g2) << FamilyName(cfg.family) << " " << DTypeName(d);
+    }
 }
 
 TEST(Gpt, RepeatedStepsAreBitwiseIdentical) {
@@ -127,6 +129,13 @@ TEST(Gpt, Gpt2SmallHas124MParameters) {
   EXPECT_EQ(layout.total(), 124439808u + 47u * 768u);
   auto xl = ParamLayout::Whole(NamedConfig("gpt2-xl"));
   EXPECT_NEAR(double(xl.total()), 1.558e9, 0.002e9);
+}
+
+// The published sizes: TinyLlama-1.1B 1,100,048,384 and Meta-Llama-3-8B 8,030,261,248 (their
+// vocabularies, 32000 and 128256, are multiples of 128: no padding).
+TEST(Gpt, LlamaShapesHaveTheirPublishedParameterCounts) {
+  EXPECT_EQ(ParamLayout::Whole(NamedConfig("tinyllama-1.1b")).total(), 1100048384u);
+  EXPECT_EQ(ParamLayout::Whole(NamedConfig("llama3-8b")).total(), 8030261248u);
 }
 
 TEST(Gpt, RecomputationShrinksTheActivationArena) {

@@ -118,6 +118,26 @@ TEST(Memory, NamedModelsHaveTheirParameterCounts) {
   EXPECT_NEAR(ParamsPerRank(NamedModel("175B"), 8, 1), TotalParams(NamedModel("175B")) / 8, 1);
 }
 
+// Llama-3-8B: 8,030,261,248 parameters; 6N counts the matrix parameters only (not the input
+// embedding, which is looked up), attention 12·L·h·s with the query heads' width h.
+TEST(Memory, LlamaCountsSwiGluAndGroupedQueryAttentionExactly) {
+  const ModelSpec m = NamedModel("llama3-8b");
+  EXPECT_EQ(m.family, model::Family::kLlama);
+  EXPECT_EQ(TotalParams(m), 8030261248.0);
+  const double matmul = 8030261248.0 - 128256.0 * 4096;
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(m, TotalParams(m)), 6 * matmul + 12.0 * 32 * 4096 * 8192);
+  // Keel's accounting sizes a Llama's activations with the trainer's own plan.
+  Job job = KeelJob("llama-120m", 1, 4);
+  job.accounting = Accounting::kKeel;
+  Layout l;
+  l.micro_batch = 2;
+  const model::ModelConfig cfg = ToModelConfig(job.model);
+  EXPECT_EQ(
+      EstimateMemory(job, l).activations,
+      double(model::PlanActivations(cfg, 2, cfg.block_size, DType::kBF16, model::Recompute::kNone)
+                 .total_bytes));
+}
+
 TEST(Time, PipelineRunsAtTheClassifierStagesPace) {
   // GPT-2 124M, seq 1024: a block is 72h² + 12hs = 51.9 MFLOPs per token, the classifier
   // 6Vh = 231.6: the last of 2 equal stages has 543 of 854, i.e. 1.27 times the average.

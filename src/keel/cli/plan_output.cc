@@ -90,9 +90,13 @@ nlohmann::json CheckpointJson(const plan::CheckpointPlan& c) {
 
 void PrintHeader(const plan::Job& j) {
   const auto bpp = plan::StateBytesPerParam(j.precision, j.accounting);
-  std::printf("model %s: %d layers, hidden %d, %d heads, vocab %d, seq %d, %.3gB params\n",
-              j.model.name.c_str(), j.model.layers, j.model.hidden, j.model.heads, j.model.vocab,
-              j.model.seq, plan::TotalParams(j.model) / 1e9);
+  std::string shape;
+  if (j.model.family == model::Family::kLlama)
+    shape = " (Llama: " + std::to_string(j.model.kv_heads) + " key/value heads, SwiGLU " +
+            std::to_string(j.model.ffn) + ")";
+  std::printf("model %s: %d layers, hidden %d, %d heads%s, vocab %d, seq %d, %.3gB params\n",
+              j.model.name.c_str(), j.model.layers, j.model.hidden, j.model.heads, shape.c_str(),
+              j.model.vocab, j.model.seq, plan::TotalParams(j.model) / 1e9);
   std::printf("%s, AdamW, %s accounting (%g bytes/param), global batch %d sequences\n",
               plan::PrecisionName(j.precision), plan::AccountingName(j.accounting), bpp.total(),
               j.global_batch);

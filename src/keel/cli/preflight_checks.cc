@@ -84,9 +84,7 @@ int LocalRanks(const Context& c) {
   return std::clamp(n, 1, c.comm->size());
 }
 
-plan::ModelSpec Spec(const Context& c) {
-  return {c.model_name, c.model.n_layer, c.model.n_embd, c.model.n_head, c.model.vocab_size, c.seq};
-}
+plan::ModelSpec Spec(const Context& c) { return plan::SpecOf(c.model_name, c.model, c.seq); }
 
 // --efficiency, or what `keel plan --accelerator this-cpu` assumes for the precision.
 double Efficiency(const Context& c, DType dtype) {

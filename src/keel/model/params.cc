@@ -63,9 +63,12 @@ StageRange StageOf(const ModelConfig& cfg, const std::vector<int>& layers, int s
 }
 
 std::vector<int> BalancedStageLayers(const ModelConfig& cfg, int T, int pp) {
-  // Forward FLOPs per token: a block's matrix products (24·C²) and attention (4·T·C, causal
-  // halved: 2·T·C), the classifier 2·Vp·C on the last stage. Backward is about twice each, alike.
-  const double C = cfg.n_embd, block = 24 * C * C + 2.0 * T * C;
+  // Forward FLOPs per token: a block's matrix products (GPT-2: 24·C²; a Llama's as sized) and
+  // attention (4·T·C, causal halved: 2·T·C), the classifier 2·Vp·C on the last stage. Backward is
+  // about twice each, alike.
+  const double C = cfg.n_embd;
+  const double block_params = C * cfg.qkv_dim() + C * C + C * (cfg.fc_dim() + cfg.ffn());
+  const double block = 2 * block_params + 2.0 * T * C;
   const double head = 2.0 * cfg.padded_vocab() * C;
   const int L = cfg.n_layer;
   // best[k][l]: the least possible largest stage over the first k stages holding l blocks.

@@ -59,7 +59,11 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
 }
 
 double ModelFlopsPerToken(const ModelSpec& m, double n_params) {
-  return 6 * n_params + 12.0 * m.layers * m.hidden * m.seq;
+  // A Llama's input embedding is a lookup, not a product (its lm_head is one). GPT-2's tied wte
+  // is its classifier; its position table counts as in the papers' 6N.
+  const double lookup =
+      m.family == model::Family::kLlama ? double((m.vocab + 127) / 128 * 128) * m.hidden : 0.0;
+  return 6 * (n_params - lookup) + 12.0 * m.layers * m.hidden * m.seq;
 }
 
 double HardwareFlopsPerToken(const ModelSpec& m, double n_params, Recompute rc) {
@@ -72,9 +76,13 @@ double HardwareFlopsPerToken(const ModelSpec& m, double n_params, Recompute rc) 
 
 double PipelineStageImbalance(const ModelSpec& m, int pp) {
   if (pp <= 1) return 1.0;
-  // Per token, forward and backward: a block 72h² + 12hs, the classifier 6Vh (the embedding
-  // lookup is free). Equal stages of blocks, the classifier on the last one.
-  const double h = m.hidden, block = 72 * h * h + 12 * h * m.seq, head = 6.0 * m.vocab * h;
+  // Per token, forward and backward: a block 6·(its parameters) + 12hs (GPT-2: 72h²; a Llama's
+  // SwiGLU and grouped-query attention as sized), the classifier 6Vh (the embedding lookup is
+  // free). Equal stages of blocks, the classifier on the last one.
+  const model::ModelConfig c = ToModelConfig(m);
+  const double h = m.hidden, head = 6.0 * m.vocab * h;
+  const double block_params = h * c.qkv_dim() + h * h + h * (c.fc_dim() + c.ffn());
+  const double block = 6 * block_params + 12 * h * m.seq;
   const double total = m.layers * block + head, last = double(m.layers / pp) * block + head;
   return pp * last / total;
 }

@@ -25,8 +25,7 @@ ModelSpec NamedModel(const std::string& name) {
     if (m.name == name) return m;
   for (const auto& n : model::NamedConfigNames()) {
     if (n != name) continue;
-    model::ModelConfig c = model::NamedConfig(n);
-    return {n, c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.block_size};
+    return SpecOf(n, model::NamedConfig(n), model::NamedConfig(n).block_size);
   }
   std::string known;
   for (const auto& n : NamedModelNames()) known += (known.empty() ? "" : ", ") + n;
@@ -39,6 +38,13 @@ std::vector<std::string> NamedModelNames() {
   return names;
 }
 
+ModelSpec SpecOf(const std::string& name, const model::ModelConfig& c, int seq) {
+  ModelSpec m{name, c.n_layer, c.n_embd, c.n_head, c.vocab_size, seq};
+  m.family = c.family;
+  if (c.llama()) m.kv_heads = c.kv_heads(), m.ffn = c.ffn();
+  return m;
+}
+
 model::ModelConfig ToModelConfig(const ModelSpec& m) {
   model::ModelConfig c;
   c.n_layer = m.layers;
@@ -46,6 +52,9 @@ model::ModelConfig ToModelConfig(const ModelSpec& m) {
   c.n_head = m.heads;
   c.vocab_size = m.vocab;
   c.block_size = m.seq;
+  c.family = m.family;
+  c.n_kv_head = m.kv_heads;
+  c.ffn_hidden = m.ffn;
   return c;
 }
 
@@ -57,6 +66,9 @@ void ValidateModel(const ModelSpec& m) {
                   " seq=" + std::to_string(m.seq) + ")");
   if (m.hidden % m.heads != 0)
     ThrowBadInput("plan: hidden " + std::to_string(m.hidden) + " is not a multiple of heads " +
+                  std::to_string(m.heads));
+  if (m.kv_heads < 0 || (m.kv_heads > 0 && m.heads % m.kv_heads != 0))
+    ThrowBadInput("plan: kv-heads " + std::to_string(m.kv_heads) + " does not divide heads " +
                   std::to_string(m.heads));
 }
 
@@ -90,6 +102,8 @@ void CheckLayout(const Job& job, const Layout& l) {
                          {.world = job.cluster.world,
                           .n_head = job.model.heads,
                           .n_layer = job.model.layers,
+                          .n_kv_head = job.model.kv_heads,
+                          .ffn_hidden = job.model.ffn,
                           .padded_vocab = 0,
                           .global_batch = job.global_batch,
                           .micro_batch = l.micro_batch},

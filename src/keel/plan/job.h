@@ -19,11 +19,17 @@ struct ModelSpec {
   int heads = 12;
   int vocab = 50257;
   int seq = 1024;
+  model::Family family = model::Family::kGpt2;
+  int kv_heads = 0;  // Llama: grouped-query key/value heads (0: heads)
+  int ffn = 0;       // Llama: SwiGLU's hidden units (0: GPT-2's 4·hidden)
 };
 
-// "gpt2-tiny".."gpt2-xl" (keel's own configs) and "7B" "13B" "22B" "175B" "530B" "1T" (GPT
-// shapes: 7B/13B as in LLaMA-style tables, the rest from Korthikanti et al. 2022, Table 3).
-// Throws bad input on an unknown name, listing the known ones.
+// A keel model config as the planner's spec, at sequence length `seq`.
+ModelSpec SpecOf(const std::string& name, const model::ModelConfig& c, int seq);
+
+// "gpt2-tiny".."gpt2-xl", "llama-tiny".."llama3-8b" (keel's own configs) and "7B" "13B" "22B"
+// "175B" "530B" "1T" (GPT shapes: 7B/13B as in LLaMA-style tables, the rest from Korthikanti et al.
+// 2022, Table 3). Throws bad input on an unknown name, listing the known ones.
 ModelSpec NamedModel(const std::string& name);
 std::vector<std::string> NamedModelNames();
 model::ModelConfig ToModelConfig(const ModelSpec& m);

@@ -65,10 +65,11 @@ const ParamSizes& Sizes(const ModelSpec& m) {
   thread_local ModelSpec key{"", -1, -1, -1, -1, -1};
   thread_local ParamSizes sizes;
   if (key.layers == m.layers && key.hidden == m.hidden && key.heads == m.heads &&
-      key.vocab == m.vocab && key.seq == m.seq)
+      key.vocab == m.vocab && key.seq == m.seq && key.family == m.family &&
+      key.kv_heads == m.kv_heads && key.ffn == m.ffn)
     return sizes;
   const auto layout = model::ParamLayout::Whole(ToModelConfig(m));
-  sizes.embed = double(layout.layer_start(0));  // wte + wpe
+  sizes.embed = double(layout.layer_start(0));  // wte (+ GPT-2's wpe)
   sizes.per_layer = double(layout.layer_start(1) - layout.layer_start(0));
   sizes.ln_f = double(layout.total() - layout.layer_start(m.layers));
   sizes.wte = double(layout.Find("wte.weight").numel);
