@@ -38,6 +38,13 @@ LoadedModel LoadWeightsForExport(const std::string& src) {
   return ReadModel(path);
 }
 
+LoadedModel LoadAnyModel(const std::string& src) {
+  if (!std::filesystem::exists(src))
+    ThrowBadInput(src + ": no such file or folder (expected a run folder, a checkpoint or a " +
+                  "model file)");
+  return std::filesystem::is_directory(src) ? LoadWeightsForExport(src) : ReadAnyModelFile(src);
+}
+
 LoadedModel ReadAnyModelFile(const std::string& path, int n_head) {
   return IsHfGpt2File(path) ? ReadHfGpt2(path, n_head) : ReadModel(path);
 }

@@ -18,6 +18,10 @@ namespace keel::ckpt {
 // file. Throws keel::Error (bad input) naming SRC when it is none of these.
 LoadedModel LoadWeightsForExport(const std::string& src);
 
+// The weights `keel generate` and `keel eval` run: SRC is a folder (as LoadWeightsForExport) or a
+// model file (as ReadAnyModelFile).
+LoadedModel LoadAnyModel(const std::string& src);
+
 // Reads a keel model file or an HF GPT-2 safetensors file (told apart by the metadata's
 // "format"); `n_head` is used for HF files that do not say (see ReadHfGpt2).
 LoadedModel ReadAnyModelFile(const std::string& path, int n_head = 0);

@@ -36,18 +36,13 @@ void RegisterGenerate(CLI::App& app) {
   cmd->add_option("--seed", seed, "sampling seed")->capture_default_str();
   cmd->add_option("--count", count, "number of samples")->capture_default_str();
   cmd->callback([] {
-    if (!std::filesystem::exists(run))
-      ThrowBadInput(run +
-                    ": no such file or folder (expected a run folder, a checkpoint or a "
-                    "model file)");
     if (max_tokens < 0 || top_k < 0 || count < 1 || !(temperature >= 0) || std::isinf(temperature))
       ThrowBadInput(
           "generate: expected --max-tokens >= 0, --top-k >= 0, --count >= 1 and a "
           "finite --temperature >= 0; got " +
           std::to_string(max_tokens) + ", " + std::to_string(top_k) + ", " + std::to_string(count) +
           " and " + std::to_string(temperature));
-    ckpt::LoadedModel m = std::filesystem::is_directory(run) ? ckpt::LoadWeightsForExport(run)
-                                                             : ckpt::ReadAnyModelFile(run);
+    ckpt::LoadedModel m = ckpt::LoadAnyModel(run);
     auto tok = data::Tokenizer::LoadGpt2(train::TokenizerDir());
     model::Generator gen(m.config, std::move(m.weights));
     auto ids = tok.Encode(prompt);

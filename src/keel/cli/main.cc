@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   keel::cli::RegisterTrain(app);
   keel::cli::RegisterGenerate(app);
+  keel::cli::RegisterEval(app);
   keel::cli::RegisterData(app);
   keel::cli::RegisterPlan(app);
   keel::cli::RegisterPreflight(app);

@@ -9,6 +9,7 @@ namespace keel::cli {
 
 void RegisterTrain(CLI::App& app);
 void RegisterGenerate(CLI::App& app);
+void RegisterEval(CLI::App& app);
 void RegisterData(CLI::App& app);
 void RegisterPlan(CLI::App& app);
 void RegisterPreflight(CLI::App& app);

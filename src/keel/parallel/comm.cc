@@ -37,6 +37,8 @@ double Comm::AllReduceMax(double x) {
   return x;
 }
 
+void Comm::AllReduceSum(double* data, size_t n) { AllReduceDoubles(data, n, /*max=*/false); }
+
 void Comm::AllReduceMax(double* data, size_t n) { AllReduceDoubles(data, n, /*max=*/true); }
 
 std::unique_ptr<Comm> CreateComm() {

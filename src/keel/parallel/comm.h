@@ -93,6 +93,7 @@ class Comm {
   // Blocking conveniences.
   void AllReduceSum(float* data, size_t n);
   double AllReduceSum(double x);  // a scalar, e.g. a loss or a squared norm
+  void AllReduceSum(double* data, size_t n);  // elementwise
   double AllReduceMax(double x);
   void AllReduceMax(double* data, size_t n);  // elementwise, e.g. several flags in one call
 

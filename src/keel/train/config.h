@@ -68,7 +68,7 @@ struct TrainSection {
   std::string precision = "bf16";  // "bf16" | "fp32"
   uint64_t seed = 1337;
   int val_every = 50;                 // steps between validation passes; 0 = only at the end
-  int val_batches = 8;                // batches of batch_size sequences per validation pass
+  int val_batches = 8;  // validation windows: the split's first val_batches × batch_size (0: all)
   int log_every = 1;                  // steps between progress lines
   std::string sample_prompt = "The";  // prompt for the samples printed at the end ("" = none)
   int sample_tokens = 48;

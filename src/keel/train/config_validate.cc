@@ -139,7 +139,7 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                                        ", got " + std::to_string(t.micro_batch_size));
   train.OneOf("precision", t.precision, {"bf16", "fp32"});
   train.NonNegative("val_every", t.val_every);
-  train.Positive("val_batches", t.val_batches);
+  train.NonNegative("val_batches", t.val_batches);
   train.Positive("log_every", t.log_every);
   train.NonNegative("sample_tokens", t.sample_tokens);
   train.NonNegative("sample_count", t.sample_count);

@@ -40,6 +40,7 @@
 #include "keel/resilience/watchdog.h"
 #include "keel/train/checkpointing.h"
 #include "keel/train/freeze.h"
+#include "keel/train/evaluation.h"
 #include "keel/train/guards.h"
 #include "keel/train/memory_check.h"
 #include "keel/train/rank_agreement.h"
@@ -129,10 +130,13 @@ struct RunData {
   std::vector<const data::TokenDataset*> train_ptrs;
   std::vector<double> weights;
   std::unique_ptr<data::TokenDataset> val_ds;
-  std::unique_ptr<data::BatchLoader> loader, val_loader;
+  std::unique_ptr<data::BatchLoader> loader;
+  // The validation windows (evaluation.h): the same ones at every validation and in `keel eval`.
+  std::optional<EvalPlan> val_plan;
 };
 
-RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_rank, int dp) {
+RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_rank, int dp,
+                 int micro_batch) {
   const int T = cfg.data.seq_len;
   RunData d;
   // `train = "path"` is a blend of one source with weight 1; it keeps the plain loader below, so
@@ -157,9 +161,12 @@ RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_ra
                                                 /*shuffle=*/true)
           : std::make_unique<data::BatchLoader>(d.train_ptrs, d.weights, T, cfg.train.batch_size,
                                                 dp_rank, dp, cfg.train.seed);
+  // The first val_batches × batch_size windows of the split (all of it for 0), in micro-batches:
+  // `keel eval --max-tokens (that × seq_len) --batch (micro-batch)` prints the same number.
   if (d.val_ds)
-    d.val_loader = std::make_unique<data::BatchLoader>(*d.val_ds, T, cfg.train.batch_size, dp_rank,
-                                                       dp, cfg.train.seed, false);
+    d.val_plan = PlanEval(d.val_ds->size(), T, micro_batch,
+                          size_t(cfg.train.val_batches) * size_t(cfg.train.batch_size),
+                          "[data] val " + cfg.data.val);
   return d;
 }
 
@@ -220,7 +227,7 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   Prepared p;
   p.s = Validate(cfg, world);
   const parallel::RankCoords at = parallel::Coords(p.s.dims, rank);
-  p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.dims.dp);
+  p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.dims.dp, p.s.micro_batch);
   std::vector<std::string> paths = {cfg.data.val};
   for (const DataSource& src : p.d.sources) paths.push_back(src.path);
   p.shard_check = std::make_unique<ShardCheck>(paths);
@@ -454,18 +461,12 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
 
   std::vector<int32_t> tokens(size_t(s.micro_batch) * T), targets(tokens.size());
   auto validate = [&]() {
-    double total = 0;
     // On a terminal only: a log gets the pass's result on the step line, not its progress.
-    Progress bar("validation", cfg.train.val_batches, "batches", lead && isatty(2));
-    for (int b = 0; b < cfg.train.val_batches; ++b) {
-      bar.Update(b);
-      for (int k = 0; k < s.n_micro; ++k) {
-        d.val_loader->Fill(b, k, s.micro_batch, tokens.data(), targets.data());
-        total += step.Forward(tokens.data(), targets.data());
-      }
-    }
-    bar.Finish();
-    return comm.AllReduceSum(total) / (tokens_per_step * cfg.train.val_batches);
+    return Evaluate(
+               *d.val_ds, *d.val_plan, comm, groups.at.dp, dims.dp,
+               [&](const int32_t* t, const int32_t* y) { return step.Forward(t, y); },
+               lead && isatty(2))
+        .loss;
   };
 
   // Micro-batches prepared ahead by a background thread; the loader belongs to it from here on.
@@ -721,7 +722,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     times[Phase::kChecks] += checks_timer.Millis();
     double val = -1;
     const bool last_step = step_i + 1 == cfg.train.steps || step_i + 1 == cfg.train.stop_at;
-    if (d.val_loader &&
+    if (d.val_plan &&
         ((cfg.train.val_every > 0 && (step_i + 1) % cfg.train.val_every == 0) || last_step)) {
       heartbeat.Set(step_i + 1, "validate");
       const Timer val_timer;

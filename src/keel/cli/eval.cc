@@ -1,0 +1,136 @@
+// keel eval: the loss and perplexity of a run, a checkpoint or a model file on a dataset, over the
+// whole split (or its first --max-tokens) in fixed windows: train/evaluation.h.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "keel/ckpt/model_source.h"
+#include "keel/cli/verbs.h"
+#include "keel/core/error.h"
+#include "keel/data/dataset.h"
+#include "keel/model/transformer.h"
+#include "keel/parallel/comm.h"
+#include "keel/train/config.h"
+#include "keel/train/evaluation.h"
+
+namespace keel::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The run a source belongs to: a run folder's config.toml, or a checkpoint's run (two levels up:
+// RUN/checkpoints/step_N). None for a model file.
+std::optional<train::RunConfig> RunConfigOf(const std::string& source) {
+  fs::path p(source);
+  for (const fs::path& dir : {p, p.parent_path().parent_path()}) {
+    const fs::path config = dir / "config.toml";
+    if (fs::is_directory(p) && fs::exists(config)) return train::LoadConfig(config.string(), {});
+  }
+  return std::nullopt;
+}
+
+struct Args {
+  std::string source, data, precision;
+  int seq_len = 0, batch = 0;
+  long long max_tokens = 0;
+  bool json = false;
+};
+
+void Run(const Args& a) {
+  auto comm = parallel::CreateComm();
+  const std::optional<train::RunConfig> run = RunConfigOf(a.source);
+  ckpt::LoadedModel m = ckpt::LoadAnyModel(a.source);
+  const model::ModelConfig& cfg = m.config;
+  // What the flags leave open comes from the run (its validation split, sequence length, micro-
+  // batch and precision), else from the model.
+  std::string data = a.data;
+  if (data.empty() && run) data = run->data.val;
+  if (data.empty())
+    ThrowBadInput("eval: give --data PATH (" + a.source +
+                  (run ? "'s run has no [data] val)" : " is not part of a run)"));
+  const int T = a.seq_len > 0 ? a.seq_len : run ? run->data.seq_len : cfg.block_size;
+  if (T > cfg.block_size)
+    ThrowBadInput("eval: --seq-len " + std::to_string(T) + " is longer than the model's context (" +
+                  std::to_string(cfg.block_size) + ")");
+  int B = a.batch;
+  if (B <= 0 && run)
+    B = run->train.micro_batch_size > 0 ? run->train.micro_batch_size : run->train.batch_size;
+  if (B <= 0) B = 4;
+  std::string precision = a.precision.empty() ? (run ? run->train.precision : "fp32") : a.precision;
+  if (precision != "fp32" && precision != "bf16")
+    ThrowBadInput("eval: --precision: expected fp32 or bf16, got \"" + precision + "\"");
+  if (a.seq_len < 0 || a.batch < 0 || a.max_tokens < 0)
+    ThrowBadInput("eval: --seq-len, --batch and --max-tokens must be >= 0");
+
+  const data::TokenDataset ds = data::TokenDataset::Open(data);
+  ds.CheckIds(cfg.vocab_size);
+  const size_t max_windows = a.max_tokens > 0 ? size_t(a.max_tokens) / size_t(T) : 0;
+  if (a.max_tokens > 0 && max_windows == 0)
+    ThrowBadInput("eval: --max-tokens " + std::to_string(a.max_tokens) +
+                  " is less than one window of --seq-len " + std::to_string(T));
+  const train::EvalPlan plan = train::PlanEval(ds.size(), T, B, max_windows, data);
+
+  const DType dtype = precision == "bf16" ? DType::kBF16 : DType::kF32;
+  model::Transformer model(cfg, dtype, B, T, model::Recompute::kNone);
+  std::copy(m.weights.begin(), m.weights.end(), model.master());
+  model.SyncWorking();
+  const train::EvalResult r = train::Evaluate(
+      ds, plan, *comm, comm->rank(), comm->size(),
+      [&](const int32_t* t, const int32_t* y) { return model.Forward(t, y); },
+      !a.json && isatty(2));
+  if (comm->rank() != 0) return;
+  if (a.json) {
+    const nlohmann::json j = {{"source", a.source},
+                              {"data", data},
+                              {"family", model::FamilyName(cfg.family)},
+                              {"loss", r.loss},
+                              {"perplexity", r.perplexity()},
+                              {"tokens", r.tokens},
+                              {"windows", r.windows},
+                              {"seq_len", T},
+                              {"batch", B},
+                              {"precision", precision},
+                              {"ranks", comm->size()},
+                              {"seconds", r.seconds}};
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  std::printf(
+      "%s on %s: loss %.6f, perplexity %.4g over %zu tokens (%zu windows of %d, %s, %d "
+      "rank%s, %.1f s)\n",
+      a.source.c_str(), data.c_str(), r.loss, r.perplexity(), r.tokens, r.windows, T,
+      precision.c_str(), comm->size(), comm->size() == 1 ? "" : "s", r.seconds);
+}
+
+}  // namespace
+
+void RegisterEval(CLI::App& app) {
+  auto* cmd = app.add_subcommand("eval", "Loss and perplexity of a model on a dataset");
+  cmd->footer(
+      "Examples:\n"
+      "  keel eval runs/quickstart                         # its newest checkpoint on its [data] "
+      "val\n"
+      "  keel eval runs/quickstart/checkpoints/step_00000200 --max-tokens 100000 --json\n"
+      "  mpirun -np 4 keel eval model.safetensors --data data/brown/val --seq-len 256\n"
+      "The whole split (or its first --max-tokens) in fixed windows of --seq-len + 1 tokens at a\n"
+      "stride of --seq-len, so every token after the first is predicted once: the same number for\n"
+      "any rank count. A run's periodic validation uses the first val_batches x batch_size of\n"
+      "these windows in micro-batches: keel eval with that --max-tokens and --batch prints it.\n"
+      "Unset flags come from the source's run (config.toml), else the model (fp32, its context).");
+  static Args a;
+  cmd->add_option("source", a.source, "run folder, checkpoint folder, or model file")->required();
+  cmd->add_option("--data", a.data, "dataset folder or token file (default: the run's [data] val)");
+  cmd->add_option("--seq-len", a.seq_len, "window length (default: the run's, else the context)");
+  cmd->add_option("--batch", a.batch, "windows per forward pass (default: the run's micro-batch)");
+  cmd->add_option("--max-tokens", a.max_tokens, "evaluate the first N tokens' windows (0 = all)");
+  cmd->add_option("--precision", a.precision, "fp32 or bf16 (default: the run's, else fp32)");
+  cmd->add_flag("--json", a.json, "one JSON object on stdout");
+  cmd->callback([] { Run(a); });
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,76 @@
+#include "keel/train/evaluation.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/core/progress.h"
+#include "keel/core/timer.h"
+
+namespace keel::train {
+
+EvalPlan PlanEval(size_t dataset_tokens, int T, int B, size_t max_windows,
+                  const std::string& what) {
+  KEEL_CHECK(T > 0 && B > 0, "PlanEval: T and B must be positive");
+  EvalPlan p;
+  p.T = T;
+  p.B = B;
+  p.windows = dataset_tokens > 0 ? (dataset_tokens - 1) / size_t(T) : 0;
+  if (p.windows == 0)
+    ThrowBadInput(what + ": " + std::to_string(dataset_tokens) +
+                  " tokens, fewer than one evaluation window of " + std::to_string(T + 1));
+  if (max_windows > 0) p.windows = std::min(p.windows, max_windows);
+  p.batches = (p.windows + size_t(B) - 1) / size_t(B);
+  return p;
+}
+
+void FillEvalBatch(const data::TokenDataset& ds, const EvalPlan& plan, size_t j, int32_t* tokens,
+                   int32_t* targets) {
+  const size_t T = size_t(plan.T);
+  std::vector<int32_t> window(T + 1);
+  for (size_t r = 0; r < size_t(plan.B); ++r) {
+    const size_t w = j * size_t(plan.B) + r;
+    if (w >= plan.windows) {
+      std::fill(tokens + r * T, tokens + (r + 1) * T, 0);
+      std::fill(targets + r * T, targets + (r + 1) * T, -1);
+      continue;
+    }
+    ds.Read(w * T, T + 1, window.data());
+    std::copy(window.begin(), window.begin() + long(T), tokens + r * T);
+    std::copy(window.begin() + 1, window.end(), targets + r * T);
+  }
+}
+
+EvalResult Evaluate(const data::TokenDataset& ds, const EvalPlan& plan, parallel::Comm& world,
+                    int dp_rank, int dp, const BatchLoss& forward, bool progress) {
+  Timer timer;
+  const size_t rounds = (plan.batches + size_t(dp) - 1) / size_t(dp);
+  std::vector<double> sums(plan.batches, 0.0);
+  std::vector<int32_t> tokens(size_t(plan.B) * plan.T), targets(tokens.size());
+  Progress bar("eval", double(plan.windows), "windows", progress && world.rank() == 0);
+  for (size_t round = 0; round < rounds; ++round) {
+    const size_t j = round * size_t(dp) + size_t(dp_rank);
+    if (j < plan.batches) {
+      FillEvalBatch(ds, plan, j, tokens.data(), targets.data());
+      sums[j] = forward(tokens.data(), targets.data());
+    } else {
+      std::fill(tokens.begin(), tokens.end(), 0);
+      std::fill(targets.begin(), targets.end(), -1);
+      (void)forward(tokens.data(), targets.data());
+    }
+    bar.Update(double(std::min(plan.windows, (round + 1) * size_t(dp) * size_t(plan.B))));
+  }
+  bar.Finish();
+  world.AllReduceSum(sums.data(), sums.size());
+  double total = 0;
+  for (double s : sums) total += s;
+  EvalResult r;
+  r.tokens = plan.tokens();
+  r.windows = plan.windows;
+  r.loss = total / double(r.tokens);
+  r.seconds = timer.Seconds();
+  return r;
+}
+
+}  // namespace keel::train
