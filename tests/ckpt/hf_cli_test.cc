@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/ckpt/hf_gpt2.h"
+#include "keel/ckpt/hf_llama.h"
 #include "keel/ckpt/model_file.h"
 #include "keel/core/rng.h"
 #include "keel/model/params.h"
@@ -110,6 +111,79 @@ TEST(CkptCli, InitFromStartsFineTuningFromEitherFormat) {
                                     (dir / "hf.safetensors")),
                  "[model] init_from " + (dir / "hf.safetensors") +
                      ": n_layer is 2 in the file, 3 in the config");
+}
+
+// A Llama written as an HF folder reads back exactly; a config.json keel cannot honour, or tensors
+// of another shape, are one line with exit 2 naming the key or the tensor.
+TEST(CkptCli, LlamaFolderRoundTripsAndRefusesWhatKeelCannotRun) {
+  TempDir dir;
+  const model::ModelConfig cfg = model::NamedConfig("llama-tiny");
+  const auto layout = model::ParamLayout::Whole(cfg);
+  std::vector<float> w(layout.total());
+  model::InitParams(layout, cfg, 5, w.data());
+  std::filesystem::create_directories(dir / "hf");
+  ckpt::WriteHfLlama(dir / "hf/model.safetensors", cfg, layout, w.data());
+  ASSERT_TRUE(ckpt::IsHfLlamaFolder(dir / "hf"));
+  const ckpt::LoadedModel back = ckpt::ReadHfLlama(dir / "hf");
+  EXPECT_FALSE(model::FirstDifference(back.config, cfg).has_value());
+  EXPECT_EQ(back.weights, w);
+
+  const std::string config_path = dir / "hf/config.json";
+  const std::string original = ReadFile(config_path);
+  auto with = [&](const std::string& key, const nlohmann::json& value) {
+    nlohmann::json j = nlohmann::json::parse(original);
+    j[key] = value;
+    std::ofstream(config_path) << j.dump();
+  };
+  auto import = [&] {
+    return RunCommand(kKeel + " ckpt import " + (dir / "hf") + " --out " + (dir / "k.safetensors"));
+  };
+  with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}});
+  ExpectBadInput(import(), "rope_scaling");
+  with("attention_bias", true);
+  ExpectBadInput(import(), "attention_bias: attention biases are not supported");
+  with("hidden_size", 32);
+  ExpectBadInput(import(), "expected shape [50257, 32], got [50257, 64]");
+  with("model_type", "mistral");
+  ExpectBadInput(import(), "a folder without a Llama config.json");
+  std::ofstream(config_path) << original;
+  std::filesystem::remove(dir / "hf/model.safetensors");
+  ExpectBadInput(import(), "no model.safetensors or model.safetensors.index.json");
+}
+
+// A Llama trained for 20 steps, exported as an HF folder; fine-tuning from the folder and from
+// keel's own model file starts from the trained weights and is bitwise the same run.
+TEST(CkptCli, LlamaFineTunesFromAHuggingFaceFolder) {
+  TempDir dir;
+  std::string tokens = ReadFile(std::string(KEEL_SHARED_DATA) + "/brown/brown.gpt2.u16");
+  ASSERT_GT(tokens.size(), 200000u) << "missing ../shared/data/brown/brown.gpt2.u16";
+  const std::string data = dir / "brown.u16";
+  std::ofstream(data, std::ios::binary).write(tokens.data(), 200000);
+  auto train = [&](const std::string& name, const std::string& extra) {
+    return RunCommand("OMP_NUM_THREADS=2 " + kKeel + " train " + kTiny +
+                      " --set model.name=llama-tiny --set data.train=" + data +
+                      " --set train.out_dir=" + dir.path() + " --set train.name=" + name +
+                      " --set optim.lr=1e-2 " + extra);
+  };
+  auto r = train("base", "--set train.steps=20");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = RunCommand(kKeel + " ckpt export " + (dir / "base") + " --out " + (dir / "hf"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(dir / "hf/config.json"));
+  r = train("from_hf", "--set train.steps=3 --set model.init_from=" + (dir / "hf"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = train("from_keel",
+            "--set train.steps=3 --set model.init_from=" + (dir / "base/model.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto from_hf = Losses(dir / "from_hf/metrics.jsonl");
+  ASSERT_EQ(from_hf.size(), 3u);
+  EXPECT_EQ(from_hf, Losses(dir / "from_keel/metrics.jsonl"));
+  EXPECT_LT(from_hf[0], std::log(50257.0) - 1.0) << "did not start from the trained weights";
+  ExpectBadInput(train("wrong",
+                       "--set train.steps=3 --set model.n_kv_head=4 --set "
+                       "model.init_from=" +
+                           (dir / "hf")),
+                 ": n_kv_head is 2 in the file, 4 in the config");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -10,6 +11,7 @@
 
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/error.h"
+#include "keel/data/file_util.h"
 
 namespace keel::ckpt {
 namespace {
@@ -124,6 +126,24 @@ void WriteHfGpt2(const std::string& path, const model::ModelConfig& cfg,
   w.SetMetadata("format", "pt");  // what transformers' save_pretrained writes
   w.SetMetadata("n_head", std::to_string(cfg.n_head));
   w.Write(path);
+  const nlohmann::json j = {{"architectures", {"GPT2LMHeadModel"}},
+                            {"model_type", "gpt2"},
+                            {"n_embd", cfg.n_embd},
+                            {"n_head", cfg.n_head},
+                            {"n_layer", cfg.n_layer},
+                            {"n_positions", cfg.block_size},
+                            {"n_ctx", cfg.block_size},
+                            {"vocab_size", cfg.vocab_size},
+                            {"activation_function", "gelu_new"},
+                            {"layer_norm_epsilon", 1e-5},
+                            {"tie_word_embeddings", true},
+                            {"torch_dtype", "float32"}};
+  data::WriteFileAtomic(ConfigBeside(path), j.dump(2) + "\n");
+}
+
+std::string ConfigBeside(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return (parent.empty() ? std::filesystem::path("config.json") : parent / "config.json").string();
 }
 
 bool IsHfGpt2File(const std::string& path) {

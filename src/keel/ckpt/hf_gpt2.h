@@ -26,7 +26,8 @@
 namespace keel::ckpt {
 
 // Writes `master` (layout.total() floats, keel's layout for `cfg`) under HF GPT-2 names and
-// shapes, with metadata {"format": "pt", "n_head": ...}. Throws keel::Error on I/O failure.
+// shapes, with metadata {"format": "pt", "n_head": ...}, and config.json (GPT2LMHeadModel) beside
+// it. Throws keel::Error on I/O failure.
 void WriteHfGpt2(const std::string& path, const model::ModelConfig& cfg,
                  const model::ParamLayout& layout, const float* master);
 
@@ -40,6 +41,9 @@ LoadedModel ReadHfGpt2(const std::string& path, int n_head = 0);
 // True if the file holds an HF GPT-2 model rather than a keel model file (keel's files say
 // "format": "keel-model" in their metadata; HF's say "pt" or nothing).
 bool IsHfGpt2File(const std::string& path);
+
+// The config.json beside an exported safetensors file (HF's from_pretrained reads a folder).
+std::string ConfigBeside(const std::string& safetensors_path);
 
 // keel's name for a parameter → the HF GPT-2 name ("wte.weight" → "transformer.wte.weight").
 std::string HfGpt2Name(const std::string& keel_name);

@@ -7,6 +7,7 @@
 #include "keel/ckpt/checkpoint_dir.h"
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/ckpt/hf_gpt2.h"
+#include "keel/ckpt/hf_llama.h"
 #include "keel/core/error.h"
 
 namespace keel::ckpt {
@@ -16,6 +17,7 @@ LoadedModel LoadWeightsForExport(const std::string& src) {
   if (!fs::exists(src)) ThrowBadInput(src + ": no such file or directory");
   std::string path = src;
   if (fs::exists(fs::path(src) / "manifest.json")) return ReadCheckpointModel(src);
+  if (IsHfLlamaFolder(src)) return ReadHfLlama(src);
   if (fs::is_directory(src)) {
     // A run or checkpoints folder: its newest checkpoint that reads whole (as resume skips the
     // ones that do not verify, saying so), else the run's model file.
@@ -53,7 +55,9 @@ void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, flo
   const std::string where = "[model] init_from " + path;
   if (!std::filesystem::exists(path)) ThrowBadInput(where + ": no such file");
   // An HF file that does not name its heads takes the config's: the shapes cannot contradict it.
-  LoadedModel m = ReadAnyModelFile(path, IsHfGpt2File(path) ? cfg.n_head : 0);
+  LoadedModel m = IsHfLlamaFolder(path)
+                      ? ReadHfLlama(path)
+                      : ReadAnyModelFile(path, IsHfGpt2File(path) ? cfg.n_head : 0);
   if (auto d = model::FirstDifference(m.config, cfg))
     ThrowBadInput(where + ": " + d->key + " is " + d->a + " in the file, " + d->b +
                   " in the config");

@@ -14,8 +14,8 @@
 namespace keel::ckpt {
 
 // The weights `keel ckpt export SRC` converts: SRC is a checkpoint folder (step_N), a run or
-// checkpoints folder (its newest checkpoint, else the run's model.safetensors), or a keel model
-// file. Throws keel::Error (bad input) naming SRC when it is none of these.
+// checkpoints folder (its newest checkpoint, else the run's model.safetensors), a Hugging Face
+// Llama folder (hf_llama.h), or a keel model file. Throws keel::Error (bad input) naming SRC when it is none of these.
 LoadedModel LoadWeightsForExport(const std::string& src);
 
 // The weights `keel generate` and `keel eval` run: SRC is a folder (as LoadWeightsForExport) or a
@@ -26,7 +26,8 @@ LoadedModel LoadAnyModel(const std::string& src);
 // "format"); `n_head` is used for HF files that do not say (see ReadHfGpt2).
 LoadedModel ReadAnyModelFile(const std::string& path, int n_head = 0);
 
-// Fills `master` (ParamLayout::Whole(cfg).total() floats) from `path` (keel or HF GPT-2), after
+// Fills `master` (ParamLayout::Whole(cfg).total() floats) from `path` (a keel model file, an HF
+// GPT-2 file or an HF Llama folder), after
 // checking that the file's shapes are `cfg`'s. Throws keel::Error (bad input), one line, e.g.
 //   [model] init_from a.safetensors: n_layer is 12 in the file, 4 in the config
 void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master);

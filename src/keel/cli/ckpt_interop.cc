@@ -1,10 +1,12 @@
-// keel ckpt export / keel ckpt import: a keel model to a Hugging Face GPT-2 safetensors file and
-// back. The formats live in keel/ckpt (hf_gpt2.h); this file reads the arguments and reports.
+// keel ckpt export / keel ckpt import: a keel model to Hugging Face's files (GPT2LMHeadModel or
+// LlamaForCausalLM: safetensors and config.json) and back. The formats live in keel/ckpt
+// (hf_gpt2.h, hf_llama.h); this file reads the arguments and reports.
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
 #include "keel/ckpt/hf_gpt2.h"
+#include "keel/ckpt/hf_llama.h"
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/model_source.h"
 #include "keel/cli/verbs.h"
@@ -26,61 +28,81 @@ void CreateParentDirs(const std::string& out) {
 void PrintSummary(const std::string& out, const model::ModelConfig& c, const char* kind) {
   const size_t params = model::ParamLayout::Whole(c).total() -
                         size_t(c.padded_vocab() - c.vocab_size) * size_t(c.n_embd);
+  const size_t untied = c.tied() ? 0 : size_t(c.padded_vocab() - c.vocab_size) * size_t(c.n_embd);
   std::printf(
-      "%s %s: %d layers, %d heads, %d wide, vocabulary %d, context %d, %.2fM parameters "
+      "%s %s: %s, %d layers, %d heads, %d wide, vocabulary %d, context %d, %.2fM parameters "
       "(%s)\n",
-      "wrote", out.c_str(), c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.block_size,
-      double(params) / 1e6, kind);
+      "wrote", out.c_str(), model::FamilyName(c.family), c.n_layer, c.n_head, c.n_embd,
+      c.vocab_size, c.block_size, double(params - untied) / 1e6, kind);
 }
 
 void AddExport(CLI::App& ckpt) {
   auto* cmd = ckpt.add_subcommand(
       "export",
-      "Write a model as a Hugging Face GPT-2 safetensors file (transformers can load it)");
+      "Write a model as Hugging Face files (transformers' from_pretrained loads the folder)");
   cmd->footer(
-      "SRC is a run directory (holding model.safetensors) or a keel model file.\n"
+      "SRC is a run or checkpoint folder, or a keel model file. A GPT-2 becomes\n"
+      "GPT2LMHeadModel, a Llama LlamaForCausalLM: --out FILE.safetensors with config.json beside\n"
+      "it, or --out FOLDER for FOLDER/model.safetensors and FOLDER/config.json.\n"
       "Examples:\n"
       "  keel ckpt export runs/quickstart --format safetensors --out gpt2-quickstart.safetensors\n"
-      "  keel ckpt export runs/quickstart/model.safetensors --out model.safetensors");
+      "  keel ckpt export runs/llama --out hf/llama-mini     # from_pretrained(\"hf/llama-mini\")");
   static std::string src, format = "safetensors", out;
   cmd->add_option("src", src, "run directory or keel model file")->required();
-  cmd->add_option("--format", format, "output format (safetensors: Hugging Face GPT-2 names)")
+  cmd->add_option("--format", format, "output format (safetensors: Hugging Face names)")
       ->capture_default_str();
   cmd->add_option("--out", out, "file to write")->required();
   cmd->callback([] {
     if (format != "safetensors")
       ThrowBadInput("ckpt export: --format \"" + format +
-                    "\" is not supported (supported: safetensors, with Hugging Face GPT-2 names)");
+                    "\" is not supported (supported: safetensors, with Hugging Face names)");
     ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src);
     const auto layout = model::ParamLayout::Whole(m.config);
-    CreateParentDirs(out);
-    ckpt::WriteHfGpt2(out, m.config, layout, m.weights.data());
-    PrintSummary(out, m.config, "Hugging Face GPT-2 names, Conv1D layout");
+    const bool file = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
+    const std::string path =
+        file ? out : (std::filesystem::path(out) / "model.safetensors").string();
+    CreateParentDirs(path);
+    if (m.config.llama()) {
+      ckpt::WriteHfLlama(path, m.config, layout, m.weights.data());
+      PrintSummary(path, m.config, "Hugging Face LlamaForCausalLM, config.json beside it");
+    } else {
+      ckpt::WriteHfGpt2(path, m.config, layout, m.weights.data());
+      PrintSummary(path, m.config,
+                   "Hugging Face GPT-2 names, Conv1D layout, config.json beside it");
+    }
   });
 }
 
 void AddImport(CLI::App& ckpt) {
   auto* cmd = ckpt.add_subcommand(
-      "import", "Convert a Hugging Face GPT-2 safetensors file into a keel model file");
+      "import", "Convert a Hugging Face GPT-2 file or Llama folder into a keel model file");
   cmd->footer(
       "The output loads with keel generate --run, and starts a fine-tuning run as\n"
-      "[model] init_from (which also reads the Hugging Face file directly).\n"
+      "[model] init_from (which also reads the Hugging Face file or folder directly).\n"
+      "A Llama is a folder as save_pretrained writes it: config.json, and model.safetensors or\n"
+      "the shards model.safetensors.index.json lists (F32, BF16 or F16).\n"
       "n_head is read from the file's metadata, else from the GPT-2 widths (768, 1024, 1280,\n"
       "1600 → 12, 16, 20, 25 heads); other widths need --n-head.\n"
       "Examples:\n"
       "  keel ckpt import gpt2/model.safetensors --out runs/gpt2/model.safetensors\n"
-      "  keel ckpt import tiny.safetensors --out tiny-keel.safetensors --n-head 4");
+      "  keel ckpt import tiny.safetensors --out tiny-keel.safetensors --n-head 4\n"
+      "  keel ckpt import TinyLlama-1.1B/ --out tinyllama.safetensors");
   static std::string src, out;
   static int n_head = 0;
-  cmd->add_option("src", src, "Hugging Face GPT-2 model.safetensors")->required();
+  cmd->add_option("src", src, "Hugging Face GPT-2 model.safetensors, or a Llama folder")
+      ->required();
   cmd->add_option("--out", out, "keel model file to write")->required();
   cmd->add_option("--n-head", n_head, "attention heads, when the file does not say");
   cmd->callback([] {
     if (n_head < 0)
       ThrowBadInput("ckpt import: --n-head must be > 0, got " + std::to_string(n_head));
-    if (!ckpt::IsHfGpt2File(src))
+    const bool llama = ckpt::IsHfLlamaFolder(src);
+    if (!llama && std::filesystem::is_directory(src))
+      ThrowBadInput(src + ": a folder without a Llama config.json (model_type \"llama\"); give " +
+                    "a GPT-2 model.safetensors file or a Hugging Face Llama folder");
+    if (!llama && !ckpt::IsHfGpt2File(src))
       ThrowBadInput(src + ": already a keel model file (nothing to import; use it as it is)");
-    ckpt::LoadedModel m = ckpt::ReadHfGpt2(src, n_head);
+    ckpt::LoadedModel m = llama ? ckpt::ReadHfLlama(src) : ckpt::ReadHfGpt2(src, n_head);
     const auto layout = model::ParamLayout::Whole(m.config);
     CreateParentDirs(out);
     ckpt::WriteModel(out, m.config, layout, m.weights.data());

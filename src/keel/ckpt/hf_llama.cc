@@ -1,0 +1,224 @@
+#include "keel/ckpt/hf_llama.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "keel/ckpt/hf_gpt2.h"
+#include "keel/ckpt/safetensors.h"
+#include "keel/core/error.h"
+#include "keel/data/file_util.h"
+
+namespace keel::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ShapeText(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+bool Vocabulary(const std::string& keel_name) {
+  return keel_name == "wte.weight" || keel_name == "lm_head.weight";
+}
+
+nlohmann::json ReadJson(const std::string& path) {
+  try {
+    return nlohmann::json::parse(data::ReadWholeFile(path));
+  } catch (const nlohmann::json::exception& e) {
+    ThrowBadInput(path + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// config.json → keel's shape; one line naming the key for anything keel cannot run.
+model::ModelConfig ConfigFromJson(const nlohmann::json& j, const std::string& where) {
+  auto integer = [&](const char* key, int fallback) {
+    if (!j.contains(key) || j.at(key).is_null()) {
+      if (fallback >= 0) return fallback;
+      ThrowBadInput(where + ": " + key + ": missing (expected an integer)");
+    }
+    if (!j.at(key).is_number_integer())
+      ThrowBadInput(where + ": " + key + ": expected an integer, got " + j.at(key).dump());
+    return j.at(key).get<int>();
+  };
+  auto number = [&](const char* key, double fallback) {
+    if (!j.contains(key) || j.at(key).is_null()) return fallback;
+    if (!j.at(key).is_number())
+      ThrowBadInput(where + ": " + key + ": expected a number, got " + j.at(key).dump());
+    return j.at(key).get<double>();
+  };
+  auto refuse_true = [&](const char* key, const char* what) {
+    if (j.contains(key) && j.at(key).is_boolean() && j.at(key).get<bool>())
+      ThrowBadInput(where + ": " + key + ": " + what +
+                    " are not supported (keel's Llama has none)");
+  };
+  if (j.value("model_type", std::string()) != "llama")
+    ThrowBadInput(where + ": model_type: expected \"llama\", got " +
+                  (j.contains("model_type") ? j.at("model_type").dump() : "nothing"));
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
+    ThrowBadInput(where + ": rope_scaling: " + j.at("rope_scaling").dump() +
+                  ": scaled rotary positions (Llama 3.1's long context) are not supported");
+  refuse_true("attention_bias", "attention biases");
+  refuse_true("mlp_bias", "MLP biases");
+  if (j.contains("hidden_act") && j.at("hidden_act") != "silu")
+    ThrowBadInput(where + ": hidden_act: expected \"silu\" (SwiGLU), got " +
+                  j.at("hidden_act").dump());
+  model::ModelConfig c;
+  c.family = model::Family::kLlama;
+  c.n_embd = integer("hidden_size", -1);
+  c.ffn_hidden = integer("intermediate_size", -1);
+  c.n_head = integer("num_attention_heads", -1);
+  c.n_layer = integer("num_hidden_layers", -1);
+  c.vocab_size = integer("vocab_size", -1);
+  c.n_kv_head = integer("num_key_value_heads", c.n_head);
+  c.block_size = integer("max_position_embeddings", 2048);
+  c.rope_theta = float(number("rope_theta", 10000.0));
+  c.norm_eps = float(number("rms_norm_eps", 1e-6));  // LlamaConfig's default
+  if (c.n_head > 0 && j.contains("head_dim") && !j.at("head_dim").is_null() &&
+      integer("head_dim", -1) != c.n_embd / c.n_head)
+    ThrowBadInput(where + ": head_dim: " + j.at("head_dim").dump() +
+                  " is not hidden_size / num_attention_heads (" +
+                  std::to_string(c.n_embd / c.n_head) + "); keel cannot run it");
+  try {
+    model::Validate(c);
+  } catch (const Error& e) {
+    ThrowBadInput(where + ": " + e.what());
+  }
+  return c;
+}
+
+// The shard files of a folder: those of model.safetensors.index.json, else model.safetensors.
+std::vector<std::string> ShardFiles(const std::string& dir) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    const fs::path single = fs::path(dir) / "model.safetensors";
+    if (!fs::exists(single))
+      ThrowBadInput(dir + ": no model.safetensors or model.safetensors.index.json");
+    return {single.string()};
+  }
+  const nlohmann::json j = ReadJson(index.string());
+  if (!j.contains("weight_map") || !j.at("weight_map").is_object())
+    ThrowBadInput(index.string() + ": weight_map: expected an object of tensor name → file");
+  std::set<std::string> files;
+  for (const auto& [name, file] : j.at("weight_map").items()) {
+    if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+      ThrowBadInput(index.string() + ": weight_map." + name +
+                    ": expected a file name in the folder, got " + file.dump());
+    files.insert((fs::path(dir) / file.get<std::string>()).string());
+  }
+  return {files.begin(), files.end()};
+}
+
+}  // namespace
+
+std::string HfLlamaName(const std::string& keel_name) {
+  static const std::map<std::string, std::string> kTop = {
+      {"wte.weight", "model.embed_tokens.weight"},
+      {"ln_f.weight", "model.norm.weight"},
+      {"lm_head.weight", "lm_head.weight"}};
+  if (auto it = kTop.find(keel_name); it != kTop.end()) return it->second;
+  // h.L.REST
+  const size_t dot = keel_name.find('.', 2);
+  const std::string layer = keel_name.substr(2, dot - 2), rest = keel_name.substr(dot + 1);
+  static const std::map<std::string, std::string> kBlock = {
+      {"ln_1.weight", "input_layernorm.weight"},
+      {"ln_2.weight", "post_attention_layernorm.weight"}};
+  std::string hf = rest;
+  if (auto it = kBlock.find(rest); it != kBlock.end())
+    hf = it->second;
+  else if (rest.rfind("attn.", 0) == 0)
+    hf = "self_attn." + rest.substr(5);
+  return "model.layers." + layer + "." + hf;
+}
+
+bool IsHfLlamaFolder(const std::string& path) {
+  const fs::path config = fs::path(path) / "config.json";
+  if (!fs::is_directory(path) || !fs::exists(config)) return false;
+  try {
+    return nlohmann::json::parse(data::ReadWholeFile(config.string())).value("model_type", "") ==
+           "llama";
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+LoadedModel ReadHfLlama(const std::string& dir) {
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  const nlohmann::json config = ReadJson(config_path);
+  LoadedModel m;
+  m.config = ConfigFromJson(config, config_path);
+  const bool tied = config.value("tie_word_embeddings", false);
+  const model::ParamLayout layout = model::ParamLayout::Whole(m.config);
+  m.weights.assign(layout.total(), 0.0f);                 // padded vocabulary rows stay zero
+  std::map<std::string, const model::ParamInfo*> wanted;  // HF name → keel tensor
+  for (const model::ParamInfo& p : layout.params())
+    if (!(tied && p.name == "lm_head.weight")) wanted[HfLlamaName(p.name)] = &p;
+  std::set<std::string> found;
+  const size_t C = size_t(m.config.n_embd);
+  for (const std::string& file : ShardFiles(dir)) {
+    const SafetensorsFile f = SafetensorsFile::Read(file);
+    for (const auto& [name, t] : f.tensors()) {
+      auto it = wanted.find(name);
+      if (it == wanted.end()) {
+        if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // a buffer
+        ThrowBadInput(file + ": tensor \"" + name + "\": not part of a Llama of " +
+                      std::to_string(m.config.n_layer) + " layers");
+      }
+      const model::ParamInfo& p = *it->second;
+      std::vector<int64_t> want(p.shape.begin(), p.shape.end());
+      if (Vocabulary(p.name)) want[0] = m.config.vocab_size;
+      if (t.shape != want)
+        ThrowBadInput(file + ": tensor \"" + name + "\": expected shape " + ShapeText(want) +
+                      ", got " + ShapeText(t.shape));
+      std::copy(t.data.begin(), t.data.end(), m.weights.begin() + long(p.offset));
+      found.insert(name);
+    }
+  }
+  for (const auto& [name, p] : wanted)
+    if (!found.count(name))
+      ThrowBadInput(dir + ": no tensor \"" + name + "\" in its safetensors files");
+  if (tied) {
+    const size_t wte = layout.Find("wte.weight").offset,
+                 head = layout.Find("lm_head.weight").offset;
+    std::copy_n(m.weights.begin() + long(wte), size_t(m.config.vocab_size) * C,
+                m.weights.begin() + long(head));
+  }
+  return m;
+}
+
+void WriteHfLlama(const std::string& path, const model::ModelConfig& cfg,
+                  const model::ParamLayout& layout, const float* master) {
+  SafetensorsWriter w;
+  for (const model::ParamInfo& p : layout.params()) {
+    std::vector<int64_t> shape(p.shape.begin(), p.shape.end());
+    if (Vocabulary(p.name)) shape[0] = cfg.vocab_size;  // the real rows come first
+    w.Add(HfLlamaName(p.name), shape, master + p.offset);
+  }
+  w.SetMetadata("format", "pt");
+  w.Write(path);
+  const nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
+                            {"model_type", "llama"},
+                            {"hidden_size", cfg.n_embd},
+                            {"intermediate_size", cfg.ffn()},
+                            {"num_attention_heads", cfg.n_head},
+                            {"num_key_value_heads", cfg.kv_heads()},
+                            {"num_hidden_layers", cfg.n_layer},
+                            {"vocab_size", cfg.vocab_size},
+                            {"max_position_embeddings", cfg.block_size},
+                            {"rope_theta", cfg.rope_theta},
+                            {"rms_norm_eps", cfg.norm_eps},
+                            {"hidden_act", "silu"},
+                            {"attention_bias", false},
+                            {"mlp_bias", false},
+                            {"rope_scaling", nullptr},
+                            {"tie_word_embeddings", false},
+                            {"torch_dtype", "float32"}};
+  data::WriteFileAtomic(ConfigBeside(path), j.dump(2) + "\n");
+}
+
+}  // namespace keel::ckpt
