@@ -151,6 +151,11 @@ void RegisterData(CLI::App& app) {
       ->capture_default_str();
   prepare->add_flag("--dedup", opts->dedup, "drop exact duplicate documents (keeps the first)");
   prepare
+      ->add_option("--tokenizer", opts->tokenizer,
+                   "gpt2, cl100k, o200k, llama3 (scripts/fetch_tokenizers.sh makes the last "
+                   "three), or a Hugging Face tokenizer.json or its folder")
+      ->capture_default_str();
+  prepare
       ->add_option("--workers", opts->workers,
                    "tokenizer threads (the output is the same for any number)")
       ->capture_default_str();
@@ -166,14 +171,17 @@ void RegisterData(CLI::App& app) {
       ->check(CLI::IsMember({"stop", "skip"}))
       ->capture_default_str();
   prepare->footer(
-      "Each document is followed by <|endoftext|> (50256). A .jsonl file holds one document per "
-      "line; any other file is one document.\n"
-      "Example:\n"
-      "  keel data prepare shared/data/brown/brown.jsonl --out data/brown --val-fraction 0.05");
+      "Each document is followed by the vocabulary's end of text (GPT-2: <|endoftext|>, 50256; "
+      "Llama 3: <|end_of_text|>, 128001). A .jsonl file holds one document per line; any other "
+      "file is one document. Vocabularies past 65,536 ids are stored as uint32.\n"
+      "Examples:\n"
+      "  keel data prepare shared/data/brown/brown.jsonl --out data/brown --val-fraction 0.05\n"
+      "  keel data prepare corpus.jsonl --out data/llama3 --tokenizer llama3");
   prepare->callback([opts, on_error] {
     opts->on_error =
         *on_error == "skip" ? data::PrepareOnError::kSkip : data::PrepareOnError::kStop;
     opts->tokenizer_dir = train::TokenizerDir();
+    opts->assets = train::AssetsDir();
     data::PrepareSummary s = data::Prepare(*opts);
     PrintSummary(*opts, s);
   });

@@ -201,11 +201,12 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   }
   if (o.shard_tokens == 0) ThrowBadInput("prepare: --shard-tokens: expected a value > 0");
   const auto t0 = std::chrono::steady_clock::now();
-  const Tokenizer tok = Tokenizer::LoadGpt2(o.tokenizer_dir);
+  const Tokenizer tok = o.tokenizer == "gpt2" ? Tokenizer::LoadGpt2(o.tokenizer_dir)
+                                              : Tokenizer::Load(o.tokenizer, o.assets);
   internal::InputReader reader(o.inputs, o.text_chunk_bytes, o.nfc);
 
   ShardWriterOptions wo;
-  wo.tokenizer = "gpt2";
+  wo.tokenizer = tok.name();
   wo.vocab_size = tok.vocab_size();
   wo.eos_id = tok.eos_id();
   wo.shard_tokens = o.shard_tokens;

@@ -27,8 +27,12 @@ struct PrepareOptions {
   // Files or folders. A folder contributes its *.jsonl and *.txt files, recursively, in sorted
   // path order. A .jsonl file holds one document per line; any other file is one document.
   std::vector<std::string> inputs;
-  std::string out;             // gets train/ and, when val_fraction > 0, val/
-  std::string tokenizer_dir;   // holds encoder.json and vocab.bpe
+  std::string out;  // gets train/ and, when val_fraction > 0, val/
+  // "gpt2" (from tokenizer_dir), or any other Tokenizer::Load spec: "cl100k", "o200k", "llama3"
+  // (from assets/tokenizers) or a tokenizer.json. Ids of a vocabulary past 65,536 are uint32.
+  std::string tokenizer = "gpt2";
+  std::string tokenizer_dir;   // GPT-2's encoder.json and vocab.bpe
+  std::string assets;          // the folder of gpt2/ and tokenizers/
   std::string field = "text";  // the JSONL field holding the document text
   // Each document goes to val with this probability, decided by a hash of (seed, its index in
   // the input), so the split does not depend on filtering or on the number of workers.
@@ -44,8 +48,9 @@ struct PrepareOptions {
   int workers = 1;  // tokenizer threads
   uint64_t shard_tokens = uint64_t(1) << 27;
   bool progress = true;  // a progress line on stderr every two seconds
-  // A non-JSONL file bigger than this is tokenized in pieces cut at line breaks where the GPT-2
-  // pre-tokenizer cannot join across the cut, so the ids are those of the whole text. Exposed
+  // A non-JSONL file bigger than this is tokenized in pieces cut at line breaks where no
+  // pre-token pattern (GPT-2's, cl100k's, o200k's) can join across the cut, so the ids are those
+  // of the whole text. Exposed
   // for tests.
   uint64_t text_chunk_bytes = uint64_t(64) << 20;
 };

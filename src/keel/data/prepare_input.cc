@@ -26,9 +26,10 @@ bool IsAsciiNonSpace(char c) {
 }
 
 // A cut at p (text[0, p) then text[p, ...)) gives the same pre-tokens as no cut when text[p-1] is
-// '\n' between two printable ASCII characters: every pattern alternative that can hold '\n' holds
-// only whitespace, so no pre-token crosses the cut, and the "\s+(?!\S)" lookahead sees end of text
-// instead of a non-space, which for a lone '\n' gives the same one-character pre-token.
+// '\n' between two printable ASCII characters: in GPT-2's, cl100k's and o200k's patterns every
+// alternative that can hold '\n' holds only whitespace or ends in line breaks, and none can start
+// with one before a non-space, so no pre-token crosses the cut, and the "\s+(?!\S)" lookahead sees
+// end of text instead of a non-space, which for a lone '\n' gives the same one-character pre-token.
 size_t FindSafeCut(const std::string& s) {
   if (s.size() < 3) return 0;
   for (size_t p = s.size() - 1; p >= 2; --p) {

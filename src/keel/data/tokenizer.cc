@@ -1,11 +1,12 @@
-// GPT-2 byte-level BPE: pre-tokenization with PCRE2, then byte-pair merges per pre-token, with the
-// same merge rule as tiktoken (merge the adjacent pair whose concatenation has the lowest id,
-// leftmost first) so that ids match tiktoken's "gpt2" exactly.
+// Byte-level BPE: pre-tokenization with PCRE2, then byte-pair merges per pre-token, with the same
+// merge rule as tiktoken (merge the adjacent pair whose concatenation has the lowest id, leftmost
+// first) so that ids match tiktoken's exactly.
 //
 // Speed comes from three things: a word whose bytes are a token is looked up directly; other
 // words are cached per thread (natural text repeats words); and the merge loop works on small
 // flat arrays with a pair table, never building byte strings.
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
 #include <queue>
@@ -57,7 +58,7 @@ inline int32_t RankOf(int32_t merged) {
 
 // The O(n^2) merge of tiktoken on flat arrays: parts[i] are token ids, ranks[i] the id of
 // parts[i] + parts[i + 1] (INT_MAX when that is no token). Fast for the short pieces of text.
-void MergeSmall(const Gpt2Vocab& t, std::string_view piece, ThreadState& ts,
+void MergeSmall(const BpeVocab& t, std::string_view piece, ThreadState& ts,
                 std::vector<int32_t>* out) {
   std::vector<int32_t>& parts = ts.parts;
   std::vector<int32_t>& ranks = ts.ranks;
@@ -88,7 +89,7 @@ void MergeSmall(const Gpt2Vocab& t, std::string_view piece, ThreadState& ts,
 // Entries go stale when a neighbour merges; an entry is acted on only if the pair now at its
 // position still concatenates to its rank, and then merging it is exactly tiktoken's next step
 // (lowest rank, leftmost).
-void MergeLarge(const Gpt2Vocab& t, std::string_view piece, std::vector<int32_t>* out) {
+void MergeLarge(const BpeVocab& t, std::string_view piece, std::vector<int32_t>* out) {
   const size_t n = piece.size();
   std::vector<int32_t> tok(n);
   std::vector<size_t> next(n), prev(n);
@@ -126,7 +127,7 @@ void MergeLarge(const Gpt2Vocab& t, std::string_view piece, std::vector<int32_t>
   for (size_t i = 0; i < n; i = next[i]) out->push_back(tok[i]);
 }
 
-void EncodePiece(const Gpt2Vocab& t, std::string_view piece, ThreadState& ts,
+void EncodePiece(const BpeVocab& t, std::string_view piece, ThreadState& ts,
                  std::vector<int32_t>* out) {
   if (piece.size() == 1) {
     out->push_back(t.byte_token[uint8_t(piece[0])]);
@@ -163,7 +164,7 @@ void EncodePiece(const Gpt2Vocab& t, std::string_view piece, ThreadState& ts,
   ts.cache_ids.insert(ts.cache_ids.end(), out->begin() + ptrdiff_t(before), out->end());
 }
 
-void EncodeOrdinary(const Gpt2Vocab& t, std::string_view text, ThreadState& ts,
+void EncodeOrdinary(const BpeVocab& t, std::string_view text, ThreadState& ts,
                     std::vector<int32_t>* out) {
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const size_t n = text.size();
@@ -213,25 +214,32 @@ void Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>* out,
     return;
   }
   // Text between special tokens is encoded on its own, as tiktoken does: the regex never sees
-  // across a special token.
-  constexpr std::string_view kEot = "<|endoftext|>";
+  // across a special token. At each position the longest special token that starts there wins.
+  // Specials are few and start with a handful of bytes ("<|..."): test them only there.
+  const auto& specials = impl_->specials;  // longest first
+  std::array<bool, 256> first{};
+  for (const auto& [s, sid] : specials) first[uint8_t(s[0])] = true;
   size_t pos = 0;
-  while (true) {
-    size_t hit = text.find(kEot, pos);
-    EncodeOrdinary(*impl_, text.substr(pos, hit == std::string_view::npos ? text.npos : hit - pos),
-                   ts, out);
-    if (hit == std::string_view::npos) return;
-    out->push_back(impl_->eos);
-    pos = hit + kEot.size();
+  for (size_t at = 0; at < text.size(); ++at) {
+    if (!first[uint8_t(text[at])]) continue;
+    for (const auto& [s, sid] : specials) {
+      if (text.compare(at, s.size(), s) != 0) continue;
+      EncodeOrdinary(*impl_, text.substr(pos, at - pos), ts, out);
+      out->push_back(sid);
+      pos = at + s.size();
+      at = pos - 1;
+      break;
+    }
   }
+  EncodeOrdinary(*impl_, text.substr(pos), ts, out);
 }
 
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (int32_t id : ids) {
-    if (id < 0 || id >= vocab_size()) {
+    if (id < 0 || id >= vocab_size() || !impl_->present[size_t(id)]) {
       ThrowBadInput("tokenizer: cannot decode id " + std::to_string(id) +
-                    ": expected an id in [0, " + std::to_string(vocab_size()) + ")");
+                    ": expected a token's id in [0, " + std::to_string(vocab_size()) + ")");
     }
     out += impl_->Bytes(id);
   }
@@ -239,7 +247,7 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
 }
 
 std::string Tokenizer::TokenBytes(int32_t id) const {
-  if (id < 0 || id >= vocab_size()) {
+  if (id < 0 || id >= vocab_size() || !impl_->present[size_t(id)]) {
     ThrowBadInput("tokenizer: no token " + std::to_string(id) + ": expected an id in [0, " +
                   std::to_string(vocab_size()) + ")");
   }
@@ -248,5 +256,6 @@ std::string Tokenizer::TokenBytes(int32_t id) const {
 
 int Tokenizer::vocab_size() const { return int(impl_->token_offset.size()) - 1; }
 int Tokenizer::eos_id() const { return impl_->eos; }
+const std::string& Tokenizer::name() const { return impl_->name; }
 
 }  // namespace keel::data

@@ -1,5 +1,6 @@
 // Internal to the tokenizer: the loaded vocabulary and compiled pre-token pattern shared by
-// tokenizer.cc (encode/decode) and tokenizer_load.cc (reading encoder.json and vocab.bpe).
+// tokenizer.cc (encode/decode), tokenizer_load.cc (GPT-2's encoder.json and vocab.bpe) and
+// tokenizer_formats.cc (tiktoken rank files, Hugging Face tokenizer.json).
 #pragma once
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -18,11 +19,11 @@ namespace keel::data {
 
 // Everything the encoder needs. Tokenizer::Impl is private, so the free functions that do the work
 // take this base instead.
-struct Gpt2Vocab {
-  Gpt2Vocab() = default;
-  Gpt2Vocab(const Gpt2Vocab&) = delete;
-  Gpt2Vocab& operator=(const Gpt2Vocab&) = delete;
-  ~Gpt2Vocab() {
+struct BpeVocab {
+  BpeVocab() = default;
+  BpeVocab(const BpeVocab&) = delete;
+  BpeVocab& operator=(const BpeVocab&) = delete;
+  ~BpeVocab() {
     if (pattern) pcre2_code_free(pattern);
   }
 
@@ -31,17 +32,22 @@ struct Gpt2Vocab {
         .substr(token_offset[size_t(id)], token_offset[size_t(id) + 1] - token_offset[size_t(id)]);
   }
 
-  // Every token's bytes, back to back; token i is [token_offset[i], token_offset[i + 1]).
+  // Every token's bytes, back to back; token i is [token_offset[i], token_offset[i + 1]). Ids no
+  // token has (cl100k's 100256) are empty and not in `present`.
   std::string token_arena;
   std::vector<uint32_t> token_offset;
-  // Ordinary tokens only (not <|endoftext|>): bytes -> id.
-  internal::BytesTable vocab{16};  // sized by LoadGpt2
+  std::vector<bool> present;
+  // Ordinary tokens only (not the special ones): bytes -> id.
+  internal::BytesTable vocab{16};  // sized by the loader
   // (left id, right id) -> id of their concatenation, for every way of splitting every ordinary
   // token into two tokens. tiktoken ranks a pair by the id of the concatenated bytes; this table
   // answers that question without building the concatenation.
   internal::PairTable pairs;
   std::array<int32_t, 256> byte_token{};
   int32_t eos = 50256;
+  std::string name = "gpt2";
+  // Special tokens (text that allow_special turns into one id), longest first.
+  std::vector<std::pair<std::string, int32_t>> specials;
 
   pcre2_code* pattern = nullptr;
   bool jit = false;
@@ -49,9 +55,31 @@ struct Gpt2Vocab {
   uint64_t instance_id = 0;
 };
 
-struct Tokenizer::Impl : Gpt2Vocab {};
+struct Tokenizer::Impl : BpeVocab {};
 
-// Compiles the GPT-2 pre-token pattern into vocab->pattern (JIT when available).
-void CompilePretokenPattern(Gpt2Vocab* vocab);
+// The pre-token patterns, as tiktoken writes them (its \s is Unicode White_Space).
+extern const char* const kGpt2Pattern;
+extern const char* const kCl100kPattern;  // also Llama 3's
+extern const char* const kO200kPattern;
+
+// Compiles a tiktoken-style pre-token pattern into vocab->pattern (JIT when available). Throws
+// keel::Error (bad input) naming `where` if PCRE2 refuses it.
+void CompilePretokenPattern(BpeVocab* vocab, const std::string& pattern, const std::string& where);
+
+// Fills token_arena, token_offset, present, vocab and byte_token from `bytes` (id → bytes, ""
+// for an id with no ordinary token) and the specials; `where` names the file in errors (every
+// byte must have a token).
+void SetTokens(BpeVocab* v, const std::vector<std::string>& bytes,
+               std::vector<std::pair<std::string, int32_t>> specials, const std::string& where);
+// tiktoken's merge rule: every split of every ordinary token into two tokens, so that any adjacent
+// pair whose concatenation is a token can merge (at the rank of the concatenation's id).
+void BuildPairsFromVocabulary(BpeVocab* v);
+// GPT-2's bytes_to_unicode inverted (byte-level BPE files spell bytes as printable code points):
+// code point → byte, -1 where unused.
+std::array<int, 324> UnicodeToByte();
+// One byte-level vocabulary string (UTF-8 of those code points) → raw bytes; false if it is not.
+bool VocabStringToBytes(std::string_view s, const std::array<int, 324>& inv, std::string* out);
+// A fresh instance id, so that thread-local word caches never mix two tokenizers.
+uint64_t NextTokenizerInstance();
 
 }  // namespace keel::data

@@ -3,9 +3,11 @@
 // GPT-2's files spell bytes as printable code points (OpenAI's bytes_to_unicode): byte b is
 // itself when printable latin-1, else U+0100 + n. We undo that once at load so that everything
 // after works on raw bytes, as tiktoken does.
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "keel/core/error.h"
 #include "keel/data/file_util.h"
@@ -13,6 +15,44 @@
 
 namespace keel::data {
 namespace {
+
+// Unicode White_Space, spelled out: PCRE2's \s under UCP also matches U+180E, which Unicode
+// dropped from White_Space in 6.3 and which tiktoken (Rust regex) therefore treats as a symbol.
+constexpr const char* kWhite =
+    "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
+    "\\x{205F}\\x{3000}";
+
+// tiktoken's pattern with \s and \S replaced by kWhite (inside a character class, its contents).
+std::string SpellOutWhitespace(const std::string& p, const std::string& where) {
+  const std::string w = kWhite;
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char d = p[++i];
+      if (d == 's') {
+        out += in_class ? w : "[" + w + "]";
+      } else if (d == 'S') {
+        if (in_class)
+          ThrowBadInput(where + ": pattern: \\S inside a character class is not supported");
+        out += "[^" + w + "]";
+      } else {
+        out += c;
+        out += d;
+      }
+      continue;
+    }
+    if (!in_class && c == '[')
+      in_class = true;
+    else if (in_class && c == ']')
+      in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
 
 // code point -> byte, the inverse of GPT-2's bytes_to_unicode(); -1 where unused.
 std::array<int, 324> UnicodeToByte() {
@@ -47,19 +87,22 @@ bool VocabStringToBytes(std::string_view s, const std::array<int, 324>& inv, std
   return true;
 }
 
-// Unicode White_Space, spelled out: PCRE2's \s under UCP also matches U+180E, which Unicode
-// dropped from White_Space in 6.3 and which tiktoken (Rust regex) therefore treats as a symbol.
-constexpr const char* kWhite =
-    "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
-    "\\x{205F}\\x{3000}";
+const char* const kGpt2Pattern =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+const char* const kCl100kPattern =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const char* const kO200kPattern =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
-}  // namespace
-
-void CompilePretokenPattern(Gpt2Vocab* impl) {
-  // GPT-2's pattern: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-  std::string w = kWhite;
-  std::string pattern = "'(?:[sdmt]|ll|ve|re)| ?\\p{L}+| ?\\p{N}+| ?[^" + w + "\\p{L}\\p{N}]+|[" +
-                        w + "]+(?![^" + w + "])|[" + w + "]+";
+void CompilePretokenPattern(BpeVocab* impl, const std::string& tiktoken_pattern,
+                            const std::string& where) {
+  const std::string pattern = SpellOutWhitespace(tiktoken_pattern, where);
   int err = 0;
   PCRE2_SIZE err_offset = 0;
   // MATCH_INVALID_UTF: invalid UTF-8 never matches any item, so it is skipped by the search and
@@ -71,17 +114,77 @@ void CompilePretokenPattern(Gpt2Vocab* impl) {
   if (!impl->pattern) {
     std::array<PCRE2_UCHAR, 256> msg{};
     pcre2_get_error_message(err, msg.data(), msg.size());
-    ThrowRuntime("tokenizer: cannot compile the pre-token pattern at offset " +
-                 std::to_string(err_offset) + ": " + reinterpret_cast<const char*>(msg.data()));
+    ThrowBadInput(where + ": cannot compile the pre-token pattern at offset " +
+                  std::to_string(err_offset) + ": " + reinterpret_cast<const char*>(msg.data()));
   }
   // The JIT is 3-5x faster than the interpreter; fall back quietly where it is unavailable.
   impl->jit = pcre2_jit_compile(impl->pattern, PCRE2_JIT_COMPLETE) == 0;
 }
 
-Tokenizer Tokenizer::LoadGpt2(const std::string& dir) {
+uint64_t NextTokenizerInstance() {
   static std::atomic<uint64_t> next_instance{1};
+  return next_instance.fetch_add(1);
+}
+
+void SetTokens(BpeVocab* v, const std::vector<std::string>& bytes,
+               std::vector<std::pair<std::string, int32_t>> specials, const std::string& where) {
+  size_t n = bytes.size();
+  for (const auto& [text, id] : specials) n = std::max(n, size_t(id) + 1);
+  v->token_arena.clear();
+  v->token_offset.assign(1, 0);
+  v->present.assign(n, false);
+  std::vector<std::string_view> text_of(n);
+  for (const auto& [text, id] : specials) text_of[size_t(id)] = text;
+  for (size_t id = 0; id < n; ++id) {
+    const std::string_view b =
+        id < bytes.size() && !bytes[id].empty() ? std::string_view(bytes[id]) : text_of[id];
+    v->present[id] = !b.empty();
+    v->token_arena += b;
+    v->token_offset.push_back(uint32_t(v->token_arena.size()));
+  }
+  v->byte_token.fill(-1);
+  // Sized for the vocabulary at hand (half full at most, as Insert keeps it): GPT-2's 50,257
+  // entries get 2^17 slots, a small test vocabulary a table it can clear quickly.
+  size_t slots = 16;
+  while (slots < 2 * (bytes.size() + 1)) slots *= 2;
+  v->vocab.Reset(slots);
+  for (size_t id = 0; id < bytes.size(); ++id) {
+    if (bytes[id].empty()) continue;
+    v->vocab.Insert(bytes[id], internal::HashBytes(bytes[id]), id);
+    if (bytes[id].size() == 1) v->byte_token[uint8_t(bytes[id][0])] = int32_t(id);
+  }
+  for (int b = 0; b < 256; ++b)
+    if (v->byte_token[size_t(b)] < 0)
+      ThrowBadInput(where + ": expected a token for every byte; byte " + std::to_string(b) +
+                    " has none");
+  std::sort(specials.begin(), specials.end(),
+            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  v->specials = std::move(specials);
+}
+
+void BuildPairsFromVocabulary(BpeVocab* v) {
+  std::vector<std::array<int32_t, 3>> triples;
+  const size_t n = v->present.size();
+  triples.reserve(n * 4);
+  std::unordered_set<int32_t> special_ids;
+  for (const auto& [text, id] : v->specials) special_ids.insert(id);
+  for (size_t id = 0; id < n; ++id) {
+    if (!v->present[id] || special_ids.count(int32_t(id))) continue;
+    const std::string_view s = v->Bytes(int32_t(id));
+    for (size_t k = 1; k < s.size(); ++k) {
+      const uint64_t* a = v->vocab.Find(s.substr(0, k), internal::HashBytes(s.substr(0, k)));
+      const uint64_t* b = v->vocab.Find(s.substr(k), internal::HashBytes(s.substr(k)));
+      if (a && b) triples.push_back({int32_t(*a), int32_t(*b), int32_t(id)});
+    }
+  }
+  v->pairs.Build(triples.size());
+  for (const auto& t : triples) v->pairs.Insert(t[0], t[1], t[2]);
+}
+
+Tokenizer Tokenizer::LoadGpt2(const std::string& dir) {
   auto impl = std::make_unique<Impl>();
-  impl->instance_id = next_instance.fetch_add(1);
+  impl->instance_id = NextTokenizerInstance();
+  impl->name = "gpt2";
   const auto inv = UnicodeToByte();
 
   const std::string enc_path = dir + "/encoder.json";
@@ -115,44 +218,12 @@ Tokenizer Tokenizer::LoadGpt2(const std::string& dir) {
   }
   if (!enc.contains("<|endoftext|>")) ThrowBadInput(enc_path + ": expected a <|endoftext|> token");
 
-  impl->token_offset.reserve(n + 1);
-  impl->token_offset.push_back(0);
-  for (const std::string& b : bytes) {
-    impl->token_arena += b;
-    impl->token_offset.push_back(uint32_t(impl->token_arena.size()));
-  }
-  impl->byte_token.fill(-1);
-  // Sized for the vocabulary at hand (half full at most, as Insert keeps it): GPT-2's 50,257
-  // entries get 2^17 slots, a small test vocabulary a table it can clear quickly.
-  size_t slots = 16;
-  while (slots < 2 * (n + 1)) slots *= 2;
-  impl->vocab.Reset(slots);
-  for (size_t id = 0; id < n; ++id) {
-    if (int32_t(id) == impl->eos) continue;
-    impl->vocab.Insert(bytes[id], internal::HashBytes(bytes[id]), id);
-    if (bytes[id].size() == 1) impl->byte_token[uint8_t(bytes[id][0])] = int32_t(id);
-  }
-  for (int b = 0; b < 256; ++b) {
-    if (impl->byte_token[size_t(b)] < 0)
-      ThrowBadInput(enc_path + ": expected a token for every byte; byte " + std::to_string(b) +
-                    " has none");
-  }
-
+  std::vector<std::pair<std::string, int32_t>> specials = {{"<|endoftext|>", impl->eos}};
+  bytes[size_t(impl->eos)].clear();
+  SetTokens(impl.get(), bytes, specials, enc_path);
   // Every split of every token into two tokens. Built from the vocabulary, not the merge list,
   // because tiktoken merges any adjacent pair whose concatenation is a token.
-  std::vector<std::array<int32_t, 3>> triples;
-  triples.reserve(n * 4);
-  for (size_t id = 0; id < n; ++id) {
-    if (int32_t(id) == impl->eos) continue;
-    std::string_view s = bytes[id];
-    for (size_t k = 1; k < s.size(); ++k) {
-      const uint64_t* a = impl->vocab.Find(s.substr(0, k), internal::HashBytes(s.substr(0, k)));
-      const uint64_t* b = impl->vocab.Find(s.substr(k), internal::HashBytes(s.substr(k)));
-      if (a && b) triples.push_back({int32_t(*a), int32_t(*b), int32_t(id)});
-    }
-  }
-  impl->pairs.Build(triples.size());
-  for (const auto& t : triples) impl->pairs.Insert(t[0], t[1], t[2]);
+  BuildPairsFromVocabulary(impl.get());
 
   // vocab.bpe is redundant with encoder.json for encoding; check that they agree (merge i makes
   // token 256 + i), which catches a mismatched pair of files early.
@@ -186,7 +257,7 @@ Tokenizer Tokenizer::LoadGpt2(const std::string& dir) {
                   std::to_string(merge_index));
   }
 
-  CompilePretokenPattern(impl.get());
+  CompilePretokenPattern(impl.get(), kGpt2Pattern, enc_path);
   return Tokenizer(std::move(impl));
 }
 

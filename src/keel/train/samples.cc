@@ -8,10 +8,12 @@
 
 namespace keel::train {
 
-std::string TokenizerDir() {
-  if (const char* env = std::getenv("KEEL_ASSETS")) return std::string(env) + "/gpt2";
-  return KEEL_ASSET_DIR "/gpt2";
+std::string AssetsDir() {
+  if (const char* env = std::getenv("KEEL_ASSETS")) return env;
+  return KEEL_ASSET_DIR;
 }
+
+std::string TokenizerDir() { return AssetsDir() + "/gpt2"; }
 
 void PrintSamples(const RunConfig& cfg, const model::ModelConfig& mcfg,
                   const model::ParamLayout& layout, const float* weights) {

@@ -13,5 +13,8 @@ void PrintSamples(const RunConfig& cfg, const model::ModelConfig& mcfg,
 
 // Where the GPT-2 tokenizer files are: $KEEL_ASSETS, else the source tree's assets/gpt2.
 std::string TokenizerDir();
+// The folder of gpt2/ and tokenizers/ (Tokenizer::Load's `assets`): $KEEL_ASSETS, else the source
+// tree's assets.
+std::string AssetsDir();
 
 }  // namespace keel::train
