@@ -73,7 +73,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def main():
+def arguments():
     ap = argparse.ArgumentParser()
     ap.add_argument("model"), ap.add_argument("B", type=int), ap.add_argument("T", type=int)
     ap.add_argument("dtype", choices=["fp32", "bf16"])
@@ -84,8 +84,12 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
-    n_layer, n_head, c = CONFIGS[a.model]
-    model = GPT(n_layer, n_head, c)
+    return a
+
+
+def time_steps(model, a, matmul_params, n_layer, c):
+    """Times a.steps full steps (after a.warmup) of `model` on a random batch and prints the JSON
+    line; FLOPs per token are keel's formula over `matmul_params`."""
     decay = [p for p in model.parameters() if p.dim() == 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -104,18 +108,23 @@ def main():
         opt.step()
         if step >= a.warmup:
             total += time.perf_counter() - t0
-    params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
-    flops = 6.0 * params + 12.0 * n_layer * c * a.T
+    flops = 6.0 * matmul_params + 12.0 * n_layer * c * a.T
     tok_s = a.B * a.T * a.steps / total
-    peak = (242.5e9 if a.dtype == "fp32" else 480e9) * a.threads  # keel's constants (flops.h)
     print(json.dumps({"impl": "torch", "version": torch.__version__, "model": a.model, "B": a.B,
                       "T": a.T, "dtype": a.dtype, "threads": torch.get_num_threads(),
                       "tokens_per_s": tok_s, "ms_per_step": 1e3 * total / a.steps,
-                      "flops_per_token": flops, "mfu": flops * tok_s / peak,
-                      "loss": float(loss), "blas": blas_library(),
+                      "flops_per_token": flops, "loss": float(loss), "blas": blas_library(),
                       "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
                       "ld_preload": os.path.basename(os.environ.get("LD_PRELOAD", "")),
                       "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "")}))
+
+
+def main():
+    a = arguments()
+    n_layer, n_head, c = CONFIGS[a.model]
+    model = GPT(n_layer, n_head, c)
+    params = sum(p.numel() for p in model.parameters()) - model.wpe.weight.numel()
+    time_steps(model, a, params, n_layer, c)
 
 
 def blas_library():

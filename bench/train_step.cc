@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   tp_wait_ms = comm->AllReduceMax(tp_wait_ms);
   bubble = comm->AllReduceMax(bubble);  // the last stage's
   const double tok_s = double(B) * T * m * steps * spec.dims.dp / total_s;
-  const double params = double(whole.total() - whole.Find("wpe.weight").numel);
+  const double params = double(model::MatmulParams(cfg));
   const double flops = monitor::TrainFlopsPerToken(params, cfg.n_layer, cfg.n_embd, T);
   const int threads = omp_get_max_threads();
   nlohmann::json out = {

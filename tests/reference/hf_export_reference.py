@@ -15,6 +15,7 @@ Needs Debian's python3-torch and numpy only (no safetensors or transformers pack
 """
 import json
 import math
+import os
 import struct
 import sys
 
@@ -27,25 +28,10 @@ except ImportError as e:
     sys.exit(f"hf_export_reference.py: cannot import torch/numpy ({e}); "
              "run: apt-get install python3-torch python3-numpy (and use /usr/bin/python3)")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_reference import read_safetensors  # noqa: E402
+
 TOL = 1e-4
-
-
-def read_safetensors(path):
-    """Returns ({name: float64 tensor}, metadata), reading the format by hand: an 8-byte
-    little-endian header length, a JSON header, then the raw little-endian data."""
-    with open(path, "rb") as f:
-        buf = f.read()
-    (n,) = struct.unpack("<Q", buf[:8])
-    header = json.loads(buf[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, h in header.items():
-        if h["dtype"] != "F32":
-            sys.exit(f"{path}: {name}: dtype {h['dtype']}, expected F32")
-        lo, hi = h["data_offsets"]
-        a = np.frombuffer(buf, dtype="<f4", count=(hi - lo) // 4, offset=8 + n + lo)
-        out[name] = torch.from_numpy(a.astype(np.float64).reshape(h["shape"]))
-    return out, meta
 
 
 class Conv1D(nn.Module):

@@ -25,34 +25,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_reference import read_safetensors  # noqa: E402
+
 TOL = 1e-4
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
           "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2,
           "num_hidden_layers": 2, "vocab_size": 1000, "max_position_embeddings": 64,
           "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
           "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        buf = f.read()
-    (n,) = struct.unpack("<Q", buf[:8])
-    header = json.loads(buf[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, h in header.items():
-        lo, hi = h["data_offsets"]
-        raw = np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=8 + n + lo)
-        if h["dtype"] == "F32":
-            a = raw.view("<f4").astype(np.float64)
-        elif h["dtype"] == "BF16":
-            a = (raw.view("<u2").astype(np.uint32) << 16).view("<f4").astype(np.float64)
-        elif h["dtype"] == "F16":
-            a = raw.view("<f2").astype(np.float64)
-        else:
-            sys.exit(f"{path}: {name}: dtype {h['dtype']}")
-        out[name] = torch.from_numpy(a.reshape(h["shape"]))
-    return out, meta
 
 
 def write_safetensors(path, tensors):

@@ -33,7 +33,9 @@ FP32_TOL, BF16_LOSS_TOL, BF16_MIN_COS = 1e-4, 1e-2, 0.99
 
 
 def read_safetensors(path):
-    """Returns ({name: float64 tensor}, metadata). keel writes F32 only."""
+    """Returns ({name: float64 tensor}, metadata), reading the format by hand: an 8-byte
+    little-endian header length, a JSON header, then the raw little-endian data (F32, BF16 or
+    F16). The other reference scripts read their files with this too."""
     with open(path, "rb") as f:
         buf = f.read()
     (n,) = struct.unpack("<Q", buf[:8])
@@ -41,10 +43,17 @@ def read_safetensors(path):
     meta = header.pop("__metadata__", {})
     out = {}
     for name, h in header.items():
-        assert h["dtype"] == "F32", f"{path}: {name}: dtype {h['dtype']}, expected F32"
         lo, hi = h["data_offsets"]
-        a = np.frombuffer(buf, dtype="<f4", count=(hi - lo) // 4, offset=8 + n + lo)
-        out[name] = torch.from_numpy(a.astype(np.float64).reshape(h["shape"]))
+        raw = np.frombuffer(buf, dtype=np.uint8, count=hi - lo, offset=8 + n + lo)
+        if h["dtype"] == "F32":
+            a = raw.view("<f4").astype(np.float64)
+        elif h["dtype"] == "BF16":
+            a = (raw.view("<u2").astype(np.uint32) << 16).view("<f4").astype(np.float64)
+        elif h["dtype"] == "F16":
+            a = raw.view("<f2").astype(np.float64)
+        else:
+            sys.exit(f"{path}: {name}: dtype {h['dtype']}, expected F32, BF16 or F16")
+        out[name] = torch.from_numpy(a.reshape(h["shape"]))
     return out, meta
 
 

@@ -5,7 +5,8 @@
 #     that --max-tokens and the run's micro-batch prints the same loss, bitwise;
 #  2. any rank count: keel eval of the whole split on 1, 2 and 3 ranks prints the same loss, bitwise;
 #  3. against PyTorch: keel eval (fp32) of the run's model file matches a float64 evaluation of the
-#     same windows (tests/reference/eval_reference.py) within 1e-4, for a Llama and a GPT-2;
+#     same windows (tests/reference/eval_reference.py) within 1e-4, for a Llama and a GPT-2, and
+#     for the Llama also that of its Hugging Face export run as LlamaForCausalLM;
 #  4. bad input: an unknown source, a too-long --seq-len, a dataset of the wrong vocabulary: exit 2
 #     with one line naming it.
 #   tests/train/eval.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
@@ -55,11 +56,12 @@ PY
 # Against PyTorch, in fp32: the run's final model file, for a Llama and a GPT-2.
 OMP_NUM_THREADS=1 "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.name=gpt2 \
   >"$tmp/gpt2.log" 2>&1 || { cat "$tmp/gpt2.log"; exit 1; }
-for run in llama gpt2; do
-  "$keel" eval "$tmp/$run/model.safetensors" --data "$tmp/val.u16" --seq-len 32 --max-tokens 4096 \
-    --precision fp32 --json >"$tmp/$run.torch.json"
-  /usr/bin/python3 "$src/tests/reference/eval_reference.py" "$tmp/$run/model.safetensors" \
-    "$tmp/val.u16" 32 4096 "$tmp/$run.torch.json"
+"$keel" ckpt export "$tmp/llama" --out "$tmp/llama_hf" >/dev/null
+for model in llama/model.safetensors gpt2/model.safetensors llama_hf; do
+  "$keel" eval "$tmp/$model" --data "$tmp/val.u16" --seq-len 32 --max-tokens 4096 \
+    --precision fp32 --json >"$tmp/eval.torch.json"
+  /usr/bin/python3 "$src/tests/reference/eval_reference.py" "$tmp/$model" \
+    "$tmp/val.u16" 32 4096 "$tmp/eval.torch.json"
 done
 
 # Bad input: exit 2 and one line naming what was wrong.

@@ -11,6 +11,9 @@
 #   checkpoints: saved at tp 2 x pp 2 after 10 steps and resumed at dp 2; saved at dp 1 and
 #         resumed at tp 2 x pp 2: steps 11-20 within 1e-6 relative of the uninterrupted run; the
 #         manifest holds whole tensors (a shard is a box of one);
+#   a Llama (llama-tiny, 4 layers: grouped-query attention with tp cutting its 2 key/value heads,
+#         SwiGLU, an untied lm_head on the last stage): tp 2 x pp 2 and tp 2 + sp within 1e-5 of
+#         one process, and saved at tp 2 x pp 2, resumed at dp 2 within 1e-6;
 #   and tp that divides neither the heads nor the padded vocabulary, sp without tp and sp over rows
 #   that do not split evenly are refused with one line and exit 2.
 #   tests/train/tensor_equivalence.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
@@ -55,6 +58,15 @@ done
 "$keel" ckpt verify "$tmp/cut-tp2pp2/checkpoints/step_00000010" >"$tmp/verify.log" 2>&1 ||
   { cat "$tmp/verify.log"; exit 1; }
 
+llama=(--set model.name=llama-tiny)
+run llama-ref 1 "${llama[@]}"
+run llama-tp2-pp2 4 "${llama[@]}" --set parallel.tp=2 --set parallel.pp=2
+run llama-tp2-sp 2 "${llama[@]}" --set parallel.tp=2 --set parallel.sp=true
+run llama-cut-tp2pp2 4 "${llama[@]}" --set parallel.tp=2 --set parallel.pp=2 --set train.stop_at=10
+cp -r "$tmp/llama-cut-tp2pp2" "$tmp/llama-tp2pp2to-dp2" &&
+  run llama-tp2pp2to-dp2 2 "${llama[@]}" --resume auto
+refused llama-bad-kv 4 "tp=4 does not divide model.n_kv_head=2" "${llama[@]}" --set parallel.tp=4
+
 refused bad-heads 4 "tp=4 does not divide model.n_head=2" --set parallel.tp=4
 refused bad-sp 1 "sp=true splits the sequence over the tensor-parallel group: it needs tp > 1" \
   --set parallel.sp=true
@@ -92,6 +104,10 @@ if not mem("tp2-sp") < mem("tp2") < mem("ref-fp32"):
     print("activation bytes do not shrink with tp and sp"); ok = False
 for name, ref in [("tp2pp2to-dp2", "full"), ("dp1to-tp2pp2", "full")]:
     ok &= ro.check(d, name, ref, 1e-6, first=10)
+vocab = {"wte.weight": 3e-2, "lm_head.weight": 3e-2}
+for name in ["llama-tp2-pp2", "llama-tp2-sp"]:
+    ok &= ro.check(d, name, "llama-ref", 1e-5, 1e-3, wlimits=vocab)
+ok &= ro.check(d, "llama-tp2pp2to-dp2", "llama-ref", 1e-6, first=10)
 # The tensor-parallel group's exposed communication is measured and recorded per step.
 tp_ms = ro.metric(d, "tp2", "tp_wait_ms")
 print(f"tp2: tp_wait_ms per step {min(tp_ms):.2f}..{max(tp_ms):.2f}")

@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -97,8 +98,18 @@ void Inspect(const std::string& path) {
       break;
     }
   }
-  auto tok = data::Tokenizer::LoadGpt2(train::TokenizerDir());
-  if (ds.vocab_size() == tok.vocab_size()) {  // another tokenizer: ids are not GPT-2's
+  // The tokenizer meta.json names ("hf:PATH" for a tokenizer.json), else GPT-2's; none when its
+  // vocabulary files are not here (scripts/fetch_tokenizers.sh makes cl100k's, o200k's, Llama 3's).
+  const std::string name = ds.meta() ? ds.meta()->tokenizer : "gpt2";
+  std::optional<data::Tokenizer> loaded;
+  try {
+    loaded.emplace(data::Tokenizer::Load(name.rfind("hf:", 0) == 0 ? name.substr(3) : name,
+                                         train::AssetsDir()));
+  } catch (const Error& e) {
+    std::printf("sample: not decoded (%s)\n", e.what());
+  }
+  if (loaded && ds.vocab_size() == loaded->vocab_size()) {
+    const data::Tokenizer& tok = *loaded;
     // Decoded in runs of valid ids; an id past the vocabulary shows as itself, out of range.
     std::string text;
     std::vector<int32_t> run;
@@ -112,8 +123,8 @@ void Inspect(const std::string& path) {
         run.push_back(ids[i]);
       }
     }
-    std::printf("sample (first %zu tokens, GPT-2 decoded):\n  %s\n", ids.size(),
-                Printable(text).c_str());
+    std::printf("sample (first %zu tokens, decoded with %s):\n  %s\n", ids.size(),
+                tok.name().c_str(), Printable(text).c_str());
   }
   // A flat file has no meta.json that was checked when written: scan it all (a mapped read, about
   // a second per GB) and name the first id past the vocabulary (exit 2), as a run would.
