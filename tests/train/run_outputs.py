@@ -42,12 +42,12 @@ def worst_weight_difference(w, ref, names=None):
                for k in (names if names is not None else ref))
 
 
-def check(d, name, ref, limit, wlimit=None, first=0, steps=20, wlimits=None):
+def check(d, name, ref, limit, wlimit=None, first=0, steps=20, wlimits=None, glimit=None):
     """Run `name` against `ref`: every step's loss from step first + 1 on, and the gradient norm
-    (every parameter counted once over stages and shards) and validation loss (the forward-only
-    path) within `limit` relative; with `wlimit`, the final weights too (a rank that dropped or
-    double-counted a gradient breaks them), `wlimits` naming tensors held to another limit.
-    Prints one line (and the steps on a failure)."""
+    (every parameter counted once over stages and shards; within `glimit` when given) and
+    validation loss (the forward-only path) within `limit` relative; with `wlimit`, the final
+    weights too (a rank that dropped or double-counted a gradient breaks them), `wlimits` naming
+    tensors held to another limit. Prints one line (and the steps on a failure)."""
     got, want = metric(d, name, "loss"), metric(d, ref, "loss")
     if len(got) != steps or len(want) != steps:
         print(f"{name}: {len(got)} steps (reference {len(want)}), expected {steps}")
@@ -63,7 +63,8 @@ def check(d, name, ref, limit, wlimit=None, first=0, steps=20, wlimits=None):
             ok, line = False, line + f", {key}: {len(g)} values vs {len(w)}"
             continue
         kw = max(abs(a - b) / abs(b) for a, b in zip(g, w))
-        ok, line = ok and kw <= limit, line + f", {key} {kw:.1e}"
+        lim = glimit if key == "grad_norm" and glimit is not None else limit
+        ok, line = ok and kw <= lim, line + f", {key} {kw:.1e}"
     if wlimit is not None:
         w, rw = weights(d, name), weights(d, ref)
         own = wlimits or {}

@@ -46,8 +46,9 @@ struct ActivationPlan {
 // ("pipe_grad_in", all but the last) and the one it sends to the previous ("pipe_grad_out", all
 // but the first), which stay in flight while other micro-batches compute.
 // `tp`: tensor-parallel ranks. The buffers inside attention and the MLP (qkv, the attention's
-// output and statistics, the MLP's hidden layer, and their gradients) hold this rank's heads and
-// hidden units only (1/tp); the residual stream and LayerNorms stay whole. The last stage adds
+// output and statistics, the MLP's hidden layer — "fch" its input, for a Llama SwiGLU's gate and
+// up halves, "fch_gelu" its activation — and their gradients) hold this rank's heads and hidden
+// units only (1/tp); the residual stream and LayerNorms stay whole. The last stage adds
 // the vocabulary shards' per-row statistics.
 // `sp` (sequence parallelism, tp > 1): the residual stream, the LayerNorms' outputs and statistics
 // and the stage boundaries hold this rank's B·T/tp rows only; one shared B·T×C buffer ("gathered")

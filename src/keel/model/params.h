@@ -1,11 +1,13 @@
-// The parameter registry: every tensor of a GPT-2 model as a named view into one flat buffer.
+// The parameter registry: every tensor of a model as a named view into one flat buffer.
 //
-// Order matters. Tensors are laid out wte, wpe, h.0.*, ..., h.{L-1}.*, ln_f, which is the reverse
-// of the order in which backward finishes their gradients (except the tied wte, finished last by
-// the embedding backward): the gradients that are final at any moment of backward form one suffix
-// [offset, end) of the flat buffer, so all-reduce buckets are plain slices.
+// Order matters. Tensors are laid out wte, wpe (GPT-2), h.0.*, ..., h.{L-1}.*, ln_f (and Llama's
+// lm_head), which is the reverse of the order in which backward finishes their gradients (except
+// GPT-2's tied wte, finished last by the embedding backward): the gradients that are final at any
+// moment of backward form one suffix [offset, end) of the flat buffer, so all-reduce buckets are
+// plain slices. A Llama block is ln_1, attn.{q,k,v,o}_proj, ln_2, mlp.{gate,up,down}_proj: q, k, v
+// and gate, up adjacent, so each group is one matrix product.
 //
-// Shapes are keel's [out, in]; export transposes to Hugging Face's Conv1D [in, out].
+// Shapes are keel's [out, in]; GPT-2's export transposes to Hugging Face's Conv1D [in, out].
 //
 //   auto layout = keel::model::ParamLayout::Whole(cfg);
 //   const auto& p = layout.Find("h.0.attn.c_attn.weight");   // p.offset, p.numel, p.shape

@@ -1,15 +1,16 @@
-// A GPT-2 model for training: flat parameter, gradient and master buffers (ParamLayout), one
-// activation arena (PlanActivations), and forward/backward built from keel's kernels.
+// A GPT-2 or Llama model (config.h's family) for training: flat parameter, gradient and master
+// buffers (ParamLayout), one activation arena (PlanActivations), and forward/backward built from
+// keel's kernels, as stage pieces that the step, pipeline stages and evaluation compose.
 //
 // Precision: in fp32 the working weights are the master weights. In bf16 the working weights are
-// a bf16 copy of the fp32 master (SyncWorking after every optimizer step); biases are read from
-// the fp32 master, since they are added in fp32 inside the matrix products.
+// a bf16 copy of the fp32 master (SyncWorking after every optimizer step); GPT-2's biases are read
+// from the fp32 master, since they are added in fp32 inside the matrix products.
 // Gradients are always fp32 and accumulate across micro-batches until ZeroGrads.
 //
 //   Transformer m(cfg, DType::kBF16, /*B=*/4, /*T=*/256, Recompute::kNone);
 //   InitParams(m.layout(), cfg, seed, m.master()); m.SyncWorking();
 //   m.ZeroGrads();
-//   double loss = m.ForwardBackward(tokens, targets, 1.0f / (B * T), on_grads_ready);
+//   double loss = m.ForwardBackward(tokens, targets, 1.0f / (B * T));
 #pragma once
 
 #include <memory>
