@@ -217,8 +217,7 @@ void Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>* out,
   // across a special token. At each position the longest special token that starts there wins.
   // Specials are few and start with a handful of bytes ("<|..."): test them only there.
   const auto& specials = impl_->specials;  // longest first
-  std::array<bool, 256> first{};
-  for (const auto& [s, sid] : specials) first[uint8_t(s[0])] = true;
+  const auto& first = impl_->special_first;
   size_t pos = 0;
   for (size_t at = 0; at < text.size(); ++at) {
     if (!first[uint8_t(text[at])]) continue;

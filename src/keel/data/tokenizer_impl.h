@@ -48,6 +48,7 @@ struct BpeVocab {
   std::string name = "gpt2";
   // Special tokens (text that allow_special turns into one id), longest first.
   std::vector<std::pair<std::string, int32_t>> specials;
+  std::array<bool, 256> special_first{};  // bytes a special token starts with
 
   pcre2_code* pattern = nullptr;
   bool jit = false;

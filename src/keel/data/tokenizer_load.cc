@@ -159,6 +159,9 @@ void SetTokens(BpeVocab* v, const std::vector<std::string>& bytes,
                     " has none");
   std::sort(specials.begin(), specials.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  v->special_first.fill(false);
+  for (const auto& [text, id] : specials)
+    if (!text.empty()) v->special_first[uint8_t(text[0])] = true;
   v->specials = std::move(specials);
 }
 

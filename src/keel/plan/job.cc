@@ -25,7 +25,8 @@ ModelSpec NamedModel(const std::string& name) {
     if (m.name == name) return m;
   for (const auto& n : model::NamedConfigNames()) {
     if (n != name) continue;
-    return SpecOf(n, model::NamedConfig(n), model::NamedConfig(n).block_size);
+    const model::ModelConfig c = model::NamedConfig(n);
+    return SpecOf(n, c, c.block_size);
   }
   std::string known;
   for (const auto& n : NamedModelNames()) known += (known.empty() ? "" : ", ") + n;
