@@ -1,6 +1,6 @@
 // AdamW: both overloads against a float64 scalar re-implementation of the formula in adamw.h over a
 // few steps, and the bf16 overload's working copy as the rounded master.
-#include "keel/kernels/adamw.h"
+#include "keel/kernels/cpu/adamw.h"
 
 #include <gtest/gtest.h>
 

@@ -4,7 +4,7 @@
 // Shapes cover T = 1, T = 5, a head size that is not a multiple of 16 (C = 18, NH = 3 → hs = 6),
 // T past one 64-row tile (T = 130), B = 2, and GPT-2's hs = 64; grouped-query shapes (NKV < NH)
 // cover groups of 2, 3 and 4 query heads and one key/value head for all (multi-query).
-#include "keel/kernels/attention.h"
+#include "keel/kernels/cpu/attention.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>

@@ -1,7 +1,7 @@
 // Token + position embedding: forward against a float64 reference, backward against float64 central
 // differences of L = Σ out·R (with repeated tokens and a GPT-2-sized vocabulary), the += rule, and
 // bitwise determinism across calls and thread counts.
-#include "keel/kernels/encoder.h"
+#include "keel/kernels/cpu/encoder.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // GELU (tanh approximation): forward against a float64 reference, backward against float64 central
 // differences of L = Σ out·R, and sane values far into both tails.
-#include "keel/kernels/gelu.h"
+#include "keel/kernels/cpu/gelu.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // LayerNorm: forward against a float64 reference, backward against float64 central differences of
 // L = Σ out·R, the += rule of backward, and determinism of the dweight/dbias row reduction.
-#include "keel/kernels/layernorm.h"
+#include "keel/kernels/cpu/layernorm.h"
 
 #include <gtest/gtest.h>
 

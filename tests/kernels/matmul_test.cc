@@ -1,13 +1,13 @@
 // Matmul and the fused classifier loss against float64 references and finite differences.
-#include "keel/kernels/matmul.h"
+#include "keel/kernels/cpu/matmul.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "fd_check.h"
-#include "keel/kernels/classifier.h"
-#include "keel/kernels/vec_math.h"
+#include "keel/kernels/cpu/classifier.h"
+#include "keel/kernels/cpu/vec_math.h"
 
 namespace keel::kernels {
 namespace {

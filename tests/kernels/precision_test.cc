@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "keel/core/dtype.h"
-#include "keel/kernels/adamw.h"
+#include "keel/kernels/cpu/adamw.h"
 
 namespace keel::kernels {
 namespace {

@@ -1,6 +1,6 @@
 // RMSNorm: forward against a float64 reference, backward against float64 central differences of
 // L = Σ out·R, the += rule of backward, and bitwise determinism of dweight across thread counts.
-#include "keel/kernels/rmsnorm.h"
+#include "keel/kernels/cpu/rmsnorm.h"
 
 #include <gtest/gtest.h>
 
@@ -45,8 +45,9 @@ struct Result {
 
 // Forward, then backward with dout = R into dinp = D0 and dweight = W0 (the += rule).
 template <typename T>
-Result RunRmsNorm(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& R,
-           const std::vector<double>& D0, const std::vector<float>& W0, int N, int C) {
+Result RunRmsNorm(const std::vector<double>& x, const std::vector<double>& w,
+                  const std::vector<double>& R, const std::vector<double>& D0,
+                  const std::vector<float>& W0, int N, int C) {
   std::vector<T> xt = ToTyped<T>(x), wt = ToTyped<T>(w), rt = ToTyped<T>(R), dinp = ToTyped<T>(D0);
   std::vector<T> out(x.size());
   std::vector<float> rstd(N), dweight = W0;

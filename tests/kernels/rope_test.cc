@@ -1,7 +1,7 @@
 // Rotary positions: forward against a float64 reference in Hugging Face's "rotate half" layout
 // (query and key heads rotated, value heads untouched, positions from pos0), and backward against
 // float64 central differences of L = Σ out·R.
-#include "keel/kernels/rope.h"
+#include "keel/kernels/cpu/rope.h"
 
 #include <gtest/gtest.h>
 

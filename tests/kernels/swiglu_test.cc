@@ -1,6 +1,6 @@
 // SwiGLU: forward against a float64 reference, backward against float64 central differences of
 // L = Σ out·R, over gate values from deep negative to large positive.
-#include "keel/kernels/swiglu.h"
+#include "keel/kernels/cpu/swiglu.h"
 
 #include <gtest/gtest.h>
 

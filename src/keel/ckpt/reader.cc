@@ -149,7 +149,15 @@ void CheckpointReader::ReadBox(const TensorEntry& t, const std::vector<int64_t>&
 
 void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
                             const std::vector<FlatBuffer>& buffers, size_t lo, size_t hi,
-                            bool progress) const {
+                            bool progress, const Memory& mem) const {
+  std::vector<float> host;
+  auto read = [&](const TensorEntry& t, const std::vector<int64_t>& start,
+                  const std::vector<int64_t>& count, float* out, size_t n) {
+    if (mem.host_visible()) return ReadBox(t, start, count, out);
+    host.resize(n);
+    ReadBox(t, start, count, host.data());
+    mem.FromHost(out, host.data(), 4 * n);
+  };
   double total = 0, done = 0;
   for (const TensorSpec& s : tensors) total += 4.0 * double(s.numel()) * double(buffers.size());
   if (hi > 0) total = 4.0 * double(hi - lo) * double(buffers.size());
@@ -165,13 +173,13 @@ void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
         ThrowBadInput(dir_ + "/manifest.json: " + s.name + " (" + b.kind + ") has shape " +
                       Shape(t->shape) + ", the model config expects " + Shape(s.shape));
       if (hi == 0 && s.local_shape.empty()) {
-        ReadBox(*t, std::vector<int64_t>(s.shape.size(), 0), s.shape, b.data + s.offset);
+        read(*t, std::vector<int64_t>(s.shape.size(), 0), s.shape, b.data + s.offset, s.numel());
         done += 4.0 * double(s.numel());
         continue;
       }
       // A shard: the boxes of this tensor that fall in [lo, hi), whatever pieces hold them.
       for (const Box& box : TensorBoxesIn(s, lo, hi == 0 ? SIZE_MAX : hi)) {
-        ReadBox(*t, box.start, box.count, b.data + (s.offset + box.flat - lo));
+        read(*t, box.start, box.count, b.data + (s.offset + box.flat - lo), box.numel);
         done += 4.0 * double(box.numel);
       }
     }

@@ -14,6 +14,7 @@
 
 #include "keel/ckpt/manifest.h"
 #include "keel/ckpt/state.h"
+#include "keel/core/memory.h"
 
 namespace keel::ckpt {
 
@@ -33,9 +34,11 @@ class CheckpointReader {
   // Reads every tensor of `tensors`, for every kind in `buffers`: whole, or (hi > 0) only the flat
   // range [lo, hi) of the layout, into buffers whose element 0 is flat index lo (a ZeRO shard).
   // A tensor missing from the checkpoint or with another shape is bad input naming it and both
-  // shapes. `progress`: a progress line on stderr while it reads (core/progress.h).
+  // shapes. `progress`: a progress line on stderr while it reads (core/progress.h). The buffers
+  // live in `mem` (a GPU's: each box goes through host memory).
   void Load(const std::vector<TensorSpec>& tensors, const std::vector<FlatBuffer>& buffers,
-            size_t lo = 0, size_t hi = 0, bool progress = false) const;
+            size_t lo = 0, size_t hi = 0, bool progress = false,
+            const Memory& mem = HostMemory()) const;
 
  private:
   std::string dir_;

@@ -79,13 +79,14 @@ void WriteAll(int fd, const uint8_t* p, size_t n, const std::string& path) {
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(std::string root, int rank, int world, Retention retention,
-                                   int nice, bool direct_io)
+                                   int nice, bool direct_io, const Memory& state_memory)
     : root_(std::move(root)),
       rank_(rank),
       world_(world),
       retention_(retention),
       nice_(nice),
       direct_io_(direct_io) {
+  mem_ = &state_memory;
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -96,6 +97,7 @@ CheckpointWriter::~CheckpointWriter() {
   }
   cv_.notify_all();
   thread_.join();
+  if (staging_) mem_->UnpinHost(staging_.get());
 }
 
 void CheckpointWriter::Run() {
@@ -176,7 +178,7 @@ double CheckpointWriter::WaitSnapshot() {
 
 void CheckpointWriter::CopyChunks() {
   for (size_t i; (i = next_chunk_.fetch_add(1)) < chunks_.size();) {
-    std::memcpy(chunks_[i].dst, chunks_[i].src, chunks_[i].n);
+    mem_->ToHost(chunks_[i].dst, chunks_[i].src, chunks_[i].n);
     copied_bytes_.fetch_add(chunks_[i].n);
   }
 }
@@ -247,12 +249,15 @@ void CheckpointWriter::EnsureStaging(size_t bytes) {
   // 2 MiB-aligned and advised huge: the copy then faults once per 2 MiB instead of per 4 KiB.
   constexpr size_t kHuge = size_t(2) << 20;
   const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
+  if (staging_) mem_->UnpinHost(staging_.get());
+  // host: staging is host memory by design (the file's bytes), pinned for the device's copies.
   staging_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, size)));
   if (!staging_)
     throw Error(ExitCode::kRuntime,
                 "checkpoint staging: cannot allocate " + std::to_string(size >> 20) + " MiB");
   ::madvise(staging_.get(), size, MADV_HUGEPAGE);
-  std::memset(staging_.get(), 0, size);
+  std::memset(staging_.get(), 0, size);  // host: touches the pages (see Prepare)
+  mem_->PinHost(staging_.get(), size);
   staging_bytes_ = size;
 }
 

@@ -32,7 +32,7 @@
 
 #include "keel/ckpt/manifest.h"
 #include "keel/ckpt/state.h"
-#include "keel/core/buffer.h"
+#include "keel/core/memory.h"
 
 namespace keel::ckpt {
 
@@ -66,8 +66,10 @@ class CheckpointWriter {
   // `nice` (0..19) lowers the writer thread's priority, so that its CPU time (the staging copy,
   // hashing, the kernel's copy into the page cache) comes from what the step leaves idle.
   // `direct_io`: write the rank's file with O_DIRECT where the file system takes it.
+  // `state_memory`: where the state's buffers live; the snapshot copies them from there into the
+  // (pinned, on a GPU) host staging buffer.
   CheckpointWriter(std::string root, int rank, int world, Retention retention, int nice = 0,
-                   bool direct_io = true);
+                   bool direct_io = true, const Memory& state_memory = HostMemory());
   ~CheckpointWriter();  // finishes what is queued
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -131,6 +133,7 @@ class CheckpointWriter {
     void operator()(uint8_t* p) const { std::free(p); }
   };
   void EnsureStaging(size_t bytes);
+  const Memory* mem_;
   std::unique_ptr<uint8_t, FreeDeleter> staging_;
   size_t staging_bytes_ = 0;
   struct Chunk {

@@ -20,7 +20,7 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
-#include "keel/kernels/matmul.h"
+#include "keel/kernels/cpu/matmul.h"
 #include "keel/model/params.h"
 #include "keel/model/transformer.h"
 #include "keel/monitor/flops.h"

@@ -9,17 +9,15 @@
 
 #include "keel/core/error.h"
 #include "keel/core/rng.h"
-#include "keel/kernels/classifier.h"
-#include "keel/kernels/gelu.h"
-#include "keel/kernels/layernorm.h"
-#include "keel/kernels/matmul.h"
-#include "keel/kernels/rmsnorm.h"
-#include "keel/kernels/rope.h"
-#include "keel/kernels/swiglu.h"
+#include "keel/kernels/backend.h"
 
 namespace keel::model {
 
-namespace k = keel::kernels;
+// Decoding runs on the CPU backend over host vectors: one token at a time against a KV cache,
+// where a GPU would idle between launches.
+namespace {
+const kernels::Backend& Cpu() { return kernels::Cpu(); }
+}  // namespace
 
 Generator::Generator(const ModelConfig& cfg, std::vector<float> weights)
     : cfg_(cfg), layout_(ParamLayout::Whole(cfg)), w_(std::move(weights)) {
@@ -38,6 +36,7 @@ void Generator::Attend(int l, int t) {
   const size_t kvw = size_t(KV) * hs;
   float* kc = k_cache_.data() + size_t(l) * cfg_.block_size * kvw;
   float* vc = v_cache_.data() + size_t(l) * cfg_.block_size * kvw;
+  // host: the KV cache is host memory (Cpu() above).
   std::memcpy(kc + size_t(t) * kvw, qkv_.data() + C, sizeof(float) * kvw);
   std::memcpy(vc + size_t(t) * kvw, qkv_.data() + C + kvw, sizeof(float) * kvw);
   const float scale = 1.0f / std::sqrt(float(hs));
@@ -67,40 +66,40 @@ void Generator::Attend(int l, int t) {
 void Generator::Gpt2Block(int l, int t) {
   const int C = cfg_.n_embd;
   const std::string h = "h." + std::to_string(l) + ".";
-  k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_1.weight"),
-                      P(h + "ln_1.bias"), 1, C);
-  k::MatmulForward(qkv_.data(), ln_.data(), P(h + "attn.c_attn.weight"), P(h + "attn.c_attn.bias"),
-                   1, C, 3 * C);
+  Cpu().LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_1.weight"),
+                         P(h + "ln_1.bias"), 1, C);
+  Cpu().MatmulForward(qkv_.data(), ln_.data(), P(h + "attn.c_attn.weight"),
+                      P(h + "attn.c_attn.bias"), 1, C, 3 * C);
   Attend(l, t);
-  k::MatmulForward(x_.data(), y_.data(), P(h + "attn.c_proj.weight"), P(h + "attn.c_proj.bias"), 1,
-                   C, C, /*accumulate=*/true);
-  k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_2.weight"),
-                      P(h + "ln_2.bias"), 1, C);
-  k::MatmulForward(fc_.data(), ln_.data(), P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), 1, C,
-                   4 * C);
-  k::GeluForward(fc_gelu_.data(), fc_.data(), size_t(4) * C);
-  k::MatmulForward(x_.data(), fc_gelu_.data(), P(h + "mlp.c_proj.weight"), P(h + "mlp.c_proj.bias"),
-                   1, 4 * C, C, /*accumulate=*/true);
+  Cpu().MatmulForward(x_.data(), y_.data(), P(h + "attn.c_proj.weight"), P(h + "attn.c_proj.bias"),
+                      1, C, C, /*accumulate=*/true);
+  Cpu().LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P(h + "ln_2.weight"),
+                         P(h + "ln_2.bias"), 1, C);
+  Cpu().MatmulForward(fc_.data(), ln_.data(), P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), 1,
+                      C, 4 * C);
+  Cpu().GeluForward(fc_gelu_.data(), fc_.data(), size_t(4) * C);
+  Cpu().MatmulForward(x_.data(), fc_gelu_.data(), P(h + "mlp.c_proj.weight"),
+                      P(h + "mlp.c_proj.bias"), 1, 4 * C, C, /*accumulate=*/true);
 }
 
 void Generator::LlamaBlock(int l, int t) {
   const int C = cfg_.n_embd, F = cfg_.ffn();
   const float eps = cfg_.norm_eps;
   const std::string h = "h." + std::to_string(l) + ".";
-  k::RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P(h + "ln_1.weight"), 1, C, eps);
+  Cpu().RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P(h + "ln_1.weight"), 1, C, eps);
   // q_proj, k_proj and v_proj are adjacent: one product.
-  k::MatmulForward(qkv_.data(), ln_.data(), P(h + "attn.q_proj.weight"), nullptr, 1, C,
-                   cfg_.qkv_dim());
-  k::RopeForward(qkv_.data(), 1, 1, cfg_.n_head, cfg_.kv_heads(), cfg_.head_size(),
-                 cfg_.rope_theta, /*pos0=*/t);
+  Cpu().MatmulForward(qkv_.data(), ln_.data(), P(h + "attn.q_proj.weight"), nullptr, 1, C,
+                      cfg_.qkv_dim());
+  Cpu().RopeForward(qkv_.data(), 1, 1, cfg_.n_head, cfg_.kv_heads(), cfg_.head_size(),
+                    cfg_.rope_theta, /*pos0=*/t);
   Attend(l, t);
-  k::MatmulForward(x_.data(), y_.data(), P(h + "attn.o_proj.weight"), nullptr, 1, C, C,
-                   /*accumulate=*/true);
-  k::RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P(h + "ln_2.weight"), 1, C, eps);
-  k::MatmulForward(fc_.data(), ln_.data(), P(h + "mlp.gate_proj.weight"), nullptr, 1, C, 2 * F);
-  k::SwigluForward(fc_gelu_.data(), fc_.data(), 1, F);
-  k::MatmulForward(x_.data(), fc_gelu_.data(), P(h + "mlp.down_proj.weight"), nullptr, 1, F, C,
-                   /*accumulate=*/true);
+  Cpu().MatmulForward(x_.data(), y_.data(), P(h + "attn.o_proj.weight"), nullptr, 1, C, C,
+                      /*accumulate=*/true);
+  Cpu().RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P(h + "ln_2.weight"), 1, C, eps);
+  Cpu().MatmulForward(fc_.data(), ln_.data(), P(h + "mlp.gate_proj.weight"), nullptr, 1, C, 2 * F);
+  Cpu().SwigluForward(fc_gelu_.data(), fc_.data(), 1, F);
+  Cpu().MatmulForward(x_.data(), fc_gelu_.data(), P(h + "mlp.down_proj.weight"), nullptr, 1, F, C,
+                      /*accumulate=*/true);
 }
 
 const std::vector<float>& Generator::Step(int32_t token) {
@@ -115,12 +114,13 @@ const std::vector<float>& Generator::Step(int32_t token) {
   }
   for (int l = 0; l < cfg_.n_layer; ++l) cfg_.llama() ? LlamaBlock(l, t) : Gpt2Block(l, t);
   if (cfg_.llama()) {
-    k::RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P("ln_f.weight"), 1, C, cfg_.norm_eps);
-    k::ClassifierLogits(logits_.data(), ln_.data(), P("lm_head.weight"), 1, C, cfg_.vocab_size);
+    Cpu().RmsNormForward(ln_.data(), rstd_.data(), x_.data(), P("ln_f.weight"), 1, C,
+                         cfg_.norm_eps);
+    Cpu().ClassifierLogits(logits_.data(), ln_.data(), P("lm_head.weight"), 1, C, cfg_.vocab_size);
   } else {
-    k::LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P("ln_f.weight"),
-                        P("ln_f.bias"), 1, C);
-    k::ClassifierLogits(logits_.data(), ln_.data(), wte, 1, C, cfg_.vocab_size);
+    Cpu().LayerNormForward(ln_.data(), mean_.data(), rstd_.data(), x_.data(), P("ln_f.weight"),
+                           P("ln_f.bias"), 1, C);
+    Cpu().ClassifierLogits(logits_.data(), ln_.data(), wte, 1, C, cfg_.vocab_size);
   }
   ++pos_;
   return logits_;

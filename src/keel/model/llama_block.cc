@@ -13,10 +13,6 @@
 // row-parallel products without biases.
 #include <string>
 
-#include "keel/kernels/attention.h"
-#include "keel/kernels/rmsnorm.h"
-#include "keel/kernels/rope.h"
-#include "keel/kernels/swiglu.h"
 #include "keel/model/transformer_impl.h"
 
 namespace keel::model::internal {
@@ -74,13 +70,13 @@ template <typename T>
 void AttentionSublayer(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd, hs = m.cfg.head_size();
   KEEL_PROFILED("layernorm",
-                k::RmsNormForward(a.ln1, a.ln1_rstd, a.in, p.ln1, m.R, C, m.cfg.norm_eps));
+                m.be->RmsNormForward(a.ln1, a.ln1_rstd, a.in, p.ln1, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, x, p.qkv, nullptr, BT, C, m.QKVl));
-  KEEL_PROFILED("rope", k::RopeForward(a.qkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, p.qkv, nullptr, BT, C, m.QKVl));
+  KEEL_PROFILED("rope", m.be->RopeForward(a.qkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
   KEEL_PROFILED("attention_fwd",
-                k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, m.Cl, m.NHl, m.NKVl));
+                m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, m.Cl, m.NHl, m.NKVl));
 }
 
 template <typename T>
@@ -89,11 +85,11 @@ void Forward(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& 
   AttentionSublayer(m, p, a);
   RowParallelForward<T>(m, a.res2, a.in, a.atty, p.o, nullptr, m.Cl);
   KEEL_PROFILED("layernorm",
-                k::RmsNormForward(a.ln2, a.ln2_rstd, a.res2, p.ln2, m.R, C, m.cfg.norm_eps));
+                m.be->RmsNormForward(a.ln2, a.ln2_rstd, a.res2, p.ln2, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, x, p.gate_up, nullptr, BT, C, 2 * m.Fl));
-  KEEL_PROFILED("swiglu", k::SwigluForward(a.h, a.fch, BT, m.Fl));
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.fch, x, p.gate_up, nullptr, BT, C, 2 * m.Fl));
+  KEEL_PROFILED("swiglu", m.be->SwigluForward(a.h, a.fch, BT, m.Fl));
   RowParallelForward<T>(m, a.out, a.res2, a.h, p.down, nullptr, m.Fl);
 }
 
@@ -125,25 +121,26 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dh, p.d_down, nullptr, x, a.h, p.down, BT, m.Fl, C));
-  KEEL_PROFILED("swiglu", k::SwigluBackward(dfch, a.fch, dh, BT, m.Fl));
+                m.be->MatmulBackward(dh, p.d_down, nullptr, x, a.h, p.down, BT, m.Fl, C));
+  KEEL_PROFILED("swiglu", m.be->SwigluBackward(dfch, a.fch, dh, BT, m.Fl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_gate_up, nullptr, dfch, x, p.gate_up, BT, C, 2 * m.Fl));
+  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_gate_up, nullptr, dfch, x, p.gate_up,
+                                                   BT, C, 2 * m.Fl));
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm",
-                k::RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
+                m.be->RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-  KEEL_PROFILED("matmul_bwd", k::MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, p.o, BT, m.Cl, C));
-  KEEL_PROFILED("attention_bwd", k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
-                                                      m.Cl, m.NHl, m.NKVl));
-  KEEL_PROFILED("rope", k::RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
+  KEEL_PROFILED("matmul_bwd",
+                m.be->MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, p.o, BT, m.Cl, C));
+  KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
+                                                         m.Cl, m.NHl, m.NKVl));
+  KEEL_PROFILED("rope", m.be->RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_qkv, nullptr, dqkv, x, p.qkv, BT, C, m.QKVl));
+                m.be->MatmulBackward(dtmp, p.d_qkv, nullptr, dqkv, x, p.qkv, BT, C, m.QKVl));
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm",
-                k::RmsNormBackward(dres, p.d_ln1, dtmp, a.in, p.ln1, a.ln1_rstd, m.R, C));
+                m.be->RmsNormBackward(dres, p.d_ln1, dtmp, a.in, p.ln1, a.ln1_rstd, m.R, C));
 }
 
 template void LlamaBlockForward<float>(Transformer::Impl&, int, int, bool);

@@ -269,9 +269,10 @@ void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float
     if (to_whole && p.replica) continue;
     const size_t w = whole.Find(p.name).offset;
     ForEachShardRun(p, tp.size, tp.rank, [&](size_t local, size_t global, size_t n) {
+      // host: host-memory copies of the weights (init, export, checkpoints), never the backend's
       if (to_whole)
         std::memcpy(to + w + global, from + p.offset + local, 4 * n);
-      else
+      else  // host: as above
         std::memcpy(to + p.offset + local, from + w + global, 4 * n);
     });
   }

@@ -23,16 +23,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "keel/kernels/attention.h"
-#include "keel/kernels/encoder.h"
-#include "keel/kernels/gelu.h"
-#include "keel/kernels/layernorm.h"
-#include "keel/kernels/rmsnorm.h"
 #include "keel/model/transformer_impl.h"
 
 namespace keel::model {
@@ -109,12 +103,12 @@ template <typename T>
 void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p,
                               const BlockActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
-  KEEL_PROFILED("layernorm",
-                k::LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w, p.ln1b, m.R, C));
+  KEEL_PROFILED("layernorm", m.be->LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w,
+                                                    p.ln1b, m.R, C));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.qkv, x, p.qkvw, p.qkvb, BT, C, 3 * Cl));
-  KEEL_PROFILED("attention_fwd", k::AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl));
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, p.qkvw, p.qkvb, BT, C, 3 * Cl));
+  KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl));
 }
 
 template <typename T>
@@ -122,12 +116,12 @@ void BlockForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs
   const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   AttentionSublayerForward(m, p, a);
   internal::RowParallelForward(m, a.res2, a.in, a.atty, p.projw, p.projb, Cl);
-  KEEL_PROFILED("layernorm",
-                k::LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w, p.ln2b, m.R, C));
+  KEEL_PROFILED("layernorm", m.be->LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w,
+                                                    p.ln2b, m.R, C));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(a.fch, x, p.fcw, p.fcb, BT, C, 4 * Cl));
-  KEEL_PROFILED("gelu", k::GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.fch, x, p.fcw, p.fcb, BT, C, 4 * Cl));
+  KEEL_PROFILED("gelu", m.be->GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
   internal::RowParallelForward(m, a.out, a.res2, a.fch_gelu, p.fcpw, p.fcpb, 4 * Cl);
 }
 
@@ -144,26 +138,26 @@ void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockAct
   // buffer once its previous contents are consumed.
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-  KEEL_PROFILED("matmul_bwd", k::MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu,
-                                                p.fcpw, BT, 4 * Cl, C));
-  KEEL_PROFILED("gelu", k::GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
+  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu,
+                                                   p.fcpw, BT, 4 * Cl, C));
+  KEEL_PROFILED("gelu", m.be->GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, x, p.fcw, BT, C, 4 * Cl));
+                m.be->MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, x, p.fcw, BT, C, 4 * Cl));
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
-  KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
-                                                  a.ln2_mean, a.ln2_rstd, m.R, C));
+  KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
+                                                     a.ln2_mean, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty, p.projw, BT, Cl, C));
+                m.be->MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty, p.projw, BT, Cl, C));
   KEEL_PROFILED("attention_bwd",
-                k::AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, Cl, m.NHl));
+                m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, Cl, m.NHl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_bwd",
-                k::MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, p.qkvw, BT, C, 3 * Cl));
+                m.be->MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, p.qkvw, BT, C, 3 * Cl));
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
-  KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
-                                                  a.ln1_mean, a.ln1_rstd, m.R, C));
+  KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
+                                                     a.ln1_mean, a.ln1_rstd, m.R, C));
 }
 
 // Parameter `name` of the final segment (the final norm, Llama's lm_head): its weights in the
@@ -203,8 +197,9 @@ void StageForward(Transformer::Impl& m, int slot, const int32_t* tokens) {
     // (GPT-2's; Llama's are rotary, inside attention).
     T* emb = m.sp ? m.Act<T>("gathered") : m.Resid<T>(slot, 0);
     const T* wpe = m.lead && !m.cfg.llama() ? e + m.layout.Find("wpe.weight").offset : nullptr;
-    KEEL_PROFILED("encoder", k::EncoderForward(emb, tokens, e + m.layout.Find("wte.weight").offset,
-                                               wpe, m.B, m.T, C, m.v0, m.v0 + m.Vl));
+    KEEL_PROFILED("encoder",
+                  m.be->EncoderForward(emb, tokens, e + m.layout.Find("wte.weight").offset, wpe,
+                                       m.B, m.T, C, m.v0, m.v0 + m.Vl));
     KEEL_PROFILED("tp_comm", m.SumRows(emb, m.Resid<T>(slot, 0)));
   }
   for (int l = m.stage.l0; l < m.stage.l1; ++l) {
@@ -223,24 +218,18 @@ void StageForward(Transformer::Impl& m, int slot, const int32_t* tokens) {
   const T* x = m.Resid<T>(slot, m.stage.layers());
   const T* lnfw = FinalWeight<T>(m, "ln_f.weight");
   if (m.cfg.llama())
-    KEEL_PROFILED("layernorm", k::RmsNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_rstd"), x, lnfw,
-                                                 m.R, C, m.cfg.norm_eps));
+    KEEL_PROFILED("layernorm", m.be->RmsNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_rstd"), x,
+                                                    lnfw, m.R, C, m.cfg.norm_eps));
   else
-    KEEL_PROFILED("layernorm", k::LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"),
-                                                   m.Act<float>("lnf_rstd"), x, lnfw,
-                                                   FinalWeight<T>(m, "ln_f.bias"), m.R, C));
+    KEEL_PROFILED("layernorm", m.be->LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"),
+                                                      m.Act<float>("lnf_rstd"), x, lnfw,
+                                                      FinalWeight<T>(m, "ln_f.bias"), m.R, C));
 }
 
 // The end of a forward-only pass: the embeddings and final LayerNorm are no longer needed.
 void EndForward(Transformer::Impl& m) {
   if (m.stage.last()) m.acc->Done(m.layout.final_segment(), Pass::kForward);
   if (m.uses_embed) m.acc->Done(m.layout.embed_segment(), Pass::kForward);
-}
-
-double SumLosses(const float* losses, int n) {
-  double s = 0;
-  for (int i = 0; i < n; ++i) s += losses[i];
-  return s;
 }
 
 template <typename T>
@@ -250,18 +239,22 @@ double StageLoss(Transformer::Impl& m, const int32_t* targets) {
   const k::VocabShard vs = m.vocab_shard();
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
-  KEEL_PROFILED("classifier", k::ClassifierForward(losses, x, Head<T>(m), targets, BT, C,
-                                                   m.cfg.vocab_size, m.Vl, m.vocab(vs)));
+  KEEL_PROFILED("classifier", m.be->ClassifierForward(losses, x, Head<T>(m), targets, BT, C,
+                                                      m.cfg.vocab_size, m.Vl, m.vocab(vs)));
   EndForward(m);
-  return SumLosses(losses, BT);
+  return m.SumLosses(losses, BT);
 }
 
 template <typename T>
 void ForwardLogits(Transformer::Impl& m, const int32_t* tokens, float* logits) {
   KEEL_CHECK(m.tp == 1, "ForwardLogits: the whole logits exist only without tensor parallelism");
   StageForward<T>(m, 0, tokens);
-  KEEL_PROFILED("classifier", k::ClassifierLogits(logits, m.Act<T>("lnf"), Head<T>(m), m.B * m.T,
-                                                  m.cfg.n_embd, m.cfg.vocab_size));
+  const size_t n = size_t(m.B) * m.T * m.cfg.vocab_size;
+  Buffer dev(*m.be, m.be->host_visible() ? 0 : 4 * n);
+  float* out = m.be->host_visible() ? logits : dev.as<float>();
+  KEEL_PROFILED("classifier", m.be->ClassifierLogits(out, m.Act<T>("lnf"), Head<T>(m), m.B * m.T,
+                                                     m.cfg.n_embd, m.cfg.vocab_size));
+  if (!m.be->host_visible()) m.be->ToHost(logits, out, 4 * n);
   EndForward(m);
 }
 
@@ -284,26 +277,26 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
     float* dhead = m.cfg.tied() ? ge + wte : FinalGrad(m, gf, "lm_head.weight");
     const T* x = nullptr;
     KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
-    KEEL_PROFILED("classifier",
-                  k::ClassifierForwardBackward(losses, dtmp, dhead, x, Head<T>(m), targets, dloss,
-                                               BT, C, m.cfg.vocab_size, m.Vl, m.vocab(vs)));
+    KEEL_PROFILED("classifier", m.be->ClassifierForwardBackward(
+                                    losses, dtmp, dhead, x, Head<T>(m), targets, dloss, BT, C,
+                                    m.cfg.vocab_size, m.Vl, m.vocab(vs)));
     KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));  // the vocabulary shards' terms
-    loss = SumLosses(losses, BT);
-    std::memset(dres, 0, sizeof(T) * m.R * C);
+    loss = m.SumLosses(losses, BT);
+    m.be->Zero(dres, sizeof(T) * m.R * C);
     const T* lnf_in = m.Resid<T>(slot, m.stage.layers());
     const T* lnfw = FinalWeight<T>(m, "ln_f.weight");
     float* dlnfw = FinalGrad(m, gf, "ln_f.weight");
     if (m.cfg.llama())
-      KEEL_PROFILED("layernorm", k::RmsNormBackward(dres, dlnfw, dtmp, lnf_in, lnfw,
-                                                    m.Act<float>("lnf_rstd"), m.R, C));
+      KEEL_PROFILED("layernorm", m.be->RmsNormBackward(dres, dlnfw, dtmp, lnf_in, lnfw,
+                                                       m.Act<float>("lnf_rstd"), m.R, C));
     else
-      KEEL_PROFILED("layernorm", k::LayerNormBackward(dres, dlnfw, FinalGrad(m, gf, "ln_f.bias"),
-                                                      dtmp, lnf_in, lnfw, m.Act<float>("lnf_mean"),
-                                                      m.Act<float>("lnf_rstd"), m.R, C));
+      KEEL_PROFILED("layernorm", m.be->LayerNormBackward(
+                                     dres, dlnfw, FinalGrad(m, gf, "ln_f.bias"), dtmp, lnf_in, lnfw,
+                                     m.Act<float>("lnf_mean"), m.Act<float>("lnf_rstd"), m.R, C));
     acc.GradsDone(s);
     acc.Done(s, Pass::kBackward);
   } else {
-    std::memcpy(dres, dout, sizeof(T) * m.R * C);
+    m.be->Copy(dres, dout, sizeof(T) * m.R * C);
   }
   for (int l = m.stage.l1 - 1; l >= m.stage.l0; --l) {
     const int s = m.layout.block_segment(l);
@@ -329,9 +322,9 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
     KEEL_PROFILED("tp_comm", x = m.Whole(dres));
     float* dwpe = m.cfg.llama() ? nullptr : ge + m.layout.Find("wpe.weight").offset;
     KEEL_PROFILED("encoder",
-                  k::EncoderBackward(ge + wte, dwpe, x, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
+                  m.be->EncoderBackward(ge + wte, dwpe, x, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
   } else {
-    std::memcpy(din, dres, sizeof(T) * m.R * C);
+    m.be->Copy(din, dres, sizeof(T) * m.R * C);
   }
   if (m.finishes_embed) {
     acc.GradsDone(e);
@@ -350,24 +343,25 @@ double ForwardBackward(Transformer::Impl& m, const int32_t* tokens, const int32_
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-                         ParamAccess* params)
-    : Transformer(cfg, dtype, B, T, recompute, params, WholeModel(cfg), 1) {}
+                         ParamAccess* params, const kernels::Backend& be)
+    : Transformer(cfg, dtype, B, T, recompute, params, WholeModel(cfg), 1, be) {}
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-                         ParamAccess* params, const StageRange& stage, int slots)
-    : Transformer(cfg, dtype, B, T, recompute, params, ParamLayout::Stage(cfg, stage), stage,
-                  slots) {}
+                         ParamAccess* params, const StageRange& stage, int slots,
+                         const kernels::Backend& be)
+    : Transformer(cfg, dtype, B, T, recompute, params, ParamLayout::Stage(cfg, stage), stage, slots,
+                  {}, be) {}
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
                          ParamAccess* params, const ParamLayout& layout, const StageRange& stage,
-                         int slots, const TensorParallel& tp) {
+                         int slots, const TensorParallel& tp, const kernels::Backend& be) {
   Validate(cfg);
   if (T > cfg.block_size)
     ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
                   "(block_size " + std::to_string(cfg.block_size) + ")");
-  impl_ = std::make_unique<Impl>(cfg, dtype, B, T, recompute, layout, stage, slots, tp);
+  impl_ = std::make_unique<Impl>(be, cfg, dtype, B, T, recompute, layout, stage, slots, tp);
   if (params == nullptr) {
-    impl_->dense = std::make_unique<DenseParams>(impl_->layout, dtype);
+    impl_->dense = std::make_unique<DenseParams>(impl_->layout, dtype, be);
     params = impl_->dense.get();
   }
   impl_->acc = params;
@@ -378,6 +372,7 @@ const ModelConfig& Transformer::config() const { return impl_->cfg; }
 const ParamLayout& Transformer::layout() const { return impl_->layout; }
 const ActivationPlan& Transformer::activation_plan() const { return impl_->plan; }
 DType Transformer::dtype() const { return impl_->dtype; }
+const kernels::Backend& Transformer::backend() const { return *impl_->be; }
 int Transformer::batch() const { return impl_->B; }
 int Transformer::seq_len() const { return impl_->T; }
 int Transformer::slots() const { return impl_->slots; }
@@ -392,10 +387,12 @@ DenseParams& Transformer::Dense() const {
 float* Transformer::master() { return Dense().master.as<float>(); }
 float* Transformer::grads() { return Dense().grads.as<float>(); }
 bf16* Transformer::working_bf16() { return Dense().working.as<bf16>(); }
-void Transformer::ZeroGrads() { std::memset(grads(), 0, Dense().grads.bytes()); }
+void Transformer::ZeroGrads() { impl_->be->Zero(grads(), Dense().grads.bytes()); }
 void Transformer::SyncWorking() { Dense().SyncWorking(); }
 
 double Transformer::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss) {
+  tokens = impl_->Ids(tokens, impl_->tokens);
+  targets = impl_->Ids(targets, impl_->targets);
   return impl_->dtype == DType::kF32 ? model::ForwardBackward<float>(*impl_, tokens, targets, dloss)
                                      : model::ForwardBackward<bf16>(*impl_, tokens, targets, dloss);
 }
@@ -415,6 +412,7 @@ void* Transformer::PipeGradIn(int slot) { return impl_->Act<char>("pipe_grad_in"
 void* Transformer::PipeGradOut(int slot) { return impl_->Act<char>("pipe_grad_out", 0, slot); }
 
 void Transformer::StageForward(int slot, const int32_t* tokens) {
+  tokens = impl_->Ids(tokens, impl_->tokens);
   if (impl_->dtype == DType::kF32)
     model::StageForward<float>(*impl_, slot, tokens);
   else
@@ -423,12 +421,15 @@ void Transformer::StageForward(int slot, const int32_t* tokens) {
 
 double Transformer::StageBackward(int slot, const int32_t* tokens, const int32_t* targets,
                                   float dloss, const void* dout, void* din) {
+  tokens = impl_->Ids(tokens, impl_->tokens);
+  targets = impl_->Ids(targets, impl_->targets);
   return impl_->dtype == DType::kF32
              ? model::StageBackward<float>(*impl_, slot, tokens, targets, dloss, dout, din)
              : model::StageBackward<bf16>(*impl_, slot, tokens, targets, dloss, dout, din);
 }
 
 double Transformer::StageLoss(const int32_t* targets) {
+  targets = impl_->Ids(targets, impl_->targets);
   return impl_->dtype == DType::kF32 ? model::StageLoss<float>(*impl_, targets)
                                      : model::StageLoss<bf16>(*impl_, targets);
 }

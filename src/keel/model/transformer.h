@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/backend.h"
 #include "keel/model/activations.h"
 #include "keel/model/config.h"
 #include "keel/model/param_access.h"
@@ -46,17 +47,19 @@ class Transformer {
  public:
   // `params`: where the weights and gradients live (the trainer's ZeRO strategy). Null: the
   // model owns them, every segment resident (master(), grads(), working_bf16() below).
+  // `be`: where its buffers live and its kernels run; tokens and targets stay host memory.
   Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-              ParamAccess* params = nullptr);
+              ParamAccess* params = nullptr, const kernels::Backend& be = kernels::Cpu());
   // One pipeline stage: blocks [stage.l0, stage.l1) with `params` laid out as
   // ParamLayout::Stage(cfg, stage), keeping the activations of `slots` micro-batches at once.
   Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
-              ParamAccess* params, const StageRange& stage, int slots);
+              ParamAccess* params, const StageRange& stage, int slots,
+              const kernels::Backend& be = kernels::Cpu());
   // One chunk of an interleaved pipeline rank: blocks [chunk.l0, chunk.l1), with `params` laid
   // out as `layout` (the rank's: ParamLayout::Stage over all its chunks, its tp shard).
   Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
               ParamAccess* params, const ParamLayout& layout, const StageRange& chunk, int slots,
-              const TensorParallel& tp = {});
+              const TensorParallel& tp = {}, const kernels::Backend& be = kernels::Cpu());
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -65,11 +68,12 @@ class Transformer {
   const ParamLayout& layout() const;
   const ActivationPlan& activation_plan() const;
   DType dtype() const;
+  const kernels::Backend& backend() const;
   int batch() const;
   int seq_len() const;
   int slots() const;  // micro-batches whose activations it keeps at once
 
-  // A model that owns its parameters only (throws otherwise):
+  // A model that owns its parameters only (throws otherwise), in the backend's memory:
   float* master();       // fp32 master weights, layout().total() floats
   float* grads();        // fp32 gradients, same layout
   bf16* working_bf16();  // the bf16 working copy; null in fp32 runs

@@ -4,15 +4,13 @@
 #pragma once
 
 #include <cmath>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "keel/core/buffer.h"
 #include "keel/core/error.h"
-#include "keel/kernels/classifier.h"
-#include "keel/kernels/matmul.h"
+#include "keel/core/memory.h"
+#include "keel/kernels/backend.h"
 #include "keel/kernels/profile.h"
 #include "keel/model/transformer.h"
 #include "keel/parallel/comm_wait.h"
@@ -32,16 +30,14 @@ namespace k = keel::kernels;
 // segment resident, gradients accumulated in place. The trainer brings its own ParamAccess.
 class DenseParams final : public ParamAccess {
  public:
-  DenseParams(const ParamLayout& layout, DType dtype)
+  DenseParams(const ParamLayout& layout, DType dtype, const kernels::Backend& be)
       : layout_(layout),
         dtype_(dtype),
-        master(layout.total() * 4),
-        grads(layout.total() * 4),
-        working(dtype == DType::kBF16 ? layout.total() * 2 : 0),
-        biases(dtype == DType::kBF16 ? layout.n_bias() * 4 : 0) {
-    std::memset(master.data(), 0, master.bytes());
-    std::memset(grads.data(), 0, grads.bytes());
-  }
+        be_(be),
+        master(Buffer::Zeroed(be, layout.total() * 4)),
+        grads(Buffer::Zeroed(be, layout.total() * 4)),
+        working(Buffer::Zeroed(be, dtype == DType::kBF16 ? layout.total() * 2 : 0)),
+        biases(Buffer::Zeroed(be, dtype == DType::kBF16 ? layout.n_bias() * 4 : 0)) {}
 
   const void* Weights(int s) override {
     const size_t off = layout_.segment_start(s);
@@ -53,21 +49,23 @@ class DenseParams final : public ParamAccess {
 
   void SyncWorking() {
     if (dtype_ != DType::kBF16) return;
-    ConvertF32ToBf16(working.as<bf16>(), master.as<float>(), layout_.total());
+    be_.ToBf16(working.as<bf16>(), master.as<float>(), layout_.total());
     for (const ParamInfo& p : layout_.params())
       if (p.bias_index != SIZE_MAX)
-        std::memcpy(biases.as<float>() + p.bias_index, master.as<float>() + p.offset, p.numel * 4);
+        be_.Copy(biases.as<float>() + p.bias_index, master.as<float>() + p.offset, p.numel * 4);
   }
 
  private:
   const ParamLayout& layout_;
   DType dtype_;
+  const kernels::Backend& be_;
 
  public:
   Buffer master, grads, working, biases;
 };
 
 struct Transformer::Impl {
+  const kernels::Backend* be;
   ModelConfig cfg;
   DType dtype;
   int B, T;
@@ -78,6 +76,8 @@ struct Transformer::Impl {
   bool uses_embed, finishes_embed;
   ActivationPlan plan;
   Buffer arena;
+  Buffer tokens, targets;  // uploaded ids where the backend's memory is not the host's
+  std::vector<float> host_losses;
   std::unique_ptr<DenseParams> dense;  // when the model owns its parameters
   ParamAccess* acc = nullptr;
   // Tensor parallelism: tp ranks, this one's shard, its heads and channels, its vocabulary rows.
@@ -90,9 +90,10 @@ struct Transformer::Impl {
   int R, row0;
   double tp_ms = 0, tp_bytes = 0;
 
-  Impl(const ModelConfig& c, DType d, int b, int t, Recompute r, const ParamLayout& lay,
-       const StageRange& st, int sl, const TensorParallel& tpar)
-      : cfg(c),
+  Impl(const kernels::Backend& backend, const ModelConfig& c, DType d, int b, int t, Recompute r,
+       const ParamLayout& lay, const StageRange& st, int sl, const TensorParallel& tpar)
+      : be(&backend),
+        cfg(c),
         dtype(d),
         B(b),
         T(t),
@@ -106,7 +107,9 @@ struct Transformer::Impl {
         finishes_embed(lay.embed_segment() >= 0 && st.l0 == lay.chunks().front().l0),
         plan(PlanActivations(c, b, t, d, r, &st, sl, lay.tp().size,
                              tpar.sequence && lay.tp().size > 1)),
-        arena(plan.total_bytes),
+        arena(Buffer::Zeroed(backend, plan.total_bytes)),
+        tokens(backend, backend.host_visible() ? 0 : 4 * size_t(b) * t),
+        targets(backend, backend.host_visible() ? 0 : 4 * size_t(b) * t),
         tpg(tpar),
         tp(lay.tp().size),
         tp_rank(lay.tp().rank),
@@ -122,7 +125,8 @@ struct Transformer::Impl {
         R(sp ? b * t / tp : b * t),
         row0(sp ? tp_rank * R : 0) {
     KEEL_CHECK(!sp || (b * t) % tp == 0, "Transformer: sequence parallelism needs tp | B·T");
-    std::memset(arena.data(), 0, arena.bytes());
+    KEEL_CHECK(tp == 1 || backend.host_visible(),
+               "Transformer: tensor parallelism runs on the CPU backend only so far");
     KEEL_CHECK(tp == 1 || (tpg.comm && tpg.comm->size() == tp && tpg.comm->rank() == tp_rank),
                "Transformer: the tensor-parallel group does not match the layout's shard");
   }
@@ -165,8 +169,8 @@ struct Transformer::Impl {
   void CombineVocabStats(float* lse, float* target_logit, int rows) {
     float* mine = Act<float>("vocab_stats");
     float* all = mine + 2 * size_t(rows);
-    std::memcpy(mine, lse, 4 * size_t(rows));
-    std::memcpy(mine + rows, target_logit, 4 * size_t(rows));
+    be->Copy(mine, lse, 4 * size_t(rows));
+    be->Copy(mine + rows, target_logit, 4 * size_t(rows));
     auto w = tpg.comm->AllGatherAsync(mine, all, 2 * size_t(rows));
     tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "the vocabulary-parallel loss's all-gather");
     tp_bytes += 8.0 * rows;
@@ -198,6 +202,26 @@ struct Transformer::Impl {
   U* Resid(int slot, int copy) const {
     return Act<U>("resid", copy, slot);
   }
+
+  // Token ids (B·T, host memory; may be null) where the backend reads them: themselves when it
+  // reads host memory, else uploaded into `buf`.
+  const int32_t* Ids(const int32_t* host, Buffer& buf) const {
+    if (!host || be->host_visible()) return host;
+    be->FromHost(buf.data(), host, buf.bytes());
+    return buf.as<int32_t>();
+  }
+  // Σ of n per-row losses (backend memory), in row order on the host.
+  double SumLosses(const float* losses, int n) {
+    const float* h = losses;
+    if (!be->host_visible()) {
+      host_losses.resize(size_t(n));
+      be->ToHost(host_losses.data(), losses, 4 * size_t(n));
+      h = host_losses.data();
+    }
+    double s = 0;
+    for (int i = 0; i < n; ++i) s += h[i];
+    return s;
+  }
 };
 
 namespace internal {
@@ -212,15 +236,16 @@ void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   T* sum = m.sp ? m.Act<T>("gathered") : out;
   if (m.sp) {
-    std::memset(sum, 0, sizeof(T) * BT * C);
-    std::memcpy(sum + size_t(m.row0) * C, residual, sizeof(T) * m.R * C);
+    m.be->Zero(sum, sizeof(T) * BT * C);
+    m.be->Copy(sum + size_t(m.row0) * C, residual, sizeof(T) * m.R * C);
   } else if (m.lead) {
-    std::memcpy(out, residual, sizeof(T) * BT * C);
+    m.be->Copy(out, residual, sizeof(T) * BT * C);
   } else {
-    std::memset(out, 0, sizeof(T) * BT * C);
+    m.be->Zero(out, sizeof(T) * BT * C);
   }
-  KEEL_PROFILED("matmul_fwd", k::MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
-                                               /*accumulate=*/true));
+  KEEL_PROFILED("matmul_fwd",
+                m.be->MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
+                                    /*accumulate=*/true));
   KEEL_PROFILED("tp_comm", m.SumRows(sum, out));
 }
 

@@ -12,8 +12,9 @@
 #include <cstddef>
 #include <vector>
 
-#include "keel/core/buffer.h"
 #include "keel/core/dtype.h"
+#include "keel/core/memory.h"
+#include "keel/kernels/backend.h"
 
 namespace keel::optim {
 
@@ -32,7 +33,9 @@ struct AdamWHyper {
 
 class AdamW {
  public:
-  AdamW(std::vector<ParamRange> ranges, size_t total, const AdamWHyper& hyper);
+  // Moments in `be`'s memory, zeroed; Step runs on `be`.
+  AdamW(std::vector<ParamRange> ranges, size_t total, const AdamWHyper& hyper,
+        const kernels::Backend& be = kernels::Cpu());
 
   // One update of every range; `working` (bf16 runs) receives the rounded new master.
   void Step(float* master, bf16* working, const float* grads, float lr, float grad_scale);
@@ -47,15 +50,14 @@ class AdamW {
   std::vector<ParamRange> ranges_;
   size_t total_;
   AdamWHyper hyper_;
+  const kernels::Backend* be_;
   Buffer m_, v_;
   int step_ = 0;
 };
 
-// √Σ g², summed in float64 over fixed-size blocks in order: the same bits whatever the thread
-// count.
+// √Σ g² of gradients in host memory (tests, the PyTorch oracle), summed in float64 over
+// fixed-size blocks in order (Backend::SumSquares): the same bits whatever the thread count.
 double GlobalGradNorm(const float* grads, size_t n);
-// Σ g², the same sum before its square root (ZeRO ranks add theirs across the group).
-double GradSquares(const float* grads, size_t n);
 
 // The factor that brings `norm` down to `max_norm` (1 if already below, or if max_norm is 0).
 float ClipScale(double norm, float max_norm);

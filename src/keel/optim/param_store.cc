@@ -1,7 +1,6 @@
 #include "keel/optim/param_store.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "keel/core/error.h"
 
@@ -25,29 +24,28 @@ size_t HeldBy(const parallel::ShardRange& s, size_t total, bool sharded) {
 }  // namespace
 
 ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::ParallelDims& dims,
-                       int dp_rank, const std::vector<ParamRange>& ranges, const AdamWHyper& hyper)
+                       int dp_rank, const std::vector<ParamRange>& ranges, const AdamWHyper& hyper,
+                       const kernels::Backend& be)
     : shape_(shape),
+      be_(&be),
       dims_(dims),
       shard_(parallel::Shard(shape.total, dims.dp, dp_rank)),
       state_lo_(dims.zero >= 1 ? shard_.lo : 0),
       state_hi_(dims.zero >= 1 ? shard_.hi : shape.total),
       grads_lo_(dims.zero >= 2 ? shard_.lo : 0),
       grads_size_(HeldBy(shard_, shape.total, dims.zero >= 2)),
-      master_(4 * HeldBy(shard_, shape.total, dims.zero >= 1)),
-      grads_(4 * grads_size_),
-      biases_(shape.working_bytes == 2 ? 4 * shape.n_bias : 0),
-      opt_(Clip(ranges, state_lo_, state_hi_), HeldBy(shard_, shape.total, dims.zero >= 1), hyper) {
+      master_(Buffer::Zeroed(be, 4 * HeldBy(shard_, shape.total, dims.zero >= 1))),
+      grads_(Buffer::Zeroed(be, 4 * grads_size_)),
+      biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
+      opt_(Clip(ranges, state_lo_, state_hi_), HeldBy(shard_, shape.total, dims.zero >= 1), hyper,
+           be) {
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, dims);
-  working_ = Buffer(b.working);
+  working_ = Buffer::Zeroed(be, b.working);
   working_lo_ = dims.zero >= 3 ? shard_.lo : 0;
   for (const ParamRange& r : Clip(ranges, grads_lo_, grads_lo_ + grads_size_))
     if (r.frozen) frozen_.push_back(r);
   replicas_ = Clip(ranges, state_lo_, state_hi_);
   std::erase_if(replicas_, [](const ParamRange& r) { return !r.replica; });
-  std::memset(master_.data(), 0, master_.bytes());
-  std::memset(grads_.data(), 0, grads_.bytes());
-  if (working_.bytes()) std::memset(working_.data(), 0, working_.bytes());
-  if (biases_.bytes()) std::memset(biases_.data(), 0, biases_.bytes());
 }
 
 void* ParamStore::working() {
@@ -56,7 +54,7 @@ void* ParamStore::working() {
 }
 
 void ParamStore::ZeroFrozenGrads() {
-  for (const ParamRange& r : frozen_) std::fill_n(grads() + r.offset, r.numel, 0.0f);
+  for (const ParamRange& r : frozen_) be_->Zero(grads() + r.offset, 4 * r.numel);
 }
 
 double ParamStore::LocalGradSquares() const {
@@ -65,10 +63,10 @@ double ParamStore::LocalGradSquares() const {
   double sq = 0;
   size_t at = 0;
   for (const ParamRange& r : replicas_) {
-    sq += GradSquares(g + at, r.offset - at);
+    sq += be_->SumSquares(g + at, r.offset - at);
     at = r.offset + r.numel;
   }
-  return sq + GradSquares(g + at, (state_hi_ - state_lo_) - at);
+  return sq + be_->SumSquares(g + at, (state_hi_ - state_lo_) - at);
 }
 
 void ParamStore::Update(float lr, float grad_scale) {

@@ -19,8 +19,9 @@
 #include <cstddef>
 #include <vector>
 
-#include "keel/core/buffer.h"
 #include "keel/core/dtype.h"
+#include "keel/core/memory.h"
+#include "keel/kernels/backend.h"
 #include "keel/optim/adamw.h"
 #include "keel/parallel/dims.h"
 #include "keel/parallel/state_bytes.h"
@@ -30,10 +31,13 @@ namespace keel::optim {
 class ParamStore {
  public:
   // `ranges`: every parameter of the flat layout (offset, numel, decay, frozen), global offsets.
+  // Every buffer in `be`'s memory, zeroed; the update runs there.
   ParamStore(const parallel::StateShape& shape, const parallel::ParallelDims& dims, int dp_rank,
-             const std::vector<ParamRange>& ranges, const AdamWHyper& hyper);
+             const std::vector<ParamRange>& ranges, const AdamWHyper& hyper,
+             const kernels::Backend& be = kernels::Cpu());
 
   const parallel::ParallelDims& dims() const { return dims_; }
+  const kernels::Backend& backend() const { return *be_; }
   DType dtype() const { return shape_.working_bytes == 2 ? DType::kBF16 : DType::kF32; }
   size_t total() const { return shape_.total; }
   // This rank's ZeRO slice of the flat layout (also at stage 0: what it writes to checkpoints).
@@ -70,6 +74,7 @@ class ParamStore {
 
  private:
   parallel::StateShape shape_;
+  const kernels::Backend* be_;
   parallel::ParallelDims dims_;
   parallel::ShardRange shard_;
   size_t state_lo_ = 0, state_hi_ = 0, grads_lo_ = 0, grads_size_ = 0, working_lo_ = 0;

@@ -63,4 +63,13 @@ std::unique_ptr<Comm> CreateComm() {
   return MakeLocalComm();
 }
 
+#ifdef KEEL_HAVE_NCCL
+bool NcclBuilt() { return true; }
+#else
+bool NcclBuilt() { return false; }
+std::unique_ptr<Comm> MakeNcclComm(Comm& /*bootstrap*/) {
+  ThrowBadInput("NCCL: this keel was built without CUDA and NCCL (cmake found no nvcc)");
+}
+#endif
+
 }  // namespace keel::parallel

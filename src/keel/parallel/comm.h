@@ -92,7 +92,7 @@ class Comm {
 
   // Blocking conveniences.
   void AllReduceSum(float* data, size_t n);
-  double AllReduceSum(double x);  // a scalar, e.g. a loss or a squared norm
+  double AllReduceSum(double x);              // a scalar, e.g. a loss or a squared norm
   void AllReduceSum(double* data, size_t n);  // elementwise
   double AllReduceMax(double x);
   void AllReduceMax(double* data, size_t n);  // elementwise, e.g. several flags in one call
@@ -112,6 +112,11 @@ std::unique_ptr<Comm> MakeMpiComm();
 // MPI when the process was started by mpirun/srun (size > 1 in the environment), local otherwise.
 // The environment variable KEEL_COMM=local|mpi overrides the choice.
 std::unique_ptr<Comm> CreateComm();
+// NCCL over the ranks of `bootstrap` (which must outlive it): device buffers through NCCL, host
+// buffers through `bootstrap`. Collective over `bootstrap`. Throws where keel was built without
+// CUDA (NcclBuilt() false).
+std::unique_ptr<Comm> MakeNcclComm(Comm& bootstrap);
+bool NcclBuilt();
 
 // The MPI library's own version line, e.g. "Open MPI v4.1.4" (for preflight's consistency check).
 std::string MpiLibraryVersion();

@@ -9,7 +9,7 @@
 #include <fstream>
 #include <vector>
 
-#include "keel/kernels/matmul.h"
+#include "keel/kernels/cpu/matmul.h"
 #include "keel/resilience/build_id.h"
 
 namespace keel::resilience {

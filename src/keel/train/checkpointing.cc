@@ -27,7 +27,7 @@ std::string RootFor(const RunConfig& cfg, const std::string& run_dir) {
 }  // namespace
 
 Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::string run_dir,
-                           monitor::JsonlWriter* events)
+                           monitor::JsonlWriter* events, const Memory& state_memory)
     : cfg_(cfg),
       comm_(comm),
       run_dir_(std::move(run_dir)),
@@ -36,7 +36,8 @@ Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::stri
       writer_(std::make_unique<ckpt::CheckpointWriter>(
           root_, comm.rank(), comm.size(),
           ckpt::Retention{cfg.checkpoint.keep_last, cfg.checkpoint.keep_every},
-          cfg.checkpoint.writer_nice, cfg.checkpoint.direct_io)),
+          cfg.checkpoint.writer_nice, cfg.checkpoint.direct_io, state_memory)),
+      mem_(&state_memory),
       last_save_(std::chrono::steady_clock::now()) {}
 
 Checkpointer::~Checkpointer() = default;
@@ -114,7 +115,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       ckpt::CheckSameModel(r.manifest(), cfg_.ResolvedModel(), dir);
       other_model = false;
       ckpt::CheckManifestModel(r.manifest(), dir);
-      r.Load(view.tensors, view.buffers, view.lo, view.hi, /*progress=*/comm_.rank() == 0);
+      r.Load(view.tensors, view.buffers, view.lo, view.hi, /*progress=*/comm_.rank() == 0, *mem_);
       const ckpt::Manifest& m = r.manifest();
       if (fs::path(dir).parent_path() == fs::path(root_))
         writer_->Seed(m, fs::path(dir).filename().string());

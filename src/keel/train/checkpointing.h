@@ -49,8 +49,9 @@ struct StepDecision {
 
 class Checkpointer {
  public:
+  // `state_memory`: where the step's state lives (its backend's memory).
   Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::string run_dir,
-               monitor::JsonlWriter* events);
+               monitor::JsonlWriter* events, const Memory& state_memory = HostMemory());
   ~Checkpointer();
 
   const std::string& root() const { return root_; }
@@ -102,6 +103,7 @@ class Checkpointer {
   monitor::JsonlWriter* events_;
   std::function<void()> on_commit_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
+  const Memory* mem_;
   std::chrono::steady_clock::time_point last_save_;
   int save_state_ = 0;             // none, writing (not yet agreed), committing
   double pending_blocked_ms_ = 0;  // the current save's blocked time so far

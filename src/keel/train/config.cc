@@ -50,6 +50,7 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"batch_size", &t.batch_size},
         {"micro_batch_size", &t.micro_batch_size},
         {"precision", &t.precision},
+        {"device", &t.device},
         {"seed", &t.seed},
         {"val_every", &t.val_every},
         {"val_batches", &t.val_batches},

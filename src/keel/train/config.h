@@ -66,10 +66,11 @@ struct TrainSection {
   int batch_size = 8;        // global batch, in sequences, over all ranks and micro-batches
   int micro_batch_size = 0;  // sequences per rank per forward/backward; 0 = batch_size / ranks
   std::string precision = "bf16";  // "bf16" | "fp32"
+  std::string device = "cpu";      // "cpu" | "cuda": the backend the state and kernels live on
   uint64_t seed = 1337;
-  int val_every = 50;                 // steps between validation passes; 0 = only at the end
+  int val_every = 50;   // steps between validation passes; 0 = only at the end
   int val_batches = 8;  // validation windows: the split's first val_batches × batch_size (0: all)
-  int log_every = 1;                  // steps between progress lines
+  int log_every = 1;    // steps between progress lines
   std::string sample_prompt = "The";  // prompt for the samples printed at the end ("" = none)
   int sample_tokens = 48;
   int sample_count = 3;

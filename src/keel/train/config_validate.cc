@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "keel/core/error.h"
+#include "keel/kernels/backend.h"
 #include "keel/model/params.h"
 #include "keel/monitor/prometheus_exporter.h"
 #include "keel/train/config.h"
@@ -138,6 +139,15 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
     train.Fail("micro_batch_size", "expected at most batch_size = " + std::to_string(t.batch_size) +
                                        ", got " + std::to_string(t.micro_batch_size));
   train.OneOf("precision", t.precision, {"bf16", "fp32"});
+  train.OneOf("device", t.device, {"cpu", "cuda"});
+  if (t.device == "cuda" && !kernels::CudaBuilt())
+    train.Fail("device",
+               "\"cuda\", but this keel was built without the CUDA backend (cmake found "
+               "no nvcc); expected \"cpu\"");
+  if (t.device == "cuda" && cfg.parallel.tp > 1)
+    train.Fail("device",
+               "\"cuda\" with parallel.tp = " + std::to_string(cfg.parallel.tp) +
+                   ": tensor parallelism runs on the CPU backend only so far; expected tp = 1");
   train.NonNegative("val_every", t.val_every);
   train.NonNegative("val_batches", t.val_batches);
   train.Positive("log_every", t.log_every);

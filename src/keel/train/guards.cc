@@ -20,14 +20,14 @@ std::vector<std::string> GatherHosts(parallel::Comm& comm) {
   float mine[kFloats] = {};
   char name[64] = {};
   gethostname(name, sizeof name - 1);
-  std::memcpy(mine, name, sizeof name);
+  std::memcpy(mine, name, sizeof name);  // host: a name, not model state
   std::vector<float> all(kFloats * size_t(comm.size()));
   KEEL_CHECK(comm.AllGatherAsync(mine, all.data(), kFloats)->Wait(-1),
              "Wait without a timeout returned false");
   std::vector<std::string> hosts;
   for (int r = 0; r < comm.size(); ++r) {
     char h[65] = {};
-    std::memcpy(h, all.data() + kFloats * size_t(r), 64);
+    std::memcpy(h, all.data() + kFloats * size_t(r), 64);  // host: a name
     hosts.emplace_back(h);
   }
   return hosts;
@@ -44,14 +44,22 @@ bool CanCompareReplicas(TrainStep& step, int zero) {
   return zero == 0 || (zero <= 2 && step.store().bytes().working > 0);
 }
 
+// The xxh3 of `bytes` of the backend's memory at `p` (on a GPU, through a host copy).
+uint64_t HashState(const kernels::Backend& be, const void* p, size_t bytes) {
+  if (be.host_visible()) return resilience::HashBytes(p, bytes);
+  std::vector<uint8_t> host(bytes);
+  be.ToHost(host.data(), p, bytes);
+  return resilience::HashBytes(host.data(), bytes);
+}
+
 uint64_t ReplicaHash(TrainStep& step, int zero) {
   optim::ParamStore& st = step.store();
-  if (zero == 0) return resilience::HashBytes(st.master(), 4 * (st.state_hi() - st.state_lo()));
-  return resilience::HashBytes(st.working(), st.bytes().working);
+  if (zero == 0) return HashState(st.backend(), st.master(), 4 * (st.state_hi() - st.state_lo()));
+  return HashState(st.backend(), st.working(), st.bytes().working);
 }
 
 uint64_t GradHash(TrainStep& step) {
-  return resilience::HashBytes(step.store().grads(), 4 * step.store().grads_size());
+  return HashState(step.store().backend(), step.store().grads(), 4 * step.store().grads_size());
 }
 
 resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine) {
@@ -219,9 +227,9 @@ void FlipBit(TrainStep& step, const resilience::Fault& f, int rank) {
   optim::ParamStore& st = step.store();
   if (at < st.state_lo() || at >= st.state_hi()) return;  // another rank's shard
   uint32_t bits;
-  std::memcpy(&bits, st.master() + (at - st.state_lo()), 4);
+  st.backend().ToHost(&bits, st.master() + (at - st.state_lo()), 4);
   bits ^= 1u << f.bit;
-  std::memcpy(st.master() + (at - st.state_lo()), &bits, 4);
+  st.backend().FromHost(st.master() + (at - st.state_lo()), &bits, 4);
   Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]", rank, f.bit, f.param.c_str(),
       at - p.offset);
 }

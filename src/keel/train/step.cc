@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
@@ -43,6 +42,7 @@ TrainStep::TrainStep(const StepSpec& spec, parallel::Comm& dp_comm)
 
 TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     : spec_(spec),
+      be_(kernels::Get(spec.device)),
       g_(groups),
       comm_(*groups.dp),
       layout_(model::ParamLayout::Stage(
@@ -50,9 +50,9 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
           {groups.tp ? groups.tp->size() : 1, groups.tp ? groups.tp->rank() : 0})) {
   KEEL_CHECK(!g_.pp || g_.pp->size() == spec.dims.pp, "TrainStep: pp group size != dims.pp");
   KEEL_CHECK(layout_.tp().size == spec.dims.tp, "TrainStep: tp group size != dims.tp");
-  store_ =
-      std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype), spec.dims,
-                                          comm_.rank(), RangesOf(layout_, spec.frozen), spec.hyper);
+  store_ = std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype), spec.dims,
+                                               comm_.rank(), RangesOf(layout_, spec.frozen),
+                                               spec.hyper, be_);
   zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
                                          spec.comm_timeout_s);
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
@@ -64,7 +64,7 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     models_.push_back(std::make_unique<model::Transformer>(
         spec.model, spec.dtype, spec.micro_batch, spec.seq_len, spec.recompute, zero_.get(),
         layout_, chunks[c], slots[c],
-        model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.sequence_parallel}));
+        model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.sequence_parallel}, be_));
     ptrs.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
@@ -84,8 +84,8 @@ void TrainStep::SetWeights(const float* full) {
   const model::ParamLayout whole = model::ParamLayout::Whole(spec_.model);
   std::vector<float> mine(layout_.total());
   model::CopyShards(layout_, whole, full, mine.data(), /*to_whole=*/false);
-  std::memcpy(store_->master(), mine.data() + store_->state_lo(),
-              4 * (store_->state_hi() - store_->state_lo()));
+  be_.FromHost(store_->master(), mine.data() + store_->state_lo(),
+               4 * (store_->state_hi() - store_->state_lo()));
   zero_->PublishWeights();
 }
 

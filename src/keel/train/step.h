@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "keel/ckpt/state.h"
+#include "keel/kernels/backend.h"
 #include "keel/model/transformer.h"
 #include "keel/optim/param_store.h"
 #include "keel/parallel/comm.h"
@@ -45,6 +46,7 @@ struct StepSpec {
   std::vector<bool> frozen;  // per parameter of the layout; empty: none
   size_t bucket_elems = size_t(25) << 18;
   double comm_timeout_s = 600;
+  kernels::Device device = kernels::Device::kCpu;  // where the state lives and the kernels run
 };
 
 // The groups a step talks to (parallel/groups.h); null: none (one stage, no tied sum).
@@ -61,6 +63,8 @@ class TrainStep {
   TrainStep(const StepSpec& spec, parallel::Comm& dp_comm);
   TrainStep(const StepSpec& spec, const StepGroups& groups);
   ~TrainStep();
+
+  const kernels::Backend& backend() const { return be_; }
 
   const model::ParamLayout& layout() const { return layout_; }
   model::Transformer& model() { return *models_.front(); }  // the first chunk
@@ -121,6 +125,7 @@ class TrainStep {
   void SumNormGrads();
 
   StepSpec spec_;
+  const kernels::Backend& be_;
   StepGroups g_;
   parallel::Comm& comm_;
   model::ParamLayout layout_;

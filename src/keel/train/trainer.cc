@@ -26,7 +26,7 @@
 #include "keel/data/file_util.h"
 #include "keel/data/loader.h"
 #include "keel/data/prefetcher.h"
-#include "keel/kernels/matmul.h"
+#include "keel/kernels/cpu/matmul.h"
 #include "keel/model/params.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/jsonl.h"
@@ -39,8 +39,8 @@
 #include "keel/resilience/straggler.h"
 #include "keel/resilience/watchdog.h"
 #include "keel/train/checkpointing.h"
-#include "keel/train/freeze.h"
 #include "keel/train/evaluation.h"
+#include "keel/train/freeze.h"
 #include "keel/train/guards.h"
 #include "keel/train/memory_check.h"
 #include "keel/train/rank_agreement.h"
@@ -186,6 +186,7 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.frozen = frozen;
   spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
   spec.comm_timeout_s = cfg.parallel.comm_timeout_s;
+  kernels::ParseDevice(cfg.train.device, &spec.device);  // validated: "cpu" or "cuda"
   return spec;
 }
 
@@ -289,8 +290,17 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
   const StepSpec spec = SpecFor(cfg, s, frozen);
   const parallel::Groups groups = parallel::MakeGroups(comm, dims);
-  TrainStep step(spec,
-                 StepGroups{groups.dp.get(), groups.pp.get(), groups.tied.get(), groups.tp.get()});
+  StepGroups step_groups{groups.dp.get(), groups.pp.get(), groups.tied.get(), groups.tp.get()};
+  // On GPUs the step's groups move their device buffers over NCCL (bootstrapped by the MPI
+  // groups, which keep carrying host values); created in one order on every rank.
+  std::vector<std::unique_ptr<parallel::Comm>> nccl;
+  if (spec.device == kernels::Device::kCuda)
+    for (parallel::Comm** g : {&step_groups.dp, &step_groups.pp, &step_groups.tied})
+      if (*g) {
+        nccl.push_back(parallel::MakeNcclComm(**g));
+        *g = nccl.back().get();
+      }
+  TrainStep step(spec, step_groups);
   const bool pipelined = dims.pp > 1;
   const double bubble_predicted =
       parallel::PipelineBubble(dims.pp, s.n_micro, cfg.parallel.virtual_stages);
@@ -310,7 +320,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   TrainSummary sum;
   sum.run_dir = (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
   monitor::JsonlWriter metrics, events;
-  Checkpointer ckpt(cfg, comm, sum.run_dir, lead ? &events : nullptr);
+  Checkpointer ckpt(cfg, comm, sum.run_dir, lead ? &events : nullptr, step.backend());
   {
     // A bad request fails here, before the run folder is touched, on every rank alike (a folder
     // one rank cannot see would otherwise leave the others waiting in the resume's collectives).
@@ -379,8 +389,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                   {"resumed_from", sum.resumed_from}});
   }
 
-  const double flops_per_token = monitor::TrainFlopsPerToken(double(model::MatmulParams(mcfg)),
-                                                             mcfg.n_layer, mcfg.n_embd, T);
+  const double flops_per_token =
+      monitor::TrainFlopsPerToken(double(model::MatmulParams(mcfg)), mcfg.n_layer, mcfg.n_embd, T);
   const int threads = omp_get_max_threads();
   // MFU's denominator: every rank's measured peak (ranks may sit on different CPUs).
   const monitor::Peak rank_peak = monitor::MachinePeak(s.dtype, threads, cfg.monitor.peak_gflops);
@@ -643,7 +653,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
             if (const auto* f = faults.Repeat(resilience::FaultKind::kBitflip, step_i))
               FlipBit(step, *f, comm.rank());
             size_t at = 0;
-            auto replay = [&](int32_t* tok, int32_t* tgt) {
+            auto replay = [&](int32_t* tok, int32_t* tgt) {  // host: token ids
               std::copy_n(kept.data() + at, rows, tok);
               std::copy_n(kept.data() + at + rows, rows, tgt);
               at += 2 * rows;

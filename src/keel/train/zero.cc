@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "keel/core/error.h"
 #include "keel/parallel/comm_wait.h"
@@ -40,12 +39,12 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
   for (size_t n : sizes) {
     if (zero_ >= 2) {
       auto g = std::make_unique<Slot>();
-      g->buf = Buffer(4 * n);
+      g->buf = Buffer(store.backend(), 4 * n);
       grad_slots_.push_back(std::move(g));
     }
     if (zero_ >= 3) {
       auto w = std::make_unique<Slot>();
-      w->buf = Buffer(ElemBytes() * n);
+      w->buf = Buffer(store.backend(), ElemBytes() * n);
       weight_slots_.push_back(std::move(w));
     }
   }
@@ -138,7 +137,7 @@ float* ZeroStrategy::Grads(int s) {
   Slot& slot = GradSlot(s);
   if (!fresh_[size_t(s)]) {
     Drain(slot);
-    std::memset(slot.buf.data(), 0, 4 * layout_.segment_size(s));
+    store_.backend().Zero(slot.buf.data(), 4 * layout_.segment_size(s));
     fresh_[size_t(s)] = 1;
   }
   return slot.buf.as<float>();
@@ -164,17 +163,13 @@ void ZeroStrategy::Drain(Slot& slot) {
   if (!slot.op) return;
   Wait(*slot.op, "gradient reduce-scatter");
   slot.op.reset();
-  float* dst = store_.grads() + slot.dst;
-  const float* src = slot.buf.as<float>();
-  const size_t n = slot.n;
-#pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+  store_.backend().AddTo(store_.grads() + slot.dst, slot.buf.as<float>(), slot.n);
 }
 
 void ZeroStrategy::BeginStep() {
   wait_ms_ = 0;
   sent_bytes_ = 0;
-  std::memset(store_.grads(), 0, 4 * store_.grads_size());
+  store_.backend().Zero(store_.grads(), 4 * store_.grads_size());
   std::fill(fresh_.begin(), fresh_.end(), 0);
   if (sync_) sync_->Begin();
 }
@@ -202,12 +197,13 @@ void ZeroStrategy::PublishBiases() {
   if (store_.dtype() != DType::kBF16) return;
   float* b = store_.biases();
   const size_t lo = store_.state_lo(), hi = store_.state_hi();
-  if (zero_ >= 1) std::memset(b, 0, 4 * layout_.n_bias());
+  if (zero_ >= 1) store_.backend().Zero(b, 4 * layout_.n_bias());
   for (const model::ParamInfo& p : layout_.params()) {
     if (p.bias_index == SIZE_MAX) continue;
     const size_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
     if (a < e)
-      std::memcpy(b + p.bias_index + (a - p.offset), store_.master() + (a - lo), 4 * (e - a));
+      store_.backend().Copy(b + p.bias_index + (a - p.offset), store_.master() + (a - lo),
+                            4 * (e - a));
   }
   // Each element comes from exactly one rank and is zero elsewhere: the sum is exact.
   if (zero_ >= 1) {
@@ -219,8 +215,8 @@ void ZeroStrategy::PublishBiases() {
 void ZeroStrategy::PublishWeights() {
   const size_t lo = store_.state_lo(), hi = store_.state_hi();
   if (store_.dtype() == DType::kBF16)
-    ConvertF32ToBf16(static_cast<bf16*>(store_.working()) + (lo - store_.working_lo()),
-                     store_.master(), hi - lo);
+    store_.backend().ToBf16(static_cast<bf16*>(store_.working()) + (lo - store_.working_lo()),
+                            store_.master(), hi - lo);
   Publish();
 }
 
@@ -246,14 +242,18 @@ void ZeroStrategy::Publish() {
 }
 
 std::vector<float> ZeroStrategy::GatherMaster() {
+  const kernels::Backend& be = store_.backend();
   std::vector<float> full(store_.total());
   if (zero_ == 0) {
-    std::memcpy(full.data(), store_.master(), 4 * full.size());
+    be.ToHost(full.data(), store_.master(), 4 * full.size());
     return full;
   }
-  auto w =
-      comm_.AllGatherAsync(store_.master(), full.data(), Counts(0, store_.total()), DType::kF32);
+  // The group's communicator reads and writes the backend's memory (NCCL: the GPU's).
+  Buffer gathered(be, be.host_visible() ? 0 : 4 * full.size());
+  float* dst = be.host_visible() ? full.data() : gathered.as<float>();
+  auto w = comm_.AllGatherAsync(store_.master(), dst, Counts(0, store_.total()), DType::kF32);
   Wait(*w, "master all-gather");
+  if (!be.host_visible()) be.ToHost(full.data(), dst, 4 * full.size());
   return full;
 }
 

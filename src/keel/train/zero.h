@@ -22,7 +22,7 @@
 #include <memory>
 #include <vector>
 
-#include "keel/core/buffer.h"
+#include "keel/core/memory.h"
 #include "keel/model/param_access.h"
 #include "keel/model/params.h"
 #include "keel/optim/param_store.h"

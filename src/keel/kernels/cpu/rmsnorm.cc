@@ -5,14 +5,14 @@
 // As LayerNorm (layernorm.cc): fp32 arithmetic, rows in parallel, each row's reductions in an
 // order fixed at compile time, and dweight summed over rows in an order that depends on N only
 // (row_blocks.h), so results are bitwise the same for any thread count.
-#include "keel/kernels/rmsnorm.h"
+#include "keel/kernels/cpu/rmsnorm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
-#include "keel/kernels/row_blocks.h"
+#include "keel/kernels/cpu/row_blocks.h"
 
 namespace keel::kernels {
 

@@ -9,7 +9,7 @@
 //
 // dweight/dbias are sums over rows, which threads must not race on: row_blocks.h sums them in an
 // order that depends on N only, so they are bitwise the same for any number of threads.
-#include "keel/kernels/layernorm.h"
+#include "keel/kernels/cpu/layernorm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "keel/kernels/row_blocks.h"
+#include "keel/kernels/cpu/row_blocks.h"
 
 namespace keel::kernels {
 namespace {

@@ -6,7 +6,7 @@
 // split the tokens without racing or reordering sums. They split the channels instead: each thread
 // owns a fixed channel range and walks all B*T tokens in order, so every dwte/dwpe element receives
 // its additions in (b, t) order whatever the thread count — bitwise deterministic.
-#include "keel/kernels/encoder.h"
+#include "keel/kernels/cpu/encoder.h"
 
 #include <omp.h>
 

@@ -5,9 +5,11 @@
 // One pass over master, m, v and grad, and (bf16 runs) a write of the rounded master into the
 // working copy. The working copy is only written, never read: each step starts from the fp32
 // master, so updates far below bf16's resolution (2^-8 relative) still add up.
-#include "keel/kernels/adamw.h"
+#include "keel/kernels/cpu/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "keel/core/error.h"
 
@@ -51,6 +53,23 @@ void AdamWUpdate(float* master, float* m, float* v, const float* grad, size_t n,
 void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
                  const AdamWParams& p) {
   AdamWLoop<true>(master, working, m, v, grad, n, p);
+}
+
+double SumSquares(const float* grads, size_t n) {
+  constexpr size_t kBlock = 1 << 16;
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(blocks);
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = lo; i < hi; ++i) s += double(grads[i]) * grads[i];
+    partial[b] = s;
+  }
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
 }
 
 }  // namespace keel::kernels

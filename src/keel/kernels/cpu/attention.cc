@@ -12,7 +12,7 @@
 // value head) to one thread, which accumulates dq over key tiles and dk, dv over the group's query
 // heads and their query tiles in a fixed order.
 // Results are therefore bitwise identical for any thread count.
-#include "keel/kernels/attention.h"
+#include "keel/kernels/cpu/attention.h"
 
 #include <omp.h>
 

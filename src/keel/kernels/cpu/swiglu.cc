@@ -3,11 +3,11 @@
 // Legend: N rows, F hidden units; g gate, u up, s = σ(g) = 1 / (1 + e^-g).
 //   out = g·s·u;  ∂out/∂u = g·s;  ∂out/∂g = u·s·(1 + g·(1 − s)).
 // The exp is vec_math.h's ExpApprox (vectorized, ~2e-7 relative), as in GELU.
-#include "keel/kernels/swiglu.h"
+#include "keel/kernels/cpu/swiglu.h"
 
 #include <cstddef>
 
-#include "keel/kernels/vec_math.h"
+#include "keel/kernels/cpu/vec_math.h"
 
 namespace keel::kernels {
 namespace {

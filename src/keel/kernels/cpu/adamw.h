@@ -9,22 +9,16 @@
 #include <cstddef>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/op_args.h"
 
 namespace keel::kernels {
-
-struct AdamWParams {
-  float lr = 3e-4f;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  float grad_scale = 1.0f;  // e.g. the clipping factor
-  int step = 1;
-};
 
 void AdamWUpdate(float* master, float* m, float* v, const float* grad, size_t n,
                  const AdamWParams& p);
 void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
                  const AdamWParams& p);
+
+// Σ x² in fp64, over fixed blocks of 2^16 added in order: the same value for any thread count.
+double SumSquares(const float* x, size_t n);
 
 }  // namespace keel::kernels

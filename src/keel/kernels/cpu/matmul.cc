@@ -14,7 +14,7 @@
 // run bf16 keep the direct path.
 //
 // Legend: M rows of the input (B*T), K input features, N output features.
-#include "keel/kernels/matmul.h"
+#include "keel/kernels/cpu/matmul.h"
 
 #include <atomic>
 #include <cstring>

@@ -9,9 +9,9 @@
 // The exp is vec_math.h's ExpApprox, which GCC inlines and vectorizes; libm's tanhf/expf stay
 // scalar calls without -ffast-math and would make GELU several times slower than its memory
 // traffic.
-#include "keel/kernels/gelu.h"
+#include "keel/kernels/cpu/gelu.h"
 
-#include "keel/kernels/vec_math.h"
+#include "keel/kernels/cpu/vec_math.h"
 
 namespace keel::kernels {
 namespace {

@@ -8,23 +8,11 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/op_args.h"
 
 namespace keel::kernels {
-
-// Vocabulary parallelism (Megatron-LM's): `wte` holds rows [v0, v0 + Vp) of the padded
-// vocabulary, and `combine` turns each tile's per-row statistics over those rows — the
-// log-sum-exp (-inf where the shard holds no real id) and the target's logit (0 where another
-// shard holds the target) — into the whole vocabulary's, in place: the tensor-parallel ranks'
-// all-gather. Losses and softmax gradients are then the whole vocabulary's; dx is this shard's
-// term of the sum over the vocabulary, which the caller sums over the shards. Targets stay
-// global ids; V the global real vocabulary. No M×V logits exist anywhere.
-struct VocabShard {
-  int v0 = 0;
-  std::function<void(float* lse, float* target_logit, int rows)> combine;
-};
 
 // losses (M) fp32: -log softmax(x·wteᵀ)[target]  (0 where the target is negative).
 template <typename T>

@@ -7,14 +7,14 @@
 // feeds them to the two backward products; the full M×V logits never exist.
 //
 // Legend: M rows (B*T), C channels, V real vocabulary, Vp padded vocabulary.
-#include "keel/kernels/classifier.h"
+#include "keel/kernels/cpu/classifier.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "keel/kernels/matmul.h"
-#include "keel/kernels/vec_math.h"
+#include "keel/kernels/cpu/matmul.h"
+#include "keel/kernels/cpu/vec_math.h"
 
 namespace keel::kernels {
 namespace {

@@ -3,7 +3,7 @@
 // Legend: B batch, T time, NH query heads, NKV key/value heads, hs head size, h2 = hs/2.
 // The cos/sin table (T × h2) depends on the positions only: built once per call in float64, then
 // shared by every sequence and head.
-#include "keel/kernels/rope.h"
+#include "keel/kernels/cpu/rope.h"
 
 #include <cmath>
 #include <cstddef>

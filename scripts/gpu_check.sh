@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The device checks, in one run on one GPU (sized for an H200 in about 8 minutes):
+#   1. build keel with the CUDA backend and NCCL (build-gpu/),
+#   2. every kernel operation, forward and backward, CUDA against the CPU backend (kernels_test
+#      CudaAgainstCpu.*: odd sizes, fp32 ≤ 1e-5, bf16 ≤ 2e-2),
+#   3. whole models (GPT-2 and Llama, fp32 and bf16) on the GPU against the CPU backend: loss and
+#      every gradient (model_test ModelOnGpu.*),
+#   4. 50 steps of GPT-2 124M on the bundled corpus, GPU against CPU, fp32: the losses must track,
+#   5. throughput: GPT-2 124M, 350M and 774M in bf16, tokens/s and MFU against the H200's
+#      989 TFLOP/s dense bf16 peak (KEEL_PEAK_TFLOPS to change it).
+# Prints one PASS/FAIL line per check and a summary table (also in $OUT/gpu_check.txt when OUT is
+# set, as on the device tool); exits non-zero if any check failed.
+#
+#   scripts/gpu_check.sh
+#   KEEL_GPU_CHECK_DEVICE=cpu scripts/gpu_check.sh   # the same plumbing on the CPU, small models
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dev=${KEEL_GPU_CHECK_DEVICE:-cuda}
+out=${OUT:-build-gpu/check}
+peak_tflops=${KEEL_PEAK_TFLOPS:-989}
+build=build-gpu
+mkdir -p "$out"
+report="$out/gpu_check.txt"
+: >"$report"
+failed=0
+say() { echo "gpu_check: $*" | tee -a "$report"; }
+check() {  # check NAME COMMAND...: runs it, logs to $out/NAME.log, one PASS/FAIL line
+  local name=$1 t0=$SECONDS
+  shift
+  if "$@" >"$out/$name.log" 2>&1; then
+    say "PASS $name ($((SECONDS - t0)) s)"
+  else
+    say "FAIL $name ($((SECONDS - t0)) s): last lines of $out/$name.log:"
+    tail -n 15 "$out/$name.log" | sed 's/^/    /' | tee -a "$report"
+    failed=1
+  fi
+}
+
+# 0. What the machine has: a build needs the packages scripts/setup.sh installs.
+missing=()
+for cmd in cmake ninja g++ mpicxx pkg-config; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
+[[ $dev == cuda ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || missing+=(nvcc); }
+if ((${#missing[@]})); then
+  say "FAIL prerequisites: missing ${missing[*]} (scripts/setup.sh installs the Debian packages)"
+  exit 2
+fi
+if [[ $dev == cuda ]]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$report"
+fi
+
+# 1. Build.
+cuda_flag=$([[ $dev == cuda ]] && echo ON || echo AUTO)
+check build bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=$cuda_flag \
+  -DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=OFF && ninja -C $build -j$(nproc) keel kernels_test model_test"
+[[ -x $build/keel ]] || exit 1
+
+# 2, 3. Kernels and whole models against the CPU backend; on a GPU a skip is a failure.
+gpu_env=()
+[[ $dev == cuda ]] && gpu_env=(KEEL_REQUIRE_GPU=1)
+check kernels env "${gpu_env[@]}" OMP_NUM_THREADS="$(nproc)" $build/kernels_test \
+  --gtest_filter='CudaAgainstCpu*:Backend*'
+check models env "${gpu_env[@]}" OMP_NUM_THREADS="$(nproc)" $build/model_test \
+  --gtest_filter='ModelOnGpu*'
+
+# 4. GPT-2 124M for 50 steps, the GPU's losses against the CPU's (fp32 both; 5e-3 apart at most).
+if [[ ! -f data/brown/train/meta.json ]]; then
+  $build/keel data prepare assets/brown/brown.jsonl --out data/brown --val-fraction 0.05 \
+    --workers "$(nproc)" >"$out/prepare.log" 2>&1 || say "FAIL prepare (see $out/prepare.log)"
+fi
+model=$([[ $dev == cuda ]] && echo gpt2 || echo gpt2-tiny)
+run() {  # run NAME DEVICE PRECISION MODEL STEPS BATCH SEQ
+  $build/keel train configs/quickstart.toml --set model.name="$4" --set train.name="$1" \
+    --set train.out_dir="$out/runs" --set train.device="$2" --set train.precision="$3" \
+    --set train.steps="$5" --set train.batch_size="$6" --set data.seq_len="$7" \
+    --set train.val_every=0 --set train.val_batches=1 --set train.sample_count=0 \
+    --set checkpoint.at_end=false --set checkpoint.every_minutes=0 \
+    --set checkpoint.save_final=false --set optim.warmup_steps=5
+}
+rm -rf "$out/runs"
+track() {
+  run track_cpu cpu fp32 "$model" 50 4 256 && run track_gpu "$dev" fp32 "$model" 50 4 256 &&
+    /usr/bin/python3 - "$out/runs" <<'PY'
+import json, sys
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/{name}/metrics.jsonl") if '"loss"' in l]
+a, b = losses("track_cpu"), losses("track_gpu")
+assert len(a) == len(b) == 50, (len(a), len(b))
+worst = max(abs(x - y) for x, y in zip(a, b))
+print(f"50 steps: first loss {a[0]:.4f} / {b[0]:.4f}, last {a[-1]:.4f} / {b[-1]:.4f}, "
+      f"largest difference {worst:.2e}")
+assert worst <= 5e-3, "the GPU's losses drift from the CPU's"
+PY
+}
+check track_losses track
+grep -h "50 steps:" "$out/track_losses.log" | tee -a "$report"
+
+# 5. Throughput, bf16: the median step of the last 10 of 15 (B=16, T=1024; tiny models on a CPU).
+throughput() {
+  local name=$1 m=$2 batch=$3 seq=$4
+  run "tp_$name" "$dev" bf16 "$m" 15 "$batch" "$seq" || return 1
+  /usr/bin/python3 - "$out/runs/tp_$name/metrics.jsonl" "$m" "$seq" "$peak_tflops" <<'PY' | tee -a "$report"
+import json, statistics, sys
+path, model, T, peak = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+rows = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l]
+tok_s = statistics.median(r["tokens_per_s"] for r in rows[5:])
+L, C = {"gpt2": (12, 768), "gpt2-medium": (24, 1024), "gpt2-large": (36, 1280),
+        "gpt2-tiny": (2, 32), "gpt2-mini": (4, 256)}[model]
+N = 12 * L * C * C + 50304 * C              # weights of the matrix products, classifier included
+flops_per_token = 6 * N + 12 * L * C * T    # llm.c's count: matrix products and attention
+mfu = tok_s * flops_per_token / (peak * 1e12)
+print(f"throughput {model:12s} bf16 B·T={rows[0].get('tokens', 0) or ''}: {tok_s:12.0f} tokens/s, "
+      f"MFU {100 * mfu:5.1f}% of {peak:.0f} TFLOP/s")
+PY
+}
+if [[ $dev == cuda ]]; then
+  check throughput_124m throughput 124m gpt2 16 1024
+  check throughput_350m throughput 350m gpt2-medium 16 1024
+  check throughput_774m throughput 774m gpt2-large 16 1024
+else
+  check throughput_tiny throughput tiny gpt2-tiny 4 64
+fi
+
+say "summary: $([[ $failed == 0 ]] && echo 'every check passed' || echo 'some checks FAILED')"
+exit $failed

@@ -1,0 +1,44 @@
+#include "keel/kernels/backend.h"
+
+#include "keel/core/error.h"
+#include "keel/kernels/cpu/backend_cpu.h"
+#ifdef KEEL_HAVE_CUDA
+#include "keel/kernels/cuda/backend_cuda.h"
+#endif
+
+namespace keel::kernels {
+
+const char* DeviceName(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+
+bool ParseDevice(const std::string& s, Device* out) {
+  if (s == "cpu")
+    *out = Device::kCpu;
+  else if (s == "cuda")
+    *out = Device::kCuda;
+  else
+    return false;
+  return true;
+}
+
+bool CudaBuilt() {
+#ifdef KEEL_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+const Backend& Cpu() { return CpuBackend(); }
+
+const Backend& Get(Device d) {
+  if (d == Device::kCpu) return CpuBackend();
+#ifdef KEEL_HAVE_CUDA
+  return CudaBackend();
+#else
+  ThrowBadInput(
+      "[train] device = \"cuda\": this keel was built without the CUDA backend (cmake found no "
+      "nvcc; see README, GPUs)");
+#endif
+}
+
+}  // namespace keel::kernels

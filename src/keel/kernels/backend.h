@@ -1,0 +1,206 @@
+// The one interface between the model, optimizer and step and what they compute on, about the
+// size of ggml's backend interface: the memory of core/memory.h (allocate, zero, copy within and
+// across host↔device), a stream to order work on, and the kernel operations of both model
+// families, forward and backward as pairs. The CPU backend (cpu/) is keel's oneDNN and OpenMP
+// kernels over host memory; the CUDA backend (cuda/, built where nvcc is) is cuBLASLt and keel's
+// own kernels over device memory.
+//
+// Every pointer an operation takes lives in the backend's memory, except where a comment says
+// host. Operations are ordered on the backend's compute stream: on the CPU they have finished on
+// return, on a GPU they have been issued, and Memory's copies to the host wait for them.
+// The typed front doors (float or bf16 activations; weights of the same type; gradients, biases
+// and statistics fp32) forward to the type-erased virtual operations that a backend implements.
+//
+//   const Backend& be = kernels::Get(Device::kCuda);
+//   Buffer x(be, n * sizeof(bf16));
+//   be.MatmulForward(out, x.as<bf16>(), w, bias, M, K, N);
+#pragma once
+
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "keel/core/dtype.h"
+#include "keel/core/memory.h"
+#include "keel/kernels/op_args.h"
+
+namespace keel::kernels {
+
+enum class Device { kCpu, kCuda };
+const char* DeviceName(Device d);
+// "cpu" or "cuda"; false for anything else.
+bool ParseDevice(const std::string& s, Device* out);
+
+// The backend of `d`: the process-wide CPU one, or the CUDA one on this process's GPU. Throws
+// BadInput when `d` is not built into this keel or has no device here.
+const class Backend& Get(Device d);
+const class Backend& Cpu();
+// Whether this keel was built with the CUDA backend (and NCCL).
+bool CudaBuilt();
+
+class Backend : public Memory {
+ public:
+  virtual Device device() const = 0;
+  // Waits for everything issued on the compute stream.
+  virtual void Synchronize() const = 0;
+  // An event recorded on the compute stream now, and a wait for it from the host; lets a caller
+  // (checkpoint staging) know that the operations before a point have finished.
+  virtual void* RecordEvent() const = 0;
+  virtual void WaitEvent(void* event) const = 0;
+  virtual void DestroyEvent(void* event) const = 0;
+
+  // out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N, fp32; may be null); `accumulate` adds to out.
+  template <typename T>
+  void MatmulForward(T* out, const T* inp, const T* weight, const float* bias, int M, int K, int N,
+                     bool accumulate = false) const {
+    MatmulForwardOp(DTypeOf<T>(), out, inp, weight, bias, M, K, N, accumulate);
+  }
+  // dinp = dout·weight (overwritten; may be null), dweight += doutᵀ·inp, dbias += Σ rows dout.
+  template <typename T>
+  void MatmulBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                      const T* weight, int M, int K, int N) const {
+    MatmulBackwardOp(DTypeOf<T>(), dinp, dweight, dbias, dout, inp, weight, M, K, N);
+  }
+  // Causal attention over qkv (B,T, C + 2·C·NKV/NH) into out (B,T,C); lse (B,NH,T) for backward.
+  template <typename T>
+  void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH,
+                        int NKV = 0) const {
+    AttentionForwardOp(DTypeOf<T>(), out, lse, qkv, B, T_, C, NH, NKV ? NKV : NH);
+  }
+  template <typename T>
+  void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
+                         int B, int T_, int C, int NH, int NKV = 0) const {
+    AttentionBackwardOp(DTypeOf<T>(), dqkv, dout, qkv, out, lse, B, T_, C, NH, NKV ? NKV : NH);
+  }
+  template <typename T>
+  void LayerNormForward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                        const T* bias, int N, int C) const {
+    LayerNormForwardOp(DTypeOf<T>(), out, mean, rstd, inp, weight, bias, N, C);
+  }
+  // dinp += ∂/∂inp (accumulates into the residual stream's gradient); dweight, dbias +=.
+  template <typename T>
+  void LayerNormBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                         const T* weight, const float* mean, const float* rstd, int N,
+                         int C) const {
+    LayerNormBackwardOp(DTypeOf<T>(), dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  template <typename T>
+  void RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, int N, int C,
+                      float eps) const {
+    RmsNormForwardOp(DTypeOf<T>(), out, rstd, inp, weight, N, C, eps);
+  }
+  template <typename T>
+  void RmsNormBackward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
+                       const float* rstd, int N, int C) const {
+    RmsNormBackwardOp(DTypeOf<T>(), dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  template <typename T>
+  void GeluForward(T* out, const T* inp, size_t n) const {
+    GeluForwardOp(DTypeOf<T>(), out, inp, n);
+  }
+  template <typename T>
+  void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n) const {
+    GeluBackwardOp(DTypeOf<T>(), dinp, inp, dout, n);
+  }
+  // gate_up (N, 2F): out (N,F) = silu(gate)·up.
+  template <typename T>
+  void SwigluForward(T* out, const T* gate_up, int N, int F) const {
+    SwigluForwardOp(DTypeOf<T>(), out, gate_up, N, F);
+  }
+  template <typename T>
+  void SwigluBackward(T* dgate_up, const T* gate_up, const T* dout, int N, int F) const {
+    SwigluBackwardOp(DTypeOf<T>(), dgate_up, gate_up, dout, N, F);
+  }
+  // Rotary embedding of the q and k heads of qkv, in place (Hugging Face's rotate-half).
+  template <typename T>
+  void RopeForward(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta,
+                   int pos0 = 0) const {
+    RopeOp(DTypeOf<T>(), qkv, B, T_, NH, NKV, hs, theta, pos0, /*backward=*/false);
+  }
+  template <typename T>
+  void RopeBackward(T* dqkv, int B, int T_, int NH, int NKV, int hs, float theta,
+                    int pos0 = 0) const {
+    RopeOp(DTypeOf<T>(), dqkv, B, T_, NH, NKV, hs, theta, pos0, /*backward=*/true);
+  }
+  // tokens (B·T int32, in this backend's memory); rows of wte [v0, v1) only (vocabulary
+  // parallelism); wpe may be null.
+  template <typename T>
+  void EncoderForward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
+                      int C, int v0 = 0, int v1 = INT_MAX) const {
+    EncoderForwardOp(DTypeOf<T>(), out, tokens, wte, wpe, B, T_, C, v0, v1);
+  }
+  template <typename T>
+  void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B,
+                       int T_, int C, int v0 = 0, int v1 = INT_MAX) const {
+    EncoderBackwardOp(DTypeOf<T>(), dwte, dwpe, dout, tokens, B, T_, C, v0, v1);
+  }
+  // The classifier fused with cross-entropy in vocabulary chunks (cpu/classifier.h).
+  template <typename T>
+  void ClassifierForward(float* losses, const T* x, const T* wte, const int32_t* targets, int M,
+                         int C, int V, int Vp, const VocabShard* shard = nullptr) const {
+    ClassifierOp(DTypeOf<T>(), losses, nullptr, nullptr, x, wte, targets, 0.0f, M, C, V, Vp, shard);
+  }
+  template <typename T>
+  void ClassifierForwardBackward(float* losses, T* dx, float* dwte, const T* x, const T* wte,
+                                 const int32_t* targets, float dloss, int M, int C, int V, int Vp,
+                                 const VocabShard* shard = nullptr) const {
+    ClassifierOp(DTypeOf<T>(), losses, dx, dwte, x, wte, targets, dloss, M, C, V, Vp, shard);
+  }
+  template <typename T>
+  void ClassifierLogits(float* logits, const T* x, const T* wte, int M, int C, int V) const {
+    ClassifierLogitsOp(DTypeOf<T>(), logits, x, wte, M, C, V);
+  }
+
+  // AdamW on fp32 master weights (cpu/adamw.h); `working` (may be null) receives the bf16 rounding.
+  virtual void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad,
+                           size_t n, const AdamWParams& p) const = 0;
+  // Σ x², accumulated in fp64 in a fixed order (the same value whatever the thread count).
+  virtual double SumSquares(const float* x, size_t n) const = 0;
+  // Round-to-nearest-even of n fp32 values.
+  virtual void ToBf16(bf16* out, const float* in, size_t n) const = 0;
+  // dst += src, elementwise (a reduce-scattered gradient into the shard).
+  virtual void AddTo(float* dst, const float* src, size_t n) const = 0;
+
+ protected:
+  virtual void MatmulForwardOp(DType t, void* out, const void* inp, const void* weight,
+                               const float* bias, int M, int K, int N, bool accumulate) const = 0;
+  virtual void MatmulBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
+                                const void* inp, const void* weight, int M, int K, int N) const = 0;
+  virtual void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T,
+                                  int C, int NH, int NKV) const = 0;
+  virtual void AttentionBackwardOp(DType t, void* dqkv, const void* dout, const void* qkv,
+                                   const void* out, const float* lse, int B, int T, int C, int NH,
+                                   int NKV) const = 0;
+  virtual void LayerNormForwardOp(DType t, void* out, float* mean, float* rstd, const void* inp,
+                                  const void* weight, const void* bias, int N, int C) const = 0;
+  virtual void LayerNormBackwardOp(DType t, void* dinp, float* dweight, float* dbias,
+                                   const void* dout, const void* inp, const void* weight,
+                                   const float* mean, const float* rstd, int N, int C) const = 0;
+  virtual void RmsNormForwardOp(DType t, void* out, float* rstd, const void* inp,
+                                const void* weight, int N, int C, float eps) const = 0;
+  virtual void RmsNormBackwardOp(DType t, void* dinp, float* dweight, const void* dout,
+                                 const void* inp, const void* weight, const float* rstd, int N,
+                                 int C) const = 0;
+  virtual void GeluForwardOp(DType t, void* out, const void* inp, size_t n) const = 0;
+  virtual void GeluBackwardOp(DType t, void* dinp, const void* inp, const void* dout,
+                              size_t n) const = 0;
+  virtual void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const = 0;
+  virtual void SwigluBackwardOp(DType t, void* dgate_up, const void* gate_up, const void* dout,
+                                int N, int F) const = 0;
+  virtual void RopeOp(DType t, void* qkv, int B, int T, int NH, int NKV, int hs, float theta,
+                      int pos0, bool backward) const = 0;
+  virtual void EncoderForwardOp(DType t, void* out, const int32_t* tokens, const void* wte,
+                                const void* wpe, int B, int T, int C, int v0, int v1) const = 0;
+  virtual void EncoderBackwardOp(DType t, float* dwte, float* dwpe, const void* dout,
+                                 const int32_t* tokens, int B, int T, int C, int v0,
+                                 int v1) const = 0;
+  // dx null: forward only.
+  virtual void ClassifierOp(DType t, float* losses, void* dx, float* dwte, const void* x,
+                            const void* wte, const int32_t* targets, float dloss, int M, int C,
+                            int V, int Vp, const VocabShard* shard) const = 0;
+  virtual void ClassifierLogitsOp(DType t, float* logits, const void* x, const void* wte, int M,
+                                  int C, int V) const = 0;
+};
+
+}  // namespace keel::kernels

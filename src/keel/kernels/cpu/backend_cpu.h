@@ -1,0 +1,10 @@
+// The CPU backend: keel's kernels (oneDNN matrix products, OpenMP elsewhere) over host memory.
+#pragma once
+
+#include "keel/kernels/backend.h"
+
+namespace keel::kernels {
+
+const Backend& CpuBackend();
+
+}  // namespace keel::kernels

@@ -1,0 +1,181 @@
+// The CUDA backend's memory, events and the dispatch of its operations to the kernel files.
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/kernels/cuda/backend_cuda.h"
+#include "keel/kernels/cuda/cuda_util.cuh"
+
+namespace keel::kernels {
+namespace cuda {
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) ThrowRuntime(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+void Check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    ThrowRuntime(std::string("cuBLASLt: ") + what + ": status " + std::to_string(int(s)));
+}
+
+void* Scratch(int slot, size_t bytes) {
+  struct Block {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  static std::vector<Block> blocks(8);
+  Block& b = blocks.at(size_t(slot));
+  if (b.bytes < bytes) {
+    if (b.p) KEEL_CUDA(cudaFree(b.p));
+    KEEL_CUDA(cudaMalloc(&b.p, bytes));
+    b.bytes = bytes;
+  }
+  return b.p;
+}
+
+}  // namespace cuda
+
+namespace {
+
+using namespace cuda;
+
+class Cuda final : public Backend {
+ public:
+  Cuda() {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
+      ThrowBadInput("[train] device = \"cuda\": no GPU is visible to this process");
+    // One GPU per rank: the launcher's local rank picks it (OpenMPI, Slurm), else the first.
+    int local = 0;
+    for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
+      if (const char* s = std::getenv(v)) {
+        local = std::atoi(s);
+        break;
+      }
+    KEEL_CUDA(cudaSetDevice(local % n));
+  }
+  Device device() const override { return Device::kCuda; }
+  bool host_visible() const override { return false; }
+  void* Alloc(size_t bytes) const override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, (bytes + 63) / 64 * 64) != cudaSuccess) throw std::bad_alloc();
+    return p;
+  }
+  void Free(void* p) const override { cudaFree(p); }
+  void Zero(void* p, size_t bytes) const override {
+    if (bytes) KEEL_CUDA(cudaMemsetAsync(p, 0, bytes, 0));
+  }
+  void Copy(void* dst, const void* src, size_t bytes) const override {
+    if (bytes) KEEL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+  }
+  void FromHost(void* dst, const void* host, size_t bytes) const override {
+    if (bytes) KEEL_CUDA(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
+  }
+  void ToHost(void* host, const void* src, size_t bytes) const override {
+    if (bytes) KEEL_CUDA(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost));
+  }
+  void PinHost(void* p, size_t bytes) const override {
+    KEEL_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+  }
+  void UnpinHost(void* p) const override { cudaHostUnregister(p); }
+  void Synchronize() const override { KEEL_CUDA(cudaDeviceSynchronize()); }
+  void* RecordEvent() const override {
+    cudaEvent_t e;
+    KEEL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    KEEL_CUDA(cudaEventRecord(e, 0));
+    return e;
+  }
+  void WaitEvent(void* e) const override {
+    KEEL_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
+  }
+  void DestroyEvent(void* e) const override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+
+  void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
+                   const AdamWParams& p) const override {
+    cuda::AdamW(master, working, m, v, grad, n, p);
+  }
+  double SumSquares(const float* x, size_t n) const override { return cuda::SumSquares(x, n); }
+  void ToBf16(bf16* out, const float* in, size_t n) const override { cuda::ToBf16(out, in, n); }
+  void AddTo(float* dst, const float* src, size_t n) const override { cuda::AddTo(dst, src, n); }
+
+ protected:
+  void MatmulForwardOp(DType t, void* out, const void* inp, const void* weight, const float* bias,
+                       int M, int K, int N, bool accumulate) const override {
+    cuda::MatmulForward(t, out, inp, weight, bias, M, K, N, accumulate);
+  }
+  void MatmulBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
+                        const void* inp, const void* weight, int M, int K, int N) const override {
+    cuda::MatmulBackward(t, dinp, dweight, dbias, dout, inp, weight, M, K, N);
+  }
+  void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T, int C,
+                          int NH, int NKV) const override {
+    cuda::AttentionForward(t, out, lse, qkv, B, T, C, NH, NKV);
+  }
+  void AttentionBackwardOp(DType t, void* dqkv, const void* dout, const void* qkv, const void* out,
+                           const float* lse, int B, int T, int C, int NH, int NKV) const override {
+    cuda::AttentionBackward(t, dqkv, dout, qkv, out, lse, B, T, C, NH, NKV);
+  }
+  void LayerNormForwardOp(DType t, void* out, float* mean, float* rstd, const void* inp,
+                          const void* weight, const void* bias, int N, int C) const override {
+    cuda::LayerNormForward(t, out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void LayerNormBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
+                           const void* inp, const void* weight, const float* mean,
+                           const float* rstd, int N, int C) const override {
+    cuda::LayerNormBackward(t, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void RmsNormForwardOp(DType t, void* out, float* rstd, const void* inp, const void* weight, int N,
+                        int C, float eps) const override {
+    cuda::RmsNormForward(t, out, rstd, inp, weight, N, C, eps);
+  }
+  void RmsNormBackwardOp(DType t, void* dinp, float* dweight, const void* dout, const void* inp,
+                         const void* weight, const float* rstd, int N, int C) const override {
+    cuda::RmsNormBackward(t, dinp, dweight, dout, inp, weight, rstd, N, C);
+  }
+  void GeluForwardOp(DType t, void* out, const void* inp, size_t n) const override {
+    cuda::GeluForward(t, out, inp, n);
+  }
+  void GeluBackwardOp(DType t, void* dinp, const void* inp, const void* dout,
+                      size_t n) const override {
+    cuda::GeluBackward(t, dinp, inp, dout, n);
+  }
+  void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {
+    cuda::SwigluForward(t, out, gate_up, N, F);
+  }
+  void SwigluBackwardOp(DType t, void* dgate_up, const void* gate_up, const void* dout, int N,
+                        int F) const override {
+    cuda::SwigluBackward(t, dgate_up, gate_up, dout, N, F);
+  }
+  void RopeOp(DType t, void* qkv, int B, int T, int NH, int NKV, int hs, float theta, int pos0,
+              bool backward) const override {
+    cuda::Rope(t, qkv, B, T, NH, NKV, hs, theta, pos0, backward);
+  }
+  void EncoderForwardOp(DType t, void* out, const int32_t* tokens, const void* wte, const void* wpe,
+                        int B, int T, int C, int v0, int v1) const override {
+    cuda::EncoderForward(t, out, tokens, wte, wpe, B, T, C, v0, v1);
+  }
+  void EncoderBackwardOp(DType t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens,
+                         int B, int T, int C, int v0, int v1) const override {
+    cuda::EncoderBackward(t, dwte, dwpe, dout, tokens, B, T, C, v0, v1);
+  }
+  void ClassifierOp(DType t, float* losses, void* dx, float* dwte, const void* x, const void* wte,
+                    const int32_t* targets, float dloss, int M, int C, int V, int Vp,
+                    const VocabShard* shard) const override {
+    KEEL_CHECK(shard == nullptr, "CUDA backend: vocabulary parallelism is not built yet");
+    cuda::Classifier(t, losses, dx, dwte, x, wte, targets, dloss, M, C, V, Vp);
+  }
+  void ClassifierLogitsOp(DType t, float* logits, const void* x, const void* wte, int M, int C,
+                          int V) const override {
+    cuda::ClassifierLogits(t, logits, x, wte, M, C, V);
+  }
+};
+
+}  // namespace
+
+const Backend& CudaBackend() {
+  static const Cuda cuda;
+  return cuda;
+}
+
+}  // namespace keel::kernels

@@ -1,0 +1,30 @@
+// The arguments of kernel operations that every backend shares.
+#pragma once
+
+#include <functional>
+
+namespace keel::kernels {
+
+// Vocabulary parallelism (Megatron-LM's): `wte` holds rows [v0, v0 + Vp) of the padded
+// vocabulary, and `combine` turns each tile's per-row statistics over those rows — the
+// log-sum-exp (-inf where the shard holds no real id) and the target's logit (0 where another
+// shard holds the target) — into the whole vocabulary's, in place: the tensor-parallel ranks'
+// all-gather. Losses and softmax gradients are then the whole vocabulary's; dx is this shard's
+// term of the sum over the vocabulary, which the caller sums over the shards. Targets stay
+// global ids; V the global real vocabulary. No M×V logits exist anywhere.
+struct VocabShard {
+  int v0 = 0;
+  std::function<void(float* lse, float* target_logit, int rows)> combine;
+};
+
+struct AdamWParams {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float grad_scale = 1.0f;  // e.g. the clipping factor
+  int step = 1;
+};
+
+}  // namespace keel::kernels

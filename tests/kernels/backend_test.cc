@@ -1,0 +1,386 @@
+// The backend seam. Every kernel operation, forward and backward, through the CUDA backend against
+// the CPU backend (itself checked against float64 references and finite differences by the other
+// kernel tests), on random inputs of odd sizes, in fp32 (≤ 1e-5 of the largest reference value)
+// and bf16 (≤ 2e-2: both sides round their outputs to bf16, 2^-8 apart at most, and accumulate in
+// fp32 in different orders). The CUDA cases skip, saying why, where no GPU is visible (CI);
+// scripts/gpu_check.sh runs them on one. The memory cases run everywhere.
+#include "keel/kernels/backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "keel/core/error.h"
+
+namespace keel::kernels {
+namespace {
+
+using Outputs = std::vector<std::vector<float>>;
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+// Buffers of one backend, filled from host vectors (rounded to bf16 where the dtype says so)
+// and read back as floats.
+class Dev {
+ public:
+  Dev(const Backend& be, DType t) : be_(be), t_(t) {}
+  const Backend& be() const { return be_; }
+  void* Up(const std::vector<float>& x) {
+    return t_ == DType::kF32 ? static_cast<void*>(UpF(x)) : static_cast<void*>(UpBf16(x));
+  }
+  float* UpF(const std::vector<float>& x) {
+    return static_cast<float*>(Put(x.data(), 4 * x.size()));
+  }
+  bf16* UpBf16(const std::vector<float>& x) {
+    std::vector<bf16> h(x.size());
+    for (size_t i = 0; i < x.size(); ++i) h[i] = ToBf16(x[i]);
+    return static_cast<bf16*>(Put(h.data(), 2 * h.size()));
+  }
+  int32_t* UpI(const std::vector<int32_t>& x) {
+    return static_cast<int32_t*>(Put(x.data(), 4 * x.size()));
+  }
+  std::vector<float> Down(const void* p, size_t n) const {
+    return t_ == DType::kF32 ? DownF(static_cast<const float*>(p), n) : DownBf16(p, n);
+  }
+  std::vector<float> DownF(const float* p, size_t n) const {
+    std::vector<float> h(n);
+    be_.ToHost(h.data(), p, 4 * n);
+    return h;
+  }
+  std::vector<float> DownBf16(const void* p, size_t n) const {
+    std::vector<bf16> h(n);
+    be_.ToHost(h.data(), p, 2 * n);
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; ++i) f[i] = ToFloat(h[i]);
+    return f;
+  }
+
+ private:
+  void* Put(const void* host, size_t bytes) {
+    bufs_.push_back(std::make_unique<Buffer>(be_, bytes));
+    be_.FromHost(bufs_.back()->data(), host, bytes);
+    return bufs_.back()->data();
+  }
+  const Backend& be_;
+  DType t_;
+  std::vector<std::unique_ptr<Buffer>> bufs_;
+};
+
+using Op = std::function<Outputs(Dev&)>;
+
+// The GPU backend, or why there is none.
+const Backend* Gpu(std::string* why) {
+  if (!CudaBuilt()) {
+    *why = "this keel was built without the CUDA backend";
+    return nullptr;
+  }
+  try {
+    return &Get(Device::kCuda);
+  } catch (const Error& e) {
+    *why = e.what();
+    return nullptr;
+  }
+}
+
+class CudaAgainstCpu : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    gpu_ = Gpu(&why);
+    if (!gpu_ && std::getenv("KEEL_REQUIRE_GPU")) FAIL() << "KEEL_REQUIRE_GPU is set: " << why;
+    if (!gpu_) GTEST_SKIP() << "no GPU backend here: " << why;
+  }
+  // Runs `op` on both backends and compares every output.
+  void Compare(const char* what, const Op& op) {
+    const DType t = GetParam();
+    const double tol = t == DType::kF32 ? 1e-5 : 2e-2;
+    Dev cpu(Cpu(), t), gpu(*gpu_, t);
+    const Outputs want = op(cpu), got = op(gpu);
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t k = 0; k < want.size(); ++k) {
+      ASSERT_EQ(want[k].size(), got[k].size());
+      double scale = 1e-30, err = 0;
+      size_t worst = 0;
+      for (size_t i = 0; i < want[k].size(); ++i) {
+        scale = std::max(scale, double(std::fabs(want[k][i])));
+        const double e = std::fabs(double(want[k][i]) - got[k][i]);
+        if (!(e <= err)) err = e, worst = i;
+      }
+      EXPECT_LE(err / scale, tol) << what << " (" << DTypeName(t) << "), output " << k
+                                  << ": element " << worst << " is " << got[k][worst]
+                                  << ", the CPU backend's " << want[k][worst];
+    }
+  }
+  const Backend* gpu_ = nullptr;
+};
+
+TEST_P(CudaAgainstCpu, Matmul) {
+  for (bool acc : {false, true}) {
+    const int M = 37, K = 67, N = 29;
+    Compare("matmul", [&](Dev& d) -> Outputs {
+      void* out = d.Up(Random(size_t(M) * N, 1));
+      const void* inp = d.Up(Random(size_t(M) * K, 2));
+      const void* w = d.Up(Random(size_t(N) * K, 3, 0.1f));
+      const float* bias = d.UpF(Random(size_t(N), 4));
+      void* dinp = d.Up(Random(size_t(M) * K, 5));
+      float* dw = d.UpF(Random(size_t(N) * K, 6));
+      float* db = d.UpF(Random(size_t(N), 7));
+      const void* dout = d.Up(Random(size_t(M) * N, 8));
+      const Backend& be = d.be();
+      if (GetParam() == DType::kF32) {
+        be.MatmulForward(static_cast<float*>(out), static_cast<const float*>(inp),
+                         static_cast<const float*>(w), bias, M, K, N, acc);
+        be.MatmulBackward(static_cast<float*>(dinp), dw, db, static_cast<const float*>(dout),
+                          static_cast<const float*>(inp), static_cast<const float*>(w), M, K, N);
+      } else {
+        be.MatmulForward(static_cast<bf16*>(out), static_cast<const bf16*>(inp),
+                         static_cast<const bf16*>(w), bias, M, K, N, acc);
+        be.MatmulBackward(static_cast<bf16*>(dinp), dw, db, static_cast<const bf16*>(dout),
+                          static_cast<const bf16*>(inp), static_cast<const bf16*>(w), M, K, N);
+      }
+      return {d.Down(out, size_t(M) * N), d.Down(dinp, size_t(M) * K), d.DownF(dw, size_t(N) * K),
+              d.DownF(db, size_t(N))};
+    });
+  }
+}
+
+// Runs a typed body with the pointers cast to the parameter's element type.
+template <typename F>
+void WithType(DType t, F&& f) {
+  if (t == DType::kF32)
+    f(float{});
+  else
+    f(bf16{});
+}
+
+TEST_P(CudaAgainstCpu, Attention) {
+  struct S {
+    int B, T, C, NH, NKV;
+  };
+  for (const S s :
+       {S{2, 67, 48, 3, 3}, S{1, 130, 128, 2, 2}, S{2, 33, 64, 4, 2}, S{1, 5, 32, 4, 1}}) {
+    const int hs = s.C / s.NH, W = s.C + 2 * s.NKV * hs;
+    const size_t rows = size_t(s.B) * s.T;
+    Compare("attention", [&](Dev& d) -> Outputs {
+      const void* qkv = d.Up(Random(rows * W, 11));
+      void* out = d.Up(std::vector<float>(rows * s.C));
+      float* lse = d.UpF(std::vector<float>(size_t(s.B) * s.NH * s.T));
+      const void* dout = d.Up(Random(rows * s.C, 12));
+      void* dqkv = d.Up(std::vector<float>(rows * W));
+      WithType(GetParam(), [&](auto z) {
+        using T = decltype(z);
+        d.be().AttentionForward(static_cast<T*>(out), lse, static_cast<const T*>(qkv), s.B, s.T,
+                                s.C, s.NH, s.NKV);
+        d.be().AttentionBackward(static_cast<T*>(dqkv), static_cast<const T*>(dout),
+                                 static_cast<const T*>(qkv), static_cast<const T*>(out), lse, s.B,
+                                 s.T, s.C, s.NH, s.NKV);
+      });
+      return {d.Down(out, rows * s.C), d.DownF(lse, size_t(s.B) * s.NH * s.T),
+              d.Down(dqkv, rows * W)};
+    });
+  }
+}
+
+TEST_P(CudaAgainstCpu, Norms) {
+  const int N = 37, C = 67;
+  for (bool rms : {false, true}) {
+    Compare(rms ? "rmsnorm" : "layernorm", [&](Dev& d) -> Outputs {
+      const void* inp = d.Up(Random(size_t(N) * C, 21));
+      const void* w = d.Up(Random(size_t(C), 22));
+      const void* b = d.Up(Random(size_t(C), 23));
+      void* out = d.Up(std::vector<float>(size_t(N) * C));
+      float* mean = d.UpF(std::vector<float>(size_t(N)));
+      float* rstd = d.UpF(std::vector<float>(size_t(N)));
+      const void* dout = d.Up(Random(size_t(N) * C, 24));
+      void* dinp = d.Up(Random(size_t(N) * C, 25));
+      float* dw = d.UpF(Random(size_t(C), 26));
+      float* db = d.UpF(Random(size_t(C), 27));
+      WithType(GetParam(), [&](auto z) {
+        using T = decltype(z);
+        const Backend& be = d.be();
+        const T *x = static_cast<const T*>(inp), *wt = static_cast<const T*>(w);
+        if (rms) {
+          be.RmsNormForward(static_cast<T*>(out), rstd, x, wt, N, C, 1e-5f);
+          be.RmsNormBackward(static_cast<T*>(dinp), dw, static_cast<const T*>(dout), x, wt, rstd, N,
+                             C);
+        } else {
+          be.LayerNormForward(static_cast<T*>(out), mean, rstd, x, wt, static_cast<const T*>(b), N,
+                              C);
+          be.LayerNormBackward(static_cast<T*>(dinp), dw, db, static_cast<const T*>(dout), x, wt,
+                               mean, rstd, N, C);
+        }
+      });
+      return {d.Down(out, size_t(N) * C), d.DownF(rstd, size_t(N)), d.Down(dinp, size_t(N) * C),
+              d.DownF(dw, size_t(C)), d.DownF(db, size_t(C))};
+    });
+  }
+}
+
+TEST_P(CudaAgainstCpu, Activations) {
+  const int N = 37, F = 53;
+  const size_t n = 1001;
+  Compare("gelu, swiglu", [&](Dev& d) -> Outputs {
+    const void* x = d.Up(Random(n, 31, 2.0f));
+    const void* dy = d.Up(Random(n, 32));
+    void* y = d.Up(std::vector<float>(n));
+    void* dx = d.Up(std::vector<float>(n));
+    const void* gu = d.Up(Random(size_t(N) * 2 * F, 33, 2.0f));
+    const void* dh = d.Up(Random(size_t(N) * F, 34));
+    void* h = d.Up(std::vector<float>(size_t(N) * F));
+    void* dgu = d.Up(std::vector<float>(size_t(N) * 2 * F));
+    WithType(GetParam(), [&](auto z) {
+      using T = decltype(z);
+      const Backend& be = d.be();
+      be.GeluForward(static_cast<T*>(y), static_cast<const T*>(x), n);
+      be.GeluBackward(static_cast<T*>(dx), static_cast<const T*>(x), static_cast<const T*>(dy), n);
+      be.SwigluForward(static_cast<T*>(h), static_cast<const T*>(gu), N, F);
+      be.SwigluBackward(static_cast<T*>(dgu), static_cast<const T*>(gu), static_cast<const T*>(dh),
+                        N, F);
+    });
+    return {d.Down(y, n), d.Down(dx, n), d.Down(h, size_t(N) * F), d.Down(dgu, size_t(N) * 2 * F)};
+  });
+}
+
+TEST_P(CudaAgainstCpu, RopeAndEmbeddings) {
+  const int B = 2, T = 13, NH = 4, NKV = 2, hs = 16, C = 24, V = 50;
+  const size_t qkvn = size_t(B) * T * (NH + 2 * NKV) * hs;
+  std::vector<int32_t> tokens(size_t(B) * T);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + 3) % V);
+  Compare("rope, encoder", [&](Dev& d) -> Outputs {
+    void* q = d.Up(Random(qkvn, 41));
+    void* dq = d.Up(Random(qkvn, 42));
+    const int32_t* tok = d.UpI(tokens);
+    const void* wte = d.Up(Random(size_t(V) * C, 43));
+    const void* wpe = d.Up(Random(size_t(T) * C, 44));
+    void* out = d.Up(std::vector<float>(size_t(B) * T * C));
+    const void* dout = d.Up(Random(size_t(B) * T * C, 45));
+    float* dwte = d.UpF(Random(size_t(V) * C, 46));
+    float* dwpe = d.UpF(Random(size_t(T) * C, 47));
+    WithType(GetParam(), [&](auto z) {
+      using U = decltype(z);
+      const Backend& be = d.be();
+      be.RopeForward(static_cast<U*>(q), B, T, NH, NKV, hs, 10000.0f, 3);
+      be.RopeBackward(static_cast<U*>(dq), B, T, NH, NKV, hs, 10000.0f);
+      be.EncoderForward(static_cast<U*>(out), tok, static_cast<const U*>(wte),
+                        static_cast<const U*>(wpe), B, T, C);
+      be.EncoderBackward(dwte, dwpe, static_cast<const U*>(dout), tok, B, T, C);
+    });
+    return {d.Down(q, qkvn), d.Down(dq, qkvn), d.Down(out, size_t(B) * T * C),
+            d.DownF(dwte, size_t(V) * C), d.DownF(dwpe, size_t(T) * C)};
+  });
+}
+
+TEST_P(CudaAgainstCpu, Classifier) {
+  const int M = 37, C = 24, V = 301, Vp = 384;
+  std::vector<int32_t> targets(static_cast<size_t>(M));
+  for (int r = 0; r < M; ++r) targets[size_t(r)] = r % 9 == 4 ? -1 : (r * 37) % V;
+  Compare("classifier", [&](Dev& d) -> Outputs {
+    const void* x = d.Up(Random(size_t(M) * C, 51));
+    const void* wte = d.Up(Random(size_t(Vp) * C, 52, 0.3f));
+    const int32_t* tgt = d.UpI(targets);
+    float* losses = d.UpF(std::vector<float>(size_t(M)));
+    float* losses2 = d.UpF(std::vector<float>(size_t(M)));
+    void* dx = d.Up(std::vector<float>(size_t(M) * C));
+    float* dwte = d.UpF(Random(size_t(Vp) * C, 53));
+    float* logits = d.UpF(std::vector<float>(size_t(M) * V));
+    WithType(GetParam(), [&](auto z) {
+      using T = decltype(z);
+      const Backend& be = d.be();
+      const T *xt = static_cast<const T*>(x), *wt = static_cast<const T*>(wte);
+      be.ClassifierForward(losses, xt, wt, tgt, M, C, V, Vp);
+      be.ClassifierForwardBackward(losses2, static_cast<T*>(dx), dwte, xt, wt, tgt, 0.5f, M, C, V,
+                                   Vp);
+      be.ClassifierLogits(logits, xt, wt, M, C, V);
+    });
+    return {d.DownF(losses, size_t(M)), d.DownF(losses2, size_t(M)), d.Down(dx, size_t(M) * C),
+            d.DownF(dwte, size_t(Vp) * C), d.DownF(logits, size_t(M) * V)};
+  });
+}
+
+TEST_P(CudaAgainstCpu, OptimizerAndReductions) {
+  const size_t n = 100003;
+  Compare("adamw, sum of squares, bf16 rounding, add", [&](Dev& d) -> Outputs {
+    float* master = d.UpF(Random(n, 61));
+    float* m = d.UpF(Random(n, 62, 0.01f));
+    std::vector<float> v0 = Random(n, 63, 0.01f);
+    for (float& x : v0) x = x * x;
+    float* v = d.UpF(v0);
+    const float* g = d.UpF(Random(n, 64));
+    bf16* working = d.UpBf16(std::vector<float>(n));
+    float* acc = d.UpF(Random(n, 65));
+    AdamWParams p;
+    p.lr = 1e-3f, p.weight_decay = 0.1f, p.grad_scale = 0.7f, p.step = 3;
+    const Backend& be = d.be();
+    const double sq = be.SumSquares(g, n);
+    be.AdamWUpdate(master, working, m, v, g, n, p);
+    be.AddTo(acc, g, n);
+    bf16* rounded = d.UpBf16(std::vector<float>(n));
+    be.ToBf16(rounded, acc, n);
+    return {d.DownF(master, n), d.DownF(m, n),          d.DownF(v, n), d.DownBf16(working, n),
+            d.DownF(acc, n),    d.DownBf16(rounded, n), {float(sq)}};
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAgainstCpu, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const auto& info) { return std::string(DTypeName(info.param)); });
+
+TEST(Backend, CpuMemoryRoundTrips) {
+  const Backend& be = Cpu();
+  EXPECT_TRUE(be.host_visible());
+  EXPECT_EQ(be.device(), Device::kCpu);
+  Buffer z = Buffer::Zeroed(be, 4 * 1000);
+  std::vector<float> host(1000, 1.0f);
+  be.ToHost(host.data(), z.data(), z.bytes());
+  for (float x : host) ASSERT_EQ(x, 0.0f);
+  const std::vector<float> src = Random(1000, 71);
+  be.FromHost(z.data(), src.data(), 4 * src.size());
+  Buffer copy(be, z.bytes());
+  be.Copy(copy.data(), z.data(), z.bytes());
+  be.ToHost(host.data(), copy.data(), copy.bytes());
+  EXPECT_EQ(host, src);
+  Buffer moved = std::move(copy);
+  EXPECT_EQ(copy.data(), nullptr);
+  EXPECT_EQ(moved.bytes(), 4u * 1000);
+}
+
+TEST(Backend, DeviceNames) {
+  Device d = Device::kCuda;
+  EXPECT_TRUE(ParseDevice("cpu", &d));
+  EXPECT_EQ(d, Device::kCpu);
+  EXPECT_TRUE(ParseDevice("cuda", &d));
+  EXPECT_EQ(d, Device::kCuda);
+  EXPECT_FALSE(ParseDevice("gpu", &d));
+  EXPECT_STREQ(DeviceName(Device::kCuda), "cuda");
+}
+
+// Asking for a GPU that is not there is bad input naming the key, not a crash.
+TEST(Backend, CudaWithoutGpuIsBadInput) {
+  std::string why;
+  if (Gpu(&why)) GTEST_SKIP() << "a GPU is visible here";
+  if (!CudaBuilt()) {
+    try {
+      Get(Device::kCuda);
+      FAIL() << "Get(kCuda) returned without CUDA built in";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput);
+      EXPECT_NE(std::string(e.what()).find("[train] device"), std::string::npos) << e.what();
+    }
+  } else {
+    EXPECT_NE(why.find("no GPU"), std::string::npos) << why;
+  }
+}
+
+}  // namespace
+}  // namespace keel::kernels
