@@ -8,15 +8,16 @@
 #   4. 50 steps of GPT-2 124M on the bundled corpus, GPU against CPU, fp32: the losses must track,
 #   5. throughput: GPT-2 124M, 350M and 774M in bf16, tokens/s and MFU against the H200's
 #      989 TFLOP/s dense bf16 peak (KEEL_PEAK_TFLOPS to change it).
-# Prints one PASS/FAIL line per check and a summary table (also in $OUT/gpu_check.txt when OUT is
-# set, as on the device tool); exits non-zero if any check failed.
+# Prints one PASS/FAIL line per check and the figures; work and logs go to build-gpu/check, and
+# where OUT is set (the device tool) the report and every log come back as $OUT/gpu_check.txt and
+# $OUT/gpu_check_logs.txt. Exits non-zero if any check failed.
 #
 #   scripts/gpu_check.sh
 #   KEEL_GPU_CHECK_DEVICE=cpu scripts/gpu_check.sh   # the same plumbing on the CPU, small models
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dev=${KEEL_GPU_CHECK_DEVICE:-cuda}
-out=${OUT:-build-gpu/check}
+out=build-gpu/check
 peak_tflops=${KEEL_PEAK_TFLOPS:-989}
 build=build-gpu
 mkdir -p "$out"
@@ -36,40 +37,65 @@ check() {  # check NAME COMMAND...: runs it, logs to $out/NAME.log, one PASS/FAI
   fi
 }
 
-# 0. What the machine has: a build needs the packages scripts/setup.sh installs.
-missing=()
-for cmd in cmake ninja g++ mpicxx pkg-config; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
-[[ $dev == cuda ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || missing+=(nvcc); }
-if ((${#missing[@]})); then
-  say "FAIL prerequisites: missing ${missing[*]} (scripts/setup.sh installs the Debian packages)"
-  exit 2
+# 0, 1. The binaries: from build-gpu-bundle.tgz (scripts/gpu_bundle.sh, made on a machine with
+# keel's Debian packages) where it is here, else built here (this machine then needs them).
+export KEEL_ASSETS=$PWD/assets
+bin=$build
+if [[ -f build-gpu-bundle.tgz ]]; then
+  rm -rf build-gpu-bundle && tar xzf build-gpu-bundle.tgz
+  bin=build-gpu-bundle
+  # CUDA's own libraries here: the toolkit's, or the pip wheels' that PyTorch loads.
+  libdirs=$PWD/build-gpu-bundle/lib
+  for name in libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
+    found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
+    [[ -z $found ]] && found=$(find /usr/local/cuda* /usr/lib /opt /usr/local/lib -name "$name" \
+      2>/dev/null | head -n 1)
+    [[ -n $found ]] && libdirs+=":$(dirname "$found")"
+  done
+  export LD_LIBRARY_PATH=$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  if ldd "$bin/keel" | grep -q "not found"; then
+    say "FAIL bundle: libraries not found: $(ldd "$bin/keel" | awk '/not found/ {print $1}' | tr '\n' ' ')"
+    [[ -n ${OUT:-} ]] && cp "$report" "$OUT/gpu_check.txt"
+    exit 2
+  fi
+  say "PASS bundle (libraries from $libdirs)"
+else
+  missing=()
+  for cmd in cmake ninja g++ mpicxx pkg-config; do command -v "$cmd" >/dev/null || missing+=("$cmd"); done
+  if [[ $dev == cuda ]] && ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+    missing+=(nvcc)
+  fi
+  if ((${#missing[@]})); then
+    say "FAIL prerequisites: missing ${missing[*]}: install keel's packages (scripts/setup.sh) or" \
+      "bring build-gpu-bundle.tgz (scripts/gpu_bundle.sh)"
+    exit 2
+  fi
+  cuda_flag=$([[ $dev == cuda ]] && echo ON || echo AUTO)
+  check build bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKEEL_CUDA=$cuda_flag -DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=OFF &&
+    ninja -C $build -j$(nproc) keel kernels_test model_test"
+  [[ -x $build/keel ]] || exit 1
 fi
 if [[ $dev == cuda ]]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$report"
 fi
 
-# 1. Build.
-cuda_flag=$([[ $dev == cuda ]] && echo ON || echo AUTO)
-check build bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=$cuda_flag \
-  -DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=OFF && ninja -C $build -j$(nproc) keel kernels_test model_test"
-[[ -x $build/keel ]] || exit 1
-
 # 2, 3. Kernels and whole models against the CPU backend; on a GPU a skip is a failure.
 gpu_env=()
 [[ $dev == cuda ]] && gpu_env=(KEEL_REQUIRE_GPU=1)
-check kernels env "${gpu_env[@]}" OMP_NUM_THREADS="$(nproc)" $build/kernels_test \
+check kernels env "${gpu_env[@]}" OMP_NUM_THREADS="$(nproc)" "$bin/kernels_test" \
   --gtest_filter='CudaAgainstCpu*:Backend*'
-check models env "${gpu_env[@]}" OMP_NUM_THREADS="$(nproc)" $build/model_test \
+check models env "${gpu_env[@]}" OMP_NUM_THREADS="$(nproc)" "$bin/model_test" \
   --gtest_filter='ModelOnGpu*'
 
 # 4. GPT-2 124M for 50 steps, the GPU's losses against the CPU's (fp32 both; 5e-3 apart at most).
 if [[ ! -f data/brown/train/meta.json ]]; then
-  $build/keel data prepare assets/brown/brown.jsonl --out data/brown --val-fraction 0.05 \
+  "$bin/keel" data prepare assets/brown/brown.jsonl --out data/brown --val-fraction 0.05 \
     --workers "$(nproc)" >"$out/prepare.log" 2>&1 || say "FAIL prepare (see $out/prepare.log)"
 fi
 model=$([[ $dev == cuda ]] && echo gpt2 || echo gpt2-tiny)
 run() {  # run NAME DEVICE PRECISION MODEL STEPS BATCH SEQ
-  $build/keel train configs/quickstart.toml --set model.name="$4" --set train.name="$1" \
+  "$bin/keel" train configs/quickstart.toml --set model.name="$4" --set train.name="$1" \
     --set train.out_dir="$out/runs" --set train.device="$2" --set train.precision="$3" \
     --set train.steps="$5" --set train.batch_size="$6" --set data.seq_len="$7" \
     --set train.val_every=0 --set train.val_batches=1 --set train.sample_count=0 \
@@ -79,7 +105,7 @@ run() {  # run NAME DEVICE PRECISION MODEL STEPS BATCH SEQ
 rm -rf "$out/runs"
 track() {
   run track_cpu cpu fp32 "$model" 50 4 256 && run track_gpu "$dev" fp32 "$model" 50 4 256 &&
-    /usr/bin/python3 - "$out/runs" <<'PY'
+    python3 - "$out/runs" <<'PY'
 import json, sys
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/{name}/metrics.jsonl") if '"loss"' in l]
@@ -98,7 +124,7 @@ grep -h "50 steps:" "$out/track_losses.log" | tee -a "$report"
 throughput() {
   local name=$1 m=$2 batch=$3 seq=$4
   run "tp_$name" "$dev" bf16 "$m" 15 "$batch" "$seq" || return 1
-  /usr/bin/python3 - "$out/runs/tp_$name/metrics.jsonl" "$m" "$seq" "$peak_tflops" <<'PY' | tee -a "$report"
+  python3 - "$out/runs/tp_$name/metrics.jsonl" "$m" "$seq" "$peak_tflops" <<'PY' | tee -a "$report"
 import json, statistics, sys
 path, model, T, peak = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 rows = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l]
@@ -108,7 +134,7 @@ L, C = {"gpt2": (12, 768), "gpt2-medium": (24, 1024), "gpt2-large": (36, 1280),
 N = 12 * L * C * C + 50304 * C              # weights of the matrix products, classifier included
 flops_per_token = 6 * N + 12 * L * C * T    # llm.c's count: matrix products and attention
 mfu = tok_s * flops_per_token / (peak * 1e12)
-print(f"throughput {model:12s} bf16 B·T={rows[0].get('tokens', 0) or ''}: {tok_s:12.0f} tokens/s, "
+print(f"throughput {model:12s} bf16, T={T}: {tok_s:12.0f} tokens/s, "
       f"MFU {100 * mfu:5.1f}% of {peak:.0f} TFLOP/s")
 PY
 }
@@ -121,4 +147,11 @@ else
 fi
 
 say "summary: $([[ $failed == 0 ]] && echo 'every check passed' || echo 'some checks FAILED')"
+if [[ -n ${OUT:-} ]]; then
+  cp "$report" "$OUT/gpu_check.txt"
+  for f in "$out"/*.log; do
+    echo "===== $f"
+    cat "$f"
+  done >"$OUT/gpu_check_logs.txt"
+fi
 exit $failed

@@ -165,32 +165,40 @@ void WithType(DType t, F&& f) {
     f(bf16{});
 }
 
+// Head sizes 16, 64, 16 (grouped), 8, 128 (multi-query), 32; bf16 runs twice: the tensor-core
+// kernels (head sizes 16, 32, 64, 128) and the simple ones.
 TEST_P(CudaAgainstCpu, Attention) {
   struct S {
     int B, T, C, NH, NKV;
   };
-  for (const S s :
-       {S{2, 67, 48, 3, 3}, S{1, 130, 128, 2, 2}, S{2, 33, 64, 4, 2}, S{1, 5, 32, 4, 1}}) {
-    const int hs = s.C / s.NH, W = s.C + 2 * s.NKV * hs;
-    const size_t rows = size_t(s.B) * s.T;
-    Compare("attention", [&](Dev& d) -> Outputs {
-      const void* qkv = d.Up(Random(rows * W, 11));
-      void* out = d.Up(std::vector<float>(rows * s.C));
-      float* lse = d.UpF(std::vector<float>(size_t(s.B) * s.NH * s.T));
-      const void* dout = d.Up(Random(rows * s.C, 12));
-      void* dqkv = d.Up(std::vector<float>(rows * W));
-      WithType(GetParam(), [&](auto z) {
-        using T = decltype(z);
-        d.be().AttentionForward(static_cast<T*>(out), lse, static_cast<const T*>(qkv), s.B, s.T,
-                                s.C, s.NH, s.NKV);
-        d.be().AttentionBackward(static_cast<T*>(dqkv), static_cast<const T*>(dout),
-                                 static_cast<const T*>(qkv), static_cast<const T*>(out), lse, s.B,
-                                 s.T, s.C, s.NH, s.NKV);
+  const std::vector<S> shapes = {S{2, 67, 48, 3, 3}, S{1, 130, 128, 2, 2}, S{2, 33, 64, 4, 2},
+                                 S{1, 5, 32, 4, 1},  S{1, 200, 256, 2, 1}, S{2, 70, 96, 3, 3}};
+  const int passes = GetParam() == DType::kBF16 ? 2 : 1;
+  for (int pass = 0; pass < passes; ++pass) {
+    if (pass == 1) setenv("KEEL_CUDA_ATTENTION", "simple", 1);
+    for (const S& s : shapes) {
+      const int hs = s.C / s.NH, W = s.C + 2 * s.NKV * hs;
+      const size_t rows = size_t(s.B) * s.T;
+      Compare(pass ? "attention (simple kernels)" : "attention", [&](Dev& d) -> Outputs {
+        const void* qkv = d.Up(Random(rows * W, 11));
+        void* out = d.Up(std::vector<float>(rows * s.C));
+        float* lse = d.UpF(std::vector<float>(size_t(s.B) * s.NH * s.T));
+        const void* dout = d.Up(Random(rows * s.C, 12));
+        void* dqkv = d.Up(std::vector<float>(rows * W));
+        WithType(GetParam(), [&](auto z) {
+          using T = decltype(z);
+          d.be().AttentionForward(static_cast<T*>(out), lse, static_cast<const T*>(qkv), s.B, s.T,
+                                  s.C, s.NH, s.NKV);
+          d.be().AttentionBackward(static_cast<T*>(dqkv), static_cast<const T*>(dout),
+                                   static_cast<const T*>(qkv), static_cast<const T*>(out), lse, s.B,
+                                   s.T, s.C, s.NH, s.NKV);
+        });
+        return {d.Down(out, rows * s.C), d.DownF(lse, size_t(s.B) * s.NH * s.T),
+                d.Down(dqkv, rows * W)};
       });
-      return {d.Down(out, rows * s.C), d.DownF(lse, size_t(s.B) * s.NH * s.T),
-              d.Down(dqkv, rows * W)};
-    });
+    }
   }
+  unsetenv("KEEL_CUDA_ATTENTION");
 }
 
 TEST_P(CudaAgainstCpu, Norms) {

@@ -42,6 +42,10 @@ bool CudaBuilt();
 class Backend : public Memory {
  public:
   virtual Device device() const = 0;
+  // The device's name and its dense peak FLOP/s in `t` from its data sheet (MFU's denominator);
+  // 0 where unknown. The CPU's is measured instead (monitor/machine_probe.h).
+  virtual std::string name() const = 0;
+  virtual double PeakFlops(DType /*t*/) const { return 0; }
   // Waits for everything issued on the compute stream.
   virtual void Synchronize() const = 0;
   // An event recorded on the compute stream now, and a wait for it from the host; lets a caller

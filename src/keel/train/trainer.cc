@@ -294,12 +294,14 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   // On GPUs the step's groups move their device buffers over NCCL (bootstrapped by the MPI
   // groups, which keep carrying host values); created in one order on every rank.
   std::vector<std::unique_ptr<parallel::Comm>> nccl;
-  if (spec.device == kernels::Device::kCuda)
+  if (spec.device == kernels::Device::kCuda) {
+    kernels::Get(spec.device);  // binds this rank to its GPU before NCCL does
     for (parallel::Comm** g : {&step_groups.dp, &step_groups.pp, &step_groups.tied})
       if (*g) {
         nccl.push_back(parallel::MakeNcclComm(**g));
         *g = nccl.back().get();
       }
+  }
   TrainStep step(spec, step_groups);
   const bool pipelined = dims.pp > 1;
   const double bubble_predicted =
@@ -393,7 +395,15 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       monitor::TrainFlopsPerToken(double(model::MatmulParams(mcfg)), mcfg.n_layer, mcfg.n_embd, T);
   const int threads = omp_get_max_threads();
   // MFU's denominator: every rank's measured peak (ranks may sit on different CPUs).
-  const monitor::Peak rank_peak = monitor::MachinePeak(s.dtype, threads, cfg.monitor.peak_gflops);
+  // On a GPU: its data sheet's dense peak, unless [monitor] peak_gflops says otherwise.
+  monitor::Peak rank_peak;
+  if (spec.device == kernels::Device::kCuda && cfg.monitor.peak_gflops <= 0)
+    rank_peak = {step.backend().PeakFlops(s.dtype),
+                 step.backend().name() +
+                     "'s dense peak (0: not in keel's table; set [monitor] "
+                     "peak_gflops)"};
+  else
+    rank_peak = monitor::MachinePeak(s.dtype, threads, cfg.monitor.peak_gflops);
   const double peak = comm.AllReduceSum(rank_peak.flops);
   const double tokens_per_step = double(cfg.train.batch_size) * T;
   const float dloss = float(1.0 / tokens_per_step);

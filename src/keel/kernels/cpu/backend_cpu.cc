@@ -36,6 +36,7 @@ const T* P(const void* p) {
 class CpuImpl final : public Backend {
  public:
   Device device() const override { return Device::kCpu; }
+  std::string name() const override { return "cpu"; }
   bool host_visible() const override { return true; }
   void* Alloc(size_t bytes) const override { return HostMemory().Alloc(bytes); }
   void Free(void* p) const override { HostMemory().Free(p); }

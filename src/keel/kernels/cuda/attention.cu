@@ -2,13 +2,15 @@
 // running max, sum and output over key tiles staged in shared memory, so no T×T scores exist.
 // Backward recomputes the probabilities from the saved log-sum-exp, with D_i = dout_i·out_i:
 // one kernel per key row for dk, dv (summed over the group's query heads, no atomics) and one
-// per query row for dq. A thread holds one row's head vector(s): simple, correct for hs ≤ 128,
-// and the first thing to replace with tensor-core tiles when tuning (docs/PERFORMANCE.md).
+// per query row for dq. A thread holds one row's head vector(s): simple, for fp32 and any
+// hs ≤ 128. bf16 with hs of 16, 32, 64 or 128 goes to the tensor-core kernels (attention_tc.cu).
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "keel/core/error.h"
-#include "keel/kernels/cuda/cuda_util.cuh"
+#include "keel/kernels/cuda/attention_tc.cuh"
 
 namespace keel::kernels::cuda {
 namespace {
@@ -17,10 +19,25 @@ constexpr int kMaxHs = 128;
 constexpr int kRows = 64;  // query (or key) rows per block: one per thread
 constexpr int kTile = 32;  // rows staged in shared memory per iteration
 
-struct Shape {
-  int T, C, NH, NKV, hs, W;  // W: the width of a qkv row
-  float scale;
-};
+using Shape = AttnShape;
+
+// bf16 with a head size the tensor-core kernels take, unless KEEL_CUDA_ATTENTION=simple (the
+// tests run both).
+bool UseTensorCores(DType t, int hs) {
+  const char* v = std::getenv("KEEL_CUDA_ATTENTION");
+  return t == DType::kBF16 && TensorCoreAttention(hs) && !(v && std::strcmp(v, "simple") == 0);
+}
+
+// Keys and values [j0, j0 + kTile) of kv head g into shared memory (fp32), zeros past T.
+template <typename T>
+__device__ void LoadKeysValues(float* Ks, float* Vs, const T* base, int j0, int g, const Shape& s) {
+  for (int e = threadIdx.x; e < kTile * s.hs; e += blockDim.x) {
+    const int j = j0 + e / s.hs, d = e % s.hs;
+    const size_t row = size_t(j) * s.W;
+    Ks[e] = j < s.T ? Ld(base, row + s.C + g * s.hs + d) : 0.0f;
+    Vs[e] = j < s.T ? Ld(base, row + s.C + s.NKV * s.hs + g * s.hs + d) : 0.0f;
+  }
+}
 
 template <typename T>
 __global__ void Forward(T* out, float* lse, const T* qkv, Shape s) {
@@ -39,12 +56,7 @@ __global__ void Forward(T* out, float* lse, const T* qkv, Shape s) {
   float m = -INFINITY, l = 0.0f;
   const int last = min(s.T - 1, int(blockIdx.x) * kRows + kRows - 1);
   for (int j0 = 0; j0 <= last; j0 += kTile) {
-    for (int e = threadIdx.x; e < kTile * s.hs; e += blockDim.x) {
-      const int j = j0 + e / s.hs, d = e % s.hs;
-      const size_t row = size_t(j) * s.W;
-      Ks[e] = j < s.T ? Ld(base, row + s.C + g * s.hs + d) : 0.0f;
-      Vs[e] = j < s.T ? Ld(base, row + s.C + s.NKV * s.hs + g * s.hs + d) : 0.0f;
-    }
+    LoadKeysValues(Ks, Vs, base, j0, g, s);
     __syncthreads();
     if (valid)
       for (int jj = 0; jj < kTile && j0 + jj <= i; ++jj) {
@@ -155,12 +167,7 @@ __global__ void BackwardQ(T* dqkv, const T* dout, const T* qkv, const float* lse
   const float L = lse[stat], Di = D[stat];
   const int last = min(s.T - 1, int(blockIdx.x) * kRows + kRows - 1);
   for (int j0 = 0; j0 <= last; j0 += kTile) {
-    for (int e = threadIdx.x; e < kTile * s.hs; e += blockDim.x) {
-      const int j = j0 + e / s.hs, d = e % s.hs;
-      const size_t row = size_t(j) * s.W;
-      Ks[e] = j < s.T ? Ld(base, row + s.C + g * s.hs + d) : 0.0f;
-      Vs[e] = j < s.T ? Ld(base, row + s.C + s.NKV * s.hs + g * s.hs + d) : 0.0f;
-    }
+    LoadKeysValues(Ks, Vs, base, j0, g, s);
     __syncthreads();
     if (valid)
       for (int jj = 0; jj < kTile && j0 + jj <= i; ++jj) {
@@ -195,6 +202,8 @@ size_t SharedBytes(const Shape& s) { return size_t(2) * kTile * s.hs * sizeof(fl
 void AttentionForward(DType t, void* out, float* lse, const void* qkv, int B, int T_, int C, int NH,
                       int NKV) {
   const Shape s = ShapeOf(T_, C, NH, NKV);
+  if (UseTensorCores(t, s.hs))
+    return AttentionForwardTC(static_cast<bf16d*>(out), lse, static_cast<const bf16d*>(qkv), B, s);
   const dim3 grid(Blocks(size_t(T_), kRows), NH, B);
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
@@ -215,6 +224,8 @@ void AttentionBackward(DType t, void* dqkv, const void* dout, const void* qkv, c
     const U* x = static_cast<const U*>(qkv);
     U* dx = static_cast<U*>(dqkv);
     RowDots<U><<<Blocks(size_t(B) * NH * T_, 256), 256>>>(D, d, o, s, B);
+    if constexpr (std::is_same_v<U, bf16d>)
+      if (UseTensorCores(t, s.hs)) return AttentionBackwardTC(dx, d, x, lse, D, B, s);
     BackwardKV<U>
         <<<dim3(Blocks(size_t(T_), kRows), NKV, B), kRows, SharedBytes(s)>>>(dx, d, x, lse, D, s);
     BackwardQ<U>

@@ -1,6 +1,7 @@
 // The CUDA backend's memory, events and the dispatch of its operations to the kernel files.
 #include <cstdlib>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "keel/core/error.h"
@@ -24,11 +25,13 @@ void* Scratch(int slot, size_t bytes) {
     void* p = nullptr;
     size_t bytes = 0;
   };
-  static std::vector<Block> blocks(8);
+  static std::vector<Block> blocks(16);
   Block& b = blocks.at(size_t(slot));
   if (b.bytes < bytes) {
-    if (b.p) KEEL_CUDA(cudaFree(b.p));
-    KEEL_CUDA(cudaMalloc(&b.p, bytes));
+    // Stream-ordered: cudaFree would wait for the whole device, NCCL's kernels included, which
+    // may be waiting for peers that wait for this rank.
+    if (b.p) KEEL_CUDA(cudaFreeAsync(b.p, 0));
+    KEEL_CUDA(cudaMallocAsync(&b.p, bytes, 0));
     b.bytes = bytes;
   }
   return b.p;
@@ -54,8 +57,25 @@ class Cuda final : public Backend {
         break;
       }
     KEEL_CUDA(cudaSetDevice(local % n));
+    cudaDeviceProp prop{};
+    KEEL_CUDA(cudaGetDeviceProperties(&prop, local % n));
+    name_ = prop.name;
   }
   Device device() const override { return Device::kCuda; }
+  std::string name() const override { return name_; }
+  // Dense tensor-core peaks (SXM parts): bf16, and TF32 for fp32 (the products keel's fp32 runs
+  // use only with KEEL_TF32=1; without it fp32 runs on the CUDA cores, 67 TFLOP/s on Hopper).
+  double PeakFlops(DType t) const override {
+    struct Known {
+      const char* name;
+      double bf16, fp32;
+    };
+    static const Known known[] = {
+        {"H200", 989.4e12, 66.9e12}, {"H100", 989.4e12, 66.9e12}, {"A100", 312e12, 19.5e12}};
+    for (const Known& k : known)
+      if (name_.find(k.name) != std::string::npos) return t == DType::kBF16 ? k.bf16 : k.fp32;
+    return 0;
+  }
   bool host_visible() const override { return false; }
   void* Alloc(size_t bytes) const override {
     void* p = nullptr;
@@ -76,7 +96,8 @@ class Cuda final : public Backend {
     if (bytes) KEEL_CUDA(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost));
   }
   void PinHost(void* p, size_t bytes) const override {
-    KEEL_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+    // Portable: the writer thread and OpenMP threads copy into it too, whatever their device.
+    KEEL_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
   }
   void UnpinHost(void* p) const override { cudaHostUnregister(p); }
   void Synchronize() const override { KEEL_CUDA(cudaDeviceSynchronize()); }
@@ -169,6 +190,9 @@ class Cuda final : public Backend {
                           int V) const override {
     cuda::ClassifierLogits(t, logits, x, wte, M, C, V);
   }
+
+ private:
+  std::string name_;
 };
 
 }  // namespace

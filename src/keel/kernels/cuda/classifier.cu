@@ -78,9 +78,11 @@ __global__ void FromF32(T* out, const float* in, size_t n) {
   if (i < n) St(out, i, in[i]);
 }
 
+// Vocabulary columns per chunk, a multiple of 128 (the logits' rows stay aligned for cuBLASLt).
 int ChunkOf(int M, int V) {
   const size_t fit = kChunkBytes / (sizeof(float) * size_t(M));
-  return int(std::max<size_t>(128, std::min<size_t>(size_t(V), fit / 128 * 128)));
+  const size_t whole = (size_t(V) + 127) / 128 * 128;
+  return int(std::max<size_t>(128, std::min(whole, fit / 128 * 128)));
 }
 
 }  // namespace

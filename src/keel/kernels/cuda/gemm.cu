@@ -4,6 +4,9 @@
 // the bias in the output's type for bf16 outputs on some versions, and keel keeps biases fp32.
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
 
 #include "keel/core/error.h"
 #include "keel/kernels/cuda/cuda_util.cuh"
@@ -22,6 +25,16 @@ cublasLtHandle_t Handle() {
 
 constexpr size_t kWorkspace = size_t(32) << 20;
 
+// The largest power of two, up to 256, that divides p's address: cuBLASLt's heuristics assume
+// 256-byte-aligned operands unless told, and a weight inside the flat layout may sit at any
+// element.
+uint32_t Alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t x = 256;
+  while (x > 1 && a % x) x /= 2;
+  return x;
+}
+
 bool Tf32() {
   static const bool on = [] {
     const char* s = std::getenv("KEEL_TF32");
@@ -30,49 +43,77 @@ bool Tf32() {
   return on;
 }
 
-// A row-major rows×cols matrix with leading dimension ld, as cuBLASLt's column-major cols×rows.
-struct Layout {
-  cublasLtMatrixLayout_t d = nullptr;
-  Layout(cudaDataType t, int rows, int cols, int ld) {
-    KEEL_CUDA(cublasLtMatrixLayoutCreate(&d, t, uint64_t(cols), uint64_t(rows), int64_t(ld)));
-  }
-  ~Layout() { cublasLtMatrixLayoutDestroy(d); }
+// One product shape's descriptors and algorithm, made once: the heuristic query costs tens of
+// microseconds, a whole small product's time.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
 };
+
+cublasLtMatrixLayout_t MakeLayout(cudaDataType t, int rows, int cols, int ld) {
+  // A row-major rows×cols matrix with leading dimension ld is cuBLASLt's column-major cols×rows.
+  cublasLtMatrixLayout_t d;
+  KEEL_CUDA(cublasLtMatrixLayoutCreate(&d, t, uint64_t(cols), uint64_t(rows), int64_t(ld)));
+  return d;
+}
+
+const Plan& PlanFor(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int ldc, DType ab,
+                    bool c_fp32, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, int, bool, bool, uint32_t,
+                         uint32_t, uint32_t>;
+  static std::map<Key, Plan> plans;
+  const Key key{ta, tb, M, N, K, lda, ldb, ldc, int(ab), c_fp32, Tf32(), align_a, align_b, align_c};
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  const cudaDataType abt = ab == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType ct = c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cublasComputeType_t compute =
+      ab == DType::kF32 && Tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  Plan p;
+  KEEL_CUDA(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  // Column-major: first operand B (N×K after op), second A (K×M after op).
+  const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  KEEL_CUDA(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  KEEL_CUDA(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  // Stored shapes, row-major: B is K×N (N×K if tb), A is M×K (K×M if ta), C is M×N.
+  p.lb = MakeLayout(abt, tb ? N : K, tb ? K : N, ldb);
+  p.la = MakeLayout(abt, ta ? K : M, ta ? M : K, lda);
+  p.lc = MakeLayout(ct, M, N, ldc);
+  cublasLtMatmulPreference_t pref;
+  KEEL_CUDA(cublasLtMatmulPreferenceCreate(&pref));
+  KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &kWorkspace, sizeof kWorkspace));
+  // cuBLASLt's A is our B, its B our A; C and D are our C.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+  for (const auto& [attr, bytes] : aligns)
+    KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  KEEL_CUDA(cublasLtMatmulAlgoGetHeuristic(Handle(), p.desc, p.lb, p.la, p.lc, p.lc, pref, 1, &heur,
+                                           &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0)
+    ThrowRuntime("cuBLASLt: no algorithm for a " + std::to_string(M) + "x" + std::to_string(N) +
+                 "x" + std::to_string(K) + " product");
+  p.algo = heur.algo;
+  return plans.emplace(key, p).first->second;
+}
 
 }  // namespace
 
 void Gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
           void* C, int ldc, DType ab, bool c_fp32, float alpha, float beta) {
-  const cudaDataType abt = ab == DType::kF32 ? CUDA_R_32F : CUDA_R_16BF;
-  const cudaDataType ct = c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
-  const cublasComputeType_t compute =
-      ab == DType::kF32 && Tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  cublasLtMatmulDesc_t desc;
-  KEEL_CUDA(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
-  // Column-major: first operand B (N×K after op), second A (K×M after op).
-  const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  KEEL_CUDA(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-  KEEL_CUDA(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-  // Stored shapes, row-major: B is K×N (or N×K if tb), A is M×K (or K×M if ta), C is M×N.
-  const Layout lb(abt, tb ? N : K, tb ? K : N, ldb);
-  const Layout la(abt, ta ? K : M, ta ? M : K, lda);
-  const Layout lc(ct, M, N, ldc);
-  cublasLtMatmulPreference_t pref;
-  KEEL_CUDA(cublasLtMatmulPreferenceCreate(&pref));
-  KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &kWorkspace, sizeof kWorkspace));
-  cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
-  KEEL_CUDA(cublasLtMatmulAlgoGetHeuristic(Handle(), desc, lb.d, la.d, lc.d, lc.d, pref, 1, &heur,
-                                           &found));
-  if (found == 0)
-    ThrowRuntime("cuBLASLt: no algorithm for a " + std::to_string(M) + "x" + std::to_string(N) +
-                 "x" + std::to_string(K) + " product");
-  KEEL_CUDA(cublasLtMatmul(Handle(), desc, &alpha, B, lb.d, A, la.d, &beta, C, lc.d, C, lc.d,
-                           &heur.algo, Scratch(0, kWorkspace), kWorkspace, 0));
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatmulDescDestroy(desc);
+  if (M == 0 || N == 0) return;
+  const Plan& p =
+      PlanFor(ta, tb, M, N, K, lda, ldb, ldc, ab, c_fp32, Alignment(A), Alignment(B), Alignment(C));
+  KEEL_CUDA(cublasLtMatmul(Handle(), p.desc, &alpha, B, p.lb, A, p.la, &beta, C, p.lc, C, p.lc,
+                           &p.algo, Scratch(0, kWorkspace), kWorkspace, 0));
 }
 
 void MatmulForward(DType t, void* out, const void* inp, const void* w, const float* bias, int M,

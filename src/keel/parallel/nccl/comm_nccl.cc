@@ -1,14 +1,20 @@
-// NCCL as a Comm (built with the CUDA backend): collectives and point-to-point transfers on device
-// buffers go through NCCL on a stream of their own; host buffers (a loss, a hash, a flag) go to the
-// group's MPI communicator, which also bootstraps NCCL (the unique id is broadcast over it) and
-// splits groups. A collective waits for the kernels already issued on the compute stream (an
-// event), and its Work polls an event recorded after it, so Wait(timeout) keeps its meaning:
-// false when the peers have not answered in time (parallel::WaitOrLost then exits 75).
+// NCCL as a Comm (built with the CUDA backend): collectives on device buffers go through NCCL on
+// a stream of their own; host buffers (a loss, a hash, a flag) go to the group's MPI
+// communicator, which also bootstraps NCCL (the unique id is broadcast over it) and splits
+// groups. A collective waits for the kernels already issued on the compute stream (an event), and
+// its Work polls an event recorded after it, so Wait(timeout) keeps its meaning: false when the
+// peers have not answered in time, and the communicator is aborted then, so that its kernels end
+// and the process can exit 75 (parallel::WaitOrLost) instead of hanging in teardown.
+// Point-to-point transfers of device buffers (pipeline stages) go through host memory and MPI's
+// tagged messages: Comm's contract matches messages by tag and lets posted receives wait while
+// later sends go out, which NCCL's in-order streams do not (3+ stages, interleaved schedules).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <chrono>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "keel/core/error.h"
 #include "keel/parallel/comm.h"
@@ -35,46 +41,90 @@ bool OnDevice(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+// The communicator and whether it was aborted, shared by the comm and its pending work.
+struct NcclState {
+  ncclComm_t comm = nullptr;
+  bool aborted = false;
+  void Abort() {
+    if (!aborted) ncclCommAbort(comm);
+    aborted = true;
+  }
+};
+
 class NcclWork final : public Work {
  public:
-  NcclWork(cudaEvent_t done, ncclComm_t comm) : done_(done), comm_(comm) {}
+  NcclWork(cudaEvent_t done, std::shared_ptr<NcclState> state)
+      : done_(done), state_(std::move(state)) {}
   ~NcclWork() override { cudaEventDestroy(done_); }
   bool Wait(double timeout_s) override {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
+      if (state_->aborted) return false;
       const cudaError_t e = cudaEventQuery(done_);
       if (e == cudaSuccess) return true;
       if (e != cudaErrorNotReady) Check(e, "waiting for a collective");
       ncclResult_t async = ncclSuccess;
-      KEEL_NCCL(ncclCommGetAsyncError(comm_, &async));
-      KEEL_NCCL(async);
+      KEEL_NCCL(ncclCommGetAsyncError(state_->comm, &async));
+      if (async != ncclSuccess && async != ncclInProgress) {
+        state_->Abort();
+        KEEL_NCCL(async);
+      }
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (timeout_s >= 0 && waited > timeout_s) return false;
+      if (timeout_s >= 0 && waited > timeout_s) {
+        state_->Abort();  // a peer is lost: end the kernels waiting for it
+        return false;
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
  private:
   cudaEvent_t done_;
-  ncclComm_t comm_;
+  std::shared_ptr<NcclState> state_;
+};
+
+// A transfer staged through host memory: a send copies out before posting, a receive copies in
+// once MPI has delivered.
+class StagedWork final : public Work {
+ public:
+  StagedWork(std::unique_ptr<Work> inner, std::vector<char> host, void* device_dst)
+      : inner_(std::move(inner)), host_(std::move(host)), dst_(device_dst) {}
+  bool Wait(double timeout_s) override {
+    if (done_) return true;
+    if (!inner_->Wait(timeout_s)) return false;
+    if (dst_)
+      Check(cudaMemcpy(dst_, host_.data(), host_.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    done_ = true;
+    return true;
+  }
+
+ private:
+  std::unique_ptr<Work> inner_;
+  std::vector<char> host_;
+  void* dst_;
+  bool done_ = false;
 };
 
 class NcclComm final : public Comm {
  public:
-  NcclComm(Comm& boot, std::unique_ptr<Comm> owned) : boot_(boot), owned_(std::move(owned)) {
+  NcclComm(Comm& boot, std::unique_ptr<Comm> owned)
+      : boot_(boot), owned_(std::move(owned)), state_(std::make_shared<NcclState>()) {
     ncclUniqueId id{};
     if (boot.rank() == 0) KEEL_NCCL(ncclGetUniqueId(&id));
     boot.Broadcast(&id, sizeof id, 0);
-    KEEL_NCCL(ncclCommInitRank(&comm_, boot.size(), id, boot.rank()));
+    KEEL_NCCL(ncclCommInitRank(&state_->comm, boot.size(), id, boot.rank()));
+    comm_ = state_->comm;
     Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     set_label(boot.label());
   }
   ~NcclComm() override {
-    cudaStreamSynchronize(stream_);
-    ncclCommDestroy(comm_);
+    if (!state_->aborted) {
+      cudaStreamSynchronize(stream_);
+      ncclCommDestroy(comm_);
+    }
+    if (scratch_) cudaFreeAsync(scratch_, stream_);
     cudaStreamDestroy(stream_);
-    if (scratch_) cudaFree(scratch_);
   }
 
   int rank() const override { return boot_.rank(); }
@@ -98,8 +148,9 @@ class NcclComm final : public Comm {
     KEEL_NCCL(ncclAllReduce(data, data, n, TypeOf(dtype), ncclSum, comm_, stream_));
     return End();
   }
-  // NCCL's reduce-scatter takes equal counts: one reduce per root instead, grouped, into scratch
-  // (in place, a root's output would overlap another root's input).
+  // NCCL's own reduce-scatter and all-gather take equal counts; unequal ones (ZeRO's shards of a
+  // segment) become one reduce or broadcast per root, grouped. A reduce-scatter's result goes
+  // through scratch: in place, a root's output would overlap another root's input.
   std::unique_ptr<Work> ReduceScatterSumAsync(const void* send, void* recv,
                                               const std::vector<size_t>& counts,
                                               DType dtype) override {
@@ -107,16 +158,14 @@ class NcclComm final : public Comm {
     const size_t es = DTypeSize(dtype), mine = counts[size_t(rank())];
     void* tmp = Scratch(mine * es);
     Begin();
-    KEEL_NCCL(ncclGroupStart());
-    size_t off = 0;
-    for (int r = 0; r < size(); ++r) {
-      const size_t n = counts[size_t(r)];
-      if (n)
-        KEEL_NCCL(ncclReduce(static_cast<const char*>(send) + off * es, tmp, n, TypeOf(dtype),
-                             ncclSum, r, comm_, stream_));
-      off += n;
+    if (Equal(counts)) {
+      KEEL_NCCL(ncclReduceScatter(send, tmp, mine, TypeOf(dtype), ncclSum, comm_, stream_));
+    } else {
+      PerRoot(counts, es, [&](int r, size_t off, size_t n) {
+        KEEL_NCCL(ncclReduce(static_cast<const char*>(send) + off, tmp, n, TypeOf(dtype), ncclSum,
+                             r, comm_, stream_));
+      });
     }
-    KEEL_NCCL(ncclGroupEnd());
     if (mine)
       Check(cudaMemcpyAsync(recv, tmp, mine * es, cudaMemcpyDeviceToDevice, stream_),
             "cudaMemcpyAsync");
@@ -127,16 +176,14 @@ class NcclComm final : public Comm {
     if (!OnDevice(recv)) return boot_.AllGatherAsync(send, recv, counts, dtype);
     const size_t es = DTypeSize(dtype);
     Begin();
-    KEEL_NCCL(ncclGroupStart());
-    size_t off = 0;
-    for (int r = 0; r < size(); ++r) {
-      const size_t n = counts[size_t(r)];
-      if (n)
-        KEEL_NCCL(ncclBroadcast(r == rank() ? send : nullptr, static_cast<char*>(recv) + off * es,
-                                n, TypeOf(dtype), r, comm_, stream_));
-      off += n;
+    if (Equal(counts)) {
+      KEEL_NCCL(ncclAllGather(send, recv, counts[0], TypeOf(dtype), comm_, stream_));
+    } else {
+      PerRoot(counts, es, [&](int r, size_t off, size_t n) {
+        KEEL_NCCL(ncclBroadcast(r == rank() ? send : nullptr, static_cast<char*>(recv) + off, n,
+                                TypeOf(dtype), r, comm_, stream_));
+      });
     }
-    KEEL_NCCL(ncclGroupEnd());
     return End();
   }
 
@@ -153,23 +200,29 @@ class NcclComm final : public Comm {
     (void)End()->Wait(-1);
   }
   void Send(const void* data, size_t bytes, int peer) override {
-    (void)SendAsync(data, bytes, peer, 0)->Wait(-1);
+    if (!OnDevice(data)) return boot_.Send(data, bytes, peer);
+    std::vector<char> host(bytes);
+    Check(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    boot_.Send(host.data(), bytes, peer);
   }
   void Recv(void* data, size_t bytes, int peer) override {
-    (void)RecvAsync(data, bytes, peer, 0)->Wait(-1);
+    if (!OnDevice(data)) return boot_.Recv(data, bytes, peer);
+    std::vector<char> host(bytes);
+    boot_.Recv(host.data(), bytes, peer);
+    Check(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   }
-  // NCCL has no tags: transfers between two ranks match in issue order, which the pipeline keeps.
   std::unique_ptr<Work> SendAsync(const void* data, size_t bytes, int peer, int tag) override {
     if (!OnDevice(data)) return boot_.SendAsync(data, bytes, peer, tag);
-    Begin();
-    KEEL_NCCL(ncclSend(data, bytes, ncclChar, peer, comm_, stream_));
-    return End();
+    std::vector<char> host(bytes);  // cudaMemcpy waits for the kernels that wrote `data`
+    Check(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    auto inner = boot_.SendAsync(host.data(), bytes, peer, tag);
+    return std::make_unique<StagedWork>(std::move(inner), std::move(host), nullptr);
   }
   std::unique_ptr<Work> RecvAsync(void* data, size_t bytes, int peer, int tag) override {
     if (!OnDevice(data)) return boot_.RecvAsync(data, bytes, peer, tag);
-    Begin();
-    KEEL_NCCL(ncclRecv(data, bytes, ncclChar, peer, comm_, stream_));
-    return End();
+    std::vector<char> host(bytes);
+    auto inner = boot_.RecvAsync(host.data(), bytes, peer, tag);
+    return std::make_unique<StagedWork>(std::move(inner), std::move(host), data);
   }
   void Barrier() override { boot_.Barrier(); }
 
@@ -182,6 +235,22 @@ class NcclComm final : public Comm {
   }
 
  private:
+  static bool Equal(const std::vector<size_t>& counts) {
+    for (size_t c : counts)
+      if (c != counts[0]) return false;
+    return true;
+  }
+  // f(root, byte offset, count) for each rank with a non-empty slice, in one NCCL group.
+  template <typename F>
+  void PerRoot(const std::vector<size_t>& counts, size_t es, F&& f) {
+    KEEL_NCCL(ncclGroupStart());
+    size_t off = 0;
+    for (int r = 0; r < size(); ++r) {
+      if (counts[size_t(r)]) f(r, off * es, counts[size_t(r)]);
+      off += counts[size_t(r)];
+    }
+    KEEL_NCCL(ncclGroupEnd());
+  }
   // The collective's stream waits for the compute stream's kernels issued so far.
   void Begin() {
     cudaEvent_t ready;
@@ -194,13 +263,13 @@ class NcclComm final : public Comm {
     cudaEvent_t done;
     Check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     Check(cudaEventRecord(done, stream_), "cudaEventRecord");
-    return std::make_unique<NcclWork>(done, comm_);
+    return std::make_unique<NcclWork>(done, state_);
   }
+  // Stream-ordered on the comm's stream: no device-wide synchronization while peers wait.
   void* Scratch(size_t bytes) {
     if (scratch_bytes_ < bytes) {
-      Check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-      if (scratch_) cudaFree(scratch_);
-      Check(cudaMalloc(&scratch_, bytes), "cudaMalloc");
+      if (scratch_) Check(cudaFreeAsync(scratch_, stream_), "cudaFreeAsync");
+      Check(cudaMallocAsync(&scratch_, bytes, stream_), "cudaMallocAsync");
       scratch_bytes_ = bytes;
     }
     return scratch_;
@@ -208,6 +277,7 @@ class NcclComm final : public Comm {
 
   Comm& boot_;
   std::unique_ptr<Comm> owned_;
+  std::shared_ptr<NcclState> state_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
