@@ -22,6 +22,18 @@ using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16d, wmma::row_maj
 using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16d, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
+__device__ float WarpMax(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ float WarpSum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// Causal work grows with the query tile: the heaviest tiles are issued first (a shorter tail).
+__device__ int QueryTile() { return int(gridDim.x - 1 - blockIdx.x) * kB; }
+
 // Rows [r0, r0 + kB) of a head's channels (qkv row width W, channel offset `col`) into shared
 // memory, zeros past T.
 template <int HS>
@@ -73,43 +85,37 @@ __global__ void __launch_bounds__(kThreads)
   float* O = reinterpret_cast<float*>(P + kB * kB);
   float* m = O + kB * HS;
   float* l = m + kB;
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kB;
+  const int b = blockIdx.z, h = blockIdx.y, q0 = QueryTile();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = h / (s.NH / s.NKV);
   const bf16d* base = qkv + size_t(b) * s.T * s.W;
   LoadRows<HS>(Qs, base, q0, s.T, s.W, h * HS);
   for (int e = threadIdx.x; e < kB * HS; e += kThreads) O[e] = 0.0f;
   for (int r = threadIdx.x; r < kB; r += kThreads) m[r] = -INFINITY, l[r] = 0.0f;
   __syncthreads();
-  const int last = min(s.T - 1, q0 + kB - 1), r = 16 * warp + lane / 2, half = lane % 2;
-  const int i = q0 + r;
+  const int last = min(s.T - 1, q0 + kB - 1);
   for (int k0 = 0; k0 <= last; k0 += kB) {
     LoadRows<HS>(Ks, base, k0, s.T, s.W, s.C + g * HS);
     LoadRows<HS>(Vs, base, k0, s.T, s.W, s.C + s.NKV * HS + g * HS);
     __syncthreads();
     WarpProduct<true, HS>(S + 16 * warp * kB, kB, Qs + 16 * warp * HS, HS, Ks, HS, kB / 16, false);
     __syncwarp();
-    // Two lanes per row, 32 columns each.
-    float mx = -INFINITY;
-    for (int c = 32 * half; c < 32 * half + 32; ++c) {
-      const int j = k0 + c;
-      const float v = (j <= i && i < s.T) ? S[r * kB + c] * s.scale : -INFINITY;
-      S[r * kB + c] = v;
-      mx = fmaxf(mx, v);
+    // The warp's rows one at a time, the lanes across the columns (no bank conflicts).
+    for (int rr = 0; rr < 16; ++rr) {
+      const int r = 16 * warp + rr, i = q0 + r;
+      const int c0 = lane, c1 = lane + 32;
+      const float v0 = (k0 + c0 <= i && i < s.T) ? S[r * kB + c0] * s.scale : -INFINITY;
+      const float v1 = (k0 + c1 <= i && i < s.T) ? S[r * kB + c1] * s.scale : -INFINITY;
+      const float m_old = m[r], m_new = fmaxf(m_old, WarpMax(fmaxf(v0, v1)));
+      const float corr = m_new == -INFINITY ? 1.0f : __expf(m_old - m_new);
+      const float p0 = v0 == -INFINITY ? 0.0f : __expf(v0 - m_new);
+      const float p1 = v1 == -INFINITY ? 0.0f : __expf(v1 - m_new);
+      P[r * kB + c0] = __float2bfloat16(p0);
+      P[r * kB + c1] = __float2bfloat16(p1);
+      const float sum = WarpSum(p0 + p1);
+      for (int d = lane; d < HS; d += 32) O[r * HS + d] *= corr;
+      __syncwarp();  // every lane has read m[r]
+      if (lane == 0) l[r] = l[r] * corr + sum, m[r] = m_new;
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    const float m_old = m[r], m_new = fmaxf(m_old, mx);
-    const float corr = m_new == -INFINITY ? 1.0f : __expf(m_old - m_new);
-    float sum = 0.0f;
-    for (int c = 32 * half; c < 32 * half + 32; ++c) {
-      const float v = S[r * kB + c];
-      const float p = v == -INFINITY ? 0.0f : __expf(v - m_new);
-      P[r * kB + c] = __float2bfloat16(p);
-      sum += p;
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    for (int d = half * (HS / 2); d < (half + 1) * (HS / 2); ++d) O[r * HS + d] *= corr;
-    __syncwarp();
-    if (half == 0) l[r] = l[r] * corr + sum, m[r] = m_new;
     __syncwarp();
     WarpProduct<false, kB>(O + 16 * warp * HS, HS, P + 16 * warp * kB, kB, Vs, HS, HS / 16, true);
     __syncthreads();
@@ -205,7 +211,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dQ = reinterpret_cast<float*>(dS + kB * kB);
   float* Ls = dQ + kB * HS;
   float* Ds = Ls + kB;
-  const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * kB;
+  const int b = blockIdx.z, h = blockIdx.y, q0 = QueryTile();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = h / (s.NH / s.NKV);
   const bf16d* base = qkv + size_t(b) * s.T * s.W;
   LoadRows<HS>(Qs, base, q0, s.T, s.W, h * HS);
@@ -254,6 +260,7 @@ constexpr size_t BackwardQBytes() {
   return 4 * kB * HS * 2 + 2 * kB * kB * 4 + kB * kB * 2 + kB * HS * 4 + 2 * kB * 4;
 }
 
+// Each kernel's dynamic shared memory above 48 KB, allowed once (a `static` per instantiation).
 template <typename Kernel>
 void AllowShared(Kernel k, size_t bytes) {
   KEEL_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
@@ -261,7 +268,8 @@ void AllowShared(Kernel k, size_t bytes) {
 
 template <int HS>
 void ForwardHs(bf16d* out, float* lse, const bf16d* qkv, int B, const AttnShape& s) {
-  AllowShared(Forward<HS>, ForwardBytes<HS>());
+  static const bool allowed = (AllowShared(Forward<HS>, ForwardBytes<HS>()), true);
+  (void)allowed;
   Forward<HS>
       <<<dim3((s.T + kB - 1) / kB, s.NH, B), kThreads, ForwardBytes<HS>()>>>(out, lse, qkv, s);
 }
@@ -269,8 +277,9 @@ void ForwardHs(bf16d* out, float* lse, const bf16d* qkv, int B, const AttnShape&
 template <int HS>
 void BackwardHs(bf16d* dqkv, const bf16d* dout, const bf16d* qkv, const float* lse, const float* D,
                 int B, const AttnShape& s) {
-  AllowShared(BackwardKV<HS>, BackwardKVBytes<HS>());
-  AllowShared(BackwardQ<HS>, BackwardQBytes<HS>());
+  static const bool allowed = (AllowShared(BackwardKV<HS>, BackwardKVBytes<HS>()),
+                               AllowShared(BackwardQ<HS>, BackwardQBytes<HS>()), true);
+  (void)allowed;
   const int tiles = (s.T + kB - 1) / kB;
   BackwardKV<HS>
       <<<dim3(tiles, s.NKV, B), kThreads, BackwardKVBytes<HS>()>>>(dqkv, dout, qkv, lse, D, s);

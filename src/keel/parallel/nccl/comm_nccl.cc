@@ -42,11 +42,12 @@ bool OnDevice(const void* p) {
 }
 
 // The communicator and whether it was aborted, shared by the comm and its pending work.
+// `comm` is null once the comm is gone: work that outlives it reads as aborted.
 struct NcclState {
   ncclComm_t comm = nullptr;
   bool aborted = false;
   void Abort() {
-    if (!aborted) ncclCommAbort(comm);
+    if (!aborted && comm) ncclCommAbort(comm);
     aborted = true;
   }
 };
@@ -59,7 +60,7 @@ class NcclWork final : public Work {
   bool Wait(double timeout_s) override {
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
-      if (state_->aborted) return false;
+      if (state_->aborted || !state_->comm) return false;
       const cudaError_t e = cudaEventQuery(done_);
       if (e == cudaSuccess) return true;
       if (e != cudaErrorNotReady) Check(e, "waiting for a collective");
@@ -90,6 +91,11 @@ class StagedWork final : public Work {
  public:
   StagedWork(std::unique_ptr<Work> inner, std::vector<char> host, void* device_dst)
       : inner_(std::move(inner)), host_(std::move(host)), dst_(device_dst) {}
+  // Not finished (a lost peer; the process is on its way to exit 75): MPI may still write into
+  // the staging buffer, which is leaked on purpose rather than freed under it.
+  ~StagedWork() override {
+    if (!done_) new std::vector<char>(std::move(host_));
+  }
   bool Wait(double timeout_s) override {
     if (done_) return true;
     if (!inner_->Wait(timeout_s)) return false;
@@ -118,11 +124,22 @@ class NcclComm final : public Comm {
     Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     set_label(boot.label());
   }
+  // Waits up to kTeardownS for the comm's work; past that (a peer lost while another group
+  // timed out) aborts rather than hangs.
   ~NcclComm() override {
+    constexpr double kTeardownS = 60;
     if (!state_->aborted) {
-      cudaStreamSynchronize(stream_);
-      ncclCommDestroy(comm_);
+      cudaEvent_t done;
+      if (cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess &&
+          cudaEventRecord(done, stream_) == cudaSuccess) {
+        NcclWork w(done, state_);
+        if (w.Wait(kTeardownS)) ncclCommDestroy(comm_);
+      } else {
+        state_->Abort();
+      }
     }
+    state_->comm = nullptr;
+    state_->aborted = true;
     if (scratch_) cudaFreeAsync(scratch_, stream_);
     cudaStreamDestroy(stream_);
   }
