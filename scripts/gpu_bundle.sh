@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu_check.sh runs, for a GPU machine that has the CUDA toolkit but not keel's
-# Debian packages and no network (the device tool's image): keel, kernels_test and model_test
+# Debian packages and no network (the device tool's image): keel, kernels_test, model_test and
+# dump_model
 # built here with the CUDA backend (for any x86-64-v3 CPU, not -march=native), and the shared
 # libraries they load, less the C/C++ runtime and CUDA's own (cuBLASLt, NCCL: large, and there),
 # gzipped into build-gpu-bundle.tgz (about 25 MB; the device tool carries up to 64 MiB).
@@ -11,13 +12,13 @@ cd "$(dirname "$0")/.."
 b=build-gpu
 cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DKEEL_NATIVE=OFF \
   -DCMAKE_CXX_FLAGS="-march=x86-64-v3" -DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=OFF >/dev/null
-ninja -C "$b" keel kernels_test model_test
+ninja -C "$b" keel kernels_test model_test dump_model
 out=build-gpu-bundle
 rm -rf "$out" "$out.tgz"
 mkdir -p "$out/lib"
-cp "$b/keel" "$b/kernels_test" "$b/model_test" "$out/"
-strip --strip-unneeded "$out/keel" "$out/kernels_test" "$out/model_test"
-for lib in $(ldd "$out/keel" "$out/kernels_test" "$out/model_test" | awk '/=> \// {print $3}' | sort -u); do
+cp "$b/keel" "$b/kernels_test" "$b/model_test" "$b/dump_model" "$out/"
+strip --strip-unneeded "$out/keel" "$out/kernels_test" "$out/model_test" "$out/dump_model"
+for lib in $(ldd "$out/keel" "$out/kernels_test" "$out/model_test" "$out/dump_model" | awk '/=> \// {print $3}' | sort -u); do
   case $(basename "$lib") in
     libc.so* | libm.so* | libpthread* | libdl.so* | librt.so* | ld-linux* | libstdc++* | libgcc_s*) ;;
     libcuda.so* | libcublas* | libnccl*) ;;

@@ -3,8 +3,9 @@
 #   1. build keel with the CUDA backend and NCCL (build-gpu/),
 #   2. every kernel operation, forward and backward, CUDA against the CPU backend (kernels_test
 #      CudaAgainstCpu.*: odd sizes, fp32 ≤ 1e-5, bf16 ≤ 2e-2),
-#   3. whole models (GPT-2 and Llama, fp32 and bf16) on the GPU against the CPU backend: loss and
-#      every gradient (model_test ModelOnGpu.*),
+#   3. whole models (GPT-2 and Llama, fp32 and bf16) on the GPU: against the CPU backend (loss and
+#      every gradient, model_test ModelOnGpu.*) and against PyTorch in float64 (the oracle of
+#      tests/reference: loss, logits, gradients, 10 AdamW steps; dump_model ... cuda),
 #   4. 50 steps of GPT-2 124M on the bundled corpus, GPU against CPU, fp32: the losses must track,
 #   5. throughput: GPT-2 124M, 350M and 774M in bf16, tokens/s and MFU against the H200's
 #      989 TFLOP/s dense bf16 peak (KEEL_PEAK_TFLOPS to change it).
@@ -73,7 +74,7 @@ else
   cuda_flag=$([[ $dev == cuda ]] && echo ON || echo AUTO)
   check build bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKEEL_CUDA=$cuda_flag -DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=OFF &&
-    ninja -C $build -j$(nproc) keel kernels_test model_test"
+    ninja -C $build -j$(nproc) keel kernels_test model_test dump_model"
   [[ -x $build/keel ]] || exit 1
 fi
 if [[ $dev == cuda ]]; then
@@ -87,6 +88,18 @@ check kernels env "${gpu_env[@]}" OMP_NUM_THREADS="$(nproc)" "$bin/kernels_test"
   --gtest_filter='CudaAgainstCpu*:Backend*'
 check models env "${gpu_env[@]}" OMP_NUM_THREADS="$(nproc)" "$bin/model_test" \
   --gtest_filter='ModelOnGpu*'
+# The PyTorch oracle: a Python that imports torch (the GPU machine's python3; Debian's here).
+py=${KEEL_REFERENCE_PYTHON:-$([[ $dev == cuda ]] && echo python3 || echo /usr/bin/python3)}
+oracle() {
+  local d
+  d=$(mktemp -d)
+  "$bin/dump_model" "$d" "$1" "$dev" && "$py" tests/reference/model_reference.py "$d"
+  local rc=$?
+  rm -rf "$d"
+  return $rc
+}
+check oracle_gpt2 oracle gpt2
+check oracle_llama oracle llama
 
 # 4. GPT-2 124M for 50 steps, the GPU's losses against the CPU's (fp32 both; 5e-3 apart at most).
 if [[ ! -f data/brown/train/meta.json ]]; then

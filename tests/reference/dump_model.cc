@@ -13,7 +13,11 @@
 // The steps follow src/keel/train/trainer.cc: zero grads, forward/backward, global norm, clip
 // scale, AdamW step (which also refreshes the bf16 working copy).
 //
-//   dump_model <out_dir> [gpt2|llama]   → <out_dir>/keel_{fp32,bf16}{,_sharp}.safetensors
+//   dump_model <out_dir> [gpt2|llama] [cpu|cuda]   →
+//   <out_dir>/keel_{fp32,bf16}{,_sharp}.safetensors
+// The device (default cpu) is the backend the model and optimizer run on: scripts/gpu_check.sh
+// holds the GPU path to PyTorch with `cuda`.
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -70,14 +74,15 @@ void Sharpen(const keel::model::ParamLayout& layout, float* w) {
 // Writes one case: keel's initial weights (sharp = false) with `steps` AdamW steps, or the
 // sharpened weights.
 void Dump(const keel::model::ModelConfig& cfg, DType dtype, bool sharp, int steps,
-          const std::string& path) {
+          const std::string& path, const keel::kernels::Backend& be) {
   const int BT = kB * kT, V = cfg.vocab_size;
-  Transformer m(cfg, dtype, kB, kT, keel::model::Recompute::kNone);
+  Transformer m(cfg, dtype, kB, kT, keel::model::Recompute::kNone, nullptr, be);
   const auto& layout = m.layout();
-  keel::model::InitParams(layout, cfg, kInitSeed, m.master());
-  if (sharp) Sharpen(layout, m.master());
+  std::vector<float> init(layout.total());
+  keel::model::InitParams(layout, cfg, kInitSeed, init.data());
+  if (sharp) Sharpen(layout, init.data());
+  be.FromHost(m.master(), init.data(), 4 * init.size());
   m.SyncWorking();
-  const std::vector<float> init(m.master(), m.master() + layout.total());
 
   std::vector<int32_t> tokens(BT), targets(BT);
   std::vector<float> tokens_f(BT), targets_f(BT);
@@ -98,16 +103,17 @@ void Dump(const keel::model::ModelConfig& cfg, DType dtype, bool sharp, int step
   const float dloss = 1.0f / float(BT);
   m.ZeroGrads();
   const float loss = float(m.ForwardBackward(tokens.data(), targets.data(), dloss) / BT);
-  const std::vector<float> grads(m.grads(), m.grads() + layout.total());
+  std::vector<float> grads(layout.total());
+  be.ToHost(grads.data(), m.grads(), 4 * grads.size());
 
   std::vector<keel::optim::ParamRange> ranges;
   for (const auto& p : layout.params()) ranges.push_back({p.offset, p.numel, p.decay});
-  keel::optim::AdamW opt(ranges, layout.total(), kHyper);
+  keel::optim::AdamW opt(ranges, layout.total(), kHyper, be);
   std::vector<float> train_losses;
   for (int step = 0; step < steps; ++step) {
     m.ZeroGrads();
     train_losses.push_back(float(m.ForwardBackward(tokens.data(), targets.data(), dloss) / BT));
-    const double norm = keel::optim::GlobalGradNorm(m.grads(), layout.total());
+    const double norm = std::sqrt(be.SumSquares(m.grads(), layout.total()));
     opt.Step(m.master(), m.working_bf16(), m.grads(), kLr, keel::optim::ClipScale(norm, kGradClip));
   }
 
@@ -142,18 +148,21 @@ void Dump(const keel::model::ModelConfig& cfg, DType dtype, bool sharp, int step
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || argc > 3 ||
-      (argc == 3 && std::string(argv[2]) != "gpt2" && std::string(argv[2]) != "llama")) {
-    std::fprintf(stderr, "usage: %s <out_dir> [gpt2|llama]\n", argv[0]);
+  keel::kernels::Device device = keel::kernels::Device::kCpu;
+  if (argc < 2 || argc > 4 ||
+      (argc >= 3 && std::string(argv[2]) != "gpt2" && std::string(argv[2]) != "llama") ||
+      (argc == 4 && !keel::kernels::ParseDevice(argv[3], &device))) {
+    std::fprintf(stderr, "usage: %s <out_dir> [gpt2|llama] [cpu|cuda]\n", argv[0]);
     return 2;
   }
   try {
     const std::string dir = argv[1];
-    const keel::model::ModelConfig cfg = Config(argc == 3 ? argv[2] : "gpt2");
-    Dump(cfg, DType::kF32, /*sharp=*/false, kSteps, dir + "/keel_fp32.safetensors");
-    Dump(cfg, DType::kBF16, /*sharp=*/false, kSteps, dir + "/keel_bf16.safetensors");
-    Dump(cfg, DType::kF32, /*sharp=*/true, 0, dir + "/keel_fp32_sharp.safetensors");
-    Dump(cfg, DType::kBF16, /*sharp=*/true, 0, dir + "/keel_bf16_sharp.safetensors");
+    const keel::model::ModelConfig cfg = Config(argc >= 3 ? argv[2] : "gpt2");
+    const keel::kernels::Backend& be = keel::kernels::Get(device);
+    Dump(cfg, DType::kF32, /*sharp=*/false, kSteps, dir + "/keel_fp32.safetensors", be);
+    Dump(cfg, DType::kBF16, /*sharp=*/false, kSteps, dir + "/keel_bf16.safetensors", be);
+    Dump(cfg, DType::kF32, /*sharp=*/true, 0, dir + "/keel_fp32_sharp.safetensors", be);
+    Dump(cfg, DType::kBF16, /*sharp=*/true, 0, dir + "/keel_bf16_sharp.safetensors", be);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dump_model: %s\n", e.what());
     return 1;

@@ -339,13 +339,23 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
   }
   next_chunk_ = 0;
   copied_bytes_ = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    chunks_ready_ = true;
+  if (!mem_->host_visible()) {
+    // A GPU's state: one batch of asynchronous copies into the pinned staging buffer, ordered
+    // after the step's kernels and overlapping the next step's forward and backward (which leave
+    // the state alone); the trainer's threads have nothing to help with.
+    void* stream = mem_->CopyStream();
+    for (const Chunk& c : chunks_) mem_->ToHostAsync(c.dst, c.src, c.n, stream);
+    mem_->WaitCopies(stream);
+    copied_bytes_ = bytes;
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      chunks_ready_ = true;
+    }
+    cv_.notify_all();
+    CopyChunks();
+    while (copied_bytes_.load() < bytes) std::this_thread::yield();  // a helper's last chunk
   }
-  cv_.notify_all();
-  CopyChunks();
-  while (copied_bytes_.load() < bytes) std::this_thread::yield();  // a helper's last chunk
   staged_bytes_ = bytes;
   pieces_json_ = pieces.dump();
   const auto [user, sys] = ThreadCpuMs();

@@ -32,6 +32,15 @@ class Memory {
   // (checkpoint staging); a no-op where host memory is the memory.
   virtual void PinHost(void* /*p*/, size_t /*bytes*/) const {}
   virtual void UnpinHost(void* /*p*/) const {}
+  // Copies to the host that overlap the work issued after them (checkpoint staging): CopyStream()
+  // starts a batch ordered after everything issued on the compute stream so far, ToHostAsync
+  // adds to it (into pinned memory for full speed), WaitCopies returns once it has landed. Where
+  // this memory is the host's, ToHostAsync copies at once.
+  virtual void* CopyStream() const { return nullptr; }
+  virtual void ToHostAsync(void* host, const void* src, size_t bytes, void* /*stream*/) const {
+    ToHost(host, src, bytes);
+  }
+  virtual void WaitCopies(void* /*stream*/) const {}
 };
 
 // Plain host memory: what the CPU backend uses, and what host-only code asks for.

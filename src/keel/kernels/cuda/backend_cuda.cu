@@ -56,9 +56,10 @@ class Cuda final : public Backend {
         local = std::atoi(s);
         break;
       }
-    KEEL_CUDA(cudaSetDevice(local % n));
+    device_ = local % n;
+    KEEL_CUDA(cudaSetDevice(device_));
     cudaDeviceProp prop{};
-    KEEL_CUDA(cudaGetDeviceProperties(&prop, local % n));
+    KEEL_CUDA(cudaGetDeviceProperties(&prop, device_));
     name_ = prop.name;
   }
   Device device() const override { return Device::kCuda; }
@@ -100,6 +101,26 @@ class Cuda final : public Backend {
     KEEL_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
   }
   void UnpinHost(void* p) const override { cudaHostUnregister(p); }
+  // A stream of its own for the staging copies, used from the checkpoint writer's thread (which
+  // binds itself to this rank's GPU first).
+  void* CopyStream() const override {
+    KEEL_CUDA(cudaSetDevice(device_));
+    if (!copy_) KEEL_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    cudaEvent_t issued;
+    KEEL_CUDA(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+    KEEL_CUDA(cudaEventRecord(issued, 0));
+    KEEL_CUDA(cudaStreamWaitEvent(copy_, issued, 0));
+    cudaEventDestroy(issued);
+    return copy_;
+  }
+  void ToHostAsync(void* host, const void* src, size_t bytes, void* stream) const override {
+    if (bytes)
+      KEEL_CUDA(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost,
+                                static_cast<cudaStream_t>(stream)));
+  }
+  void WaitCopies(void* stream) const override {
+    KEEL_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  }
   void Synchronize() const override { KEEL_CUDA(cudaDeviceSynchronize()); }
   void* RecordEvent() const override {
     cudaEvent_t e;
@@ -192,7 +213,9 @@ class Cuda final : public Backend {
   }
 
  private:
+  int device_ = 0;
   std::string name_;
+  mutable cudaStream_t copy_ = nullptr;
 };
 
 }  // namespace
