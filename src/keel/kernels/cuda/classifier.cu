@@ -2,7 +2,9 @@
 // chunk's logits (M × chunk, fp32) come from one cuBLASLt product into scratch, and per-row
 // kernels fold them into a running max and sum (forward) or turn them into the softmax's
 // gradient (backward, a second pass with the final log-sum-exp), which two more products send
-// into dx and dwte. Only one chunk of logits exists at a time.
+// into dx and dwte. Only one chunk of logits exists at a time; where the whole vocabulary's fit
+// the memory budget (an eighth of the GPU's free memory, at most 4 GiB), there is one chunk and
+// the backward reuses the forward's logits instead of recomputing them.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -12,7 +14,16 @@
 namespace keel::kernels::cuda {
 namespace {
 
-constexpr size_t kChunkBytes = size_t(256) << 20;  // the logits of one chunk
+// The logits one chunk may take: an eighth of the free memory when first asked, within
+// [256 MiB, 4 GiB].
+size_t ChunkBytes() {
+  static const size_t bytes = [] {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) free = 0;
+    return std::clamp(free / 8, size_t(256) << 20, size_t(4) << 30);
+  }();
+  return bytes;
+}
 
 __device__ float WarpMax(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
@@ -80,7 +91,7 @@ __global__ void FromF32(T* out, const float* in, size_t n) {
 
 // Vocabulary columns per chunk, a multiple of 128 (the logits' rows stay aligned for cuBLASLt).
 int ChunkOf(int M, int V) {
-  const size_t fit = kChunkBytes / (sizeof(float) * size_t(M));
+  const size_t fit = ChunkBytes() / (sizeof(float) * size_t(M));
   const size_t whole = (size_t(V) + 127) / 128 * 128;
   return int(std::max<size_t>(128, std::min(whole, fit / 128 * 128)));
 }
@@ -114,7 +125,8 @@ void Classifier(DType t, float* losses, void* dx, float* dwte, const void* x, co
     for (int v0 = 0; v0 < V; v0 += chunk) {
       const int n = std::min(chunk, V - v0);
       const void* wc = w + size_t(v0) * C * es;
-      Gemm(false, true, M, n, C, x, C, wc, C, logits, chunk, t, true, 1, 0);
+      if (chunk < V)  // else the forward's logits are still there
+        Gemm(false, true, M, n, C, x, C, wc, C, logits, chunk, t, true, 1, 0);
       SoftmaxGrad<U>
           <<<Blocks(size_t(M) * n, 256), 256>>>(g, logits, chunk, mx, targets, dloss, M, v0, n);
       Gemm(false, false, M, C, n, g, chunk, wc, C, dx32, C, t, true, 1, 1);
