@@ -4,17 +4,18 @@
 # dump_model
 # built here with the CUDA backend (for any x86-64-v3 CPU, not -march=native), and the shared
 # libraries they load, less the C/C++ runtime and CUDA's own (cuBLASLt, NCCL: large, and there),
-# gzipped into build-gpu-bundle.tgz (about 25 MB; the device tool carries up to 64 MiB).
+# gzipped into build-gpu/keel-gpu-bundle.tgz (the device tool carries up to 64 MiB).
 #
-#   scripts/gpu_bundle.sh        # then run gpu_check.sh there, carrying build-gpu-bundle.tgz
+#   scripts/gpu_bundle.sh        # then run gpu_check.sh there, carrying build-gpu/keel-gpu-bundle.tgz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=build-gpu
 cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DKEEL_NATIVE=OFF \
   -DCMAKE_CXX_FLAGS="-march=x86-64-v3" -DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=OFF >/dev/null
 ninja -C "$b" keel kernels_test model_test dump_model
-out=build-gpu-bundle
-rm -rf "$out" "$out.tgz"
+out=$b/bundle
+tgz=$b/keel-gpu-bundle.tgz
+rm -rf "$out" "$tgz"
 mkdir -p "$out/lib"
 cp "$b/keel" "$b/kernels_test" "$b/model_test" "$b/dump_model" "$out/"
 strip --strip-unneeded "$out/keel" "$out/kernels_test" "$out/model_test" "$out/dump_model"
@@ -25,5 +26,5 @@ for lib in $(ldd "$out/keel" "$out/kernels_test" "$out/model_test" "$out/dump_mo
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done
-tar czf "$out.tgz" "$out"
-echo "gpu_bundle: $out.tgz, $(du -m "$out.tgz" | cut -f1) MB ($(ls "$out/lib" | wc -l) libraries)"
+tar czf "$tgz" -C "$b" bundle
+echo "gpu_bundle: $tgz, $(du -m "$tgz" | cut -f1) MB ($(ls "$out/lib" | wc -l) libraries)"

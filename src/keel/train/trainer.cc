@@ -374,7 +374,9 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                   " (" + sum.resumed_from + "); raise it, or set 0 to train to train.steps = " +
                   std::to_string(cfg.train.steps));
   if (start_step == cfg.train.steps && start_step > 0) {
-    // A finished run: nothing is trained, saved or rewritten.
+    // A finished run: nothing is trained, saved or rewritten. The heartbeat says where the run
+    // stands, so that a supervisor whose earlier start already reached the end reports that step.
+    heartbeat.Set(start_step, "done");
     sum.steps_done = start_step;
     sum.nothing_left = true;
     return sum;
