@@ -36,8 +36,8 @@ const Backend& Get(Device d) {
   return CudaBackend();
 #else
   ThrowBadInput(
-      "[train] device = \"cuda\": this keel was built without the CUDA backend (cmake found no "
-      "nvcc; see README, GPUs)");
+      "[train] device = \"cuda\": this keel was built without the CUDA backend (configure with "
+      "-DKEEL_CUDA=ON; see README, GPUs)");
 #endif
 }
 

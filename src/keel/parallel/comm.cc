@@ -68,7 +68,7 @@ bool NcclBuilt() { return true; }
 #else
 bool NcclBuilt() { return false; }
 std::unique_ptr<Comm> MakeNcclComm(Comm& /*bootstrap*/) {
-  ThrowBadInput("NCCL: this keel was built without CUDA and NCCL (cmake found no nvcc)");
+  ThrowBadInput("NCCL: this keel was built without CUDA and NCCL (configure with -DKEEL_CUDA=ON)");
 }
 #endif
 
