@@ -22,15 +22,6 @@ using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16d, wmma::row_maj
 using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16d, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-__device__ float WarpMax(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ float WarpSum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 // Causal work grows with the query tile: the heaviest tiles are issued first (a shorter tail).
 __device__ int QueryTile() { return int(gridDim.x - 1 - blockIdx.x) * kB; }
 

@@ -25,15 +25,6 @@ size_t ChunkBytes() {
   return bytes;
 }
 
-__device__ float WarpMax(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ float WarpSumF(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 __global__ void InitStats(float* mx, float* sum, float* tl, int M) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= M) return;
@@ -53,7 +44,7 @@ __global__ void FoldChunk(float* mx, float* sum, float* tl, const float* logits,
   m = WarpMax(m);
   float s = 0.0f;
   for (int c = lane; c < n; c += 32) s += __expf(row[c] - m);
-  s = WarpSumF(s);
+  s = WarpSum(s);
   if (lane != 0) return;
   const float M0 = fmaxf(mx[r], m);
   sum[r] = sum[r] * __expf(mx[r] - M0) + s * __expf(m - M0);

@@ -27,6 +27,16 @@ __device__ __forceinline__ float Ld(const bf16d* p, size_t i) { return __bfloat1
 __device__ __forceinline__ void St(float* p, size_t i, float x) { p[i] = x; }
 __device__ __forceinline__ void St(bf16d* p, size_t i, float x) { p[i] = __float2bfloat16_rn(x); }
 
+// Max and sum over the 32 lanes of a warp; every lane gets the result.
+__device__ __forceinline__ float WarpMax(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float WarpSum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
 inline unsigned Blocks(size_t n, unsigned threads) { return unsigned((n + threads - 1) / threads); }
 
 // Calls f with a null pointer of the device type of `t` (float or __nv_bfloat16).

@@ -12,11 +12,6 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kRowBlocks = 64;
 
-__device__ float WarpSum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
 template <typename T>
 __global__ void LnForward(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
                           int N, int C, bool rms, float eps) {
