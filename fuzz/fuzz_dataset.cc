@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
+#include "keel/core/hex.h"
 #include "keel/data/dataset.h"
 #include "keel/data/dataset_meta.h"
 #include "keel/data/verify.h"
@@ -30,7 +31,7 @@ std::string FillHashes(const std::string& meta, const std::map<std::string, std:
         continue;
       auto it = files.find(s[name_key].get<std::string>());
       if (it == files.end()) continue;
-      s[hash_key] = keel::data::HashHex(XXH3_64bits(it->second.data(), it->second.size()));
+      s[hash_key] = keel::HashHex(XXH3_64bits(it->second.data(), it->second.size()));
       filled = true;
     }
   }

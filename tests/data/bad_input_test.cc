@@ -20,6 +20,7 @@
 #include "data/run_keel.h"
 #include "data/temp_dir.h"
 #include "keel/core/error.h"
+#include "keel/core/hex.h"
 #include "keel/data/dataset.h"
 #include "keel/data/dataset_meta.h"
 #include "keel/data/loader.h"
@@ -127,7 +128,7 @@ TEST_F(BadInput, EmptyInputIsAnError) {
   ExpectOneLineError(Prepare(tmp_ / "empty_dir"), {"no input files"});
   Spit(tmp_ / "empty.jsonl", "");
   ExpectOneLineError(Prepare(tmp_ / "empty.jsonl"), {tmp_ / "empty.jsonl", "no documents"});
-    Spit(tmp_ / "blank.jsonl", "\n  \n\t\n");
+  Spit(tmp_ / "blank.jsonl", "\n  \n\t\n");
   ExpectOneLineError(Prepare(tmp_ / "blank.jsonl"), {tmp_ / "blank.jsonl", "no documents"});
   // Text files alike: an empty or blank one is no document.
   Spit(tmp_ / "empty.txt", "");

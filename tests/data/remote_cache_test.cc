@@ -16,8 +16,8 @@
 #include "data/served_dataset.h"
 #include "data/temp_dir.h"
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
 #include "keel/data/dataset.h"
-#include "keel/data/file_util.h"
 #include "keel/data/shard_writer.h"
 
 namespace keel::data {

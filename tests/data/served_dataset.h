@@ -15,8 +15,8 @@
 
 #include "data/http_server.h"
 #include "data/temp_dir.h"
+#include "keel/core/file_util.h"
 #include "keel/data/dataset_meta.h"
-#include "keel/data/file_util.h"
 #include "keel/data/remote_cache.h"
 #include "keel/data/shard_writer.h"
 

@@ -11,7 +11,7 @@
 
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/error.h"
-#include "keel/data/file_util.h"
+#include "keel/core/file_util.h"
 
 namespace keel::ckpt {
 namespace {
@@ -138,7 +138,7 @@ void WriteHfGpt2(const std::string& path, const model::ModelConfig& cfg,
                             {"layer_norm_epsilon", 1e-5},
                             {"tie_word_embeddings", true},
                             {"torch_dtype", "float32"}};
-  data::WriteFileAtomic(ConfigBeside(path), j.dump(2) + "\n");
+  WriteFileAtomic(ConfigBeside(path), j.dump(2) + "\n");
 }
 
 std::string ConfigBeside(const std::string& path) {

@@ -10,7 +10,7 @@
 #include "keel/ckpt/hf_gpt2.h"
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/error.h"
-#include "keel/data/file_util.h"
+#include "keel/core/file_util.h"
 
 namespace keel::ckpt {
 namespace {
@@ -29,7 +29,7 @@ bool Vocabulary(const std::string& keel_name) {
 
 nlohmann::json ReadJson(const std::string& path) {
   try {
-    return nlohmann::json::parse(data::ReadWholeFile(path));
+    return nlohmann::json::parse(ReadWholeFile(path));
   } catch (const nlohmann::json::exception& e) {
     ThrowBadInput(path + ": not valid JSON (" + e.what() + ")");
   }
@@ -140,8 +140,7 @@ bool IsHfLlamaFolder(const std::string& path) {
   const fs::path config = fs::path(path) / "config.json";
   if (!fs::is_directory(path) || !fs::exists(config)) return false;
   try {
-    return nlohmann::json::parse(data::ReadWholeFile(config.string())).value("model_type", "") ==
-           "llama";
+    return nlohmann::json::parse(ReadWholeFile(config.string())).value("model_type", "") == "llama";
   } catch (const std::exception&) {
     return false;
   }
@@ -218,7 +217,7 @@ void WriteHfLlama(const std::string& path, const model::ModelConfig& cfg,
                             {"rope_scaling", nullptr},
                             {"tie_word_embeddings", false},
                             {"torch_dtype", "float32"}};
-  data::WriteFileAtomic(ConfigBeside(path), j.dump(2) + "\n");
+  WriteFileAtomic(ConfigBeside(path), j.dump(2) + "\n");
 }
 
 }  // namespace keel::ckpt

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/core/hex.h"
 #include "keel/data/dataset_meta.h"
 
 namespace keel::ckpt {
@@ -59,9 +60,9 @@ std::string ToJsonText(const Manifest& m);
 // a wrong format or version, a piece outside its tensor or with a size that does not match.
 Manifest ManifestFromJsonText(const std::string& text, const std::string& where);
 
-// An xxh3 as 16 lowercase hex digits (data::HashHex, as meta.json writes them), and back
+// An xxh3 as 16 lowercase hex digits (HashHex, core/hex.h, as meta.json writes them), and back
 // (throws bad input naming `where` if not hex).
-using data::HashHex;
+using keel::HashHex;
 uint64_t ParseHexHash(const std::string& s, const std::string& where);
 uint64_t Hash(const void* data, size_t bytes);  // xxh3-64
 

@@ -13,8 +13,8 @@
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
 #include "keel/core/progress.h"
-#include "keel/data/file_util.h"
 
 namespace keel::ckpt {
 namespace fs = std::filesystem;
@@ -103,7 +103,7 @@ CheckpointReader CheckpointReader::Open(const std::string& dir) {
       ThrowBadInput(dir + "/COMMIT: expected \"xxh3 <16 hex digits>\"");
     commit = hex;
   }
-  const std::string text = data::ReadWholeFile(dir + "/manifest.json");
+  const std::string text = ReadWholeFile(dir + "/manifest.json");
   const uint64_t want = ParseHexHash(commit, dir + "/COMMIT");
   const uint64_t got = Hash(text.data(), text.size());
   if (want != got)

@@ -20,8 +20,8 @@
 #include "keel/ckpt/manifest.h"
 #include "keel/ckpt/retention.h"
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
 #include "keel/core/timer.h"
-#include "keel/data/file_util.h"
 #include "keel/parallel/dims.h"
 
 namespace keel::ckpt {
@@ -448,7 +448,7 @@ void CheckpointWriter::DoWrite() {
     throw;
   }
   ::close(fd);
-  data::WriteFileAtomic(tmp + "/" + RankFile(rank_, "json"), pieces.dump() + "\n");
+  WriteFileAtomic(tmp + "/" + RankFile(rank_, "json"), pieces.dump() + "\n");
   current_.write_ms = t.Millis();
   const auto [user, sys] = ThreadCpuMs();
   current_.user_ms += user - cpu0.first;
@@ -466,7 +466,7 @@ void CheckpointWriter::DoCommit() {
   std::map<std::pair<std::string, std::string>, std::vector<Piece>> by_tensor;
   for (int r = 0; r < world_; ++r) {
     const std::string side = tmp + "/" + RankFile(r, "json");
-    json pieces = json::parse(data::ReadWholeFile(side));
+    json pieces = json::parse(ReadWholeFile(side));
     for (const json& p : pieces) {
       Piece piece{p["file"],  p["offset"], p["bytes"],
                   p["start"], p["count"],  ParseHexHash(p["xxh3"], side)};
@@ -493,11 +493,11 @@ void CheckpointWriter::DoCommit() {
     for (const Piece& p : t.pieces)
       if (p.file.rfind("../", 0) == 0) current_.referenced_bytes += p.bytes;
   const std::string text = ToJsonText(m);
-  data::WriteFileAtomic(tmp + "/manifest.json", text);
+  WriteFileAtomic(tmp + "/manifest.json", text);
   for (int r = 0; r < world_; ++r) fs::remove(tmp + "/" + RankFile(r, "json"));
   MaybeCrash("manifest");
-  data::WriteFileAtomic(tmp + "/COMMIT", "xxh3 " + HashHex(Hash(text.data(), text.size())) + "\n");
-  data::SyncDir(tmp);
+  WriteFileAtomic(tmp + "/COMMIT", "xxh3 " + HashHex(Hash(text.data(), text.size())) + "\n");
+  SyncDir(tmp);
   MaybeCrash("commit");
   if (fs::exists(final_dir)) {
     // A checkpoint of this step from an earlier attempt (a resume from an older one): replaced.
@@ -509,10 +509,10 @@ void CheckpointWriter::DoCommit() {
   } else {
     fs::rename(tmp, final_dir);
   }
-  data::SyncDir(root_);
+  SyncDir(root_);
   current_.path = final_dir;
   MaybeCrash("rename");
-  data::WriteFileAtomic(root_ + "/latest", name + "\n");
+  WriteFileAtomic(root_ + "/latest", name + "\n");
   MaybeCrash("latest");
   current_.deleted = ApplyRetention(root_, meta_.step, retention_);
 }

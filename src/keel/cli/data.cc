@@ -9,12 +9,12 @@
 
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/data/assets.h"
 #include "keel/data/dataset.h"
 #include "keel/data/dataset_meta.h"
 #include "keel/data/prepare.h"
 #include "keel/data/tokenizer.h"
 #include "keel/data/verify.h"
-#include "keel/train/samples.h"
 
 namespace keel::cli {
 namespace {
@@ -104,7 +104,7 @@ void Inspect(const std::string& path) {
   std::optional<data::Tokenizer> loaded;
   try {
     loaded.emplace(data::Tokenizer::Load(name.rfind("hf:", 0) == 0 ? name.substr(3) : name,
-                                         train::AssetsDir()));
+                                         data::AssetsDir()));
   } catch (const Error& e) {
     std::printf("sample: not decoded (%s)\n", e.what());
   }
@@ -191,8 +191,8 @@ void RegisterData(CLI::App& app) {
   prepare->callback([opts, on_error] {
     opts->on_error =
         *on_error == "skip" ? data::PrepareOnError::kSkip : data::PrepareOnError::kStop;
-    opts->tokenizer_dir = train::TokenizerDir();
-    opts->assets = train::AssetsDir();
+    opts->tokenizer_dir = data::TokenizerDir();
+    opts->assets = data::AssetsDir();
     data::PrepareSummary s = data::Prepare(*opts);
     PrintSummary(*opts, s);
   });

@@ -7,9 +7,9 @@
 #include "keel/ckpt/model_source.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/data/assets.h"
 #include "keel/data/tokenizer.h"
 #include "keel/model/inference.h"
-#include "keel/train/samples.h"
 
 namespace keel::cli {
 
@@ -43,7 +43,7 @@ void RegisterGenerate(CLI::App& app) {
           std::to_string(max_tokens) + ", " + std::to_string(top_k) + ", " + std::to_string(count) +
           " and " + std::to_string(temperature));
     ckpt::LoadedModel m = ckpt::LoadAnyModel(run);
-    auto tok = data::Tokenizer::LoadGpt2(train::TokenizerDir());
+    auto tok = data::Tokenizer::LoadGpt2(data::TokenizerDir());
     model::Generator gen(m.config, std::move(m.weights));
     auto ids = tok.Encode(prompt);
     for (int i = 0; i < count; ++i) {

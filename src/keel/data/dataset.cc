@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
 #include "keel/data/dataset_meta.h"
-#include "keel/data/file_util.h"
 #include "keel/data/http_fetch.h"
 #include "keel/data/remote_cache.h"
 #include "keel/data/remote_shards.h"

@@ -5,7 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/error.h"
-#include "keel/data/file_util.h"
+#include "keel/core/file_util.h"
+#include "keel/core/hex.h"
 
 namespace keel::data {
 namespace {
@@ -61,12 +62,6 @@ uint64_t DatasetMeta::documents() const {
   uint64_t n = 0;
   for (const auto& s : shards) n += s.documents;
   return n;
-}
-
-std::string HashHex(uint64_t hash) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(hash));
-  return buf;
 }
 
 DatasetMeta ReadDatasetMeta(const std::string& dir) {

@@ -61,7 +61,4 @@ DatasetMeta ReadDatasetMeta(const std::string& dir);
 
 std::string DatasetMetaToJson(const DatasetMeta& meta);
 
-// 16 lowercase hex digits, the spelling of hashes in meta.json.
-std::string HashHex(uint64_t hash);
-
 }  // namespace keel::data

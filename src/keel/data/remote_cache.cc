@@ -10,7 +10,8 @@
 #include <filesystem>
 
 #include "keel/core/error.h"
-#include "keel/data/file_util.h"
+#include "keel/core/file_util.h"
+#include "keel/core/hex.h"
 
 namespace keel::data {
 namespace fs = std::filesystem;

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "keel/data/file_util.h"
+#include "keel/core/file_util.h"
 #include "keel/data/remote_cache.h"
 
 namespace keel::data::internal {

@@ -11,7 +11,8 @@
 #include <vector>
 
 #include "keel/core/error.h"
-#include "keel/data/file_util.h"
+#include "keel/core/file_util.h"
+#include "keel/core/hex.h"
 
 namespace keel::data {
 namespace {

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/error.h"
-#include "keel/data/file_util.h"
+#include "keel/core/file_util.h"
 #include "keel/data/tokenizer_impl.h"
 
 namespace keel::data {

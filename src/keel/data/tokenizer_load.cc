@@ -10,7 +10,7 @@
 #include <unordered_set>
 
 #include "keel/core/error.h"
-#include "keel/data/file_util.h"
+#include "keel/core/file_util.h"
 #include "keel/data/tokenizer_impl.h"
 
 namespace keel::data {

@@ -9,9 +9,10 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
+#include "keel/core/hex.h"
 #include "keel/data/dataset.h"
 #include "keel/data/dataset_meta.h"
-#include "keel/data/file_util.h"
 #include "keel/data/http_fetch.h"
 
 namespace keel::data {

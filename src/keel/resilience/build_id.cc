@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "keel/core/hex.h"
 #include "keel/data/dataset_meta.h"
 
 namespace keel::resilience {
@@ -17,7 +18,7 @@ uint64_t ExecutableHash() {
 }
 
 std::string BuildIdentity() {
-  std::string id = "keel " + data::HashHex(ExecutableHash());
+  std::string id = "keel " + HashHex(ExecutableHash());
   if (const char* tag = std::getenv("KEEL_BUILD_TAG")) id += std::string(", tag ") + tag;
   return id;
 }

@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
 #include "keel/core/stop_signal.h"
-#include "keel/data/file_util.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/resilience/build_id.h"
 #include "keel/resilience/goodput.h"
@@ -229,7 +229,7 @@ int Supervisor::Finish(int code, const std::string& outcome) {
                                    {"end_step", a.end_step},
                                    {"outcome", a.outcome}});
   Event({{"event", "launch_end"}, {"outcome", outcome}, {"exit_code", code}, {"goodput", summary}});
-  data::WriteFileAtomic(spec_.run_dir + "/goodput.json", summary.dump(2) + "\n");
+  WriteFileAtomic(spec_.run_dir + "/goodput.json", summary.dump(2) + "\n");
   Say("%s", g.Text().c_str());
   return code;
 }

@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
 #include "keel/core/log.h"
-#include "keel/data/file_util.h"
 #include "keel/resilience/heartbeat.h"
 
 namespace keel::train {
@@ -263,8 +263,8 @@ void RollbackLog::Record(int spike_step, int to_step, int batches, const std::st
   if (!write) return;
   nlohmann::json skips = nlohmann::json::object();
   for (const auto& [step, n] : recorded_) skips[std::to_string(step)] = n;
-  data::WriteFileAtomic(path_,
-                        nlohmann::json{{"skips", skips}, {"rollbacks", rollbacks_}}.dump(1) + "\n");
+  WriteFileAtomic(path_,
+                  nlohmann::json{{"skips", skips}, {"rollbacks", rollbacks_}}.dump(1) + "\n");
 }
 
 int RollbackLog::RecentRollbacks(int step, int window) const {

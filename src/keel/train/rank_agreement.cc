@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "keel/core/hex.h"
 #include "keel/data/dataset_meta.h"
 
 namespace keel::train {
@@ -45,7 +46,7 @@ void ThrowLowest(parallel::Comm& comm, const std::optional<Error>& mine, bool na
   throw Error(ExitCode(code), msg, /*quiet=*/true);
 }
 
-std::string Hex(uint64_t h) { return data::HashHex(h); }
+std::string Hex(uint64_t h) { return HashHex(h); }
 
 }  // namespace
 

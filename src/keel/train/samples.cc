@@ -3,23 +3,17 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "keel/data/assets.h"
 #include "keel/data/tokenizer.h"
 #include "keel/model/inference.h"
 
 namespace keel::train {
 
-std::string AssetsDir() {
-  if (const char* env = std::getenv("KEEL_ASSETS")) return env;
-  return KEEL_ASSET_DIR;
-}
-
-std::string TokenizerDir() { return AssetsDir() + "/gpt2"; }
-
 void PrintSamples(const RunConfig& cfg, const model::ModelConfig& mcfg,
                   const model::ParamLayout& layout, const float* weights) {
   const TrainSection& t = cfg.train;
   if (t.sample_count <= 0 || t.sample_prompt.empty()) return;
-  auto tok = data::Tokenizer::LoadGpt2(TokenizerDir());
+  auto tok = data::Tokenizer::LoadGpt2(data::TokenizerDir());
   model::Generator gen(mcfg, std::vector<float>(weights, weights + layout.total()));
   auto prompt = tok.Encode(t.sample_prompt);
   std::printf("\nsamples (temperature 0.8, top-k 40):\n");

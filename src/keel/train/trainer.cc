@@ -18,12 +18,12 @@
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/model_source.h"
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
 #include "keel/core/log.h"
 #include "keel/core/progress.h"
 #include "keel/core/stop_signal.h"
 #include "keel/core/timer.h"
 #include "keel/data/dataset.h"
-#include "keel/data/file_util.h"
 #include "keel/data/loader.h"
 #include "keel/data/prefetcher.h"
 #include "keel/kernels/cpu/matmul.h"
@@ -96,7 +96,7 @@ void KeepMetricsUpTo(const std::string& path, int step) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.value("step", 0) <= step) kept += line + "\n";
   }
-  data::WriteFileAtomic(path, kept);
+  WriteFileAtomic(path, kept);
 }
 
 struct Setup {
@@ -336,7 +336,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   }
   if (lead) {
     std::filesystem::create_directories(sum.run_dir);
-    data::WriteFileAtomic(sum.run_dir + "/config.toml", ToToml(cfg));
+    WriteFileAtomic(sum.run_dir + "/config.toml", ToToml(cfg));
     events = monitor::JsonlWriter(sum.run_dir + "/events.jsonl");
     sum.unigram_entropy = UnigramEntropy(d.train_ptrs, weights);
   }

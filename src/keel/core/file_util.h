@@ -1,7 +1,8 @@
-// Small file helpers shared by the data subsystem: whole-file reads with errors that name the
-// path, a read-only memory map (RAII, move-only), and atomic replace-by-rename writes.
+// Small file helpers (data/, ckpt/, resilience/ and train/ use them): whole-file reads with errors
+// that name the path, a read-only memory map (RAII, move-only), and atomic replace-by-rename
+// writes.
 //
-//   keel::data::MappedFile f = keel::data::MappedFile::Open("train/shard_00000.bin");
+//   keel::MappedFile f = keel::MappedFile::Open("train/shard_00000.bin");
 //   auto tokens = reinterpret_cast<const uint16_t*>(f.data());
 #pragma once
 
@@ -10,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-namespace keel::data {
+namespace keel {
 
 // Throws keel::Error (bad input) "PATH: cannot read: REASON".
 std::string ReadWholeFile(const std::string& path);
@@ -43,4 +44,4 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-}  // namespace keel::data
+}  // namespace keel

@@ -1,5 +1,5 @@
-// File helpers for the data subsystem; see file_util.h.
-#include "keel/data/file_util.h"
+// File helpers shared by data/, ckpt/, resilience/ and train/; see file_util.h.
+#include "keel/core/file_util.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 
 #include "keel/core/error.h"
 
-namespace keel::data {
+namespace keel {
 namespace {
 
 // Closes a file descriptor on every path out of a function.
@@ -113,4 +113,4 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-}  // namespace keel::data
+}  // namespace keel
