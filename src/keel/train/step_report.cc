@@ -17,7 +17,7 @@ constexpr size_t kRss = monitor::kPhases, kPeakRss = kRss + 1, kPerRank = kPeakR
 
 StepReporter::StepReporter(const RunConfig& cfg, parallel::Comm& comm, int last_step,
                            monitor::JsonlWriter* events, const std::string& disk_path)
-    : cfg_(cfg), comm_(comm), last_step_(last_step) {
+    : cfg_(cfg), comm_(comm), last_step_(last_step), events_(events) {
   if (comm.rank() != 0) return;
   if (cfg.monitor.metrics_port > 0)
     exporter_ = std::make_unique<monitor::MetricsExporter>(

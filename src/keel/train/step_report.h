@@ -5,6 +5,7 @@
 //
 //   StepReporter report(cfg, comm, last_step, lead ? &events : nullptr, checkpoint_dir);
 //   ckpt.set_on_commit(report.CommitHook());
+//   if (lead) report.LogStart(run, facts);
 //   report.Report(figures, extra, lead ? &metrics : nullptr);   // every rank, at the same step
 #pragma once
 
@@ -16,6 +17,7 @@
 
 #include "keel/monitor/alerts.h"
 #include "keel/monitor/eta.h"
+#include "keel/monitor/flops.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/monitor/prometheus_exporter.h"
 #include "keel/monitor/step_times.h"
@@ -38,6 +40,16 @@ struct StepFigures {
   double ms = 0;                   // this rank's whole loop iteration
 };
 
+struct Run;  // run_setup.h
+
+// What the startup log says beside the run itself, measured at setup.
+struct RunFacts {
+  int threads = 1;                  // this rank's
+  monitor::Peak rank_peak;          // rank 0's
+  nlohmann::json memory;            // what this rank allocated, by kind
+  std::vector<double> stage_bytes;  // each pipeline stage's total
+};
+
 class StepReporter {
  public:
   // `metrics`: rank 0's metrics.jsonl (null elsewhere, or when off). Rank 0 opens the Prometheus
@@ -51,6 +63,11 @@ class StepReporter {
   // this reporter is gone.
   std::function<void()> CommitHook() const;
 
+  // Rank 0, before the first step: what runs where — model, precision, ranks and threads, batch,
+  // layout, the peak MFU is measured against, the shards of tensor and pipeline parallelism,
+  // memory per rank and stage (also as an event), and the data sources.
+  void LogStart(const Run& run, const RunFacts& facts);
+
   // Collective. `extra` (rank 0's) is merged into the metrics line: layout-specific figures.
   void Report(const StepFigures& f, const nlohmann::json& extra, monitor::JsonlWriter* metrics);
 
@@ -60,6 +77,7 @@ class StepReporter {
   const RunConfig& cfg_;
   parallel::Comm& comm_;
   const int last_step_;
+  monitor::JsonlWriter* events_;  // rank 0's, else null
   monitor::Eta eta_;
   std::unique_ptr<monitor::MetricsExporter> exporter_;
   std::shared_ptr<monitor::Alerts> alerts_;  // rank 0's; shared with the commit hook

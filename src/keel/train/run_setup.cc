@@ -1,0 +1,420 @@
+// Setup of a training run (run_setup.h): what every rank builds, in one order, before step 1.
+#include "keel/train/run_setup.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "keel/ckpt/checkpoint_model.h"
+#include "keel/ckpt/model_file.h"
+#include "keel/ckpt/model_source.h"
+#include "keel/core/error.h"
+#include "keel/core/file_util.h"
+#include "keel/core/log.h"
+#include "keel/monitor/flops.h"
+#include "keel/parallel/pipeline_schedule.h"
+#include "keel/resilience/build_id.h"
+#include "keel/train/freeze.h"
+#include "keel/train/memory_check.h"
+#include "keel/train/rank_agreement.h"
+
+namespace keel::train {
+namespace {
+
+// Entropy of the token distribution (nats): the loss of the best model that ignores context.
+// A model that learned anything sits well below it. Counts at most the first 20M tokens.
+// For a blend, the entropy of the weighted mixture of the sources' distributions, which is what
+// the trainer samples from. Counts at most the first 20M tokens of each source.
+double UnigramEntropy(const std::vector<const data::TokenDataset*>& sources,
+                      const std::vector<double>& weights) {
+  size_t vocab = 0;
+  for (const auto* ds : sources) vocab = std::max<size_t>(vocab, ds->vocab_size());
+  double total_weight = 0;
+  for (double w : weights) total_weight += w;
+  std::vector<double> p(vocab, 0.0);
+  std::vector<int32_t> chunk(1 << 16);
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const data::TokenDataset& ds = *sources[s];
+    const size_t n = std::min<size_t>(ds.size(), 20'000'000);
+    std::vector<uint64_t> counts(vocab, 0);
+    for (size_t i = 0; i < n; i += chunk.size()) {
+      size_t m = std::min(chunk.size(), n - i);
+      ds.Read(i, m, chunk.data());
+      for (size_t j = 0; j < m; ++j) counts[chunk[j]]++;
+    }
+    const double share = weights[s] / total_weight;
+    for (size_t v = 0; v < vocab; ++v)
+      if (counts[v]) p[v] += share * (double(counts[v]) / n);
+  }
+  double h = 0;
+  for (double q : p)
+    if (q > 0) h -= q * std::log(q);
+  return h;
+}
+
+// Rewrites metrics.jsonl with only the steps <= `step` (a resumed run writes the later ones
+// again). Written to a new file and renamed, so a crash leaves the old or the new, never a mix.
+void KeepMetricsUpTo(const std::string& path, int step) {
+  if (step == 0 || !std::filesystem::exists(path)) {
+    std::filesystem::remove(path);
+    return;
+  }
+  std::ifstream in(path);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("step", 0) <= step) kept += line + "\n";
+  }
+  WriteFileAtomic(path, kept);
+}
+
+struct Setup {
+  model::ModelConfig mcfg;
+  int local_batch, micro_batch, n_micro;
+  DType dtype;
+  parallel::ParallelDims dims;
+};
+
+Setup Validate(const RunConfig& cfg, int world) {
+  Setup s;
+  s.dims = ResolveDims(cfg, world);
+  ValidateBatch(cfg, s.dims.dp);
+  s.mcfg = cfg.ResolvedModel();
+  const TrainSection& t = cfg.train;
+  s.local_batch = t.batch_size / s.dims.dp;
+  s.micro_batch = t.micro_batch_size > 0 ? t.micro_batch_size : s.local_batch;
+  s.n_micro = s.local_batch / s.micro_batch;
+  s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
+  if (cfg.data.train.empty() && cfg.data.sources.empty())
+    ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
+  CheckMemoryFits(cfg, s.dims, s.micro_batch, s.n_micro);  // before anything large is allocated
+  return s;
+}
+
+RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_rank, int dp,
+                 int micro_batch) {
+  const int T = cfg.data.seq_len;
+  RunData d;
+  // `train = "path"` is a blend of one source with weight 1; it keeps the plain loader below, so
+  // that its sample order (and every pinned loss) is exactly what it was before blending.
+  d.sources = cfg.data.sources;
+  if (d.sources.empty()) d.sources.push_back({cfg.data.train, 1.0});
+  d.train_ds.reserve(d.sources.size());  // the loader keeps pointers into it
+  for (const DataSource& src : d.sources) {
+    d.train_ds.push_back(data::TokenDataset::Open(src.path));
+    d.train_ds.back().CheckIds(mcfg.vocab_size);
+    d.train_ptrs.push_back(&d.train_ds.back());
+    d.weights.push_back(src.weight);
+  }
+  if (!cfg.data.val.empty()) {
+    d.val_ds = std::make_unique<data::TokenDataset>(data::TokenDataset::Open(cfg.data.val));
+    d.val_ds->CheckIds(mcfg.vocab_size);
+  }
+  d.loader =
+      d.train_ds.size() == 1
+          ? std::make_unique<data::BatchLoader>(d.train_ds[0], T, cfg.train.batch_size, dp_rank, dp,
+                                                cfg.train.seed,
+                                                /*shuffle=*/true)
+          : std::make_unique<data::BatchLoader>(d.train_ptrs, d.weights, T, cfg.train.batch_size,
+                                                dp_rank, dp, cfg.train.seed);
+  // The first val_batches × batch_size windows of the split (all of it for 0), in micro-batches:
+  // `keel eval --max-tokens (that × seq_len) --batch (micro-batch)` prints the same number.
+  if (d.val_ds)
+    d.val_plan = PlanEval(d.val_ds->size(), T, micro_batch,
+                          size_t(cfg.train.val_batches) * size_t(cfg.train.batch_size),
+                          "[data] val " + cfg.data.val);
+  return d;
+}
+
+StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& frozen) {
+  StepSpec spec;
+  spec.model = s.mcfg;
+  spec.dtype = s.dtype;
+  spec.micro_batch = s.micro_batch;
+  spec.micro_batches = s.n_micro;
+  spec.virtual_stages = cfg.parallel.virtual_stages;
+  spec.stage_layers = StageLayers(cfg, s.dims.pp);
+  spec.sequence_parallel = cfg.parallel.sp;
+  spec.seq_len = cfg.data.seq_len;
+  spec.recompute = model::ParseRecompute(cfg.model.recompute);
+  spec.dims = s.dims;
+  spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  spec.frozen = frozen;
+  spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
+  spec.comm_timeout_s = cfg.parallel.comm_timeout_s;
+  kernels::ParseDevice(cfg.train.device, &spec.device);  // validated: "cpu" or "cuda"
+  return spec;
+}
+
+// What every rank reads and checks before the job's first collective (AgreeOnSetup).
+struct Prepared {
+  Setup s;
+  RunData d;
+  std::vector<float> init;  // the whole model's initial weights
+  Fingerprint fingerprint;
+  std::unique_ptr<ShardCheck> shard_check;
+};
+
+Prepared Prepare(const RunConfig& cfg, int rank, int world) {
+  Prepared p;
+  p.s = Validate(cfg, world);
+  const parallel::RankCoords at = parallel::Coords(p.s.dims, rank);
+  p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.dims.dp, p.s.micro_batch);
+  std::vector<std::string> paths = {cfg.data.val};
+  for (const DataSource& src : p.d.sources) paths.push_back(src.path);
+  p.shard_check = std::make_unique<ShardCheck>(paths);
+  // Every rank computes the whole initial state (a pure function of the seed) and keeps its part.
+  // A run that may resume leaves it for later: the checkpoint brings the weights, and drawing
+  // 124M normal values takes seconds of every restart (TrainRun draws them if none is found).
+  // A fine-tuning file is read here all the same, so that a bad one fails before anything else.
+  if (cfg.checkpoint.resume.empty() || !cfg.model.init_from.empty()) {
+    const model::ParamLayout layout = model::ParamLayout::Whole(p.s.mcfg);
+    p.init.resize(layout.total());
+    model::InitParams(layout, p.s.mcfg, cfg.train.seed, p.init.data());
+    // Fine-tuning: the file's weights replace the random ones.
+    if (!cfg.model.init_from.empty())
+      ckpt::LoadInitWeights(cfg.model.init_from, p.s.mcfg, p.init.data());
+  }
+  if (world > 1) {
+    p.fingerprint = ConfigFingerprint(cfg);
+    const model::ModelConfig& m = p.s.mcfg;
+    p.fingerprint.emplace_back("model (resolved)", std::to_string(m.n_layer) + " layers, " +
+                                                       std::to_string(m.n_head) + " heads, " +
+                                                       std::to_string(m.n_embd) + " wide");
+    for (size_t i = 0; i < p.d.sources.size(); ++i)
+      p.fingerprint.emplace_back(
+          cfg.data.sources.empty() ? "data.train" : "data.sources[" + std::to_string(i) + "]",
+          DataIdentity(p.d.train_ds[i], p.d.sources[i].path));
+    if (p.d.val_ds) p.fingerprint.emplace_back("data.val", DataIdentity(*p.d.val_ds, cfg.data.val));
+    p.fingerprint.emplace_back("keel build", resilience::BuildIdentity());
+  }
+  return p;
+}
+
+// Everything a checkpoint holds beside the tensors and the detectors' state, after `step_done`
+// steps.
+nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
+                          const parallel::ParallelDims& dims, int step_done,
+                          const data::LoaderState& loader, int optimizer_step) {
+  return {{"config", ToToml(cfg)},
+          {"model", ckpt::ModelConfigToJson(mcfg)},
+          {"loader", data::ToJson(loader)},
+          {"optimizer", {{"kind", "adamw"}, {"step", optimizer_step}}},
+          {"layout", {{"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp}, {"zero", dims.zero}}},
+          {"scheduler",
+           {{"kind", cfg.optim.schedule},
+            {"position", step_done},
+            {"lr", cfg.optim.lr},
+            {"min_lr", cfg.optim.min_lr},
+            {"warmup_steps", cfg.optim.warmup_steps},
+            {"total_steps", cfg.train.steps}}},
+          {"rng", {{"kind", "counter"}, {"seed", cfg.train.seed}}},
+          {"loss_scaler", {{"kind", "none"}, {"scale", 1.0}}},
+          {"precision", cfg.train.precision}};
+}
+
+}  // namespace
+
+Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
+    : cfg(cfg_in), comm(comm_in), lead(comm_in.rank() == 0) {
+  std::optional<Prepared> prep;
+  std::optional<Error> failed;
+  try {
+    prep = Prepare(cfg, comm.rank(), comm.size());
+  } catch (const Error& e) {
+    failed = e;
+  }
+  AgreeOnSetup(comm, failed, prep ? prep->fingerprint : Fingerprint());
+  const Setup& s = prep->s;
+  mcfg = s.mcfg;
+  dtype = s.dtype;
+  micro_batch = s.micro_batch;
+  n_micro = s.n_micro;
+  dims = s.dims;
+  data = std::move(prep->d);
+  shard_check = std::move(prep->shard_check);
+  layout = model::ParamLayout::Whole(mcfg);
+  const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
+  spec = SpecFor(cfg, s, frozen);
+  groups = parallel::MakeGroups(comm, dims);
+  StepGroups step_groups{groups.dp.get(), groups.pp.get(), groups.tied.get(), groups.tp.get()};
+  // On GPUs the step's groups move their device buffers over NCCL (bootstrapped by the MPI
+  // groups, which keep carrying host values); created in one order on every rank.
+  if (spec.device == kernels::Device::kCuda) {
+    kernels::Get(spec.device);  // binds this rank to its GPU before NCCL does
+    for (parallel::Comm** g : {&step_groups.dp, &step_groups.pp, &step_groups.tied})
+      if (*g) {
+        nccl.push_back(parallel::MakeNcclComm(**g));
+        *g = nccl.back().get();
+      }
+  }
+  step = std::make_unique<TrainStep>(spec, step_groups);
+  pipelined = dims.pp > 1;
+  bubble_predicted = parallel::PipelineBubble(dims.pp, n_micro, cfg.parallel.virtual_stages);
+  const bool init_later = prep->init.empty();
+  if (!init_later) step->SetWeights(prep->init.data());
+  std::vector<float>().swap(prep->init);
+  if (lead && !cfg.model.init_from.empty())
+    Log("initialized the weights from %s", cfg.model.init_from.c_str());
+  size_t n_frozen = 0;
+  for (size_t i = 0; i < frozen.size(); ++i)
+    if (frozen[i]) n_frozen += layout.params()[i].numel;
+  if (lead && n_frozen)
+    Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen, layout.total());
+  sched = optim::LrSchedule{optim::LrSchedule::ParseKind(cfg.optim.schedule), cfg.optim.lr,
+                            cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.train.steps};
+
+  sum.run_dir = (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
+  ckpt = std::make_unique<Checkpointer>(cfg, comm, sum.run_dir, lead ? &events : nullptr,
+                                        step->backend());
+  {
+    // A bad request fails here, before the run folder is touched, on every rank alike (a folder
+    // one rank cannot see would otherwise leave the others waiting in the resume's collectives).
+    std::optional<Error> bad_request;
+    try {
+      ckpt->CheckResumeRequest();
+    } catch (const Error& e) {
+      bad_request = e;
+    }
+    ShareError(comm, bad_request);
+  }
+  if (lead) {
+    std::filesystem::create_directories(sum.run_dir);
+    WriteFileAtomic(sum.run_dir + "/config.toml", ToToml(cfg));
+    events = monitor::JsonlWriter(sum.run_dir + "/events.jsonl");
+    sum.unigram_entropy = UnigramEntropy(data.train_ptrs, data.weights);
+  }
+
+  ResumeOrInit(init_later);
+  if (start_step > cfg.train.steps)
+    ThrowBadInput("[train] steps: " + std::to_string(cfg.train.steps) +
+                  " is below the step of the checkpoint resumed (" + sum.resumed_from + ", step " +
+                  std::to_string(start_step) + "): raise train.steps to continue that run");
+  if (cfg.train.stop_at > 0 && cfg.train.stop_at <= start_step && start_step < cfg.train.steps)
+    ThrowBadInput("[train] stop_at: " + std::to_string(cfg.train.stop_at) +
+                  " is already passed: the run resumes at step " + std::to_string(start_step) +
+                  " (" + sum.resumed_from + "); raise it, or set 0 to train to train.steps = " +
+                  std::to_string(cfg.train.steps));
+  sum.steps_done = start_step;
+  if (start_step == cfg.train.steps && start_step > 0) {
+    sum.nothing_left = true;  // a finished run: nothing is trained, saved or rewritten
+    return;
+  }
+  ckpt->Prepare(state);
+  if (lead) {
+    // Steps past the checkpoint were lost with the crash; the resumed run writes them again.
+    RestartRecordAt(start_step);
+    std::filesystem::remove(sum.run_dir + "/model.safetensors");
+    events.Write({{"event", "start"},
+                  {"step", start_step},
+                  {"ranks", comm.size()},
+                  {"resumed_from", sum.resumed_from}});
+  }
+
+  MeasureAndLogStart();
+
+  // Micro-batches prepared ahead by a background thread; the loader belongs to it from here on.
+  // The order is the loader's cursor order, i.e. exactly Fill(step, k) for k = 0..n_micro-1.
+  prefetch.emplace(*data.loader, micro_batch, cfg.data.prefetch);
+}
+
+Run::~Run() = default;
+
+void Run::ResumeOrInit(bool init_later) {
+  // The state a checkpoint holds: fp32 master weights and both AdamW moments, tensor by tensor,
+  // over the slice of the layout this rank holds.
+  state = step->StateView();
+  resumed = ckpt->Resume(state);
+  if (resumed) {
+    start_step = int(resumed->step);
+    step->Restored(resumed->state.at("optimizer").at("step").get<int>());
+    data.loader->restore(data::LoaderStateFromJson(resumed->state.at("loader")));
+    sum.resumed_from = resumed->path;
+  } else if (init_later) {
+    std::vector<float> init(layout.total());
+    model::InitParams(layout, mcfg, cfg.train.seed, init.data());
+    step->SetWeights(init.data());
+  }
+}
+
+void Run::MeasureAndLogStart() {
+  const int T = cfg.data.seq_len;
+  flops_per_token =
+      monitor::TrainFlopsPerToken(double(model::MatmulParams(mcfg)), mcfg.n_layer, mcfg.n_embd, T);
+  // MFU's denominator: every rank's measured peak (ranks may sit on different CPUs).
+  // On a GPU: its data sheet's dense peak, unless [monitor] peak_gflops says otherwise.
+  RunFacts facts;
+  facts.threads = omp_get_max_threads();
+  if (spec.device == kernels::Device::kCuda && cfg.monitor.peak_gflops <= 0)
+    facts.rank_peak = {step->backend().PeakFlops(dtype),
+                       step->backend().name() +
+                           "'s dense peak (0: not in keel's table; set [monitor] "
+                           "peak_gflops)"};
+  else
+    facts.rank_peak = monitor::MachinePeak(dtype, facts.threads, cfg.monitor.peak_gflops);
+  peak = comm.AllReduceSum(facts.rank_peak.flops);
+  tokens_per_step = double(cfg.train.batch_size) * T;
+  dloss = float(1.0 / tokens_per_step);
+  // What this rank allocated, by kind: the numbers `keel plan --accounting keel` predicts.
+  facts.memory = step->MemoryBytes();
+  for (const auto& [kind, bytes] : facts.memory.items()) memory_bytes += bytes.get<size_t>();
+  // Pipeline stages hold different parts of the model: each stage's total, for rank 0's log
+  // (every rank takes part; a stage's data-parallel ranks differ only by ZeRO rounding).
+  facts.stage_bytes.assign(size_t(dims.pp), 0.0);
+  facts.stage_bytes[size_t(groups.at.pp)] = double(memory_bytes);
+  if (pipelined) comm.AllReduceMax(facts.stage_bytes.data(), facts.stage_bytes.size());
+  // The step's record: console, metrics.jsonl, Prometheus, [monitor.alerts] (rank 0's).
+  report = std::make_unique<StepReporter>(
+      cfg, comm, cfg.train.stop_at > 0 ? cfg.train.stop_at : cfg.train.steps,
+      lead ? &events : nullptr, std::filesystem::exists(ckpt->root()) ? ckpt->root() : sum.run_dir);
+  ckpt->set_on_commit(report->CommitHook());
+  if (lead) report->LogStart(*this, facts);
+}
+
+void Run::Reposition(const data::LoaderState& st) {
+  prefetch.reset();
+  data.loader->restore(st);
+  prefetch.emplace(*data.loader, micro_batch, cfg.data.prefetch);
+}
+
+void Run::SkipBatches(int step_i, int n) {
+  data::LoaderState st = prefetch->state();
+  st.position += uint64_t(n) * uint64_t(cfg.train.batch_size);
+  Reposition(st);
+  if (lead) {
+    Log("keel: step %d: skipping %d batch(es) of data (RUN/rollbacks.json or [resilience] "
+        "skip_batches)",
+        step_i + 1, n);
+    events.Write({{"event", "data_skip"}, {"step", step_i}, {"batches", n}});
+  }
+}
+
+void Run::RestartRecordAt(int step_done) {
+  KeepMetricsUpTo(sum.run_dir + "/metrics.jsonl", step_done);
+  if (cfg.monitor.metrics_jsonl) metrics = monitor::JsonlWriter(sum.run_dir + "/metrics.jsonl");
+}
+
+double Run::Validate() {
+  // On a terminal only: a log gets the pass's result on the step line, not its progress.
+  return Evaluate(
+             *data.val_ds, *data.val_plan, comm, groups.at.dp, dims.dp,
+             [&](const int32_t* t, const int32_t* y) { return step->Forward(t, y); },
+             lead && isatty(2))
+      .loss;
+}
+
+ckpt::StateView Run::SaveView(int step_done, const nlohmann::json& guards_state) {
+  ckpt::StateView v = state;
+  v.step = step_done;
+  v.tokens = uint64_t(step_done) * uint64_t(tokens_per_step);
+  v.state = guards_state;  // "resilience" and "metrics"
+  v.state.update(SavedState(cfg, mcfg, dims, step_done, prefetch->state(), step->store().step()));
+  return v;
+}
+
+}  // namespace keel::train

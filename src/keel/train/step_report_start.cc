@@ -1,0 +1,85 @@
+// The startup log of step_report.h: what a run is about to do, said once before its first step.
+#include <string>
+
+#include "keel/core/log.h"
+#include "keel/kernels/cpu/matmul.h"
+#include "keel/train/run_setup.h"
+#include "keel/train/step_report.h"
+
+namespace keel::train {
+namespace {
+
+// " of 9+3 layers", or " x 2 interleaved chunks of 3 layer(s)".
+std::string StageShape(const Run& run) {
+  const int pp = run.dims.pp, v = run.spec.virtual_stages;
+  if (v > 1)
+    return " x " + std::to_string(v) + " interleaved chunks of " +
+           std::to_string(run.mcfg.n_layer / (pp * v)) + " layer(s)";
+  std::string shape;
+  for (int i = 0; i < pp; ++i)
+    shape += (i ? "+" : " of ") + std::to_string(run.spec.stage_layers.empty()
+                                                     ? run.mcfg.n_layer / pp
+                                                     : run.spec.stage_layers[size_t(i)]);
+  return shape + " layers";
+}
+
+}  // namespace
+
+void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
+  const parallel::ParallelDims& dims = run.dims;
+  const model::ModelConfig& mcfg = run.mcfg;
+  const int T = cfg_.data.seq_len;
+  Log("keel: %s %s, %zu parameters, %d rank(s) × %d thread(s), batch %d × %d tokens, "
+      "%d micro-batch(es) of %d",
+      cfg_.model.name.c_str(), DTypeName(run.dtype), run.layout.total(), comm_.size(),
+      facts.threads, cfg_.train.batch_size, T, run.n_micro, run.micro_batch);
+  Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm_.size());
+  Log("keel: MFU against a peak of %.1f GFLOP/s for rank 0's %d thread(s) in %s (%s); %.1f "
+      "GFLOP/s for all ranks",
+      facts.rank_peak.flops / 1e9, facts.threads, DTypeName(run.dtype),
+      facts.rank_peak.source.c_str(), run.peak / 1e9);
+  if (run.dtype == DType::kBF16 && kernels::Bf16ProductsEmulated())
+    Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
+        "(slower)");
+  if (dims.tp > 1)
+    Log("keel: tensor parallel: %d ranks, each with %d of %d heads, %d of %d MLP units and %d "
+        "of %d vocabulary rows%s",
+        dims.tp, mcfg.n_head / dims.tp, mcfg.n_head, 4 * mcfg.n_embd / dims.tp, 4 * mcfg.n_embd,
+        mcfg.padded_vocab() / dims.tp, mcfg.padded_vocab(),
+        cfg_.parallel.sp
+            ? ("; sequence parallel: " + std::to_string(run.micro_batch * T / dims.tp) + " of " +
+               std::to_string(run.micro_batch * T) + " rows per micro-batch")
+                  .c_str()
+            : "");
+  if (run.pipelined)
+    Log("keel: pipeline: %d stages%s, 1F1B over %d micro-batches; predicted bubble %.1f%% "
+        "((pp - 1) / (m + pp - 1)%s)",
+        dims.pp, StageShape(run).c_str(), run.n_micro, 100 * run.bubble_predicted,
+        run.spec.virtual_stages > 1 ? " / v" : ", as keel plan");
+  std::string kinds;
+  for (const auto& [kind, bytes] : facts.memory.items())
+    if (bytes.get<size_t>())
+      kinds += (kinds.empty() ? "" : ", ") + kind + " " +
+               std::to_string(bytes.get<size_t>() / 1048576.0).substr(0, 6);
+  Log("keel: memory per rank (MiB): %s; total %.1f MiB", kinds.c_str(),
+      run.memory_bytes / 1048576.0);
+  nlohmann::json event = {
+      {"event", "memory"}, {"bytes", facts.memory}, {"layout", parallel::DimsName(dims)}};
+  if (run.pipelined) {
+    std::string per;
+    for (double b : facts.stage_bytes)
+      per += (per.empty() ? "" : ", ") + std::to_string(b / 1048576.0).substr(0, 6);
+    Log("keel: memory per pipeline stage (MiB, the figures above are stage 0's): %s", per.c_str());
+    event["stage_bytes"] = facts.stage_bytes;
+  }
+  if (events_) events_->Write(event);
+  // Which data the run draws from, with each source's share, so a log says what was trained.
+  const RunData& d = run.data;
+  double total_weight = 0;
+  for (double w : d.weights) total_weight += w;
+  for (size_t i = 0; i < d.sources.size(); ++i)
+    Log("keel: data source %zu: %s, weight %g (%.1f%%), %zu tokens", i, d.sources[i].path.c_str(),
+        d.weights[i], 100 * d.weights[i] / total_weight, d.train_ds[i].size());
+}
+
+}  // namespace keel::train
