@@ -20,7 +20,8 @@ class Philox {
   // Four independent 32-bit words for counter `index`.
   std::array<uint32_t, 4> Bits(uint64_t index) const;
 
-  // Uniform in (0, 1): never 0, so that log() is safe.
+  // Uniform in (0, 1]: never 0, so that log() is safe. (Exactly 1 when the word's top 24 bits are
+  // all ones, once in 2^24 draws: 1 - 2^-25 is not a float and rounds up.)
   float Uniform(uint64_t index) const;
 
   // Standard normal (Box-Muller over the first two words of counter `index`).

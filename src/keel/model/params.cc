@@ -258,6 +258,57 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   return s;
 }
 
+namespace {
+
+// `chunks` with n blocks each, in a model just deep enough to keep which chunk holds the first
+// block and which the last, and the gaps between them.
+std::pair<ModelConfig, std::vector<StageRange>> Shrunk(const ModelConfig& cfg,
+                                                       const std::vector<StageRange>& chunks,
+                                                       int n) {
+  std::vector<StageRange> out;
+  int at = chunks.front().first() ? 0 : 1;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    if (i > 0 && chunks[i].l0 > chunks[i - 1].l1) ++at;
+    out.push_back({at, at + n, 0});
+    at += n;
+  }
+  if (!chunks.back().last()) ++at;
+  for (StageRange& c : out) c.n_layer = at;
+  ModelConfig m = cfg;
+  m.n_layer = at;
+  return {m, out};
+}
+
+}  // namespace
+
+parallel::StateShape StateShapeOf(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
+                                  TpShard tp, DType dtype) {
+  KEEL_CHECK(!chunks.empty(), "StateShapeOf: no chunks");
+  size_t blocks = 0;
+  for (const StageRange& c : chunks) {
+    KEEL_CHECK(c.layers() >= 1, "StateShapeOf: a chunk without blocks");
+    blocks += size_t(c.layers());
+  }
+  const auto [m1, c1] = Shrunk(cfg, chunks, 1);
+  const auto [m2, c2] = Shrunk(cfg, chunks, 2);
+  parallel::StateShape s = StateShapeOf(ParamLayout::Stage(m1, c1, tp), dtype);
+  const parallel::StateShape two = StateShapeOf(ParamLayout::Stage(m2, c2, tp), dtype);
+  // Each chunk's second block added the same parameters and biases as every further one does.
+  const size_t k = chunks.size();
+  s.total += (blocks - k) * ((two.total - s.total) / k);
+  s.n_bias += (blocks - k) * ((two.n_bias - s.n_bias) / k);
+  return s;
+}
+
+std::vector<StageRange> RankChunks(const ModelConfig& cfg, int pp, int stage, int v,
+                                   const std::vector<int>& stage_layers) {
+  if (pp == 1) return {WholeModel(cfg)};
+  if (!stage_layers.empty()) return {StageOf(cfg, stage_layers, stage)};
+  std::vector<StageRange> chunks;
+  for (int c = 0; c < v; ++c) chunks.push_back(StageOf(cfg, pp * v, c * pp + stage));
+  return chunks;
+}
+
 bool NormParam(const ParamInfo& p) {
   return p.name.find("ln_") != std::string::npos;  // h.l.ln_1, h.l.ln_2, ln_f
 }

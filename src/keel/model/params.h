@@ -160,6 +160,17 @@ size_t MatmulParams(const ModelConfig& cfg);
 
 // The sizes parallel::StateBytesPerRank needs, from the layout (trainer and planner alike).
 parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype);
+// The same for ParamLayout::Stage(cfg, chunks, tp) without building its tables: from the layouts
+// of a model of the same widths with one and with two blocks in each chunk (every block holds the
+// same tensors), so that it costs as little for 10⁸ layers as for 12. What the planner and the
+// trainer's pre-allocation check size a rank with; equal to the built layout's.
+parallel::StateShape StateShapeOf(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
+                                  TpShard tp, DType dtype);
+// The chunks pipeline rank `stage` of `pp` holds, as train::TrainStep builds them: the whole model
+// when pp == 1; stage_layers[stage] blocks when the stages are uneven (stage_layers not empty);
+// else virtual stage c·pp + stage of pp·v equal ones, for c < v.
+std::vector<StageRange> RankChunks(const ModelConfig& cfg, int pp, int stage, int v,
+                                   const std::vector<int>& stage_layers = {});
 
 // A LayerNorm's weight or bias: under sequence parallelism a tp rank's gradient of it covers its
 // rows only, and the group sums them.

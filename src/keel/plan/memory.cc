@@ -103,14 +103,11 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const model::ModelConfig cfg = ToModelConfig(m);
   // The rank's chunks as train::TrainStep builds them: virtual stage c·p + s of p·v.
   const int v = l.pp > 1 ? l.virtual_stages : 1;
-  std::vector<model::StageRange> chunks;
-  for (int c = 0; c < v; ++c)
-    chunks.push_back(l.pp > 1 ? model::StageOf(cfg, l.pp * v, c * l.pp + stage)
-                              : model::WholeModel(cfg));
+  const std::vector<model::StageRange> chunks = model::RankChunks(cfg, l.pp, stage, v);
   // The store's and the ZeRO strategy's buffers, by the formula they allocate with. Every
-  // tensor-parallel rank holds shards of the same sizes: rank 0's layout stands for all.
-  const auto layout = model::ParamLayout::Stage(cfg, chunks, {l.tp, 0});
-  const parallel::StateBytes b = parallel::StateBytesPerRank(model::StateShapeOf(layout, dt), l);
+  // tensor-parallel rank holds shards of the same sizes: rank 0's stands for all.
+  const parallel::StateBytes b =
+      parallel::StateBytesPerRank(model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt), l);
   mem.state.params = double(b.working + b.biases);
   mem.state.grads = double(b.grads);
   mem.state.master = double(b.master);

@@ -1,12 +1,16 @@
 #include "keel/train/memory_check.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
 #include "keel/core/error.h"
 #include "keel/model/activations.h"
+#include "keel/model/params.h"
+#include "keel/parallel/pipeline_schedule.h"
+#include "keel/parallel/state_bytes.h"
 
 namespace keel::train {
 namespace {
@@ -34,38 +38,81 @@ std::string Count(double n) {
   return s;
 }
 
+// keel's tensor shapes are ints: a width past INT_MAX (model.n_embd 10⁹ makes a 4·10⁹-wide MLP)
+// has no layout to size, and no run; refused with the dimension.
+void CheckShapesFit(const model::ModelConfig& m) {
+  const long long C = m.n_embd, hs = m.n_embd / std::max(1, m.n_head);
+  const long long ffn = m.ffn_hidden > 0 ? m.ffn_hidden : 4 * C;
+  const long long kv = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+  const long long widest = std::max({3 * C, ffn * (m.llama() ? 2 : 1), (m.n_head + 2 * kv) * hs,
+                                     (m.vocab_size + 127LL) / 128 * 128, (long long)m.block_size});
+  if (widest <= INT_MAX) return;
+  ThrowBadInput("model.n_layer " + std::to_string(m.n_layer) + ", n_embd " +
+                std::to_string(m.n_embd) + ": the weights, gradients and fp32 master copy would " +
+                "hold a tensor " + std::to_string(widest) + " wide, over keel's limit of " +
+                std::to_string(INT_MAX) + "; shrink the model");
+}
+
+// One pipeline stage's rank: its state (every tensor-parallel rank holds the same sizes) and its
+// chunks' activation arenas, as train::TrainStep allocates them.
+struct StageBytes {
+  parallel::StateBytes state;
+  double arena = 0;
+  double total() const { return double(state.total()) + arena; }
+};
+
+StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
+                        const parallel::ParallelDims& d, int stage,
+                        const std::vector<int>& stage_layers, int micro_batch, int n_micro) {
+  const DType dt = cfg.train.precision != "fp32" ? DType::kBF16 : DType::kF32;
+  const int v = d.pp > 1 ? cfg.parallel.virtual_stages : 1;
+  const std::vector<model::StageRange> chunks = model::RankChunks(m, d.pp, stage, v, stage_layers);
+  StageBytes b;
+  b.state = parallel::StateBytesPerRank(model::StateShapeOf(m, chunks, {d.tp, 0}, dt), d);
+  // One slot without a pipeline (PipelineSlots would list every micro-batch's units first).
+  const std::vector<int> slots =
+      d.pp > 1 ? parallel::PipelineSlots(d.pp, stage, int(chunks.size()), n_micro)
+               : std::vector<int>{1};
+  for (size_t c = 0; c < chunks.size(); ++c)
+    b.arena += double(model::PlanActivations(m, micro_batch, cfg.data.seq_len, dt,
+                                             model::ParseRecompute(cfg.model.recompute), &chunks[c],
+                                             slots[c], d.tp, cfg.parallel.sp)
+                          .total_bytes);
+  return b;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
                                                            const parallel::ParallelDims& d,
                                                            int micro_batch, int n_micro) {
   const model::ModelConfig m = cfg.ResolvedModel();
-  const double C = m.n_embd, L = m.n_layer, V = m.padded_vocab(), T = cfg.data.seq_len;
-  // GPT-2's parameter count (ParamLayout::Gpt2's tensors), without building the layout.
-  const double params = V * C + double(m.block_size) * C + L * (12 * C * C + 13 * C) + 2 * C;
-  const double per_rank = params / (d.tp * d.pp);
+  CheckShapesFit(m);
   const bool bf16 = cfg.train.precision != "fp32";
-  const double dp = d.dp;
-  const double working = (bf16 ? 2.0 : 0.0) * per_rank / (d.zero >= 3 ? dp : 1);
-  const double grads = 4.0 * per_rank / (d.zero >= 2 ? dp : 1);
-  const double master = 4.0 * per_rank / (d.zero >= 1 ? dp : 1);
+  const double V = m.padded_vocab(), T = cfg.data.seq_len;
+  // The busiest pipeline stage, by the formula its buffers are allocated with
+  // (parallel::StateBytesPerRank over the stage's layout, `keel plan --accounting keel`'s).
+  const std::vector<int> stage_layers = d.pp > 1 ? StageLayers(cfg, d.pp) : std::vector<int>{};
+  StageBytes b;
+  for (int s = 0; s < d.pp; ++s) {
+    const StageBytes x = BytesOfStage(cfg, m, d, s, stage_layers, micro_batch, n_micro);
+    if (s == 0 || x.total() > b.total()) b = x;
+  }
+  const double params = double(
+      model::StateShapeOf(m, {model::WholeModel(m)}, {}, bf16 ? DType::kBF16 : DType::kF32).total);
   std::vector<std::pair<std::string, double>> items = {
       {"the weights, gradients and fp32 master copy of " + Count(params) +
            " parameters (model.n_layer " + std::to_string(m.n_layer) + ", n_embd " +
            std::to_string(m.n_embd) + ")",
-       working + grads + master},
-      {"the AdamW moments", 2 * master}};
-  // The activation arena, as the trainer plans it (a first pipeline stage keeps up to pp slots).
-  const int slots = d.pp > 1 ? std::min(d.pp, n_micro) : 1;
-  const model::StageRange stage{0, std::max(1, m.n_layer / d.pp), m.n_layer};
-  const double arena =
-      double(model::PlanActivations(m, micro_batch, int(T), bf16 ? DType::kBF16 : DType::kF32,
-                                    model::ParseRecompute(cfg.model.recompute), &stage, slots, d.tp,
-                                    cfg.parallel.sp)
-                 .total_bytes);
+       double(b.state.working + b.state.biases + b.state.grads + b.state.master)},
+      {"the AdamW moments", double(b.state.moments)}};
+  if (b.state.zero_buffers > 0)
+    items.push_back({"ZeRO-" + std::to_string(d.zero) +
+                         "'s per-segment buffers (gradient scratch, gathered weights)",
+                     double(b.state.zero_buffers)});
   items.push_back({"the activations of micro-batches of " + std::to_string(micro_batch) + " x " +
                        std::to_string(int(T)) + " tokens (train.micro_batch_size, data.seq_len)",
-                   arena});
+                   b.arena});
   items.push_back({"data.prefetch = " + std::to_string(cfg.data.prefetch) + " micro-batches ahead",
                    double(cfg.data.prefetch) * micro_batch * T * 8});
   // The fused classifier's tile: 512 rows of logits (and their bf16 gradients) over the shard.

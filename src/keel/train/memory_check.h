@@ -4,10 +4,12 @@
 // std::bad_alloc, growing until the kernel's OOM killer ends it, or building a parameter table
 // of 10⁹ entries first.
 //
-// The figures are the planner's formulas for the state (parallel::StateBytesPerRank's, from the
-// parameter count computed without building a layout) and keel's activation plan itself, plus the
-// prefetch queue and the classifier's logit tile; they are checked against MemAvailable from
-// /proc/meminfo, shared by the ranks that run on this machine.
+// The figures are those of the busiest pipeline stage's rank, by the formulas its buffers are
+// allocated with and `keel plan --accounting keel` prints: parallel::StateBytesPerRank over the
+// stage's parameter layout (model::StateShapeOf, sized without building a table per layer: a
+// Llama's untied lm_head counts), and keel's activation plan itself; plus the prefetch queue and
+// the classifier's logit tile. They are checked against MemAvailable from /proc/meminfo, shared by
+// the ranks that run on this machine.
 //
 //   CheckMemoryFits(cfg, dims, micro_batch, n_micro);   // throws keel::Error (bad input)
 #pragma once
@@ -21,7 +23,8 @@
 
 namespace keel::train {
 
-// (what, bytes) per rank, largest first.
+// (what, bytes) per rank, largest first. Throws keel::Error (bad input) for a model wider than
+// keel's tensor shapes (int) can hold.
 std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
                                                            const parallel::ParallelDims& dims,
                                                            int micro_batch, int n_micro);
