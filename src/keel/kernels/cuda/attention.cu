@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "keel/core/error.h"
+#include "keel/kernels/cuda/attention.cuh"
 #include "keel/kernels/cuda/attention_tc.cuh"
 
 namespace keel::kernels::cuda {

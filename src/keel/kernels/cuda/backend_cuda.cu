@@ -5,11 +5,19 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/kernels/cuda/adamw.cuh"
+#include "keel/kernels/cuda/attention.cuh"
 #include "keel/kernels/cuda/backend_cuda.h"
-#include "keel/kernels/cuda/cuda_util.cuh"
+#include "keel/kernels/cuda/classifier.cuh"
+#include "keel/kernels/cuda/encoder.cuh"
+#include "keel/kernels/cuda/gelu.cuh"
+#include "keel/kernels/cuda/layernorm.cuh"
+#include "keel/kernels/cuda/matmul.cuh"
+#include "keel/kernels/cuda/rmsnorm.cuh"
+#include "keel/kernels/cuda/rope.cuh"
+#include "keel/kernels/cuda/swiglu.cuh"
 
-namespace keel::kernels {
-namespace cuda {
+namespace keel::kernels::cuda {
 
 void Check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) ThrowRuntime(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
@@ -37,11 +45,7 @@ void* Scratch(int slot, size_t bytes) {
   return b.p;
 }
 
-}  // namespace cuda
-
 namespace {
-
-using namespace cuda;
 
 class Cuda final : public Backend {
  public:
@@ -225,4 +229,4 @@ const Backend& CudaBackend() {
   return cuda;
 }
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cuda

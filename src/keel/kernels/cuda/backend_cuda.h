@@ -5,9 +5,9 @@
 
 #include "keel/kernels/backend.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cuda {
 
 // Throws BadInput when no GPU is visible to this process.
 const Backend& CudaBackend();
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cuda

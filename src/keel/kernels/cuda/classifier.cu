@@ -9,7 +9,8 @@
 #include <cmath>
 #include <type_traits>
 
-#include "keel/kernels/cuda/cuda_util.cuh"
+#include "keel/kernels/cuda/classifier.cuh"
+#include "keel/kernels/cuda/matmul.cuh"
 
 namespace keel::kernels::cuda {
 namespace {
