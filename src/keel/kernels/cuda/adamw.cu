@@ -61,35 +61,37 @@ __global__ void AddToKernel(float* dst, const float* src, size_t n) {
 }  // namespace
 
 void AdamW(float* master, bf16* working, float* m, float* v, const float* g, size_t n,
-           const AdamWParams& p) {
+           const AdamWParams& p, cudaStream_t stream) {
   if (n == 0) return;
   const float bc1 = float(1.0 - std::pow(double(p.beta1), p.step));
   const float bc2 = float(1.0 - std::pow(double(p.beta2), p.step));
-  AdamWKernel<<<Blocks(n, kThreads), kThreads>>>(master, reinterpret_cast<bf16d*>(working), m, v, g,
-                                                 n, p, bc1, bc2);
+  AdamWKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(
+      master, reinterpret_cast<bf16d*>(working), m, v, g, n, p, bc1, bc2);
   KEEL_CUDA(cudaGetLastError());
 }
 
-double SumSquares(const float* x, size_t n) {
+double SumSquares(const float* x, size_t n, cudaStream_t stream) {
   if (n == 0) return 0.0;
-  double* partial = static_cast<double*>(Scratch(4, sizeof(double) * (kSumBlocks + 1)));
-  SquarePartials<<<kSumBlocks, kThreads>>>(partial, x, n);
-  SumPartials<<<1, 1>>>(partial + kSumBlocks, partial, kSumBlocks);
+  double* partial = static_cast<double*>(Scratch(4, sizeof(double) * (kSumBlocks + 1), stream));
+  SquarePartials<<<kSumBlocks, kThreads, 0, stream>>>(partial, x, n);
+  SumPartials<<<1, 1, 0, stream>>>(partial + kSumBlocks, partial, kSumBlocks);
   KEEL_CUDA(cudaGetLastError());
   double out = 0;
-  KEEL_CUDA(cudaMemcpy(&out, partial + kSumBlocks, sizeof out, cudaMemcpyDeviceToHost));
+  KEEL_CUDA(
+      cudaMemcpyAsync(&out, partial + kSumBlocks, sizeof out, cudaMemcpyDeviceToHost, stream));
+  KEEL_CUDA(cudaStreamSynchronize(stream));
   return out;
 }
 
-void ToBf16(bf16* out, const float* in, size_t n) {
+void ToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  ToBf16Kernel<<<Blocks(n, kThreads), kThreads>>>(reinterpret_cast<bf16d*>(out), in, n);
+  ToBf16Kernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(reinterpret_cast<bf16d*>(out), in, n);
   KEEL_CUDA(cudaGetLastError());
 }
 
-void AddTo(float* dst, const float* src, size_t n) {
+void AddTo(float* dst, const float* src, size_t n, cudaStream_t stream) {
   if (n == 0) return;
-  AddToKernel<<<Blocks(n, kThreads), kThreads>>>(dst, src, n);
+  AddToKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(dst, src, n);
   KEEL_CUDA(cudaGetLastError());
 }
 

@@ -8,8 +8,8 @@
 namespace keel::kernels::cuda {
 
 void AttentionForward(DType t, void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
-                      int NKV);
+                      int NKV, cudaStream_t stream);
 void AttentionBackward(DType t, void* dqkv, const void* dout, const void* qkv, const void* out,
-                       const float* lse, int B, int T, int C, int NH, int NKV);
+                       const float* lse, int B, int T, int C, int NH, int NKV, cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda

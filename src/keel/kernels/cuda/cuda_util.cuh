@@ -1,7 +1,8 @@
 // Shared by the CUDA backend's kernel files: error checks, bf16/fp32 loads and stores, warp
 // reductions, launch sizes, the dtype dispatch and the device scratch. Internal to kernels/cuda/.
 // Each operation's launchers are declared in the header of its own file, named as in cpu/
-// (matmul.cuh, layernorm.cuh, ...); backend_cuda.cu dispatches to them.
+// (matmul.cuh, layernorm.cuh, ...); backend_cuda.cu dispatches to them. A launcher takes the stream
+// it runs on as its last argument (the backend's compute stream) and issues all its work there.
 #pragma once
 
 #include <cublasLt.h>
@@ -66,9 +67,10 @@ void Typed(DType t, F&& f) {
   KEEL_CUDA(cudaGetLastError())
 
 // Device scratch that grows on demand and is kept (one per process: the backend is used from one
-// thread, the trainer's). Slots: 0 cuBLASLt's workspace, 1-3 and 8 the classifier's logits,
-// statistics, fp32 dx and bf16 gradient tile, 4 Σ x²'s partials, 5 attention's row dots, 6 the
-// norms' weight-gradient partials, 7 the bias gradients' partials.
-void* Scratch(int slot, size_t bytes);
+// thread, the trainer's), reallocated in the order of `stream`, the caller's. Slots: 0 cuBLASLt's
+// workspace, 1-3 and 8 the classifier's logits, statistics, fp32 dx and bf16 gradient tile, 4 Σ
+// x²'s partials, 5 attention's row dots, 6 the norms' weight-gradient partials, 7 the bias
+// gradients' partials.
+void* Scratch(int slot, size_t bytes, cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda

@@ -43,22 +43,22 @@ __global__ void EmbedBackWpe(float* dwpe, const T* dout, int B, int T_, int C) {
 }  // namespace
 
 void EncoderForward(DType t, void* out, const int32_t* tokens, const void* wte, const void* wpe,
-                    int B, int T_, int C, int v0, int v1) {
-  KEEL_TYPED_LAUNCH(
-      t, size_t(B) * T_ * C, kThreads,
-      (Embed<U><<<blocks, kThreads>>>(static_cast<U*>(out), tokens, static_cast<const U*>(wte),
-                                      static_cast<const U*>(wpe), B, T_, C, v0, v1)));
+                    int B, int T_, int C, int v0, int v1, cudaStream_t stream) {
+  KEEL_TYPED_LAUNCH(t, size_t(B) * T_ * C, kThreads,
+                    (Embed<U><<<blocks, kThreads, 0, stream>>>(
+                        static_cast<U*>(out), tokens, static_cast<const U*>(wte),
+                        static_cast<const U*>(wpe), B, T_, C, v0, v1)));
 }
 
 void EncoderBackward(DType t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens,
-                     int B, int T_, int C, int v0, int v1) {
+                     int B, int T_, int C, int v0, int v1, cudaStream_t stream) {
   KEEL_TYPED_LAUNCH(t, size_t(B) * T_ * C, kThreads,
-                    (EmbedBackWte<U><<<blocks, kThreads>>>(dwte, static_cast<const U*>(dout),
-                                                           tokens, B * T_, C, v0, v1)));
+                    (EmbedBackWte<U><<<blocks, kThreads, 0, stream>>>(
+                        dwte, static_cast<const U*>(dout), tokens, B * T_, C, v0, v1)));
   if (!dwpe) return;
-  KEEL_TYPED_LAUNCH(
-      t, size_t(T_) * C, kThreads,
-      (EmbedBackWpe<U><<<blocks, kThreads>>>(dwpe, static_cast<const U*>(dout), B, T_, C)));
+  KEEL_TYPED_LAUNCH(t, size_t(T_) * C, kThreads,
+                    (EmbedBackWpe<U><<<blocks, kThreads, 0, stream>>>(
+                        dwpe, static_cast<const U*>(dout), B, T_, C)));
 }
 
 }  // namespace keel::kernels::cuda

@@ -28,17 +28,18 @@ __global__ void GeluBack(T* dinp, const T* inp, const T* dout, size_t n) {
 
 }  // namespace
 
-void GeluForward(DType t, void* out, const void* inp, size_t n) {
-  KEEL_TYPED_LAUNCH(
-      t, n, kThreads,
-      (Gelu<U><<<blocks, kThreads>>>(static_cast<U*>(out), static_cast<const U*>(inp), n)));
+void GeluForward(DType t, void* out, const void* inp, size_t n, cudaStream_t stream) {
+  KEEL_TYPED_LAUNCH(t, n, kThreads,
+                    (Gelu<U><<<blocks, kThreads, 0, stream>>>(static_cast<U*>(out),
+                                                              static_cast<const U*>(inp), n)));
 }
 
-void GeluBackward(DType t, void* dinp, const void* inp, const void* dout, size_t n) {
+void GeluBackward(DType t, void* dinp, const void* inp, const void* dout, size_t n,
+                  cudaStream_t stream) {
   KEEL_TYPED_LAUNCH(
       t, n, kThreads,
-      (GeluBack<U><<<blocks, kThreads>>>(static_cast<U*>(dinp), static_cast<const U*>(inp),
-                                         static_cast<const U*>(dout), n)));
+      (GeluBack<U><<<blocks, kThreads, 0, stream>>>(
+          static_cast<U*>(dinp), static_cast<const U*>(inp), static_cast<const U*>(dout), n)));
 }
 
 }  // namespace keel::kernels::cuda

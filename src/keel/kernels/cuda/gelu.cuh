@@ -6,7 +6,8 @@
 
 namespace keel::kernels::cuda {
 
-void GeluForward(DType t, void* out, const void* inp, size_t n);
-void GeluBackward(DType t, void* dinp, const void* inp, const void* dout, size_t n);
+void GeluForward(DType t, void* out, const void* inp, size_t n, cudaStream_t stream);
+void GeluBackward(DType t, void* dinp, const void* inp, const void* dout, size_t n,
+                  cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda

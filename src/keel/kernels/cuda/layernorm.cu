@@ -94,10 +94,10 @@ __global__ void AddPartials(float* dw, float* db, const float* partial, int C) {
 }  // namespace
 
 void Norm(DType t, void* out, float* mean, float* rstd, const void* inp, const void* w,
-          const void* b, int N, int C, bool rms, float eps) {
+          const void* b, int N, int C, bool rms, float eps, cudaStream_t stream) {
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
-    LnForward<U><<<Blocks(size_t(N), kWarpsPerBlock), 32 * kWarpsPerBlock>>>(
+    LnForward<U><<<Blocks(size_t(N), kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
         static_cast<U*>(out), mean, rstd, static_cast<const U*>(inp), static_cast<const U*>(w),
         static_cast<const U*>(b), N, C, rms, eps);
   });
@@ -105,29 +105,32 @@ void Norm(DType t, void* out, float* mean, float* rstd, const void* inp, const v
 }
 
 void NormBackward(DType t, void* dinp, float* dw, float* db, const void* dout, const void* inp,
-                  const void* w, const float* mean, const float* rstd, int N, int C) {
-  float* partial = static_cast<float*>(Scratch(6, sizeof(float) * 2 * kRowBlocks * size_t(C)));
+                  const void* w, const float* mean, const float* rstd, int N, int C,
+                  cudaStream_t stream) {
+  float* partial =
+      static_cast<float*>(Scratch(6, sizeof(float) * 2 * kRowBlocks * size_t(C), stream));
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
     const U* d = static_cast<const U*>(dout);
     const U* x = static_cast<const U*>(inp);
-    LnWeightPartials<U>
-        <<<dim3(Blocks(size_t(C), 256), kRowBlocks), 256>>>(partial, d, x, mean, rstd, N, C);
-    AddPartials<<<Blocks(size_t(C), 256), 256>>>(dw, db, partial, C);
-    LnBackwardRows<U><<<Blocks(size_t(N), kWarpsPerBlock), 32 * kWarpsPerBlock>>>(
+    LnWeightPartials<U><<<dim3(Blocks(size_t(C), 256), kRowBlocks), 256, 0, stream>>>(
+        partial, d, x, mean, rstd, N, C);
+    AddPartials<<<Blocks(size_t(C), 256), 256, 0, stream>>>(dw, db, partial, C);
+    LnBackwardRows<U><<<Blocks(size_t(N), kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
         static_cast<U*>(dinp), d, x, static_cast<const U*>(w), mean, rstd, N, C);
   });
   KEEL_CUDA(cudaGetLastError());
 }
 
 void LayerNormForward(DType t, void* out, float* mean, float* rstd, const void* inp, const void* w,
-                      const void* b, int N, int C) {
-  Norm(t, out, mean, rstd, inp, w, b, N, C, /*rms=*/false, 1e-5f);
+                      const void* b, int N, int C, cudaStream_t stream) {
+  Norm(t, out, mean, rstd, inp, w, b, N, C, /*rms=*/false, 1e-5f, stream);
 }
 
 void LayerNormBackward(DType t, void* dinp, float* dw, float* db, const void* dout, const void* inp,
-                       const void* w, const float* mean, const float* rstd, int N, int C) {
-  NormBackward(t, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+                       const void* w, const float* mean, const float* rstd, int N, int C,
+                       cudaStream_t stream) {
+  NormBackward(t, dinp, dw, db, dout, inp, w, mean, rstd, N, C, stream);
 }
 
 }  // namespace keel::kernels::cuda

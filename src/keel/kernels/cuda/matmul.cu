@@ -134,46 +134,49 @@ __global__ void AddColumnPartials(float* dbias, const float* partial, int N) {
 }
 
 // out (M,N) += bias (N) fp32.
-void AddBias(DType t, void* out, const float* bias, int M, int N) {
-  KEEL_TYPED_LAUNCH(t, size_t(M) * N, kThreads,
-                    (AddBiasKernel<U><<<blocks, kThreads>>>(static_cast<U*>(out), bias, M, N)));
+void AddBias(DType t, void* out, const float* bias, int M, int N, cudaStream_t stream) {
+  KEEL_TYPED_LAUNCH(
+      t, size_t(M) * N, kThreads,
+      (AddBiasKernel<U><<<blocks, kThreads, 0, stream>>>(static_cast<U*>(out), bias, M, N)));
 }
 
 // dbias (N) += Σ rows of d (M,N), in a fixed order.
-void AddColumnSums(DType t, float* dbias, const void* d, int M, int N) {
-  float* partial = static_cast<float*>(Scratch(7, sizeof(float) * 2 * kRowBlocks * size_t(N)));
+void AddColumnSums(DType t, float* dbias, const void* d, int M, int N, cudaStream_t stream) {
+  float* partial =
+      static_cast<float*>(Scratch(7, sizeof(float) * 2 * kRowBlocks * size_t(N), stream));
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
-    ColumnPartials<U><<<dim3(Blocks(size_t(N), 256), kRowBlocks), 256>>>(
+    ColumnPartials<U><<<dim3(Blocks(size_t(N), 256), kRowBlocks), 256, 0, stream>>>(
         partial, static_cast<const U*>(d), M, N);
   });
-  AddColumnPartials<<<Blocks(size_t(N), 256), 256>>>(dbias, partial, N);
+  AddColumnPartials<<<Blocks(size_t(N), 256), 256, 0, stream>>>(dbias, partial, N);
   KEEL_CUDA(cudaGetLastError());
 }
 
 }  // namespace
 
 void Gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
-          void* C, int ldc, DType ab, bool c_fp32, float alpha, float beta) {
+          void* C, int ldc, DType ab, bool c_fp32, float alpha, float beta, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   const Plan& p =
       PlanFor(ta, tb, M, N, K, lda, ldb, ldc, ab, c_fp32, Alignment(A), Alignment(B), Alignment(C));
   KEEL_CUDA(cublasLtMatmul(Handle(), p.desc, &alpha, B, p.lb, A, p.la, &beta, C, p.lc, C, p.lc,
-                           &p.algo, Scratch(0, kWorkspace), kWorkspace, 0));
+                           &p.algo, Scratch(0, kWorkspace, stream), kWorkspace, stream));
 }
 
 void MatmulForward(DType t, void* out, const void* inp, const void* w, const float* bias, int M,
-                   int K, int N, bool accumulate) {
+                   int K, int N, bool accumulate, cudaStream_t stream) {
   Gemm(false, true, M, N, K, inp, K, w, K, out, N, t, t == DType::kF32, 1.0f,
-       accumulate ? 1.0f : 0.0f);
-  if (bias) AddBias(t, out, bias, M, N);
+       accumulate ? 1.0f : 0.0f, stream);
+  if (bias) AddBias(t, out, bias, M, N, stream);
 }
 
 void MatmulBackward(DType t, void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
-                    const void* w, int M, int K, int N) {
-  if (dinp) Gemm(false, false, M, K, N, dout, N, w, K, dinp, K, t, t == DType::kF32, 1.0f, 0.0f);
-  Gemm(true, false, N, K, M, dout, N, inp, K, dw, K, t, /*c_fp32=*/true, 1.0f, 1.0f);
-  if (dbias) AddColumnSums(t, dbias, dout, M, N);
+                    const void* w, int M, int K, int N, cudaStream_t stream) {
+  if (dinp)
+    Gemm(false, false, M, K, N, dout, N, w, K, dinp, K, t, t == DType::kF32, 1.0f, 0.0f, stream);
+  Gemm(true, false, N, K, M, dout, N, inp, K, dw, K, t, /*c_fp32=*/true, 1.0f, 1.0f, stream);
+  if (dbias) AddColumnSums(t, dbias, dout, M, N, stream);
 }
 
 }  // namespace keel::kernels::cuda

@@ -5,13 +5,13 @@
 namespace keel::kernels::cuda {
 
 void RmsNormForward(DType t, void* out, float* rstd, const void* inp, const void* w, int N, int C,
-                    float eps) {
-  Norm(t, out, nullptr, rstd, inp, w, nullptr, N, C, /*rms=*/true, eps);
+                    float eps, cudaStream_t stream) {
+  Norm(t, out, nullptr, rstd, inp, w, nullptr, N, C, /*rms=*/true, eps, stream);
 }
 
 void RmsNormBackward(DType t, void* dinp, float* dw, const void* dout, const void* inp,
-                     const void* w, const float* rstd, int N, int C) {
-  NormBackward(t, dinp, dw, nullptr, dout, inp, w, nullptr, rstd, N, C);
+                     const void* w, const float* rstd, int N, int C, cudaStream_t stream) {
+  NormBackward(t, dinp, dw, nullptr, dout, inp, w, nullptr, rstd, N, C, stream);
 }
 
 }  // namespace keel::kernels::cuda

@@ -30,10 +30,11 @@ __global__ void RopeKernel(T* qkv, int B, int T_, int NH, int NKV, int hs, float
 }  // namespace
 
 void Rope(DType t, void* qkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0,
-          bool backward) {
-  KEEL_TYPED_LAUNCH(t, size_t(B) * T_ * (NH + NKV) * (hs / 2), kThreads,
-                    (RopeKernel<U><<<blocks, kThreads>>>(static_cast<U*>(qkv), B, T_, NH, NKV, hs,
-                                                         theta, pos0, backward ? -1.0f : 1.0f)));
+          bool backward, cudaStream_t stream) {
+  KEEL_TYPED_LAUNCH(
+      t, size_t(B) * T_ * (NH + NKV) * (hs / 2), kThreads,
+      (RopeKernel<U><<<blocks, kThreads, 0, stream>>>(static_cast<U*>(qkv), B, T_, NH, NKV, hs,
+                                                      theta, pos0, backward ? -1.0f : 1.0f)));
 }
 
 }  // namespace keel::kernels::cuda

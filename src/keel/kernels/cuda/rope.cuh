@@ -7,6 +7,6 @@
 namespace keel::kernels::cuda {
 
 void Rope(DType t, void* qkv, int B, int T, int NH, int NKV, int hs, float theta, int pos0,
-          bool backward);
+          bool backward, cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda

@@ -30,17 +30,18 @@ __global__ void SwigluBack(T* dgu, const T* gu, const T* dout, int N, int F) {
 
 }  // namespace
 
-void SwigluForward(DType t, void* out, const void* gu, int N, int F) {
-  KEEL_TYPED_LAUNCH(
-      t, size_t(N) * F, kThreads,
-      (Swiglu<U><<<blocks, kThreads>>>(static_cast<U*>(out), static_cast<const U*>(gu), N, F)));
+void SwigluForward(DType t, void* out, const void* gu, int N, int F, cudaStream_t stream) {
+  KEEL_TYPED_LAUNCH(t, size_t(N) * F, kThreads,
+                    (Swiglu<U><<<blocks, kThreads, 0, stream>>>(static_cast<U*>(out),
+                                                                static_cast<const U*>(gu), N, F)));
 }
 
-void SwigluBackward(DType t, void* dgu, const void* gu, const void* dout, int N, int F) {
+void SwigluBackward(DType t, void* dgu, const void* gu, const void* dout, int N, int F,
+                    cudaStream_t stream) {
   KEEL_TYPED_LAUNCH(
       t, size_t(N) * F, kThreads,
-      (SwigluBack<U><<<blocks, kThreads>>>(static_cast<U*>(dgu), static_cast<const U*>(gu),
-                                           static_cast<const U*>(dout), N, F)));
+      (SwigluBack<U><<<blocks, kThreads, 0, stream>>>(
+          static_cast<U*>(dgu), static_cast<const U*>(gu), static_cast<const U*>(dout), N, F)));
 }
 
 }  // namespace keel::kernels::cuda

@@ -6,7 +6,8 @@
 
 namespace keel::kernels::cuda {
 
-void SwigluForward(DType t, void* out, const void* gu, int N, int F);
-void SwigluBackward(DType t, void* dgu, const void* gu, const void* dout, int N, int F);
+void SwigluForward(DType t, void* out, const void* gu, int N, int F, cudaStream_t stream);
+void SwigluBackward(DType t, void* dgu, const void* gu, const void* dout, int N, int F,
+                    cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda
