@@ -11,7 +11,7 @@
 #include "kernels/determinism.h"
 #include "kernels/fd_check.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 using test::BitwiseEqual;
@@ -99,4 +99,4 @@ TEST(AdamW, RejectsStepZero) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

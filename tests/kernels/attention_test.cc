@@ -16,7 +16,7 @@
 
 #include "kernels/fd_check.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 using test::MaxRelError;
@@ -204,4 +204,4 @@ TEST(Attention, IndependentOfThreadCount) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -13,7 +13,7 @@
 #include "kernels/determinism.h"
 #include "kernels/fd_check.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 using test::BitwiseEqual;
@@ -201,4 +201,4 @@ TEST(Encoder, BackwardIsBitwiseRepeatableAndThreadCountIndependentBf16) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -9,7 +9,7 @@
 
 #include "kernels/fd_check.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 using test::MaxRelError;
@@ -114,4 +114,4 @@ TEST(Gelu, AccuratePointwiseAndFiniteInTheTails) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -12,7 +12,7 @@
 #include "kernels/determinism.h"
 #include "kernels/fd_check.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 using test::BitwiseEqual;
@@ -245,4 +245,4 @@ TEST(LayerNorm, BackwardIsBitwiseRepeatableAndThreadCountIndependentBf16) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

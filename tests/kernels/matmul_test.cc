@@ -9,7 +9,7 @@
 #include "keel/kernels/cpu/classifier.h"
 #include "keel/kernels/cpu/vec_math.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 using test::MaxRelError;
@@ -182,4 +182,4 @@ TEST(VecMath, ExpApproxMatchesStdExp) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -10,7 +10,7 @@
 #include "keel/core/dtype.h"
 #include "keel/kernels/cpu/adamw.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 constexpr int kSteps = 10000;
@@ -94,4 +94,4 @@ TEST(Precision, AdamWWorkingCopyIsDerivedFromMaster) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -10,7 +10,7 @@
 #include "kernels/determinism.h"
 #include "kernels/fd_check.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 using test::MaxRelError;
@@ -109,4 +109,4 @@ TEST(RmsNorm, WeightGradientIndependentOfThreadCount) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -10,7 +10,7 @@
 
 #include "kernels/fd_check.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 using test::MaxRelError;
@@ -58,4 +58,4 @@ TEST(Swiglu, Bf16MatchesFloat64) {
 }
 
 }  // namespace
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

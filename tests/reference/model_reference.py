@@ -195,7 +195,7 @@ def build(t, meta):
 
 def reference_run(t, meta, steps):
     """Float64 loss, logits and gradients at the initial weights, and the losses of `steps`
-    AdamW steps with keel's formula (kernels/adamw.h) and clipping (optim::ClipScale)."""
+    AdamW steps with keel's formula (kernels/cpu/adamw.h) and clipping (optim::ClipScale)."""
     model = build(t, meta)
     tokens, targets = t["tokens"].long(), t["targets"].long()
     logits, loss = model(tokens, targets)

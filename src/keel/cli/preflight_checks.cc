@@ -20,7 +20,7 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/data/dataset.h"
-#include "keel/kernels/cpu/matmul.h"
+#include "keel/kernels/backend.h"
 #include "keel/model/params.h"
 #include "keel/model/transformer.h"
 #include "keel/monitor/flops.h"
@@ -105,11 +105,12 @@ double MatmulRate(int M, int K, int N, double seconds) {
   std::vector<T> a(size_t(M) * K), w(size_t(N) * K), out(size_t(M) * N);
   for (size_t i = 0; i < a.size(); ++i) a[i] = FromFloat<T>(float(i % 7) * 0.01f);
   for (size_t i = 0; i < w.size(); ++i) w[i] = FromFloat<T>(float(i % 5) * 0.01f);
-  kernels::MatmulForward<T>(out.data(), a.data(), w.data(), nullptr, M, K, N);  // builds the kernel
+  const kernels::Backend& cpu = kernels::Cpu();
+  cpu.MatmulForward<T>(out.data(), a.data(), w.data(), nullptr, M, K, N);  // builds the kernel
   long calls = 0;
   const auto t0 = Clock::now();
   do {
-    kernels::MatmulForward<T>(out.data(), a.data(), w.data(), nullptr, M, K, N);
+    cpu.MatmulForward<T>(out.data(), a.data(), w.data(), nullptr, M, K, N);
     ++calls;
   } while (Since(t0) < seconds);
   return 2.0 * M * K * N * double(calls) / Since(t0);

@@ -13,12 +13,7 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/dtype.h"
 #include "keel/core/error.h"
-#include "keel/kernels/cpu/adamw.h"
-#include "keel/kernels/cpu/attention.h"
-#include "keel/kernels/cpu/classifier.h"
-#include "keel/kernels/cpu/gelu.h"
-#include "keel/kernels/cpu/layernorm.h"
-#include "keel/kernels/cpu/matmul.h"
+#include "keel/kernels/backend.h"
 #include "keel/monitor/machine_probe.h"
 #include "keel/plan/comm_time.h"
 #include "keel/plan/hardware.h"
@@ -34,7 +29,8 @@ plan::Accelerator MeasureThisCpu() {
   const int threads = std::max(1, omp_get_max_threads());
   const monitor::PeakRates r = monitor::MeasurePeakRates(threads, 0.05, 2);
   plan::CpuFigures f;
-  // Without bf16 instructions keel's bf16 products run in fp32 (kernels/matmul.h): the fp32 peak.
+  // Without bf16 instructions keel's bf16 products run in fp32 (kernels/cpu/matmul.h): the fp32
+  // peak.
   f.bf16_flops = r.bf16() > 0 ? r.bf16() : r.fp32_fma;
   f.fp32_flops = r.fp32_fma;
   f.memory_bytes = monitor::MemTotalBytes();
@@ -81,7 +77,7 @@ double Fastest(F&& f) {
 
 // A training step's time on this machine, from keel's own kernels (the ones train::TrainStep
 // runs, on its threads and in its precision) timed on the model's shapes, each on a sample and
-// scaled to the step: one layer's four products forward and backward (kernels::MatmulForward /
+// scaled to the step: one layer's four products forward and backward (Backend::MatmulForward /
 // MatmulBackward, bias gradients included), GELU and both LayerNorms on `rows` rows; attention on
 // `att_seqs` whole sequences and `att_heads` of the heads; the fused classifier and cross-entropy
 // (three products over the whole padded vocabulary, and the softmax) on `cls_rows` rows; AdamW on
@@ -101,7 +97,7 @@ constexpr double kSampleFlops = 24e9;
 
 template <typename T>
 KernelProbe ProbeKernels(const plan::ModelSpec& m, int micro_batch, int seqs) {
-  namespace k = kernels;
+  const kernels::Backend& k = kernels::Cpu();
   const auto start = Clock::now();
   const int C = m.hidden, NH = m.heads, Tn = m.seq, V = m.vocab, hs = C / NH;
   const int Vp = plan::ToModelConfig(m).padded_vocab();
@@ -135,24 +131,24 @@ KernelProbe ProbeKernels(const plan::ModelSpec& m, int micro_batch, int seqs) {
     double per_rows = 0;  // one layer's time on R rows, attention aside
     for (const auto& q : products) {
       per_rows += Fastest([&] {
-        k::MatmulForward<T>(y.data(), x.data(), w.data(), bias.data(), R, q.K, q.N, q.acc);
+        k.MatmulForward<T>(y.data(), x.data(), w.data(), bias.data(), R, q.K, q.N, q.acc);
       });
       per_rows += Fastest([&] {
-        k::MatmulBackward<T>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), R, q.K,
-                             q.N);
+        k.MatmulBackward<T>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), R, q.K,
+                            q.N);
       });
     }
     const size_t h = size_t(R) * 4 * C;
-    per_rows += Fastest([&] { k::GeluForward<T>(y.data(), x.data(), h); });
-    per_rows += Fastest([&] { k::GeluBackward<T>(dx.data(), x.data(), dy.data(), h); });
+    per_rows += Fastest([&] { k.GeluForward<T>(y.data(), x.data(), h); });
+    per_rows += Fastest([&] { k.GeluBackward<T>(dx.data(), x.data(), dy.data(), h); });
     const double ln =
         Fastest([&] {
-          k::LayerNormForward<T>(y.data(), mean.data(), rstd.data(), x.data(), ln_w.data(),
-                                 ln_b.data(), R, C);
+          k.LayerNormForward<T>(y.data(), mean.data(), rstd.data(), x.data(), ln_w.data(),
+                                ln_b.data(), R, C);
         }) +
         Fastest([&] {
-          k::LayerNormBackward<T>(dx.data(), dlnw.data(), dlnb.data(), dy.data(), x.data(),
-                                  ln_w.data(), mean.data(), rstd.data(), R, C);
+          k.LayerNormBackward<T>(dx.data(), dlnw.data(), dlnb.data(), dy.data(), x.data(),
+                                 ln_w.data(), mean.data(), rstd.data(), R, C);
         });
     per_rows += 2 * ln;
     // Attention on whole sequences (it is causal over T); where even one is long, on some of the
@@ -168,12 +164,12 @@ KernelProbe ProbeKernels(const plan::ModelSpec& m, int micro_batch, int seqs) {
     fill(qkv, 7);
     fill(dout, 3);
     const double att = Fastest([&] {
-                         k::AttentionForward<T>(out.data(), lse.data(), qkv.data(), p.att_seqs, Tn,
-                                                Ca, p.att_heads);
+                         k.AttentionForward<T>(out.data(), lse.data(), qkv.data(), p.att_seqs, Tn,
+                                               Ca, p.att_heads);
                        }) +
                        Fastest([&] {
-                         k::AttentionBackward<T>(dqkv.data(), dout.data(), qkv.data(), out.data(),
-                                                 lse.data(), p.att_seqs, Tn, Ca, p.att_heads);
+                         k.AttentionBackward<T>(dqkv.data(), dout.data(), qkv.data(), out.data(),
+                                                lse.data(), p.att_seqs, Tn, Ca, p.att_heads);
                        });
     // Each layer, and ln_f once, over the step's tokens.
     p.layers_s =
@@ -181,8 +177,8 @@ KernelProbe ProbeKernels(const plan::ModelSpec& m, int micro_batch, int seqs) {
         ln / R * tokens;
   }
   {
-    // The classifier runs each micro-batch in tiles of up to 512 rows (kernels/classifier.cc); a
-    // sample of whole rows over the whole vocabulary, a multiple of 32 rows.
+    // The classifier runs each micro-batch in tiles of up to 512 rows (kernels/cpu/classifier.cc);
+    // a sample of whole rows over the whole vocabulary, a multiple of 32 rows.
     const int max_rows = std::min(512, micro_batch * Tn);
     p.cls_rows =
         std::clamp(int(kSampleFlops / (6.0 * C * Vp)) / 32 * 32, std::min(32, max_rows), max_rows);
@@ -194,8 +190,8 @@ KernelProbe ProbeKernels(const plan::ModelSpec& m, int micro_batch, int seqs) {
     fill(x, 7);
     for (int i = 0; i < p.cls_rows; ++i) targets[i] = int32_t(size_t(i) * 7919 % size_t(V));
     auto run = [&](int rows) {
-      k::ClassifierForwardBackward<T>(losses.data(), dx.data(), dwte.data(), x.data(), wte.data(),
-                                      targets.data(), 1.0f / rows, rows, C, V, Vp);
+      k.ClassifierForwardBackward<T>(losses.data(), dx.data(), dwte.data(), x.data(), wte.data(),
+                                     targets.data(), 1.0f / rows, rows, C, V, Vp);
     };
     // Each tile also pays a cost that does not grow with its rows: reading the embedding in
     // each of the three products, and where bf16 products run in fp32, widening it to fp32
@@ -218,10 +214,8 @@ KernelProbe ProbeKernels(const plan::ModelSpec& m, int micro_batch, int seqs) {
     std::vector<bf16> working(std::is_same_v<T, bf16> ? n : 0);
     kernels::AdamWParams hp;
     const double t = Fastest([&] {
-      if constexpr (std::is_same_v<T, bf16>)
-        k::AdamWUpdate(master.data(), working.data(), m1.data(), v1.data(), grad.data(), n, hp);
-      else
-        k::AdamWUpdate(master.data(), m1.data(), v1.data(), grad.data(), n, hp);
+      k.AdamWUpdate(master.data(), std::is_same_v<T, bf16> ? working.data() : nullptr, m1.data(),
+                    v1.data(), grad.data(), n, hp);
     });
     const double bytes = std::is_same_v<T, bf16> ? 30 : 28;
     p.optimizer_s = t * n_params / double(n) * (bytes + 8) / bytes;

@@ -28,12 +28,12 @@ bool CudaBuilt() {
 #endif
 }
 
-const Backend& Cpu() { return CpuBackend(); }
+const Backend& Cpu() { return cpu::CpuBackend(); }
 
 const Backend& Get(Device d) {
-  if (d == Device::kCpu) return CpuBackend();
+  if (d == Device::kCpu) return cpu::CpuBackend();
 #ifdef KEEL_HAVE_CUDA
-  return CudaBackend();
+  return cuda::CudaBackend();
 #else
   ThrowBadInput(
       "[train] device = \"cuda\": this keel was built without the CUDA backend (configure with "

@@ -35,6 +35,8 @@ bool ParseDevice(const std::string& s, Device* out);
 // The backend of `d`: the process-wide CPU one, or the CUDA one on this process's GPU. Throws
 // BadInput when `d` is not built into this keel or has no device here.
 const class Backend& Get(Device d);
+// The CPU backend, for what runs on the host whatever the run's device: the models' defaults,
+// inference, and commands that time this CPU (keel plan --accelerator this-cpu, preflight).
 const class Backend& Cpu();
 // Whether this keel was built with the CUDA backend (and NCCL).
 bool CudaBuilt();
@@ -46,6 +48,10 @@ class Backend : public Memory {
   // 0 where unknown. The CPU's is measured instead (monitor/machine_probe.h).
   virtual std::string name() const = 0;
   virtual double PeakFlops(DType /*t*/) const { return 0; }
+  // True once bf16 matrix products run in fp32 on widened copies (same results, slower): on a
+  // CPU where oneDNN refused a bf16 product (no AVX-512), from that product on. The trainer
+  // asks after its first bf16 step, to say so once. A GPU multiplies bf16 natively: false.
+  virtual bool Bf16ProductsEmulated() const { return false; }
   // Waits for everything issued on the compute stream.
   virtual void Synchronize() const = 0;
   // An event recorded on the compute stream now, and a wait for it from the host; lets a caller

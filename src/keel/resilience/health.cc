@@ -9,7 +9,7 @@
 #include <fstream>
 #include <vector>
 
-#include "keel/kernels/cpu/matmul.h"
+#include "keel/kernels/backend.h"
 #include "keel/resilience/build_id.h"
 
 namespace keel::resilience {
@@ -28,11 +28,12 @@ void CheckMatmul(double* max_error, double* gflops) {
     for (int k = 0; k < K; ++k) a[size_t(i) * K + k] = float((i * 7 + k * 3) % 9 - 4);
   for (int j = 0; j < N; ++j)
     for (int k = 0; k < K; ++k) w[size_t(j) * K + k] = float((j * 5 + k) % 7 - 3);
-  kernels::MatmulForward<float>(out.data(), a.data(), w.data(), nullptr, M, K, N);  // warm up
+  const kernels::Backend& cpu = kernels::Cpu();
+  cpu.MatmulForward<float>(out.data(), a.data(), w.data(), nullptr, M, K, N);  // warm up
   const int reps = 8;
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < reps; ++r)
-    kernels::MatmulForward<float>(out.data(), a.data(), w.data(), nullptr, M, K, N);
+    cpu.MatmulForward<float>(out.data(), a.data(), w.data(), nullptr, M, K, N);
   *gflops = 2.0 * M * K * N * reps / Seconds(t0) / 1e9;
   *max_error = 0;
   for (int i = 0; i < M; ++i)

@@ -13,7 +13,7 @@
 
 #include "keel/core/error.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 // kWriteWorking selects at compile time whether the working copy is written, so that the fp32
@@ -72,4 +72,4 @@ double SumSquares(const float* grads, size_t n) {
   return total;
 }
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -11,7 +11,7 @@
 #include "keel/core/dtype.h"
 #include "keel/kernels/op_args.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 void AdamWUpdate(float* master, float* m, float* v, const float* grad, size_t n,
                  const AdamWParams& p);
@@ -21,4 +21,4 @@ void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* 
 // Σ x² in fp64, over fixed blocks of 2^16 added in order: the same value for any thread count.
 double SumSquares(const float* x, size_t n);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -31,7 +31,7 @@
 #include <immintrin.h>
 #endif
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 constexpr int kTile = 64;
@@ -471,4 +471,4 @@ template void AttentionBackward<float>(float*, const float*, const float*, const
 template void AttentionBackward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, const float*,
                                       int, int, int, int, int);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -12,7 +12,7 @@
 
 #include "keel/core/dtype.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 template <typename T>
 void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV = 0);
@@ -21,4 +21,4 @@ template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B,
                        int T_, int C, int NH, int NKV = 0);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

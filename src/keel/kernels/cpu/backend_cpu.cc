@@ -12,7 +12,7 @@
 #include "keel/kernels/cpu/row_blocks.h"
 #include "keel/kernels/cpu/swiglu.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 // Calls f with a value of the C++ type of `t` (float or bf16).
@@ -37,6 +37,7 @@ class CpuImpl final : public Backend {
  public:
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
+  bool Bf16ProductsEmulated() const override { return cpu::Bf16ProductsEmulated(); }
   bool host_visible() const override { return true; }
   void* Alloc(size_t bytes) const override { return HostMemory().Alloc(bytes); }
   void Free(void* p) const override { HostMemory().Free(p); }
@@ -59,11 +60,11 @@ class CpuImpl final : public Backend {
   void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
                    const AdamWParams& p) const override {
     if (working)
-      kernels::AdamWUpdate(master, working, m, v, grad, n, p);
+      cpu::AdamWUpdate(master, working, m, v, grad, n, p);
     else
-      kernels::AdamWUpdate(master, m, v, grad, n, p);
+      cpu::AdamWUpdate(master, m, v, grad, n, p);
   }
-  double SumSquares(const float* x, size_t n) const override { return kernels::SumSquares(x, n); }
+  double SumSquares(const float* x, size_t n) const override { return cpu::SumSquares(x, n); }
   void ToBf16(bf16* out, const float* in, size_t n) const override { ConvertF32ToBf16(out, in, n); }
   void AddTo(float* dst, const float* src, size_t n) const override {
 #pragma omp parallel for simd schedule(static)
@@ -75,38 +76,37 @@ class CpuImpl final : public Backend {
                        int M, int K, int N, bool accumulate) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::MatmulForward<T>(P<T>(out), P<T>(inp), P<T>(weight), bias, M, K, N, accumulate);
+      cpu::MatmulForward<T>(P<T>(out), P<T>(inp), P<T>(weight), bias, M, K, N, accumulate);
     });
   }
   void MatmulBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
                         const void* inp, const void* weight, int M, int K, int N) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::MatmulBackward<T>(P<T>(dinp), dweight, dbias, P<T>(dout), P<T>(inp), P<T>(weight), M,
-                                 K, N);
+      cpu::MatmulBackward<T>(P<T>(dinp), dweight, dbias, P<T>(dout), P<T>(inp), P<T>(weight), M, K,
+                             N);
     });
   }
   void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T, int C,
                           int NH, int NKV) const override {
     Typed(t, [&](auto z) {
       using U = decltype(z);
-      kernels::AttentionForward<U>(P<U>(out), lse, P<U>(qkv), B, T, C, NH, NKV);
+      cpu::AttentionForward<U>(P<U>(out), lse, P<U>(qkv), B, T, C, NH, NKV);
     });
   }
   void AttentionBackwardOp(DType t, void* dqkv, const void* dout, const void* qkv, const void* out,
                            const float* lse, int B, int T, int C, int NH, int NKV) const override {
     Typed(t, [&](auto z) {
       using U = decltype(z);
-      kernels::AttentionBackward<U>(P<U>(dqkv), P<U>(dout), P<U>(qkv), P<U>(out), lse, B, T, C, NH,
-                                    NKV);
+      cpu::AttentionBackward<U>(P<U>(dqkv), P<U>(dout), P<U>(qkv), P<U>(out), lse, B, T, C, NH,
+                                NKV);
     });
   }
   void LayerNormForwardOp(DType t, void* out, float* mean, float* rstd, const void* inp,
                           const void* weight, const void* bias, int N, int C) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::LayerNormForward<T>(P<T>(out), mean, rstd, P<T>(inp), P<T>(weight), P<T>(bias), N,
-                                   C);
+      cpu::LayerNormForward<T>(P<T>(out), mean, rstd, P<T>(inp), P<T>(weight), P<T>(bias), N, C);
     });
   }
   void LayerNormBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
@@ -114,49 +114,48 @@ class CpuImpl final : public Backend {
                            const float* rstd, int N, int C) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::LayerNormBackward<T>(P<T>(dinp), dweight, dbias, P<T>(dout), P<T>(inp), P<T>(weight),
-                                    mean, rstd, N, C);
+      cpu::LayerNormBackward<T>(P<T>(dinp), dweight, dbias, P<T>(dout), P<T>(inp), P<T>(weight),
+                                mean, rstd, N, C);
     });
   }
   void RmsNormForwardOp(DType t, void* out, float* rstd, const void* inp, const void* weight, int N,
                         int C, float eps) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::RmsNormForward<T>(P<T>(out), rstd, P<T>(inp), P<T>(weight), N, C, eps);
+      cpu::RmsNormForward<T>(P<T>(out), rstd, P<T>(inp), P<T>(weight), N, C, eps);
     });
   }
   void RmsNormBackwardOp(DType t, void* dinp, float* dweight, const void* dout, const void* inp,
                          const void* weight, const float* rstd, int N, int C) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::RmsNormBackward<T>(P<T>(dinp), dweight, P<T>(dout), P<T>(inp), P<T>(weight), rstd, N,
-                                  C);
+      cpu::RmsNormBackward<T>(P<T>(dinp), dweight, P<T>(dout), P<T>(inp), P<T>(weight), rstd, N, C);
     });
   }
   void GeluForwardOp(DType t, void* out, const void* inp, size_t n) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::GeluForward<T>(P<T>(out), P<T>(inp), n);
+      cpu::GeluForward<T>(P<T>(out), P<T>(inp), n);
     });
   }
   void GeluBackwardOp(DType t, void* dinp, const void* inp, const void* dout,
                       size_t n) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::GeluBackward<T>(P<T>(dinp), P<T>(inp), P<T>(dout), n);
+      cpu::GeluBackward<T>(P<T>(dinp), P<T>(inp), P<T>(dout), n);
     });
   }
   void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::SwigluForward<T>(P<T>(out), P<T>(gate_up), N, F);
+      cpu::SwigluForward<T>(P<T>(out), P<T>(gate_up), N, F);
     });
   }
   void SwigluBackwardOp(DType t, void* dgate_up, const void* gate_up, const void* dout, int N,
                         int F) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::SwigluBackward<T>(P<T>(dgate_up), P<T>(gate_up), P<T>(dout), N, F);
+      cpu::SwigluBackward<T>(P<T>(dgate_up), P<T>(gate_up), P<T>(dout), N, F);
     });
   }
   void RopeOp(DType t, void* qkv, int B, int T, int NH, int NKV, int hs, float theta, int pos0,
@@ -164,23 +163,23 @@ class CpuImpl final : public Backend {
     Typed(t, [&](auto z) {
       using U = decltype(z);
       if (backward)
-        kernels::RopeBackward<U>(P<U>(qkv), B, T, NH, NKV, hs, theta, pos0);
+        cpu::RopeBackward<U>(P<U>(qkv), B, T, NH, NKV, hs, theta, pos0);
       else
-        kernels::RopeForward<U>(P<U>(qkv), B, T, NH, NKV, hs, theta, pos0);
+        cpu::RopeForward<U>(P<U>(qkv), B, T, NH, NKV, hs, theta, pos0);
     });
   }
   void EncoderForwardOp(DType t, void* out, const int32_t* tokens, const void* wte, const void* wpe,
                         int B, int T, int C, int v0, int v1) const override {
     Typed(t, [&](auto z) {
       using U = decltype(z);
-      kernels::EncoderForward<U>(P<U>(out), tokens, P<U>(wte), P<U>(wpe), B, T, C, v0, v1);
+      cpu::EncoderForward<U>(P<U>(out), tokens, P<U>(wte), P<U>(wpe), B, T, C, v0, v1);
     });
   }
   void EncoderBackwardOp(DType t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens,
                          int B, int T, int C, int v0, int v1) const override {
     Typed(t, [&](auto z) {
       using U = decltype(z);
-      kernels::EncoderBackward<U>(dwte, dwpe, P<U>(dout), tokens, B, T, C, v0, v1);
+      cpu::EncoderBackward<U>(dwte, dwpe, P<U>(dout), tokens, B, T, C, v0, v1);
     });
   }
   void ClassifierOp(DType t, float* losses, void* dx, float* dwte, const void* x, const void* wte,
@@ -189,17 +188,17 @@ class CpuImpl final : public Backend {
     Typed(t, [&](auto z) {
       using T = decltype(z);
       if (dx)
-        kernels::ClassifierForwardBackward<T>(losses, P<T>(dx), dwte, P<T>(x), P<T>(wte), targets,
-                                              dloss, M, C, V, Vp, shard);
+        cpu::ClassifierForwardBackward<T>(losses, P<T>(dx), dwte, P<T>(x), P<T>(wte), targets,
+                                          dloss, M, C, V, Vp, shard);
       else
-        kernels::ClassifierForward<T>(losses, P<T>(x), P<T>(wte), targets, M, C, V, Vp, shard);
+        cpu::ClassifierForward<T>(losses, P<T>(x), P<T>(wte), targets, M, C, V, Vp, shard);
     });
   }
   void ClassifierLogitsOp(DType t, float* logits, const void* x, const void* wte, int M, int C,
                           int V) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      kernels::ClassifierLogits<T>(logits, P<T>(x), P<T>(wte), M, C, V);
+      cpu::ClassifierLogits<T>(logits, P<T>(x), P<T>(wte), M, C, V);
     });
   }
 };
@@ -211,4 +210,4 @@ const Backend& CpuBackend() {
   return cpu;
 }
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -3,8 +3,8 @@
 
 #include "keel/kernels/backend.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 const Backend& CpuBackend();
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -12,7 +12,7 @@
 #include "keel/core/dtype.h"
 #include "keel/kernels/op_args.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 // losses (M) fp32: -log softmax(x·wteᵀ)[target]  (0 where the target is negative).
 template <typename T>
@@ -30,4 +30,4 @@ void ClassifierForwardBackward(float* losses, T* dx, float* dwte, const T* x, co
 template <typename T>
 void ClassifierLogits(float* logits, const T* x, const T* wte, int M, int C, int V);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

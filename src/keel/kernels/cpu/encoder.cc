@@ -13,7 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 // Channel ranges are cut at multiples of a cache line of fp32 (64 bytes), so that two threads never
@@ -77,4 +77,4 @@ template void EncoderBackward<float>(float*, float*, const float*, const int32_t
 template void EncoderBackward<bf16>(float*, float*, const bf16*, const int32_t*, int, int, int, int,
                                     int);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -13,7 +13,7 @@
 
 #include "keel/kernels/cpu/vec_math.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -52,4 +52,4 @@ template void GeluForward<bf16>(bf16*, const bf16*, size_t);
 template void GeluBackward<float>(float*, const float*, const float*, size_t);
 template void GeluBackward<bf16>(bf16*, const bf16*, const bf16*, size_t);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -6,7 +6,7 @@
 
 #include "keel/core/dtype.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 template <typename T>
 void GeluForward(T* out, const T* inp, size_t n);
@@ -14,4 +14,4 @@ void GeluForward(T* out, const T* inp, size_t n);
 template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -19,7 +19,7 @@
 
 #include "keel/kernels/cpu/row_blocks.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 constexpr float kEps = 1e-5f;
@@ -115,4 +115,4 @@ template void LayerNormBackward<float>(float*, float*, float*, const float*, con
 template void LayerNormBackward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*,
                                       const float*, const float*, int, int);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -9,7 +9,7 @@
 
 #include "keel/core/dtype.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 template <typename T>
 void LayerNormForward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
@@ -19,4 +19,4 @@ template <typename T>
 void LayerNormBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                        const T* weight, const float* mean, const float* rstd, int N, int C);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -26,7 +26,7 @@
 
 #include "keel/core/error.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 dnnl::memory::data_type DnnlType(DType t) {
@@ -288,4 +288,4 @@ template void MatmulBackward<float>(float*, float*, float*, const float*, const 
 template void MatmulBackward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*,
                                    int, int, int);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -14,7 +14,7 @@
 
 #include "keel/kernels/cpu/row_blocks.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 template <typename T>
 void RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps) {
@@ -72,4 +72,4 @@ template void RmsNormBackward<float>(float*, float*, const float*, const float*,
 template void RmsNormBackward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*,
                                     const float*, int, int);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

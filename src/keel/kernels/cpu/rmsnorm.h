@@ -9,7 +9,7 @@
 
 #include "keel/core/dtype.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 template <typename T>
 void RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps);
@@ -18,4 +18,4 @@ template <typename T>
 void RmsNormBackward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
                      const float* rstd, int N, int C);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <vector>
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 // sign +1 rotates by the angle (forward), -1 by its negative (backward).
@@ -58,4 +58,4 @@ template void RopeForward<bf16>(bf16*, int, int, int, int, int, float, int);
 template void RopeBackward<float>(float*, int, int, int, int, int, float, int);
 template void RopeBackward<bf16>(bf16*, int, int, int, int, int, float, int);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -13,7 +13,7 @@
 
 #include "keel/core/dtype.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 template <typename T>
 void RopeForward(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0 = 0);
@@ -21,4 +21,4 @@ void RopeForward(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, in
 template <typename T>
 void RopeBackward(T* dqkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0 = 0);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -9,7 +9,7 @@
 
 #include "keel/kernels/cpu/vec_math.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 namespace {
 
 inline float Sigmoid(float g) { return 1.0f / (1.0f + ExpApprox(-g)); }
@@ -54,4 +54,4 @@ template void SwigluForward<bf16>(bf16*, const bf16*, int, int);
 template void SwigluBackward<float>(float*, const float*, const float*, int, int);
 template void SwigluBackward<bf16>(bf16*, const bf16*, const bf16*, int, int);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -7,7 +7,7 @@
 
 #include "keel/core/dtype.h"
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 template <typename T>
 void SwigluForward(T* out, const T* gate_up, int N, int F);
@@ -15,4 +15,4 @@ void SwigluForward(T* out, const T* gate_up, int N, int F);
 template <typename T>
 void SwigluBackward(T* dgate_up, const T* gate_up, const T* dout, int N, int F);
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-namespace keel::kernels {
+namespace keel::kernels::cpu {
 
 inline float ExpApprox(float x) {
   if (x < -87.0f) return 0.0f;
@@ -55,4 +55,4 @@ inline __m512 ExpApprox16(__m512 x) {
 }
 #endif
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cpu

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "keel/core/error.h"
+#include "keel/kernels/cuda/attention.cuh"
 #include "keel/kernels/cuda/attention_tc.cuh"
 
 namespace keel::kernels::cuda {
@@ -200,36 +201,38 @@ size_t SharedBytes(const Shape& s) { return size_t(2) * kTile * s.hs * sizeof(fl
 }  // namespace
 
 void AttentionForward(DType t, void* out, float* lse, const void* qkv, int B, int T_, int C, int NH,
-                      int NKV) {
+                      int NKV, cudaStream_t stream) {
   const Shape s = ShapeOf(T_, C, NH, NKV);
   if (UseTensorCores(t, s.hs))
-    return AttentionForwardTC(static_cast<bf16d*>(out), lse, static_cast<const bf16d*>(qkv), B, s);
+    return AttentionForwardTC(static_cast<bf16d*>(out), lse, static_cast<const bf16d*>(qkv), B, s,
+                              stream);
   const dim3 grid(Blocks(size_t(T_), kRows), NH, B);
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
-    Forward<U>
-        <<<grid, kRows, SharedBytes(s)>>>(static_cast<U*>(out), lse, static_cast<const U*>(qkv), s);
+    Forward<U><<<grid, kRows, SharedBytes(s), stream>>>(static_cast<U*>(out), lse,
+                                                        static_cast<const U*>(qkv), s);
   });
   KEEL_CUDA(cudaGetLastError());
 }
 
 void AttentionBackward(DType t, void* dqkv, const void* dout, const void* qkv, const void* out,
-                       const float* lse, int B, int T_, int C, int NH, int NKV) {
+                       const float* lse, int B, int T_, int C, int NH, int NKV,
+                       cudaStream_t stream) {
   const Shape s = ShapeOf(T_, C, NH, NKV);
-  float* D = static_cast<float*>(Scratch(5, sizeof(float) * size_t(B) * NH * T_));
+  float* D = static_cast<float*>(Scratch(5, sizeof(float) * size_t(B) * NH * T_, stream));
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
     const U* o = static_cast<const U*>(out);
     const U* d = static_cast<const U*>(dout);
     const U* x = static_cast<const U*>(qkv);
     U* dx = static_cast<U*>(dqkv);
-    RowDots<U><<<Blocks(size_t(B) * NH * T_, 256), 256>>>(D, d, o, s, B);
+    RowDots<U><<<Blocks(size_t(B) * NH * T_, 256), 256, 0, stream>>>(D, d, o, s, B);
     if constexpr (std::is_same_v<U, bf16d>)
-      if (UseTensorCores(t, s.hs)) return AttentionBackwardTC(dx, d, x, lse, D, B, s);
-    BackwardKV<U>
-        <<<dim3(Blocks(size_t(T_), kRows), NKV, B), kRows, SharedBytes(s)>>>(dx, d, x, lse, D, s);
-    BackwardQ<U>
-        <<<dim3(Blocks(size_t(T_), kRows), NH, B), kRows, SharedBytes(s)>>>(dx, d, x, lse, D, s);
+      if (UseTensorCores(t, s.hs)) return AttentionBackwardTC(dx, d, x, lse, D, B, s, stream);
+    BackwardKV<U><<<dim3(Blocks(size_t(T_), kRows), NKV, B), kRows, SharedBytes(s), stream>>>(
+        dx, d, x, lse, D, s);
+    BackwardQ<U><<<dim3(Blocks(size_t(T_), kRows), NH, B), kRows, SharedBytes(s), stream>>>(
+        dx, d, x, lse, D, s);
   });
   KEEL_CUDA(cudaGetLastError());
 }

@@ -258,62 +258,64 @@ void AllowShared(Kernel k, size_t bytes) {
 }
 
 template <int HS>
-void ForwardHs(bf16d* out, float* lse, const bf16d* qkv, int B, const AttnShape& s) {
+void ForwardHs(bf16d* out, float* lse, const bf16d* qkv, int B, const AttnShape& s,
+               cudaStream_t stream) {
   static const bool allowed = (AllowShared(Forward<HS>, ForwardBytes<HS>()), true);
   (void)allowed;
-  Forward<HS>
-      <<<dim3((s.T + kB - 1) / kB, s.NH, B), kThreads, ForwardBytes<HS>()>>>(out, lse, qkv, s);
+  Forward<HS><<<dim3((s.T + kB - 1) / kB, s.NH, B), kThreads, ForwardBytes<HS>(), stream>>>(
+      out, lse, qkv, s);
 }
 
 template <int HS>
 void BackwardHs(bf16d* dqkv, const bf16d* dout, const bf16d* qkv, const float* lse, const float* D,
-                int B, const AttnShape& s) {
+                int B, const AttnShape& s, cudaStream_t stream) {
   static const bool allowed = (AllowShared(BackwardKV<HS>, BackwardKVBytes<HS>()),
                                AllowShared(BackwardQ<HS>, BackwardQBytes<HS>()), true);
   (void)allowed;
   const int tiles = (s.T + kB - 1) / kB;
-  BackwardKV<HS>
-      <<<dim3(tiles, s.NKV, B), kThreads, BackwardKVBytes<HS>()>>>(dqkv, dout, qkv, lse, D, s);
-  BackwardQ<HS>
-      <<<dim3(tiles, s.NH, B), kThreads, BackwardQBytes<HS>()>>>(dqkv, dout, qkv, lse, D, s);
+  BackwardKV<HS><<<dim3(tiles, s.NKV, B), kThreads, BackwardKVBytes<HS>(), stream>>>(
+      dqkv, dout, qkv, lse, D, s);
+  BackwardQ<HS><<<dim3(tiles, s.NH, B), kThreads, BackwardQBytes<HS>(), stream>>>(dqkv, dout, qkv,
+                                                                                  lse, D, s);
 }
 
 }  // namespace
 
 bool TensorCoreAttention(int hs) { return hs == 16 || hs == 32 || hs == 64 || hs == 128; }
 
-void AttentionForwardTC(bf16d* out, float* lse, const bf16d* qkv, int B, const AttnShape& s) {
+void AttentionForwardTC(bf16d* out, float* lse, const bf16d* qkv, int B, const AttnShape& s,
+                        cudaStream_t stream) {
   switch (s.hs) {
     case 16:
-      ForwardHs<16>(out, lse, qkv, B, s);
+      ForwardHs<16>(out, lse, qkv, B, s, stream);
       break;
     case 32:
-      ForwardHs<32>(out, lse, qkv, B, s);
+      ForwardHs<32>(out, lse, qkv, B, s, stream);
       break;
     case 64:
-      ForwardHs<64>(out, lse, qkv, B, s);
+      ForwardHs<64>(out, lse, qkv, B, s, stream);
       break;
     default:
-      ForwardHs<128>(out, lse, qkv, B, s);
+      ForwardHs<128>(out, lse, qkv, B, s, stream);
       break;
   }
   KEEL_CUDA(cudaGetLastError());
 }
 
 void AttentionBackwardTC(bf16d* dqkv, const bf16d* dout, const bf16d* qkv, const float* lse,
-                         const float* D, int B, const AttnShape& s) {
+                         const float* D, int B, const AttnShape& s, cudaStream_t stream) {
   switch (s.hs) {
     case 16:
-      BackwardHs<16>(dqkv, dout, qkv, lse, D, B, s);
+      BackwardHs<16>(dqkv, dout, qkv, lse, D, B, s, stream);
       break;
     case 32:
-      BackwardHs<32>(dqkv, dout, qkv, lse, D, B, s);
+      BackwardHs<32>(dqkv, dout, qkv, lse, D, B, s, stream);
       break;
     case 64:
-      BackwardHs<64>(dqkv, dout, qkv, lse, D, B, s);
+      BackwardHs<64>(dqkv, dout, qkv, lse, D, B, s, stream);
       break;
     default:
-      BackwardHs<128>(dqkv, dout, qkv, lse, D, B, s);
+      BackwardHs<128>(dqkv, dout, qkv, lse, D, B, s, stream);
       break;
   }
   KEEL_CUDA(cudaGetLastError());

@@ -12,9 +12,10 @@ struct AttnShape {
 };
 
 bool TensorCoreAttention(int hs);
-void AttentionForwardTC(bf16d* out, float* lse, const bf16d* qkv, int B, const AttnShape& s);
+void AttentionForwardTC(bf16d* out, float* lse, const bf16d* qkv, int B, const AttnShape& s,
+                        cudaStream_t stream);
 // D (B,NH,T): Σ_d dout·out per row and head, computed by the caller.
 void AttentionBackwardTC(bf16d* dqkv, const bf16d* dout, const bf16d* qkv, const float* lse,
-                         const float* D, int B, const AttnShape& s);
+                         const float* D, int B, const AttnShape& s, cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda

@@ -5,11 +5,19 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/kernels/cuda/adamw.cuh"
+#include "keel/kernels/cuda/attention.cuh"
 #include "keel/kernels/cuda/backend_cuda.h"
-#include "keel/kernels/cuda/cuda_util.cuh"
+#include "keel/kernels/cuda/classifier.cuh"
+#include "keel/kernels/cuda/encoder.cuh"
+#include "keel/kernels/cuda/gelu.cuh"
+#include "keel/kernels/cuda/layernorm.cuh"
+#include "keel/kernels/cuda/matmul.cuh"
+#include "keel/kernels/cuda/rmsnorm.cuh"
+#include "keel/kernels/cuda/rope.cuh"
+#include "keel/kernels/cuda/swiglu.cuh"
 
-namespace keel::kernels {
-namespace cuda {
+namespace keel::kernels::cuda {
 
 void Check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) ThrowRuntime(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
@@ -20,7 +28,7 @@ void Check(cublasStatus_t s, const char* what) {
     ThrowRuntime(std::string("cuBLASLt: ") + what + ": status " + std::to_string(int(s)));
 }
 
-void* Scratch(int slot, size_t bytes) {
+void* Scratch(int slot, size_t bytes, cudaStream_t stream) {
   struct Block {
     void* p = nullptr;
     size_t bytes = 0;
@@ -30,18 +38,14 @@ void* Scratch(int slot, size_t bytes) {
   if (b.bytes < bytes) {
     // Stream-ordered: cudaFree would wait for the whole device, NCCL's kernels included, which
     // may be waiting for peers that wait for this rank.
-    if (b.p) KEEL_CUDA(cudaFreeAsync(b.p, 0));
-    KEEL_CUDA(cudaMallocAsync(&b.p, bytes, 0));
+    if (b.p) KEEL_CUDA(cudaFreeAsync(b.p, stream));
+    KEEL_CUDA(cudaMallocAsync(&b.p, bytes, stream));
     b.bytes = bytes;
   }
   return b.p;
 }
 
-}  // namespace cuda
-
 namespace {
-
-using namespace cuda;
 
 class Cuda final : public Backend {
  public:
@@ -85,10 +89,10 @@ class Cuda final : public Backend {
   }
   void Free(void* p) const override { cudaFree(p); }
   void Zero(void* p, size_t bytes) const override {
-    if (bytes) KEEL_CUDA(cudaMemsetAsync(p, 0, bytes, 0));
+    if (bytes) KEEL_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
   }
   void Copy(void* dst, const void* src, size_t bytes) const override {
-    if (bytes) KEEL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+    if (bytes) KEEL_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   void FromHost(void* dst, const void* host, size_t bytes) const override {
     if (bytes) KEEL_CUDA(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice));
@@ -108,7 +112,7 @@ class Cuda final : public Backend {
     if (!copy_) KEEL_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     cudaEvent_t issued;
     KEEL_CUDA(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
-    KEEL_CUDA(cudaEventRecord(issued, 0));
+    KEEL_CUDA(cudaEventRecord(issued, stream_));
     KEEL_CUDA(cudaStreamWaitEvent(copy_, issued, 0));
     cudaEventDestroy(issued);
     return copy_;
@@ -125,7 +129,7 @@ class Cuda final : public Backend {
   void* RecordEvent() const override {
     cudaEvent_t e;
     KEEL_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    KEEL_CUDA(cudaEventRecord(e, 0));
+    KEEL_CUDA(cudaEventRecord(e, stream_));
     return e;
   }
   void WaitEvent(void* e) const override {
@@ -135,86 +139,96 @@ class Cuda final : public Backend {
 
   void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
                    const AdamWParams& p) const override {
-    cuda::AdamW(master, working, m, v, grad, n, p);
+    cuda::AdamW(master, working, m, v, grad, n, p, stream_);
   }
-  double SumSquares(const float* x, size_t n) const override { return cuda::SumSquares(x, n); }
-  void ToBf16(bf16* out, const float* in, size_t n) const override { cuda::ToBf16(out, in, n); }
-  void AddTo(float* dst, const float* src, size_t n) const override { cuda::AddTo(dst, src, n); }
+  double SumSquares(const float* x, size_t n) const override {
+    return cuda::SumSquares(x, n, stream_);
+  }
+  void ToBf16(bf16* out, const float* in, size_t n) const override {
+    cuda::ToBf16(out, in, n, stream_);
+  }
+  void AddTo(float* dst, const float* src, size_t n) const override {
+    cuda::AddTo(dst, src, n, stream_);
+  }
 
  protected:
   void MatmulForwardOp(DType t, void* out, const void* inp, const void* weight, const float* bias,
                        int M, int K, int N, bool accumulate) const override {
-    cuda::MatmulForward(t, out, inp, weight, bias, M, K, N, accumulate);
+    cuda::MatmulForward(t, out, inp, weight, bias, M, K, N, accumulate, stream_);
   }
   void MatmulBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
                         const void* inp, const void* weight, int M, int K, int N) const override {
-    cuda::MatmulBackward(t, dinp, dweight, dbias, dout, inp, weight, M, K, N);
+    cuda::MatmulBackward(t, dinp, dweight, dbias, dout, inp, weight, M, K, N, stream_);
   }
   void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T, int C,
                           int NH, int NKV) const override {
-    cuda::AttentionForward(t, out, lse, qkv, B, T, C, NH, NKV);
+    cuda::AttentionForward(t, out, lse, qkv, B, T, C, NH, NKV, stream_);
   }
   void AttentionBackwardOp(DType t, void* dqkv, const void* dout, const void* qkv, const void* out,
                            const float* lse, int B, int T, int C, int NH, int NKV) const override {
-    cuda::AttentionBackward(t, dqkv, dout, qkv, out, lse, B, T, C, NH, NKV);
+    cuda::AttentionBackward(t, dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, stream_);
   }
   void LayerNormForwardOp(DType t, void* out, float* mean, float* rstd, const void* inp,
                           const void* weight, const void* bias, int N, int C) const override {
-    cuda::LayerNormForward(t, out, mean, rstd, inp, weight, bias, N, C);
+    cuda::LayerNormForward(t, out, mean, rstd, inp, weight, bias, N, C, stream_);
   }
   void LayerNormBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
                            const void* inp, const void* weight, const float* mean,
                            const float* rstd, int N, int C) const override {
-    cuda::LayerNormBackward(t, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    cuda::LayerNormBackward(t, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, stream_);
   }
   void RmsNormForwardOp(DType t, void* out, float* rstd, const void* inp, const void* weight, int N,
                         int C, float eps) const override {
-    cuda::RmsNormForward(t, out, rstd, inp, weight, N, C, eps);
+    cuda::RmsNormForward(t, out, rstd, inp, weight, N, C, eps, stream_);
   }
   void RmsNormBackwardOp(DType t, void* dinp, float* dweight, const void* dout, const void* inp,
                          const void* weight, const float* rstd, int N, int C) const override {
-    cuda::RmsNormBackward(t, dinp, dweight, dout, inp, weight, rstd, N, C);
+    cuda::RmsNormBackward(t, dinp, dweight, dout, inp, weight, rstd, N, C, stream_);
   }
   void GeluForwardOp(DType t, void* out, const void* inp, size_t n) const override {
-    cuda::GeluForward(t, out, inp, n);
+    cuda::GeluForward(t, out, inp, n, stream_);
   }
   void GeluBackwardOp(DType t, void* dinp, const void* inp, const void* dout,
                       size_t n) const override {
-    cuda::GeluBackward(t, dinp, inp, dout, n);
+    cuda::GeluBackward(t, dinp, inp, dout, n, stream_);
   }
   void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {
-    cuda::SwigluForward(t, out, gate_up, N, F);
+    cuda::SwigluForward(t, out, gate_up, N, F, stream_);
   }
   void SwigluBackwardOp(DType t, void* dgate_up, const void* gate_up, const void* dout, int N,
                         int F) const override {
-    cuda::SwigluBackward(t, dgate_up, gate_up, dout, N, F);
+    cuda::SwigluBackward(t, dgate_up, gate_up, dout, N, F, stream_);
   }
   void RopeOp(DType t, void* qkv, int B, int T, int NH, int NKV, int hs, float theta, int pos0,
               bool backward) const override {
-    cuda::Rope(t, qkv, B, T, NH, NKV, hs, theta, pos0, backward);
+    cuda::Rope(t, qkv, B, T, NH, NKV, hs, theta, pos0, backward, stream_);
   }
   void EncoderForwardOp(DType t, void* out, const int32_t* tokens, const void* wte, const void* wpe,
                         int B, int T, int C, int v0, int v1) const override {
-    cuda::EncoderForward(t, out, tokens, wte, wpe, B, T, C, v0, v1);
+    cuda::EncoderForward(t, out, tokens, wte, wpe, B, T, C, v0, v1, stream_);
   }
   void EncoderBackwardOp(DType t, float* dwte, float* dwpe, const void* dout, const int32_t* tokens,
                          int B, int T, int C, int v0, int v1) const override {
-    cuda::EncoderBackward(t, dwte, dwpe, dout, tokens, B, T, C, v0, v1);
+    cuda::EncoderBackward(t, dwte, dwpe, dout, tokens, B, T, C, v0, v1, stream_);
   }
   void ClassifierOp(DType t, float* losses, void* dx, float* dwte, const void* x, const void* wte,
                     const int32_t* targets, float dloss, int M, int C, int V, int Vp,
                     const VocabShard* shard) const override {
     KEEL_CHECK(shard == nullptr, "CUDA backend: vocabulary parallelism is not built yet");
-    cuda::Classifier(t, losses, dx, dwte, x, wte, targets, dloss, M, C, V, Vp);
+    cuda::Classifier(t, losses, dx, dwte, x, wte, targets, dloss, M, C, V, Vp, stream_);
   }
   void ClassifierLogitsOp(DType t, float* logits, const void* x, const void* wte, int M, int C,
                           int V) const override {
-    cuda::ClassifierLogits(t, logits, x, wte, M, C, V);
+    cuda::ClassifierLogits(t, logits, x, wte, M, C, V, stream_);
   }
 
  private:
   int device_ = 0;
   std::string name_;
+  // The compute stream every operation and Memory call is issued on: the legacy default stream,
+  // which the synchronous copies (FromHost, ToHost) also use, so they wait for the kernels before
+  // them; and which the NCCL communicator's collectives wait for (parallel/nccl/comm_nccl.cc).
+  cudaStream_t stream_ = nullptr;
   mutable cudaStream_t copy_ = nullptr;
 };
 
@@ -225,4 +239,4 @@ const Backend& CudaBackend() {
   return cuda;
 }
 
-}  // namespace keel::kernels
+}  // namespace keel::kernels::cuda

@@ -9,7 +9,8 @@
 #include <cmath>
 #include <type_traits>
 
-#include "keel/kernels/cuda/cuda_util.cuh"
+#include "keel/kernels/cuda/classifier.cuh"
+#include "keel/kernels/cuda/matmul.cuh"
 
 namespace keel::kernels::cuda {
 namespace {
@@ -90,46 +91,51 @@ int ChunkOf(int M, int V) {
 }  // namespace
 
 void Classifier(DType t, float* losses, void* dx, float* dwte, const void* x, const void* wte,
-                const int32_t* targets, float dloss, int M, int C, int V, int /*Vp*/) {
+                const int32_t* targets, float dloss, int M, int C, int V, int /*Vp*/,
+                cudaStream_t stream) {
   const int chunk = ChunkOf(M, V);
   const size_t es = DTypeSize(t);
-  float* logits = static_cast<float*>(Scratch(1, sizeof(float) * size_t(M) * chunk));
-  float* stats = static_cast<float*>(Scratch(2, sizeof(float) * 3 * size_t(M)));
+  float* logits = static_cast<float*>(Scratch(1, sizeof(float) * size_t(M) * chunk, stream));
+  float* stats = static_cast<float*>(Scratch(2, sizeof(float) * 3 * size_t(M), stream));
   float *mx = stats, *sum = stats + M, *tl = stats + 2 * size_t(M);
   const char* w = static_cast<const char*>(wte);
-  InitStats<<<Blocks(size_t(M), 256), 256>>>(mx, sum, tl, M);
+  InitStats<<<Blocks(size_t(M), 256), 256, 0, stream>>>(mx, sum, tl, M);
   for (int v0 = 0; v0 < V; v0 += chunk) {
     const int n = std::min(chunk, V - v0);
-    Gemm(false, true, M, n, C, x, C, w + size_t(v0) * C * es, C, logits, chunk, t, true, 1, 0);
-    FoldChunk<<<Blocks(size_t(M), 8), 256>>>(mx, sum, tl, logits, chunk, targets, M, v0, n);
+    Gemm(false, true, M, n, C, x, C, w + size_t(v0) * C * es, C, logits, chunk, t, true, 1, 0,
+         stream);
+    FoldChunk<<<Blocks(size_t(M), 8), 256, 0, stream>>>(mx, sum, tl, logits, chunk, targets, M, v0,
+                                                        n);
   }
-  Losses<<<Blocks(size_t(M), 256), 256>>>(losses, mx, sum, tl, targets, M);
+  Losses<<<Blocks(size_t(M), 256), 256, 0, stream>>>(losses, mx, sum, tl, targets, M);
   KEEL_CUDA(cudaGetLastError());
   if (!dx) return;
-  float* dx32 = static_cast<float*>(Scratch(3, sizeof(float) * size_t(M) * C));
-  KEEL_CUDA(cudaMemsetAsync(dx32, 0, sizeof(float) * size_t(M) * C, 0));
+  float* dx32 = static_cast<float*>(Scratch(3, sizeof(float) * size_t(M) * C, stream));
+  KEEL_CUDA(cudaMemsetAsync(dx32, 0, sizeof(float) * size_t(M) * C, stream));
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
     // bf16: the gradient tile in bf16 for the products; fp32: in place of the logits.
     U* g = t == DType::kF32 ? reinterpret_cast<U*>(logits)
-                            : static_cast<U*>(Scratch(8, sizeof(U) * size_t(M) * chunk));
+                            : static_cast<U*>(Scratch(8, sizeof(U) * size_t(M) * chunk, stream));
     for (int v0 = 0; v0 < V; v0 += chunk) {
       const int n = std::min(chunk, V - v0);
       const void* wc = w + size_t(v0) * C * es;
       if (chunk < V)  // else the forward's logits are still there
-        Gemm(false, true, M, n, C, x, C, wc, C, logits, chunk, t, true, 1, 0);
-      SoftmaxGrad<U>
-          <<<Blocks(size_t(M) * n, 256), 256>>>(g, logits, chunk, mx, targets, dloss, M, v0, n);
-      Gemm(false, false, M, C, n, g, chunk, wc, C, dx32, C, t, true, 1, 1);
-      Gemm(true, false, n, C, M, g, chunk, x, C, dwte + size_t(v0) * C, C, t, true, 1, 1);
+        Gemm(false, true, M, n, C, x, C, wc, C, logits, chunk, t, true, 1, 0, stream);
+      SoftmaxGrad<U><<<Blocks(size_t(M) * n, 256), 256, 0, stream>>>(g, logits, chunk, mx, targets,
+                                                                     dloss, M, v0, n);
+      Gemm(false, false, M, C, n, g, chunk, wc, C, dx32, C, t, true, 1, 1, stream);
+      Gemm(true, false, n, C, M, g, chunk, x, C, dwte + size_t(v0) * C, C, t, true, 1, 1, stream);
     }
-    FromF32<U><<<Blocks(size_t(M) * C, 256), 256>>>(static_cast<U*>(dx), dx32, size_t(M) * C);
+    FromF32<U>
+        <<<Blocks(size_t(M) * C, 256), 256, 0, stream>>>(static_cast<U*>(dx), dx32, size_t(M) * C);
   });
   KEEL_CUDA(cudaGetLastError());
 }
 
-void ClassifierLogits(DType t, float* logits, const void* x, const void* wte, int M, int C, int V) {
-  Gemm(false, true, M, V, C, x, C, wte, C, logits, V, t, true, 1, 0);
+void ClassifierLogits(DType t, float* logits, const void* x, const void* wte, int M, int C, int V,
+                      cudaStream_t stream) {
+  Gemm(false, true, M, V, C, x, C, wte, C, logits, V, t, true, 1, 0, stream);
 }
 
 }  // namespace keel::kernels::cuda

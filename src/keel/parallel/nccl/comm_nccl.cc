@@ -22,6 +22,11 @@
 namespace keel::parallel {
 namespace {
 
+// The CUDA backend's compute stream (kernels/cuda/backend_cuda.cu), on which the kernels a
+// collective waits for were issued: the legacy default stream, which the synchronous cudaMemcpy
+// calls below also use. Named here because parallel/ does not include kernels/.
+constexpr cudaStream_t kComputeStream = nullptr;
+
 void Check(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) ThrowRuntime(std::string("NCCL: ") + what + ": " + ncclGetErrorString(r));
 }
@@ -272,7 +277,7 @@ class NcclComm final : public Comm {
   void Begin() {
     cudaEvent_t ready;
     Check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    Check(cudaEventRecord(ready, 0), "cudaEventRecord");
+    Check(cudaEventRecord(ready, kComputeStream), "cudaEventRecord");
     Check(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
     cudaEventDestroy(ready);
   }

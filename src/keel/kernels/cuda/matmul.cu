@@ -1,15 +1,17 @@
 // Matrix products through cuBLASLt, row-major in keel's convention (llm.c's shapes): a row-major
 // C = op(A)·op(B) is the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, so A and B swap places in the call.
-// Biases (fp32) and their gradients are separate small kernels: cuBLASLt's bias epilogue wants
-// the bias in the output's type for bf16 outputs on some versions, and keel keeps biases fp32.
+// Biases (fp32) and their gradients are separate small kernels (below): cuBLASLt's bias epilogue
+// wants the bias in the output's type for bf16 outputs on some versions, and keel keeps biases
+// fp32.
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "keel/core/error.h"
-#include "keel/kernels/cuda/cuda_util.cuh"
+#include "keel/kernels/cuda/matmul.cuh"
 
 namespace keel::kernels::cuda {
 namespace {
@@ -105,29 +107,76 @@ const Plan& PlanFor(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int
   return plans.emplace(key, p).first->second;
 }
 
+constexpr unsigned kThreads = 256;
+
+template <typename T>
+__global__ void AddBiasKernel(T* out, const float* bias, int M, int N) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < size_t(M) * N) St(out, i, Ld(out, i) + bias[i % N]);
+}
+
+template <typename T>
+__global__ void ColumnPartials(float* partial, const T* d, int M, int N) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
+  if (c >= N) return;
+  const int per = (M + kRowBlocks - 1) / kRowBlocks;
+  float s = 0.0f;
+  for (int r = k * per; r < min(M, (k + 1) * per); ++r) s += Ld(d, size_t(r) * N + c);
+  partial[size_t(kRowBlocks + k) * N + c] = s;
+}
+
+__global__ void AddColumnPartials(float* dbias, const float* partial, int N) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= N) return;
+  float s = 0.0f;
+  for (int k = 0; k < kRowBlocks; ++k) s += partial[size_t(kRowBlocks + k) * N + c];
+  dbias[c] += s;
+}
+
+// out (M,N) += bias (N) fp32.
+void AddBias(DType t, void* out, const float* bias, int M, int N, cudaStream_t stream) {
+  KEEL_TYPED_LAUNCH(
+      t, size_t(M) * N, kThreads,
+      (AddBiasKernel<U><<<blocks, kThreads, 0, stream>>>(static_cast<U*>(out), bias, M, N)));
+}
+
+// dbias (N) += Σ rows of d (M,N), in a fixed order.
+void AddColumnSums(DType t, float* dbias, const void* d, int M, int N, cudaStream_t stream) {
+  float* partial =
+      static_cast<float*>(Scratch(7, sizeof(float) * 2 * kRowBlocks * size_t(N), stream));
+  Typed(t, [&](auto* z) {
+    using U = std::remove_pointer_t<decltype(z)>;
+    ColumnPartials<U><<<dim3(Blocks(size_t(N), 256), kRowBlocks), 256, 0, stream>>>(
+        partial, static_cast<const U*>(d), M, N);
+  });
+  AddColumnPartials<<<Blocks(size_t(N), 256), 256, 0, stream>>>(dbias, partial, N);
+  KEEL_CUDA(cudaGetLastError());
+}
+
 }  // namespace
 
 void Gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
-          void* C, int ldc, DType ab, bool c_fp32, float alpha, float beta) {
+          void* C, int ldc, DType ab, bool c_fp32, float alpha, float beta, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   const Plan& p =
       PlanFor(ta, tb, M, N, K, lda, ldb, ldc, ab, c_fp32, Alignment(A), Alignment(B), Alignment(C));
   KEEL_CUDA(cublasLtMatmul(Handle(), p.desc, &alpha, B, p.lb, A, p.la, &beta, C, p.lc, C, p.lc,
-                           &p.algo, Scratch(0, kWorkspace), kWorkspace, 0));
+                           &p.algo, Scratch(0, kWorkspace, stream), kWorkspace, stream));
 }
 
 void MatmulForward(DType t, void* out, const void* inp, const void* w, const float* bias, int M,
-                   int K, int N, bool accumulate) {
+                   int K, int N, bool accumulate, cudaStream_t stream) {
   Gemm(false, true, M, N, K, inp, K, w, K, out, N, t, t == DType::kF32, 1.0f,
-       accumulate ? 1.0f : 0.0f);
-  if (bias) AddBias(t, out, bias, M, N);
+       accumulate ? 1.0f : 0.0f, stream);
+  if (bias) AddBias(t, out, bias, M, N, stream);
 }
 
 void MatmulBackward(DType t, void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
-                    const void* w, int M, int K, int N) {
-  if (dinp) Gemm(false, false, M, K, N, dout, N, w, K, dinp, K, t, t == DType::kF32, 1.0f, 0.0f);
-  Gemm(true, false, N, K, M, dout, N, inp, K, dw, K, t, /*c_fp32=*/true, 1.0f, 1.0f);
-  if (dbias) AddColumnSums(t, dbias, dout, M, N);
+                    const void* w, int M, int K, int N, cudaStream_t stream) {
+  if (dinp)
+    Gemm(false, false, M, K, N, dout, N, w, K, dinp, K, t, t == DType::kF32, 1.0f, 0.0f, stream);
+  Gemm(true, false, N, K, M, dout, N, inp, K, dw, K, t, /*c_fp32=*/true, 1.0f, 1.0f, stream);
+  if (dbias) AddColumnSums(t, dbias, dout, M, N, stream);
 }
 
 }  // namespace keel::kernels::cuda

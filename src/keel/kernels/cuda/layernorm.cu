@@ -1,16 +1,15 @@
-// LayerNorm and RMSNorm (contracts in cpu/layernorm.h, cpu/rmsnorm.h): one warp per row, fp32
-// statistics. The weight gradients are column sums over the rows, taken in a fixed order (row
-// blocks into partials, then the partials in block order): the same bits on every run, unlike
-// atomics.
+// LayerNorm (contract: cpu/layernorm.h), and the row kernels RMSNorm shares (rmsnorm.cu): one warp
+// per row, fp32 statistics. The weight gradients are column sums over the rows, taken in a fixed
+// order (row blocks into partials, then the partials in block order): the same bits on every run,
+// unlike atomics.
 #include <type_traits>
 
-#include "keel/kernels/cuda/cuda_util.cuh"
+#include "keel/kernels/cuda/layernorm.cuh"
 
 namespace keel::kernels::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kRowBlocks = 64;
 
 template <typename T>
 __global__ void LnForward(T* out, float* mean, float* rstd, const T* inp, const T* w, const T* b,
@@ -92,29 +91,13 @@ __global__ void AddPartials(float* dw, float* db, const float* partial, int C) {
   if (db) db[c] += b;
 }
 
-template <typename T>
-__global__ void ColumnPartials(float* partial, const T* d, int M, int N) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x, k = blockIdx.y;
-  if (c >= N) return;
-  const int per = (M + kRowBlocks - 1) / kRowBlocks;
-  float s = 0.0f;
-  for (int r = k * per; r < min(M, (k + 1) * per); ++r) s += Ld(d, size_t(r) * N + c);
-  partial[size_t(kRowBlocks + k) * N + c] = s;
-}
-
-__global__ void AddColumnPartials(float* dbias, const float* partial, int N) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= N) return;
-  float s = 0.0f;
-  for (int k = 0; k < kRowBlocks; ++k) s += partial[size_t(kRowBlocks + k) * N + c];
-  dbias[c] += s;
-}
+}  // namespace
 
 void Norm(DType t, void* out, float* mean, float* rstd, const void* inp, const void* w,
-          const void* b, int N, int C, bool rms, float eps) {
+          const void* b, int N, int C, bool rms, float eps, cudaStream_t stream) {
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
-    LnForward<U><<<Blocks(size_t(N), kWarpsPerBlock), 32 * kWarpsPerBlock>>>(
+    LnForward<U><<<Blocks(size_t(N), kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
         static_cast<U*>(out), mean, rstd, static_cast<const U*>(inp), static_cast<const U*>(w),
         static_cast<const U*>(b), N, C, rms, eps);
   });
@@ -122,52 +105,32 @@ void Norm(DType t, void* out, float* mean, float* rstd, const void* inp, const v
 }
 
 void NormBackward(DType t, void* dinp, float* dw, float* db, const void* dout, const void* inp,
-                  const void* w, const float* mean, const float* rstd, int N, int C) {
-  float* partial = static_cast<float*>(Scratch(6, sizeof(float) * 2 * kRowBlocks * size_t(C)));
+                  const void* w, const float* mean, const float* rstd, int N, int C,
+                  cudaStream_t stream) {
+  float* partial =
+      static_cast<float*>(Scratch(6, sizeof(float) * 2 * kRowBlocks * size_t(C), stream));
   Typed(t, [&](auto* z) {
     using U = std::remove_pointer_t<decltype(z)>;
     const U* d = static_cast<const U*>(dout);
     const U* x = static_cast<const U*>(inp);
-    LnWeightPartials<U>
-        <<<dim3(Blocks(size_t(C), 256), kRowBlocks), 256>>>(partial, d, x, mean, rstd, N, C);
-    AddPartials<<<Blocks(size_t(C), 256), 256>>>(dw, db, partial, C);
-    LnBackwardRows<U><<<Blocks(size_t(N), kWarpsPerBlock), 32 * kWarpsPerBlock>>>(
+    LnWeightPartials<U><<<dim3(Blocks(size_t(C), 256), kRowBlocks), 256, 0, stream>>>(
+        partial, d, x, mean, rstd, N, C);
+    AddPartials<<<Blocks(size_t(C), 256), 256, 0, stream>>>(dw, db, partial, C);
+    LnBackwardRows<U><<<Blocks(size_t(N), kWarpsPerBlock), 32 * kWarpsPerBlock, 0, stream>>>(
         static_cast<U*>(dinp), d, x, static_cast<const U*>(w), mean, rstd, N, C);
   });
   KEEL_CUDA(cudaGetLastError());
 }
 
-}  // namespace
-
 void LayerNormForward(DType t, void* out, float* mean, float* rstd, const void* inp, const void* w,
-                      const void* b, int N, int C) {
-  Norm(t, out, mean, rstd, inp, w, b, N, C, /*rms=*/false, 1e-5f);
+                      const void* b, int N, int C, cudaStream_t stream) {
+  Norm(t, out, mean, rstd, inp, w, b, N, C, /*rms=*/false, 1e-5f, stream);
 }
 
 void LayerNormBackward(DType t, void* dinp, float* dw, float* db, const void* dout, const void* inp,
-                       const void* w, const float* mean, const float* rstd, int N, int C) {
-  NormBackward(t, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-}
-
-void RmsNormForward(DType t, void* out, float* rstd, const void* inp, const void* w, int N, int C,
-                    float eps) {
-  Norm(t, out, nullptr, rstd, inp, w, nullptr, N, C, /*rms=*/true, eps);
-}
-
-void RmsNormBackward(DType t, void* dinp, float* dw, const void* dout, const void* inp,
-                     const void* w, const float* rstd, int N, int C) {
-  NormBackward(t, dinp, dw, nullptr, dout, inp, w, nullptr, rstd, N, C);
-}
-
-void AddColumnSums(DType t, float* dbias, const void* d, int M, int N) {
-  float* partial = static_cast<float*>(Scratch(7, sizeof(float) * 2 * kRowBlocks * size_t(N)));
-  Typed(t, [&](auto* z) {
-    using U = std::remove_pointer_t<decltype(z)>;
-    ColumnPartials<U><<<dim3(Blocks(size_t(N), 256), kRowBlocks), 256>>>(
-        partial, static_cast<const U*>(d), M, N);
-  });
-  AddColumnPartials<<<Blocks(size_t(N), 256), 256>>>(dbias, partial, N);
-  KEEL_CUDA(cudaGetLastError());
+                       const void* w, const float* mean, const float* rstd, int N, int C,
+                       cudaStream_t stream) {
+  NormBackward(t, dinp, dw, db, dout, inp, w, mean, rstd, N, C, stream);
 }
 
 }  // namespace keel::kernels::cuda
