@@ -2,7 +2,6 @@
 #include <string>
 
 #include "keel/core/log.h"
-#include "keel/kernels/cpu/matmul.h"
 #include "keel/train/run_setup.h"
 #include "keel/train/step_report.h"
 
@@ -38,7 +37,7 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
       "GFLOP/s for all ranks",
       facts.rank_peak.flops / 1e9, facts.threads, DTypeName(run.dtype),
       facts.rank_peak.source.c_str(), run.peak / 1e9);
-  if (run.dtype == DType::kBF16 && kernels::Bf16ProductsEmulated())
+  if (run.dtype == DType::kBF16 && run.step->backend().Bf16ProductsEmulated())
     Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
         "(slower)");
   if (dims.tp > 1)
