@@ -101,24 +101,20 @@ void KeepMetricsUpTo(const std::string& path, int step) {
 
 struct Setup {
   model::ModelConfig mcfg;
-  int local_batch, micro_batch, n_micro;
   DType dtype;
-  parallel::ParallelDims dims;
+  parallel::Layout layout;  // dp, tp, pp, zero, sp, stages, micro_batch, n_micro
 };
 
 Setup Validate(const RunConfig& cfg, int world) {
   Setup s;
-  s.dims = ResolveDims(cfg, world);
-  ValidateBatch(cfg, s.dims.dp);
+  s.layout = ResolveLayout(cfg, world);
   s.mcfg = cfg.ResolvedModel();
   const TrainSection& t = cfg.train;
-  s.local_batch = t.batch_size / s.dims.dp;
-  s.micro_batch = t.micro_batch_size > 0 ? t.micro_batch_size : s.local_batch;
-  s.n_micro = s.local_batch / s.micro_batch;
   s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
   if (cfg.data.train.empty() && cfg.data.sources.empty())
     ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
-  CheckMemoryFits(cfg, s.dims, s.micro_batch, s.n_micro);  // before anything large is allocated
+  // Before anything large is allocated.
+  CheckMemoryFits(cfg, s.layout, s.layout.micro_batch, s.layout.n_micro);
   return s;
 }
 
@@ -174,14 +170,9 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   StepSpec spec;
   spec.model = s.mcfg;
   spec.dtype = s.dtype;
-  spec.micro_batch = s.micro_batch;
-  spec.micro_batches = s.n_micro;
-  spec.virtual_stages = cfg.parallel.virtual_stages;
-  spec.stage_layers = StageLayers(cfg, s.dims.pp);
-  spec.sequence_parallel = cfg.parallel.sp;
   spec.seq_len = cfg.data.seq_len;
   spec.recompute = model::ParseRecompute(cfg.model.recompute);
-  spec.dims = s.dims;
+  spec.layout = s.layout;
   spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
   spec.frozen = frozen;
   spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
@@ -201,7 +192,8 @@ nlohmann::json SavedState(const RunConfig& cfg, const Setup& s, int step_done,
       {"model", ckpt::ModelConfigToJson(s.mcfg)},
       {"loader", data::ToJson(loader)},
       {"optimizer", {{"kind", "adamw"}, {"step", optimizer_step}}},
-      {"layout", {{"dp", s.dims.dp}, {"tp", s.dims.tp}, {"pp", s.dims.pp}, {"zero", s.dims.zero}}},
+      {"layout",
+       {{"dp", s.layout.dp}, {"tp", s.layout.tp}, {"pp", s.layout.pp}, {"zero", s.layout.zero}}},
       {"scheduler",
        {{"kind", cfg.optim.schedule},
         {"position", step_done},
@@ -227,8 +219,8 @@ struct Prepared {
 Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   Prepared p;
   p.s = Validate(cfg, world);
-  const parallel::RankCoords at = parallel::Coords(p.s.dims, rank);
-  p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.dims.dp, p.s.micro_batch);
+  const parallel::RankCoords at = parallel::Coords(p.s.layout, rank);
+  p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.layout.dp, p.s.layout.micro_batch);
   std::vector<std::string> paths = {cfg.data.val};
   for (const DataSource& src : p.d.sources) paths.push_back(src.path);
   p.shard_check = std::make_unique<ShardCheck>(paths);
@@ -285,7 +277,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   data::BatchLoader& loader = *d.loader;
   const std::vector<DataSource>& sources = d.sources;
   const std::vector<double>& weights = d.weights;
-  const parallel::ParallelDims dims = s.dims;
+  const parallel::Layout& dims = s.layout;
   const model::ParamLayout layout = model::ParamLayout::Whole(mcfg);
   const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
   const StepSpec spec = SpecFor(cfg, s, frozen);
@@ -305,7 +297,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   TrainStep step(spec, step_groups);
   const bool pipelined = dims.pp > 1;
   const double bubble_predicted =
-      parallel::PipelineBubble(dims.pp, s.n_micro, cfg.parallel.virtual_stages);
+      parallel::PipelineBubble(dims.pp, s.layout.n_micro, cfg.parallel.virtual_stages);
   const bool init_later = prep->init.empty();
   if (!init_later) step.SetWeights(prep->init.data());
   std::vector<float>().swap(prep->init);
@@ -422,7 +414,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     Log("keel: %s %s, %zu parameters, %d rank(s) × %d thread(s), batch %d × %d tokens, "
         "%d micro-batch(es) of %d",
         cfg.model.name.c_str(), DTypeName(s.dtype), layout.total(), comm.size(), threads,
-        cfg.train.batch_size, T, s.n_micro, s.micro_batch);
+        cfg.train.batch_size, T, s.layout.n_micro, s.layout.micro_batch);
     Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm.size());
     Log("keel: MFU against a peak of %.1f GFLOP/s for rank 0's %d thread(s) in %s (%s); %.1f "
         "GFLOP/s for all ranks",
@@ -432,26 +424,27 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
           "of %d vocabulary rows%s",
           dims.tp, mcfg.n_head / dims.tp, mcfg.n_head, 4 * mcfg.n_embd / dims.tp, 4 * mcfg.n_embd,
           mcfg.padded_vocab() / dims.tp, mcfg.padded_vocab(),
-          cfg.parallel.sp ? ("; sequence parallel: " + std::to_string(s.micro_batch * T / dims.tp) +
-                             " of " + std::to_string(s.micro_batch * T) + " rows per micro-batch")
-                                .c_str()
-                          : "");
+          cfg.parallel.sp
+              ? ("; sequence parallel: " + std::to_string(s.layout.micro_batch * T / dims.tp) +
+                 " of " + std::to_string(s.layout.micro_batch * T) + " rows per micro-batch")
+                    .c_str()
+              : "");
     if (pipelined) {
-      const int v = spec.virtual_stages;
+      const int v = spec.layout.virtual_stages;
       std::string shape;  // " of 9+3 layers", or " x 2 interleaved chunks of 3 layer(s)"
       if (v > 1) {
         shape = " x " + std::to_string(v) + " interleaved chunks of " +
                 std::to_string(mcfg.n_layer / (dims.pp * v)) + " layer(s)";
       } else {
         for (int i = 0; i < dims.pp; ++i)
-          shape += (i ? "+" : " of ") + std::to_string(spec.stage_layers.empty()
+          shape += (i ? "+" : " of ") + std::to_string(spec.layout.stage_layers.empty()
                                                            ? mcfg.n_layer / dims.pp
-                                                           : spec.stage_layers[size_t(i)]);
+                                                           : spec.layout.stage_layers[size_t(i)]);
         shape += " layers";
       }
       Log("keel: pipeline: %d stages%s, 1F1B over %d micro-batches; predicted bubble %.1f%% "
           "((pp - 1) / (m + pp - 1)%s)",
-          dims.pp, shape.c_str(), s.n_micro, 100 * bubble_predicted,
+          dims.pp, shape.c_str(), s.layout.n_micro, 100 * bubble_predicted,
           v > 1 ? " / v" : ", as keel plan");
     }
     std::string kinds;
@@ -481,7 +474,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
           weights[i], 100 * weights[i] / total_weight, d.train_ds[i].size());
   }
 
-  std::vector<int32_t> tokens(size_t(s.micro_batch) * T), targets(tokens.size());
+  std::vector<int32_t> tokens(size_t(s.layout.micro_batch) * T), targets(tokens.size());
   auto validate = [&]() {
     // On a terminal only: a log gets the pass's result on the step line, not its progress.
     return Evaluate(
@@ -494,7 +487,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   // Micro-batches prepared ahead by a background thread; the loader belongs to it from here on.
   // The order is the loader's cursor order, i.e. exactly Fill(step, k) for k = 0..n_micro-1.
   std::optional<data::Prefetcher> prefetch;
-  prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+  prefetch.emplace(loader, s.layout.micro_batch, cfg.data.prefetch);
 
   // Faults to inject (KEEL_FAULT), fired once per run: the markers live in the run folder.
   resilience::FaultInjector faults = resilience::FaultInjector::FromEnv(comm.rank());
@@ -531,7 +524,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   auto reposition = [&](const data::LoaderState& st) {
     prefetch.reset();
     loader.restore(st);
-    prefetch.emplace(loader, s.micro_batch, cfg.data.prefetch);
+    prefetch.emplace(loader, s.layout.micro_batch, cfg.data.prefetch);
   };
   // Moves the data past `n` global batches at the boundary before step `step_i` (a rollback's
   // skipped window, or [resilience] skip_batches).
@@ -616,7 +609,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
           spike_fault ? "a corrupted batch (targets spread over the vocabulary)" : "NaN gradients");
     const bool sdc_step = sdc_on && (step_i + 1) % rs.sdc_every == 0;
     std::vector<int32_t> kept;  // the step's micro-batches, for a re-run (silent-corruption check)
-    const size_t rows = size_t(s.micro_batch) * T;
+    const size_t rows = size_t(s.layout.micro_batch) * T;
     auto next = [&](int32_t* tok, int32_t* tgt) {
       const double waited = prefetch->Next(tok, tgt);
       if (spike_fault)  // garbage: targets spread over the whole vocabulary
@@ -627,8 +620,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       return waited;
     };
     Timer fb_timer;
-    double loss =
-        step.ForwardBackward(s.n_micro, next, nan_fault ? NAN : dloss, &data_ms) / tokens_per_step;
+    double loss = step.ForwardBackward(s.layout.n_micro, next, nan_fault ? NAN : dloss, &data_ms) /
+                  tokens_per_step;
     // Waiting for other stages is the pipeline's bubble; the backward phase is what the forward
     // and the waits leave of the pass (zeroing and accumulating the gradients included).
     times[Phase::kData] = data_ms;
@@ -671,7 +664,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
               at += 2 * rows;
               return 0.0;
             };
-            loss = step.ForwardBackward(s.n_micro, replay, dloss) / tokens_per_step;
+            loss = step.ForwardBackward(s.layout.n_micro, replay, dloss) / tokens_per_step;
           },
           [&] { heartbeat.BlameSelf(); });
     }
