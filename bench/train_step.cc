@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   layout.dp = comm->size() / (pp * tp), layout.tp = tp, layout.pp = pp;
   layout.zero = argc > 8 ? std::atoi(argv[8]) : 0;
   const parallel::Groups g = parallel::MakeGroups(*comm, layout);
-  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get(), g.tp.get()});
+  train::TrainStep st(spec, g.ForStep());
   const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
   {
     std::vector<float> init(whole.total());

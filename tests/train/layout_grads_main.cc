@@ -72,7 +72,7 @@ int Check(const std::string& name, parallel::Comm& world, const parallel::Parall
   spec.layout = layout;
   spec.bucket_elems = 4096;
   spec.comm_timeout_s = 60;
-  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get(), g.tp.get()});
+  train::TrainStep st(spec, g.ForStep());
   st.SetWeights(init.data());
   int k = 0;
   st.ForwardBackward(

@@ -2,7 +2,7 @@
 // gradient strategy (data parallel, ZeRO 1/2/3), frozen parameters, the global norm, clipping
 // and the update. The trainer, `keel preflight` and the benchmarks all run this; none has a copy.
 //
-//   TrainStep st(spec, dp_comm);
+//   TrainStep st(spec, dp_comm);                   // or (spec, groups.ForStep()): groups.h
 //   st.SetWeights(full_fp32_master);
 //   double loss = st.ForwardBackward(n_micro, next_batch, 1.0f / tokens_per_step);
 //   double norm = st.Update(lr, /*clip=*/1.0f, before_update);
@@ -26,6 +26,7 @@
 #include "keel/model/transformer.h"
 #include "keel/optim/param_store.h"
 #include "keel/parallel/comm.h"
+#include "keel/parallel/groups.h"
 #include "keel/parallel/layout.h"
 #include "keel/train/pipeline.h"
 #include "keel/train/zero.h"
@@ -47,13 +48,8 @@ struct StepSpec {
   kernels::Device device = kernels::Device::kCpu;  // where the state lives and the kernels run
 };
 
-// The groups a step talks to (parallel/groups.h); null: none (one stage, no tied sum).
-struct StepGroups {
-  parallel::Comm* dp = nullptr;  // required
-  parallel::Comm* pp = nullptr;
-  parallel::Comm* tied = nullptr;
-  parallel::Comm* tp = nullptr;
-};
+// The groups a step talks to: parallel::Groups::ForStep(), or any comms of the right sizes.
+using parallel::StepGroups;
 
 class TrainStep {
  public:

@@ -281,20 +281,11 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   const model::ParamLayout layout = model::ParamLayout::Whole(mcfg);
   const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
   const StepSpec spec = SpecFor(cfg, s, frozen);
-  const parallel::Groups groups = parallel::MakeGroups(comm, dims);
-  StepGroups step_groups{groups.dp.get(), groups.pp.get(), groups.tied.get(), groups.tp.get()};
-  // On GPUs the step's groups move their device buffers over NCCL (bootstrapped by the MPI
-  // groups, which keep carrying host values); created in one order on every rank.
-  std::vector<std::unique_ptr<parallel::Comm>> nccl;
-  if (spec.device == kernels::Device::kCuda) {
-    kernels::Get(spec.device);  // binds this rank to its GPU before NCCL does
-    for (parallel::Comm** g : {&step_groups.dp, &step_groups.pp, &step_groups.tied})
-      if (*g) {
-        nccl.push_back(parallel::MakeNcclComm(**g));
-        *g = nccl.back().get();
-      }
-  }
-  TrainStep step(spec, step_groups);
+  // On GPUs the step's groups move their device buffers over NCCL (parallel/groups.h).
+  const bool gpu = spec.device == kernels::Device::kCuda;
+  if (gpu) kernels::Get(spec.device);  // binds this rank to its GPU before NCCL does
+  const parallel::Groups groups = parallel::MakeGroups(comm, dims, /*nccl=*/gpu);
+  TrainStep step(spec, groups.ForStep());
   const bool pipelined = dims.pp > 1;
   const double bubble_predicted =
       parallel::PipelineBubble(dims.pp, s.layout.n_micro, cfg.parallel.virtual_stages);
