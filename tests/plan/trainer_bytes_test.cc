@@ -278,7 +278,9 @@ TEST(TrainerBytes, EveryTensorParallelRankEqualsThePlannersFigure) {
                   if (stage == 0) {
                     EXPECT_LT(plan.state.master, 0.6 * one.state.master);
                     EXPECT_LT(plan.activations, one.activations);
-                    if (sp) EXPECT_LT(plan.activations, without.activations);
+                    if (sp) {
+                      EXPECT_LT(plan.activations, without.activations);
+                    }
                   }
                   const train::StepSpec spec = SpecOf(job, l, m);
                   const bool end = stage == 0 || stage == pp - 1;
