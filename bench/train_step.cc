@@ -52,19 +52,21 @@ int main(int argc, char** argv) {
   train::StepSpec spec;
   spec.model = cfg;
   spec.dtype = dtype;
-  spec.micro_batch = B;
+  spec.layout.micro_batch = B;
   spec.seq_len = T;
   spec.recompute = recompute;
   const int m = argc > 9 ? std::atoi(argv[9]) : 1, pp = argc > 10 ? std::atoi(argv[10]) : 1;
-  spec.micro_batches = m;
-  spec.virtual_stages = argc > 11 ? std::atoi(argv[11]) : 1;
+  parallel::Layout& layout = spec.layout;
+  layout.n_micro = m;
+  layout.virtual_stages = argc > 11 ? std::atoi(argv[11]) : 1;
   const bool balanced = argc > 12 && std::string(argv[12]) == "auto";
-  if (balanced) spec.stage_layers = model::BalancedStageLayers(cfg, T, pp);
+  if (balanced) layout.stage_layers = model::BalancedStageLayers(cfg, T, pp);
   const int tp = argc > 13 ? std::atoi(argv[13]) : 1;
-  spec.sequence_parallel = argc > 14 && std::atoi(argv[14]) != 0;
-  spec.dims = {comm->size() / (pp * tp), tp, pp, argc > 8 ? std::atoi(argv[8]) : 0};
-  const parallel::Groups g = parallel::MakeGroups(*comm, spec.dims);
-  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get(), g.tp.get()});
+  layout.sp = argc > 14 && std::atoi(argv[14]) != 0;
+  layout.dp = comm->size() / (pp * tp), layout.tp = tp, layout.pp = pp;
+  layout.zero = argc > 8 ? std::atoi(argv[8]) : 0;
+  const parallel::Groups g = parallel::MakeGroups(*comm, layout);
+  train::TrainStep st(spec, g.ForStep());
   const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
   {
     std::vector<float> init(whole.total());
@@ -89,7 +91,7 @@ int main(int argc, char** argv) {
     if (s == warmup) kernels::ProfileReset(true);
     comm->Barrier();
     Timer t;
-    st.ForwardBackward(m, next, 1.0f / float(B * T * m * spec.dims.dp));
+    st.ForwardBackward(m, next, 1.0f / float(B * T * m * layout.dp));
     {
       kernels::ProfileScope p("adamw");
       st.Update(1e-4f, 1.0f);
@@ -109,7 +111,7 @@ int main(int argc, char** argv) {
   dp_wait_ms = comm->AllReduceMax(dp_wait_ms);
   tp_wait_ms = comm->AllReduceMax(tp_wait_ms);
   bubble = comm->AllReduceMax(bubble);  // the last stage's
-  const double tok_s = double(B) * T * m * steps * spec.dims.dp / total_s;
+  const double tok_s = double(B) * T * m * steps * layout.dp / total_s;
   const double params = double(model::MatmulParams(cfg));
   const double flops = monitor::TrainFlopsPerToken(params, cfg.n_layer, cfg.n_embd, T);
   const int threads = omp_get_max_threads();
@@ -123,14 +125,14 @@ int main(int argc, char** argv) {
       {"threads", threads},
       {"tokens_per_s", tok_s},
       {"ms_per_step", 1e3 * total_s / steps},
-      {"dp", spec.dims.dp},
+      {"dp", layout.dp},
       {"pp", pp},
       {"tp", tp},
-      {"sp", spec.sequence_parallel},
+      {"sp", layout.sp},
       {"micro_batches", m},
-      {"virtual_stages", spec.virtual_stages},
+      {"virtual_stages", layout.virtual_stages},
       {"pp_layers", balanced ? "auto" : "equal"},
-      {"zero", spec.dims.zero},
+      {"zero", layout.zero},
       {"mfu", flops * tok_s / monitor::MachinePeak(DType(dtype), threads).flops / comm->size()},
       {"comm_wait_ms", wait_ms / steps},
       {"pp_wait_ms", pp_wait_ms / steps},

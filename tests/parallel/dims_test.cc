@@ -1,5 +1,5 @@
-// Tests of the layout type (parallel/dims.h): rank numbering with tp innermost, the ZeRO shard
-// ranges, and ValidateDims's one-line messages.
+// Tests of the layout types (parallel/dims.h, parallel/layout.h): rank numbering with tp
+// innermost, the ZeRO shard ranges, and Layout::Validate's one-line messages.
 #include "keel/parallel/dims.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/parallel/layout.h"
 
 namespace keel::parallel {
 namespace {
@@ -68,10 +69,18 @@ TEST(Dims, ShardSlicesAreCeilSizedAndTheLastMayBeShortOrEmpty) {
 
 TEST(Dims, NameForLogs) { EXPECT_EQ(DimsName(ParallelDims{2, 1, 1, 3}), "dp=2 tp=1 pp=1 zero=3"); }
 
-std::string BadInput(const ParallelDims& d, const DimsInputs& in,
+// The layout of dims d with `micro_batch` sequences per micro-batch.
+Layout Of(const ParallelDims& d, int micro_batch = 1) {
+  Layout l;
+  static_cast<ParallelDims&>(l) = d;
+  l.micro_batch = micro_batch;
+  return l;
+}
+
+std::string BadInput(const Layout& l, const LayoutInputs& in,
                      const std::string& prefix = "[parallel] ") {
   try {
-    ValidateDims(d, in, prefix);
+    l.Validate(in, prefix);
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::kBadInput) << e.what();
     EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
@@ -81,33 +90,29 @@ std::string BadInput(const ParallelDims& d, const DimsInputs& in,
   return "";
 }
 
-TEST(Dims, ValidateDimsGivesOneLineWithTheNumbers) {
-  const DimsInputs gpt2{.world = 4,
-                        .n_head = 12,
-                        .n_layer = 12,
-                        .padded_vocab = 50304,
-                        .global_batch = 16,
-                        .micro_batch = 4};
-  EXPECT_NO_THROW(ValidateDims({4, 1, 1, 3}, gpt2));
-  EXPECT_NO_THROW(ValidateDims({1, 4, 1, 0}, gpt2));
-  EXPECT_NO_THROW(ValidateDims({1, 1, 1, 0}, DimsInputs{}));  // nothing given: nothing checked
+TEST(Dims, ValidateGivesOneLineWithTheNumbers) {
+  const LayoutInputs gpt2{
+      .world = 4, .n_head = 12, .n_layer = 12, .padded_vocab = 50304, .global_batch = 16};
+  EXPECT_NO_THROW(Of({4, 1, 1, 3}, 4).Validate(gpt2));
+  EXPECT_NO_THROW(Of({1, 4, 1, 0}, 4).Validate(gpt2));
+  EXPECT_NO_THROW(Of({1, 1, 1, 0}).Validate(LayoutInputs{}));  // nothing given: nothing checked
 
-  EXPECT_EQ(BadInput({1, 0, 1, 0}, {}), "[parallel] tp=0: expected an integer >= 1");
-  EXPECT_EQ(BadInput({1, 1, -1, 0}, {}), "[parallel] pp=-1: expected an integer >= 1");
-  EXPECT_EQ(BadInput({0, 1, 1, 0}, {}), "[parallel] dp=0: expected an integer >= 1");
-  EXPECT_EQ(BadInput({1, 1, 1, 4}, {}), "[parallel] zero=4: expected 0, 1, 2 or 3");
-  EXPECT_EQ(BadInput({1, 4, 1, 0}, {.world = 6}),
+  EXPECT_EQ(BadInput(Of({1, 0, 1, 0}), {}), "[parallel] tp=0: expected an integer >= 1");
+  EXPECT_EQ(BadInput(Of({1, 1, -1, 0}), {}), "[parallel] pp=-1: expected an integer >= 1");
+  EXPECT_EQ(BadInput(Of({0, 1, 1, 0}), {}), "[parallel] dp=0: expected an integer >= 1");
+  EXPECT_EQ(BadInput(Of({1, 1, 1, 4}), {}), "[parallel] zero=4: expected 0, 1, 2 or 3");
+  EXPECT_EQ(BadInput(Of({1, 4, 1, 0}), {.world = 6}),
             "[parallel] tp=4 x pp=1 x dp=1 = 4 does not match the 6 ranks launched");
-  EXPECT_EQ(BadInput({1, 5, 1, 0}, {.world = 5, .n_head = 12}),
+  EXPECT_EQ(BadInput(Of({1, 5, 1, 0}), {.world = 5, .n_head = 12}),
             "[parallel] tp=5 does not divide model.n_head=12 (each rank holds whole heads)");
-  EXPECT_NE(BadInput({1, 3, 1, 0}, {.world = 3, .n_head = 12, .padded_vocab = 50304 + 128})
+  EXPECT_NE(BadInput(Of({1, 3, 1, 0}), {.world = 3, .n_head = 12, .padded_vocab = 50304 + 128})
                 .find("tp=3 does not divide model.vocab_size padded to 50432"),
             std::string::npos);
-  EXPECT_EQ(BadInput({1, 1, 5, 0}, {.world = 5, .n_layer = 12}),
+  EXPECT_EQ(BadInput(Of({1, 1, 5, 0}), {.world = 5, .n_layer = 12}),
             "[parallel] pp=5 does not divide model.n_layer=12 (each stage holds whole layers)");
-  EXPECT_EQ(BadInput({4, 1, 1, 0}, {.world = 4, .global_batch = 10}),
+  EXPECT_EQ(BadInput(Of({4, 1, 1, 0}), {.world = 4, .global_batch = 10}),
             "[parallel] global batch 10 is not divisible by dp=4 x micro-batch 1 = 4");
-  EXPECT_EQ(BadInput({4, 1, 1, 0}, {.global_batch = 16, .micro_batch = 3}, "plan: "),
+  EXPECT_EQ(BadInput(Of({4, 1, 1, 0}, 3), {.global_batch = 16}, "plan: "),
             "plan: global batch 16 is not divisible by dp=4 x micro-batch 3 = 12");
 }
 

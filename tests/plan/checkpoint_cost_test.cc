@@ -84,7 +84,7 @@ TEST(CheckpointPlan, FailuresFasterThanSavesLeaveNoGoodput) {
   job.run.node_mtbf_hours = 0.01;  // M = 18 s, less than the restart
   const CheckpointPlan c = PlanCheckpoints(job);
   EXPECT_EQ(c.goodput, 0);
-  const Estimate e = Evaluate(job, Layout{{16, 1, 1, 0}, 1, Recompute::kNone, false});
+  const Estimate e = Evaluate(job, Layout::Of({16, 1, 1, 0}, 1, Recompute::kNone, false));
   EXPECT_TRUE(std::isinf(e.cost.failure_days));
 }
 
@@ -133,7 +133,7 @@ TEST(RunCost, GptThreeTrainingComputeMatchesThePaper) {
   job.cluster.world = 1024;
   job.global_batch = 1536;
   job.run.tokens = 300e9;
-  const Estimate e = Evaluate(job, Layout{{16, 8, 8, 1}, 1, Recompute::kSelective, true});
+  const Estimate e = Evaluate(job, Layout::Of({16, 8, 8, 1}, 1, Recompute::kSelective, true));
   const double paper = 3.64e3 * 1e15 * 86400;
   EXPECT_NEAR(e.cost.total_flops / paper, 1.03, 0.03);
 }

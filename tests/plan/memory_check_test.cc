@@ -18,6 +18,19 @@ namespace {
 
 using Items = std::vector<std::pair<std::string, double>>;
 
+// The layout the trainer resolves for `cfg` on `dims`, with these micro-batches and stages.
+parallel::Layout LayoutOf(const RunConfig& cfg, const parallel::ParallelDims& dims, int micro,
+                          int n_micro, std::vector<int> stage_layers = {}) {
+  parallel::Layout l;
+  static_cast<parallel::ParallelDims&>(l) = dims;
+  l.sp = cfg.parallel.sp;
+  l.virtual_stages = cfg.parallel.virtual_stages;
+  l.stage_layers = std::move(stage_layers);
+  l.micro_batch = micro;
+  l.n_micro = n_micro;
+  return l;
+}
+
 bool StartsWith(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
@@ -70,7 +83,7 @@ TEST(MemoryCheck, CountsALlamasUntiedLmHead) {
   ASSERT_TRUE(m.llama());
   ASSERT_EQ(3 * m.n_embd * m.ffn(), 8 * m.n_embd * m.n_embd);
   const parallel::ParallelDims dims{1, 1, 1, 0};
-  const Items items = RunMemoryItems(cfg, dims, 1, 8);
+  const Items items = RunMemoryItems(cfg, LayoutOf(cfg, dims, 1, 8));
   const double state = StateOf(items);
 
   // The state the check uses is StateBytesPerRank over the model's layout, lm_head included.
@@ -90,8 +103,9 @@ TEST(MemoryCheck, CountsALlamasUntiedLmHead) {
   const double total = TotalOf(items), old_total = total - state + old_state;
   const double between = (total + old_total) / 2;
   ASSERT_LT(old_total, between);
-  EXPECT_NO_THROW(CheckMemoryFits(cfg, dims, 1, 8, total));
-  const std::string msg = BadInputMessage([&] { CheckMemoryFits(cfg, dims, 1, 8, between); });
+  EXPECT_NO_THROW(CheckMemoryFits(cfg, LayoutOf(cfg, dims, 1, 8), total));
+  const std::string msg =
+      BadInputMessage([&] { CheckMemoryFits(cfg, LayoutOf(cfg, dims, 1, 8), between); });
   EXPECT_NE(msg.find("this run needs "), std::string::npos) << msg;
   EXPECT_NE(msg.find(" per rank, "), std::string::npos) << msg;
   EXPECT_NE(msg.find("the largest items are the weights, gradients and fp32 master copy of "
@@ -142,7 +156,7 @@ TEST(MemoryCheck, EqualsThePlannersFigureForTheSameLayout) {
     cfg.parallel.virtual_stages = c.v;
     cfg.parallel.sp = c.sp;
     const parallel::ParallelDims dims{c.dp, c.tp, c.pp, c.zero};
-    const Items items = RunMemoryItems(cfg, dims, micro, n_micro);
+    const Items items = RunMemoryItems(cfg, LayoutOf(cfg, dims, micro, n_micro));
 
     plan::Job job;
     job.model = plan::SpecOf(c.model, cfg.ResolvedModel(), cfg.data.seq_len);
@@ -175,9 +189,9 @@ TEST(MemoryCheck, SizesTheBusiestOfUnevenStages) {
   cfg.model.name = "llama-mini";  // 4 layers
   cfg.data.seq_len = 128;
   const parallel::ParallelDims dims{1, 1, 2, 0};
-  const double equal = StateOf(RunMemoryItems(cfg, dims, 1, 4));
+  const double equal = StateOf(RunMemoryItems(cfg, LayoutOf(cfg, dims, 1, 4)));
   cfg.parallel.pp_layers = "3,1";
-  const double uneven = StateOf(RunMemoryItems(cfg, dims, 1, 4));
+  const double uneven = StateOf(RunMemoryItems(cfg, LayoutOf(cfg, dims, 1, 4, {3, 1})));
   const model::ModelConfig m = cfg.ResolvedModel();
   const model::ParamLayout first = model::ParamLayout::Stage(m, model::StageOf(m, {3, 1}, 0));
   EXPECT_EQ(
@@ -191,7 +205,9 @@ TEST(MemoryCheck, RefusesAWidthPastTheShapesRange) {
   RunConfig cfg;
   cfg.model.name = "gpt2-mini";
   cfg.model.n_embd = 1 << 30;
-  const std::string msg = BadInputMessage([&] { RunMemoryItems(cfg, {1, 1, 1, 0}, 1, 1); });
+  const std::string msg = BadInputMessage([&] {
+    RunMemoryItems(cfg, LayoutOf(cfg, {1, 1, 1, 0}, 1, 1));
+  });
   EXPECT_NE(msg.find("the weights, gradients and fp32 master copy would hold a tensor 4294967296 "
                      "wide, over keel's limit of 2147483647"),
             std::string::npos)

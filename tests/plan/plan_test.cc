@@ -161,7 +161,7 @@ TEST(Time, BubbleAndMfu) {
 
 TEST(Comm, ZeroThreeMovesOneAndAHalfTimesTheDataParallelBytes) {
   Job job = KeelJob("7B", 64, 512);
-  Layout l{{64, 1, 1, 0}, 1, Recompute::kFull, false};
+  Layout l = Layout::Of({64, 1, 1, 0}, 1, Recompute::kFull, false);
   const double base = EstimateComm(job, l).dp_bytes;
   l.zero = 2;
   EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, base);

@@ -121,8 +121,7 @@ TEST(ThisCpu, PredictsKeelsRecordedStepTimesWithin25Percent) {
     job.global_batch = r.batch;
     job.cluster = {cpu, 1, 1};
     job.efficiency = keel::plan::DefaultEfficiency(cpu, r.precision == Precision::kFp32);
-    const auto e =
-        keel::plan::Evaluate(job, {1, 1, 1, 0, r.batch, keel::plan::Recompute::kNone, false});
+    const auto e = keel::plan::Evaluate(job, keel::plan::Layout::Of({1, 1, 1, 0}, r.batch));
     EXPECT_NEAR(e.time.tokens_per_s / r.tokens_per_s, 1.0, 0.25) << e.time.tokens_per_s;
   }
 }

@@ -88,24 +88,25 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   const int stage = groups.pp ? groups.pp->rank() : 0, pp = groups.pp ? groups.pp->size() : 1;
   const model::TpShard tp{groups.tp ? groups.tp->size() : 1, groups.tp ? groups.tp->rank() : 0};
   // The rank's chunks (virtual stage c·p + s of p·v), each with its own arena.
-  const int v = pp > 1 ? spec.virtual_stages : 1;
+  const int v = pp > 1 ? spec.layout.virtual_stages : 1;
   std::vector<model::StageRange> chunks;
   for (int c = 0; c < v; ++c)
     chunks.push_back(pp > 1 ? model::StageOf(spec.model, pp * v, c * pp + stage)
                             : model::WholeModel(spec.model));
   const parallel::StateBytes b = parallel::StateBytesPerRank(
       model::StateShapeOf(model::ParamLayout::Stage(spec.model, chunks, tp), spec.dtype),
-      spec.dims);
+      spec.layout);
   ASSERT_EQ(double(b.working + b.biases), plan.state.params);
   std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.master),
                               Round64(plan.state.moments / 2), Round64(plan.state.moments / 2)};
-  const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.micro_batches);
+  const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.layout.n_micro);
   double arenas = 0;
   for (int c = 0; c < v; ++c) {
-    const size_t a = model::PlanActivations(spec.model, spec.micro_batch, spec.seq_len, spec.dtype,
-                                            spec.recompute, &chunks[size_t(c)], slots[size_t(c)],
-                                            tp.size, spec.sequence_parallel && tp.size > 1)
-                         .total_bytes;
+    const size_t a =
+        model::PlanActivations(spec.model, spec.layout.micro_batch, spec.seq_len, spec.dtype,
+                               spec.recompute, &chunks[size_t(c)], slots[size_t(c)], tp.size,
+                               spec.layout.sp && tp.size > 1)
+            .total_bytes;
     want.push_back(Round64(double(a)));
     arenas += double(a);
   }
@@ -129,15 +130,12 @@ train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
   train::StepSpec spec;
   spec.model = ToModelConfig(job.model);
   spec.dtype = job.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
-  spec.micro_batch = l.micro_batch;
-  spec.micro_batches = m;
-  spec.virtual_stages = l.virtual_stages;
+  spec.layout = l;  // dp, tp, pp, zero, sp, virtual_stages, micro_batch
+  spec.layout.n_micro = m;
   spec.seq_len = spec.model.block_size;
   spec.recompute = l.recompute == Recompute::kNone        ? model::Recompute::kNone
                    : l.recompute == Recompute::kSelective ? model::Recompute::kAttn
                                                           : model::Recompute::kFull;
-  spec.dims = l;
-  spec.sequence_parallel = l.sp;
   return spec;
 }
 
@@ -280,7 +278,9 @@ TEST(TrainerBytes, EveryTensorParallelRankEqualsThePlannersFigure) {
                   if (stage == 0) {
                     EXPECT_LT(plan.state.master, 0.6 * one.state.master);
                     EXPECT_LT(plan.activations, one.activations);
-                    if (sp) EXPECT_LT(plan.activations, without.activations);
+                    if (sp) {
+                      EXPECT_LT(plan.activations, without.activations);
+                    }
                   }
                   const train::StepSpec spec = SpecOf(job, l, m);
                   const bool end = stage == 0 || stage == pp - 1;

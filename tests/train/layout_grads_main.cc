@@ -39,6 +39,13 @@ void Batch(int r, int k, int vocab, int32_t* tokens, int32_t* targets) {
 
 int Check(const std::string& name, parallel::Comm& world, const parallel::ParallelDims& dims,
           int v = 1, std::vector<int> stage_layers = {}, bool sp = false) {
+  parallel::Layout layout;
+  static_cast<parallel::ParallelDims&>(layout) = dims;
+  layout.sp = sp;
+  layout.virtual_stages = v;
+  layout.stage_layers = stage_layers;
+  layout.micro_batch = kB;
+  layout.n_micro = kMicro;
   model::ModelConfig cfg = model::NamedConfig(name);
   cfg.n_layer = 4;
   const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
@@ -57,20 +64,15 @@ int Check(const std::string& name, parallel::Comm& world, const parallel::Parall
       ref.ForwardBackward(tok.data(), tgt.data(), dloss);
     }
 
-  const parallel::Groups g = parallel::MakeGroups(world, dims);
+  const parallel::Groups g = parallel::MakeGroups(world, layout);
   train::StepSpec spec;
   spec.model = cfg;
   spec.dtype = DType::kF32;
-  spec.micro_batch = kB;
   spec.seq_len = kT;
-  spec.micro_batches = kMicro;
-  spec.virtual_stages = v;
-  spec.stage_layers = stage_layers;
-  spec.sequence_parallel = sp;
-  spec.dims = dims;
+  spec.layout = layout;
   spec.bucket_elems = 4096;
   spec.comm_timeout_s = 60;
-  train::TrainStep st(spec, train::StepGroups{g.dp.get(), g.pp.get(), g.tied.get(), g.tp.get()});
+  train::TrainStep st(spec, g.ForStep());
   st.SetWeights(init.data());
   int k = 0;
   st.ForwardBackward(

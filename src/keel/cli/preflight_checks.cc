@@ -198,7 +198,7 @@ Row CheckStep(Context& c) {
     train::StepSpec spec;
     spec.model = c.model;
     spec.dtype = c.dtype;
-    spec.micro_batch = c.micro_batch;
+    spec.layout.micro_batch = c.micro_batch;
     spec.seq_len = c.seq;
     spec.recompute = c.recompute;
     train::TrainStep st(spec, *alone);
@@ -305,7 +305,8 @@ Row CheckMemory(Context& c) {
   job.cluster.world = c.comm->size();
   job.cluster.per_node = c.comm->size();
   job.cluster.accel.memory_bytes = monitor::MemTotalBytes();
-  plan::Layout l{{c.comm->size(), 1, 1, 0}, c.micro_batch, PlanRecompute(c.recompute), false};
+  const plan::Layout l =
+      plan::Layout::Of({c.comm->size(), 1, 1, 0}, c.micro_batch, PlanRecompute(c.recompute));
   const plan::MemoryBreakdown mem = plan::EstimateMemory(job, l);
   // Ranks on one host share its memory.
   const auto avail = Gather(*c.comm, monitor::MemAvailableBytes() / LocalRanks(c));

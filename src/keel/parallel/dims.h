@@ -1,13 +1,11 @@
-// How a run is laid out over its ranks: data-parallel replicas (dp), tensor-parallel shards (tp),
-// pipeline stages (pp), and the ZeRO stage over the data-parallel group. One type for the planner
-// and the trainer, validated in one place.
+// Where a run's ranks are: data-parallel replicas (dp), tensor-parallel shards (tp), pipeline
+// stages (pp), and the ZeRO stage over the data-parallel group. The rank geometry of the whole
+// layout (layout.h: parallel::Layout, which derives from it and validates both).
 //
 // Ranks are numbered with tp innermost, then dp, then pp (Megatron-LM's order): ranks that share
 // a tensor-parallel group are neighbours, so on a GPU node they share NVLink.
 //
 //   ParallelDims d{/*dp=*/4, /*tp=*/1, /*pp=*/1, /*zero=*/3};
-//   ValidateDims(d, {.world = 4, .n_head = 12, .n_layer = 12, .padded_vocab = 50304,
-//                    .global_batch = 16, .micro_batch = 4});       // throws one line
 //   RankCoords c = Coords(d, rank);                                  // c.dp, c.tp, c.pp
 //   ShardRange s = Shard(total_params, d.dp, c.dp);                  // this rank's ZeRO slice
 #pragma once
@@ -18,29 +16,12 @@
 namespace keel::parallel {
 
 struct ParallelDims {
+  // The context-parallel size (cp) goes here, beside tp (Coords, RankOf, world()).
   int dp = 1, tp = 1, pp = 1;
   int zero = 0;  // 0: replicated; 1: optimizer state sharded over dp; 2: + gradients; 3: + weights
   int world() const { return dp * tp * pp; }
   bool operator==(const ParallelDims&) const = default;
 };
-
-// What a layout must divide. A field left at 0 is not checked (the planner has no data files).
-struct DimsInputs {
-  long world = 0;         // ranks launched
-  long n_head = 0;        // must be divisible by tp
-  long n_layer = 0;       // must be divisible by pp
-  long n_kv_head = 0;     // must be divisible by tp (grouped-query attention)
-  long ffn_hidden = 0;    // must be divisible by tp
-  long padded_vocab = 0;  // must be divisible by tp
-  long global_batch = 0;  // sequences per step: divisible by dp x micro_batch
-  long micro_batch = 0;
-};
-
-// Throws keel::Error (bad input, exit 2) with one line naming the keys and the numbers, e.g.
-// "[parallel] tp=4 x pp=1 x dp=1 = 4 does not match the 6 ranks launched". `prefix` names the
-// keys' section ("[parallel] " for the trainer, "plan: " for the planner).
-void ValidateDims(const ParallelDims& d, const DimsInputs& in,
-                  const std::string& prefix = "[parallel] ");
 
 struct RankCoords {
   int dp = 0, tp = 0, pp = 0;

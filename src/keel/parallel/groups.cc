@@ -4,7 +4,7 @@
 
 namespace keel::parallel {
 
-Groups MakeGroups(Comm& world, const ParallelDims& d) {
+Groups MakeGroups(Comm& world, const Layout& d, bool nccl) {
   Groups g;
   g.at = Coords(d, world.rank());
   const RankCoords& c = g.at;
@@ -20,7 +20,19 @@ Groups MakeGroups(Comm& world, const ParallelDims& d) {
   // Colors past every pipeline's put each middle stage in a group of its own.
   const bool end = c.pp == 0 || c.pp == d.pp - 1;
   g.tied = split("tied", end ? c.dp * d.tp + c.tp : d.world() + world.rank(), c.pp);
+  if (nccl) {  // created in one order on every rank
+    g.nccl_dp = MakeNcclComm(*g.dp);
+    g.nccl_pp = MakeNcclComm(*g.pp);
+    g.nccl_tied = MakeNcclComm(*g.tied);
+  }
   return g;
+}
+
+StepGroups Groups::ForStep() const {
+  auto pick = [](const std::unique_ptr<Comm>& nccl, const std::unique_ptr<Comm>& split) {
+    return nccl ? nccl.get() : split.get();
+  };
+  return {pick(nccl_dp, dp), pick(nccl_pp, pp), pick(nccl_tied, tied), tp.get()};
 }
 
 }  // namespace keel::parallel

@@ -95,20 +95,32 @@ const char* RecomputeName(Recompute r) {
   return r == Recompute::kNone ? "none" : r == Recompute::kSelective ? "selective" : "full";
 }
 
+Layout Layout::Of(const parallel::ParallelDims& dims, int micro_batch, Recompute recompute, bool sp,
+                  int virtual_stages) {
+  Layout l;
+  static_cast<parallel::ParallelDims&>(l) = dims;
+  l.micro_batch = micro_batch;
+  l.recompute = recompute;
+  l.sp = sp;
+  l.virtual_stages = virtual_stages;
+  return l;
+}
+
 void CheckLayout(const Job& job, const Layout& l) {
   if (l.micro_batch < 1)
     ThrowBadInput("plan: micro-batch " + std::to_string(l.micro_batch) + ": expected >= 1");
-  // The checks the trainer makes too, in one place. The planner's vocabulary is not padded.
-  parallel::ValidateDims(l,
-                         {.world = job.cluster.world,
-                          .n_head = job.model.heads,
-                          .n_layer = job.model.layers,
-                          .n_kv_head = job.model.kv_heads,
-                          .ffn_hidden = job.model.ffn,
-                          .padded_vocab = 0,
-                          .global_batch = job.global_batch,
-                          .micro_batch = l.micro_batch},
-                         "plan: ");
+  // The checks the trainer makes too, in one place, over the micro-batches the planner counts.
+  // The planner's vocabulary is not padded, and it has no sequence length of its own.
+  parallel::Layout t = l;
+  if (l.dp >= 1) t.n_micro = job.global_batch / (l.dp * l.micro_batch);
+  t.Validate({.world = job.cluster.world,
+              .n_head = job.model.heads,
+              .n_layer = job.model.layers,
+              .n_kv_head = job.model.kv_heads,
+              .ffn_hidden = job.model.ffn,
+              .padded_vocab = 0,
+              .global_batch = job.global_batch},
+             "plan: ");
 }
 
 }  // namespace keel::plan

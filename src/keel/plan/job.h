@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "keel/model/config.h"
-#include "keel/parallel/dims.h"
+#include "keel/parallel/layout.h"
 #include "keel/plan/hardware.h"
 
 namespace keel::plan {
@@ -50,14 +50,17 @@ const char* PrecisionName(Precision p);
 const char* AccountingName(Accounting a);
 const char* RecomputeName(Recompute r);
 
-// The trainer's layout type (dp, tp, pp, zero: parallel/dims.h) and what only the planner varies.
-// Aggregate: Layout{{dp, tp, pp, zero}, micro_batch, recompute, sp}.
-struct Layout : parallel::ParallelDims {
-  int micro_batch = 1;  // sequences per micro-batch per dp rank
+// The trainer's layout (parallel/layout.h: dp, tp, pp, zero, sp, virtual_stages, micro_batch) and
+// what only the planner varies. The planner counts the micro-batches of a step from the job
+// (Job::global_batch / (dp x micro_batch)) and plans equal stages: n_micro and stage_layers are
+// left as they are.
+struct Layout : parallel::Layout {
   Recompute recompute = Recompute::kNone;
-  bool sp = false;         // sequence parallelism (only meaningful with tp > 1)
-  int virtual_stages = 1;  // model chunks per pipeline rank: > 1 is interleaved 1F1B
-  // Compares the dims and the planner's own fields (the inherited == would see the dims only).
+
+  // Layout::Of({dp, tp, pp, zero}, micro_batch, recompute, sp, virtual_stages).
+  static Layout Of(const parallel::ParallelDims& dims, int micro_batch,
+                   Recompute recompute = Recompute::kNone, bool sp = false, int virtual_stages = 1);
+  // Compares the layout and the planner's own field (the inherited == would see the layout only).
   bool operator==(const Layout&) const = default;
 };
 
@@ -84,9 +87,10 @@ struct Job {
   RunInputs run;
 };
 
-// Throws bad input, one line with the numbers, if the layout cannot run this job: the shared
-// checks of parallel::ValidateDims (dims >= 1, zero stage, world = tp*pp*dp, heads % tp,
-// layers % pp, global batch % (dp*micro_batch)) and micro-batch >= 1.
+// Throws bad input, one line with the numbers, if the layout cannot run this job: micro-batch >= 1
+// and the trainer's own checks (parallel::Layout::Validate: dims >= 1, zero stage,
+// world = tp*pp*dp, heads % tp, layers % pp, global batch % (dp*micro_batch), sp, virtual stages,
+// the pipeline's ZeRO and micro-batches).
 void CheckLayout(const Job& job, const Layout& l);
 
 }  // namespace keel::plan

@@ -107,7 +107,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
             for (int sp = 0; sp <= 1; ++sp) {
               if (c.sp >= 0 && sp != c.sp) continue;
               if (c.sp < 0 && sp && tp == 1) continue;  // sp means nothing without tp
-              Layout l{{dp, tp, pp, zero}, mb, rc, sp == 1, v};
+              const Layout l = Layout::Of({dp, tp, pp, zero}, mb, rc, sp == 1, v);
               out.push_back(Evaluate(job, l));
             }
           }
@@ -122,7 +122,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
               if ((c.zero < 0 && zero > 0 && dp == 1) || (c.sp < 0 && sp && tp == 1)) continue;
               if (v > 1 && (per_dp / c.micro_batch) % pp) continue;
               out.push_back(
-                  Evaluate(job, Layout{{dp, tp, pp, zero}, c.micro_batch, rc, sp == 1, v}));
+                  Evaluate(job, Layout::Of({dp, tp, pp, zero}, c.micro_batch, rc, sp == 1, v)));
             }
     }
   }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "keel/model/config.h"
-#include "keel/parallel/dims.h"
+#include "keel/parallel/layout.h"
 
 namespace keel::train {
 
@@ -98,8 +98,8 @@ struct OptimSection {
 };
 
 struct ParallelSection {
-  // The layout (parallel/dims.h): data-parallel replicas, tensor-parallel shards, pipeline stages,
-  // ZeRO stage over the data-parallel group. Checked at start by ResolveDims.
+  // The layout (parallel/layout.h): data-parallel replicas, tensor-parallel shards, pipeline
+  // stages, ZeRO stage over the data-parallel group. Checked at start by ResolveLayout.
   int dp = 0;  // 0 = the ranks launched / (tp x pp)
   int tp = 1;
   int pp = 1;
@@ -230,24 +230,17 @@ RunConfig LoadConfig(const std::string& path, const std::vector<std::string>& ov
 // to an equal config.
 std::string ToToml(const RunConfig& cfg);
 
-// Checks what only the trainer can: that the global batch splits evenly over `world_size` ranks
-// and micro-batches. Throws keel::Error (bad input), e.g.
+// The run's layout over `world` ranks (parallel/layout.h), read from [parallel] and [train]: dp = 0
+// resolved to world / (tp x pp), micro_batch (train.micro_batch_size, 0: batch_size / dp) and
+// n_micro (batch_size / dp / micro_batch) counted, stage_layers from pp_layers (empty for equal
+// stages, "auto" FLOP-balanced by model::BalancedStageLayers, or the list given, "9,3"). Checked
+// by the layout's rules (parallel::Layout::Validate: the ranks, the model's heads, layers and
+// padded vocabulary, the global batch over dp x micro-batches, sp, virtual_stages, the pipeline's
+// ZeRO and micro-batches), in the config's words. Throws keel::Error (bad input) with one line,
+// e.g. "config a.toml: [parallel] tp=4 x pp=1 x dp=1 = 4 does not match the 6 ranks launched",
 // "config a.toml: [train] batch_size: 10 is not divisible by ranks (2) × micro_batch_size (4)".
-void ValidateBatch(const RunConfig& cfg, int world_size);
+parallel::Layout ResolveLayout(const RunConfig& cfg, int world);
 
-// The run's layout over `world` ranks: [parallel] dp, tp, pp and zero, with dp = 0 resolved to
-// world / (tp x pp), checked by parallel::ValidateDims against the ranks, the model's heads,
-// layers and padded vocabulary, and the global batch (train.batch_size over dp x micro-batches).
-// Then the pipeline's rules (zero <= 1, enough micro-batches, virtual_stages, pp_layers) and
-// refuses what the trainer does not implement yet (tp > 1). Throws keel::Error (bad input) with
-// one line, e.g.
-// "config a.toml: [parallel] tp=4 x pp=1 x dp=1 = 4 does not match the 6 ranks launched".
-parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world);
-
-// Blocks per pipeline stage from [parallel] pp_layers: empty for equal stages (""), the
-// FLOP-balanced split ("auto", model::BalancedStageLayers), or the list given ("9,3"). Throws
-// keel::Error (bad input) with one line when the list does not fit the model and pp.
-std::vector<int> StageLayers(const RunConfig& cfg, int pp);
 // [resilience] skip_batches: step -> global batches skipped at that step; nullopt if malformed.
 std::optional<std::map<int, int>> ParseSkipBatches(const std::string& text);
 

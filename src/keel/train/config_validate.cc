@@ -3,14 +3,12 @@
 //
 // Each check throws one line naming where the value came from (file and key, or --set flag), what
 // was expected and what was found. Float checks are written as !(ok) so that NaN fails them.
-#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <sstream>
 
 #include "keel/core/error.h"
 #include "keel/kernels/backend.h"
-#include "keel/model/params.h"
 #include "keel/monitor/prometheus_exporter.h"
 #include "keel/train/config.h"
 #include "keel/train/config_schema.h"
@@ -279,156 +277,6 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
 
 model::ModelConfig RunConfig::ResolvedModel() const {
   return internal::ResolveModel(model, internal::Provenance(source));
-}
-
-namespace {
-
-// The global batch split over `dp` data-parallel replicas and micro-batches; `over` names the
-// divisor in the message ("ranks" or "parallel.dp").
-void CheckBatchSplit(const RunConfig& cfg, int dp, const std::string& over) {
-  const internal::Provenance prov(cfg.source);
-  const std::string where = prov.Where("train", "batch_size");
-  const int batch = cfg.train.batch_size;
-  const int micro = cfg.train.micro_batch_size;
-  if (micro == 0) {
-    if (batch % dp != 0)
-      ThrowBadInput(where + ": " + std::to_string(batch) + " is not divisible by " + over + " (" +
-                    std::to_string(dp) + ")");
-    return;
-  }
-  // int64: ranks × micro can overflow int at large scale.
-  const int64_t per_step = int64_t{dp} * micro;
-  if (batch % per_step != 0)
-    ThrowBadInput(where + ": " + std::to_string(batch) + " is not divisible by " + over + " (" +
-                  std::to_string(dp) + ") × micro_batch_size (" + std::to_string(micro) + ")");
-}
-
-}  // namespace
-
-void ValidateBatch(const RunConfig& cfg, int world_size) {
-  if (world_size <= 0)
-    ThrowBadInput(internal::Provenance(cfg.source).Where("train", "batch_size") +
-                  ": cannot split over " + std::to_string(world_size) + " ranks");
-  CheckBatchSplit(cfg, world_size, "ranks");
-}
-
-std::vector<int> StageLayers(const RunConfig& cfg, int pp) {
-  const ParallelSection& p = cfg.parallel;
-  if (p.pp_layers.empty()) return {};
-  const std::string where = internal::Provenance(cfg.source).Where("parallel", "pp_layers");
-  const model::ModelConfig m = cfg.ResolvedModel();
-  if (p.virtual_stages > 1)
-    ThrowBadInput(where + ": uneven stages do not interleave; set parallel.virtual_stages=1");
-  if (p.pp_layers == "auto") {
-    if (pp > m.n_layer)
-      ThrowBadInput(where + ": pp=" + std::to_string(pp) +
-                    " stages need at least as many layers (" +
-                    "model.n_layer=" + std::to_string(m.n_layer) + ")");
-    return model::BalancedStageLayers(m, cfg.data.seq_len, pp);
-  }
-  std::vector<int> layers;
-  int sum = 0;
-  std::stringstream in(p.pp_layers);
-  for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    int n = 0;
-    try {
-      n = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    while (used < item.size() && item[used] == ' ') ++used;
-    if (used != item.size() || item.empty() || n < 1)
-      ThrowBadInput(where + ": \"" + p.pp_layers +
-                    "\": expected \"auto\" or blocks per stage, e.g. \"9,3\" (each >= 1)");
-    layers.push_back(n);
-    sum += n;
-  }
-  if (int(layers.size()) != pp || sum != m.n_layer)
-    ThrowBadInput(where + ": \"" + p.pp_layers + "\" gives " + std::to_string(layers.size()) +
-                  " stage(s) of " + std::to_string(sum) + " layers in all; the run has pp=" +
-                  std::to_string(pp) + " and model.n_layer=" + std::to_string(m.n_layer));
-  return layers;
-}
-
-parallel::ParallelDims ResolveDims(const RunConfig& cfg, int world) {
-  const std::string prefix = internal::Provenance(cfg.source).File() + ": [parallel] ";
-  auto s = [](long v) { return std::to_string(v); };
-  if (world <= 0) ThrowBadInput(prefix + "cannot lay out " + s(world) + " ranks");
-  const ParallelSection& p = cfg.parallel;
-  if (p.dp < 0)
-    ThrowBadInput(prefix + "dp=" + s(p.dp) +
-                  ": expected an integer >= 1, or 0 for the ranks launched / (tp x pp)");
-  parallel::ParallelDims d{p.dp, p.tp, p.pp, p.zero};
-  // dp = 0: whatever tp x pp leaves of the ranks. A remainder (6 ranks, tp=4) is not rounded
-  // away: dp = 1 then fails ValidateDims's "does not match the 6 ranks launched".
-  if (d.dp == 0 && d.tp >= 1 && d.pp >= 1)
-    d.dp = static_cast<int>(std::max<long>(1, world / (long(d.tp) * d.pp)));
-
-  // The layout against the ranks and the model (parallel/dims.h), then the global batch over dp
-  // in the [train] keys' own words: the same rule as ValidateDims's, naming where it was set.
-  const model::ModelConfig m = cfg.ResolvedModel();
-  // With pp_layers the stages need not be equal: StageLayers checks the list instead.
-  const bool uneven = !p.pp_layers.empty();
-  parallel::ValidateDims(d,
-                         {.world = world,
-                          .n_head = m.n_head,
-                          .n_layer = uneven ? 0 : m.n_layer,
-                          .n_kv_head = m.kv_heads(),
-                          .ffn_hidden = m.ffn(),
-                          .padded_vocab = m.padded_vocab()},
-                         prefix);
-  if (uneven) (void)StageLayers(cfg, d.pp);
-  const bool derived = p.dp == 0;
-  CheckBatchSplit(cfg, d.dp,
-                  !derived           ? "parallel.dp"
-                  : d.tp * d.pp == 1 ? "ranks"
-                                     : "data-parallel ranks");
-
-  if (p.sp && d.tp == 1)
-    ThrowBadInput(prefix +
-                  "sp=true splits the sequence over the tensor-parallel group: it needs "
-                  "tp > 1 (got tp=1)");
-  if (p.sp) {
-    const TrainSection& t = cfg.train;
-    const long micro = t.micro_batch_size > 0 ? t.micro_batch_size : t.batch_size / d.dp;
-    if ((micro * cfg.data.seq_len) % d.tp != 0)
-      ThrowBadInput(prefix + "sp=true splits each micro-batch's " + s(micro) + " x " +
-                    s(cfg.data.seq_len) + " tokens over tp=" + s(d.tp) +
-                    " ranks: they must divide evenly (train.micro_batch_size x data.seq_len)");
-  }
-  const int v = p.virtual_stages;
-  if (v < 1) ThrowBadInput(prefix + "virtual_stages=" + s(v) + ": expected an integer >= 1");
-  if (v > 1 && d.pp == 1)
-    ThrowBadInput(prefix + "virtual_stages=" + s(v) +
-                  " interleaves pipeline stages: it needs pp > 1 (got pp=1)");
-  if (v > 1 && m.n_layer % (d.pp * v) != 0)
-    ThrowBadInput(prefix + "pp=" + s(d.pp) + " x virtual_stages=" + s(v) + " = " + s(d.pp * v) +
-                  " does not divide model.n_layer=" + s(m.n_layer) +
-                  " (each chunk holds whole layers)");
-  if (d.pp > 1) {
-    // DeepSpeed refuses the same: stages 2 and 3 reduce gradients per micro-batch, and the tied
-    // embedding's gradient, summed between the first and last stage after the step's backward,
-    // would be sharded differently on the two.
-    if (d.zero >= 2)
-      ThrowBadInput(prefix + "zero=" + s(d.zero) + " with pp=" + s(d.pp) +
-                    ": pipeline stages take ZeRO 0 or 1 (set parallel.zero=1 to shard the "
-                    "optimizer state)");
-    const TrainSection& t = cfg.train;
-    const long local = t.batch_size / d.dp;
-    const long micro = t.micro_batch_size > 0 ? t.micro_batch_size : local;
-    const long n_micro = micro > 0 ? local / micro : 0;
-    if (n_micro < d.pp)
-      ThrowBadInput(prefix + "pp=" + s(d.pp) + " needs at least " + s(d.pp) +
-                    " micro-batches per step for the 1F1B schedule, got " + s(n_micro) +
-                    " (train.batch_size " + s(t.batch_size) + " / dp " + s(d.dp) +
-                    " / train.micro_batch_size " + s(micro) + "); lower train.micro_batch_size");
-    // The interleaved schedule sends groups of pp micro-batches through the chunks in turn.
-    if (v > 1 && n_micro % d.pp != 0)
-      ThrowBadInput(prefix + "virtual_stages=" + s(v) + " needs the micro-batches per step (" +
-                    s(n_micro) + ") to be a multiple of pp=" + s(d.pp));
-  }
-  return d;
 }
 
 }  // namespace keel::train

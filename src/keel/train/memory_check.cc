@@ -62,21 +62,21 @@ struct StageBytes {
 };
 
 StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
-                        const parallel::ParallelDims& d, int stage,
-                        const std::vector<int>& stage_layers, int micro_batch, int n_micro) {
+                        const parallel::Layout& d, int stage) {
   const DType dt = cfg.train.precision != "fp32" ? DType::kBF16 : DType::kF32;
-  const int v = d.pp > 1 ? cfg.parallel.virtual_stages : 1;
-  const std::vector<model::StageRange> chunks = model::RankChunks(m, d.pp, stage, v, stage_layers);
+  const int v = d.pp > 1 ? d.virtual_stages : 1;
+  const std::vector<model::StageRange> chunks =
+      model::RankChunks(m, d.pp, stage, v, d.pp > 1 ? d.stage_layers : std::vector<int>{});
   StageBytes b;
   b.state = parallel::StateBytesPerRank(model::StateShapeOf(m, chunks, {d.tp, 0}, dt), d);
   // One slot without a pipeline (PipelineSlots would list every micro-batch's units first).
   const std::vector<int> slots =
-      d.pp > 1 ? parallel::PipelineSlots(d.pp, stage, int(chunks.size()), n_micro)
+      d.pp > 1 ? parallel::PipelineSlots(d.pp, stage, int(chunks.size()), d.n_micro)
                : std::vector<int>{1};
   for (size_t c = 0; c < chunks.size(); ++c)
-    b.arena += double(model::PlanActivations(m, micro_batch, cfg.data.seq_len, dt,
+    b.arena += double(model::PlanActivations(m, d.micro_batch, cfg.data.seq_len, dt,
                                              model::ParseRecompute(cfg.model.recompute), &chunks[c],
-                                             slots[c], d.tp, cfg.parallel.sp)
+                                             slots[c], d.tp, d.sp)
                           .total_bytes);
   return b;
 }
@@ -84,18 +84,17 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
 }  // namespace
 
 std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
-                                                           const parallel::ParallelDims& d,
-                                                           int micro_batch, int n_micro) {
+                                                           const parallel::Layout& d) {
+  const int micro_batch = d.micro_batch;
   const model::ModelConfig m = cfg.ResolvedModel();
   CheckShapesFit(m);
   const bool bf16 = cfg.train.precision != "fp32";
   const double V = m.padded_vocab(), T = cfg.data.seq_len;
   // The busiest pipeline stage, by the formula its buffers are allocated with
   // (parallel::StateBytesPerRank over the stage's layout, `keel plan --accounting keel`'s).
-  const std::vector<int> stage_layers = d.pp > 1 ? StageLayers(cfg, d.pp) : std::vector<int>{};
   StageBytes b;
   for (int s = 0; s < d.pp; ++s) {
-    const StageBytes x = BytesOfStage(cfg, m, d, s, stage_layers, micro_batch, n_micro);
+    const StageBytes x = BytesOfStage(cfg, m, d, s);
     if (s == 0 || x.total() > b.total()) b = x;
   }
   const double params = double(
@@ -121,9 +120,8 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
   return items;
 }
 
-void CheckMemoryFits(const RunConfig& cfg, const parallel::ParallelDims& dims, int micro_batch,
-                     int n_micro, double available) {
-  const auto items = RunMemoryItems(cfg, dims, micro_batch, n_micro);
+void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, double available) {
+  const auto items = RunMemoryItems(cfg, layout);
   double total = 0;
   for (const auto& [what, bytes] : items) total += bytes;
   std::string where = "available";

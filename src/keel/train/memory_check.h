@@ -11,27 +11,26 @@
 // the classifier's logit tile. They are checked against MemAvailable from /proc/meminfo, shared by
 // the ranks that run on this machine.
 //
-//   CheckMemoryFits(cfg, dims, micro_batch, n_micro);   // throws keel::Error (bad input)
+//   CheckMemoryFits(cfg, ResolveLayout(cfg, world));   // throws keel::Error (bad input)
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "keel/parallel/dims.h"
+#include "keel/parallel/layout.h"
 #include "keel/train/config.h"
 
 namespace keel::train {
 
-// (what, bytes) per rank, largest first. Throws keel::Error (bad input) for a model wider than
+// (what, bytes) per rank, largest first, for the run's model (`cfg`) on `layout` (its stages,
+// sequence parallelism and micro-batches). Throws keel::Error (bad input) for a model wider than
 // keel's tensor shapes (int) can hold.
 std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
-                                                           const parallel::ParallelDims& dims,
-                                                           int micro_batch, int n_micro);
+                                                           const parallel::Layout& layout);
 
 // Throws keel::Error (bad input) when the items exceed `available` bytes (default: MemAvailable
 // divided by the ranks on this machine, $OMPI_COMM_WORLD_LOCAL_SIZE).
-void CheckMemoryFits(const RunConfig& cfg, const parallel::ParallelDims& dims, int micro_batch,
-                     int n_micro, double available = -1);
+void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, double available = -1);
 
 }  // namespace keel::train

@@ -75,24 +75,19 @@ void KeepMetricsUpTo(const std::string& path, int step) {
 
 struct Setup {
   model::ModelConfig mcfg;
-  int local_batch, micro_batch, n_micro;
   DType dtype;
-  parallel::ParallelDims dims;
+  parallel::Layout layout;  // dp, tp, pp, zero, sp, stages, micro_batch, n_micro
 };
 
 Setup Validate(const RunConfig& cfg, int world) {
   Setup s;
-  s.dims = ResolveDims(cfg, world);
-  ValidateBatch(cfg, s.dims.dp);
+  s.layout = ResolveLayout(cfg, world);
   s.mcfg = cfg.ResolvedModel();
   const TrainSection& t = cfg.train;
-  s.local_batch = t.batch_size / s.dims.dp;
-  s.micro_batch = t.micro_batch_size > 0 ? t.micro_batch_size : s.local_batch;
-  s.n_micro = s.local_batch / s.micro_batch;
   s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
   if (cfg.data.train.empty() && cfg.data.sources.empty())
     ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
-  CheckMemoryFits(cfg, s.dims, s.micro_batch, s.n_micro);  // before anything large is allocated
+  CheckMemoryFits(cfg, s.layout);  // before anything large is allocated
   return s;
 }
 
@@ -135,14 +130,9 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   StepSpec spec;
   spec.model = s.mcfg;
   spec.dtype = s.dtype;
-  spec.micro_batch = s.micro_batch;
-  spec.micro_batches = s.n_micro;
-  spec.virtual_stages = cfg.parallel.virtual_stages;
-  spec.stage_layers = StageLayers(cfg, s.dims.pp);
-  spec.sequence_parallel = cfg.parallel.sp;
   spec.seq_len = cfg.data.seq_len;
   spec.recompute = model::ParseRecompute(cfg.model.recompute);
-  spec.dims = s.dims;
+  spec.layout = s.layout;
   spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
   spec.frozen = frozen;
   spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
@@ -163,8 +153,8 @@ struct Prepared {
 Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   Prepared p;
   p.s = Validate(cfg, world);
-  const parallel::RankCoords at = parallel::Coords(p.s.dims, rank);
-  p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.dims.dp, p.s.micro_batch);
+  const parallel::RankCoords at = parallel::Coords(p.s.layout, rank);
+  p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.layout.dp, p.s.layout.micro_batch);
   std::vector<std::string> paths = {cfg.data.val};
   for (const DataSource& src : p.d.sources) paths.push_back(src.path);
   p.shard_check = std::make_unique<ShardCheck>(paths);
@@ -173,9 +163,9 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   // 124M normal values takes seconds of every restart (TrainRun draws them if none is found).
   // A fine-tuning file is read here all the same, so that a bad one fails before anything else.
   if (cfg.checkpoint.resume.empty() || !cfg.model.init_from.empty()) {
-    const model::ParamLayout layout = model::ParamLayout::Whole(p.s.mcfg);
-    p.init.resize(layout.total());
-    model::InitParams(layout, p.s.mcfg, cfg.train.seed, p.init.data());
+    const model::ParamLayout params = model::ParamLayout::Whole(p.s.mcfg);
+    p.init.resize(params.total());
+    model::InitParams(params, p.s.mcfg, cfg.train.seed, p.init.data());
     // Fine-tuning: the file's weights replace the random ones.
     if (!cfg.model.init_from.empty())
       ckpt::LoadInitWeights(cfg.model.init_from, p.s.mcfg, p.init.data());
@@ -233,29 +223,19 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   const Setup& s = prep->s;
   mcfg = s.mcfg;
   dtype = s.dtype;
-  micro_batch = s.micro_batch;
-  n_micro = s.n_micro;
-  dims = s.dims;
+  layout = s.layout;
   data = std::move(prep->d);
   shard_check = std::move(prep->shard_check);
-  layout = model::ParamLayout::Whole(mcfg);
-  const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, layout);
+  params = model::ParamLayout::Whole(mcfg);
+  const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, params);
   spec = SpecFor(cfg, s, frozen);
-  groups = parallel::MakeGroups(comm, dims);
-  StepGroups step_groups{groups.dp.get(), groups.pp.get(), groups.tied.get(), groups.tp.get()};
-  // On GPUs the step's groups move their device buffers over NCCL (bootstrapped by the MPI
-  // groups, which keep carrying host values); created in one order on every rank.
-  if (spec.device == kernels::Device::kCuda) {
-    kernels::Get(spec.device);  // binds this rank to its GPU before NCCL does
-    for (parallel::Comm** g : {&step_groups.dp, &step_groups.pp, &step_groups.tied})
-      if (*g) {
-        nccl.push_back(parallel::MakeNcclComm(**g));
-        *g = nccl.back().get();
-      }
-  }
-  step = std::make_unique<TrainStep>(spec, step_groups);
-  pipelined = dims.pp > 1;
-  bubble_predicted = parallel::PipelineBubble(dims.pp, n_micro, cfg.parallel.virtual_stages);
+  // On GPUs the step's groups move their device buffers over NCCL (parallel/groups.h).
+  const bool gpu = spec.device == kernels::Device::kCuda;
+  if (gpu) kernels::Get(spec.device);  // binds this rank to its GPU before NCCL does
+  groups = parallel::MakeGroups(comm, layout, /*nccl=*/gpu);
+  step = std::make_unique<TrainStep>(spec, groups.ForStep());
+  pipelined = layout.pp > 1;
+  bubble_predicted = parallel::PipelineBubble(layout.pp, layout.n_micro, layout.virtual_stages);
   const bool init_later = prep->init.empty();
   if (!init_later) step->SetWeights(prep->init.data());
   std::vector<float>().swap(prep->init);
@@ -263,9 +243,9 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
     Log("initialized the weights from %s", cfg.model.init_from.c_str());
   size_t n_frozen = 0;
   for (size_t i = 0; i < frozen.size(); ++i)
-    if (frozen[i]) n_frozen += layout.params()[i].numel;
+    if (frozen[i]) n_frozen += params.params()[i].numel;
   if (lead && n_frozen)
-    Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen, layout.total());
+    Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen, params.total());
   sched = optim::LrSchedule{optim::LrSchedule::ParseKind(cfg.optim.schedule), cfg.optim.lr,
                             cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.train.steps};
 
@@ -320,7 +300,7 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
 
   // Micro-batches prepared ahead by a background thread; the loader belongs to it from here on.
   // The order is the loader's cursor order, i.e. exactly Fill(step, k) for k = 0..n_micro-1.
-  prefetch.emplace(*data.loader, micro_batch, cfg.data.prefetch);
+  prefetch.emplace(*data.loader, layout.micro_batch, cfg.data.prefetch);
 }
 
 Run::~Run() = default;
@@ -336,8 +316,8 @@ void Run::ResumeOrInit(bool init_later) {
     data.loader->restore(data::LoaderStateFromJson(resumed->state.at("loader")));
     sum.resumed_from = resumed->path;
   } else if (init_later) {
-    std::vector<float> init(layout.total());
-    model::InitParams(layout, mcfg, cfg.train.seed, init.data());
+    std::vector<float> init(params.total());
+    model::InitParams(params, mcfg, cfg.train.seed, init.data());
     step->SetWeights(init.data());
   }
 }
@@ -365,7 +345,7 @@ void Run::MeasureAndLogStart() {
   for (const auto& [kind, bytes] : facts.memory.items()) memory_bytes += bytes.get<size_t>();
   // Pipeline stages hold different parts of the model: each stage's total, for rank 0's log
   // (every rank takes part; a stage's data-parallel ranks differ only by ZeRO rounding).
-  facts.stage_bytes.assign(size_t(dims.pp), 0.0);
+  facts.stage_bytes.assign(size_t(layout.pp), 0.0);
   facts.stage_bytes[size_t(groups.at.pp)] = double(memory_bytes);
   if (pipelined) comm.AllReduceMax(facts.stage_bytes.data(), facts.stage_bytes.size());
   // The step's record: console, metrics.jsonl, Prometheus, [monitor.alerts] (rank 0's).
@@ -379,7 +359,7 @@ void Run::MeasureAndLogStart() {
 void Run::Reposition(const data::LoaderState& st) {
   prefetch.reset();
   data.loader->restore(st);
-  prefetch.emplace(*data.loader, micro_batch, cfg.data.prefetch);
+  prefetch.emplace(*data.loader, layout.micro_batch, cfg.data.prefetch);
 }
 
 void Run::SkipBatches(int step_i, int n) {
@@ -402,7 +382,7 @@ void Run::RestartRecordAt(int step_done) {
 double Run::Validate() {
   // On a terminal only: a log gets the pass's result on the step line, not its progress.
   return Evaluate(
-             *data.val_ds, *data.val_plan, comm, groups.at.dp, dims.dp,
+             *data.val_ds, *data.val_plan, comm, groups.at.dp, layout.dp,
              [&](const int32_t* t, const int32_t* y) { return step->Forward(t, y); },
              lead && isatty(2))
       .loss;
@@ -413,7 +393,7 @@ ckpt::StateView Run::SaveView(int step_done, const nlohmann::json& guards_state)
   v.step = step_done;
   v.tokens = uint64_t(step_done) * uint64_t(tokens_per_step);
   v.state = guards_state;  // "resilience" and "metrics"
-  v.state.update(SavedState(cfg, mcfg, dims, step_done, prefetch->state(), step->store().step()));
+  v.state.update(SavedState(cfg, mcfg, layout, step_done, prefetch->state(), step->store().step()));
   return v;
 }
 

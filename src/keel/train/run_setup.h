@@ -75,14 +75,12 @@ struct Run {
 
   model::ModelConfig mcfg;
   DType dtype = DType::kBF16;
-  int micro_batch = 1, n_micro = 1;
-  parallel::ParallelDims dims;
+  parallel::Layout layout;  // dp, tp, pp, zero, sp, stages, micro-batches
   RunData data;
   std::unique_ptr<ShardCheck> shard_check;
-  model::ParamLayout layout;
+  model::ParamLayout params;  // the whole model's parameters (each rank holds a part)
   StepSpec spec;
   parallel::Groups groups;
-  std::vector<std::unique_ptr<parallel::Comm>> nccl;  // the step's groups on GPUs
   std::unique_ptr<TrainStep> step;
   optim::LrSchedule sched;
   monitor::JsonlWriter metrics, events;  // rank 0's

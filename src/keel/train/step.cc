@@ -22,10 +22,11 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
 // This rank's chunks: virtual stage c·p + s of p·v equal ones, for c < v.
 std::vector<model::StageRange> ChunksFor(const StepSpec& spec, const parallel::Comm* pp) {
   if (!pp || pp->size() == 1) return {model::WholeModel(spec.model)};
-  const int p = pp->size(), v = spec.virtual_stages;
-  if (!spec.stage_layers.empty()) {
-    KEEL_CHECK(v == 1 && int(spec.stage_layers.size()) == p, "TrainStep: stage_layers != pp");
-    return {model::StageOf(spec.model, spec.stage_layers, pp->rank())};
+  const int p = pp->size(), v = spec.layout.virtual_stages;
+  const std::vector<int>& stage_layers = spec.layout.stage_layers;
+  if (!stage_layers.empty()) {
+    KEEL_CHECK(v == 1 && int(stage_layers.size()) == p, "TrainStep: stage_layers != pp");
+    return {model::StageOf(spec.model, stage_layers, pp->rank())};
   }
   KEEL_CHECK(v >= 1 && spec.model.n_layer % (p * v) == 0,
              "TrainStep: pp x virtual_stages must divide n_layer (config validation says so)");
@@ -48,23 +49,23 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
       layout_(model::ParamLayout::Stage(
           spec.model, ChunksFor(spec, groups.pp),
           {groups.tp ? groups.tp->size() : 1, groups.tp ? groups.tp->rank() : 0})) {
-  KEEL_CHECK(!g_.pp || g_.pp->size() == spec.dims.pp, "TrainStep: pp group size != dims.pp");
-  KEEL_CHECK(layout_.tp().size == spec.dims.tp, "TrainStep: tp group size != dims.tp");
-  store_ = std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype), spec.dims,
-                                               comm_.rank(), RangesOf(layout_, spec.frozen),
-                                               spec.hyper, be_);
+  KEEL_CHECK(!g_.pp || g_.pp->size() == spec.layout.pp, "TrainStep: pp group size != layout.pp");
+  KEEL_CHECK(layout_.tp().size == spec.layout.tp, "TrainStep: tp group size != layout.tp");
+  store_ = std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype),
+                                               spec.layout, comm_.rank(),
+                                               RangesOf(layout_, spec.frozen), spec.hyper, be_);
   zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
                                          spec.comm_timeout_s);
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
   const auto& chunks = layout_.chunks();
   const std::vector<int> slots =
-      parallel::PipelineSlots(pp, stage, int(chunks.size()), spec.micro_batches);
+      parallel::PipelineSlots(pp, stage, int(chunks.size()), spec.layout.n_micro);
   std::vector<model::Transformer*> ptrs;
   for (size_t c = 0; c < chunks.size(); ++c) {
     models_.push_back(std::make_unique<model::Transformer>(
-        spec.model, spec.dtype, spec.micro_batch, spec.seq_len, spec.recompute, zero_.get(),
+        spec.model, spec.dtype, spec.layout.micro_batch, spec.seq_len, spec.recompute, zero_.get(),
         layout_, chunks[c], slots[c],
-        model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.sequence_parallel}, be_));
+        model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.layout.sp}, be_));
     ptrs.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
@@ -122,7 +123,7 @@ void TrainStep::SumTiedGrads() {
 // summed over the group, where this rank holds them (the dp-reduced gradients, or its ZeRO 2/3
 // slice, which its tp peers hold alike: their layouts have the same sizes).
 void TrainStep::SumNormGrads() {
-  if (!spec_.sequence_parallel || !g_.tp || g_.tp->size() < 2) return;
+  if (!spec_.layout.sp || !g_.tp || g_.tp->size() < 2) return;
   const size_t lo = store_->grads_lo(), hi = lo + store_->grads_size();
   std::vector<std::unique_ptr<parallel::Work>> ops;
   for (const model::ParamInfo& p : layout_.params()) {
@@ -190,7 +191,7 @@ ckpt::StateView TrainStep::StateView() {
   v.buffers = {
       {"master", store_->master()}, {"adam_m", store_->adam_m()}, {"adam_v", store_->adam_v()}};
   v.lo = store_->state_lo();
-  v.hi = spec_.dims.zero >= 1 ? store_->state_hi() : 0;
+  v.hi = spec_.layout.zero >= 1 ? store_->state_hi() : 0;
   // The stage's data-parallel ranks split its tensors for writing (ZeRO 1+: their shards).
   v.part = comm_.rank();
   v.parts = comm_.size();

@@ -2,7 +2,7 @@
 // gradient strategy (data parallel, ZeRO 1/2/3), frozen parameters, the global norm, clipping
 // and the update. The trainer, `keel preflight` and the benchmarks all run this; none has a copy.
 //
-//   TrainStep st(spec, dp_comm);
+//   TrainStep st(spec, dp_comm);                   // or (spec, groups.ForStep()): groups.h
 //   st.SetWeights(full_fp32_master);
 //   double loss = st.ForwardBackward(n_micro, next_batch, 1.0f / tokens_per_step);
 //   double norm = st.Update(lr, /*clip=*/1.0f, before_update);
@@ -26,7 +26,8 @@
 #include "keel/model/transformer.h"
 #include "keel/optim/param_store.h"
 #include "keel/parallel/comm.h"
-#include "keel/parallel/dims.h"
+#include "keel/parallel/groups.h"
+#include "keel/parallel/layout.h"
 #include "keel/train/pipeline.h"
 #include "keel/train/zero.h"
 
@@ -35,13 +36,11 @@ namespace keel::train {
 struct StepSpec {
   model::ModelConfig model;
   DType dtype = DType::kBF16;
-  int micro_batch = 1, seq_len = 64;
-  int micro_batches = 1;           // per step (gradient accumulation): sizes the pipeline's slots
-  int virtual_stages = 1;          // model chunks per pipeline rank (> 1: interleaved 1F1B)
-  std::vector<int> stage_layers;   // blocks per pipeline stage (v = 1); empty: equal stages
-  bool sequence_parallel = false;  // with tp > 1: the residual stream split over the tp group
+  int seq_len = 64;
   model::Recompute recompute = model::Recompute::kNone;
-  parallel::ParallelDims dims;
+  // dp, tp, pp, zero; sequence parallelism, virtual and uneven stages; micro_batch and n_micro
+  // (which sizes the pipeline's slots).
+  parallel::Layout layout;
   optim::AdamWHyper hyper;
   std::vector<bool> frozen;  // per parameter of the layout; empty: none
   size_t bucket_elems = size_t(25) << 18;
@@ -49,13 +48,8 @@ struct StepSpec {
   kernels::Device device = kernels::Device::kCpu;  // where the state lives and the kernels run
 };
 
-// The groups a step talks to (parallel/groups.h); null: none (one stage, no tied sum).
-struct StepGroups {
-  parallel::Comm* dp = nullptr;  // required
-  parallel::Comm* pp = nullptr;
-  parallel::Comm* tied = nullptr;
-  parallel::Comm* tp = nullptr;
-};
+// The groups a step talks to: parallel::Groups::ForStep(), or any comms of the right sizes.
+using parallel::StepGroups;
 
 class TrainStep {
  public:

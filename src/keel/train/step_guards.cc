@@ -27,7 +27,7 @@ StepGuards::StepGuards(Run& run, resilience::HeartbeatWriter& heartbeat)
   if (run.resumed) Restore(run.resumed->state);
   hosts_ = GatherHosts(run.comm);
   dp_world_ranks_ = GatherPerRank(*run.groups.dp, run.comm.rank());
-  const int dp = run.dims.dp, zero = run.dims.zero;
+  const int dp = run.layout.dp, zero = run.layout.zero;
   sdc_on_ = rs_.sdc_every > 0 && dp > 1 && CanCompareReplicas(*run.step, zero);
   if (run.lead && rs_.sdc_every > 0 && dp > 1 && !sdc_on_)
     Log("keel: [resilience] sdc_every: ZeRO %d keeps no replica of the weights to compare; the "
@@ -73,7 +73,7 @@ void StepGuards::BeforeStep(int step_i) {
 
 NextBatch StepGuards::Batches(const NextBatch& next) {
   if (!spike_fault_ && !sdc_step_) return next;
-  const size_t rows = size_t(run_.micro_batch) * size_t(run_.cfg.data.seq_len);
+  const size_t rows = size_t(run_.layout.micro_batch) * size_t(run_.cfg.data.seq_len);
   return [this, next, rows](int32_t* tok, int32_t* tgt) {
     const double waited = next(tok, tgt);
     if (spike_fault_)  // garbage: targets spread over the whole vocabulary
@@ -89,7 +89,7 @@ void StepGuards::RerunKept(double* loss) {
   // After the repair: a persistent fault strikes again, and the step is re-run on its own data.
   if (const auto* f = faults_.Repeat(resilience::FaultKind::kBitflip, step_i_))
     FlipBit(*run_.step, *f, run_.comm.rank());
-  const size_t rows = size_t(run_.micro_batch) * size_t(run_.cfg.data.seq_len);
+  const size_t rows = size_t(run_.layout.micro_batch) * size_t(run_.cfg.data.seq_len);
   size_t at = 0;
   auto replay = [&](int32_t* tok, int32_t* tgt) {  // host: token ids
     std::copy_n(kept_.data() + at, rows, tok);
@@ -97,7 +97,8 @@ void StepGuards::RerunKept(double* loss) {
     at += 2 * rows;
     return 0.0;
   };
-  *loss = run_.step->ForwardBackward(run_.n_micro, replay, run_.dloss) / run_.tokens_per_step;
+  *loss =
+      run_.step->ForwardBackward(run_.layout.n_micro, replay, run_.dloss) / run_.tokens_per_step;
 }
 
 double StepGuards::AfterBackward(double* loss, double* compute_ms) {
@@ -112,7 +113,7 @@ double StepGuards::AfterBackward(double* loss, double* compute_ms) {
   if (sdc_step_) {
     const ReplicaCheck check{*run_.step,
                              *run_.groups.dp,
-                             run_.dims.zero,
+                             run_.layout.zero,
                              run_.comm.rank(),
                              dp_world_ranks_,
                              hosts_,

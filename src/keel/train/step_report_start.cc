@@ -10,28 +10,28 @@ namespace {
 
 // " of 9+3 layers", or " x 2 interleaved chunks of 3 layer(s)".
 std::string StageShape(const Run& run) {
-  const int pp = run.dims.pp, v = run.spec.virtual_stages;
+  const int pp = run.layout.pp, v = run.layout.virtual_stages;
   if (v > 1)
     return " x " + std::to_string(v) + " interleaved chunks of " +
            std::to_string(run.mcfg.n_layer / (pp * v)) + " layer(s)";
   std::string shape;
   for (int i = 0; i < pp; ++i)
-    shape += (i ? "+" : " of ") + std::to_string(run.spec.stage_layers.empty()
+    shape += (i ? "+" : " of ") + std::to_string(run.layout.stage_layers.empty()
                                                      ? run.mcfg.n_layer / pp
-                                                     : run.spec.stage_layers[size_t(i)]);
+                                                     : run.layout.stage_layers[size_t(i)]);
   return shape + " layers";
 }
 
 }  // namespace
 
 void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
-  const parallel::ParallelDims& dims = run.dims;
+  const parallel::Layout& dims = run.layout;
   const model::ModelConfig& mcfg = run.mcfg;
   const int T = cfg_.data.seq_len;
   Log("keel: %s %s, %zu parameters, %d rank(s) × %d thread(s), batch %d × %d tokens, "
       "%d micro-batch(es) of %d",
-      cfg_.model.name.c_str(), DTypeName(run.dtype), run.layout.total(), comm_.size(),
-      facts.threads, cfg_.train.batch_size, T, run.n_micro, run.micro_batch);
+      cfg_.model.name.c_str(), DTypeName(run.dtype), run.params.total(), comm_.size(),
+      facts.threads, cfg_.train.batch_size, T, dims.n_micro, dims.micro_batch);
   Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm_.size());
   Log("keel: MFU against a peak of %.1f GFLOP/s for rank 0's %d thread(s) in %s (%s); %.1f "
       "GFLOP/s for all ranks",
@@ -46,15 +46,15 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
         dims.tp, mcfg.n_head / dims.tp, mcfg.n_head, 4 * mcfg.n_embd / dims.tp, 4 * mcfg.n_embd,
         mcfg.padded_vocab() / dims.tp, mcfg.padded_vocab(),
         cfg_.parallel.sp
-            ? ("; sequence parallel: " + std::to_string(run.micro_batch * T / dims.tp) + " of " +
-               std::to_string(run.micro_batch * T) + " rows per micro-batch")
+            ? ("; sequence parallel: " + std::to_string(dims.micro_batch * T / dims.tp) + " of " +
+               std::to_string(dims.micro_batch * T) + " rows per micro-batch")
                   .c_str()
             : "");
   if (run.pipelined)
     Log("keel: pipeline: %d stages%s, 1F1B over %d micro-batches; predicted bubble %.1f%% "
         "((pp - 1) / (m + pp - 1)%s)",
-        dims.pp, StageShape(run).c_str(), run.n_micro, 100 * run.bubble_predicted,
-        run.spec.virtual_stages > 1 ? " / v" : ", as keel plan");
+        dims.pp, StageShape(run).c_str(), dims.n_micro, 100 * run.bubble_predicted,
+        dims.virtual_stages > 1 ? " / v" : ", as keel plan");
   std::string kinds;
   for (const auto& [kind, bytes] : facts.memory.items())
     if (bytes.get<size_t>())

@@ -35,8 +35,9 @@ double ForwardBackward(Run& run, StepGuards& guards, monitor::StepTimes* times,
   double data_ms = 0;
   const NextBatch next =
       guards.Batches([&run](int32_t* tok, int32_t* tgt) { return run.prefetch->Next(tok, tgt); });
-  const double loss = step.ForwardBackward(run.n_micro, next, guards.dloss(run.dloss), &data_ms) /
-                      run.tokens_per_step;
+  const double loss =
+      step.ForwardBackward(run.layout.n_micro, next, guards.dloss(run.dloss), &data_ms) /
+      run.tokens_per_step;
   // Waiting for other stages is the pipeline's bubble; the backward phase is what the forward
   // and the waits leave of the pass (zeroing and accumulating the gradients included).
   (*times)[Phase::kData] = data_ms;
@@ -96,8 +97,8 @@ void Finish(Run& run) {
   const std::vector<float> final_w =
       need_weights ? run.step->GatherWeights() : std::vector<float>();
   if (run.lead && cfg.checkpoint.save_final)
-    ckpt::WriteModel(sum.run_dir + "/model.safetensors", run.mcfg, run.layout, final_w.data());
-  if (run.lead && !sum.interrupted) PrintSamples(cfg, run.mcfg, run.layout, final_w.data());
+    ckpt::WriteModel(sum.run_dir + "/model.safetensors", run.mcfg, run.params, final_w.data());
+  if (run.lead && !sum.interrupted) PrintSamples(cfg, run.mcfg, run.params, final_w.data());
   run.ckpt->Finish();  // after the model file: a failed last save must not cost the weights too
   // Lines of metrics or events that could not be written: the run's record is incomplete.
   std::string lost;
