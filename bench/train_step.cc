@@ -19,6 +19,7 @@
 
 #include "keel/core/rng.h"
 #include "keel/core/timer.h"
+#include "keel/kernels/cpu_isa.h"
 #include "keel/kernels/profile.h"
 #include "keel/model/params.h"
 #include "keel/monitor/flops.h"
@@ -123,6 +124,7 @@ int main(int argc, char** argv) {
       {"dtype", DTypeName(dtype)},
       {"recompute", model::RecomputeName(recompute)},
       {"threads", threads},
+      {"isa", kernels::IsaName(kernels::ChosenCpuIsa())},
       {"tokens_per_s", tok_s},
       {"ms_per_step", 1e3 * total_s / steps},
       {"dp", layout.dp},

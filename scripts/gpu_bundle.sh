@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=build-gpu
-cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON -DKEEL_NATIVE=OFF \
+cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_CUDA=ON \
   -DCMAKE_CXX_FLAGS="-march=x86-64-v3" -DKEEL_BUILD_TESTS=ON -DKEEL_BUILD_BENCH=OFF >/dev/null
 ninja -C "$b" keel kernels_test model_test dump_model
 out=$b/bundle

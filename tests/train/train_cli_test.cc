@@ -251,6 +251,24 @@ TEST(TrainCli, BadInputGetsOneClearLineAndExitCode2) {
   }
 }
 
+// KEEL_CPU_ISA picks a narrower set of kernels (kernels/cpu_isa.h); a word it does not know is one
+// line and exit 2, and the run says which set it chose beside the peak.
+TEST(TrainCli, KernelIsaIsChosenOnceAndNamed) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  auto bad = RunCommand("KEEL_CPU_ISA=avx1024 " + TrainCmd(dir, data, "--set train.steps=1"));
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("KEEL_CPU_ISA=avx1024: expected x86-64-v2, avx2 or avx512"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(std::count(bad.err.begin(), bad.err.end(), '\n'), 1) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(dir / "test-tiny/config.toml"));
+  auto base = RunCommand("KEEL_CPU_ISA=x86-64-v2 " + TrainCmd(dir, data, "--set train.steps=2"));
+  EXPECT_EQ(base.code, 0) << base.err;
+  EXPECT_NE((base.out + base.err).find("; kernels: x86-64-v2"), std::string::npos)
+      << base.out << base.err;
+}
+
 // A [parallel] layout that cannot run on the ranks launched (here one process): exit 2 with one
 // line naming the key, before anything is written.
 TEST(TrainCli, BadParallelLayoutGetsOneLineAndExitCode2) {

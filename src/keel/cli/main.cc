@@ -7,6 +7,7 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/core/stop_signal.h"
+#include "keel/kernels/cpu_isa.h"
 
 int main(int argc, char** argv) {
   keel::InstallStopSignals();  // before any thread exists, so that every thread inherits the mask
@@ -59,6 +60,8 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    // KEEL_CPU_ISA is read once, here, so that a bad value is one line before any work or thread.
+    keel::kernels::ChosenCpuIsa();
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);

@@ -1,7 +1,7 @@
 #include "keel/kernels/backend.h"
 
 #include "keel/core/error.h"
-#include "keel/kernels/cpu/backend_cpu.h"
+#include "keel/kernels/cpu_isa.h"
 #ifdef KEEL_HAVE_CUDA
 #include "keel/kernels/cuda/backend_cuda.h"
 #endif
@@ -28,10 +28,10 @@ bool CudaBuilt() {
 #endif
 }
 
-const Backend& Cpu() { return cpu::CpuBackend(); }
+const Backend& Cpu() { return CpuBackendFor(ChosenCpuIsa()); }
 
 const Backend& Get(Device d) {
-  if (d == Device::kCpu) return cpu::CpuBackend();
+  if (d == Device::kCpu) return Cpu();
 #ifdef KEEL_HAVE_CUDA
   return cuda::CudaBackend();
 #else

@@ -2,6 +2,8 @@
 #include <string>
 
 #include "keel/core/log.h"
+#include "keel/kernels/backend.h"
+#include "keel/kernels/cpu_isa.h"
 #include "keel/train/run_setup.h"
 #include "keel/train/step_report.h"
 
@@ -33,10 +35,12 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
       cfg_.model.name.c_str(), DTypeName(run.dtype), run.params.total(), comm_.size(),
       facts.threads, cfg_.train.batch_size, T, dims.n_micro, dims.micro_batch);
   Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm_.size());
+  const bool on_cpu = run.step->backend().device() == kernels::Device::kCpu;
   Log("keel: MFU against a peak of %.1f GFLOP/s for rank 0's %d thread(s) in %s (%s); %.1f "
-      "GFLOP/s for all ranks",
+      "GFLOP/s for all ranks%s%s",
       facts.rank_peak.flops / 1e9, facts.threads, DTypeName(run.dtype),
-      facts.rank_peak.source.c_str(), run.peak / 1e9);
+      facts.rank_peak.source.c_str(), run.peak / 1e9, on_cpu ? "; kernels: " : "",
+      on_cpu ? kernels::IsaName(kernels::ChosenCpuIsa()) : "");
   if (run.dtype == DType::kBF16 && run.step->backend().Bf16ProductsEmulated())
     Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
         "(slower)");

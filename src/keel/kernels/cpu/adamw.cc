@@ -13,7 +13,10 @@
 
 #include "keel/core/error.h"
 
-namespace keel::kernels::cpu {
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
+
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 // kWriteWorking selects at compile time whether the working copy is written, so that the fp32
@@ -72,4 +75,4 @@ double SumSquares(const float* grads, size_t n) {
   return total;
 }
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

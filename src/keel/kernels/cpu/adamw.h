@@ -9,9 +9,10 @@
 #include <cstddef>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 #include "keel/kernels/op_args.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 void AdamWUpdate(float* master, float* m, float* v, const float* grad, size_t n,
                  const AdamWParams& p);
@@ -21,4 +22,4 @@ void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* 
 // Σ x² in fp64, over fixed blocks of 2^16 added in order: the same value for any thread count.
 double SumSquares(const float* x, size_t n);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

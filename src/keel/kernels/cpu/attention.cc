@@ -27,11 +27,10 @@
 
 #include "keel/core/error.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 constexpr int kTile = 64;
@@ -43,7 +42,7 @@ constexpr size_t kTileArea = size_t(kTile) * kTile;
 using V16 = float __attribute__((vector_size(64)));
 using V16i = int32_t __attribute__((vector_size(64)));
 
-#if defined(__AVX512F__)
+#if defined(KEEL_ISA_AVX512)
 inline V16 Load(const float* p) { return _mm512_loadu_ps(p); }
 inline void Store(float* p, V16 v) { _mm512_storeu_ps(p, v); }
 #else
@@ -56,7 +55,7 @@ inline void Store(float* p, V16 v) { std::memcpy(p, &v, sizeof v); }
 #endif
 // Not V16{} + x: adding 0 is not the identity for -0, so that would cost an add per broadcast.
 inline V16 Splat(float x) {
-#if defined(__AVX512F__)
+#if defined(KEEL_ISA_AVX512)
   return _mm512_set1_ps(x);
 #else
   V16 v;
@@ -69,8 +68,17 @@ inline V16 Max(V16 a, V16 b) { return a > b ? a : b; }
 // a·b + c, fused where the target has it. Written out because -std=c++20 (not gnu++20) turns off
 // the compiler's own contraction.
 inline V16 Fma(V16 a, V16 b, V16 c) {
-#if defined(__AVX512F__)
+#if defined(KEEL_ISA_AVX512)
   return _mm512_fmadd_ps(a, b, c);
+#elif defined(KEEL_ISA_AVX2)
+  // V16 is a pair of ymm registers here; each half is fused by name.
+  __m256 lo = _mm256_fmadd_ps(__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7),
+                              __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7),
+                              __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 hi = _mm256_fmadd_ps(__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15),
+                              __builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15),
+                              __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15));
+  return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #else
   return a * b + c;
 #endif
@@ -471,4 +479,4 @@ template void AttentionBackward<float>(float*, const float*, const float*, const
 template void AttentionBackward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, const float*,
                                       int, int, int, int, int);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

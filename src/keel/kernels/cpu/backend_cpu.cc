@@ -9,10 +9,13 @@
 #include "keel/kernels/cpu/matmul.h"
 #include "keel/kernels/cpu/rmsnorm.h"
 #include "keel/kernels/cpu/rope.h"
-#include "keel/kernels/cpu/row_blocks.h"
 #include "keel/kernels/cpu/swiglu.h"
 
-namespace keel::kernels::cpu {
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
+#include "keel/kernels/cpu/row_blocks.h"
+
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 // Calls f with a value of the C++ type of `t` (float or bf16).
@@ -210,4 +213,4 @@ const Backend& CpuBackend() {
   return cpu;
 }
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

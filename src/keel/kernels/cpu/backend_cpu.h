@@ -2,9 +2,10 @@
 #pragma once
 
 #include "keel/kernels/backend.h"
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 const Backend& CpuBackend();
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -10,9 +10,10 @@
 #include <cstdint>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 #include "keel/kernels/op_args.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 // losses (M) fp32: -log softmax(x·wteᵀ)[target]  (0 where the target is negative).
 template <typename T>
@@ -30,4 +31,4 @@ void ClassifierForwardBackward(float* losses, T* dx, float* dwte, const T* x, co
 template <typename T>
 void ClassifierLogits(float* logits, const T* x, const T* wte, int M, int C, int V);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

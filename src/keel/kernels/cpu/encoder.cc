@@ -13,7 +13,10 @@
 #include <algorithm>
 #include <cstddef>
 
-namespace keel::kernels::cpu {
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
+
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 // Channel ranges are cut at multiples of a cache line of fp32 (64 bytes), so that two threads never
@@ -77,4 +80,4 @@ template void EncoderBackward<float>(float*, float*, const float*, const int32_t
 template void EncoderBackward<bf16>(float*, float*, const bf16*, const int32_t*, int, int, int, int,
                                     int);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

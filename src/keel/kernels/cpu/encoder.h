@@ -10,8 +10,9 @@
 #include <cstdint>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 // A vocabulary-parallel shard passes the token rows it holds, [v0, v1), with `wte`/`dwte` at row
 // v0: other tokens contribute zero (another rank adds them). A null `wpe` adds no position term
@@ -24,4 +25,4 @@ template <typename T>
 void EncoderBackward(float* dwte, float* dwpe, const T* dout, const int32_t* tokens, int B, int T_,
                      int C, int v0 = 0, int v1 = INT_MAX);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

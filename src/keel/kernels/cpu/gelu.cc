@@ -11,9 +11,11 @@
 // traffic.
 #include "keel/kernels/cpu/gelu.h"
 
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
 #include "keel/kernels/cpu/vec_math.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -52,4 +54,4 @@ template void GeluForward<bf16>(bf16*, const bf16*, size_t);
 template void GeluBackward<float>(float*, const float*, const float*, size_t);
 template void GeluBackward<bf16>(bf16*, const bf16*, const bf16*, size_t);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -5,8 +5,9 @@
 #include <cstddef>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 template <typename T>
 void GeluForward(T* out, const T* inp, size_t n);
@@ -14,4 +15,4 @@ void GeluForward(T* out, const T* inp, size_t n);
 template <typename T>
 void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

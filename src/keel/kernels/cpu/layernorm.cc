@@ -17,9 +17,11 @@
 #include <cstdint>
 #include <vector>
 
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
 #include "keel/kernels/cpu/row_blocks.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 constexpr float kEps = 1e-5f;
@@ -115,4 +117,4 @@ template void LayerNormBackward<float>(float*, float*, float*, const float*, con
 template void LayerNormBackward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*,
                                       const float*, const float*, int, int);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

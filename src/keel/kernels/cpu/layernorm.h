@@ -8,8 +8,9 @@
 #pragma once
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 template <typename T>
 void LayerNormForward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
@@ -19,4 +20,4 @@ template <typename T>
 void LayerNormBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                        const T* weight, const float* mean, const float* rstd, int N, int C);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

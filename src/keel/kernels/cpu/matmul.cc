@@ -26,7 +26,10 @@
 
 #include "keel/core/error.h"
 
-namespace keel::kernels::cpu {
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
+
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 dnnl::memory::data_type DnnlType(DType t) {
@@ -288,4 +291,4 @@ template void MatmulBackward<float>(float*, float*, float*, const float*, const 
 template void MatmulBackward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*,
                                    int, int, int);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

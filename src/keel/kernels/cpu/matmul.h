@@ -12,8 +12,9 @@
 #include <cstddef>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 // The general product C = alpha·op(A)·op(B) + beta·C, with op(X) = X or Xᵀ, row-major, leading
 // dimensions in elements. A and B share one dtype (fp32 or bf16), C may be fp32 or A's dtype;
@@ -51,4 +52,4 @@ template <typename T>
 void MatmulBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
                     const T* weight, int M, int K, int N);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -12,9 +12,11 @@
 #include <cstddef>
 #include <cstdint>
 
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
 #include "keel/kernels/cpu/row_blocks.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 template <typename T>
 void RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps) {
@@ -72,4 +74,4 @@ template void RmsNormBackward<float>(float*, float*, const float*, const float*,
 template void RmsNormBackward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*,
                                     const float*, int, int);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

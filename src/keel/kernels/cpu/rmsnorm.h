@@ -8,8 +8,9 @@
 #pragma once
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 template <typename T>
 void RmsNormForward(T* out, float* rstd, const T* inp, const T* weight, int N, int C, float eps);
@@ -18,4 +19,4 @@ template <typename T>
 void RmsNormBackward(T* dinp, float* dweight, const T* dout, const T* inp, const T* weight,
                      const float* rstd, int N, int C);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -9,7 +9,10 @@
 #include <cstddef>
 #include <vector>
 
-namespace keel::kernels::cpu {
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
+
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 // sign +1 rotates by the angle (forward), -1 by its negative (backward).
@@ -58,4 +61,4 @@ template void RopeForward<bf16>(bf16*, int, int, int, int, int, float, int);
 template void RopeBackward<float>(float*, int, int, int, int, int, float, int);
 template void RopeBackward<bf16>(bf16*, int, int, int, int, int, float, int);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

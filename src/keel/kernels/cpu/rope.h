@@ -12,8 +12,9 @@
 #pragma once
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 template <typename T>
 void RopeForward(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0 = 0);
@@ -21,4 +22,4 @@ void RopeForward(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, in
 template <typename T>
 void RopeBackward(T* dqkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0 = 0);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -10,7 +10,9 @@
 #include <cstddef>
 #include <vector>
 
-namespace keel::kernels::cpu::internal {
+#include "keel/kernels/cpu/isa.h"
+
+namespace keel::kernels::cpu::inline KEEL_ISA_NS::internal {
 
 // More row blocks allow more threads but lengthen the final reduction (blocks·width floats). 32
 // blocks keep 16 cores busy; at least 8 rows per block keep the partials under ~1/8 of the main
@@ -46,4 +48,4 @@ void AddPartials(float* partial, int blocks, int width, Out out) {
   }
 }
 
-}  // namespace keel::kernels::cpu::internal
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS::internal

@@ -7,9 +7,11 @@
 
 #include <cstddef>
 
+// This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
+#include "keel/kernels/cpu/isa_begin.h"
 #include "keel/kernels/cpu/vec_math.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 inline float Sigmoid(float g) { return 1.0f / (1.0f + ExpApprox(-g)); }
@@ -54,4 +56,4 @@ template void SwigluForward<bf16>(bf16*, const bf16*, int, int);
 template void SwigluBackward<float>(float*, const float*, const float*, int, int);
 template void SwigluBackward<bf16>(bf16*, const bf16*, const bf16*, int, int);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -6,8 +6,9 @@
 #pragma once
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 template <typename T>
 void SwigluForward(T* out, const T* gate_up, int N, int F);
@@ -15,4 +16,4 @@ void SwigluForward(T* out, const T* gate_up, int N, int F);
 template <typename T>
 void SwigluBackward(T* dgate_up, const T* gate_up, const T* dout, int N, int F);
 
-}  // namespace keel::kernels::cpu
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -9,11 +9,9 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "keel/kernels/cpu/isa.h"
 
-namespace keel::kernels::cpu {
+namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 inline float ExpApprox(float x) {
   if (x < -87.0f) return 0.0f;
@@ -34,7 +32,8 @@ inline float ExpApprox(float x) {
   return p * scale;
 }
 
-#if defined(__AVX512F__)
+// The vector forms exist only below isa_begin.h's pragma, where their instructions are enabled.
+#if defined(KEEL_ISA_REGION) && defined(KEEL_ISA_AVX512)
 inline __m512 ExpApprox16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.0f);
   __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
@@ -55,4 +54,34 @@ inline __m512 ExpApprox16(__m512 x) {
 }
 #endif
 
-}  // namespace keel::kernels::cpu
+#if defined(KEEL_ISA_REGION) && (defined(KEEL_ISA_AVX2) || defined(KEEL_ISA_AVX512))
+// ExpApprox on 8 lanes; 2^n is built in the exponent bits (AVX2 has no scalef).
+inline __m256 ExpApprox8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // n ∈ [-126, 128] after the clamp: 2^128 overflows the exponent field, so split it in two
+  // halves that each stay normal (2^(n/2) · 2^(n - n/2)).
+  __m256i ni = _mm256_cvtps_epi32(n);
+  __m256i half = _mm256_srai_epi32(ni, 1);
+  __m256 s1 =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+  __m256 s2 = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+  __m256 e = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  return _mm256_andnot_ps(under, e);
+}
+#endif
+
+}  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

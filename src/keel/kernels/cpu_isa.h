@@ -1,0 +1,29 @@
+// Which instruction set keel's own CPU kernels run with: chosen once per process from what the CPU
+// reports, so that one binary is fast on every x86-64 CPU (oneDNN chooses its GEMMs' the same
+// way). The kernels are compiled once per ISA (kernels/cpu/isa.h); everything else is x86-64-v2.
+//
+//   KEEL_CPU_ISA=avx2 keel train ...   # a narrower set than the CPU's, to compare or to bisect
+#pragma once
+
+#include <string>
+
+namespace keel::kernels {
+
+class Backend;
+
+enum class CpuIsa { kSse42, kAvx2, kAvx512 };
+
+// "x86-64-v2", "avx2" (x86-64-v3), "avx512" (x86-64-v4).
+const char* IsaName(CpuIsa isa);
+// Accepts IsaName's words and "sse4.2"; false for anything else.
+bool ParseCpuIsa(const std::string& s, CpuIsa* out);
+// Whether this CPU runs `isa`'s instructions (the OS saving their registers included) and this
+// keel was built with kernels for it.
+bool CpuIsaAvailable(CpuIsa isa);
+// The widest available ISA, or KEEL_CPU_ISA's when set; fixed at the first call. Throws BadInput
+// naming KEEL_CPU_ISA when it is not a known ISA or not available here.
+CpuIsa ChosenCpuIsa();
+// The CPU backend whose kernels are compiled for `isa` (available or not: the caller checks).
+const Backend& CpuBackendFor(CpuIsa isa);
+
+}  // namespace keel::kernels
