@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/timer.h"
 #include "keel/model/transformer_impl.h"
 
 namespace keel::model {
@@ -277,9 +278,14 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
     float* dhead = m.cfg.tied() ? ge + wte : FinalGrad(m, gf, "lm_head.weight");
     const T* x = nullptr;
     KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
+    // The head's own phase: on a small model it is most of the step's FLOPs. Host time, so on
+    // an asynchronous device it is the launch and the rest shows as backward.
+    const Timer head;
+    const double tp_before = m.tp_ms;
     KEEL_PROFILED("classifier", m.be->ClassifierForwardBackward(
                                     losses, dtmp, dhead, x, Head<T>(m), targets, dloss, BT, C,
                                     m.cfg.vocab_size, m.Vl, m.vocab(vs)));
+    m.head_ms += head.Millis() - (m.tp_ms - tp_before);
     KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));  // the vocabulary shards' terms
     loss = m.SumLosses(losses, BT);
     m.be->Zero(dres, sizeof(T) * m.R * C);
@@ -378,7 +384,8 @@ int Transformer::seq_len() const { return impl_->T; }
 int Transformer::slots() const { return impl_->slots; }
 double Transformer::tp_wait_ms() const { return impl_->tp_ms; }
 double Transformer::tp_bytes() const { return impl_->tp_bytes; }
-void Transformer::ResetTpStats() { impl_->tp_ms = impl_->tp_bytes = 0; }
+double Transformer::head_ms() const { return impl_->head_ms; }
+void Transformer::ResetStepStats() { impl_->tp_ms = impl_->tp_bytes = impl_->head_ms = 0; }
 
 DenseParams& Transformer::Dense() const {
   KEEL_CHECK(impl_->dense != nullptr, "Transformer: parameters are held by its ParamAccess");

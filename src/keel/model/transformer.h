@@ -112,11 +112,13 @@ class Transformer {
   // Forward-only head of the last stage after StageForward: Σ row losses.
   double StageLoss(const int32_t* targets);
 
-  // Tensor parallelism since the last ResetTpStats: milliseconds waited on the group's
-  // collectives (none of them overlaps compute) and bytes sent into them.
+  // Since the last ResetStepStats: milliseconds waited on the tensor-parallel group's collectives
+  // (none of them overlaps compute) and bytes sent into them; milliseconds in the fused
+  // classifier and loss of StageBackward (the last stage's head), those waits excluded.
   double tp_wait_ms() const;
   double tp_bytes() const;
-  void ResetTpStats();
+  double head_ms() const;
+  void ResetStepStats();
 
   struct Impl;
 

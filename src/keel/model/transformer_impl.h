@@ -89,6 +89,7 @@ struct Transformer::Impl {
   bool sp;    // sequence parallelism: R of the B·T rows from row0
   int R, row0;
   double tp_ms = 0, tp_bytes = 0;
+  double head_ms = 0;  // the fused classifier and loss in backward, its tp waits excluded
 
   Impl(const kernels::Backend& backend, const ModelConfig& c, DType d, int b, int t, Recompute r,
        const ParamLayout& lay, const StageRange& st, int sl, const TensorParallel& tpar)

@@ -37,12 +37,15 @@ const consoleError = console.error.bind(console);
 console.error = (...a) => { errors.push(a.map(String).join(" ")); consoleError(...a); };
 
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2"];
-const PHASES = [["data_ms", "data"], ["forward_ms", "forward"], ["backward_ms", "backward"],
+// A series' own colours where one chart holds two of a run's (train and validation loss).
+const ALT_COLORS = ["#ff7f0e", "#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f", "#2ca02c"];
+const PHASES = [["data_ms", "data"], ["forward_ms", "forward"], ["head_ms", "head"],
+  ["backward_ms", "backward"],
   ["dp_wait_ms", "dp wait"], ["tp_wait_ms", "tp wait"], ["pp_wait_ms", "pp wait"],
   ["tied_wait_ms", "tied wait"], ["sync_wait_ms", "sync wait"], ["optim_ms", "optimizer"],
   ["ckpt_ms", "checkpoint"], ["checks_ms", "checks"], ["val_ms", "validation"],
   ["other_ms", "other"]];
-const PHASE_COLORS = ["#bbbbbb", "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+const PHASE_COLORS = ["#bbbbbb", "#4e79a7", "#d37295", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
   "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac", "#17becf", "#7f7f7f"];
 const EVENT_COLORS = { checkpoint: "#2ca02c", start: "#1f77b4", rollback: "#ff7f0e",
   alert: "#d62728", restart: "#d62728", failure: "#d62728" };
@@ -85,11 +88,12 @@ function panel(id, title) {
 }
 function lineChart(id, title, series, opts = {}) {
   const datasets = [];
-  runs.forEach((run, i) => series.forEach(s => datasets.push({
+  runs.forEach((run, i) => series.forEach(s => { const color = s.alt ?
+    ALT_COLORS[i % ALT_COLORS.length] : run.color; datasets.push({
     label: (runs.length > 1 ? run.name + " " : "") + s.label, data: [], run: i, key: s.key,
-    map: s.map, borderColor: s.dashed ? run.color + "99" : run.color, backgroundColor: run.color,
+    map: s.map, borderColor: s.dashed ? color + "99" : color, backgroundColor: color,
     borderDash: s.dashed ? [6, 3] : [], pointRadius: s.points ? 3 : 0, showLine: !s.points,
-    borderWidth: 1.5, parsing: false, spanGaps: true })));
+    borderWidth: 1.5, parsing: false, spanGaps: true }); }));
   charts[id] = new Chart(panel(id, title), { type: "line", data: { datasets },
     options: { animation, responsive: true, maintainAspectRatio: false,
       interaction: { mode: "nearest", intersect: false },
@@ -111,7 +115,7 @@ function stackChart(run, i) {
 }
 
 lineChart("loss", "loss", [{ label: "train", key: "loss" },
-  { label: "validation", key: "val_loss", points: true }]);
+  { label: "validation", key: "val_loss", points: true, alt: true }]);
 lineChart("lr", "learning rate", [{ label: "lr", key: "lr" }]);
 lineChart("grad_norm", "gradient norm", [{ label: "norm", key: "grad_norm" }]);
 lineChart("tokens_per_s", "tokens/s", [{ label: "tokens/s", key: "tokens_per_s" }], { zero: true });

@@ -18,7 +18,8 @@ namespace keel::monitor {
 enum class Phase {
   kData,        // waiting for the next micro-batch (the prefetcher did not keep up)
   kForward,     // forward compute, communication waits excluded
-  kBackward,    // backward compute and gradient accumulation, waits excluded
+  kHead,        // the fused classifier and loss (logits, softmax, their gradients), waits excluded
+  kBackward,    // the rest of backward compute and gradient accumulation, waits excluded
   kCommDp,      // exposed data-parallel communication (gradient reduce, ZeRO gathers)
   kCommTp,      // exposed tensor-parallel communication
   kCommPp,      // waiting for a pipeline neighbour (the bubble)

@@ -141,6 +141,12 @@ double TrainStep::tp_wait_ms() const {
   return ms;
 }
 
+double TrainStep::head_ms() const {
+  double ms = 0;
+  for (const auto& m : models_) ms += m->head_ms();
+  return ms;
+}
+
 double TrainStep::tp_bytes() const {
   double b = 0;
   for (const auto& m : models_) b += m->tp_bytes();
@@ -149,7 +155,7 @@ double TrainStep::tp_bytes() const {
 
 double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                                   double* data_ms) {
-  for (auto& m : models_) m->ResetTpStats();
+  for (auto& m : models_) m->ResetStepStats();
   sp_ms_ = 0;
   zero_->BeginStep();
   double loss = pipe_->Run(

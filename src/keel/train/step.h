@@ -108,6 +108,8 @@ class TrainStep {
   // Of the last ForwardBackward: the forward passes' compute, waits excluded.
   double forward_ms() const { return pipe_->forward_ms(); }
   double tp_wait_ms() const;
+  // The fused classifier and loss (a part of the backward pass), in the last micro-batch step.
+  double head_ms() const;
   double tp_bytes() const;
   double tied_wait_ms() const { return tied_ms_; }
   // The fraction of this stage's schedule spent waiting for other stages (the measured bubble).

@@ -42,6 +42,7 @@ double ForwardBackward(Run& run, StepGuards& guards, monitor::StepTimes* times,
   // and the waits leave of the pass (zeroing and accumulating the gradients included).
   (*times)[Phase::kData] = data_ms;
   (*times)[Phase::kForward] = step.forward_ms();
+  (*times)[Phase::kHead] = step.head_ms();
   (*times)[Phase::kCommDp] = step.dp_wait_ms();
   (*times)[Phase::kCommTp] = step.tp_wait_ms();
   (*times)[Phase::kCommPp] = step.pp_wait_ms();
@@ -135,7 +136,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     double pipe[2] = {step.last_stage() ? step.bubble() : 0.0, step.pp_wait_ms()};
     if (run.pipelined) comm.AllReduceMax(pipe, 2);
     fig.times[Phase::kChecks] = guards.AfterBackward(&loss, &compute_ms);
-    fig.times[Phase::kBackward] = compute_ms - fig.times[Phase::kForward];
+    fig.times[Phase::kBackward] = compute_ms - fig.times[Phase::kForward] - fig.times[Phase::kHead];
     const Timer optimizer_timer;
     const float lr = run.sched.At(i);
     const double norm = step.GradNorm();
