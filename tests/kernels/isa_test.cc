@@ -41,6 +41,20 @@ TEST(CpuIsa, EachIsaHasItsOwnBackend) {
   EXPECT_NE(&CpuBackendFor(CpuIsa::kAvx2), &CpuBackendFor(CpuIsa::kAvx512));
 }
 
+// A job on mixed CPUs narrows every rank to the narrowest set (train/run_setup.cc); a limit never
+// widens. In a child process, since the choice is the process's.
+TEST(CpuIsa, LimitOnlyNarrows) {
+  EXPECT_EXIT(
+      {
+        LimitCpuIsa(CpuIsa::kSse42);
+        bool ok = ChosenCpuIsa() == CpuIsa::kSse42 && &Cpu() == &CpuBackendFor(CpuIsa::kSse42);
+        LimitCpuIsa(CpuIsa::kAvx512);
+        ok = ok && ChosenCpuIsa() == CpuIsa::kSse42;
+        std::exit(ok ? 0 : 1);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
 TEST(CpuIsa, WideConstantStoresKeepTheirZeros) {
   if (!CpuIsaAvailable(CpuIsa::kAvx512))
     GTEST_SKIP() << "this CPU has no AVX-512, where the GCC 12 miscompile would show";

@@ -4,7 +4,9 @@
 #   - another optim.lr, another data.train (same size, other tokens), another model.n_layer on
 #     rank 1: exit 2 before any step, one line naming the key and both values;
 #   - a missing data.train on rank 1: exit 2 (not 75 after a timeout), its message printed once;
-#   - the same command on both ranks trains (the control).
+#   - the same command on both ranks trains (the control);
+#   - ranks on different CPU generations (here rank 1 held to x86-64-v2 by KEEL_CPU_ISA) all run
+#     the narrowest kernels any of them has, and rank 0 names them.
 #   tests/train/rank_agreement.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -38,6 +40,14 @@ two() {
 
 two same 0 "" --set data.train="$tmp/a.u16" -- --set data.train="$tmp/a.u16"
 grep -q "step     2/2" "$tmp/same.log" || { echo "same: did not train"; cat "$tmp/same.log"; exit 1; }
+rc=0
+timeout 120 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 \
+  -np 1 "${base[@]}" --set train.name=isa --set data.train="$tmp/a.u16" : \
+  -np 1 env KEEL_CPU_ISA=x86-64-v2 "${base[@]}" --set train.name=isa --set data.train="$tmp/a.u16" \
+  >"$tmp/isa.log" 2>&1 || rc=$?
+((rc == 0)) && grep -q "; kernels: x86-64-v2" "$tmp/isa.log" ||
+  { echo "isa: exit $rc, expected 0 and rank 0 on x86-64-v2 kernels"; cat "$tmp/isa.log"; exit 1; }
+echo "isa: $(grep -o "kernels: [a-z0-9-]*" "$tmp/isa.log")"
 two lr 2 "the ranks disagree on optim.lr: rank 1 has 0.01, rank 0 has 6e-04" \
   --set data.train="$tmp/a.u16" -- --set data.train="$tmp/a.u16" --set optim.lr=1e-2
 two data 2 "the ranks disagree on data.train: rank 1 has 200000 bytes, xxh3" \

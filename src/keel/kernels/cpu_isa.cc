@@ -1,5 +1,6 @@
 #include "keel/kernels/cpu_isa.h"
 
+#include <atomic>
 #include <cstdlib>
 
 #include "keel/core/error.h"
@@ -86,9 +87,21 @@ CpuIsa Choose() {
 
 }  // namespace
 
-CpuIsa ChosenCpuIsa() {
-  static const CpuIsa chosen = Choose();
+namespace {
+
+std::atomic<int>& Chosen() {
+  static std::atomic<int> chosen{int(Choose())};
   return chosen;
+}
+
+}  // namespace
+
+CpuIsa ChosenCpuIsa() { return CpuIsa(Chosen().load(std::memory_order_relaxed)); }
+
+void LimitCpuIsa(CpuIsa isa) {
+  int now = Chosen().load();
+  while (int(isa) < now && !Chosen().compare_exchange_weak(now, int(isa))) {
+  }
 }
 
 const Backend& CpuBackendFor(CpuIsa isa) {

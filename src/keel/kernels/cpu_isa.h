@@ -23,6 +23,9 @@ bool CpuIsaAvailable(CpuIsa isa);
 // The widest available ISA, or KEEL_CPU_ISA's when set; fixed at the first call. Throws BadInput
 // naming KEEL_CPU_ISA when it is not a known ISA or not available here.
 CpuIsa ChosenCpuIsa();
+// Narrows the choice to `isa` when that is narrower: a job whose ranks run on different CPU
+// generations runs the narrowest set everywhere. Call it before the backend is first used.
+void LimitCpuIsa(CpuIsa isa);
 // The CPU backend whose kernels are compiled for `isa` (available or not: the caller checks).
 const Backend& CpuBackendFor(CpuIsa isa);
 

@@ -16,6 +16,7 @@
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
 #include "keel/core/log.h"
+#include "keel/kernels/cpu_isa.h"
 #include "keel/monitor/flops.h"
 #include "keel/parallel/pipeline_schedule.h"
 #include "keel/resilience/build_id.h"
@@ -231,6 +232,11 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   spec = SpecFor(cfg, s, frozen);
   // On GPUs the step's groups move their device buffers over NCCL (parallel/groups.h).
   const bool gpu = spec.device == kernels::Device::kCuda;
+  // On a mix of CPU generations every rank runs the narrowest set of keel's kernels any rank has,
+  // so that their exp and rounding agree across replicas (oneDNN still picks its GEMM kernels per
+  // CPU).
+  if (!gpu && comm.size() > 1)
+    kernels::LimitCpuIsa(kernels::CpuIsa(int(-comm.AllReduceMax(-int(kernels::ChosenCpuIsa())))));
   if (gpu) kernels::Get(spec.device);  // binds this rank to its GPU before NCCL does
   groups = parallel::MakeGroups(comm, layout, /*nccl=*/gpu);
   step = std::make_unique<TrainStep>(spec, groups.ForStep());
