@@ -68,7 +68,11 @@ class CpuImpl final : public Backend {
       cpu::AdamWUpdate(master, m, v, grad, n, p);
   }
   double SumSquares(const float* x, size_t n) const override { return cpu::SumSquares(x, n); }
-  void ToBf16(bf16* out, const float* in, size_t n) const override { ConvertF32ToBf16(out, in, n); }
+  // Here rather than core's ConvertF32ToBf16, so that it is compiled for this copy's ISA.
+  void ToBf16(bf16* out, const float* in, size_t n) const override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) out[i] = keel::ToBf16(in[i]);
+  }
   void AddTo(float* dst, const float* src, size_t n) const override {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];
