@@ -25,7 +25,7 @@
 #include <limits>
 #include <memory>
 
-#include "keel/core/error.h"
+#include "keel/kernels/cpu/scratch.h"
 
 // This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
 #include "keel/kernels/cpu/isa_begin.h"
@@ -165,31 +165,24 @@ void Gemm(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_c
   }
 }
 
-// Per-thread scratch that only grows, so that steady-state training steps allocate nothing.
-// Take() carves consecutive 64-byte-aligned pieces; Reset() starts over.
+// Per-thread scratch that only grows: Take() carves consecutive 64-byte-aligned pieces, Reserve()
+// starts over.
 class Scratch {
  public:
   void Reserve(size_t floats) {
-    if (floats > capacity_) {
-      data_.reset(static_cast<float*>(std::aligned_alloc(64, RoundUp(floats) * sizeof(float))));
-      KEEL_CHECK(data_ != nullptr, "attention scratch: out of memory");
-      capacity_ = RoundUp(floats);
-    }
+    data_ = buffer_.Get(RoundUp(floats));
     used_ = 0;
   }
   float* Take(size_t floats) {
-    float* p = data_.get() + used_;
+    float* p = data_ + used_;
     used_ += RoundUp(floats);
     return p;
   }
   static size_t RoundUp(size_t floats) { return (floats + kLanes - 1) / kLanes * kLanes; }
 
  private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float[], Free> data_;
-  size_t capacity_ = 0;
+  AlignedScratch<float> buffer_;
+  float* data_ = nullptr;
   size_t used_ = 0;
 };
 

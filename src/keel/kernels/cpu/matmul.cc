@@ -22,9 +22,9 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
-#include <vector>
 
 #include "keel/core/error.h"
+#include "keel/kernels/cpu/scratch.h"
 
 // This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
 #include "keel/kernels/cpu/isa_begin.h"
@@ -163,11 +163,11 @@ void NarrowRows(bf16* dst, size_t dst_ld, const float* src, size_t src_ld, int r
 
 // A bf16 operand as stored: `rows` rows of `width` elements, `ld` apart, widened into `scratch`
 // with the same ld (only the strided region (rows-1)·ld + width is touched).
-const float* WidenOperand(std::vector<float>& scratch, const void* x, int ld, int rows, int width) {
-  const size_t n = size_t(rows - 1) * ld + width;
-  if (scratch.size() < n) scratch.resize(n);
-  WidenRows(scratch.data(), ld, static_cast<const bf16*>(x), ld, rows, width);
-  return scratch.data();
+const float* WidenOperand(AlignedScratch<float>& scratch, const void* x, int ld, int rows,
+                          int width) {
+  float* wide = scratch.Get(size_t(rows - 1) * ld + width);
+  WidenRows(wide, ld, static_cast<const bf16*>(x), ld, rows, width);
+  return wide;
 }
 
 void GemmNative(const GemmArgs& g);
@@ -177,7 +177,7 @@ void GemmNative(const GemmArgs& g);
 void GemmBf16ViaF32(const GemmArgs& g) {
   KEEL_CHECK(g.beta == 0.0f || g.beta == 1.0f, "Gemm: beta must be 0 or 1");
   KEEL_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "Gemm: empty product");
-  thread_local std::vector<float> a_buf, b_buf, c_buf;
+  thread_local AlignedScratch<float> a_buf, b_buf, c_buf;
   GemmArgs p = g;
   p.ab_type = p.c_type = DType::kF32;
   // Stored shapes: A is (M,K), or (K,M) if transposed; B is (K,N), or (N,K) if transposed.
@@ -186,13 +186,12 @@ void GemmBf16ViaF32(const GemmArgs& g) {
   p.B = g.trans_b ? WidenOperand(b_buf, g.B, g.ldb, g.N, g.K)
                   : WidenOperand(b_buf, g.B, g.ldb, g.K, g.N);
   if (g.c_type == DType::kF32) return GemmNative(p);
-  const size_t n = size_t(g.M) * g.N;
-  if (c_buf.size() < n) c_buf.resize(n);
-  p.C = c_buf.data();
+  float* c = c_buf.Get(size_t(g.M) * g.N);
+  p.C = c;
   p.ldc = g.N;
-  if (g.beta != 0.0f) WidenRows(c_buf.data(), g.N, static_cast<const bf16*>(g.C), g.ldc, g.M, g.N);
+  if (g.beta != 0.0f) WidenRows(c, g.N, static_cast<const bf16*>(g.C), g.ldc, g.M, g.N);
   GemmNative(p);
-  NarrowRows(static_cast<bf16*>(g.C), g.ldc, c_buf.data(), g.N, g.M, g.N);
+  NarrowRows(static_cast<bf16*>(g.C), g.ldc, c, g.N, g.M, g.N);
 }
 
 // Products the CPU runs as they are (fp32 always; bf16 where oneDNN has a kernel for it).
@@ -202,17 +201,17 @@ void GemmNative(const GemmArgs& g) {
     if (!GemmDirect(g)) GemmBf16ViaF32(g);
     return;
   }
-  thread_local std::vector<char> scratch;
+  thread_local AlignedScratch<char> scratch;
   const size_t es = DTypeSize(g.c_type);
   const int padded_ld = g.ldc + int(64 / es);
   const size_t row_bytes = size_t(g.N) * es;
-  if (scratch.size() < size_t(g.M) * padded_ld * es) scratch.resize(size_t(g.M) * padded_ld * es);
-  if (g.beta != 0.0f) CopyRows(scratch.data(), padded_ld * es, g.C, g.ldc * es, g.M, row_bytes);
+  char* padded = scratch.Get(size_t(g.M) * padded_ld * es);
+  if (g.beta != 0.0f) CopyRows(padded, padded_ld * es, g.C, g.ldc * es, g.M, row_bytes);
   GemmArgs p = g;
-  p.C = scratch.data();
+  p.C = padded;
   p.ldc = padded_ld;
   GemmDirect(p);
-  CopyRows(g.C, g.ldc * es, scratch.data(), padded_ld * es, g.M, row_bytes);
+  CopyRows(g.C, g.ldc * es, padded, padded_ld * es, g.M, row_bytes);
 }
 
 }  // namespace
