@@ -26,6 +26,7 @@
 #include "keel/parallel/comm.h"
 #include "keel/parallel/groups.h"
 #include "keel/train/step.h"
+#include "roofline.h"
 
 using namespace keel;
 
@@ -146,6 +147,15 @@ int main(int argc, char** argv) {
       {"memory_bytes", st.MemoryBytes()},
       {"activation_mib", st.ActivationBytes() / 1048576.0},
       {"breakdown_ms", kernels::ProfileReport(steps)}};
+  // Each kernel against its roofline: single process only (the shapes are the whole model's).
+  if (comm->size() == 1) {
+    const double bw = bench::MeasureBandwidth();
+    out["bandwidth_gbs"] = bw / 1e9;
+    out["roofline"] = bench::Roofline(kernels::ProfileReport(steps),
+                                      bench::StepCosts(cfg, B * m, T, dtype, double(whole.total())),
+                                      bw, monitor::MachinePeak(DType::kF32, threads).flops,
+                                      monitor::MachinePeak(DType(dtype), threads).flops);
+  }
   if (comm->rank() == 0) std::printf("%s\n", out.dump().c_str());
   return 0;
 }

@@ -142,9 +142,15 @@ for r in rows:
           f"{p['ld_preload'] or 'glibc'},{p['blas']} (slowest setting {worst[key]:.0f}){extra}")
 for r in rows:
     if r["impl"] == "keel" and (r["model"], r["B"], r["T"], r["dtype"]) == ("gpt2", 4, 256, "bf16"):
+        roof = r.get("roofline", {})
         print("keel per-kernel ms/step, gpt2 B=4 T=256 bf16 "
-              f"({r['ms_per_step']:.1f} ms/step in all):")
+              f"({r['ms_per_step']:.1f} ms/step in all; roofline: the kernel's bytes at "
+              f"{r.get('bandwidth_gbs', 0):.1f} GB/s measured or its FLOPs at the peak, bench/roofline.h):")
+        print(f"  {'kernel':<14}{'ms':>9}  {'share':>6}{'floor ms':>10}{'of roofline':>13}  bound")
         for k, v in sorted(r["breakdown_ms"].items(), key=lambda kv: -kv[1]):
-            print(f"  {k:<14}{v:9.2f}  {100*v/r['ms_per_step']:5.1f}%")
+            rf = roof.get(k)
+            tail = (f"{rf['floor_ms']:10.2f}{100*rf['of_roofline']:12.1f}%  {rf['bound']}"
+                    if rf else "")
+            print(f"  {k:<14}{v:9.2f}  {100*v/r['ms_per_step']:5.1f}%{tail}")
 EOF
 echo "raw results: $out"
