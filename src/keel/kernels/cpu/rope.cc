@@ -7,7 +7,8 @@
 
 #include <cmath>
 #include <cstddef>
-#include <vector>
+
+#include "keel/kernels/cpu/scratch.h"
 
 // This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
 #include "keel/kernels/cpu/isa_begin.h"
@@ -19,9 +20,8 @@ namespace {
 template <typename T>
 void Rotate(T* qkv, int B, int T_, int NH, int NKV, int hs, float theta, int pos0, float sign) {
   const int h2 = hs / 2, row = (NH + 2 * NKV) * hs, heads = NH + NKV;
-  thread_local std::vector<float> table;
-  table.resize(2 * size_t(T_) * h2);
-  float* cs = table.data();
+  thread_local AlignedScratch<float> table;
+  float* cs = table.Get(2 * size_t(T_) * h2);
   for (int t = 0; t < T_; ++t)
     for (int i = 0; i < h2; ++i) {
       const double a = double(pos0 + t) * std::pow(double(theta), -2.0 * i / hs);

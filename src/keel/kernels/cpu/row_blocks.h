@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <vector>
 
 #include "keel/kernels/cpu/isa.h"
+#include "keel/kernels/cpu/scratch.h"
 
 namespace keel::kernels::cpu::inline KEEL_ISA_NS::internal {
 
@@ -25,9 +25,8 @@ inline int RowBlocks(int N) {
 // Scratch owned by the calling thread, grown on demand and kept, so that steady-state training
 // allocates nothing. thread_local (not a plain static) keeps two concurrent callers apart.
 inline float* PartialScratch(size_t n) {
-  thread_local std::vector<float> buffer;
-  if (buffer.size() < n) buffer.resize(n);
-  return buffer.data();
+  thread_local AlignedScratch<float> buffer;
+  return buffer.Get(n);
 }
 
 // out[c] += Σ_k partial[k·width + c] over `blocks` partials, in block order. Channels are
