@@ -1,5 +1,6 @@
 // Each profiled kernel of a training step against its own roofline: the time it would take at
-// this machine's memory bandwidth (bytes it must move) or at its peak (FLOPs it must do),
+// this machine's memory bandwidth (bytes it must move, at the traffic of a large memcpy:
+// monitor::MeasureCopyRate, each byte read and written) or at its peak (FLOPs it must do),
 // whichever is longer. A kernel at 100% is at its limit; one at 20% has 5x to gain.
 //
 // The byte and FLOP counts are the minimum each kernel's contract needs on the step's shapes
@@ -7,37 +8,16 @@
 // They are models, not counters; the comments give each one.
 #pragma once
 
-#include <omp.h>
-
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <vector>
 
 #include "keel/core/dtype.h"
-#include "keel/core/timer.h"
 #include "keel/model/config.h"
 #include "keel/model/params.h"
 
 namespace keel::bench {
-
-// Bytes/s of a triad (a = b + s·c) over 3 × 64 MiB on the OpenMP threads, best of 5: what a
-// streaming kernel can hope for here.
-inline double MeasureBandwidth() {
-  const size_t n = size_t(16) << 20;
-  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const Timer t;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
-    best = std::max(best, 3.0 * 4.0 * double(n) / t.Seconds());
-  }
-  volatile float sink = a[n / 2];
-  (void)sink;
-  return best;
-}
 
 struct KernelCost {
   double bytes = 0, flops = 0;

@@ -23,6 +23,7 @@
 #include "keel/kernels/profile.h"
 #include "keel/model/params.h"
 #include "keel/monitor/flops.h"
+#include "keel/monitor/machine_probe.h"
 #include "keel/parallel/comm.h"
 #include "keel/parallel/groups.h"
 #include "keel/train/step.h"
@@ -117,6 +118,7 @@ int main(int argc, char** argv) {
   const double params = double(model::MatmulParams(cfg));
   const double flops = monitor::TrainFlopsPerToken(params, cfg.n_layer, cfg.n_embd, T);
   const int threads = omp_get_max_threads();
+  const auto breakdown = kernels::ProfileReport(steps);
   nlohmann::json out = {
       {"impl", "keel"},
       {"model", name},
@@ -146,15 +148,16 @@ int main(int argc, char** argv) {
       {"params", whole.total()},
       {"memory_bytes", st.MemoryBytes()},
       {"activation_mib", st.ActivationBytes() / 1048576.0},
-      {"breakdown_ms", kernels::ProfileReport(steps)}};
+      {"breakdown_ms", breakdown}};
   // Each kernel against its roofline: single process only (the shapes are the whole model's).
   if (comm->size() == 1) {
-    const double bw = bench::MeasureBandwidth();
+    // memcpy reads and writes each byte: its memory traffic is twice the bytes it copies.
+    const double bw = 2 * monitor::MeasureCopyRate(threads, size_t(192) << 20, 5);
     out["bandwidth_gbs"] = bw / 1e9;
-    out["roofline"] = bench::Roofline(kernels::ProfileReport(steps),
-                                      bench::StepCosts(cfg, B * m, T, dtype, double(whole.total())),
-                                      bw, monitor::MachinePeak(DType::kF32, threads).flops,
-                                      monitor::MachinePeak(DType(dtype), threads).flops);
+    out["roofline"] =
+        bench::Roofline(breakdown, bench::StepCosts(cfg, B * m, T, dtype, double(whole.total())),
+                        bw, monitor::MachinePeak(DType::kF32, threads).flops,
+                        monitor::MachinePeak(DType(dtype), threads).flops);
   }
   if (comm->rank() == 0) std::printf("%s\n", out.dump().c_str());
   return 0;

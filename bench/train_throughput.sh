@@ -145,7 +145,7 @@ for r in rows:
         roof = r.get("roofline", {})
         print("keel per-kernel ms/step, gpt2 B=4 T=256 bf16 "
               f"({r['ms_per_step']:.1f} ms/step in all; roofline: the kernel's bytes at "
-              f"{r.get('bandwidth_gbs', 0):.1f} GB/s measured or its FLOPs at the peak, bench/roofline.h):")
+              f"{r.get('bandwidth_gbs', 0):.1f} GB/s (memcpy traffic) or its FLOPs at the peak, bench/roofline.h):")
         print(f"  {'kernel':<14}{'ms':>9}  {'share':>6}{'floor ms':>10}{'of roofline':>13}  bound")
         for k, v in sorted(r["breakdown_ms"].items(), key=lambda kv: -kv[1]):
             rf = roof.get(k)

@@ -85,10 +85,6 @@ CpuIsa Choose() {
   return CpuIsa::kSse42;
 }
 
-}  // namespace
-
-namespace {
-
 std::atomic<int>& Chosen() {
   static std::atomic<int> chosen{int(Choose())};
   return chosen;
