@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
 
 namespace keel {
 namespace {
@@ -25,6 +26,7 @@ class FdGuard {
     if (fd_ >= 0) ::close(fd_);
   }
   int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -32,14 +34,24 @@ class FdGuard {
 
 std::string Reason() { return std::strerror(errno); }
 
+// Opens a regular file for reading. O_NONBLOCK keeps open() itself from waiting for a writer
+// when the path is a FIFO, which is then refused; it is cleared for the reads.
+int OpenRegular(const std::string& path, struct stat* st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) ThrowBadInput(path + ": cannot read: " + Reason());
+  FdGuard guard(fd);
+  if (::fstat(fd, st) != 0) ThrowBadInput(path + ": cannot stat: " + Reason());
+  if (S_ISDIR(st->st_mode)) ThrowBadInput(path + ": expected a file, found a folder");
+  if (!S_ISREG(st->st_mode)) CheckRegularFile(path);  // names what it found
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return guard.release();
+}
+
 }  // namespace
 
 std::string ReadWholeFile(const std::string& path) {
-  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) ThrowBadInput(path + ": cannot read: " + Reason());
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) ThrowBadInput(path + ": cannot stat: " + Reason());
-  if (S_ISDIR(st.st_mode)) ThrowBadInput(path + ": expected a file, found a folder");
+  FdGuard fd(OpenRegular(path, &st));
   std::string out;
   out.resize(size_t(st.st_size));
   size_t done = 0;
@@ -83,11 +95,8 @@ void WriteFileAtomic(const std::string& path, std::string_view bytes) {
 }
 
 MappedFile MappedFile::Open(const std::string& path) {
-  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) ThrowBadInput(path + ": cannot open: " + Reason());
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) ThrowBadInput(path + ": cannot stat: " + Reason());
-  if (!S_ISREG(st.st_mode)) ThrowBadInput(path + ": expected a regular file");
+  FdGuard fd(OpenRegular(path, &st));
   MappedFile f;
   f.size_ = size_t(st.st_size);
   if (f.size_ == 0) return f;  // mmap of length 0 is an error; an empty view is fine
