@@ -11,6 +11,7 @@
 #include "keel/ckpt/hf_gpt2.h"
 #include "keel/ckpt/hf_llama.h"
 #include "keel/ckpt/model_file.h"
+#include "keel/ckpt/safetensors.h"
 #include "keel/core/rng.h"
 #include "keel/model/params.h"
 #include "train/run_util.h"
@@ -149,6 +150,66 @@ TEST(CkptCli, LlamaFolderRoundTripsAndRefusesWhatKeelCannotRun) {
   std::ofstream(config_path) << original;
   std::filesystem::remove(dir / "hf/model.safetensors");
   ExpectBadInput(import(), "no model.safetensors or model.safetensors.index.json");
+}
+
+// Issue 32: a tensor in two shards (the later one zeros) is an error naming both files, not the
+// later copy loaded in silence; so is a tensor listed twice in the index; a config.json that asks
+// for more memory than the machine has is sized before anything is allocated; export and import
+// never write over what they read.
+TEST(CkptCli, HfFolderTensorsAppearOnceAndSizesAreCheckedFirst) {
+  TempDir dir;
+  const model::ModelConfig cfg = model::NamedConfig("llama-tiny");
+  const auto layout = model::ParamLayout::Whole(cfg);
+  std::vector<float> w(layout.total());
+  model::InitParams(layout, cfg, 5, w.data());
+  const std::string hf = dir / "hf";
+  std::filesystem::create_directories(hf);
+  ckpt::WriteHfLlama(hf + "/model.safetensors", cfg, layout, w.data());
+  // Split into two shards; the second holds a zero copy of the embedding too.
+  const ckpt::SafetensorsFile whole = ckpt::SafetensorsFile::Read(hf + "/model.safetensors");
+  ckpt::SafetensorsWriter a, b;
+  nlohmann::json index = {{"metadata", nlohmann::json::object()},
+                          {"weight_map", nlohmann::json::object()}};
+  const ckpt::Fp32Tensor& embed = whole.Get("model.embed_tokens.weight");
+  const std::vector<float> zeros(embed.data.size(), 0.0f);
+  for (const auto& [name, t] : whole.tensors()) {
+    const bool first = name.find("layers.1.") == std::string::npos;
+    (first ? a : b).Add(name, t.shape, t.data.data());
+    index["weight_map"][name] = first ? "model-1.safetensors" : "model-2.safetensors";
+  }
+  b.Add("model.embed_tokens.weight", embed.shape, zeros.data());
+  a.Write(hf + "/model-1.safetensors");
+  b.Write(hf + "/model-2.safetensors");
+  std::filesystem::remove(hf + "/model.safetensors");
+  std::ofstream(hf + "/model.safetensors.index.json") << index.dump();
+  const std::string out = dir / "k.safetensors";
+  const auto import = [&] { return RunCommand(kKeel + " ckpt import " + hf + " --out " + out); };
+  ExpectBadInput(import(), "model-2.safetensors: tensor \"model.embed_tokens.weight\": also in " +
+                               hf + "/model-1.safetensors");
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // The index names it twice (JSON keeps the later key).
+  std::string text = index.dump();
+  const std::string key = "\"model.norm.weight\":\"model-1.safetensors\"";
+  ASSERT_NE(text.find(key), std::string::npos) << text;
+  text.insert(text.find(key), key + ",");
+  std::ofstream(hf + "/model.safetensors.index.json") << text;
+  ExpectBadInput(import(), "weight_map: tensor \"model.norm.weight\" is listed twice");
+
+  const std::string config_path = hf + "/config.json";
+  nlohmann::json config = nlohmann::json::parse(ReadFile(config_path));
+  config["hidden_size"] = 1 << 22;
+  config["num_attention_heads"] = 1 << 12;
+  config["num_key_value_heads"] = 1 << 12;
+  std::ofstream(config_path) << config.dump();
+  ExpectBadInput(import(), "GiB of memory; this machine has");
+
+  // Export onto its own source, or import onto the folder it reads: refused, nothing changed.
+  const std::string model = dir / "m.safetensors";
+  ckpt::WriteModel(model, cfg, layout, w.data());
+  const std::string before = ReadFile(model);
+  ExpectBadInput(RunCommand(kKeel + " ckpt export " + model + " --out " + model),
+                 "which this command reads");
+  EXPECT_EQ(ReadFile(model), before);
 }
 
 // A Llama trained for 20 steps, exported as an HF folder; fine-tuning from the folder and from

@@ -73,6 +73,24 @@ TEST(TokenizerFormats, HfJsonOfGpt2EncodesLikeGpt2) {
   Write(path, shuffled.dump());
   EXPECT_NE(ErrorOf([&] { Tokenizer::LoadHfJson(path); }).find("not in the order"),
             std::string::npos);
+  // A token id near 2^31, in the vocabulary or as an added token: one line, nothing allocated.
+  nlohmann::json far = j;
+  far["model"]["vocab"]["zz"] = 2147483000;
+  Write(path, far.dump());
+  EXPECT_NE(ErrorOf([&] { Tokenizer::LoadHfJson(path); }).find("expected an id in [0, 2^30)"),
+            std::string::npos);
+  far = j;
+  far["added_tokens"].push_back({{"id", 1073741000}, {"content", "<|far|>"}});
+  Write(path, far.dump());
+  EXPECT_NE(ErrorOf([&] {
+              Tokenizer::LoadHfJson(path);
+            }).find(path + ": token id 1073741000: far beyond the"),
+            std::string::npos);
+  far["added_tokens"].back()["id"] = "7";
+  Write(path, far.dump());
+  EXPECT_NE(
+      ErrorOf([&] { Tokenizer::LoadHfJson(path); }).find("expected a string content and an id"),
+      std::string::npos);
   nlohmann::json unigram = j;
   unigram["model"]["type"] = "Unigram";
   Write(path, unigram.dump());
@@ -127,6 +145,12 @@ TEST(TokenizerFormats, TiktokenRankFilesWithEachEncodingsSpecialTokens) {
   Write(path, ranks + b64("xy") + " 256\n");
   EXPECT_EQ(ErrorOf([&] { Tokenizer::Load(path, "unused"); }),
             path + ":259: rank 256 appears twice");
+  // A rank near 2^30 in a file of 258 lines: sized before the table (32 GB of holes) is allocated.
+  Write(path, ranks + b64("zz") + " 1073741000\n");
+  EXPECT_EQ(ErrorOf([&] { Tokenizer::Load(path, "unused"); }),
+            path +
+                ": rank 1073741000: far beyond the 259 tokens the file has (expected ids below " +
+                "1542; a vocabulary's ids are dense)");
   EXPECT_NE(ErrorOf([&] { Tokenizer::Load("cl100k", dir.path()); }).find("fetch_tokenizers.sh"),
             std::string::npos);
   EXPECT_NE(ErrorOf([&] { Tokenizer::Load("bert", dir.path()); }).find("expected gpt2, cl100k"),

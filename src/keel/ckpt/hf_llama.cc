@@ -11,6 +11,7 @@
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
+#include "keel/core/validate.h"
 
 namespace keel::ckpt {
 namespace {
@@ -89,6 +90,14 @@ model::ModelConfig ConfigFromJson(const nlohmann::json& j, const std::string& wh
   } catch (const Error& e) {
     ThrowBadInput(where + ": " + e.what());
   }
+  // Sized before anything is allocated (a hidden_size of 10^9 is a typo, not a model), in doubles
+  // so that the product cannot wrap.
+  const double C = c.n_embd, F = c.ffn_hidden, L = c.n_layer, V = c.vocab_size;
+  const double kv = double(c.n_kv_head) / double(c.n_head);
+  CheckAllocation(where + ": a Llama of hidden_size " + std::to_string(c.n_embd) + ", " +
+                      std::to_string(c.n_layer) + " layers and vocab_size " +
+                      std::to_string(c.vocab_size),
+                  4.0 * (L * (C * C * (2 + 2 * kv) + 3 * C * F + 2 * C) + 2 * V * C + C));
   return c;
 }
 
@@ -101,7 +110,29 @@ std::vector<std::string> ShardFiles(const std::string& dir) {
       ThrowBadInput(dir + ": no model.safetensors or model.safetensors.index.json");
     return {single.string()};
   }
-  const nlohmann::json j = ReadJson(index.string());
+  // A tensor named twice in weight_map would be taken from whichever copy came last.
+  std::string twice;
+  bool in_map = false;
+  std::set<std::string> keys;
+  const nlohmann::json::parser_callback_t note = [&](int depth, nlohmann::json::parse_event_t ev,
+                                                     nlohmann::json& parsed) {
+    if (ev == nlohmann::json::parse_event_t::key && depth == 1) {
+      in_map = parsed == "weight_map";
+    } else if (ev == nlohmann::json::parse_event_t::key && depth == 2 && in_map) {
+      if (!keys.insert(parsed.get<std::string>()).second && twice.empty())
+        twice = parsed.get<std::string>();
+    }
+    return true;
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ReadWholeFile(index.string()), note);
+  } catch (const nlohmann::json::exception& e) {
+    ThrowBadInput(index.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!twice.empty())
+    ThrowBadInput(index.string() + ": weight_map: tensor \"" + twice +
+                  "\" is listed twice (expected each tensor in one file)");
   if (!j.contains("weight_map") || !j.at("weight_map").is_object())
     ThrowBadInput(index.string() + ": weight_map: expected an object of tensor name → file");
   std::set<std::string> files;
@@ -157,7 +188,7 @@ LoadedModel ReadHfLlama(const std::string& dir) {
   std::map<std::string, const model::ParamInfo*> wanted;  // HF name → keel tensor
   for (const model::ParamInfo& p : layout.params())
     if (!(tied && p.name == "lm_head.weight")) wanted[HfLlamaName(p.name)] = &p;
-  std::set<std::string> found;
+  std::map<std::string, std::string> found;  // HF name → the file it came from
   const size_t C = size_t(m.config.n_embd);
   for (const std::string& file : ShardFiles(dir)) {
     const SafetensorsFile f = SafetensorsFile::Read(file);
@@ -174,8 +205,11 @@ LoadedModel ReadHfLlama(const std::string& dir) {
       if (t.shape != want)
         ThrowBadInput(file + ": tensor \"" + name + "\": expected shape " + ShapeText(want) +
                       ", got " + ShapeText(t.shape));
+      if (const auto seen = found.find(name); seen != found.end())
+        ThrowBadInput(file + ": tensor \"" + name + "\": also in " + seen->second +
+                      " (expected each tensor in one file; which copy is meant?)");
       std::copy(t.data.begin(), t.data.end(), m.weights.begin() + long(p.offset));
-      found.insert(name);
+      found.emplace(name, file);
     }
   }
   for (const auto& [name, p] : wanted)

@@ -100,7 +100,12 @@ Tokenizer Tokenizer::LoadTiktoken(const std::string& path, const std::string& en
     ThrowBadInput(path + ": unknown tiktoken encoding \"" + encoding +
                   "\" (known: cl100k_base, o200k_base, llama3)");
   const std::string text = ReadWholeFile(path);
-  std::vector<std::string> bytes;
+  struct Ranked {
+    size_t rank;
+    std::string bytes;
+    size_t line;
+  };
+  std::vector<Ranked> ranked;  // sized and checked before the table is allocated
   std::string tok;
   size_t pos = 0, line_no = 0;
   while (pos < text.size()) {
@@ -122,12 +127,19 @@ Tokenizer Tokenizer::LoadTiktoken(const std::string& path, const std::string& en
     } catch (const std::exception&) {
     }
     if (rank < 0 || rank >= (1LL << 30)) ThrowBadInput(where() + ": expected a rank in [0, 2^30)");
-    if (size_t(rank) >= bytes.size()) bytes.resize(size_t(rank) + 1);
-    if (!bytes[size_t(rank)].empty())
-      ThrowBadInput(where() + ": rank " + std::to_string(rank) + " appears twice");
-    bytes[size_t(rank)] = tok;
+    ranked.push_back({size_t(rank), tok, line_no});
   }
-  if (bytes.empty()) ThrowBadInput(path + ": no tokens (expected \"BASE64_BYTES RANK\" lines)");
+  if (ranked.empty()) ThrowBadInput(path + ": no tokens (expected \"BASE64_BYTES RANK\" lines)");
+  size_t top = 0;
+  for (const Ranked& r : ranked) top = std::max(top, r.rank);
+  CheckVocabularyIds(top, ranked.size(), path + ": rank " + std::to_string(top));
+  std::vector<std::string> bytes(top + 1);
+  for (const Ranked& r : ranked) {
+    if (!bytes[r.rank].empty())
+      ThrowBadInput(path + ":" + std::to_string(r.line) + ": rank " + std::to_string(r.rank) +
+                    " appears twice");
+    bytes[r.rank] = r.bytes;
+  }
   for (const auto& [s, id] : enc->specials)
     if (size_t(id) < bytes.size() && !bytes[size_t(id)].empty())
       ThrowBadInput(path + ": rank " + std::to_string(id) + " is the special token " + s + " of " +
@@ -186,9 +198,21 @@ Tokenizer Tokenizer::LoadHfJson(const std::string& path) {
 
   const auto inv = UnicodeToByte();
   Specials specials;
-  for (const nlohmann::json& a : j.value("added_tokens", std::vector<nlohmann::json>{}))
-    if (a.contains("id") && a.contains("content"))
-      specials.emplace_back(a.at("content").get<std::string>(), a.at("id").get<int32_t>());
+  for (const nlohmann::json& a : j.value("added_tokens", std::vector<nlohmann::json>{})) {
+    if (!a.is_object() || !a.contains("id") || !a.contains("content")) continue;
+    if (!a.at("content").is_string() || !a.at("id").is_number_integer() ||
+        a.at("id").get<int64_t>() < 0 || a.at("id").get<int64_t>() >= (1 << 30))
+      ThrowBadInput(path + ": added_tokens " + a.dump().substr(0, 80) +
+                    ": expected a string content and an id in [0, 2^30)");
+    specials.emplace_back(a.at("content").get<std::string>(), a.at("id").get<int32_t>());
+  }
+  int64_t top = 0;
+  for (const auto& [key, value] : model.at("vocab").items())
+    if (value.is_number_integer()) top = std::max(top, value.get<int64_t>());
+  for (const auto& [text, id] : specials) top = std::max<int64_t>(top, id);
+  if (top < (1 << 30))
+    CheckVocabularyIds(size_t(top), model.at("vocab").size() + specials.size(),
+                       path + ": token id " + std::to_string(top));
   std::vector<std::string> bytes;
   std::string buf;
   std::map<std::string, int32_t> id_of;  // vocabulary string → id, for the merges

@@ -70,6 +70,12 @@ void CompilePretokenPattern(BpeVocab* vocab, const std::string& pattern, const s
 // Fills token_arena, token_offset, present, vocab and byte_token from `bytes` (id → bytes, ""
 // for an id with no ordinary token) and the specials; `where` names the file in errors (every
 // byte must have a token).
+// A vocabulary's table has an entry per id up to the largest: ids far beyond the number of tokens
+// would make it mostly holes (a rank near 2^30 in a file of 100 lines is 32 GB of them). Throws
+// keel::Error (bad input) starting with `what` (the file and the id) when `top` exceeds twice
+// the `entries` plus 1024.
+void CheckVocabularyIds(size_t top, size_t entries, const std::string& what);
+
 void SetTokens(BpeVocab* v, const std::vector<std::string>& bytes,
                std::vector<std::pair<std::string, int32_t>> specials, const std::string& where);
 // tiktoken's merge rule: every split of every ordinary token into two tokens, so that any adjacent

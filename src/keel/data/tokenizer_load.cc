@@ -126,6 +126,13 @@ uint64_t NextTokenizerInstance() {
   return next_instance.fetch_add(1);
 }
 
+void CheckVocabularyIds(size_t top, size_t entries, const std::string& what) {
+  if (top <= 2 * entries + 1024) return;
+  ThrowBadInput(what + ": far beyond the " + std::to_string(entries) +
+                " tokens the file has (expected ids below " + std::to_string(2 * entries + 1024) +
+                "; a vocabulary's ids are dense)");
+}
+
 void SetTokens(BpeVocab* v, const std::vector<std::string>& bytes,
                std::vector<std::pair<std::string, int32_t>> specials, const std::string& where) {
   size_t n = bytes.size();
