@@ -11,6 +11,8 @@
 #include "keel/ckpt/model_source.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/core/folder_lock.h"
+#include "keel/core/validate.h"
 #include "keel/model/params.h"
 
 namespace keel::cli {
@@ -23,6 +25,18 @@ void CreateParentDirs(const std::string& out) {
   std::error_code ec;
   if (!parent.empty()) std::filesystem::create_directories(parent, ec);
   if (ec) ThrowRuntime(parent.string() + ": cannot create the --out folder: " + ec.message());
+}
+
+// What export and import write must not be what they read (SRC, or a file in the SRC folder),
+// nor lie in a run folder that a job is training.
+void CheckTarget(const std::string& what, const std::string& out, const std::string& src) {
+  std::vector<std::string> inputs = {src};
+  std::error_code ec;
+  if (std::filesystem::is_directory(src, ec))
+    for (const auto& e : std::filesystem::directory_iterator(src, ec))
+      inputs.push_back(e.path().string());
+  CheckNotAnInput(what, out, inputs);
+  FolderLock::CheckNotInBusyFolder(what, out);
 }
 
 void PrintSummary(const std::string& out, const model::ModelConfig& c, const char* kind) {
@@ -61,6 +75,7 @@ void AddExport(CLI::App& ckpt) {
     const bool file = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
     const std::string path =
         file ? out : (std::filesystem::path(out) / "model.safetensors").string();
+    CheckTarget("ckpt export --out", path, src);
     CreateParentDirs(path);
     if (m.config.llama()) {
       ckpt::WriteHfLlama(path, m.config, layout, m.weights.data());
@@ -104,6 +119,7 @@ void AddImport(CLI::App& ckpt) {
       ThrowBadInput(src + ": already a keel model file (nothing to import; use it as it is)");
     ckpt::LoadedModel m = llama ? ckpt::ReadHfLlama(src) : ckpt::ReadHfGpt2(src, n_head);
     const auto layout = model::ParamLayout::Whole(m.config);
+    CheckTarget("ckpt import --out", out, src);
     CreateParentDirs(out);
     ckpt::WriteModel(out, m.config, layout, m.weights.data());
     PrintSummary(out, m.config, "keel model file");

@@ -1,14 +1,38 @@
 // keel dashboard and keel report: see the charts of one or more runs, live or in one HTML file.
+#include <cctype>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
 #include "keel/monitor/dashboard_server.h"
 #include "keel/monitor/report.h"
 
 namespace keel::cli {
+namespace {
+
+// A report replaces an earlier report, never another kind of file (RUN/model.safetensors,
+// RUN/config.toml ...): one mistyped --out must not cost a run's weights.
+void CheckOverwritesOnlyHtml(const std::string& what, const std::string& out) {
+  std::error_code ec;
+  if (!std::filesystem::exists(out, ec)) return;
+  CheckRegularFile(out);
+  std::ifstream in(out, std::ios::binary);
+  std::string head(64, '\0');
+  in.read(head.data(), std::streamsize(head.size()));
+  head.resize(size_t(in.gcount()));
+  for (char& c : head) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (head.rfind("<!doctype html", 0) != 0 && head.rfind("<html", 0) != 0)
+    ThrowBadInput(what + " " + out +
+                  ": exists and is not an HTML report; refusing to overwrite it (pick a new path "
+                  "or remove it)");
+}
+
+}  // namespace
 
 void RegisterDashboard(CLI::App& app) {
   auto* dash = app.add_subcommand("dashboard", "Serve a live page of charts for runs");
@@ -28,8 +52,8 @@ void RegisterDashboard(CLI::App& app) {
   dash->add_option("--poll-ms", d.poll_ms, "how often the page asks for new lines")
       ->capture_default_str();
   dash->callback([] {
-    if (d.port < 0 || d.port > 65535 || d.poll_ms < 100)
-      ThrowBadInput("keel dashboard: expected --port in 0..65535 and --poll-ms >= 100");
+    CheckRange("keel dashboard --port", d.port, 0, 65535);
+    CheckRange("keel dashboard --poll-ms", d.poll_ms, 100, 3600e3);
     monitor::ServeDashboard(d);
   });
 
@@ -49,7 +73,14 @@ void RegisterDashboard(CLI::App& app) {
   rep->add_option("--png", png, "also render each chart to DIR/CHART.png");
   rep->add_option("--png-size", width, "PNG width in pixels")->capture_default_str();
   rep->callback([] {
+    CheckRange("keel report --png-size", width, 100, 10000);
     const std::string file = out.empty() ? runs[0] + "/report.html" : out;
+    std::vector<std::string> inputs;
+    for (const std::string& r : runs)
+      for (const char* f : {"metrics.jsonl", "events.jsonl", "goodput.json"})
+        inputs.push_back(r + "/" + f);
+    CheckNotAnInput("keel report --out", file, inputs);
+    CheckOverwritesOnlyHtml("keel report --out", file);
     const std::vector<std::string> charts = monitor::WriteReport(runs, file);
     std::printf("keel report: wrote %s (%zu run(s), %zu charts)\n", file.c_str(), runs.size(),
                 charts.size());

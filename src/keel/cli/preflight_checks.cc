@@ -19,6 +19,7 @@
 
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
 #include "keel/data/dataset.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/params.h"
@@ -309,7 +310,7 @@ Row CheckMemory(Context& c) {
       plan::Layout::Of({c.comm->size(), 1, 1, 0}, c.micro_batch, PlanRecompute(c.recompute));
   const plan::MemoryBreakdown mem = plan::EstimateMemory(job, l);
   // Ranks on one host share its memory.
-  const auto avail = Gather(*c.comm, monitor::MemAvailableBytes() / LocalRanks(c));
+  const auto avail = Gather(*c.comm, MemAvailableBytes() / LocalRanks(c));
   const double least = *std::min_element(avail.begin(), avail.end());
   row.measured = Fmt("%.4g GB available per rank (least of all ranks)", least / 1e9);
   row.expected = Fmt("%.4g GB planned peak per rank (state %.4g GB + activations %.4g GB)",

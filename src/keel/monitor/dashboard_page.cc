@@ -20,10 +20,12 @@ body.only .panel.shown { display: block; height: 460px; }
 body.only .panel.shown canvas { height: 420px !important; }
 body.only #summary, body.only h1 { display: none; }
 #status { color: #777; font-size: 12px; }
+#warnings { color: #b00; }
 </style>
 @@CHARTJS@@
 </head><body>
 <h1>@@TITLE@@ <span id="status"></span></h1>
+<div id="warnings"></div>
 <div id="summary"></div>
 <div class="grid" id="grid"></div>
 <pre id="state" hidden></pre>
@@ -56,7 +58,8 @@ if (only) document.body.classList.add("only");
 const animation = KEEL.mode === "live" ? { duration: 0 } : false;
 
 const runs = KEEL.runs.map((r, i) => ({ name: r.name, color: COLORS[i % COLORS.length],
-  metrics: [], events: [], mNext: 0, eNext: 0, summary: r.summary || {} }));
+  metrics: [], events: [], mNext: 0, eNext: 0, summary: r.summary || {},
+  skipped: r.skipped || 0 }));
 
 // Vertical markers at each event's step, on every chart with a step axis.
 const eventMarkers = {
@@ -172,11 +175,15 @@ function summary() {
 window.keelState = () => ({
   charts: Object.fromEntries(Object.entries(charts).map(([id, c]) =>
     [id, c.data.datasets[0].data.length])),  // each chart's first series: run 0's, or its run's
-  lines: runs.map(r => r.metrics.length), events: runs.map(r => r.events.length), errors });
+  lines: runs.map(r => r.metrics.length), events: runs.map(r => r.events.length),
+  skipped: runs.map(r => r.skipped), errors });
 function render() {
   try {
     for (const c of Object.values(charts)) c.update();
     summary();
+    // Lines the server left out (over 1 MiB each: not lines keel writes).
+    document.getElementById("warnings").textContent = runs.filter(r => r.skipped)
+      .map(r => `${r.name}: ${r.skipped} line(s) over 1 MiB skipped`).join("; ");
   } catch (err) {
     errors.push(String(err));
   }
@@ -190,6 +197,7 @@ async function poll() {
         if (!r.ok) throw new Error(`api/${kind}: HTTP ${r.status}`); return r.json(); });
     const [m, e] = await Promise.all([q("metrics", runs[i].mNext), q("events", runs[i].eNext)]);
     runs[i].mNext = m.next; runs[i].eNext = e.next;
+    runs[i].skipped += (m.skipped || 0) + (e.skipped || 0);
     addLines(i, m.lines, e.lines);
     if (m.summary) runs[i].summary = m.summary;
   }

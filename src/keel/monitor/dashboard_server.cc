@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
 #include "keel/monitor/dashboard_page.h"
-#include "keel/monitor/prometheus_exporter.h"
 #include "keel/monitor/run_files.h"
 
 namespace keel::monitor {
@@ -57,29 +57,19 @@ nlohmann::json RunSummary(const std::string& run_dir) {
   return s;
 }
 
-void ServeDashboard(const DashboardOptions& o) {
-  if (o.runs.empty()) ThrowBadInput("keel dashboard: expected at least one run folder");
+std::unique_ptr<GuardedServer> MakeDashboardServer(const DashboardOptions& o,
+                                                   const std::string& chart) {
   nlohmann::json runs = nlohmann::json::array();
   for (const std::string& r : o.runs) runs.push_back({{"name", CheckRunDir(r)}});
-  if (!IsLoopback(o.addr) && o.token.empty())
-    ThrowBadInput("keel dashboard --addr " + o.addr +
-                  ": reachable from other machines; pass --token too (the page then needs "
-                  "?token=...)");
-  const std::string chart_path = ChartJsPath();
-  std::ifstream cin(chart_path);
-  std::stringstream chart_js;
-  chart_js << cin.rdbuf();
-  const std::string chart = chart_js.str();
-
-  httplib::Server svr;
-  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+  auto svr = std::make_unique<GuardedServer>(GuardedServer::Limits{});
+  svr->set_pre_routing_handler([&o](const httplib::Request& req, httplib::Response& res) {
     if (Authorized(req, o.token)) return httplib::Server::HandlerResponse::Unhandled;
     res.status = 401;
     res.set_header("WWW-Authenticate", "Bearer");
     res.set_content("keel dashboard: this server needs its token (?token=...)\n", "text/plain");
     return httplib::Server::HandlerResponse::Handled;
   });
-  svr.Get("/", [&](const httplib::Request& req, httplib::Response& res) {
+  svr->Get("/", [&o, runs](const httplib::Request& req, httplib::Response& res) {
     const std::string q = req.has_param("token") ? "?token=" + req.get_param_value("token") : "";
     std::string title = "keel:";
     for (const auto& r : runs) title.append(" ").append(r["name"].get<std::string>());
@@ -87,10 +77,10 @@ void ServeDashboard(const DashboardOptions& o) {
     res.set_content(DashboardHtml(title, "<script src=\"chart.js" + q + "\"></script>", cfg),
                     "text/html; charset=utf-8");
   });
-  svr.Get("/favicon.ico", [](const httplib::Request&, httplib::Response& res) {
+  svr->Get("/favicon.ico", [](const httplib::Request&, httplib::Response& res) {
     res.status = 204;  // none; a 404 would be an error in the browser's console
   });
-  svr.Get("/chart.js", [&](const httplib::Request&, httplib::Response& res) {
+  svr->Get("/chart.js", [chart](const httplib::Request&, httplib::Response& res) {
     res.set_content(chart, "application/javascript");
   });
   auto lines = [&](const char* file) {
@@ -111,20 +101,32 @@ void ServeDashboard(const DashboardOptions& o) {
       }
       const LinesRead r = ReadLinesFrom(o.runs[run] + "/" + file, since);
       nlohmann::json out = {{"lines", ParseLines(r.lines)}, {"next", r.next}};
+      if (r.skipped) out["skipped"] = r.skipped;
       out["summary"] = RunSummary(o.runs[run]);
       res.set_content(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                       "application/json");
     };
   };
-  svr.Get("/api/metrics", lines("metrics.jsonl"));
-  svr.Get("/api/events", lines("events.jsonl"));
+  svr->Get("/api/metrics", lines("metrics.jsonl"));
+  svr->Get("/api/events", lines("events.jsonl"));
 
-  int port = o.port;
-  if (port == 0) {
-    port = svr.bind_to_any_port(o.addr);
-  } else if (!svr.bind_to_port(o.addr, port)) {
-    port = -1;
-  }
+  return svr;
+}
+
+void ServeDashboard(const DashboardOptions& o) {
+  if (o.runs.empty()) ThrowBadInput("keel dashboard: expected at least one run folder");
+  const std::string addr = CheckListenAddress("keel dashboard --addr", o.addr);
+  for (const std::string& r : o.runs) CheckRunDir(r);
+  if (!IsLoopbackAddress(addr) && o.token.empty())
+    ThrowBadInput("keel dashboard --addr " + o.addr +
+                  ": reachable from other machines; pass --token too (the page then needs "
+                  "?token=...)");
+  const std::string chart_path = ChartJsPath();
+  std::ifstream cin(chart_path);
+  std::stringstream chart_js;
+  chart_js << cin.rdbuf();
+  const std::unique_ptr<GuardedServer> svr = MakeDashboardServer(o, chart_js.str());
+  const int port = svr->Listen(addr, o.port);
   if (port <= 0)
     ThrowBadInput("keel dashboard --port " + std::to_string(o.port) + ": cannot listen on " +
                   o.addr + ":" + std::to_string(o.port) + " (in use?); pick another, or 0 for any");
@@ -135,15 +137,15 @@ void ServeDashboard(const DashboardOptions& o) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  std::thread server([&] { svr.listen_after_bind(); });
-  const bool v6 = o.addr.find(':') != std::string::npos;
+  std::thread server([&] { svr->Run(); });
+  const bool v6 = addr.find(':') != std::string::npos;
   std::printf("keel dashboard: http://%s%s%s:%d/%s (%zu run(s); Ctrl-C to stop)\n", v6 ? "[" : "",
-              o.addr.c_str(), v6 ? "]" : "", port, o.token.empty() ? "" : "?token=...",
+              addr.c_str(), v6 ? "]" : "", port, o.token.empty() ? "" : "?token=...",
               o.runs.size());
   std::fflush(stdout);
   int sig = 0;
   sigwait(&stop, &sig);
-  svr.stop();
+  svr->Stop();
   server.join();
 }
 

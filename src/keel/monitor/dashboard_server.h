@@ -5,13 +5,18 @@
 //   GET /api/metrics?run=I&since=B  run I's metrics.jsonl lines from byte B: {"lines", "next",
 //                                  "summary"}
 //   GET /api/events?run=I&since=B   the same for events.jsonl
-// Read-only. With a token, every request needs ?token=T or "Authorization: Bearer T" (401
-// otherwise); an address other than loopback needs a token.
+// Lines over kMaxLineBytes (run_files.h) are left out and counted ("skipped" beside "next"); the
+// page shows the count. Connections are guarded (http_guard.h). Read-only. With a token, every
+// request needs ?token=T or "Authorization: Bearer T" (401 otherwise); an address other than
+// loopback needs a token.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "keel/monitor/http_guard.h"
 
 namespace keel::monitor {
 
@@ -22,6 +27,11 @@ struct DashboardOptions {
   std::string token;
   int poll_ms = 1000;
 };
+
+// The dashboard's routes on a GuardedServer, not yet listening: ServeDashboard's, and the fuzz
+// target's. `o` must outlive it; `chart` is Chart.js's text.
+std::unique_ptr<GuardedServer> MakeDashboardServer(const DashboardOptions& o,
+                                                   const std::string& chart);
 
 // Runs until SIGINT or SIGTERM. Throws keel::Error (bad input) for a run that is not a run
 // folder, a port it cannot listen on, or a non-loopback address without a token.

@@ -218,6 +218,5 @@ double MemInfo(const std::string& field) {
 }  // namespace
 
 double MemTotalBytes() { return MemInfo("MemTotal:"); }
-double MemAvailableBytes() { return MemInfo("MemAvailable:"); }
 
 }  // namespace keel::monitor

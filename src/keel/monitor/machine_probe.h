@@ -30,8 +30,7 @@ PeakRates MeasurePeakRates(int threads, double seconds, int reps);
 // copying its share of a `bytes` buffer, best of `reps`.
 double MeasureCopyRate(int threads, size_t bytes, int reps);
 
-// MemTotal and MemAvailable from /proc/meminfo, in bytes; 0 if they cannot be read.
+// MemTotal from /proc/meminfo, in bytes; 0 if it cannot be read (MemAvailable: core/validate.h).
 double MemTotalBytes();
-double MemAvailableBytes();
 
 }  // namespace keel::monitor

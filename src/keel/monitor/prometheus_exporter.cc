@@ -25,16 +25,12 @@ class MetricsExporter::Snapshot : public prometheus::Collectable {
   std::shared_ptr<prometheus::Registry> registry_;
 };
 
-bool IsLoopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr == "[::1]" || addr.rfind("127.", 0) == 0;
-}
-
 MetricsExporter::MetricsExporter(const std::string& addr, int port, const std::string& token,
                                  const std::string& what)
     : mu_(std::make_shared<std::mutex>()),
       registry_(std::make_shared<prometheus::Registry>()),
       snapshot_(std::make_shared<Snapshot>(mu_, registry_)) {
-  const bool v6 = addr.find(':') != std::string::npos && addr.front() != '[';
+  const bool v6 = addr.find(':') != std::string::npos;
   const std::string bind = (v6 ? "[" + addr + "]" : addr) + ":" + std::to_string(port);
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/1);

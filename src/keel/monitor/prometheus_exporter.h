@@ -27,14 +27,11 @@ namespace keel::monitor {
 
 using Labels = std::map<std::string, std::string>;
 
-// Whether `addr` is a loopback address (127.0.0.0/8, ::1, localhost): anything else needs a token.
-bool IsLoopback(const std::string& addr);
-
 class MetricsExporter {
  public:
-  // Listens on addr:port. A non-empty `token` requires HTTP basic auth with user "keel" and the
-  // token as password (Prometheus: basic_auth). Throws keel::Error (bad input) naming `what` (the
-  // config key) if it cannot listen.
+  // Listens on addr:port (`addr` as CheckListenAddress returns it). A non-empty `token` requires
+  // HTTP basic auth with user "keel" and the token as password (Prometheus: basic_auth). Throws
+  // keel::Error (bad input) naming `what` (the config key) if it cannot listen.
   MetricsExporter(const std::string& addr, int port, const std::string& token,
                   const std::string& what = "[monitor] metrics_port");
   ~MetricsExporter();

@@ -19,11 +19,12 @@
 namespace keel::monitor {
 namespace {
 
-nlohmann::json AllLines(const std::string& path) {
+nlohmann::json AllLines(const std::string& path, size_t* skipped) {
   nlohmann::json out = nlohmann::json::array();
   uint64_t at = 0;
   for (;;) {
     const LinesRead r = ReadLinesFrom(path, at);
+    *skipped += r.skipped;
     for (const std::string& l : r.lines) {
       nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
       if (j.is_object()) out.push_back(std::move(j));
@@ -53,10 +54,15 @@ std::vector<std::string> WriteReport(const std::vector<std::string>& runs, const
   for (size_t i = 0; i < runs.size(); ++i) {
     const std::string name = CheckRunDir(runs[i]);
     title += " " + name;
+    size_t skipped = 0;
     list.push_back({{"name", name},
-                    {"metrics", AllLines(runs[i] + "/metrics.jsonl")},
-                    {"events", AllLines(runs[i] + "/events.jsonl")},
+                    {"metrics", AllLines(runs[i] + "/metrics.jsonl", &skipped)},
+                    {"events", AllLines(runs[i] + "/events.jsonl", &skipped)},
                     {"summary", RunSummary(runs[i])}});
+    list.back()["skipped"] = skipped;
+    if (skipped)
+      std::fprintf(stderr, "keel report: %s: %zu line(s) over 1 MiB skipped\n", runs[i].c_str(),
+                   skipped);
     charts.push_back(runs.size() > 1 ? "breakdown-" + std::to_string(i) : "breakdown");
   }
   std::ifstream in(ChartJsPath());

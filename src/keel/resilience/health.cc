@@ -9,6 +9,7 @@
 #include <fstream>
 #include <vector>
 
+#include "keel/core/validate.h"
 #include "keel/kernels/backend.h"
 #include "keel/resilience/build_id.h"
 
@@ -44,16 +45,6 @@ void CheckMatmul(double* max_error, double* gflops) {
     }
 }
 
-double FreeMemGb() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb / 1048576.0;
-  return -1;
-}
-
 }  // namespace
 
 nlohmann::json CheckThisHost(const HealthOptions& o) {
@@ -73,7 +64,7 @@ nlohmann::json CheckThisHost(const HealthOptions& o) {
     problems.push_back("matrix product at " + std::to_string(int(gflops)) +
                        " GFLOP/s, below health_min_gflops = " + std::to_string(int(o.min_gflops)));
 
-  const double mem = FreeMemGb();
+  const double mem = MemAvailableBytes() > 0 ? MemAvailableBytes() / 1073741824.0 : -1;
   r["free_mem_gb"] = mem;
   if (o.min_free_mem_gb > 0 && mem >= 0 && mem < o.min_free_mem_gb)
     problems.push_back("free memory " + std::to_string(mem).substr(0, 5) + " GB, below " +

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
 #include "keel/kernels/backend.h"
-#include "keel/monitor/prometheus_exporter.h"
 #include "keel/train/config.h"
 #include "keel/train/config_schema.h"
 
@@ -191,8 +191,8 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   if (cfg.monitor.metrics_port > 65535)
     monitor.Fail("metrics_port", "expected a TCP port, 1 to 65535 (0: no endpoint), got " +
                                      std::to_string(cfg.monitor.metrics_port));
-  monitor.NonEmpty("metrics_addr", cfg.monitor.metrics_addr);
-  if (cfg.monitor.metrics_port > 0 && !monitor::IsLoopback(cfg.monitor.metrics_addr) &&
+  CheckListenAddress(prov.Where("monitor", "metrics_addr"), cfg.monitor.metrics_addr);
+  if (cfg.monitor.metrics_port > 0 && !IsLoopbackAddress(cfg.monitor.metrics_addr) &&
       cfg.monitor.metrics_token.empty())
     monitor.Fail("metrics_addr",
                  "\"" + cfg.monitor.metrics_addr +
@@ -211,9 +211,7 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                 "expected a fraction in [0, 1) (0.3: alert 30% below the "
                 "running median; 0: off), got " +
                     std::to_string(al.throughput_drop));
-  if (!al.webhook.empty() && al.webhook.rfind("http://", 0) != 0 &&
-      al.webhook.rfind("https://", 0) != 0)
-    alerts.Fail("webhook", "expected an http:// or https:// URL, got \"" + al.webhook + "\"");
+  if (!al.webhook.empty()) CheckHttpUrl(prov.Where("monitor.alerts", "webhook"), al.webhook);
 
   const Checker res(prov, "resilience");
   const ResilienceSection& r = cfg.resilience;

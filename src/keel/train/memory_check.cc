@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
 #include "keel/model/activations.h"
 #include "keel/model/params.h"
 #include "keel/parallel/pipeline_schedule.h"
@@ -14,17 +15,6 @@
 
 namespace keel::train {
 namespace {
-
-// MemAvailable in bytes; a large figure when it cannot be read (no check rather than a false one).
-double MemAvailable() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 1e30;
-}
 
 std::string GiB(double b) {
   char s[32];
@@ -128,7 +118,8 @@ void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, doubl
   if (available < 0) {
     const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     const int ranks = std::max(1, local ? std::atoi(local) : 1);
-    available = MemAvailable() / ranks;
+    const double mem = MemAvailableBytes();
+    available = (mem > 0 ? mem : 1e30) / ranks;  // unreadable: no check rather than a false one
     where = ranks > 1 ? "available to each of the " + std::to_string(ranks) +
                             " ranks on this machine (MemAvailable / ranks)"
                       : "available on this machine (MemAvailable)";
