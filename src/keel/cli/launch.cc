@@ -8,9 +8,12 @@
 
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
+#include "keel/monitor/prometheus_exporter.h"
 #include "keel/resilience/health.h"
 #include "keel/resilience/supervisor.h"
 #include "keel/train/config.h"
+#include "keel/train/run_setup.h"
 
 namespace keel::cli {
 namespace {
@@ -27,6 +30,14 @@ std::string HostName() {
   return buf;
 }
 
+std::vector<std::string> DataPaths(const train::RunConfig& cfg) {
+  std::vector<std::string> paths;
+  if (!cfg.data.train.empty()) paths.push_back(cfg.data.train);
+  for (const auto& src : cfg.data.sources) paths.push_back(src.path);
+  if (!cfg.data.val.empty()) paths.push_back(cfg.data.val);
+  return paths;
+}
+
 void RegisterHealth(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "health", "Check this host for keel launch: a matrix product, memory, disk, the build");
@@ -41,6 +52,9 @@ void RegisterHealth(CLI::App& app) {
   cmd->add_option("--min-free-mem-gb", o.min_free_mem_gb, "free memory needed (GB; 0 = any)");
   cmd->add_option("--min-gflops", o.min_gflops, "slowest acceptable fp32 product (0 = any)");
   cmd->callback([] {
+    CheckRange("keel health --min-free-gb", o.min_free_disk_gb, 0, 1e9);
+    CheckRange("keel health --min-free-mem-gb", o.min_free_mem_gb, 0, 1e9);
+    CheckRange("keel health --min-gflops", o.min_gflops, 0, 1e12);
     const nlohmann::json r = resilience::CheckThisHost(o);
     std::printf("%s\n", r.dump().c_str());
     std::fflush(stdout);
@@ -75,8 +89,10 @@ void RegisterLaunch(CLI::App& app) {
   cmd->add_option("--set", overrides, "override a key: section.key=value (repeatable)");
   cmd->add_option("--hostfile", hostfile, "OpenMPI hostfile; same as --set launch.hostfile=...");
   cmd->add_option("--launcher", launcher, "auto, local, mpirun or slurm ([launch] launcher)");
-  cmd->add_option("--np", np, "ranks per host ([launch] ranks_per_host); on this machine: ranks");
-  cmd->callback([] {
+  auto* np_opt = cmd->add_option(
+      "--np", np, "ranks per host ([launch] ranks_per_host); on this machine: ranks");
+  cmd->callback([np_opt] {
+    if (np_opt->count() > 0) CheckRange("keel launch --np", np, 1, 4096);
     std::vector<std::string> sets = overrides;
     if (!hostfile.empty()) sets.push_back("launch.hostfile=" + hostfile);
     if (!launcher.empty()) sets.push_back("launch.launcher=" + launcher);
@@ -109,6 +125,17 @@ void RegisterLaunch(CLI::App& app) {
     if (active == 0) ThrowBadInput("[launch] spares: every host is a spare; none would train");
 
     const int ranks = active * spec.ranks_per_host;
+    // What keel train would refuse (the layout, the data, KEEL_FAULT) is refused here, before the
+    // supervisor writes the run folder. The data is opened where the ranks will see it as this
+    // host does: on this machine, or on hosts that share its files.
+    bool data_here = true;
+    for (const std::string& p : DataPaths(cfg))
+      data_here = data_here && (p.rfind("http", 0) == 0 || std::filesystem::exists(p));
+    train::CheckRunInput(cfg, ranks, spec.launcher == resilience::Launcher::kLocal || data_here);
+    if (spec.launcher == resilience::Launcher::kLocal && cfg.monitor.metrics_port > 0)
+      monitor::MetricsExporter(
+          CheckListenAddress("[monitor] metrics_addr", cfg.monitor.metrics_addr),
+          cfg.monitor.metrics_port, cfg.monitor.metrics_token);  // in use?
     spec.layout.tp = cfg.parallel.tp;
     spec.layout.pp = cfg.parallel.pp;
     spec.layout.batch = cfg.train.batch_size;

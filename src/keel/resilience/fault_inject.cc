@@ -1,5 +1,8 @@
 #include "keel/resilience/fault_inject.h"
 
+#include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -31,11 +34,13 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return out;
 }
 
-// A whole non-negative number, or the bad-input error naming `what`.
+// A whole number in [0, 2^31), or the bad-input error naming `what`.
 long Whole(const std::string& text, const std::string& fault, const std::string& what) {
   char* end = nullptr;
+  errno = 0;
   const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || v < 0)
+  if (text.empty() || *end != '\0' || v < 0 || v > INT_MAX || errno == ERANGE ||
+      !std::isdigit(static_cast<unsigned char>(text[0])))
     ThrowBadInput("KEEL_FAULT: \"" + fault + "\": " + what +
                   ": expected a whole number >= 0, got \"" + text + "\"");
   return v;
@@ -73,6 +78,16 @@ std::vector<Fault> ParseFaults(const std::string& spec) {
       const size_t eq = parts[i].find('=');
       const std::string key = parts[i].substr(0, eq);
       const std::string value = eq == std::string::npos ? "" : parts[i].substr(eq + 1);
+      // An option another kind reads would be ignored by this one: the drill would not be the
+      // one written.
+      const char* owner =
+          key == "phase"                                                              ? "hang"
+          : key == "factor"                                                           ? "slow"
+          : (key == "param" || key == "index" || key == "bit" || key == "persistent") ? "bitflip"
+                                                                                      : nullptr;
+      if (owner && kind != owner)
+        ThrowBadInput("KEEL_FAULT: \"" + one + "\": " + key + " applies to " + owner +
+                      " faults only, not " + kind);
       if (key == "persistent" && eq == std::string::npos) {
         f.persistent = true;
       } else if (key == "phase") {
@@ -105,6 +120,25 @@ std::vector<Fault> ParseFaults(const std::string& spec) {
     faults.push_back(f);
   }
   return faults;
+}
+
+void CheckFaultsStrike(const std::vector<Fault>& faults, int world, int steps,
+                       const std::function<std::string(const Fault&)>& bad_param) {
+  for (const Fault& f : faults) {
+    const std::string name = std::string("KEEL_FAULT: fault ") + std::to_string(f.id + 1) + " (" +
+                             FaultKindName(f.kind) + "@" + std::to_string(f.step) + ")";
+    if (f.rank >= world)
+      ThrowBadInput(name + ": rank " + std::to_string(f.rank) + ": the job has " +
+                    std::to_string(world) + " rank(s), 0.." + std::to_string(world - 1) +
+                    "; the fault would never strike");
+    if (f.step >= steps)
+      ThrowBadInput(name + ": step " + std::to_string(f.step) + ": the run has " +
+                    std::to_string(steps) + " steps, 0.." + std::to_string(steps - 1) +
+                    " (0-based); the fault would never strike");
+    if (f.kind == FaultKind::kBitflip)
+      if (const std::string why = bad_param(f); !why.empty())
+        ThrowBadInput(name + ": param=" + f.param + ": " + why);
+  }
 }
 
 FaultInjector FaultInjector::FromEnv(int rank) {

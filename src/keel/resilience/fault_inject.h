@@ -22,6 +22,7 @@
 // which lasts). Unset, KEEL_FAULT costs one getenv.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,11 @@ struct Fault {
 // Parses a KEEL_FAULT value; throws keel::Error (bad input) naming the fault and what was expected.
 std::vector<Fault> ParseFaults(const std::string& spec);
 const char* FaultKindName(FaultKind k);
+// Faults that could never strike this job are errors too (a drill that silently does nothing is
+// worse than none): a rank outside the job, a step past its end, or a bitflip whose parameter or
+// element `bad_param` refuses (it returns why, or "").
+void CheckFaultsStrike(const std::vector<Fault>& faults, int world, int steps,
+                       const std::function<std::string(const Fault&)>& bad_param);
 
 class FaultInjector {
  public:

@@ -89,6 +89,7 @@ Supervisor::Supervisor(const SupervisorSpec& spec) : spec_(spec), hosts_(spec.ho
                   " must split into micro-batches of " + std::to_string(spec_.layout.micro) +
                   " over the data-parallel ranks; change --np ([launch] ranks_per_host) or the "
                   "batch");
+  lock_ = FolderLock::Acquire(spec_.run_dir, "keel launch");
   std::filesystem::create_directories(spec_.run_dir + "/logs");
   events_ = monitor::JsonlWriter(spec_.run_dir + "/events.jsonl");
   beat_dir_ = spec_.run_dir + "/heartbeat";
@@ -166,6 +167,7 @@ int Supervisor::Finish(int code, const std::string& outcome) {
 int Supervisor::Run() {
   BecomeSubreaper();
   ::setenv("KEEL_HEARTBEAT_DIR", beat_dir_.c_str(), 1);
+  ::setenv("KEEL_RUN_LOCK_HOLDER", lock_.holder().c_str(), 1);
   StopScope stop;
   Announce();
   for (int attempt = 1;; ++attempt) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/core/folder_lock.h"
 #include "keel/core/stop_signal.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/resilience/goodput.h"
@@ -83,7 +84,7 @@ class Supervisor {
     l.ranks_per_host = p.ranks_per_host;
     l.ranks = p.ranks;
     l.launcher_args = spec_.launcher_args;
-    l.env = {"KEEL_HEARTBEAT_DIR"};
+    l.env = {"KEEL_HEARTBEAT_DIR", "KEEL_RUN_LOCK_HOLDER"};
     for (const char* v : {"OMP_NUM_THREADS", "KEEL_BUILD_TAG", "KEEL_CKPT_CRASH_AT"})
       if (std::getenv(v)) l.env.push_back(v);
     return l;
@@ -127,6 +128,7 @@ class Supervisor {
   int full_ranks_ = 0;
   std::string build_;
   std::string beat_dir_;
+  FolderLock lock_;  // the run folder's: one job on it at a time
   monitor::JsonlWriter events_;
   std::vector<Attempt> attempts_;
   std::vector<std::string> history_;  // one line per failure

@@ -16,10 +16,12 @@
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
 #include "keel/core/log.h"
+#include "keel/core/validate.h"
 #include "keel/kernels/cpu_isa.h"
 #include "keel/monitor/flops.h"
 #include "keel/parallel/pipeline_schedule.h"
 #include "keel/resilience/build_id.h"
+#include "keel/resilience/fault_inject.h"
 #include "keel/train/freeze.h"
 #include "keel/train/memory_check.h"
 #include "keel/train/rank_agreement.h"
@@ -92,6 +94,24 @@ Setup Validate(const RunConfig& cfg, int world) {
   return s;
 }
 
+// KEEL_FAULT, parsed and checked against this job before anything is written: a drill that
+// would silently do nothing is refused.
+void CheckFaultSpec(const RunConfig& cfg, const model::ModelConfig& mcfg, int world) {
+  if (const char* faults = std::getenv("KEEL_FAULT"); faults && *faults) {
+    const model::ParamLayout whole = model::ParamLayout::Whole(mcfg);
+    resilience::CheckFaultsStrike(
+        resilience::ParseFaults(faults), world, cfg.train.steps,
+        [&whole](const resilience::Fault& f) -> std::string {
+          for (const model::ParamInfo& q : whole.params())
+            if (q.name == f.param)
+              return f.index < q.numel ? ""
+                                       : "index " + std::to_string(f.index) + " is past its " +
+                                             std::to_string(q.numel) + " elements";
+          return "no such parameter in this model (keel ckpt inspect RUN lists them)";
+        });
+  }
+}
+
 RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_rank, int dp,
                  int micro_batch) {
   const int T = cfg.data.seq_len;
@@ -154,6 +174,7 @@ struct Prepared {
 Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   Prepared p;
   p.s = Validate(cfg, world);
+  CheckFaultSpec(cfg, p.s.mcfg, world);
   const parallel::RankCoords at = parallel::Coords(p.s.layout, rank);
   p.d = OpenData(cfg, p.s.mcfg, at.dp, p.s.layout.dp, p.s.layout.micro_batch);
   std::vector<std::string> paths = {cfg.data.val};
@@ -211,6 +232,12 @@ nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
 
 }  // namespace
 
+void CheckRunInput(const RunConfig& cfg, int world, bool open_data) {
+  const Setup s = Validate(cfg, world);
+  CheckFaultSpec(cfg, s.mcfg, world);
+  if (open_data) OpenData(cfg, s.mcfg, 0, s.layout.dp, s.layout.micro_batch);
+}
+
 Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
     : cfg(cfg_in), comm(comm_in), lead(comm_in.rank() == 0) {
   std::optional<Prepared> prep;
@@ -261,16 +288,28 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   {
     // A bad request fails here, before the run folder is touched, on every rank alike (a folder
     // one rank cannot see would otherwise leave the others waiting in the resume's collectives).
+    // So does a run folder that another job holds, or a metrics port that is taken.
     std::optional<Error> bad_request;
     try {
       ckpt->CheckResumeRequest();
+      if (lead) {
+        if (cfg.monitor.metrics_port > 0) {
+          const std::string addr =
+              CheckListenAddress("[monitor] metrics_addr", cfg.monitor.metrics_addr);
+          exporter = std::make_unique<monitor::MetricsExporter>(addr, cfg.monitor.metrics_port,
+                                                                cfg.monitor.metrics_token);
+          const bool v6 = addr.find(':') != std::string::npos;
+          Log("keel: Prometheus metrics at http://%s%s%s:%d/metrics", v6 ? "[" : "", addr.c_str(),
+              v6 ? "]" : "", cfg.monitor.metrics_port);
+        }
+        lock = FolderLock::Acquire(sum.run_dir, "keel train");  // creates the run folder
+      }
     } catch (const Error& e) {
       bad_request = e;
     }
     ShareError(comm, bad_request);
   }
   if (lead) {
-    std::filesystem::create_directories(sum.run_dir);
     WriteFileAtomic(sum.run_dir + "/config.toml", ToToml(cfg));
     events = monitor::JsonlWriter(sum.run_dir + "/events.jsonl");
     sum.unigram_entropy = UnigramEntropy(data.train_ptrs, data.weights);
@@ -357,7 +396,8 @@ void Run::MeasureAndLogStart() {
   // The step's record: console, metrics.jsonl, Prometheus, [monitor.alerts] (rank 0's).
   report = std::make_unique<StepReporter>(
       cfg, comm, cfg.train.stop_at > 0 ? cfg.train.stop_at : cfg.train.steps,
-      lead ? &events : nullptr, std::filesystem::exists(ckpt->root()) ? ckpt->root() : sum.run_dir);
+      lead ? &events : nullptr, std::filesystem::exists(ckpt->root()) ? ckpt->root() : sum.run_dir,
+      std::move(exporter));
   ckpt->set_on_commit(report->CommitHook());
   if (lead) report->LogStart(*this, facts);
 }

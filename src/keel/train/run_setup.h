@@ -15,11 +15,13 @@
 #include <vector>
 
 #include "keel/ckpt/state.h"
+#include "keel/core/folder_lock.h"
 #include "keel/data/dataset.h"
 #include "keel/data/loader.h"
 #include "keel/data/prefetcher.h"
 #include "keel/model/params.h"
 #include "keel/monitor/jsonl.h"
+#include "keel/monitor/prometheus_exporter.h"
 #include "keel/optim/schedule.h"
 #include "keel/parallel/comm.h"
 #include "keel/parallel/groups.h"
@@ -45,6 +47,11 @@ struct RunData {
   // The validation windows (evaluation.h): the same ones at every validation and in `keel eval`.
   std::optional<EvalPlan> val_plan;
 };
+
+// What Run's setup refuses that one process can check alone, for `world` ranks: the config and
+// layout, KEEL_FAULT, and (with `open_data`) the datasets against the model. keel launch runs it
+// before the supervisor writes anything. Throws keel::Error.
+void CheckRunInput(const RunConfig& cfg, int world, bool open_data);
 
 struct Run {
   // Collective over `comm`. Everything that can be wrong with the input is found before the run
@@ -89,6 +96,8 @@ struct Run {
   std::optional<Resumed> resumed;            // the checkpoint the run started from
   std::optional<data::Prefetcher> prefetch;  // owns the loader from the first step on
   std::unique_ptr<StepReporter> report;
+  FolderLock lock;  // rank 0's: the run folder has one job at a time
+  std::unique_ptr<monitor::MetricsExporter> exporter;  // rank 0's, until the reporter takes it
 
   TrainSummary sum;
   int start_step = 0;

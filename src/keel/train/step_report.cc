@@ -16,12 +16,14 @@ constexpr size_t kRss = monitor::kPhases, kPeakRss = kRss + 1, kPerRank = kPeakR
 }  // namespace
 
 StepReporter::StepReporter(const RunConfig& cfg, parallel::Comm& comm, int last_step,
-                           monitor::JsonlWriter* events, const std::string& disk_path)
-    : cfg_(cfg), comm_(comm), last_step_(last_step), events_(events) {
+                           monitor::JsonlWriter* events, const std::string& disk_path,
+                           std::unique_ptr<monitor::MetricsExporter> exporter)
+    : cfg_(cfg),
+      comm_(comm),
+      last_step_(last_step),
+      events_(events),
+      exporter_(std::move(exporter)) {
   if (comm.rank() != 0) return;
-  if (cfg.monitor.metrics_port > 0)
-    exporter_ = std::make_unique<monitor::MetricsExporter>(
-        cfg.monitor.metrics_addr, cfg.monitor.metrics_port, cfg.monitor.metrics_token);
   const AlertsSection& a = cfg.monitor.alerts;
   alerts_ = std::make_shared<monitor::Alerts>(
       monitor::AlertConfig{a.nonfinite, a.loss_ceiling, cfg.optim.warmup_steps, a.throughput_drop,

@@ -52,11 +52,12 @@ struct RunFacts {
 
 class StepReporter {
  public:
-  // `metrics`: rank 0's metrics.jsonl (null elsewhere, or when off). Rank 0 opens the Prometheus
-  // endpoint when [monitor] metrics_port is set.
-  // `events` (rank 0's, else null) receives the alerts; `disk_path` is where checkpoints go.
+  // `events` (rank 0's, else null) receives the alerts; `disk_path` is where checkpoints go;
+  // `exporter`: rank 0's Prometheus endpoint when [monitor] metrics_port is set (bound before the
+  // run folder is written, so that a port in use is refused first).
   StepReporter(const RunConfig& cfg, parallel::Comm& comm, int last_step,
-               monitor::JsonlWriter* events, const std::string& disk_path);
+               monitor::JsonlWriter* events, const std::string& disk_path,
+               std::unique_ptr<monitor::MetricsExporter> exporter);
   ~StepReporter();
 
   // For the checkpointer: a committed save restarts the checkpoint-age alert. Safe to call after

@@ -1,0 +1,129 @@
+// Issue 32, for `keel train`: addresses, URLs and KEEL_FAULT specs are checked before anything is
+// written (one line, exit 2, naming the key or the variable and the bad part); a metrics port in
+// use is refused before the run folder exists; a run folder has one job at a time, and a lock left
+// by a dead holder is taken over with a line saying so.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "run_util.h"
+
+namespace keel::test {
+namespace {
+
+const std::string kKeel = KEEL_BINARY;
+const std::string kTiny = std::string(KEEL_SOURCE_DIR) + "/configs/test-tiny.toml";
+
+std::string Tokens(const TempDir& dir) {
+  const std::string all = ReadFile(std::string(KEEL_SHARED_DATA) + "/brown/brown.gpt2.u16");
+  EXPECT_GT(all.size(), 200000u) << "missing ../shared/data/brown/brown.gpt2.u16";
+  const std::string path = dir / "brown.u16";
+  std::ofstream(path, std::ios::binary).write(all.data(), 200000);
+  return path;
+}
+
+std::string Train(const TempDir& dir, const std::string& data, const std::string& extra) {
+  return "OMP_NUM_THREADS=1 " + kKeel + " train " + kTiny + " --set data.train=" + data +
+         " --set train.out_dir=" + dir.path() + " " + extra;
+}
+
+void ExpectRefusedBeforeWriting(const RunResult& r, const TempDir& dir, const std::string& want,
+                                const std::string& what) {
+  EXPECT_EQ(r.code, 2) << what << ": " << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << what << ": " << r.err;
+  EXPECT_NE(r.err.find(want), std::string::npos) << what << ": want " << want << ": " << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir / "test-tiny")) << what << ": the run folder exists";
+}
+
+TEST(TrainInput, AddressesUrlsAndFaultSpecsAreRefusedBeforeAnythingIsWritten) {
+  TempDir dir;
+  const std::string data = Tokens(dir);
+  struct Case {
+    std::string env, args, want;
+  };
+  const std::vector<Case> cases = {
+      {"", "--set monitor.metrics_addr=999.1.1.1 --set monitor.metrics_port=9", "\"999.1.1.1\""},
+      {"", "--set monitor.metrics_addr=1.2.3", "monitor.metrics_addr: \"1.2.3\" is not an address"},
+      {"", "--set monitor.alerts.webhook=http://:8080/x", "webhook: \"http://:8080/x\": no host"},
+      {"", "--set monitor.alerts.webhook=http://example.com:99999/x", "not in 1-65535"},
+      {"", "--set monitor.alerts.webhook=ftp://example.com/", "not http or https"},
+      {"KEEL_FAULT='boom@3'", "", "KEEL_FAULT: \"boom@3\": unknown kind \"boom\""},
+      {"KEEL_FAULT='kill@-1'", "", "KEEL_FAULT: \"kill@-1\": step: expected a whole number"},
+      {"KEEL_FAULT='hang@2,phase=lunch'", "", "phase: expected data, forward, backward"},
+      {"KEEL_FAULT='kill@2:0x'", "", "rank: expected a whole number >= 0, got \"0x\""},
+      {"KEEL_FAULT='kill@99999999999'", "", "step: expected a whole number"},
+      {"KEEL_FAULT='kill@2,phase=forward'", "", "phase applies to hang faults only, not kill"},
+      {"KEEL_FAULT='kill@2:3'", "", "rank 3: the job has 1 rank(s)"},
+      {"KEEL_FAULT='nan_grad@500'", "--set train.steps=5", "step 500: the run has 5 steps"},
+      {"KEEL_FAULT='bitflip@1,param=h.9.nope'", "", "param=h.9.nope: no such parameter"},
+  };
+  for (const Case& c : cases)
+    ExpectRefusedBeforeWriting(RunCommand(c.env + " " + Train(dir, data, c.args)), dir, c.want,
+                               c.env + c.args);
+}
+
+// A port another process listens on: refused before the run folder is created.
+TEST(TrainInput, MetricsPortInUseIsRefusedFirst) {
+  TempDir dir;
+  const std::string data = Tokens(dir);
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(s, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  ExpectRefusedBeforeWriting(
+      RunCommand(Train(dir, data, "--set monitor.metrics_port=" + port)), dir,
+      "[monitor] metrics_port " + port + ": cannot listen on 127.0.0.1:" + port, "port in use");
+  ::close(s);
+}
+
+// A second job on a run folder that a first is training: exit 2 naming the first's pid, and
+// nothing of the first's changed. Once the first is gone, the folder is free again; a lock left
+// by a holder that died is taken over with a line saying so.
+TEST(TrainInput, ARunFolderHasOneJobAtATime) {
+  TempDir dir;
+  const std::string data = Tokens(dir);
+  const std::string run = dir / "test-tiny", metrics = run + "/metrics.jsonl";
+  const std::string pid_file = dir / "first.pid";
+  ASSERT_EQ(RunCommand("(" + Train(dir, data, "--set train.steps=100000") + " >" +
+                       (dir / "first.log") + " 2>&1 & echo $! >" + pid_file + ")")
+                .code,
+            0);
+  const std::string pid = ReadFile(pid_file).substr(0, ReadFile(pid_file).find('\n'));
+  RunCommand("for i in $(seq 600); do [ -s " + metrics + " ] && break; sleep 0.1; done");
+  ASSERT_TRUE(std::filesystem::exists(metrics)) << ReadFile(dir / "first.log");
+  const std::string config = ReadFile(run + "/config.toml");
+  const RunResult second = RunCommand(Train(dir, data, "--set train.steps=3 --set optim.lr=1"));
+  EXPECT_EQ(second.code, 2) << second.err;
+  EXPECT_NE(second.err.find("is in use by another keel job (host "), std::string::npos)
+      << second.err;
+  EXPECT_NE(second.err.find("pid " + pid + ")"), std::string::npos) << second.err;
+  EXPECT_EQ(ReadFile(run + "/config.toml"), config) << "the second job rewrote the first's config";
+  RunCommand("kill -INT " + pid + "; while kill -0 " + pid + " 2>/dev/null; do sleep 0.1; done");
+
+  // The first stopped cleanly: no holder left behind, and the folder takes a new job.
+  EXPECT_EQ(ReadFile(run + "/.keel.lock"), "");
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::filesystem::create_directories(dir / "y");
+  std::ofstream(dir / "y/.keel.lock") << "host " << host << ", pid 999999\n";
+  const RunResult taken = RunCommand(Train(dir, data, "--set train.steps=1 --set train.name=y"));
+  EXPECT_EQ(taken.code, 0) << taken.err;
+  EXPECT_NE(taken.err.find("taking over the lock of host " + std::string(host) +
+                           ", pid 999999 (no longer running)"),
+            std::string::npos)
+      << taken.err;
+}
+
+}  // namespace
+}  // namespace keel::test
