@@ -4,6 +4,7 @@
 #           and the final weights equal the uninterrupted run's bitwise (same layout);
 #   silent  SIGSTOP rank 1: the supervisor names it (rank, host, step, phase), restarts, finishes;
 #   bad     bad input (exit 2) is not retried: exit 2 with the rank's message, one start only;
+#           input keel launch can check itself is refused before the run folder is written;
 #   max     a job that always dies: exit 1 after max_restarts restarts, with the failure history;
 #   term    SIGTERM to the supervisor: the job saves, exit 0, no keel process left behind;
 #   layout  3 ranks that the batch cannot split over: exit 2 before anything is written.
@@ -66,10 +67,16 @@ cmp "$tmp/ref/model.safetensors" "$tmp/silent/model.safetensors" ||
   { echo "silent: final weights differ"; exit 1; }
 echo "silent: $(grep -m1 'is silent' "$tmp/silent.log")"
 
-launch bad --set data.val="$tmp/missing.u16"
+# Bad input that keel launch can see (a missing dataset) is refused before it writes anything;
+# bad input only the ranks find (a missing init_from file) ends the job after one start.
+launch early --set data.val="$tmp/missing.u16"
+finish early 2
+expect early "missing.u16"
+[ ! -e "$tmp/early" ] || { echo "early: the run folder was written before the refusal"; exit 1; }
+launch bad --set model.init_from="$tmp/missing.safetensors"
 finish bad 2
 expect bad "which a restart would not fix"
-expect bad "missing.u16"
+expect bad "missing.safetensors"
 (($(supervisor_events bad job_start) == 1)) || { echo "bad: started more than once"; exit 1; }
 echo "bad: $(grep -m1 'would not fix' "$tmp/bad.log")"
 
@@ -96,6 +103,6 @@ rc=0
 "$keel" launch "$src/configs/test-tiny.toml" "${common[@]:2}" --np 3 --set train.name=layout \
   --set train.micro_batch_size=2 >"$tmp/layout.log" 2>&1 || rc=$?
 ((rc == 2)) || { echo "layout: exit $rc, expected 2"; cat "$tmp/layout.log"; exit 1; }
-expect layout "the layout does not take the 3 ranks of the hosts"
+expect layout "[train] batch_size: 4 is not divisible by ranks (3) × micro_batch_size (2)"
 [[ ! -e $tmp/layout ]] || { echo "layout: the run folder was written"; exit 1; }
-echo "layout: $(grep -m1 'does not take' "$tmp/layout.log")"
+echo "layout: $(grep -m1 "is not divisible" "$tmp/layout.log")"

@@ -85,6 +85,13 @@ TEST(TrainInput, MetricsPortInUseIsRefusedFirst) {
       RunCommand(Train(dir, data, "--set monitor.metrics_port=" + port)), dir,
       "[monitor] metrics_port " + port + ": cannot listen on 127.0.0.1:" + port, "port in use");
   ::close(s);
+  // Free again: the run binds it and says where.
+  const RunResult r =
+      RunCommand(Train(dir, data, "--set train.steps=1 --set monitor.metrics_port=" + port));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE((r.out + r.err).find("Prometheus metrics at http://127.0.0.1:" + port + "/metrics"),
+            std::string::npos)
+      << r.out << r.err;
 }
 
 // A second job on a run folder that a first is training: exit 2 naming the first's pid, and
@@ -109,6 +116,12 @@ TEST(TrainInput, ARunFolderHasOneJobAtATime) {
       << second.err;
   EXPECT_NE(second.err.find("pid " + pid + ")"), std::string::npos) << second.err;
   EXPECT_EQ(ReadFile(run + "/config.toml"), config) << "the second job rewrote the first's config";
+  const RunResult into = RunCommand(kKeel + " ckpt export " + run + " --out " + run + "/hf");
+  EXPECT_EQ(into.code, 2) << into.err;
+  EXPECT_NE(into.err.find("inside " + run + ", a run folder that a keel job is training (host "),
+            std::string::npos)
+      << into.err;
+  EXPECT_FALSE(std::filesystem::exists(run + "/hf"));
   RunCommand("kill -INT " + pid + "; while kill -0 " + pid + " 2>/dev/null; do sleep 0.1; done");
 
   // The first stopped cleanly: no holder left behind, and the folder takes a new job.

@@ -70,12 +70,12 @@ void AddExport(CLI::App& ckpt) {
     if (format != "safetensors")
       ThrowBadInput("ckpt export: --format \"" + format +
                     "\" is not supported (supported: safetensors, with Hugging Face names)");
-    ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src);
-    const auto layout = model::ParamLayout::Whole(m.config);
     const bool file = out.size() > 12 && out.compare(out.size() - 12, 12, ".safetensors") == 0;
     const std::string path =
         file ? out : (std::filesystem::path(out) / "model.safetensors").string();
     CheckTarget("ckpt export --out", path, src);
+    ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src);
+    const auto layout = model::ParamLayout::Whole(m.config);
     CreateParentDirs(path);
     if (m.config.llama()) {
       ckpt::WriteHfLlama(path, m.config, layout, m.weights.data());
@@ -117,9 +117,9 @@ void AddImport(CLI::App& ckpt) {
                     "a GPT-2 model.safetensors file or a Hugging Face Llama folder");
     if (!llama && !ckpt::IsHfGpt2File(src))
       ThrowBadInput(src + ": already a keel model file (nothing to import; use it as it is)");
+    CheckTarget("ckpt import --out", out, src);
     ckpt::LoadedModel m = llama ? ckpt::ReadHfLlama(src) : ckpt::ReadHfGpt2(src, n_head);
     const auto layout = model::ParamLayout::Whole(m.config);
-    CheckTarget("ckpt import --out", out, src);
     CreateParentDirs(out);
     ckpt::WriteModel(out, m.config, layout, m.weights.data());
     PrintSummary(out, m.config, "keel model file");
