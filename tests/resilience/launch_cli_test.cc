@@ -2,10 +2,7 @@
 // and every refusal comes before the supervisor writes the run folder: bad data, a metrics port in
 // use, and a run folder that another job holds (the second launch, or a keel train beside it,
 // names the holder).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -49,19 +46,13 @@ TEST(LaunchCli, RefusalsComeBeforeTheRunFolderIsWritten) {
                 "rank 7: the job has 1 rank(s)");
   EXPECT_FALSE(std::filesystem::exists(dir / "test-tiny"));
 
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(s, 1), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  const std::string port = std::to_string(ntohs(a.sin_port));
+  TakenPort taken;
+  const std::string port = taken.port();
+  ASSERT_FALSE(port.empty());
   ExpectOneLine(
       RunCommand(launch + " --set data.train=" + data + " --set monitor.metrics_port=" + port),
       "metrics_port " + port + ": cannot listen");
-  ::close(s);
+  taken.Free();
   EXPECT_FALSE(std::filesystem::exists(dir / "test-tiny"));
 
   // One launch trains; a second launch, and a keel train, on its folder are refused naming it.

@@ -2,10 +2,7 @@
 // written (one line, exit 2, naming the key or the variable and the bad part); a metrics port in
 // use is refused before the run folder exists; a run folder has one job at a time, and a lock left
 // by a dead holder is taken over with a line saying so.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -72,19 +69,13 @@ TEST(TrainInput, AddressesUrlsAndFaultSpecsAreRefusedBeforeAnythingIsWritten) {
 TEST(TrainInput, MetricsPortInUseIsRefusedFirst) {
   TempDir dir;
   const std::string data = Tokens(dir);
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(s, 1), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  const std::string port = std::to_string(ntohs(a.sin_port));
+  TakenPort taken;
+  const std::string port = taken.port();
+  ASSERT_FALSE(port.empty());
   ExpectRefusedBeforeWriting(
       RunCommand(Train(dir, data, "--set monitor.metrics_port=" + port)), dir,
       "[monitor] metrics_port " + port + ": cannot listen on 127.0.0.1:" + port, "port in use");
-  ::close(s);
+  taken.Free();
   // Free again: the run binds it and says where.
   const RunResult r =
       RunCommand(Train(dir, data, "--set train.steps=1 --set monitor.metrics_port=" + port));

@@ -1,7 +1,11 @@
 // Running the `keel` executable from tests: its exit code, stdout and stderr.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -68,6 +72,32 @@ class TempDir {
 
  private:
   std::filesystem::path path_;
+};
+
+// A loopback TCP port this process listens on (so that another cannot), until Free() or the end.
+class TakenPort {
+ public:
+  TakenPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd_, 1) == 0 &&
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port_ = std::to_string(ntohs(a.sin_port));
+  }
+  ~TakenPort() { Free(); }
+  TakenPort(const TakenPort&) = delete;
+  TakenPort& operator=(const TakenPort&) = delete;
+  const std::string& port() const { return port_; }  // empty if none could be taken
+  void Free() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+  std::string port_;
 };
 
 }  // namespace keel::test
