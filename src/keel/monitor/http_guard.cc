@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 
 namespace keel::monitor {
@@ -93,7 +94,11 @@ void GuardedServer::Run() {
       continue;
     }
     const int sock = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (sock < 0) continue;
+    if (sock < 0) {
+      // Out of descriptors: the pending connection stays readable; wait rather than spin.
+      if (errno == EMFILE || errno == ENFILE) ::usleep(100000);
+      continue;
+    }
     const std::string peer = PeerAddress(sock);
     int id = 0;
     {
