@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
@@ -161,6 +162,19 @@ void CheckRegularFile(const std::string& path) {
                      : S_ISBLK(st.st_mode)  ? "a block device"
                                             : "not a regular file";
   ThrowBadInput(path + ": expected a regular file, found " + kind);
+}
+
+void CheckCanCreateFolder(const std::string& what, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  while (!p.empty() && !fs::exists(fs::symlink_status(p, ec))) p = p.parent_path();
+  if (p.empty()) return;
+  if (!fs::is_directory(p, ec))
+    ThrowBadInput(what + " " + path + ": " + p.string() + " is a file, not a folder");
+  if (::access(p.c_str(), W_OK) != 0)
+    ThrowBadInput(what + " " + path + ": cannot write in " + p.string() + ": " +
+                  std::strerror(errno));
 }
 
 void CheckNotAnInput(const std::string& what, const std::string& out,

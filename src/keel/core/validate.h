@@ -48,6 +48,10 @@ void CheckRange(const std::string& what, double value, double lo, double hi);
 // FIFO or a device would block or never end. Throws naming the path and what it found.
 void CheckRegularFile(const std::string& path);
 
+// The folder `path` exists, or can be created: its nearest existing ancestor is a folder this
+// process may write. Creates nothing.
+void CheckCanCreateFolder(const std::string& what, const std::string& path);
+
 // `out` is none of `inputs` (after resolving links and "..", for paths that exist): writing it
 // would destroy what is being read.
 void CheckNotAnInput(const std::string& what, const std::string& out,

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "keel/core/error.h"
+#include "keel/parallel/comm_wait.h"
 
 namespace keel::parallel {
 namespace {
@@ -23,8 +24,7 @@ long EnvSize(const char* name) {
 
 void Comm::AllReduceSum(float* data, size_t n) {
   auto work = AllReduceSumAsync(data, n);
-  // A negative timeout waits forever, so Wait can only return true (or throw).
-  KEEL_CHECK(work->Wait(-1), "Wait without a timeout returned false");
+  WaitOrLostDefault(*work, label(), "all-reduce", 0);
 }
 
 double Comm::AllReduceSum(double x) {

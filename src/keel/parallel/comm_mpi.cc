@@ -164,15 +164,17 @@ class MpiComm final : public Comm {
     KEEL_CHECK(color >= 0, "Split with negative color " + std::to_string(color));
     MPI_Comm sub = MPI_COMM_NULL;
     int sub_rank = -1, sub_size = 0;
-    // Run returns only after the op has run, so the op may write to these locals.
-    engine_->Run([&, comm = comm_, rank = rank_]() -> std::string {
+    // The op writes to these locals, so this wait has no deadline: it returns only after the op
+    // has run (a lost peer at setup is the watchdog's).
+    MpiWork split(engine_->Submit([&, comm = comm_, rank = rank_]() -> std::string {
       if (int rc = MPI_Comm_split(comm, color, key, &sub); rc != MPI_SUCCESS)
         return Check(rc, "MPI_Comm_split", rank);
       MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
       MPI_Comm_rank(sub, &sub_rank);
       MPI_Comm_size(sub, &sub_size);
       return "";
-    });
+    }));
+    KEEL_CHECK(split.Wait(-1), "Wait without a timeout returned false");
     return std::make_unique<MpiComm>(engine_, sub, sub_rank, sub_size);
   }
 
@@ -189,35 +191,39 @@ class MpiComm final : public Comm {
   }
 
   void Send(const void* data, size_t bytes, int peer) override {
-    engine_->Run([=, comm = comm_, rank = rank_]() -> std::string {
-      const auto* p = static_cast<const char*>(data);
-      // Both sides cut a message into the same chunks, so they match one to one.
-      for (size_t off = 0; off == 0 || off < bytes; off += kMaxChunk) {
-        int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
-        if (int rc = MPI_Send(p + off, count, MPI_BYTE, peer, kTag, comm); rc != MPI_SUCCESS)
-          return Check(rc, "MPI_Send", rank);
-      }
-      return "";
-    });
+    Blocking("MPI_Send to rank " + std::to_string(peer),
+             [=, comm = comm_, rank = rank_]() -> std::string {
+               const auto* p = static_cast<const char*>(data);
+               // Both sides cut a message into the same chunks, so they match one to one.
+               for (size_t off = 0; off == 0 || off < bytes; off += kMaxChunk) {
+                 int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
+                 if (int rc = MPI_Send(p + off, count, MPI_BYTE, peer, kTag, comm);
+                     rc != MPI_SUCCESS)
+                   return Check(rc, "MPI_Send", rank);
+               }
+               return "";
+             });
   }
 
   void Recv(void* data, size_t bytes, int peer) override {
-    engine_->Run([=, comm = comm_, rank = rank_]() -> std::string {
-      auto* p = static_cast<char*>(data);
-      for (size_t off = 0; off == 0 || off < bytes; off += kMaxChunk) {
-        int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
-        MPI_Status status;
-        if (int rc = MPI_Recv(p + off, count, MPI_BYTE, peer, kTag, comm, &status);
-            rc != MPI_SUCCESS)
-          return Check(rc, "MPI_Recv", rank);
-        int got = 0;
-        MPI_Get_count(&status, MPI_BYTE, &got);
-        if (got != count)
-          return "MPI_Recv on rank " + std::to_string(rank) + " from rank " + std::to_string(peer) +
-                 ": expected " + std::to_string(bytes) + " bytes, the sender sent fewer";
-      }
-      return "";
-    });
+    Blocking("MPI_Recv from rank " + std::to_string(peer),
+             [=, comm = comm_, rank = rank_]() -> std::string {
+               auto* p = static_cast<char*>(data);
+               for (size_t off = 0; off == 0 || off < bytes; off += kMaxChunk) {
+                 int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
+                 MPI_Status status;
+                 if (int rc = MPI_Recv(p + off, count, MPI_BYTE, peer, kTag, comm, &status);
+                     rc != MPI_SUCCESS)
+                   return Check(rc, "MPI_Recv", rank);
+                 int got = 0;
+                 MPI_Get_count(&status, MPI_BYTE, &got);
+                 if (got != count)
+                   return "MPI_Recv on rank " + std::to_string(rank) + " from rank " +
+                          std::to_string(peer) + ": expected " + std::to_string(bytes) +
+                          " bytes, the sender sent fewer";
+               }
+               return "";
+             });
   }
 
   std::unique_ptr<Work> SendAsync(const void* data, size_t bytes, int peer, int tag) override {
@@ -250,19 +256,25 @@ class MpiComm final : public Comm {
 
   // A collective on the engine, counted in this group's progress (core/collective_progress.h)
   // when issued and when it returns.
-  std::function<std::string()> Tracked(const char* op, std::function<std::string()> run) {
-    const uint64_t seq = NoteIssued(label(), op);
+  std::function<std::string()> Tracked(const std::string& op, std::function<std::string()> run,
+                                       uint64_t* seq_out = nullptr) {
+    const uint64_t seq = NoteIssued(label(), op.c_str());
+    if (seq_out) *seq_out = seq;
     return [group = label(), seq, run = std::move(run)] {
       std::string error = run();
       NoteDone(group, seq);
       return error;
     };
   }
-  std::unique_ptr<Work> Async(const char* op, std::function<std::string()> run) {
+  std::unique_ptr<Work> Async(const std::string& op, std::function<std::string()> run) {
     return std::make_unique<MpiWork>(engine_->Submit(Tracked(op, std::move(run))));
   }
-  void Blocking(const char* op, std::function<std::string()> run) {
-    engine_->Run(Tracked(op, std::move(run)));
+  // Waits up to the default deadline (comm_wait.h): past it, exit 75 naming the group, the
+  // operation and its sequence number.
+  void Blocking(const std::string& op, std::function<std::string()> run) {
+    uint64_t seq = 0;
+    std::function<std::string()> tracked = Tracked(op, std::move(run), &seq);
+    engine_->Run(std::move(tracked), label(), op, seq);
   }
 
   // A bad peer is left to MPI (Wait throws its error, as for Send); a bad tag could silently

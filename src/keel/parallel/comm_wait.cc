@@ -1,6 +1,8 @@
 #include "keel/parallel/comm_wait.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 
 #include "keel/core/error.h"
 
@@ -8,11 +10,28 @@ namespace keel::parallel {
 
 double WaitOrLost(Work& w, double timeout_s, const std::string& what) {
   Timer t;
-  if (!w.Wait(timeout_s))
-    throw Error(ExitCode::kTempFail, what +
-                                         " did not complete within [parallel] comm_timeout_s = " +
-                                         std::to_string(timeout_s) + " s: a peer is lost or hung");
-  return t.Millis();
+  if (w.Wait(timeout_s)) return t.Millis();
+  char text[64];
+  std::snprintf(text, sizeof text, "%g", timeout_s);
+  throw Error(ExitCode::kTempFail, what + " did not complete within [parallel] comm_timeout_s = " +
+                                       text + " s: a peer is lost or hung");
+}
+
+namespace {
+std::atomic<double> default_deadline_s{-1};
+}  // namespace
+
+void SetDefaultWaitDeadline(double seconds) { default_deadline_s = seconds; }
+double DefaultWaitDeadline() { return default_deadline_s; }
+
+void WaitOrLostDefault(Work& w, const std::string& group, const std::string& op, uint64_t seq) {
+  const double timeout_s = default_deadline_s;
+  if (w.Wait(timeout_s)) return;
+  char text[64];
+  std::snprintf(text, sizeof text, "%g", timeout_s);
+  throw Error(ExitCode::kTempFail, group + " " + op + (seq ? " #" + std::to_string(seq) : "") +
+                                       " did not complete within [parallel] comm_timeout_s = " +
+                                       text + " s: a peer is lost or hung");
 }
 
 bool Settled(Work& w, const Timer& since, double deadline_s) {

@@ -12,8 +12,20 @@
 
 namespace keel::parallel {
 
-// Returns the milliseconds waited; throws keel::Error (kTempFail) past the timeout.
+// Returns the milliseconds waited; throws keel::Error (kTempFail) past the timeout (a negative
+// timeout waits forever).
 double WaitOrLost(Work& w, double timeout_s, const std::string& what);
+
+// The deadline of the waits that name none: blocking collectives, barriers, broadcasts, blocking
+// sends and receives, and the communicators' own waits. The trainer sets it to [parallel]
+// comm_timeout_s once the ranks agree on their setup, so that no wait of the step or the loop
+// outlives a lost peer; negative (the default, and for tools such as keel eval): none.
+void SetDefaultWaitDeadline(double seconds);
+double DefaultWaitDeadline();
+
+// Waits for `w` up to DefaultWaitDeadline(); past it, throws keel::Error (kTempFail) naming
+// `group`, `op` and the collective's sequence number in its group (0: not counted).
+void WaitOrLostDefault(Work& w, const std::string& group, const std::string& op, uint64_t seq);
 
 // For destructors, whose buffers an operation still in flight writes into: waits until
 // `deadline_s` seconds after `since` (one deadline for all of an object's operations, so a lost

@@ -32,6 +32,7 @@
 
 #include "keel/core/dtype.h"
 #include "keel/core/log.h"
+#include "keel/parallel/comm_wait.h"
 
 namespace keel::parallel {
 
@@ -345,9 +346,10 @@ void MpiEngine::Post(std::function<std::string()> run) {
   queue_->cv.notify_all();
 }
 
-void MpiEngine::Run(std::function<std::string()> run) {
+void MpiEngine::Run(std::function<std::string()> run, const std::string& group,
+                    const std::string& op, uint64_t seq) {
   MpiWork work(Submit(std::move(run)));
-  KEEL_CHECK(work.Wait(-1), "Wait without a timeout returned false");
+  WaitOrLostDefault(work, group, op, seq);
 }
 
 std::shared_ptr<OpState> MpiEngine::Enqueue(Op op) {

@@ -106,49 +106,73 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
                                                const std::vector<std::string>& candidates,
                                                bool search, const std::string& where) {
   const bool lead = comm_.rank() == 0;
+  // Each rank reads and verifies its pieces of a candidate; the verdicts are reduced, so that all
+  // ranks take the newest checkpoint that verifies everywhere, together (one rank skipping a
+  // candidate that the others loaded would leave their collectives out of step for good).
+  enum Verdict { kLoaded = 0, kSkip = 1, kFatal = 2 };
+  std::string first_bad;  // "DIR: rank R: reason" of the newest candidate refused, for the end
   for (const std::string& dir : candidates) {
     bool other_model = false;  // not a bad checkpoint but the wrong run: never skipped
+    std::optional<Error> error;
+    std::optional<ckpt::CheckpointReader> reader;
+    Timer load;
     try {
-      Timer load;
-      ckpt::CheckpointReader r = ckpt::CheckpointReader::Open(dir);
+      reader.emplace(ckpt::CheckpointReader::Open(dir));
       other_model = true;
-      ckpt::CheckSameModel(r.manifest(), cfg_.ResolvedModel(), dir);
+      ckpt::CheckSameModel(reader->manifest(), cfg_.ResolvedModel(), dir);
       other_model = false;
-      ckpt::CheckManifestModel(r.manifest(), dir);
-      r.Load(view.tensors, view.buffers, view.lo, view.hi, /*progress=*/comm_.rank() == 0, *mem_);
-      const ckpt::Manifest& m = r.manifest();
-      if (fs::path(dir).parent_path() == fs::path(root_))
-        writer_->Seed(m, fs::path(dir).filename().string());
-      // Every rank reads the same files; a disagreement means they see different storage.
-      const double step = double(m.step);
-      if (comm_.AllReduceMax(step) != step || -comm_.AllReduceMax(-step) != step)
-        ThrowRuntime("ranks resumed from different checkpoints (rank " +
-                     std::to_string(comm_.rank()) + " from " + dir +
-                     "): is the checkpoint folder on storage every rank sees?");
-      if (lead) {
-        const json layout = m.state.value("layout", json::object());
-        const int saved_by = layout.value("dp", 1) * layout.value("tp", 1) * layout.value("pp", 1);
-        Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s)); read and "
-            "verified %.1f MiB in %.0f ms",
-            dir.c_str(), static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens),
-            saved_by, m.TotalBytes() / 1048576.0, load.Millis());
-        if (events_)
-          events_->Write(
-              {{"event", "restart"}, {"from", dir}, {"step", m.step}, {"tokens", m.tokens}});
-      }
-      return Resumed{dir, m.step, m.tokens, m.state};
+      ckpt::CheckManifestModel(reader->manifest(), dir);
+      reader->Load(view.tensors, view.buffers, view.lo, view.hi, /*progress=*/lead, *mem_);
     } catch (const Error& e) {
-      if (!search || other_model) throw;
-      if (lead) {
-        Log("keel: skipping checkpoint %s: %s", dir.c_str(), e.what());
-        if (events_)
-          events_->Write({{"event", "checkpoint_rejected"}, {"path", dir}, {"reason", e.what()}});
-      }
+      error = e;
     }
+    const int mine = !error ? kLoaded : (!search || other_model) ? kFatal : kSkip;
+    const int verdict = int(comm_.AllReduceMax(double(mine)));
+    if (verdict == kFatal) {
+      if (mine == kFatal) throw *error;
+      throw Error(ExitCode::kBadInput, "", /*quiet=*/true);  // the rank that found it says why
+    }
+    if (verdict == kSkip) {
+      // The rank that refused it says why; the others name the checkpoint once (rank 0).
+      if (error)
+        Log("keel: skipping checkpoint %s: rank %d: %s", dir.c_str(), comm_.rank(), error->what());
+      else if (lead)
+        Log("keel: skipping checkpoint %s: another rank's pieces do not verify", dir.c_str());
+      if (lead && events_)
+        events_->Write({{"event", "checkpoint_rejected"},
+                        {"path", dir},
+                        {"reason", error ? std::string(error->what()) : "another rank's pieces"}});
+      if (first_bad.empty())
+        first_bad = dir + (error ? ": " + std::string(error->what()) : ": refused by a rank");
+      continue;
+    }
+    const ckpt::Manifest& m = reader->manifest();
+    // Every rank reads the same files; a disagreement means they see different storage.
+    const double step = double(m.step);
+    if (comm_.AllReduceMax(step) != step || -comm_.AllReduceMax(-step) != step)
+      ThrowRuntime("ranks resumed from different checkpoints (rank " +
+                   std::to_string(comm_.rank()) + " from " + dir +
+                   "): is the checkpoint folder on storage every rank sees?");
+    if (fs::path(dir).parent_path() == fs::path(root_))
+      writer_->Seed(m, fs::path(dir).filename().string());
+    if (lead) {
+      const json layout = m.state.value("layout", json::object());
+      const int saved_by = layout.value("dp", 1) * layout.value("tp", 1) * layout.value("pp", 1);
+      Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s)); read and "
+          "verified %.1f MiB in %.0f ms",
+          dir.c_str(), static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens),
+          saved_by, m.TotalBytes() / 1048576.0, load.Millis());
+      if (events_)
+        events_->Write(
+            {{"event", "restart"}, {"from", dir}, {"step", m.step}, {"tokens", m.tokens}});
+    }
+    return Resumed{dir, m.step, m.tokens, m.state};
   }
+  // Every rank comes here together; rank 0 says it, the others exit with the same code.
+  if (!lead) throw Error(ExitCode::kBadInput, "", /*quiet=*/true);
   ThrowBadInput("[checkpoint] resume: none of the " + std::to_string(candidates.size()) +
-                " checkpoints in " + where +
-                " verifies (see the lines above); refusing to start over from step 0");
+                " checkpoints in " + where + " verifies on every rank (the newest: " + first_bad +
+                "); refusing to start over from step 0");
 }
 
 void Checkpointer::Prepare(const ckpt::StateView& view) {

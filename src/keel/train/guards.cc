@@ -11,6 +11,7 @@
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
 #include "keel/core/log.h"
+#include "keel/parallel/comm_wait.h"
 #include "keel/resilience/heartbeat.h"
 
 namespace keel::train {
@@ -22,8 +23,8 @@ std::vector<std::string> GatherHosts(parallel::Comm& comm) {
   gethostname(name, sizeof name - 1);
   std::memcpy(mine, name, sizeof name);  // host: a name, not model state
   std::vector<float> all(kFloats * size_t(comm.size()));
-  KEEL_CHECK(comm.AllGatherAsync(mine, all.data(), kFloats)->Wait(-1),
-             "Wait without a timeout returned false");
+  parallel::WaitOrLostDefault(*comm.AllGatherAsync(mine, all.data(), kFloats), comm.label(),
+                              "all-gather of host names", 0);
   std::vector<std::string> hosts;
   for (int r = 0; r < comm.size(); ++r) {
     char h[65] = {};

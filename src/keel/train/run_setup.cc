@@ -19,6 +19,7 @@
 #include "keel/core/validate.h"
 #include "keel/kernels/cpu_isa.h"
 #include "keel/monitor/flops.h"
+#include "keel/parallel/comm_wait.h"
 #include "keel/parallel/pipeline_schedule.h"
 #include "keel/resilience/build_id.h"
 #include "keel/resilience/fault_inject.h"
@@ -248,6 +249,9 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
     failed = e;
   }
   AgreeOnSetup(comm, failed, prep ? prep->fingerprint : Fingerprint());
+  // From here on no wait outlives a lost peer: past comm_timeout_s, exit 75 (the supervisor
+  // restarts the job), naming the group and the operation.
+  parallel::SetDefaultWaitDeadline(cfg.parallel.comm_timeout_s);
   const Setup& s = prep->s;
   mcfg = s.mcfg;
   dtype = s.dtype;
@@ -292,6 +296,9 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
     std::optional<Error> bad_request;
     try {
       ckpt->CheckResumeRequest();
+      // Every rank writes its pieces of each checkpoint: each checks where, before the first
+      // step (a file in the way on one host would otherwise surface at the first save).
+      CheckCanCreateFolder("[checkpoint] dir", ckpt->root());
       if (lead) {
         if (cfg.monitor.metrics_port > 0) {
           const std::string addr =
