@@ -4,6 +4,7 @@
 #   - another optim.lr, another data.train (same size, other tokens), another model.n_layer on
 #     rank 1: exit 2 before any step, one line naming the key and both values;
 #   - a missing data.train on rank 1: exit 2 (not 75 after a timeout), its message printed once;
+#   - the same model.init_from path with other contents on rank 1: exit 2 naming the key;
 #   - the same command on both ranks trains (the control);
 #   - ranks on different CPU generations (here rank 1 held to x86-64-v2 by KEEL_CPU_ISA) all run
 #     the narrowest kernels any of them has, and rank 0 names them.
@@ -56,7 +57,25 @@ two layers 2 "the ranks disagree on model.n_layer: rank 1 has 3, rank 0 has 0 (f
   --set data.train="$tmp/a.u16" -- --set data.train="$tmp/a.u16" --set model.n_layer=3
 two missing 2 "rank 1: $tmp/nowhere.u16: not found" \
   --set data.train="$tmp/a.u16" -- --set data.train="$tmp/nowhere.u16"
-for n in lr data layers missing; do
+# The same model.init_from path with other contents on rank 1 (each rank in its own folder, the
+# path relative): refused, naming the key, before any step.
+mkdir -p "$tmp/r0" "$tmp/r1"
+cp "$tmp/same/model.safetensors" "$tmp/r0/init.safetensors"
+cp "$tmp/same/model.safetensors" "$tmp/r1/init.safetensors"
+/usr/bin/python3 -c "
+import sys; p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); b[-4] ^= 0x01
+open(p, 'wb').write(bytes(b))" "$tmp/r1/init.safetensors"
+rc=0
+timeout 120 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 \
+  -np 1 -wdir "$tmp/r0" "${base[@]}" --set train.name=init --set data.train="$tmp/a.u16" \
+  --set model.init_from=init.safetensors : \
+  -np 1 -wdir "$tmp/r1" "${base[@]}" --set train.name=init --set data.train="$tmp/a.u16" \
+  --set model.init_from=init.safetensors >"$tmp/init.log" 2>&1 || rc=$?
+want="the ranks disagree on model.init_from: rank 1 has"
+((rc == 2)) && (($(grep -c -F -- "$want" "$tmp/init.log") == 1)) ||
+  { echo "init: exit $rc, expected 2 and one \"$want\""; cat "$tmp/init.log"; exit 1; }
+echo "init: exit 2: $(grep -F -- "$want" "$tmp/init.log")"
+for n in lr data layers missing init; do
   if ls "$tmp/$n" >/dev/null 2>&1; then echo "$n: the run folder was created"; exit 1; fi
 done
 echo "rank agreement: ok"

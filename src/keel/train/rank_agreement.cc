@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -68,10 +69,10 @@ Fingerprint ConfigFingerprint(const RunConfig& cfg) {
     const size_t eq = line.find(" = ");
     if (eq == std::string::npos) continue;
     const std::string key = section + "." + line.substr(0, eq);
-    if (key == "data.train" || key == "data.val" ||
+    if (key == "data.train" || key == "data.val" || key == "model.init_from" ||
         (key.rfind("data.sources[", 0) == 0 && key.size() > 5 &&
          key.compare(key.size() - 5, 5, ".path") == 0))
-      continue;  // paths: DataIdentity stands for them
+      continue;  // paths: DataIdentity and InitIdentity stand for them
     std::string value = line.substr(eq + 3);
     // ToToml's comment after a value says where a default came from: "0 (from gpt2-tiny: 2)".
     if (const size_t c = value.find("  # "); c != std::string::npos)
@@ -88,6 +89,10 @@ std::string DataIdentity(const data::TokenDataset& ds, const std::string& path) 
     return std::to_string(m->tokens()) + " tokens, shards xxh3 " +
            Hex(XXH3_64bits(shards.data(), shards.size()));
   }
+  return FileIdentity(path);
+}
+
+std::string FileIdentity(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) ThrowBadInput(path + ": cannot open to fingerprint it");
   const uint64_t size = uint64_t(in.tellg());
@@ -113,6 +118,19 @@ std::string DataIdentity(const data::TokenDataset& ds, const std::string& path) 
   const uint64_t h = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   return std::to_string(size) + " bytes, xxh3 " + Hex(h) + (size > kWhole ? " (sampled)" : "");
+}
+
+std::string InitIdentity(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return FileIdentity(path);
+  std::vector<std::string> files;  // a Hugging Face folder: every file in it, by name
+  for (const auto& e : fs::directory_iterator(path, ec))
+    if (e.is_regular_file(ec)) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  std::string all;
+  for (const std::string& f : files) all += f + ": " + FileIdentity(path + "/" + f) + "\n";
+  return std::to_string(files.size()) + " files, xxh3 " + Hex(XXH3_64bits(all.data(), all.size()));
 }
 
 void ShareError(parallel::Comm& comm, const std::optional<Error>& error) {

@@ -32,6 +32,11 @@ Fingerprint ConfigFingerprint(const RunConfig& cfg);
 // its size and the xxh3 of its bytes (above 256 MiB, of 64 evenly spread 1 MiB blocks: a
 // sampled check, so that a 100 GB file costs 64 MiB of reading).
 std::string DataIdentity(const data::TokenDataset& ds, const std::string& path);
+// A file's size and xxh3 (sampled above 256 MiB, as for datasets).
+std::string FileIdentity(const std::string& path);
+// `model.init_from`'s identity: the file's, or for a folder every file's, so that ranks given
+// the same path with different contents are refused rather than trained from different weights.
+std::string InitIdentity(const std::string& path);
 
 // Collective over `comm`; every rank calls it at the same point of its setup.
 // `failed`: this rank's setup error. If any rank failed, the lowest such rank's message and exit

@@ -204,6 +204,8 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
           cfg.data.sources.empty() ? "data.train" : "data.sources[" + std::to_string(i) + "]",
           DataIdentity(p.d.train_ds[i], p.d.sources[i].path));
     if (p.d.val_ds) p.fingerprint.emplace_back("data.val", DataIdentity(*p.d.val_ds, cfg.data.val));
+    if (!cfg.model.init_from.empty())
+      p.fingerprint.emplace_back("model.init_from", InitIdentity(cfg.model.init_from));
     p.fingerprint.emplace_back("keel build", resilience::BuildIdentity());
   }
   return p;
