@@ -311,7 +311,7 @@ TEST(CkptStore, BadCheckpointsGetOneClearLine) {
       {"wrong format", edit([](auto& j) { j["format"] = "other"; }),
        "format: expected \"keel-checkpoint\"", true},
       {"wrong version", edit([](auto& j) { j["version"] = 9; }),
-       "version: this keel reads version 1, got 9", true},
+       "version: this keel reads versions 1 to 2, got 9", true},
       {"missing step", edit([](auto& j) { j.erase("step"); }), "missing key \"step\"", true},
       {"piece outside", edit([](auto& j) { j["tensors"][0]["shape"][0] = 3; }), "outside the shape",
        true},

@@ -1,14 +1,17 @@
-// Issue 32, for `keel train`: addresses, URLs and KEEL_FAULT specs are checked before anything is
-// written (one line, exit 2, naming the key or the variable and the bad part); a metrics port in
-// use is refused before the run folder exists; a run folder has one job at a time, and a lock left
-// by a dead holder is taken over with a line saying so.
+// Issues 32 and 33, for `keel train` and `keel eval`: addresses, URLs and KEEL_FAULT specs are
+// checked before anything is written (one line, exit 2, naming the key or the variable and the bad
+// part); a metrics port in use is refused before the run folder exists; a run folder has one job at
+// a time, and a lock left by a dead holder is taken over with a line saying so.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "keel/ckpt/model_file.h"
+#include "keel/model/params.h"
 #include "run_util.h"
 
 namespace keel::test {
@@ -59,6 +62,9 @@ TEST(TrainInput, AddressesUrlsAndFaultSpecsAreRefusedBeforeAnythingIsWritten) {
       {"KEEL_FAULT='kill@2:3'", "", "rank 3: the job has 1 rank(s)"},
       {"KEEL_FAULT='nan_grad@500'", "--set train.steps=5", "step 500: the run has 5 steps"},
       {"KEEL_FAULT='bitflip@1,param=h.9.nope'", "", "param=h.9.nope: no such parameter"},
+      // Issue 33: a run name must be a folder name on every file system.
+      {"", "--set \"train.name=$(printf 'a\\nb')\"", "contains a control character (byte 10)"},
+      {"", "--set train.name='a:b'", "train.name: contains ':'"},
   };
   for (const Case& c : cases)
     ExpectRefusedBeforeWriting(RunCommand(c.env + " " + Train(dir, data, c.args)), dir, c.want,
@@ -127,6 +133,33 @@ TEST(TrainInput, ARunFolderHasOneJobAtATime) {
                            ", pid 999999 (no longer running)"),
             std::string::npos)
       << taken.err;
+}
+
+// keel eval sizes its buffers before allocating them (a huge --batch was std::bad_alloc, exit 1),
+// and a loss that is not a number is an error (exit 1), not a result printed with exit 0.
+TEST(EvalInput, HugeBatchIsSizedAndANonFiniteLossIsAnError) {
+  TempDir dir;
+  const std::string data = Tokens(dir);
+  const model::ModelConfig cfg = model::NamedConfig("gpt2-tiny");
+  const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
+  std::vector<float> w(layout.total());
+  model::InitParams(layout, cfg, 1, w.data());
+  const std::string ok = dir / "ok.safetensors", big = dir / "big.safetensors";
+  ckpt::WriteModel(ok, cfg, layout, w.data());
+  const model::ParamInfo& proj = layout.Find("h.0.attn.c_proj.weight");
+  std::fill_n(w.begin() + long(proj.offset), proj.numel, 3e38f);  // finite, but overflows
+  ckpt::WriteModel(big, cfg, layout, w.data());
+  const std::string eval = "OMP_NUM_THREADS=1 " + kKeel + " eval ";
+  const RunResult huge = RunCommand(eval + ok + " --data " + data + " --batch 100000000");
+  EXPECT_EQ(huge.code, 2) << huge.err;
+  EXPECT_NE(huge.err.find("eval: --batch 100000000 windows of --seq-len"), std::string::npos)
+      << huge.err;
+  EXPECT_NE(huge.err.find("GiB of memory; this machine has"), std::string::npos) << huge.err;
+  const RunResult nan = RunCommand(eval + big + " --data " + data + " --max-tokens 2000");
+  EXPECT_EQ(nan.code, 1) << nan.err;
+  EXPECT_NE(nan.err.find("the weights are finite: the forward overflowed"), std::string::npos)
+      << nan.err;
+  EXPECT_EQ(RunCommand(eval + ok + " --data " + data + " --max-tokens 2000").code, 0);
 }
 
 }  // namespace

@@ -29,6 +29,17 @@ uint64_t Manifest::TotalBytes() const {
 
 uint64_t Hash(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 
+uint64_t PieceHash(const void* data, size_t bytes, const std::string& name, const std::string& kind,
+                   const std::vector<int64_t>& start, const std::vector<int64_t>& count,
+                   int version) {
+  if (version < 2) return Hash(data, bytes);
+  std::string label = name + "|" + kind + "|";
+  for (int64_t s : start) label += std::to_string(s) + ",";
+  label += "|";
+  for (int64_t c : count) label += std::to_string(c) + ",";
+  return XXH3_64bits_withSeed(data, bytes, XXH3_64bits(label.data(), label.size()));
+}
+
 uint64_t ParseHexHash(const std::string& s, const std::string& where) {
   if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
     ThrowBadInput(where + ": expected 16 lowercase hex digits, got \"" + s + "\"");
@@ -52,8 +63,8 @@ std::string ToJsonText(const Manifest& m) {
                        {"shape", t.shape},
                        {"pieces", pieces}});
   }
-  json j = {{"format", kFormat},  {"version", kVersion}, {"step", m.step},
-            {"tokens", m.tokens}, {"state", m.state},    {"tensors", tensors}};
+  json j = {{"format", kFormat},  {"version", m.version}, {"step", m.step},
+            {"tokens", m.tokens}, {"state", m.state},     {"tensors", tensors}};
   return j.dump(1) + "\n";
 }
 
@@ -138,10 +149,11 @@ Manifest ManifestFromJsonText(const std::string& text, const std::string& where)
     ThrowBadInput(where + ": format: expected \"" + std::string(kFormat) + "\", got \"" + format +
                   "\"");
   const int version = Get<int>(j, "version", where);
-  if (version != kVersion)
-    ThrowBadInput(where + ": version: this keel reads version " + std::to_string(kVersion) +
+  if (version < 1 || version > kVersion)
+    ThrowBadInput(where + ": version: this keel reads versions 1 to " + std::to_string(kVersion) +
                   ", got " + std::to_string(version));
   Manifest m;
+  m.version = version;
   m.step = Get<int64_t>(j, "step", where);
   m.tokens = Get<uint64_t>(j, "tokens", where);
   m.state = Key(j, "state", where);

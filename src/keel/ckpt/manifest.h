@@ -18,7 +18,10 @@
 namespace keel::ckpt {
 
 inline constexpr const char* kFormat = "keel-checkpoint";
-inline constexpr int kVersion = 1;
+// Version 2: a piece's xxh3 is seeded by what it claims to be (PieceHash), so that a manifest
+// whose pieces were swapped between tensors, kinds or boxes is refused. Version 1 (a plain xxh3
+// of the bytes) is still read.
+inline constexpr int kVersion = 2;
 
 // A rectangular piece of a tensor stored contiguously (row-major) in `file` at `offset`.
 struct Piece {
@@ -44,6 +47,7 @@ struct TensorEntry {
 };
 
 struct Manifest {
+  int version = kVersion;
   int64_t step = 0;     // optimizer steps done
   uint64_t tokens = 0;  // training tokens consumed
   // Everything that is not a tensor: "config" (TOML text), "layout" ({"dp": N}), "loader",
@@ -65,5 +69,10 @@ Manifest ManifestFromJsonText(const std::string& text, const std::string& where)
 using keel::HashHex;
 uint64_t ParseHexHash(const std::string& s, const std::string& where);
 uint64_t Hash(const void* data, size_t bytes);  // xxh3-64
+// A piece's hash as manifest `version` defines it: from version 2, the xxh3 of its bytes seeded
+// with the xxh3 of "NAME|KIND|START|COUNT", binding the bytes to the tensor, kind and box.
+uint64_t PieceHash(const void* data, size_t bytes, const std::string& name, const std::string& kind,
+                   const std::vector<int64_t>& start, const std::vector<int64_t>& count,
+                   int version = kVersion);
 
 }  // namespace keel::ckpt

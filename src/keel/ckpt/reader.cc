@@ -133,7 +133,8 @@ void CheckpointReader::ReadBox(const TensorEntry& t, const std::vector<int64_t>&
     const std::string path = dir_ + "/" + p.file;
     tmp.resize(p.bytes / 4);
     ReadAt(path, p.offset, p.bytes, tmp.data());
-    const uint64_t h = Hash(tmp.data(), p.bytes);
+    const uint64_t h =
+        PieceHash(tmp.data(), p.bytes, t.name, t.kind, p.start, p.count, manifest_.version);
     if (h != p.xxh3)
       ThrowBadInput(path + ": " + t.name + " (" + t.kind + ") bytes [" + std::to_string(p.offset) +
                     ", " + std::to_string(p.offset + p.bytes) + "): xxh3 " + HashHex(h) +
@@ -231,7 +232,8 @@ VerifyResult Verify(const std::string& dir, bool progress) {
       } else {
         tmp.resize(p.bytes / 4);
         ReadAt(path, p.offset, p.bytes, tmp.data());
-        const uint64_t h = Hash(tmp.data(), p.bytes);
+        const uint64_t h =
+            PieceHash(tmp.data(), p.bytes, t.name, t.kind, p.start, p.count, m.version);
         if (h != p.xxh3) bad.problem = "xxh3 " + HashHex(h) + " != " + HashHex(p.xxh3);
       }
       if (!bad.problem.empty()) v.bad.push_back(bad);

@@ -389,7 +389,9 @@ void CheckpointWriter::DoWrite() {
   for (json& p : pieces) {
     const uint8_t* bytes = base + p["offset"].get<size_t>();
     const uint64_t n = p["bytes"].get<uint64_t>();
-    const uint64_t h = Hash(bytes, n);
+    const uint64_t h =
+        PieceHash(bytes, n, p["name"].get<std::string>(), p["kind"].get<std::string>(),
+                  p["start"].get<std::vector<int64_t>>(), p["count"].get<std::vector<int64_t>>());
     const std::string key = p["name"].get<std::string>() + "|" + p["kind"].get<std::string>() +
                             "|" + p["start"].dump() + p["count"].dump();
     // Incremental: a piece with the bytes of the previous save (a frozen parameter) is

@@ -2,6 +2,7 @@
 // whole split (or its first --max-tokens) in fixed windows: train/evaluation.h.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,7 +13,10 @@
 #include "keel/ckpt/model_source.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
 #include "keel/data/dataset.h"
+#include "keel/model/activations.h"
+#include "keel/model/params.h"
 #include "keel/model/transformer.h"
 #include "keel/parallel/comm.h"
 #include "keel/train/config.h"
@@ -76,6 +80,12 @@ void Run(const Args& a) {
   const train::EvalPlan plan = train::PlanEval(ds.size(), T, B, max_windows, data);
 
   const DType dtype = precision == "bf16" ? DType::kBF16 : DType::kF32;
+  // Sized before the model's buffers exist, as keel train sizes a run.
+  CheckAllocation(
+      "eval: --batch " + std::to_string(B) + " windows of --seq-len " + std::to_string(T) + " (" +
+          precision + ")",
+      double(model::PlanActivations(cfg, B, T, dtype, model::Recompute::kNone).total_bytes) +
+          double(m.weights.size()) * (4.0 + double(DTypeSize(dtype))));
   model::Transformer model(cfg, dtype, B, T, model::Recompute::kNone);
   std::copy(m.weights.begin(), m.weights.end(), model.master());
   model.SyncWorking();
@@ -83,6 +93,25 @@ void Run(const Args& a) {
       ds, plan, *comm, comm->rank(), comm->size(),
       [&](const int32_t* t, const int32_t* y) { return model.Forward(t, y); },
       !a.json && isatty(2));
+  if (!std::isfinite(r.loss)) {
+    // A number that is not one is an error, not a result; the weights are the usual culprit.
+    std::string where = std::string("the weights are finite: the forward overflowed") +
+                        (dtype == DType::kBF16 ? " (try --precision fp32)" : "");
+    const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
+    for (const model::ParamInfo& p : layout.params()) {
+      const auto first = std::find_if(m.weights.begin() + long(p.offset),
+                                      m.weights.begin() + long(p.offset + p.numel),
+                                      [](float w) { return !std::isfinite(w); });
+      if (first == m.weights.begin() + long(p.offset + p.numel)) continue;
+      where = "the weights are not finite: " + p.name + "[" +
+              std::to_string(first - (m.weights.begin() + long(p.offset))) + "] is " +
+              std::to_string(*first) + " (the first such element)";
+      break;
+    }
+    throw Error(ExitCode::kRuntime,
+                "eval: " + a.source + ": the loss is " + std::to_string(r.loss) + "; " + where,
+                /*quiet=*/comm->rank() != 0);
+  }
   if (comm->rank() != 0) return;
   if (a.json) {
     const nlohmann::json j = {{"source", a.source},

@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "keel/cli/verbs.h"
+#include "keel/core/error.h"
 #include "keel/core/log.h"
 #include "keel/parallel/comm.h"
 #include "keel/train/config.h"
+#include "keel/train/rank_agreement.h"
 #include "keel/train/trainer.h"
 
 namespace keel::cli {
@@ -51,10 +54,20 @@ void RegisterTrain(CLI::App& app) {
                   "or a checkpoint folder; same as --set checkpoint.resume=...");
   cmd->callback([] {
     if (!resume.empty()) overrides.push_back("checkpoint.resume=" + resume);
-    auto cfg = train::LoadConfig(config, overrides);
     SplitCoresAmongLocalRanks();
     auto comm = parallel::CreateComm();
     if (comm->size() > 1) SetLogRank(comm->rank());
+    // A config error is the job's, said once: every rank reads the config, and the lowest rank
+    // that fails speaks for all (naming itself when it is not rank 0).
+    std::optional<train::RunConfig> loaded;
+    std::optional<Error> bad;
+    try {
+      loaded = train::LoadConfig(config, overrides);
+    } catch (const Error& e) {
+      bad = e;
+    }
+    train::ShareError(*comm, bad);
+    const train::RunConfig& cfg = *loaded;
     train::TrainSummary s = train::Train(cfg, *comm);
     if (comm->rank() != 0) return;
     if (s.nothing_left) {

@@ -129,6 +129,20 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
     train.Fail("name", "\"" + t.name +
                            "\" is a path; expected a folder name inside train.out_dir (no '/', not "
                            "'.' or '..')");
+  // It must also be a folder name on every file system a run folder may be copied to (NFS,
+  // object stores, a laptop's): printable, none of \\:*?"<>|, no trailing dot or space, 255 bytes.
+  for (const char c : t.name)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f ||
+        std::string_view("\\:*?\"<>|").find(c) != std::string_view::npos)
+      train.Fail("name", "contains " +
+                             (static_cast<unsigned char>(c) < 0x20 || c == 0x7f
+                                  ? "a control character (byte " + std::to_string(int(c)) + ")"
+                                  : "'" + std::string(1, c) + "'") +
+                             "; expected a folder name every file system takes (letters, digits, "
+                             "'-', '_', '.')");
+  if (t.name.size() > 255 || t.name.back() == '.' || t.name.back() == ' ')
+    train.Fail("name", "\"" + t.name.substr(0, 64) +
+                           "\": expected at most 255 bytes, not ending in '.' or ' '");
   train.NonEmpty("out_dir", t.out_dir);
   train.Positive("steps", t.steps);
   train.Positive("batch_size", t.batch_size);
