@@ -140,4 +140,125 @@ put("prepare_jsonl", "bad-lines-skip",
 put("prepare_jsonl", "text-chunked", b"\x68" + brown[1][:400].encode())
 put("prepare_jsonl", "text-short", b"\x88" + b"hi\n")
 PY
+
+# dashboard_http: a selector byte, then what a client sends on one connection, its requests
+# separated by SEP. Each seed twice: NAME with the connection kept open ("2", or "3" for the server
+# with the token t0k), NAME-eof shut after the input ("0", "1", the requests joined); see
+# fuzz_dashboard_http.cc.
+python3 - <<'PY'
+import os
+SEP = "\n--keel-fuzz-part--\n"
+root = "fuzz/corpus/dashboard_http"
+os.makedirs(root, exist_ok=True)
+def put(name, requests, token=False):
+    for suffix, sel, sep in (("", 2, SEP), ("-eof", 0, "")):
+        with open(f"{root}/{name}{suffix}", "wb") as f:
+            f.write(str(sel + token).encode() + sep.join(requests).encode())
+H = "Host: 127.0.0.1:8800\r\n"
+put("page", ["GET / HTTP/1.1\r\n" + H + "User-Agent: Mozilla/5.0\r\nAccept: text/html\r\n\r\n"])
+put("metrics", ["GET /api/metrics?run=0&since=0 HTTP/1.1\r\n" + H + "\r\n"])
+put("events-since", ["GET /api/events?run=0&since=31 HTTP/1.1\r\n" + H +
+                     "Connection: close\r\n\r\n"])
+put("bad-params", ["GET /api/metrics?run=-1&since=99999999999999999999999 HTTP/1.1\r\n" + H +
+                   "\r\n", "GET /api/events?since=x&run=0%00 HTTP/1.1\r\n\r\n"])
+put("token-query", ["GET /?token=t0k HTTP/1.1\r\n" + H + "\r\n"], token=True)
+put("token-bearer", ["GET /api/metrics?run=0&since=40 HTTP/1.1\r\n" + H +
+                     "Authorization: Bearer t0k\r\n\r\n"], token=True)
+put("token-wrong", ["GET /chart.js?token=t0 HTTP/1.1\r\n" + H +
+                    "Authorization: Basic dDBr\r\n\r\n",
+                    "GET /chart.js HTTP/1.1\r\n" + H + "Authorization: Bearer t0k\r\n\r\n"],
+    token=True)
+put("keep-alive", ["GET /api/metrics?run=0&since=0 HTTP/1.1\r\n" + H +
+                   "Connection: keep-alive\r\n\r\n",
+                   "GET /favicon.ico HTTP/1.1\r\n" + H + "\r\n",
+                   "GET /chart.js HTTP/1.1\r\n" + H + "Range: bytes=0-3,5-\r\n\r\n",
+                   "GET /api/events?run=0&since=0 HTTP/1.1\r\n" + H +
+                   "Accept-Encoding: gzip\r\n\r\n"])
+put("post-body", ["POST /api/metrics HTTP/1.1\r\n" + H + "Content-Length: 11\r\n\r\nhello world",
+                  "GET /nothing HTTP/1.0\r\n\r\n"])
+put("chunked", ["GET /api/events?run=0 HTTP/1.1\r\n" + H +
+                "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"])
+put("head-options", ["HEAD / HTTP/1.1\r\n" + H + "\r\n", "OPTIONS * HTTP/1.1\r\n" + H + "\r\n"])
+put("bad-request-line", ["GARBAGE\r\n\r\n", "GET\r\n \r\n"])
+put("split-request", ["GET /api/metr", "ics?run=0 HTTP/1.1\r\n" + H + "\r\n"])
+put("huge-header", ["GET / HTTP/1.1\r\n" + H + "X-Big: " + "a" * 9000 + "\r\n\r\n"])
+PY
+
+# hf_llama: a tiny Llama folder as save_pretrained writes it (config.json, then an index or an
+# empty part, then one or two shards; see fuzz_hf_llama.cc).
+python3 - <<'PY'
+import json, os, struct
+SEP = b"\n--keel-fuzz-part--\n"
+root = "fuzz/corpus/hf_llama"
+os.makedirs(root, exist_ok=True)
+def put(name, parts):
+    with open(f"{root}/{name}", "wb") as f:
+        f.write(SEP.join(p if isinstance(p, bytes) else p.encode() for p in parts))
+
+V, C, F, HEADS, KV, L = 16, 8, 16, 2, 1, 2
+hs = C // HEADS
+def config(drop=(), **extra):
+    c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": C,
+         "intermediate_size": F, "num_attention_heads": HEADS, "num_key_value_heads": KV,
+         "num_hidden_layers": L, "vocab_size": V, "max_position_embeddings": 64,
+         "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+         "attention_bias": False, "mlp_bias": False, "rope_scaling": None,
+         "tie_word_embeddings": False, "torch_dtype": "float32"}
+    c.update(extra)
+    for key in drop:
+        del c[key]
+    return json.dumps(c, indent=2)
+def tensors(tied=False):
+    t = [("model.embed_tokens.weight", [V, C])]
+    for l in range(L):
+        p = f"model.layers.{l}."
+        t += [(p + "input_layernorm.weight", [C]), (p + "self_attn.q_proj.weight", [HEADS * hs, C]),
+              (p + "self_attn.k_proj.weight", [KV * hs, C]),
+              (p + "self_attn.v_proj.weight", [KV * hs, C]),
+              (p + "self_attn.o_proj.weight", [C, HEADS * hs]),
+              (p + "post_attention_layernorm.weight", [C]),
+              (p + "mlp.gate_proj.weight", [F, C]), (p + "mlp.up_proj.weight", [F, C]),
+              (p + "mlp.down_proj.weight", [C, F])]
+    t += [("model.norm.weight", [C])] + ([] if tied else [("lm_head.weight", [V, C])])
+    return t
+def raw(dtype, n, seed):
+    vals = [((i * 37 + seed * 11) % 19 - 9) / 16 for i in range(n)]
+    if dtype == "F32":
+        return struct.pack(f"<{n}f", *vals)
+    if dtype == "BF16":
+        return b"".join(struct.pack("<f", v)[2:] for v in vals)
+    return struct.pack(f"<{n}e", *vals)  # F16
+def safetensors(named, dtype="F32"):
+    h, data = {"__metadata__": {"format": "pt"}}, b""
+    for i, (name, shape) in enumerate(named):
+        n = 1
+        for d in shape:
+            n *= d
+        b = raw(dtype, n, i)
+        h[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(b)]}
+        data += b
+    text = json.dumps(h).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+def index(first, second):
+    m = {n: "model-00001-of-00002.safetensors" for n, _ in first}
+    m.update({n: "model-00002-of-00002.safetensors" for n, _ in second})
+    return json.dumps({"metadata": {"total_size": 0}, "weight_map": m}, indent=2)
+
+t = tensors()
+put("single", [config(), "", safetensors(t)])
+first, second = t[:1 + 9], t[1 + 9:]  # the embedding and layer 0; the rest
+put("sharded", [config(), index(first, second), safetensors(first), safetensors(second, "BF16")])
+tied = tensors(tied=True) + [("model.layers.0.self_attn.rotary_emb.inv_freq", [hs // 2])]
+put("tied-f16", [config(tie_word_embeddings=True, head_dim=hs), "",
+                 safetensors(tied, "F16")])
+# No num_key_value_heads: as many as num_attention_heads.
+put("mha-no-kv-heads", [config(drop=["num_key_value_heads"]), "", safetensors(
+    [(n, [HEADS * hs, C]) if ("k_proj" in n or "v_proj" in n) else (n, s) for n, s in t])])
+# model.norm.weight in both shards, listed once in the index.
+dup = second[-2:-1]
+put("duplicate-across-shards", [config(), index(first, second), safetensors(first + dup),
+                                safetensors(second)])
+PY
+
 echo "wrote $(find fuzz/corpus -type f | wc -l) seeds, $(du -sh fuzz/corpus | cut -f1)"

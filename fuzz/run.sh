@@ -26,7 +26,7 @@ for arg in "$@"; do
 done
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(config dataset_meta dataset manifest safetensors tokenizer_files tokenizer_encode
-           prepare_jsonl)
+           prepare_jsonl dashboard_http hf_llama)
 fi
 
 CC=clang CXX=clang++ cmake -G Ninja -S . -B build-fuzz -DKEEL_FUZZ=ON \

@@ -202,6 +202,28 @@ TEST(CkptCli, HfFolderTensorsAppearOnceAndSizesAreCheckedFirst) {
   config["num_key_value_heads"] = 1 << 12;
   std::ofstream(config_path) << config.dump();
   ExpectBadInput(import(), "GiB of memory; this machine has");
+  // What the fuzz target found (it reads the folder directly; here the CLI's check of the folder
+  // comes first): values of the wrong JSON type were nlohmann's exceptions (exit 1, no file
+  // named); a huge layer count took gigabytes of bookkeeping before any check.
+  const auto config_with = [&](const std::string& text) {
+    std::ofstream(config_path) << text;
+    return import();
+  };
+  ExpectBadInput(config_with("[1, 2]"), "a folder without a Llama config.json");
+  nlohmann::json c = config;  // the model's own, before the sizes above
+  c["hidden_size"] = 64;
+  c["num_attention_heads"] = 4;
+  c["num_key_value_heads"] = 4;
+  c["model_type"] = 8;
+  ExpectBadInput(config_with(c.dump()), "a folder without a Llama config.json");
+  c["model_type"] = "llama";
+  c["num_hidden_layers"] = 1000000;
+  ExpectBadInput(config_with(c.dump()), "num_hidden_layers: 1000000 is more than keel runs");
+  c["num_hidden_layers"] = 4294967297LL;
+  ExpectBadInput(config_with(c.dump()), "num_hidden_layers: expected an integer in [0, 2^31)");
+  c["num_hidden_layers"] = 2;
+  c["tie_word_embeddings"] = 3;
+  ExpectBadInput(config_with(c.dump()), "tie_word_embeddings: expected true or false, got 3");
 
   // Export onto its own source, or import onto the folder it reads: refused, nothing changed.
   const std::string model = dir / "m.safetensors";

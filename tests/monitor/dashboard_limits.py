@@ -1,5 +1,6 @@
 """keel dashboard under hostile input (issue 32), against a running `keel dashboard`:
 
+  reflected   a ?token= sent to a server without one never reaches the page's HTML;
   long lines  a run whose metrics.jsonl has lines of 9 MiB and 2 MiB between normal ones: the API
               skips them (counted in "skipped") and goes on to the lines after them, and the page
               (headless Chromium) shows every normal step and the count;
@@ -60,6 +61,16 @@ with Browser(os.path.join(logs, "limits-profile")) as b:
     if state["errors"]:
         fail(f"page errors: {state['errors']}")
 print("long lines: page shows 3 steps and", repr(text))
+
+
+# A ?token= on a server without one is not copied into the page (it was, unescaped: a reflected
+# script).
+evil = "%22%3E%3C/script%3E%3Cscript%3Ealert(1)%3C/script%3E"
+with urllib.request.urlopen(f"{url}?token={evil}", timeout=10) as r:
+    page = r.read().decode()
+if "alert(1)" in page:
+    fail("the request's ?token= was copied into the page")
+print("reflected token: not in the page")
 
 
 def closed(s):

@@ -12,7 +12,7 @@ trap 'pkill -KILL -f "$tmp" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 # shellcheck source=../train/run_lib.sh
 source "$src/tests/train/run_lib.sh"
 tiny_4layer "$3"
-timeout_s=5
+timeout_s=4
 common+=(--set parallel.comm_timeout_s=$timeout_s --set checkpoint.every_steps=3
          --set train.val_every=0)
 rows=()
@@ -40,18 +40,18 @@ hang() {
   [[ -n $line ]] || { echo "$name: no line names what waited"; cat "$tmp/$name.log"; exit 1; }
 }
 
-hang dp2-zero0-backward 2 "hang@5:1,phase=backward"
-hang dp2-zero3-backward 2 "hang@5:1,phase=backward" --set parallel.zero=3
-hang dp2-zero1-optimizer 2 "hang@5:1,phase=optimizer" --set parallel.zero=1
-hang dp2-checkpoint 2 "hang@5:1,phase=checkpoint"
-hang tp2-forward 2 "hang@5:1,phase=forward" --set parallel.tp=2
-hang tp2-backward 2 "hang@5:1,phase=backward" --set parallel.tp=2
-hang tp2-sp-backward 2 "hang@5:1,phase=backward" --set parallel.tp=2 --set parallel.sp=true
-hang pp2-rank0 2 "hang@5:0,phase=backward" --set parallel.pp=2
-hang pp2-rank1 2 "hang@5:1,phase=forward" --set parallel.pp=2
-hang pp2-interleaved 2 "hang@5:1,phase=backward" --set parallel.pp=2 \
+hang dp2-zero0-backward 2 "hang@2:1,phase=backward"
+hang dp2-zero3-backward 2 "hang@2:1,phase=backward" --set parallel.zero=3
+hang dp2-zero1-optimizer 2 "hang@2:1,phase=optimizer" --set parallel.zero=1
+hang dp2-checkpoint 2 "hang@2:1,phase=checkpoint"
+hang tp2-forward 2 "hang@2:1,phase=forward" --set parallel.tp=2
+hang tp2-backward 2 "hang@2:1,phase=backward" --set parallel.tp=2
+hang tp2-sp-backward 2 "hang@2:1,phase=backward" --set parallel.tp=2 --set parallel.sp=true
+hang pp2-rank0 2 "hang@2:0,phase=backward" --set parallel.pp=2
+hang pp2-rank1 2 "hang@2:1,phase=forward" --set parallel.pp=2
+hang pp2-interleaved 2 "hang@2:1,phase=backward" --set parallel.pp=2 \
   --set parallel.virtual_stages=2
-hang tp2xpp2 4 "hang@5:3,phase=backward" --set parallel.tp=2 --set parallel.pp=2 \
+hang tp2xpp2 4 "hang@2:3,phase=backward" --set parallel.tp=2 --set parallel.pp=2 \
   --set train.micro_batch_size=1
 
 # Setup errors every rank hits (the out folder is a file) end the job within seconds, one line.

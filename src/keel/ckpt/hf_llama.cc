@@ -1,6 +1,7 @@
 #include "keel/ckpt/hf_llama.h"
 
 #include <algorithm>
+#include <climits>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -43,8 +44,10 @@ model::ModelConfig ConfigFromJson(const nlohmann::json& j, const std::string& wh
       if (fallback >= 0) return fallback;
       ThrowBadInput(where + ": " + key + ": missing (expected an integer)");
     }
-    if (!j.at(key).is_number_integer())
-      ThrowBadInput(where + ": " + key + ": expected an integer, got " + j.at(key).dump());
+    if (!j.at(key).is_number_integer() || j.at(key).get<int64_t>() < 0 ||
+        j.at(key).get<int64_t>() > INT_MAX)
+      ThrowBadInput(where + ": " + key + ": expected an integer in [0, 2^31), got " +
+                    j.at(key).dump());
     return j.at(key).get<int>();
   };
   auto number = [&](const char* key, double fallback) {
@@ -58,7 +61,8 @@ model::ModelConfig ConfigFromJson(const nlohmann::json& j, const std::string& wh
       ThrowBadInput(where + ": " + key + ": " + what +
                     " are not supported (keel's Llama has none)");
   };
-  if (j.value("model_type", std::string()) != "llama")
+  if (!j.is_object()) ThrowBadInput(where + ": expected a JSON object");
+  if (!j.contains("model_type") || j.at("model_type") != "llama")
     ThrowBadInput(where + ": model_type: expected \"llama\", got " +
                   (j.contains("model_type") ? j.at("model_type").dump() : "nothing"));
   if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
@@ -75,6 +79,11 @@ model::ModelConfig ConfigFromJson(const nlohmann::json& j, const std::string& wh
   c.ffn_hidden = integer("intermediate_size", -1);
   c.n_head = integer("num_attention_heads", -1);
   c.n_layer = integer("num_hidden_layers", -1);
+  // A layer costs bookkeeping beyond its floats (names, offsets): a typo of 10^6 layers would
+  // take gigabytes before a tensor is read. No model keel can run is that deep.
+  if (c.n_layer > 4096)
+    ThrowBadInput(where + ": num_hidden_layers: " + std::to_string(c.n_layer) +
+                  " is more than keel runs (at most 4096)");
   c.vocab_size = integer("vocab_size", -1);
   c.n_kv_head = integer("num_key_value_heads", c.n_head);
   c.block_size = integer("max_position_embeddings", 2048);
@@ -182,6 +191,10 @@ LoadedModel ReadHfLlama(const std::string& dir) {
   const nlohmann::json config = ReadJson(config_path);
   LoadedModel m;
   m.config = ConfigFromJson(config, config_path);
+  if (config.contains("tie_word_embeddings") && !config.at("tie_word_embeddings").is_boolean() &&
+      !config.at("tie_word_embeddings").is_null())
+    ThrowBadInput(config_path + ": tie_word_embeddings: expected true or false, got " +
+                  config.at("tie_word_embeddings").dump());
   const bool tied = config.value("tie_word_embeddings", false);
   const model::ParamLayout layout = model::ParamLayout::Whole(m.config);
   m.weights.assign(layout.total(), 0.0f);                 // padded vocabulary rows stay zero

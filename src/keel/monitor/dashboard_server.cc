@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +25,22 @@ nlohmann::json ParseLines(const std::vector<std::string>& lines) {
   for (const std::string& l : lines) {
     nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
     if (j.is_object()) out.push_back(std::move(j));  // a damaged line is left out, not fatal
+  }
+  return out;
+}
+
+std::string PercentEncode(const std::string& s) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += ch;
+    } else {
+      out += '%';
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
   }
   return out;
 }
@@ -69,8 +86,10 @@ std::unique_ptr<GuardedServer> MakeDashboardServer(const DashboardOptions& o,
     res.set_content("keel dashboard: this server needs its token (?token=...)\n", "text/plain");
     return httplib::Server::HandlerResponse::Handled;
   });
-  svr->Get("/", [&o, runs](const httplib::Request& req, httplib::Response& res) {
-    const std::string q = req.has_param("token") ? "?token=" + req.get_param_value("token") : "";
+  svr->Get("/", [&o, runs](const httplib::Request&, httplib::Response& res) {
+    // The page's own request for Chart.js carries the token: the server's (the request had to
+    // match it), percent-encoded. The request's text is never copied into the page.
+    const std::string q = o.token.empty() ? "" : "?token=" + PercentEncode(o.token);
     std::string title = "keel:";
     for (const auto& r : runs) title.append(" ").append(r["name"].get<std::string>());
     const nlohmann::json cfg = {{"mode", "live"}, {"runs", runs}, {"poll_ms", o.poll_ms}};
