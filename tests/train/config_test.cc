@@ -105,7 +105,7 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
   RunConfig a;
   a.model = {"gpt2-tiny", 3, 4, 64, 1000, 48, 0, 0, 0, "full", 0.015f, "w/model.safetensors"};
   a.data = {"d/train", "d/val", 24, 5, {}};
-  a.train.name = "quote\" back\\slash tab\t ünïcode";
+  a.train.name = "ünïcode-run_1.b";  // a folder name anywhere (config_validate.cc)
   a.train.out_dir = "out";
   a.train.steps = 12;
   a.train.batch_size = 6;
@@ -113,7 +113,7 @@ TEST(Config, ToTomlRoundTripsEveryValue) {
   a.train.precision = "fp32";
   a.train.seed = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   a.train.val_every = 0;
-  a.train.sample_prompt = "";
+  a.train.sample_prompt = "quote\" back\\slash tab\t ünïcode";  // TOML's escapes
   a.optim = {3e-4f,  0.1f * 3e-4f, 7,    "constant", 0.8f,
              0.999f, 1e-8f,        0.0f, 0.7f,       "wte.*,h.?.ln_1.*"};
   // dp, tp, pp, sp, virtual_stages, pp_layers, zero (LoadConfig does not check them)

@@ -5,6 +5,8 @@
 #     rank 1: exit 2 before any step, one line naming the key and both values;
 #   - a missing data.train on rank 1: exit 2 (not 75 after a timeout), its message printed once;
 #   - the same model.init_from path with other contents on rank 1: exit 2 naming the key;
+#   - an unknown key on every rank: one error line for the job; keel eval with a model only
+#     rank 0 can read: exit 2 at once, one line naming rank 1;
 #   - the same command on both ranks trains (the control);
 #   - ranks on different CPU generations (here rank 1 held to x86-64-v2 by KEEL_CPU_ISA) all run
 #     the narrowest kernels any of them has, and rank 0 names them.
@@ -75,6 +77,23 @@ want="the ranks disagree on model.init_from: rank 1 has"
 ((rc == 2)) && (($(grep -c -F -- "$want" "$tmp/init.log") == 1)) ||
   { echo "init: exit $rc, expected 2 and one \"$want\""; cat "$tmp/init.log"; exit 1; }
 echo "init: exit 2: $(grep -F -- "$want" "$tmp/init.log")"
+# An error every rank hits (an unknown key) is said once for the job, not once per rank.
+rc=0
+timeout 60 mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 "${base[@]}" \
+  --set train.name=typo --set train.stepz=3 >"$tmp/typo.log" 2>&1 || rc=$?
+((rc == 2)) && (($(grep -c "keel: error" "$tmp/typo.log") == 1)) ||
+  { echo "typo: exit $rc, expected 2 and one error line"; cat "$tmp/typo.log"; exit 1; }
+echo "typo: exit 2: $(grep "keel: error" "$tmp/typo.log")"
+# keel eval on 2 ranks where rank 1 cannot read the model: exit 2 at once, said once (it waited
+# in the first collective for good).
+rc=0
+timeout 60 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 \
+  -np 1 "$keel" eval "$tmp/r0/init.safetensors" --data "$tmp/a.u16" --max-tokens 2000 : \
+  -np 1 "$keel" eval "$tmp/nowhere.safetensors" --data "$tmp/a.u16" --max-tokens 2000 \
+  >"$tmp/eval.log" 2>&1 || rc=$?
+((rc == 2)) && (($(grep -c "keel: error: rank 1: " "$tmp/eval.log") == 1)) ||
+  { echo "eval: exit $rc, expected 2 and one \"rank 1\" line"; cat "$tmp/eval.log"; exit 1; }
+echo "eval: exit 2: $(grep "keel: error" "$tmp/eval.log")"
 for n in lr data layers missing init; do
   if ls "$tmp/$n" >/dev/null 2>&1; then echo "$n: the run folder was created"; exit 1; fi
 done

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@
 #include "keel/parallel/comm.h"
 #include "keel/train/config.h"
 #include "keel/train/evaluation.h"
+#include "keel/train/rank_agreement.h"
 
 namespace keel::cli {
 namespace {
@@ -45,19 +47,32 @@ struct Args {
   bool json = false;
 };
 
-void Run(const Args& a) {
-  auto comm = parallel::CreateComm();
+// What a rank reads and checks before the evaluation's first collective.
+struct Prepared {
+  ckpt::LoadedModel m;
+  std::string data, precision;
+  int T = 0, B = 0;
+  DType dtype = DType::kF32;
+  std::unique_ptr<data::TokenDataset> ds;
+  train::EvalPlan plan;
+  std::unique_ptr<model::Transformer> model;
+};
+
+std::unique_ptr<Prepared> Prepare(const Args& a) {
+  auto p = std::make_unique<Prepared>();
   const std::optional<train::RunConfig> run = RunConfigOf(a.source);
-  ckpt::LoadedModel m = ckpt::LoadAnyModel(a.source);
+  p->m = ckpt::LoadAnyModel(a.source);
+  ckpt::LoadedModel& m = p->m;
   const model::ModelConfig& cfg = m.config;
   // What the flags leave open comes from the run (its validation split, sequence length, micro-
   // batch and precision), else from the model.
-  std::string data = a.data;
+  std::string& data = p->data;
+  data = a.data;
   if (data.empty() && run) data = run->data.val;
   if (data.empty())
     ThrowBadInput("eval: give --data PATH (" + a.source +
                   (run ? "'s run has no [data] val)" : " is not part of a run)"));
-  const int T = a.seq_len > 0 ? a.seq_len : run ? run->data.seq_len : cfg.block_size;
+  const int T = p->T = a.seq_len > 0 ? a.seq_len : run ? run->data.seq_len : cfg.block_size;
   if (T > cfg.block_size)
     ThrowBadInput("eval: --seq-len " + std::to_string(T) + " is longer than the model's context (" +
                   std::to_string(cfg.block_size) + ")");
@@ -65,30 +80,57 @@ void Run(const Args& a) {
   if (B <= 0 && run)
     B = run->train.micro_batch_size > 0 ? run->train.micro_batch_size : run->train.batch_size;
   if (B <= 0) B = 4;
-  std::string precision = a.precision.empty() ? (run ? run->train.precision : "fp32") : a.precision;
+  std::string& precision = p->precision;
+  precision = a.precision.empty() ? (run ? run->train.precision : "fp32") : a.precision;
   if (precision != "fp32" && precision != "bf16")
     ThrowBadInput("eval: --precision: expected fp32 or bf16, got \"" + precision + "\"");
   if (a.seq_len < 0 || a.batch < 0 || a.max_tokens < 0)
     ThrowBadInput("eval: --seq-len, --batch and --max-tokens must be >= 0");
 
-  const data::TokenDataset ds = data::TokenDataset::Open(data);
+  p->ds = std::make_unique<data::TokenDataset>(data::TokenDataset::Open(data));
+  const data::TokenDataset& ds = *p->ds;
   ds.CheckIds(cfg.vocab_size);
   const size_t max_windows = a.max_tokens > 0 ? size_t(a.max_tokens) / size_t(T) : 0;
   if (a.max_tokens > 0 && max_windows == 0)
     ThrowBadInput("eval: --max-tokens " + std::to_string(a.max_tokens) +
                   " is less than one window of --seq-len " + std::to_string(T));
-  const train::EvalPlan plan = train::PlanEval(ds.size(), T, B, max_windows, data);
+  p->plan = train::PlanEval(ds.size(), T, B, max_windows, data);
 
-  const DType dtype = precision == "bf16" ? DType::kBF16 : DType::kF32;
+  const DType dtype = p->dtype = precision == "bf16" ? DType::kBF16 : DType::kF32;
   // Sized before the model's buffers exist, as keel train sizes a run.
   CheckAllocation(
       "eval: --batch " + std::to_string(B) + " windows of --seq-len " + std::to_string(T) + " (" +
           precision + ")",
       double(model::PlanActivations(cfg, B, T, dtype, model::Recompute::kNone).total_bytes) +
           double(m.weights.size()) * (4.0 + double(DTypeSize(dtype))));
-  model::Transformer model(cfg, dtype, B, T, model::Recompute::kNone);
-  std::copy(m.weights.begin(), m.weights.end(), model.master());
-  model.SyncWorking();
+  p->B = B;
+  p->model = std::make_unique<model::Transformer>(cfg, dtype, B, T, model::Recompute::kNone);
+  std::copy(m.weights.begin(), m.weights.end(), p->model->master());
+  p->model->SyncWorking();
+  return p;
+}
+
+void Run(const Args& a) {
+  auto comm = parallel::CreateComm();
+  // A rank that cannot read the model or the data stops every rank, said once (the others would
+  // wait in the evaluation's first collective for good).
+  std::unique_ptr<Prepared> p;
+  std::optional<Error> bad;
+  try {
+    p = Prepare(a);
+  } catch (const Error& e) {
+    bad = e;
+  }
+  train::ShareError(*comm, bad);
+  const ckpt::LoadedModel& m = p->m;
+  const model::ModelConfig& cfg = m.config;
+  const std::string& data = p->data;
+  const std::string& precision = p->precision;
+  const int T = p->T, B = p->B;
+  const DType dtype = p->dtype;
+  const data::TokenDataset& ds = *p->ds;
+  const train::EvalPlan& plan = p->plan;
+  model::Transformer& model = *p->model;
   const train::EvalResult r = train::Evaluate(
       ds, plan, *comm, comm->rank(), comm->size(),
       [&](const int32_t* t, const int32_t* y) { return model.Forward(t, y); },
