@@ -57,7 +57,7 @@ two data 2 "the ranks disagree on data.train: rank 1 has 200000 bytes, xxh3" \
   --set data.train="$tmp/a.u16" -- --set data.train="$tmp/b.u16"
 two layers 2 "the ranks disagree on model.n_layer: rank 1 has 3, rank 0 has 0 (from gpt2-tiny: 2)" \
   --set data.train="$tmp/a.u16" -- --set data.train="$tmp/a.u16" --set model.n_layer=3
-two missing 2 "rank 1: $tmp/nowhere.u16: not found" \
+two missing 2 "rank 1 on $(hostname): $tmp/nowhere.u16: not found" \
   --set data.train="$tmp/a.u16" -- --set data.train="$tmp/nowhere.u16"
 # The same model.init_from path with other contents on rank 1 (each rank in its own folder, the
 # path relative): refused, naming the key, before any step.
@@ -91,7 +91,7 @@ timeout 60 mpirun --oversubscribe --allow-run-as-root -x OMP_NUM_THREADS=1 \
   -np 1 "$keel" eval "$tmp/r0/init.safetensors" --data "$tmp/a.u16" --max-tokens 2000 : \
   -np 1 "$keel" eval "$tmp/nowhere.safetensors" --data "$tmp/a.u16" --max-tokens 2000 \
   >"$tmp/eval.log" 2>&1 || rc=$?
-((rc == 2)) && (($(grep -c "keel: error: rank 1: " "$tmp/eval.log") == 1)) ||
+((rc == 2)) && (($(grep -c "keel: error: rank 1 on $(hostname): " "$tmp/eval.log") == 1)) ||
   { echo "eval: exit $rc, expected 2 and one \"rank 1\" line"; cat "$tmp/eval.log"; exit 1; }
 echo "eval: exit 2: $(grep "keel: error" "$tmp/eval.log")"
 for n in lr data layers missing init; do

@@ -1,5 +1,6 @@
 #include "keel/train/rank_agreement.h"
 
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -26,22 +27,24 @@ void BroadcastString(parallel::Comm& comm, std::string& s, int root) {
 }
 
 // If a rank holds an error, every rank throws the lowest such rank's (see AgreeOnSetup), prefixed
-// with "rank N: " when `name_rank` and N is not 0.
+// with "rank N on HOST: " when `name_rank` and N is not 0.
 void ThrowLowest(parallel::Comm& comm, const std::optional<Error>& mine, bool name_rank) {
   const int world = comm.size(), rank = comm.rank();
   const double top = comm.AllReduceMax(mine ? double(world - rank) : 0.0);
   if (top == 0) return;
   const int root = world - int(top);
   std::string msg = rank == root ? std::string(mine->what()) : std::string();
+  if (rank == root && root != 0 && name_rank) {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);  // where to look, on a cluster
+    msg = "rank " + std::to_string(root) + " on " + host + ": " + msg;
+  }
   int32_t code = rank == root ? int32_t(mine->code()) : 0;
   comm.Broadcast(&code, sizeof code, root);
   BroadcastString(comm, msg, root);
   // Rank 0 prints before any rank exits: mpirun ends the whole job at the first non-zero exit,
   // and a quiet rank that left first would cut rank 0 off before its line.
-  if (rank == 0)
-    std::fprintf(
-        stderr, "keel: error: %s\n",
-        (root == 0 || !name_rank ? msg : "rank " + std::to_string(root) + ": " + msg).c_str());
+  if (rank == 0) std::fprintf(stderr, "keel: error: %s\n", msg.c_str());
   std::fflush(stderr);
   comm.Barrier();
   throw Error(ExitCode(code), msg, /*quiet=*/true);

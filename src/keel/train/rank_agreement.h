@@ -40,8 +40,9 @@ std::string InitIdentity(const std::string& path);
 
 // Collective over `comm`; every rank calls it at the same point of its setup.
 // `failed`: this rank's setup error. If any rank failed, the lowest such rank's message and exit
-// code reach every rank, rank 0 prints it ("rank N: ..." when it is another rank's) before any rank
-// leaves, and all throw it quietly (Error::quiet): the job prints it once and exits with its code.
+// code reach every rank, rank 0 prints it ("rank N on HOST: ..." when it is another rank's)
+// before any rank leaves, and all throw it quietly (Error::quiet): the job prints it once and
+// exits with its code.
 // Otherwise each rank's fingerprint is compared with rank 0's: the first key on which a rank
 // differs is exit 2 on every rank, naming the rank, the key and both values.
 void AgreeOnSetup(parallel::Comm& comm, const std::optional<Error>& failed,
