@@ -9,6 +9,7 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/core/validate.h"
+#include "keel/data/http_fetch.h"
 #include "keel/monitor/prometheus_exporter.h"
 #include "keel/resilience/health.h"
 #include "keel/resilience/supervisor.h"
@@ -130,12 +131,11 @@ void RegisterLaunch(CLI::App& app) {
     // host does: on this machine, or on hosts that share its files.
     bool data_here = true;
     for (const std::string& p : DataPaths(cfg))
-      data_here = data_here && (p.rfind("http", 0) == 0 || std::filesystem::exists(p));
+      data_here = data_here && (data::IsHttpUrl(p) || std::filesystem::exists(p));
     train::CheckRunInput(cfg, ranks, spec.launcher == resilience::Launcher::kLocal || data_here);
     if (spec.launcher == resilience::Launcher::kLocal && cfg.monitor.metrics_port > 0)
-      monitor::MetricsExporter(
-          CheckListenAddress("[monitor] metrics_addr", cfg.monitor.metrics_addr),
-          cfg.monitor.metrics_port, cfg.monitor.metrics_token);  // in use?
+      monitor::MetricsExporter(cfg.monitor.metrics_addr, cfg.monitor.metrics_port,
+                               cfg.monitor.metrics_token);  // in use?
     spec.layout.tp = cfg.parallel.tp;
     spec.layout.pp = cfg.parallel.pp;
     spec.layout.batch = cfg.train.batch_size;

@@ -32,7 +32,6 @@ class FolderLock {
   FolderLock& operator=(const FolderLock&) = delete;
   ~FolderLock();
 
-  bool held() const { return fd_ >= 0; }
   // "host HOST, pid PID": what KEEL_RUN_LOCK_HOLDER carries to the jobs this holder starts.
   const std::string& holder() const { return holder_; }
 

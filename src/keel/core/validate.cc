@@ -72,32 +72,29 @@ bool IsLoopbackAddress(const std::string& addr) {
   return inet_pton(AF_INET6, Unbracket(addr).c_str(), &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6);
 }
 
-HttpUrl CheckHttpUrl(const std::string& what, const std::string& url) {
+void CheckHttpUrl(const std::string& what, const std::string& url) {
   auto fail = [&](const std::string& why) {
     ThrowBadInput(what + ": " + Quote(url) + ": " + why +
                   " (expected http://HOST[:PORT][/PATH] or https://...)");
   };
-  HttpUrl u;
   const size_t sep = url.find("://");
   if (sep == std::string::npos) fail("no scheme");
-  u.scheme = url.substr(0, sep);
-  if (u.scheme != "http" && u.scheme != "https") fail("the scheme is not http or https");
+  const std::string scheme = url.substr(0, sep);
+  if (scheme != "http" && scheme != "https") fail("the scheme is not http or https");
   const size_t start = sep + 3;
   const size_t slash = url.find_first_of("/?#", start);
   std::string authority =
       url.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
-  u.path = slash == std::string::npos ? "/" : url.substr(slash);
-  if (u.path[0] != '/') u.path = "/" + u.path;
   for (char c : url)
     if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) fail("a space or control character");
   if (const size_t at = authority.rfind('@'); at != std::string::npos)
     authority = authority.substr(at + 1);  // user:password@ is libcurl's to send
-  std::string port_text;
+  std::string host, port_text;
   if (!authority.empty() && authority[0] == '[') {
     const size_t close = authority.find(']');
     if (close == std::string::npos) fail("an unclosed [ in the host");
-    u.host = authority.substr(1, close - 1);
-    if (!IsIpv6(u.host)) fail("the host in [...] is not an IPv6 address");
+    host = authority.substr(1, close - 1);
+    if (!IsIpv6(host)) fail("the host in [...] is not an IPv6 address");
     if (close + 1 < authority.size()) {
       if (authority[close + 1] != ':') fail("expected :PORT after the IPv6 address");
       port_text = authority.substr(close + 2);
@@ -105,22 +102,20 @@ HttpUrl CheckHttpUrl(const std::string& what, const std::string& url) {
     }
   } else {
     const size_t colon = authority.find(':');
-    u.host = authority.substr(0, colon);
+    host = authority.substr(0, colon);
     if (colon != std::string::npos) {
       port_text = authority.substr(colon + 1);
       if (port_text.empty()) fail("an empty port");
     }
-    if (u.host.empty()) fail("no host");
-    if (!IsIpv4(u.host) && !IsHostName(u.host)) fail("the host is not a name or an address");
+    if (host.empty()) fail("no host");
+    if (!IsIpv4(host) && !IsHostName(host)) fail("the host is not a name or an address");
   }
-  u.port = u.scheme == "https" ? 443 : 80;
   if (!port_text.empty()) {
     if (port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos)
       fail("the port is not a number");
-    u.port = std::stoi(port_text);
-    if (u.port < 1 || u.port > 65535) fail("the port is not in 1-65535");
+    const int port = std::stoi(port_text);
+    if (port < 1 || port > 65535) fail("the port is not in 1-65535");
   }
-  return u;
 }
 
 double MemAvailableBytes() {

@@ -1,7 +1,8 @@
 // Checks of values that users give keel before they reach a library that would take them as they
 // are: listen addresses (civetweb turns "999.1.1.1" into 231.1.1.1 and binds it without a word),
-// http(s) URLs, counts, files that must be regular files (a FIFO would block a reader forever),
-// outputs that must not be one of the inputs, and run names that must be a folder name anywhere.
+// http(s) URLs, ranges, files that must be regular files (a FIFO would block a reader forever),
+// folders that must be creatable, outputs that must not be one of the inputs, and buffers that
+// input sizes, checked against the memory available before they are allocated.
 // Each throws keel::Error (bad input) with one line that starts with `what` (the flag or the
 // config key).
 //
@@ -23,15 +24,9 @@ std::string CheckListenAddress(const std::string& what, const std::string& addr)
 // is reachable from other machines and needs a token.
 bool IsLoopbackAddress(const std::string& addr);
 
-struct HttpUrl {
-  std::string scheme;  // http or https
-  std::string host;    // a name, an IPv4 address, or an IPv6 address without brackets
-  int port = 0;        // 1-65535 (the scheme's default when the URL names none)
-  std::string path;    // from the first '/', or "/"
-};
-
-// An absolute http:// or https:// URL with a host and, if any, a port in 1-65535.
-HttpUrl CheckHttpUrl(const std::string& what, const std::string& url);
+// An absolute http:// or https:// URL with a host (a name, an IPv4 address or [IPv6]) and, if
+// any, a port in 1-65535.
+void CheckHttpUrl(const std::string& what, const std::string& url);
 
 // MemAvailable from /proc/meminfo, in bytes; 0 when it cannot be read.
 double MemAvailableBytes();

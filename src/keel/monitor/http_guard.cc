@@ -105,7 +105,6 @@ void GuardedServer::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       if (svr_sock_ == INVALID_SOCKET || open_ >= limits_.total ||
           per_client_[peer] >= limits_.per_client) {
-        ++refused_;
         ::close(sock);
         continue;
       }
@@ -146,11 +145,6 @@ void GuardedServer::Stop() {
   svr_sock_ = INVALID_SOCKET;
   for (auto& [id, c] : conns_) ::shutdown(c.fd, SHUT_RDWR);
   cv_.wait(lock, [&] { return open_ == 0; });
-}
-
-size_t GuardedServer::refused() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return refused_;
 }
 
 }  // namespace keel::monitor

@@ -41,9 +41,6 @@ class GuardedServer : public httplib::Server {
   void Run();
   // Stops accepting, shuts the open connections down and waits for their threads.
   void Stop();
-  // Connections closed unserved because of a cap.
-  size_t refused() const;
-
   // Serves one connection on the calling thread and closes it, as Run does for each: the fuzz
   // target's entry. Needs Listen first (httplib serves only while a listening socket exists).
   bool ServeConnection(int sock);
@@ -53,10 +50,9 @@ class GuardedServer : public httplib::Server {
 
   const Limits limits_;
   int listen_fd_ = -1;
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
-  size_t refused_ = 0;
   int open_ = 0;
   std::map<std::string, int> per_client_;
   struct Open {

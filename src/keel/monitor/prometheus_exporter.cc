@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 
 #include "keel/core/error.h"
+#include "keel/core/validate.h"
 
 namespace keel::monitor {
 
@@ -30,8 +31,10 @@ MetricsExporter::MetricsExporter(const std::string& addr, int port, const std::s
     : mu_(std::make_shared<std::mutex>()),
       registry_(std::make_shared<prometheus::Registry>()),
       snapshot_(std::make_shared<Snapshot>(mu_, registry_)) {
-  const bool v6 = addr.find(':') != std::string::npos;
-  const std::string bind = (v6 ? "[" + addr + "]" : addr) + ":" + std::to_string(port);
+  const std::string host = CheckListenAddress("[monitor] metrics_addr", addr);
+  const bool v6 = host.find(':') != std::string::npos;
+  const std::string bind = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  url_ = "http://" + bind + "/metrics";
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/1);
   } catch (const std::exception& e) {

@@ -29,12 +29,16 @@ using Labels = std::map<std::string, std::string>;
 
 class MetricsExporter {
  public:
-  // Listens on addr:port (`addr` as CheckListenAddress returns it). A non-empty `token` requires
+  // Listens on addr:port (`addr` as core/validate.h's CheckListenAddress takes it, brackets or
+  // not for IPv6). A non-empty `token` requires
   // HTTP basic auth with user "keel" and the token as password (Prometheus: basic_auth). Throws
   // keel::Error (bad input) naming `what` (the config key) if it cannot listen.
   MetricsExporter(const std::string& addr, int port, const std::string& token,
                   const std::string& what = "[monitor] metrics_port");
   ~MetricsExporter();
+
+  // "http://ADDR:PORT/metrics": where scrapers find it.
+  const std::string& url() const { return url_; }
 
   // Holds scrapes off while a step's figures are set, so that one scrape sees one step.
   class Batch {
@@ -56,6 +60,7 @@ class MetricsExporter {
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<Snapshot> snapshot_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string url_;
   std::map<std::string, prometheus::Family<prometheus::Gauge>*> gauges_;
   std::map<std::string, prometheus::Family<prometheus::Counter>*> counters_;
 };

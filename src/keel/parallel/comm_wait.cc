@@ -22,16 +22,9 @@ std::atomic<double> default_deadline_s{-1};
 }  // namespace
 
 void SetDefaultWaitDeadline(double seconds) { default_deadline_s = seconds; }
-double DefaultWaitDeadline() { return default_deadline_s; }
 
 void WaitOrLostDefault(Work& w, const std::string& group, const std::string& op, uint64_t seq) {
-  const double timeout_s = default_deadline_s;
-  if (w.Wait(timeout_s)) return;
-  char text[64];
-  std::snprintf(text, sizeof text, "%g", timeout_s);
-  throw Error(ExitCode::kTempFail, group + " " + op + (seq ? " #" + std::to_string(seq) : "") +
-                                       " did not complete within [parallel] comm_timeout_s = " +
-                                       text + " s: a peer is lost or hung");
+  WaitOrLost(w, default_deadline_s, group + " " + op + (seq ? " #" + std::to_string(seq) : ""));
 }
 
 bool Settled(Work& w, const Timer& since, double deadline_s) {

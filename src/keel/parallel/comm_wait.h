@@ -21,7 +21,6 @@ double WaitOrLost(Work& w, double timeout_s, const std::string& what);
 // comm_timeout_s once the ranks agree on their setup, so that no wait of the step or the loop
 // outlives a lost peer; negative (the default, and for tools such as keel eval): none.
 void SetDefaultWaitDeadline(double seconds);
-double DefaultWaitDeadline();
 
 // Waits for `w` up to DefaultWaitDeadline(); past it, throws keel::Error (kTempFail) naming
 // `group`, `op` and the collective's sequence number in its group (0: not counted).

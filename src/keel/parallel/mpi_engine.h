@@ -107,7 +107,7 @@ class MpiEngine {
   // Queues `run` with nobody waiting for it, for clean-ups in destructors: they must neither throw
   // nor block, and the thread may be stuck on a lost peer. Skipped once the engine is stopping.
   void Post(std::function<std::string()> run);
-  // Submit and wait for it, up to DefaultWaitDeadline() (comm_wait.h; past it keel::Error
+  // Submit and wait for it, up to the default deadline (comm_wait.h; past it keel::Error
   // kTempFail names `group`, `op` and `seq`); throws keel::Error if the MPI call failed.
   void Run(std::function<std::string()> run, const std::string& group, const std::string& op,
            uint64_t seq = 0);

@@ -303,13 +303,9 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
       CheckCanCreateFolder("[checkpoint] dir", ckpt->root());
       if (lead) {
         if (cfg.monitor.metrics_port > 0) {
-          const std::string addr =
-              CheckListenAddress("[monitor] metrics_addr", cfg.monitor.metrics_addr);
-          exporter = std::make_unique<monitor::MetricsExporter>(addr, cfg.monitor.metrics_port,
-                                                                cfg.monitor.metrics_token);
-          const bool v6 = addr.find(':') != std::string::npos;
-          Log("keel: Prometheus metrics at http://%s%s%s:%d/metrics", v6 ? "[" : "", addr.c_str(),
-              v6 ? "]" : "", cfg.monitor.metrics_port);
+          exporter = std::make_unique<monitor::MetricsExporter>(
+              cfg.monitor.metrics_addr, cfg.monitor.metrics_port, cfg.monitor.metrics_token);
+          Log("keel: Prometheus metrics at %s", exporter->url().c_str());
         }
         lock = FolderLock::Acquire(sum.run_dir, "keel train");  // creates the run folder
       }
