@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Usage: dashboard.sh KEEL SRC SHARED_DATA LOG_DIR
-# keel dashboard in headless Chromium during a run (dashboard_check.py); the token rules; keel
+# keel dashboard in headless Chromium during a run (dashboard_check.py); the token rules; hostile
+# input (dashboard_limits.py: lines over 1 MiB, a slowloris client, a reflected ?token=); keel
 # report on two runs opened in Chromium without a network (every chart has its points) and
 # rendered to PNGs of the right size that are not blank.
 set -euo pipefail
@@ -17,13 +18,20 @@ OMP_NUM_THREADS=1 "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --s
   --set train.steps=120 --set checkpoint.every_steps=20 >"$tmp/live.log" 2>&1 &
 train=$!
 until [ -s "$tmp/live/metrics.jsonl" ] || ! kill -0 $train 2>/dev/null; do sleep 0.1; done
-"$keel" dashboard "$tmp/live" --port 0 --poll-ms 500 >"$tmp/dash.out" 2>&1 &
-dash=$!
-until grep -q "http://" "$tmp/dash.out" 2>/dev/null; do
-  kill -0 $dash 2>/dev/null || { cat "$tmp/dash.out"; exit 1; }
-  sleep 0.1
-done
-url=$(grep -o 'http://[^ ]*' "$tmp/dash.out")
+# serve NAME ARGS...: keel dashboard ARGS in the background (pid in $dash), its URL in $url.
+serve() {
+  local out=$tmp/$1.out
+  shift
+  "$keel" dashboard "$@" >"$out" 2>&1 &
+  dash=$!
+  until grep -q "http://" "$out" 2>/dev/null; do
+    kill -0 $dash 2>/dev/null || { cat "$out"; exit 1; }
+    sleep 0.1
+  done
+  url=$(grep -o 'http://[^ ]*' "$out")
+}
+
+serve dash "$tmp/live" --port 0 --poll-ms 500
 $py "$src/tests/monitor/dashboard_check.py" "$url" "$tmp/live" $train "$logs"
 wait $train || { cat "$tmp/live.log"; exit 1; }
 kill $dash
@@ -34,10 +42,8 @@ rc=0
 "$keel" dashboard "$tmp/live" --addr 0.0.0.0 --port 0 >"$tmp/open.out" 2>&1 || rc=$?
 ((rc == 2)) && grep -q "reachable from other machines; pass --token" "$tmp/open.out" ||
   { echo "an open dashboard without a token: exit $rc"; cat "$tmp/open.out"; exit 1; }
-"$keel" dashboard "$tmp/live" --port 0 --token s3cret >"$tmp/tok.out" 2>&1 &
-dash=$!
-until grep -q "http://" "$tmp/tok.out" 2>/dev/null; do sleep 0.1; done
-base=$(grep -o 'http://[^/]*/' "$tmp/tok.out")
+serve tok "$tmp/live" --port 0 --token s3cret
+base=${url%%\?*}
 for path in "" "api/metrics?run=0" "chart.js"; do
   code=$(curl -s -o /dev/null -w '%{http_code}' "$base$path")
   [ "$code" = 401 ] || { echo "GET /$path without the token: HTTP $code, expected 401"; exit 1; }
@@ -48,6 +54,24 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer s3cret" 
 [ "$code" = 200 ] || { echo "with a Bearer header: HTTP $code"; exit 1; }
 kill $dash
 echo "token: exit 2 off loopback without one; 401 without it, 200 with it"
+
+# Hostile input (issue 32): a run whose metrics.jsonl has lines of 9 MiB and 2 MiB between normal
+# ones, then a slowloris client and a reflected ?token= (dashboard_limits.py).
+mkdir -p "$tmp/long"
+$py - "$tmp/long/metrics.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for step in range(1, 6):
+        j = {"step": step, "loss": 4.0 - 0.1 * step, "ms": 10.0, "tokens_per_s": 100.0, "mfu": 0.1}
+        if step == 2:
+            j["pad"] = "x" * (9 << 20)
+        if step == 4:
+            j["pad"] = "y" * (2 << 20)
+        f.write(json.dumps(j) + "\n")
+PY
+serve long "$tmp/long" --port 0 --poll-ms 200
+(cd "$src/tests/monitor" && $py dashboard_limits.py "$url" "$logs")
+kill $dash
 
 # keel report on two runs, opened offline.
 run other 1 --set train.steps=12 --set optim.lr=1e-3

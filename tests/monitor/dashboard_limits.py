@@ -8,7 +8,7 @@
               request: at most 6 stay open (the per-client cap), the page still loads for
               127.0.0.1 within 3 s, and the slow ones are closed by the 15 s deadline.
 
-Usage: dashboard_limits.py URL LOG_DIR
+Usage: dashboard_limits.py URL LOG_DIR (from dashboard.sh, which starts the dashboard)
 """
 import json
 import os
