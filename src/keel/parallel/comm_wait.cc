@@ -8,23 +8,32 @@
 
 namespace keel::parallel {
 
-double WaitOrLost(Work& w, double timeout_s, const std::string& what) {
-  Timer t;
-  if (w.Wait(timeout_s)) return t.Millis();
+namespace {
+
+std::atomic<double> default_deadline_s{-1};
+
+[[noreturn]] void ThrowLost(const std::string& what, double timeout_s) {
   char text[64];
   std::snprintf(text, sizeof text, "%g", timeout_s);
   throw Error(ExitCode::kTempFail, what + " did not complete within [parallel] comm_timeout_s = " +
                                        text + " s: a peer is lost or hung");
 }
 
-namespace {
-std::atomic<double> default_deadline_s{-1};
 }  // namespace
+
+double WaitOrLost(Work& w, double timeout_s, const std::string& what) {
+  Timer t;
+  if (!w.Wait(timeout_s)) ThrowLost(what, timeout_s);
+  return t.Millis();
+}
 
 void SetDefaultWaitDeadline(double seconds) { default_deadline_s = seconds; }
 
 void WaitOrLostDefault(Work& w, const std::string& group, const std::string& op, uint64_t seq) {
-  WaitOrLost(w, default_deadline_s, group + " " + op + (seq ? " #" + std::to_string(seq) : ""));
+  const double timeout_s = default_deadline_s;
+  // The name is built only for the error: this runs for every blocking collective.
+  if (!w.Wait(timeout_s))
+    ThrowLost(group + " " + op + (seq ? " #" + std::to_string(seq) : ""), timeout_s);
 }
 
 bool Settled(Work& w, const Timer& since, double deadline_s) {
