@@ -9,6 +9,7 @@
 #include "keel/core/dtype.h"
 #include "keel/core/error.h"
 #include "keel/parallel/comm.h"
+#include "keel/parallel/comm_wait.h"
 
 namespace keel::parallel {
 namespace {
@@ -208,6 +209,35 @@ class ScopedEnv {
   std::string old_;
   bool had_ = false;
 };
+
+// A wait past its deadline is exit 75 naming what the caller waited for and the operation itself.
+TEST(CommWait, TimeoutNamesTheOperation) {
+  struct Stuck final : Work {
+    bool Wait(double) override { return false; }
+    std::string describe() const override { return "pp#0 1->0 tag 11 RecvAsync #9"; }
+  } stuck;
+  try {
+    (void)WaitOrLost(stuck, 0.01, "pipeline stage 0: receiving gradients");
+    FAIL() << "no timeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kTempFail);
+    EXPECT_NE(std::string(e.what()).find("pipeline stage 0: receiving gradients (pp#0 1->0 tag 11 "
+                                         "RecvAsync #9) did not complete within [parallel] "
+                                         "comm_timeout_s = 0.01 s"),
+              std::string::npos)
+        << e.what();
+  }
+  SetDefaultWaitDeadline(0.01);
+  try {
+    WaitOrLostDefault(stuck);
+    FAIL() << "no timeout";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pp#0 1->0 tag 11 RecvAsync #9 did not complete"),
+              std::string::npos)
+        << e.what();
+  }
+  SetDefaultWaitDeadline(-1);
+}
 
 TEST(CreateComm, LocalWithoutLauncher) {
   ScopedEnv a("KEEL_COMM", nullptr), b("OMPI_COMM_WORLD_SIZE", nullptr), c("PMI_SIZE", nullptr),

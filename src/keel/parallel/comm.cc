@@ -24,7 +24,7 @@ long EnvSize(const char* name) {
 
 void Comm::AllReduceSum(float* data, size_t n) {
   auto work = AllReduceSumAsync(data, n);
-  WaitOrLostDefault(*work, label(), "all-reduce", 0);
+  WaitOrLostDefault(*work);
 }
 
 double Comm::AllReduceSum(double x) {

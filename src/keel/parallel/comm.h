@@ -34,6 +34,10 @@ class Work {
   // then still in flight). A negative timeout waits forever. Throws keel::Error if the operation
   // failed (e.g. an MPI error, whose message it carries).
   [[nodiscard]] virtual bool Wait(double timeout_s = -1) = 0;
+  // What the operation is in progress reports, for the message of a wait that times out: its
+  // group, operation and sequence number ("tp#0 MPI_Allreduce #231"; for a pipeline transfer its
+  // stream, "pp#0 0->1 tag 10 RecvAsync #5"); "" if the communicator does not count them.
+  virtual std::string describe() const { return ""; }
 };
 
 class Comm {

@@ -39,6 +39,24 @@ int ToDispl(size_t n, const char* call) {
   return static_cast<int>(n);
 }
 
+// Collectives over at least this many bytes run as MPI's blocking call, once an awaited barrier
+// says that every rank has arrived; smaller ones as their nonblocking form, awaited
+// (mpi_engine.h's AwaitRequest: a rank whose peer hangs naps instead of spinning). Not the
+// nonblocking form always: on fewer than 4 ranks Open MPI's MPI_Iallreduce (libnbc) reduces an
+// in-place buffer through one rank by a binomial tree, where the blocking call splits the work: a
+// dp 2 step's gradient wait went from ~40 to ~120 ms. Not the blocking call always: it polls in a
+// hot loop as long as a hung peer keeps it waiting; the barrier takes that wait, and the blocking
+// call then runs with every rank there.
+constexpr size_t kBlockingFromBytes = size_t{256} << 10;
+
+template <class Post, class Block>
+int Collective(MPI_Comm comm, size_t bytes, Post post, Block block) {
+  MPI_Request req;
+  if (bytes < kBlockingFromBytes) return AwaitRequest(post(&req), req);
+  if (int rc = AwaitRequest(MPI_Ibarrier(comm, &req), req); rc != MPI_SUCCESS) return rc;
+  return block();
+}
+
 MPI_Datatype MpiType(DType dtype) { return dtype == DType::kF32 ? MPI_FLOAT : MPI_UINT16_T; }
 
 class MpiComm final : public Comm {
@@ -79,8 +97,16 @@ class MpiComm final : public Comm {
                                                         " ranks");
     int count = ToCount(n / static_cast<size_t>(size_), "MPI_Reduce_scatter_block");
     return Async("MPI_Reduce_scatter_block", [=, comm = comm_, rank = rank_] {
-      return Check(MPI_Reduce_scatter_block(send, recv, count, MPI_FLOAT, MPI_SUM, comm),
-                   "MPI_Reduce_scatter_block", rank);
+      return Check(
+          Collective(
+              comm, n * sizeof(float),
+              [&](MPI_Request* r) {
+                return MPI_Ireduce_scatter_block(send, recv, count, MPI_FLOAT, MPI_SUM, comm, r);
+              },
+              [&] {
+                return MPI_Reduce_scatter_block(send, recv, count, MPI_FLOAT, MPI_SUM, comm);
+              }),
+          "MPI_Reduce_scatter_block", rank);
     });
   }
 
@@ -89,9 +115,18 @@ class MpiComm final : public Comm {
     // MPI forbids aliasing send and recv unless said with MPI_IN_PLACE; allow the common case
     // where this rank's piece already sits at its place in recv.
     const void* sendbuf = (send == recv + n * static_cast<size_t>(rank_)) ? MPI_IN_PLACE : send;
+    const size_t bytes = n * size_t(size_) * sizeof(float);
     return Async("MPI_Allgather", [=, comm = comm_, rank = rank_] {
-      return Check(MPI_Allgather(sendbuf, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm),
-                   "MPI_Allgather", rank);
+      return Check(
+          Collective(
+              comm, bytes,
+              [&](MPI_Request* r) {
+                return MPI_Iallgather(sendbuf, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm, r);
+              },
+              [&] {
+                return MPI_Allgather(sendbuf, count, MPI_FLOAT, recv, count, MPI_FLOAT, comm);
+              }),
+          "MPI_Allgather", rank);
     });
   }
 
@@ -103,7 +138,13 @@ class MpiComm final : public Comm {
       auto* p = static_cast<char*>(data);
       for (size_t off = 0; off < n; off += kMaxChunk) {
         int count = static_cast<int>(std::min(kMaxChunk, n - off));
-        int rc = MPI_Allreduce(MPI_IN_PLACE, p + off * elem, count, type, op, comm);
+        void* buf = p + off * elem;
+        int rc = Collective(
+            comm, size_t(count) * elem,
+            [&](MPI_Request* r) {
+              return MPI_Iallreduce(MPI_IN_PLACE, buf, count, type, op, comm, r);
+            },
+            [&] { return MPI_Allreduce(MPI_IN_PLACE, buf, count, type, op, comm); });
         if (rc != MPI_SUCCESS) return Check(rc, "MPI_Allreduce", rank);
       }
       return "";
@@ -126,11 +167,20 @@ class MpiComm final : public Comm {
     // In place (send == recv): MPI takes the input from recv and leaves this rank's part at its
     // start, which saves the caller a receive buffer as large as the input.
     const void* sendbuf = send == recv ? MPI_IN_PLACE : send;
-    return Async(
-        "MPI_Reduce_scatter", [=, recvcounts = std::move(recvcounts), comm = comm_, rank = rank_] {
-          return Check(MPI_Reduce_scatter(sendbuf, recv, recvcounts.data(), type, op, comm),
-                       "MPI_Reduce_scatter", rank);
-        });
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    const size_t bytes = total * DTypeSize(dtype);
+    return Async("MPI_Reduce_scatter", [=, recvcounts = std::move(recvcounts), comm = comm_,
+                                        rank = rank_] {
+      return Check(
+          Collective(
+              comm, bytes,
+              [&](MPI_Request* r) {
+                return MPI_Ireduce_scatter(sendbuf, recv, recvcounts.data(), type, op, comm, r);
+              },
+              [&] { return MPI_Reduce_scatter(sendbuf, recv, recvcounts.data(), type, op, comm); }),
+          "MPI_Reduce_scatter", rank);
+    });
   }
 
   std::unique_ptr<Work> AllGatherAsync(const void* send, void* recv,
@@ -151,10 +201,19 @@ class MpiComm final : public Comm {
     const char* mine =
         static_cast<const char*>(recv) + size_t(displs[size_t(rank_)]) * DTypeSize(dtype);
     const void* sendbuf = send == mine ? MPI_IN_PLACE : send;
+    const size_t bytes = off * DTypeSize(dtype);
     return Async("MPI_Allgatherv", [=, recvcounts = std::move(recvcounts),
                                     displs = std::move(displs), comm = comm_, rank = rank_] {
-      return Check(MPI_Allgatherv(sendbuf, sendcount, type, recv, recvcounts.data(), displs.data(),
-                                  type, comm),
+      return Check(Collective(
+                       comm, bytes,
+                       [&](MPI_Request* r) {
+                         return MPI_Iallgatherv(sendbuf, sendcount, type, recv, recvcounts.data(),
+                                                displs.data(), type, comm, r);
+                       },
+                       [&] {
+                         return MPI_Allgatherv(sendbuf, sendcount, type, recv, recvcounts.data(),
+                                               displs.data(), type, comm);
+                       }),
                    "MPI_Allgatherv", rank);
     });
   }
@@ -183,7 +242,11 @@ class MpiComm final : public Comm {
       auto* p = static_cast<char*>(data);
       for (size_t off = 0; off < bytes; off += kMaxChunk) {
         int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
-        if (int rc = MPI_Bcast(p + off, count, MPI_BYTE, root, comm); rc != MPI_SUCCESS)
+        if (int rc = Collective(
+                comm, size_t(count),
+                [&](MPI_Request* r) { return MPI_Ibcast(p + off, count, MPI_BYTE, root, comm, r); },
+                [&] { return MPI_Bcast(p + off, count, MPI_BYTE, root, comm); });
+            rc != MPI_SUCCESS)
           return Check(rc, "MPI_Bcast", rank);
       }
       return "";
@@ -197,7 +260,9 @@ class MpiComm final : public Comm {
                // Both sides cut a message into the same chunks, so they match one to one.
                for (size_t off = 0; off == 0 || off < bytes; off += kMaxChunk) {
                  int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
-                 if (int rc = MPI_Send(p + off, count, MPI_BYTE, peer, kTag, comm);
+                 MPI_Request req;
+                 if (int rc = AwaitRequest(
+                         MPI_Isend(p + off, count, MPI_BYTE, peer, kTag, comm, &req), req);
                      rc != MPI_SUCCESS)
                    return Check(rc, "MPI_Send", rank);
                }
@@ -212,7 +277,9 @@ class MpiComm final : public Comm {
                for (size_t off = 0; off == 0 || off < bytes; off += kMaxChunk) {
                  int count = static_cast<int>(std::min(kMaxChunk, bytes - off));
                  MPI_Status status;
-                 if (int rc = MPI_Recv(p + off, count, MPI_BYTE, peer, kTag, comm, &status);
+                 MPI_Request req;
+                 if (int rc = AwaitRequest(
+                         MPI_Irecv(p + off, count, MPI_BYTE, peer, kTag, comm, &req), req, &status);
                      rc != MPI_SUCCESS)
                    return Check(rc, "MPI_Recv", rank);
                  int got = 0;
@@ -237,7 +304,8 @@ class MpiComm final : public Comm {
 
   void Barrier() override {
     Blocking("MPI_Barrier", [comm = comm_, rank = rank_] {
-      return Check(MPI_Barrier(comm), "MPI_Barrier", rank);
+      MPI_Request req;
+      return Check(AwaitRequest(MPI_Ibarrier(comm, &req), req), "MPI_Barrier", rank);
     });
   }
 
@@ -245,9 +313,11 @@ class MpiComm final : public Comm {
   void AllReduceDoubles(double* data, size_t n, bool max) override {
     int count = ToCount(n, "MPI_Allreduce");
     Blocking("MPI_Allreduce", [=, comm = comm_, rank = rank_] {
-      return Check(
-          MPI_Allreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE, max ? MPI_MAX : MPI_SUM, comm),
-          "MPI_Allreduce", rank);
+      MPI_Request req;
+      return Check(AwaitRequest(MPI_Iallreduce(MPI_IN_PLACE, data, count, MPI_DOUBLE,
+                                               max ? MPI_MAX : MPI_SUM, comm, &req),
+                                req),
+                   "MPI_Allreduce", rank);
     });
   }
 
@@ -267,7 +337,9 @@ class MpiComm final : public Comm {
     };
   }
   std::unique_ptr<Work> Async(const std::string& op, std::function<std::string()> run) {
-    return std::make_unique<MpiWork>(engine_->Submit(Tracked(op, std::move(run))));
+    uint64_t seq = 0;
+    std::function<std::string()> tracked = Tracked(op, std::move(run), &seq);
+    return std::make_unique<MpiWork>(engine_->Submit(std::move(tracked)), label(), op, seq);
   }
   // Waits up to the default deadline (comm_wait.h): past it, exit 75 naming the group, the
   // operation and its sequence number.
@@ -292,7 +364,12 @@ class MpiComm final : public Comm {
     args.tag = tag;
     args.comm = comm_;
     args.rank = rank_;
-    return std::make_unique<MpiWork>(engine_->SubmitP2p(args));
+    const int from = send ? rank_ : peer, to = send ? peer : rank_;
+    args.stream = label() + " " + std::to_string(from) + "->" + std::to_string(to) + " tag " +
+                  std::to_string(tag);
+    const char* op = send ? "SendAsync" : "RecvAsync";
+    args.seq = NoteIssued(args.stream, op);
+    return std::make_unique<MpiWork>(engine_->SubmitP2p(args), args.stream, op, args.seq);
   }
 
   MPI_Op SumOp(DType dtype) const { return dtype == DType::kF32 ? MPI_SUM : engine_->bf16_sum(); }

@@ -19,21 +19,26 @@ std::atomic<double> default_deadline_s{-1};
                                        text + " s: a peer is lost or hung");
 }
 
+// `what` the caller waited for, with the operation's own name (Work::describe) when it has one.
+std::string Name(const Work& w, const std::string& what) {
+  const std::string d = w.describe();
+  if (d.empty()) return what;
+  return what.empty() ? d : what + " (" + d + ")";
+}
+
 }  // namespace
 
 double WaitOrLost(Work& w, double timeout_s, const std::string& what) {
   Timer t;
-  if (!w.Wait(timeout_s)) ThrowLost(what, timeout_s);
+  if (!w.Wait(timeout_s)) ThrowLost(Name(w, what), timeout_s);
   return t.Millis();
 }
 
 void SetDefaultWaitDeadline(double seconds) { default_deadline_s = seconds; }
 
-void WaitOrLostDefault(Work& w, const std::string& group, const std::string& op, uint64_t seq) {
+void WaitOrLostDefault(Work& w, const std::string& what) {
   const double timeout_s = default_deadline_s;
-  // The name is built only for the error: this runs for every blocking collective.
-  if (!w.Wait(timeout_s))
-    ThrowLost(group + " " + op + (seq ? " #" + std::to_string(seq) : ""), timeout_s);
+  if (!w.Wait(timeout_s)) ThrowLost(Name(w, what), timeout_s);
 }
 
 bool Settled(Work& w, const Timer& since, double deadline_s) {

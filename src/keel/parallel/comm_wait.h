@@ -13,7 +13,7 @@
 namespace keel::parallel {
 
 // Returns the milliseconds waited; throws keel::Error (kTempFail) past the timeout (a negative
-// timeout waits forever).
+// timeout waits forever), naming `what` and the operation (Work::describe).
 double WaitOrLost(Work& w, double timeout_s, const std::string& what);
 
 // The deadline of the waits that name none: blocking collectives, barriers, broadcasts, blocking
@@ -22,9 +22,9 @@ double WaitOrLost(Work& w, double timeout_s, const std::string& what);
 // outlives a lost peer; negative (the default, and for tools such as keel eval): none.
 void SetDefaultWaitDeadline(double seconds);
 
-// Waits for `w` up to DefaultWaitDeadline(); past it, throws keel::Error (kTempFail) naming
-// `group`, `op` and the collective's sequence number in its group (0: not counted).
-void WaitOrLostDefault(Work& w, const std::string& group, const std::string& op, uint64_t seq);
+// Waits for `w` up to the default deadline; past it, throws keel::Error (kTempFail) naming `what`
+// and the operation (Work::describe: its group, operation and sequence number in the group).
+void WaitOrLostDefault(Work& w, const std::string& what = "");
 
 // For destructors, whose buffers an operation still in flight writes into: waits until
 // `deadline_s` seconds after `since` (one deadline for all of an object's operations, so a lost

@@ -15,6 +15,10 @@
 // thread inside MPI would need MPI_THREAD_MULTIPLE, and one FIFO keeps a single issue order across
 // all groups, so ranks that agree on that order cannot deadlock one group against another.
 //
+// Collectives and blocking sends are posted as their nonblocking forms and awaited by testing
+// (AwaitRequest): Open MPI's blocking calls poll in a hot loop for as long as they wait, so a rank
+// whose peer hung burned a whole core until comm_timeout_s ended the run.
+//
 // Asynchronous point-to-point (SendAsync/RecvAsync, for pipeline stages) is the one exception to
 // "one op at a time": its FIFO op only posts MPI_Isend/MPI_Irecv and returns, and the thread tests
 // the posted requests between ops (and while waiting for the next one), completing the handle when
@@ -30,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/collective_progress.h"
 #include "keel/core/dtype.h"
 #include "keel/core/log.h"
 #include "keel/parallel/comm_wait.h"
@@ -68,6 +73,14 @@ namespace {
 // come back for new ops. Not a hot spin either: the ranks share a few cores with the compute
 // threads. ~50 us adds at most that much latency to a transfer that takes far longer.
 constexpr std::chrono::microseconds kP2pPollInterval{50};
+// AwaitRequest's backoff. The first kSpinFor of a wait tests in a hot loop: Open MPI moves a
+// collective's data only inside our calls (each round of MPI_Iallreduce's schedule, each fragment
+// over TCP), so a nap there slows a transfer that is streaming: naps of up to 1 ms from 0.5 ms on
+// raised a dp 2 step's gradient wait from 39 to 181 ms. Past kSpinFor the wait is a lost or hung
+// peer (or a straggler seconds behind): it naps kNap between tests, ~5,000 wake-ups a second
+// instead of a spinning core, and a transfer that streams after it slows by at most kNap a round.
+constexpr std::chrono::milliseconds kSpinFor{1000};
+constexpr std::chrono::microseconds kNap{200};
 // How long destruction waits for operations still in flight before giving up on them (they are
 // stuck on a peer that is gone or hung; the process is about to exit with code 75 anyway).
 constexpr double kShutdownGraceS = 5.0;
@@ -270,6 +283,17 @@ std::string MpiErrorString(int rc) {
   return std::string(msg, static_cast<size_t>(len));
 }
 
+int AwaitRequest(int post_rc, MPI_Request& req, MPI_Status* status) {
+  if (post_rc != MPI_SUCCESS) return post_rc;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  for (;;) {
+    int done = 0;
+    if (int rc = MPI_Test(&req, &done, status); rc != MPI_SUCCESS || done) return rc;
+    if (Clock::now() - start >= kSpinFor) std::this_thread::sleep_for(kNap);
+  }
+}
+
 std::shared_ptr<MpiEngine> MpiEngine::Acquire() {
   static std::mutex mu;
   static std::weak_ptr<MpiEngine> live;
@@ -348,8 +372,8 @@ void MpiEngine::Post(std::function<std::string()> run) {
 
 void MpiEngine::Run(std::function<std::string()> run, const std::string& group,
                     const std::string& op, uint64_t seq) {
-  MpiWork work(Submit(std::move(run)));
-  WaitOrLostDefault(work, group, op, seq);
+  MpiWork work(Submit(std::move(run)), group, op, seq);
+  WaitOrLostDefault(work);
 }
 
 std::shared_ptr<OpState> MpiEngine::Enqueue(Op op) {
@@ -427,6 +451,7 @@ void MpiEngine::Loop(std::shared_ptr<Queue> q, std::promise<std::string>& starte
   auto finish = [&](const std::vector<std::shared_ptr<Transfer>>& done) {
     for (const auto& t : done) {
       --q->p2p_in_flight;
+      NoteDone(t->args.stream, t->args.seq);
       Complete(*t->state, std::move(t->error));
     }
   };

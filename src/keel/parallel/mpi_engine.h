@@ -32,6 +32,15 @@ inline constexpr int kP2pTagBase = 1;
 
 std::string MpiErrorString(int rc);
 
+// On the comm thread only: completes the request a nonblocking MPI call (MPI_Iallreduce, MPI_Isend,
+// ...) posted, or returns `post_rc` when posting failed. Tests the request instead of blocking in
+// MPI_Wait, in a hot loop for the first second and then with short naps (mpi_engine.cc says
+// why), so that a rank whose peer hangs does not burn a core until comm_timeout_s.
+//
+//   MPI_Request req;
+//   int rc = AwaitRequest(MPI_Ibarrier(comm, &req), req);
+int AwaitRequest(int post_rc, MPI_Request& req, MPI_Status* status = MPI_STATUS_IGNORE);
+
 // Completion of one operation, shared by the caller's handle and the comm thread.
 struct OpState {
   std::mutex mu;
@@ -42,7 +51,10 @@ struct OpState {
 
 class MpiWork final : public Work {
  public:
-  explicit MpiWork(std::shared_ptr<OpState> state) : state_(std::move(state)) {}
+  // `group`, `op` and `seq` name the operation in progress reports (core/collective_progress.h).
+  MpiWork(std::shared_ptr<OpState> state, std::string group = "", std::string op = "",
+          uint64_t seq = 0)
+      : state_(std::move(state)), group_(std::move(group)), op_(std::move(op)), seq_(seq) {}
 
   bool Wait(double timeout_s) override {
     std::unique_lock lock(state_->mu);
@@ -59,9 +71,15 @@ class MpiWork final : public Work {
     if (!state_->error.empty()) throw Error(ExitCode::kRuntime, state_->error);
     return true;
   }
+  // Built only when asked: a wait that timed out.
+  std::string describe() const override {
+    return group_.empty() ? "" : group_ + " " + op_ + " #" + std::to_string(seq_);
+  }
 
  private:
   std::shared_ptr<OpState> state_;
+  std::string group_, op_;
+  uint64_t seq_ = 0;
 };
 
 // One SendAsync or RecvAsync, as the caller issued it.
@@ -73,6 +91,11 @@ struct P2pArgs {
   int tag = 0;  // the caller's; on the wire kP2pTagBase + tag
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = -1;  // this rank in `comm`, for messages
+  // The transfer's place in its stream's progress (core/collective_progress.h): a stream is one
+  // direction and tag between two ranks of a group, in which both ends count the same messages
+  // in the same order (MPI keeps them in order), so the watchdog can name the end that is behind.
+  std::string stream;  // "pp#0 0->1 tag 10"
+  uint64_t seq = 0;
 };
 
 struct Op;

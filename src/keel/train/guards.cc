@@ -23,8 +23,8 @@ std::vector<std::string> GatherHosts(parallel::Comm& comm) {
   gethostname(name, sizeof name - 1);
   std::memcpy(mine, name, sizeof name);  // host: a name, not model state
   std::vector<float> all(kFloats * size_t(comm.size()));
-  parallel::WaitOrLostDefault(*comm.AllGatherAsync(mine, all.data(), kFloats), comm.label(),
-                              "all-gather of host names", 0);
+  parallel::WaitOrLostDefault(*comm.AllGatherAsync(mine, all.data(), kFloats),
+                              "all-gather of host names");
   std::vector<std::string> hosts;
   for (int r = 0; r < comm.size(); ++r) {
     char h[65] = {};
