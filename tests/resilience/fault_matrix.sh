@@ -3,7 +3,8 @@
 # supervised run (keel launch, 2 or 3 local ranks), each cell a property that could be false, and
 # a table of what caught it, how fast, and how the run ended, written to the test log:
 #   kill, hang     restarted; final weights bitwise equal to the uninterrupted run's; the hang's
-#                  message names the stuck rank, its host and phase
+#                  message names the stuck rank, its host and phase; in tp 2 and pp 2 the waits'
+#                  comm_timeout_s ends the hang, naming the group and operation
 #   nan_grad       the step skipped on every rank: equal to the run with the NaN on the other rank,
 #                  different from the clean run
 #   spike          rolled back to the checkpoint before it, its window skipped: equal to a run that
@@ -105,6 +106,21 @@ expect hang "has not issued it (it is at #"
 op=$(grep -o -m1 'waits in world MPI_Allreduce #[0-9]*' "$tmp/hang.log" | sed 's/waits in //')
 row hang "watchdog: rank 1, backward, $op" "$(j hang "$failure_delay") s" "restarted, finished" \
   "$(j hang "$lost")" "bitwise = reference"
+
+# The same hang in other layouts, caught by the waits' own deadline ([parallel] comm_timeout_s,
+# issue 33) before the watchdog: the restart ends bitwise equal to the layout's uninterrupted run.
+for layout in tp2 pp2; do
+  lay=(--set parallel.${layout%2}=2)
+  [[ $layout != pp2 ]] || lay+=(--set train.micro_batch_size=2)  # 1F1B needs 2 micro-batches
+  run "ref-$layout" 0 "" "${lay[@]}"
+  run "hang-$layout" 0 "hang@12:1,phase=backward" "${lay[@]}" --set parallel.comm_timeout_s=4
+  same "hang-$layout" "ref-$layout" "hang in $layout"
+  expect "hang-$layout" "did not complete within [parallel] comm_timeout_s = 4 s"
+  what=$(grep -o -m1 -E '[a-z]+#0 [A-Za-z_]+ #[0-9]+' "$tmp/hang-$layout.log" || true)
+  [[ -n $what ]] || { echo "hang-$layout: no line names the group and operation"; cat "$tmp/hang-$layout.log"; exit 1; }
+  row "hang $layout" "comm_timeout_s: $what" "$(j "hang-$layout" "$failure_delay") s" \
+    "restarted, finished" "$(j "hang-$layout" "$lost")" "bitwise = $layout reference"
+done
 
 run nan1 0 "nan_grad@12:1"
 run nan0 0 "nan_grad@12:0"
