@@ -26,14 +26,17 @@ cpu_while_hung() {
     >"$out.log" 2>&1 &
   local job=$!
   sleep 12
-  local pids tick most=0
-  pids=$(pgrep -f "$1/keel train" | xargs)
+  local pids tick most=0 p used
+  # The ranks only: mpirun and timeout carry the same command line.
+  pids=$(pgrep -x keel | xargs)
+  [[ -n $pids ]] || { echo "no keel process running: $(tail -3 "$out.log")" >&2; return 1; }
   tick=$(getconf CLK_TCK)
   declare -A a
   for p in $pids; do a[$p]=$(awk '{print $14 + $15}' "/proc/$p/stat"); done
   sleep 6
   for p in $pids; do
-    local used=$(($(awk '{print $14 + $15}' "/proc/$p/stat") - a[$p]))
+    used=$(awk '{print $14 + $15}' "/proc/$p/stat") || continue
+    used=$((used - a[$p]))
     ((used > most)) && most=$used
   done
   wait "$job" || true
@@ -45,7 +48,9 @@ step() {  # BUILD ZERO MICRO_BATCHES PP [VIRTUAL LAYERS TP SP]
 }
 
 echo "waiting_rank: $(basename "$base") (base) against $(basename "$build"), $(nproc) cores"
-echo "CPU of the waiting rank while its peer hangs (cores): base $(cpu_while_hung "$base"), this $(cpu_while_hung "$build")"
+cpu_base=$(cpu_while_hung "$base")
+cpu_this=$(cpu_while_hung "$build")
+echo "CPU of the waiting rank while its peer hangs (cores): base $cpu_base, this $cpu_this"
 for layout in "dp2:0 4 1" "dp2-zero3:3 4 1" "tp2:0 8 1 1 equal 2 0" "pp2:0 8 2"; do
   name=${layout%%:*}
   read -r -a args <<<"${layout#*:}"

@@ -228,6 +228,9 @@ TEST(CommWait, TimeoutNamesTheOperation) {
         << e.what();
   }
   SetDefaultWaitDeadline(0.01);
+  struct Reset {
+    ~Reset() { SetDefaultWaitDeadline(-1); }  // also when an assertion returns early
+  } reset;
   try {
     WaitOrLostDefault(stuck);
     FAIL() << "no timeout";
@@ -236,7 +239,6 @@ TEST(CommWait, TimeoutNamesTheOperation) {
               std::string::npos)
         << e.what();
   }
-  SetDefaultWaitDeadline(-1);
 }
 
 TEST(CreateComm, LocalWithoutLauncher) {

@@ -193,6 +193,22 @@ TEST(Watchdog, ProgressCountsIssuedAndFinishedInOrder) {
   EXPECT_EQ(find().op, "");
 }
 
+// The operation's name is the progress table's own: the caller's string may be gone (it was a
+// dangling pointer, and the heartbeat thread died dumping its garbage as JSON).
+TEST(Watchdog, ProgressKeepsItsOwnCopyOfTheName) {
+  {
+    std::string op = "MPI_Send to rank 12345678";
+    NoteIssued("test#8", op);
+    op.assign(op.size(), '\xb0');
+  }
+  int found = 0;
+  for (const GroupProgress& g : CollectiveProgress())
+    if (g.group == "test#8") found += g.op == "MPI_Send to rank 12345678";
+  EXPECT_EQ(found, 1);
+  NoteDone("test#8", 1);
+  EXPECT_EQ(NoteIssued("", "ignored"), 0u);  // an unnamed group is not counted
+}
+
 TEST(Watchdog, FiresOnceWhenAStepOutlivesTheTimeout) {
   std::atomic<int> fired{0};
   std::string said;

@@ -116,7 +116,8 @@ for layout in tp2 pp2; do
   run "hang-$layout" 0 "hang@12:1,phase=backward" "${lay[@]}" --set parallel.comm_timeout_s=4
   same "hang-$layout" "ref-$layout" "hang in $layout"
   expect "hang-$layout" "did not complete within [parallel] comm_timeout_s = 4 s"
-  what=$(grep -o -m1 -E '[a-z]+#0 [A-Za-z_]+ #[0-9]+' "$tmp/hang-$layout.log" || true)
+  what=$(grep -o -m1 -E '[a-z]+#0( [0-9]+->[0-9]+ tag [0-9]+)? [A-Za-z_]+ #[0-9]+' \
+    "$tmp/hang-$layout.log" || true)
   [[ -n $what ]] || { echo "hang-$layout: no line names the group and operation"; cat "$tmp/hang-$layout.log"; exit 1; }
   row "hang $layout" "comm_timeout_s: $what" "$(j "hang-$layout" "$failure_delay") s" \
     "restarted, finished" "$(j "hang-$layout" "$lost")" "bitwise = $layout reference"

@@ -45,7 +45,7 @@ open(p, 'wb').write(bytes(b))" "$piece" ;;
       truncate) truncate -s 100 "$piece" ;;
       delete) rm "$piece" ;;
     esac
-    timeout 300 bash -c "$(declare -f run); $(declare -p keel src tmp common); run $name $np --set checkpoint.resume=auto $*" ||
+    timeout 300 bash -c "$(declare -f run); $(declare -p keel src tmp common); run $name $np --set checkpoint.resume=auto $(printf '%q ' "$@")" ||
       { echo "$name: the resume did not finish"; tail -20 "$tmp/$name.log"; exit 1; }
     grep -q "resuming from $tmp/$name/checkpoints/step_00000005" "$tmp/$name.log" ||
       { echo "$name: did not resume step 5"; cat "$tmp/$name.log"; exit 1; }

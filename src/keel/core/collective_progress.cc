@@ -9,13 +9,19 @@ namespace {
 
 struct Group {
   GroupProgress p;
-  std::deque<std::pair<uint64_t, const char*>> waiting;  // issued, not done, oldest first
+  std::deque<std::pair<uint64_t, std::string>> waiting;  // issued, not done, oldest first
 };
 
-std::mutex mu;
+// Never destroyed: a comm thread left stuck in MPI at exit (parallel/mpi_engine.cc detaches it)
+// may still note an operation done while the process's statics are torn down.
+std::mutex& Mu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
 std::vector<Group>& Groups() {
-  static std::vector<Group> groups;  // a handful: world, dp, tp, pp, tied
-  return groups;
+  // A handful: world, dp, tp, pp, tied, and a pipeline's transfer streams.
+  static auto* groups = new std::vector<Group>;
+  return *groups;
 }
 
 Group& Find(const std::string& name) {
@@ -27,15 +33,17 @@ Group& Find(const std::string& name) {
 
 }  // namespace
 
-uint64_t NoteIssued(const std::string& group, const char* op) {
-  std::lock_guard lock(mu);
+uint64_t NoteIssued(const std::string& group, std::string op) {
+  if (group.empty()) return 0;
+  std::lock_guard lock(Mu());
   Group& g = Find(group);
-  g.waiting.emplace_back(++g.p.issued, op);
+  g.waiting.emplace_back(++g.p.issued, std::move(op));
   return g.p.issued;
 }
 
 void NoteDone(const std::string& group, uint64_t seq) {
-  std::lock_guard lock(mu);
+  if (group.empty()) return;
+  std::lock_guard lock(Mu());
   Group& g = Find(group);
   for (auto it = g.waiting.begin(); it != g.waiting.end(); ++it)
     if (it->first == seq) {
@@ -47,7 +55,7 @@ void NoteDone(const std::string& group, uint64_t seq) {
 }
 
 std::vector<GroupProgress> CollectiveProgress() {
-  std::lock_guard lock(mu);
+  std::lock_guard lock(Mu());
   std::vector<GroupProgress> out;
   for (const Group& g : Groups()) {
     GroupProgress p = g.p;

@@ -328,7 +328,7 @@ class MpiComm final : public Comm {
   // when issued and when it returns.
   std::function<std::string()> Tracked(const std::string& op, std::function<std::string()> run,
                                        uint64_t* seq_out = nullptr) {
-    const uint64_t seq = NoteIssued(label(), op.c_str());
+    const uint64_t seq = NoteIssued(label(), op);
     if (seq_out) *seq_out = seq;
     return [group = label(), seq, run = std::move(run)] {
       std::string error = run();

@@ -15,9 +15,10 @@
 // thread inside MPI would need MPI_THREAD_MULTIPLE, and one FIFO keeps a single issue order across
 // all groups, so ranks that agree on that order cannot deadlock one group against another.
 //
-// Collectives and blocking sends are posted as their nonblocking forms and awaited by testing
-// (AwaitRequest): Open MPI's blocking calls poll in a hot loop for as long as they wait, so a rank
-// whose peer hung burned a whole core until comm_timeout_s ended the run.
+// Collectives and blocking sends are awaited by testing a nonblocking request (AwaitRequest):
+// Open MPI's blocking calls poll in a hot loop for as long as they wait, so a rank whose peer hung
+// burned a whole core until comm_timeout_s ended the run. Large collectives test a barrier that
+// way and then make the blocking call (comm_mpi.cc's Collective says why).
 //
 // Asynchronous point-to-point (SendAsync/RecvAsync, for pipeline stages) is the one exception to
 // "one op at a time": its FIFO op only posts MPI_Isend/MPI_Irecv and returns, and the thread tests
@@ -289,7 +290,11 @@ int AwaitRequest(int post_rc, MPI_Request& req, MPI_Status* status) {
   const Clock::time_point start = Clock::now();
   for (;;) {
     int done = 0;
-    if (int rc = MPI_Test(&req, &done, status); rc != MPI_SUCCESS || done) return rc;
+    if (int rc = MPI_Test(&req, &done, status); rc != MPI_SUCCESS || done) {
+      // Open MPI leaves a request that failed allocated, for the caller to free.
+      if (rc != MPI_SUCCESS && req != MPI_REQUEST_NULL) MPI_Request_free(&req);
+      return rc;
+    }
     if (Clock::now() - start >= kSpinFor) std::this_thread::sleep_for(kNap);
   }
 }

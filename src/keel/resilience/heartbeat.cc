@@ -134,7 +134,9 @@ void HeartbeatWriter::WriteNow() {
   const std::string tmp = path_ + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
-    out << ToJson(beat_).dump() << "\n";
+    // Replace, not throw, on bytes that are not UTF-8 (a host name): this runs on a thread, where
+    // a throw ends the process.
+    out << ToJson(beat_).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     if (!out) return;
   }
   std::error_code ec;

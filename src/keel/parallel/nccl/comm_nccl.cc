@@ -109,6 +109,7 @@ class StagedWork final : public Work {
     done_ = true;
     return true;
   }
+  std::string describe() const override { return inner_->describe(); }
 
  private:
   std::unique_ptr<Work> inner_;
