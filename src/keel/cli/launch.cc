@@ -8,6 +8,7 @@
 
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
+#include "keel/core/host.h"
 #include "keel/core/validate.h"
 #include "keel/data/http_fetch.h"
 #include "keel/monitor/prometheus_exporter.h"
@@ -23,12 +24,6 @@ std::string SelfExe() {
   char buf[PATH_MAX];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
   return n > 0 ? std::string(buf, size_t(n)) : "keel";
-}
-
-std::string HostName() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof buf - 1);
-  return buf;
 }
 
 std::vector<std::string> DataPaths(const train::RunConfig& cfg) {

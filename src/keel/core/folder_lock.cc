@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "keel/core/error.h"
+#include "keel/core/host.h"
 #include "keel/core/log.h"
 
 namespace keel {
@@ -18,11 +19,7 @@ namespace {
 
 constexpr const char* kLockFile = "/.keel.lock";
 
-std::string ThisHolder() {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  return "host " + std::string(host) + ", pid " + std::to_string(::getpid());
-}
+std::string ThisHolder() { return "host " + HostName() + ", pid " + std::to_string(::getpid()); }
 
 std::string ReadHolder(int fd) {
   char buf[512] = {};

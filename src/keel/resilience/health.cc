@@ -1,7 +1,6 @@
 #include "keel/resilience/health.h"
 
 #include <sys/statvfs.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -9,6 +8,7 @@
 #include <fstream>
 #include <vector>
 
+#include "keel/core/host.h"
 #include "keel/core/validate.h"
 #include "keel/kernels/backend.h"
 #include "keel/resilience/build_id.h"
@@ -49,9 +49,7 @@ void CheckMatmul(double* max_error, double* gflops) {
 
 nlohmann::json CheckThisHost(const HealthOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  nlohmann::json r = {{"host", host}, {"build", BuildIdentity()}};
+  nlohmann::json r = {{"host", HostName()}, {"build", BuildIdentity()}};
   std::vector<std::string> problems;
 
   double err = 0, gflops = 0;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/core/error.h"
+#include "keel/core/host.h"
 
 namespace keel::resilience {
 namespace fs = std::filesystem;
@@ -45,12 +46,6 @@ nlohmann::json ToJson(const Heartbeat& b) {
     j["error"] = b.error;
   }
   return j;
-}
-
-std::string HostName() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
 }
 
 }  // namespace

@@ -138,16 +138,11 @@ int Supervisor::EndStopped(Start& s, const Watch& w, const Ending& e) {
 // Bad input is the same on every try: say it once and stop.
 int Supervisor::EndBadInput(Start& s, const Ending& e) {
   const Heartbeat* bad = BadInputBeat(e.beats);
-  // The job's own line names the rank the error came from, and its host ("keel: error: rank 2 on
-  // node2: ..."; every rank shares it, so the beats alone would name rank 0). A line without the
-  // host gets it from that rank's beat.
+  // The job's own line names the rank the error came from and its host ("keel: error: rank 2 on
+  // node2: ...", train/rank_agreement.h); every rank shares it, so the beats alone would name
+  // rank 0.
   std::string msg = e.errors.empty() ? "" : e.errors.front().substr(std::strlen("keel: error: "));
-  if (msg.rfind("rank ", 0) == 0 &&
-      msg.substr(0, msg.find(':')).find(" on ") == std::string::npos) {
-    const int r = std::atoi(msg.c_str() + 5);
-    for (const Heartbeat& b : e.beats)
-      if (b.rank == r) msg.insert(msg.find(':'), " on " + b.host);
-  } else if (msg.empty() && bad) {
+  if (msg.empty() && bad) {
     msg = "rank " + std::to_string(bad->rank) + " on " + bad->host + ": " + bad->error;
   } else if (msg.empty()) {
     msg = s.job->Tail(5);

@@ -1,6 +1,5 @@
 #include "keel/train/guards.h"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +9,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
+#include "keel/core/host.h"
 #include "keel/core/log.h"
 #include "keel/parallel/comm_wait.h"
 #include "keel/resilience/heartbeat.h"
@@ -19,9 +19,9 @@ namespace keel::train {
 std::vector<std::string> GatherHosts(parallel::Comm& comm) {
   constexpr size_t kFloats = 16;  // 64 bytes of name, carried as raw float bits
   float mine[kFloats] = {};
-  char name[64] = {};
-  gethostname(name, sizeof name - 1);
-  std::memcpy(mine, name, sizeof name);  // host: a name, not model state
+  const std::string name = HostName();
+  // host: a name, not model state; at most 63 bytes, so that it ends in a zero
+  std::memcpy(mine, name.data(), std::min(name.size(), sizeof mine - 1));
   std::vector<float> all(kFloats * size_t(comm.size()));
   parallel::WaitOrLostDefault(*comm.AllGatherAsync(mine, all.data(), kFloats),
                               "all-gather of host names");

@@ -1,6 +1,5 @@
 #include "keel/train/rank_agreement.h"
 
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include <sstream>
 
 #include "keel/core/hex.h"
+#include "keel/core/host.h"
 #include "keel/data/dataset_meta.h"
 
 namespace keel::train {
@@ -35,9 +35,8 @@ void ThrowLowest(parallel::Comm& comm, const std::optional<Error>& mine, bool na
   const int root = world - int(top);
   std::string msg = rank == root ? std::string(mine->what()) : std::string();
   if (rank == root && root != 0 && name_rank) {
-    char host[256] = {};
-    ::gethostname(host, sizeof host - 1);  // where to look, on a cluster
-    msg = "rank " + std::to_string(root) + " on " + host + ": " + msg;
+    // Where to look, on a cluster.
+    msg = "rank " + std::to_string(root) + " on " + HostName() + ": " + msg;
   }
   int32_t code = rank == root ? int32_t(mine->code()) : 0;
   comm.Broadcast(&code, sizeof code, root);
