@@ -134,6 +134,15 @@ std::string WriteTokens(const TempDir& dir, const std::string& name, uint16_t ba
   return path;
 }
 
+// Global sample g's T + 1 tokens: its inputs, then its last target (every target is the next
+// input: unmasked data).
+void ReadWindow(BlendedSamples& blend, uint64_t g, int T, int32_t* window) {
+  std::vector<int32_t> targets(static_cast<size_t>(T));
+  ASSERT_EQ(blend.Read(g, window, targets.data()), T);
+  for (int t = 0; t + 1 < T; ++t) ASSERT_EQ(targets[size_t(t)], window[t + 1]);
+  window[T] = targets.back();
+}
+
 TEST(BlendedSamples, EachSourceVisitsEveryWindowOncePerItsOwnEpoch) {
   TempDir dir;
   const int T = 4;
@@ -149,7 +158,7 @@ TEST(BlendedSamples, EachSourceVisitsEveryWindowOncePerItsOwnEpoch) {
   std::vector<std::vector<uint64_t>> stream(3);  // window indices in each source's stream order
   std::vector<int32_t> window(T + 1);
   for (uint64_t g = 0; g < 2000; ++g) {
-    blend.Read(g, window.data());
+    ReadWindow(blend, g, T, window.data());
     const int s = window[0] >= 20000 ? 2 : window[0] >= 10000 ? 1 : 0;
     const uint64_t start = uint64_t(window[0] - base[s]);
     ASSERT_EQ(start % T, 0u);
@@ -185,15 +194,15 @@ TEST(BlendedSamples, SeedChangesTheOrderAndRandomAccessMatches) {
   int same = 0;
   std::vector<int32_t> wx(T + 1), wy(T + 1), wz(T + 1);
   for (uint64_t g = 0; g < 400; ++g) {
-    x.Read(g, wx.data());
-    y.Read(g, wy.data());
-    z.Read(399 - g, wz.data());  // z walks backwards
+    ReadWindow(x, g, T, wx.data());
+    ReadWindow(y, g, T, wy.data());
+    ReadWindow(z, 399 - g, T, wz.data());  // z walks backwards
     same += wx == wy;
   }
   EXPECT_LT(same, 40);
   for (uint64_t g = 0; g < 400; ++g) {
-    x.Read(g, wx.data());
-    z.Read(g, wz.data());
+    ReadWindow(x, g, T, wx.data());
+    ReadWindow(z, g, T, wz.data());
     ASSERT_EQ(wx, wz) << "g=" << g;
   }
 }

@@ -46,7 +46,9 @@ TEST(Evaluation, BatchesHoldConsecutiveWindowsAndPadWithoutTargets) {
   const data::TokenDataset ds = data::TokenDataset::Open(path);
   const EvalPlan plan = PlanEval(ds.size(), 32, 4, 0, path);
   std::vector<int32_t> tokens(4 * 32), targets(4 * 32);
-  FillEvalBatch(ds, plan, 7, tokens.data(), targets.data());  // windows 28, 29, 30 and padding
+  data::SampleWindows windows(ds, 32);
+  // Windows 28, 29, 30 and padding.
+  EXPECT_EQ(FillEvalBatch(windows, plan, 7, tokens.data(), targets.data()), 3 * 32);
   for (int r = 0; r < 3; ++r)
     for (int t = 0; t < 32; ++t) {
       EXPECT_EQ(tokens[size_t(r * 32 + t)], (28 + r) * 32 + t);

@@ -56,6 +56,12 @@ void PrintSummary(const data::PrepareOptions& o, const data::PrepareSummary& s) 
   }
   std::printf("  dropped: %" PRIu64 " shorter than %" PRIu64 " chars, %" PRIu64 " duplicates%s\n",
               s.dropped_short, o.min_chars, s.dropped_duplicate, o.dedup ? "" : " (dedup off)");
+  if (o.format != "text") {
+    std::printf("  trained on: %" PRIu64 " of %" PRIu64 " tokens (%.1f%%; the loss mask's)\n",
+                s.trained_tokens, s.train_tokens + s.val_tokens,
+                100.0 * double(s.trained_tokens) /
+                    double(std::max<uint64_t>(1, s.train_tokens + s.val_tokens)));
+  }
   if (s.skipped_lines > 0) {
     std::printf("  skipped: %" PRIu64 " bad JSONL lines (--on-error skip); the first: %s\n",
                 s.skipped_lines, s.first_skipped.c_str());
@@ -78,6 +84,17 @@ void Inspect(const std::string& path) {
                   " short and %" PRIu64 " duplicate documents dropped (train and val)\n",
                   m.prepare->nfc ? "on" : "off", m.prepare->on_error.c_str(),
                   m.prepare->skipped_lines, m.prepare->dropped_short, m.prepare->dropped_duplicate);
+      if (m.prepare->format != "text")
+        std::printf("  format %s, chat template %s\n", m.prepare->format.c_str(),
+                    m.prepare->chat_template.c_str());
+    }
+    if (m.masked()) {
+      std::vector<uint8_t> flags(ds.size());
+      ds.ReadMask(0, flags.size(), flags.data());
+      uint64_t trained = 0;
+      for (uint8_t f : flags) trained += f;
+      std::printf("  loss mask: %" PRIu64 " of %" PRIu64 " tokens trained on (%.1f%%)\n", trained,
+                  m.tokens(), m.tokens() ? 100.0 * double(trained) / double(m.tokens()) : 0.0);
     }
     for (const auto& s : m.shards) {
       std::printf("  %s  %12" PRIu64 " tokens  %9" PRIu64 " documents  xxh3 %s\n", s.file.c_str(),
@@ -172,6 +189,20 @@ void RegisterData(CLI::App& app) {
       ->capture_default_str();
   prepare->add_option("--shard-tokens", opts->shard_tokens, "tokens per shard file")
       ->capture_default_str();
+  prepare
+      ->add_option("--format", opts->format,
+                   "text: every token trained on; chat ({\"messages\": [{\"role\", "
+                   "\"content\"}]}) or prompt-completion ({\"prompt\", \"completion\"}): JSONL "
+                   "written with a loss mask, so only the assistant's or completion's tokens "
+                   "are trained on")
+      ->check(CLI::IsMember({"text", "chat", "prompt-completion"}))
+      ->capture_default_str();
+  prepare
+      ->add_option("--chat-template", opts->chat_template,
+                   "auto (llama3 for a tokenizer with Llama 3's header tokens, else plain), "
+                   "plain (\"User: ...\\nAssistant: ...\\n\") or llama3")
+      ->check(CLI::IsMember({"auto", "plain", "llama3"}))
+      ->capture_default_str();
   prepare->add_flag("--nfc", opts->nfc,
                     "Unicode NFC-normalize each document first (off: text is tokenized as it is)");
   auto on_error = std::make_shared<std::string>("stop");
@@ -187,7 +218,8 @@ void RegisterData(CLI::App& app) {
       "file is one document. Vocabularies past 65,536 ids are stored as uint32.\n"
       "Examples:\n"
       "  keel data prepare shared/data/brown/brown.jsonl --out data/brown --val-fraction 0.05\n"
-      "  keel data prepare corpus.jsonl --out data/llama3 --tokenizer llama3");
+      "  keel data prepare corpus.jsonl --out data/llama3 --tokenizer llama3\n"
+      "  keel data prepare chats.jsonl --out data/chat --format chat --tokenizer llama3");
   prepare->callback([opts, on_error] {
     opts->on_error =
         *on_error == "skip" ? data::PrepareOnError::kSkip : data::PrepareOnError::kStop;

@@ -94,7 +94,7 @@ std::unique_ptr<Prepared> Prepare(const Args& a) {
   if (a.max_tokens > 0 && max_windows == 0)
     ThrowBadInput("eval: --max-tokens " + std::to_string(a.max_tokens) +
                   " is less than one window of --seq-len " + std::to_string(T));
-  p->plan = train::PlanEval(ds.size(), T, B, max_windows, data);
+  p->plan = train::PlanEval(ds, T, B, max_windows, data);
 
   const DType dtype = p->dtype = precision == "bf16" ? DType::kBF16 : DType::kF32;
   // Sized before the model's buffers exist, as keel train sizes a run.

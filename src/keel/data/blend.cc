@@ -2,6 +2,7 @@
 // reshuffled windows behind it). See blend.h.
 #include "keel/data/blend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -96,13 +97,12 @@ BlendedSamples::BlendedSamples(std::vector<const TokenDataset*> sources,
   // A stream of its own per source, so adding a source does not reshuffle the others.
   const Philox seeds(seed, /*stream=*/0x626c656e64);  // "blend"
   for (size_t i = 0; i < sources_.size(); ++i) {
-    const TokenDataset& ds = *sources_[i];
-    const uint64_t n = ds.size() > 0 ? (ds.size() - 1) / uint64_t(T) : 0;
-    if (n == 0)
-      ThrowBadInput("data blend: source " + std::to_string(i) + " (" + ds.path() +
-                    "): " + std::to_string(ds.size()) +
-                    " tokens is too few for one sample of seq_len + 1 = " + std::to_string(T + 1));
-    n_samples_.push_back(n);
+    try {
+      windows_.emplace_back(*sources_[i], T);
+    } catch (const Error& e) {
+      ThrowBadInput("data blend: source " + std::to_string(i) + ": " + e.what());
+    }
+    n_samples_.push_back(windows_.back().count());
     const auto bits = seeds.Bits(i);
     source_seeds_.push_back(uint64_t(bits[0]) << 32 | bits[1]);
   }
@@ -115,9 +115,19 @@ BlendedSamples::Window BlendedSamples::Resolve(uint64_t g) {
   return {loc.source, Permutation(n, source_seeds_[loc.source], epoch)(pos)};
 }
 
-void BlendedSamples::Read(uint64_t g, int32_t* window) {
+int BlendedSamples::Read(uint64_t g, int32_t* tokens, int32_t* targets) {
   const Window w = Resolve(g);
-  sources_[w.source]->Read(w.window * uint64_t(T_), size_t(T_) + 1, window);
+  return windows_[size_t(w.source)].Read(w.window, tokens, targets);
+}
+
+int BlendedSamples::Scored(uint64_t g) {
+  const Window w = Resolve(g);
+  return windows_[size_t(w.source)].Scored(w.window);
+}
+
+bool BlendedSamples::masked() const {
+  return std::any_of(windows_.begin(), windows_.end(),
+                     [](const SampleWindows& w) { return w.masked(); });
 }
 
 }  // namespace keel::data

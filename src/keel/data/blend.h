@@ -6,14 +6,14 @@
 //   auto [source, j] = sched.Locate(g);   // global sample g is sample j of `source`'s stream
 //
 //   BlendedSamples blend({&web, &code}, {0.7, 0.3}, /*T=*/256, /*seed=*/1234);
-//   std::vector<int32_t> window(256 + 1);
-//   blend.Read(g, window.data());          // the T+1 tokens of global sample g
+//   blend.Read(g, tokens, targets);        // global sample g's row (SampleWindows::Read)
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "keel/data/dataset.h"
+#include "keel/data/windows.h"
 
 namespace keel::data {
 
@@ -91,11 +91,15 @@ class BlendedSamples {
   };
   Window Resolve(uint64_t g);
 
-  // Fills window[0, T] with the tokens of global sample g.
-  void Read(uint64_t g, int32_t* window);
+  // Global sample g's inputs and targets (T each); returns the targets trained on.
+  int Read(uint64_t g, int32_t* tokens, int32_t* targets);
+  // Global sample g's targets trained on, from the loss mask alone.
+  int Scored(uint64_t g);
+  bool masked() const;  // some source is loss-masked
 
  private:
   std::vector<const TokenDataset*> sources_;
+  std::vector<SampleWindows> windows_;
   BlendSchedule schedule_;
   int T_;
   std::vector<uint64_t> n_samples_;

@@ -25,6 +25,7 @@ struct DatasetState {
     std::string path;
     MappedFile tokens;
     MappedFile index;    // empty for a flat file
+    MappedFile mask;     // empty unless the dataset is loss-masked
     uint64_t begin = 0;  // global index of its first token
     uint64_t size = 0;
   };
@@ -35,6 +36,7 @@ struct DatasetState {
   std::vector<Shard> shards;
   std::vector<uint64_t> begins;  // shards[i].begin, for binary search
   uint64_t total = 0;
+  bool masked = false;
 
   std::optional<DatasetMeta> meta;  // absent for a flat file
   // Set for an http(s) dataset: its shards' `tokens` stay unmapped, reads go through it.
@@ -94,11 +96,20 @@ void OpenFolder(DatasetState* d) {
                     ", found " + std::to_string(ReadU64(s.index, 0)) + " to " +
                     std::to_string(ReadU64(s.index, sm.documents)));
     }
+    if (!sm.mask.empty()) {
+      const std::string mask_path = d->path + "/" + sm.mask;
+      s.mask = MappedFile::Open(mask_path);
+      if (s.mask.size() != sm.tokens)
+        ThrowBadInput(mask_path + ": expected " + std::to_string(sm.tokens) +
+                      " bytes (one loss-mask flag per token), found " +
+                      std::to_string(s.mask.size()));
+    }
     s.begin = d->total;
     s.size = sm.tokens;
     d->total += sm.tokens;
     d->shards.push_back(std::move(s));
   }
+  d->masked = meta.masked();
 }
 
 // An http(s) dataset: meta.json now, each shard when a read first touches it (remote_shards.h),
@@ -108,6 +119,10 @@ void OpenRemote(DatasetState* d) {
   options.cache = DefaultRemoteCacheOptions(d->path);
   d->remote = std::make_unique<internal::RemoteShards>(d->path, std::move(options));
   const DatasetMeta& meta = d->meta.emplace(d->remote->meta());
+  if (meta.masked())
+    ThrowBadInput(d->path +
+                  "/meta.json: a loss-masked dataset is read from a local folder only so far "
+                  "(copy it, or prepare it with --format text)");
   d->vocab_size = meta.vocab_size;
   d->eos_id = meta.eos_id;
   d->width = meta.token_bytes();
@@ -198,6 +213,43 @@ void TokenDataset::Read(size_t start, size_t n, int32_t* out) const {
     pos = 0;
     ++si;
   }
+}
+
+bool TokenDataset::masked() const { return impl_->masked; }
+
+void TokenDataset::ReadMask(size_t start, size_t n, uint8_t* out) const {
+  const Impl& d = *impl_;
+  KEEL_CHECK(start <= d.total && n <= d.total - start, "TokenDataset::ReadMask past the end");
+  if (!d.masked) {
+    std::memset(out, 1, n);
+    return;
+  }
+  size_t si =
+      size_t(std::upper_bound(d.begins.begin(), d.begins.end(), start) - d.begins.begin()) - 1;
+  uint64_t pos = start - d.shards[si].begin;
+  while (n > 0) {
+    const auto& s = d.shards[si];
+    const uint64_t take = std::min<uint64_t>(n, s.size - pos);
+    if (take > 0) std::memcpy(out, s.mask.data() + pos, take);
+    out += take;
+    n -= take;
+    pos = 0;
+    ++si;
+  }
+}
+
+std::vector<uint64_t> TokenDataset::DocumentBounds() const {
+  const Impl& d = *impl_;
+  std::vector<uint64_t> bounds;
+  if (!d.meta) return {0, d.total};
+  KEEL_CHECK(!d.remote, "TokenDataset::DocumentBounds of a remote dataset");
+  for (size_t i = 0; i < d.shards.size(); ++i) {
+    const auto& s = d.shards[i];
+    for (uint64_t k = 0; k < d.meta->shards[i].documents; ++k)
+      bounds.push_back(s.begin + ReadU64(s.index, k));
+  }
+  bounds.push_back(d.total);
+  return bounds;
 }
 
 void TokenDataset::CheckIds(int vocab) const {

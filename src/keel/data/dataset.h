@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace keel::data {
 
@@ -37,6 +38,14 @@ class TokenDataset {
   // out[i] = token[start + i] for i < n; start + n <= size(). Crosses shard boundaries. For a URL
   // it may download a shard, and throws keel::Error naming the URL if that fails.
   void Read(size_t start, size_t n, int32_t* out) const;
+
+  // A loss-masked dataset (dataset_meta.h): out[i] = 1 where token start + i is trained on, else 0.
+  // Unmasked datasets give all ones.
+  bool masked() const;
+  void ReadMask(size_t start, size_t n, uint8_t* out) const;
+  // Where each document starts, in global token indices, then size(): documents() + 1 entries.
+  // A flat file is one document.
+  std::vector<uint64_t> DocumentBounds() const;
 
   // Scans every token: throws keel::Error naming the file and offset of the first id >= vocab.
   // For a URL, each shard is scanned when it is downloaded or mapped, before a read of it

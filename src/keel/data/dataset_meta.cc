@@ -127,6 +127,15 @@ DatasetMeta ReadDatasetMeta(const std::string& dir) {
     all_documents += sm.documents;
     sm.xxh3 = r.String(s, "xxh3", where);
     sm.index_xxh3 = r.String(s, "index_xxh3", where);
+    if (s.contains("mask")) {
+      sm.mask = r.String(s, "mask", where);
+      if (!IsPlainName(sm.mask)) r.Fail(where + "mask", "a file name inside the folder");
+      sm.mask_xxh3 = r.String(s, "mask_xxh3", where);
+    }
+    // A reader that trained some shards masked and others not would change the loss silently.
+    if (i > 0 && sm.mask.empty() != m.shards[0].mask.empty())
+      r.Fail(where + "mask", std::string("a loss mask on every shard or on none (shards[0] ") +
+                                 (m.shards[0].mask.empty() ? "has none)" : "has one)"));
     m.shards.push_back(std::move(sm));
   }
   if (j.contains("prepare")) {
@@ -138,6 +147,9 @@ DatasetMeta ReadDatasetMeta(const std::string& dir) {
     pr.skipped_lines = r.Count(p, "skipped_lines", "prepare.");
     pr.dropped_short = r.Count(p, "dropped_short", "prepare.");
     pr.dropped_duplicate = r.Count(p, "dropped_duplicate", "prepare.");
+    // Absent before loss-masked formats existed: plain text.
+    if (p.contains("format")) pr.format = r.String(p, "format", "prepare.");
+    if (p.contains("chat_template")) pr.chat_template = r.String(p, "chat_template", "prepare.");
   }
   // The totals are what readers quote and what `data prepare` wrote: both must be there and agree
   // with the shards.
@@ -153,12 +165,13 @@ DatasetMeta ReadDatasetMeta(const std::string& dir) {
 std::string DatasetMetaToJson(const DatasetMeta& m) {
   json shards = json::array();
   for (const auto& s : m.shards) {
-    shards.push_back({{"file", s.file},
-                      {"index", s.index},
-                      {"tokens", s.tokens},
-                      {"documents", s.documents},
-                      {"xxh3", s.xxh3},
-                      {"index_xxh3", s.index_xxh3}});
+    json one = {{"file", s.file},           {"index", s.index}, {"tokens", s.tokens},
+                {"documents", s.documents}, {"xxh3", s.xxh3},   {"index_xxh3", s.index_xxh3}};
+    if (!s.mask.empty()) {
+      one["mask"] = s.mask;
+      one["mask_xxh3"] = s.mask_xxh3;
+    }
+    shards.push_back(std::move(one));
   }
   json j = {{"format", kDatasetFormat},   {"version", kDatasetVersion}, {"tokenizer", m.tokenizer},
             {"vocab_size", m.vocab_size}, {"eos_id", m.eos_id},         {"dtype", m.dtype},
@@ -169,6 +182,9 @@ std::string DatasetMetaToJson(const DatasetMeta& m) {
                     {"skipped_lines", m.prepare->skipped_lines},
                     {"dropped_short", m.prepare->dropped_short},
                     {"dropped_duplicate", m.prepare->dropped_duplicate}};
+    // Plain text writes neither, so its meta.json reads as before loss-masked formats.
+    if (m.prepare->format != "text") j["prepare"]["format"] = m.prepare->format;
+    if (!m.prepare->chat_template.empty()) j["prepare"]["chat_template"] = m.prepare->chat_template;
   }
   return j.dump(2) + "\n";
 }

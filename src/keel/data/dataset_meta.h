@@ -10,6 +10,11 @@
 // shard_NNNNN.bin holds little-endian tokens of `dtype`; shard_NNNNN.idx holds documents + 1
 // little-endian uint64 offsets (in tokens, within the shard): each document's start, then the
 // end. xxh3 is XXH3-64 of the file's bytes, as 16 lowercase hex digits.
+//
+// A loss-masked dataset (`keel data prepare --format chat|prompt-completion`) also has
+// shard_NNNNN.mask beside each shard: one byte per token, 1 where the token is a target the loss
+// trains on (an assistant's or a completion's), 0 elsewhere; its shards name it under "mask" with
+// its "mask_xxh3". Every shard has one or none does.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +34,8 @@ struct ShardMeta {
   uint64_t documents = 0;
   std::string xxh3;        // of the token file
   std::string index_xxh3;  // of the index file
+  std::string mask;        // loss mask file name; empty: every token is trained on
+  std::string mask_xxh3;
 };
 
 // How `keel data prepare` made the dataset, under "prepare" in meta.json: for people and tools
@@ -40,6 +47,8 @@ struct PrepareRecord {
   uint64_t skipped_lines = 0;     // bad JSONL lines dropped under "skip"
   uint64_t dropped_short = 0;
   uint64_t dropped_duplicate = 0;
+  std::string format = "text";  // "text", "chat" or "prompt-completion"
+  std::string chat_template;    // the loss-masked formats' template (chat_format.h)
 };
 
 struct DatasetMeta {
@@ -53,6 +62,7 @@ struct DatasetMeta {
   size_t token_bytes() const { return dtype == "uint16" ? 2 : 4; }
   uint64_t tokens() const;
   uint64_t documents() const;
+  bool masked() const { return !shards.empty() && !shards[0].mask.empty(); }
 };
 
 // Reads DIR/meta.json. Throws keel::Error (bad input) naming the file and key: missing (which is

@@ -46,12 +46,9 @@ BatchLoader::BatchLoader(const TokenDataset& ds, int T, int global_batch, int ra
       rank_(rank),
       world_(world),
       seed_(seed),
-      shuffle_(shuffle),
-      window_(size_t(T) + 1) {
-  n_samples_ = ds.size() > 0 ? (ds.size() - 1) / size_t(T) : 0;
-  if (n_samples_ == 0)
-    ThrowBadInput("data " + ds.path() + ": " + std::to_string(ds.size()) +
-                  " tokens is too few for one sample of seq_len + 1 = " + std::to_string(T + 1));
+      shuffle_(shuffle) {
+  windows_ = std::make_unique<SampleWindows>(ds, T);
+  n_samples_ = windows_->count();
 }
 
 BatchLoader::BatchLoader(std::vector<const TokenDataset*> sources,
@@ -65,8 +62,7 @@ BatchLoader::BatchLoader(std::vector<const TokenDataset*> sources,
       rank_(rank),
       world_(world),
       seed_(seed),
-      shuffle_(true),
-      window_(size_t(T) + 1) {
+      shuffle_(true) {
   blend_ = std::make_unique<BlendedSamples>(std::move(sources), weights, T, seed);
   n_samples_ = blend_->samples_in_source(0);
 }
@@ -143,21 +139,33 @@ void BatchLoader::restore(const LoaderState& st) {
   local_offset_ = 0;
 }
 
+uint64_t BatchLoader::Sample(uint64_t g) const {
+  const uint64_t epoch = g / n_samples_, pos = g % n_samples_;
+  return shuffle_ ? Permutation(n_samples_, seed_, epoch)(pos) : pos;
+}
+
 void BatchLoader::FillGlobal(uint64_t first, int n, int32_t* tokens, int32_t* targets) {
   for (int b = 0; b < n; ++b) {
-    const uint64_t g = first + b;
+    const uint64_t g = first + uint64_t(b);
+    int32_t* tok = tokens + size_t(b) * T_;
+    int32_t* tgt = targets + size_t(b) * T_;
     if (blend_) {
-      blend_->Read(g, window_.data());
-      std::memcpy(tokens + size_t(b) * T_, window_.data(), sizeof(int32_t) * T_);
-      std::memcpy(targets + size_t(b) * T_, window_.data() + 1, sizeof(int32_t) * T_);
-      continue;
+      blend_->Read(g, tok, tgt);
+    } else {
+      windows_->Read(Sample(g), tok, tgt);
     }
-    const uint64_t epoch = g / n_samples_, pos = g % n_samples_;
-    const uint64_t sample = shuffle_ ? Permutation(n_samples_, seed_, epoch)(pos) : pos;
-    ds_->Read(sample * T_, size_t(T_) + 1, window_.data());
-    std::memcpy(tokens + size_t(b) * T_, window_.data(), sizeof(int32_t) * T_);
-    std::memcpy(targets + size_t(b) * T_, window_.data() + 1, sizeof(int32_t) * T_);
   }
+}
+
+bool BatchLoader::masked() const { return blend_ ? blend_->masked() : windows_->masked(); }
+
+uint64_t BatchLoader::StepScored() {
+  if (local_offset_ != 0) ThrowRuntime("BatchLoader::StepScored: called mid-step");
+  if (!masked()) return uint64_t(global_batch_) * uint64_t(T_);
+  uint64_t n = 0;
+  for (uint64_t g = position_; g < position_ + uint64_t(global_batch_); ++g)
+    n += uint64_t(blend_ ? blend_->Scored(g) : windows_->Scored(Sample(g)));
+  return n;
 }
 
 nlohmann::json ToJson(const LoaderState& st) {

@@ -1,4 +1,5 @@
-// Batches for training: a dataset cut into windows of T+1 tokens (inputs and next-token targets),
+// Batches for training: a dataset cut into windows of T+1 tokens (inputs and next-token targets;
+// SampleWindows: loss-masked datasets are packed by document and their untrained targets are -1),
 // visited in a seeded order that changes every epoch, split among data-parallel ranks.
 //
 // The global sample sequence depends only on (dataset, T, seed): global sample g is window
@@ -28,6 +29,7 @@
 
 #include "keel/data/blend.h"
 #include "keel/data/dataset.h"
+#include "keel/data/windows.h"
 
 namespace keel::data {
 
@@ -89,6 +91,12 @@ class BatchLoader {
   // of a step gives exactly Fill(step, k, micro_batch, ...).
   void Next(int micro_batch, int32_t* tokens, int32_t* targets);
 
+  // The targets trained on in the whole global batch at the cursor (every rank's part: each reads
+  // the loss masks of all of them, so all ranks agree without a collective): the step's loss is
+  // their mean. global_batch·T for data without a loss mask. At a step boundary only.
+  uint64_t StepScored();
+  bool masked() const;
+
   // The cursor. Only defined at a step boundary (no partial local batch consumed): mid-step the
   // position would depend on the rank split. Throws keel::Error (runtime) otherwise.
   LoaderState state() const;
@@ -99,10 +107,13 @@ class BatchLoader {
  private:
   // What identifies the global sequence, with position_ (state() without the step check).
   LoaderState Identity() const;
+  // Which window global sample g is (one dataset).
+  uint64_t Sample(uint64_t g) const;
   // Fills n consecutive global samples starting at global sample `first`.
   void FillGlobal(uint64_t first, int n, int32_t* tokens, int32_t* targets);
 
   const TokenDataset* ds_;  // the only dataset, or the first source of a blend (for messages)
+  std::unique_ptr<SampleWindows> windows_;    // one dataset's rows; null for a blend
   std::unique_ptr<BlendedSamples> blend_;     // null for one dataset
   std::vector<const TokenDataset*> sources_;  // a blend's sources; empty for one dataset
   std::vector<double> weights_;
@@ -112,7 +123,6 @@ class BatchLoader {
   uint64_t n_samples_;
   uint64_t position_ = 0;  // global samples before the current step
   int local_offset_ = 0;   // samples of this rank's part already taken in the current step
-  std::vector<int32_t> window_;
 };
 
 }  // namespace keel::data

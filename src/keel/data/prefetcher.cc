@@ -25,6 +25,7 @@ Prefetcher::Prefetcher(BatchLoader& loader, int micro_batch, int depth)
                   " must divide the local batch " + std::to_string(loader.local_batch()));
   tokens_.assign(depth, std::vector<int32_t>(slot_elems_));
   targets_.assign(depth, std::vector<int32_t>(slot_elems_));
+  scored_.assign(size_t(depth), 0);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -39,14 +40,20 @@ Prefetcher::~Prefetcher() {
 
 void Prefetcher::Run() {
   for (;;) {
-    uint64_t slot;
+    uint64_t slot, prev;
+    bool step_start;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || produced_ - consumed_ < uint64_t(depth_); });
       if (stop_) return;
       slot = produced_ % depth_;
+      prev = (produced_ + depth_ - 1) % depth_;
+      step_start = produced_ % uint64_t(micro_per_step_) == 0;
     }
     try {
+      // The previous slot still holds this step's count: the consumer may have read it, but the
+      // producer writes only slots past consumed_.
+      scored_[slot] = step_start ? loader_.StepScored() : scored_[prev];
       loader_.Next(micro_batch_, tokens_[slot].data(), targets_[slot].data());
     } catch (...) {
       // The consumer rethrows it at the batch that could not be made; the thread ends here.
@@ -81,6 +88,18 @@ double Prefetcher::Next(int32_t* tokens, int32_t* targets) {
     ++consumed_;
   }
   cv_.notify_all();
+  total_wait_ms_ += ms;
+  return ms;
+}
+
+double Prefetcher::StepScored(uint64_t* scored) {
+  Timer wait;
+  std::unique_lock<std::mutex> lock(mu_);
+  KEEL_CHECK(consumed_ % uint64_t(micro_per_step_) == 0, "Prefetcher::StepScored: mid-step");
+  cv_.wait(lock, [&] { return produced_ > consumed_ || error_; });
+  if (produced_ == consumed_) std::rethrow_exception(error_);
+  *scored = scored_[consumed_ % depth_];
+  const double ms = wait.Millis();
   total_wait_ms_ += ms;
   return ms;
 }

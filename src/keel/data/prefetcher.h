@@ -36,6 +36,11 @@ class Prefetcher {
   // waiting for it. Rethrows an error the thread met while reading.
   double Next(int32_t* tokens, int32_t* targets);
 
+  // At a step boundary: the targets trained on in the global batch of the step whose first
+  // micro-batch comes next (BatchLoader::StepScored) into *scored; returns the milliseconds spent
+  // waiting for it. Rethrows an error the thread met.
+  double StepScored(uint64_t* scored);
+
   // The loader state after what has been consumed (not what was prepared ahead), so it can be
   // saved with a checkpoint. Only at a step boundary, like BatchLoader::state().
   LoaderState state() const;
@@ -52,6 +57,7 @@ class Prefetcher {
   const int micro_per_step_;
 
   std::vector<std::vector<int32_t>> tokens_, targets_;  // ring of depth_ slots
+  std::vector<uint64_t> scored_;  // per slot: its step's BatchLoader::StepScored
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t produced_ = 0, consumed_ = 0;  // micro-batches; slot = count % depth_

@@ -20,6 +20,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/progress.h"
+#include "keel/data/chat_format.h"
 #include "keel/data/prepare_input.h"
 #include "keel/data/shard_writer.h"
 #include "keel/data/tokenizer.h"
@@ -36,6 +37,7 @@ constexpr size_t kBatchItems = 4096;
 
 struct ItemResult {
   std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;  // loss-masked formats: one flag per token, the eos included
   uint64_t hash = 0;
   uint64_t chars = 0;
   std::string problem;  // a bad JSONL line: "FILE:LINE: expected ..."; reported at write time
@@ -70,13 +72,46 @@ std::string ParseJsonLine(const std::string& line, const std::string& field, std
 // Parses (JSONL), normalizes (--nfc) and tokenizes one batch. Bad lines are recorded, not
 // thrown: they must surface in input order on the writing thread, whichever worker meets them
 // first.
-void ProcessBatch(const PrepareOptions& o, const Tokenizer& tok,
+// What a format's worker needs besides the options: the parsed format and template.
+struct Format {
+  DocFormat doc = DocFormat::kText;
+  ChatTemplate tmpl = ChatTemplate::kPlain;
+};
+
+// A loss-masked format's line: rendered whole (chat_format.h); dedup and min_chars look at the
+// JSON line itself.
+void ProcessInstruction(const PrepareOptions& o, const Format& f, const Tokenizer& tok,
+                        const std::vector<std::string>& files, const RawItem& item, ItemResult* r) {
+  const std::string where = files[item.file] + ":" + std::to_string(item.line) + ": ";
+  if (item.kind != RawItem::Kind::kJsonLine) {
+    r->problem = files[item.file] + ": --format " + o.format + " reads JSONL files (*.jsonl)";
+    return;
+  }
+  const std::string got =
+      RenderInstructionLine(item.bytes, f.doc, f.tmpl, tok, &r->tokens, &r->mask);
+  if (!got.empty()) {
+    r->problem = where + "expected " +
+                 (f.doc == DocFormat::kChat ? "{\"messages\": [{\"role\", \"content\"}, ...]}"
+                                            : "{\"prompt\": \"...\", \"completion\": \"...\"}") +
+                 ", got " + got;
+    return;
+  }
+  r->hash = o.dedup ? XXH3_64bits(item.bytes.data(), item.bytes.size()) : 0;
+  r->chars = internal::CountCodePoints(item.bytes.data(), item.bytes.size());
+}
+
+void ProcessBatch(const PrepareOptions& o, const Format& f, const Tokenizer& tok,
                   const std::vector<std::string>& files, Batch* b) {
   b->results.resize(b->items.size());
   std::string text, normalized;
   for (size_t i = 0; i < b->items.size(); ++i) {
     RawItem& item = b->items[i];
     ItemResult& r = b->results[i];
+    if (f.doc != DocFormat::kText) {
+      ProcessInstruction(o, f, tok, files, item, &r);
+      if (!r.problem.empty() && o.on_error == PrepareOnError::kStop) return;
+      continue;
+    }
     std::string_view view = item.bytes;
     if (item.kind == RawItem::Kind::kJsonLine) {
       const std::string got = ParseJsonLine(item.bytes, o.field, &text);
@@ -108,12 +143,12 @@ void ProcessBatch(const PrepareOptions& o, const Tokenizer& tok,
 // Worker threads over a queue of batches; joined on destruction, also when unwinding.
 class Workers {
  public:
-  Workers(int n, const PrepareOptions& o, const Tokenizer& tok,
+  Workers(int n, const PrepareOptions& o, const Format& f, const Tokenizer& tok,
           const std::vector<std::string>& files) {
     for (int i = 0; i < n; ++i) {
-      threads_.emplace_back([this, &o, &tok, &files] {
+      threads_.emplace_back([this, &o, &f, &tok, &files] {
         while (Batch* b = Take()) {
-          ProcessBatch(o, tok, files, b);
+          ProcessBatch(o, f, tok, files, b);
           std::lock_guard lock(mu_);
           b->done = true;
           done_cv_.notify_all();
@@ -203,6 +238,9 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const Tokenizer tok = o.tokenizer == "gpt2" ? Tokenizer::LoadGpt2(o.tokenizer_dir)
                                               : Tokenizer::Load(o.tokenizer, o.assets);
+  Format format;
+  format.doc = ParseDocFormat(o.format);
+  if (format.doc != DocFormat::kText) format.tmpl = ChooseChatTemplate(o.chat_template, tok);
   internal::InputReader reader(o.inputs, o.text_chunk_bytes, o.nfc);
 
   ShardWriterOptions wo;
@@ -210,6 +248,7 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   wo.vocab_size = tok.vocab_size();
   wo.eos_id = tok.eos_id();
   wo.shard_tokens = o.shard_tokens;
+  wo.masked = format.doc != DocFormat::kText;
   ShardWriter train(o.out + "/train", wo);
   std::unique_ptr<ShardWriter> val;
   if (o.val_fraction > 0) {
@@ -259,6 +298,11 @@ PrepareSummary Prepare(const PrepareOptions& o) {
         }
       }
       if (!target) continue;
+      if (wo.masked) {  // the rendered document ends in its own eos
+        target->AddDocument(r.tokens, r.mask);
+        for (uint8_t m : r.mask) sum.trained_tokens += m;
+        continue;
+      }
       target->Append(r.tokens);
       if (item.last) target->AddDocument({&eos, 1});
     }
@@ -267,7 +311,7 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   {
     // Declared before the workers so that it outlives them when an error unwinds this block.
     std::deque<std::unique_ptr<Batch>> inflight;
-    Workers workers(o.workers, o, tok, reader.files());
+    Workers workers(o.workers, o, format, tok, reader.files());
     const size_t max_inflight = size_t(o.workers) * 2 + 2;
     RawItem item;
     bool more = true;
@@ -314,6 +358,8 @@ PrepareSummary Prepare(const PrepareOptions& o) {
   record.skipped_lines = sum.skipped_lines;
   record.dropped_short = sum.dropped_short;
   record.dropped_duplicate = sum.dropped_duplicate;
+  record.format = o.format;
+  if (wo.masked) record.chat_template = ChatTemplateName(format.tmpl);
   train.Finish(record);
   if (val) val->Finish(record);
   sum.bytes_read = reader.bytes_read();

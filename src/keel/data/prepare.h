@@ -34,6 +34,11 @@ struct PrepareOptions {
   std::string tokenizer_dir;   // GPT-2's encoder.json and vocab.bpe
   std::string assets;          // the folder of gpt2/ and tokenizers/
   std::string field = "text";  // the JSONL field holding the document text
+  // "text": documents of plain text, every token trained on. "chat" or "prompt-completion":
+  // JSONL of conversations or pairs (chat_format.h), written with a loss mask so that only the
+  // assistant's or completion's tokens are trained on.
+  std::string format = "text";
+  std::string chat_template = "auto";  // "auto", "plain" or "llama3" (chat_format.h)
   // Each document goes to val with this probability, decided by a hash of (seed, its index in
   // the input), so the split does not depend on filtering or on the number of workers.
   double val_fraction = 0.05;
@@ -63,8 +68,9 @@ struct PrepareSummary {
   uint64_t val_documents = 0, val_tokens = 0;
   uint64_t dropped_short = 0;
   uint64_t dropped_duplicate = 0;
-  uint64_t skipped_lines = 0;  // bad JSONL lines under PrepareOnError::kSkip
-  std::string first_skipped;   // the first one's message, "FILE:LINE: expected ..."
+  uint64_t skipped_lines = 0;   // bad JSONL lines under PrepareOnError::kSkip
+  uint64_t trained_tokens = 0;  // loss-masked formats: tokens the mask trains on, train and val
+  std::string first_skipped;    // the first one's message, "FILE:LINE: expected ..."
   double seconds = 0;
 };
 

@@ -83,6 +83,7 @@ struct ShardWriter::Impl {
   bool wide = false;  // uint32 tokens
 
   std::unique_ptr<TmpFile> bin;     // the shard in progress, if any
+  std::unique_ptr<TmpFile> mask;    // its loss mask (masked writers)
   std::vector<uint64_t> doc_start;  // its document start offsets
   uint64_t shard_tokens = 0;        // tokens in it so far
   bool doc_open = false;            // tokens appended since the last EndDocument
@@ -92,6 +93,8 @@ struct ShardWriter::Impl {
 
   void OpenShard() {
     bin = std::make_unique<TmpFile>(dir + "/" + ShardName(meta.shards.size(), "bin"));
+    if (options.masked)
+      mask = std::make_unique<TmpFile>(dir + "/" + ShardName(meta.shards.size(), "mask"));
     doc_start.clear();
     shard_tokens = 0;
   }
@@ -109,6 +112,11 @@ struct ShardWriter::Impl {
     s.index_xxh3 = HashHex(idx.Commit());
     s.xxh3 = HashHex(bin->Commit());
     bin.reset();
+    if (mask) {
+      s.mask = ShardName(meta.shards.size(), "mask");
+      s.mask_xxh3 = HashHex(mask->Commit());
+      mask.reset();
+    }
     meta.shards.push_back(std::move(s));
   }
 };
@@ -140,9 +148,11 @@ ShardWriter::ShardWriter(std::string dir, ShardWriterOptions options)
 
 ShardWriter::~ShardWriter() = default;
 
-void ShardWriter::Append(std::span<const int32_t> tokens) {
+void ShardWriter::Append(std::span<const int32_t> tokens, std::span<const uint8_t> mask) {
   Impl& m = *impl_;
   KEEL_CHECK(!m.finished, "ShardWriter::Append after Finish");
+  KEEL_CHECK(!m.options.masked || mask.size() == tokens.size(),
+             "ShardWriter::Append: a masked writer needs one flag per token");
   if (!m.bin) m.OpenShard();
   if (!m.doc_open) {
     m.doc_start.push_back(m.shard_tokens);
@@ -166,6 +176,7 @@ void ShardWriter::Append(std::span<const int32_t> tokens) {
     }
   }
   m.bin->Write(m.buf.data(), m.buf.size());
+  if (m.mask) m.mask->Write(mask.data(), mask.size());
   m.shard_tokens += tokens.size();
   m.done_tokens += tokens.size();
 }

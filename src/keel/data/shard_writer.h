@@ -24,6 +24,8 @@ struct ShardWriterOptions {
   // A shard is closed at the first document end at or past this many tokens; documents never
   // straddle shards. 2^27 tokens = 256 MiB of uint16.
   uint64_t shard_tokens = uint64_t(1) << 27;
+  // Writes a loss mask beside each shard (dataset_meta.h): Append then takes one flag per token.
+  bool masked = false;
 };
 
 class ShardWriter {
@@ -37,12 +39,13 @@ class ShardWriter {
   ~ShardWriter();
 
   // Appends tokens to the current document (a long document may come in pieces). Throws
-  // keel::Error (bad input) for an id outside [0, vocab_size).
-  void Append(std::span<const int32_t> tokens);
+  // keel::Error (bad input) for an id outside [0, vocab_size). A masked writer takes `mask`, one
+  // flag per token (1: trained on); others ignore it.
+  void Append(std::span<const int32_t> tokens, std::span<const uint8_t> mask = {});
   // Ends the current document (it may be empty).
   void EndDocument();
-  void AddDocument(std::span<const int32_t> tokens) {
-    Append(tokens);
+  void AddDocument(std::span<const int32_t> tokens, std::span<const uint8_t> mask = {}) {
+    Append(tokens, mask);
     EndDocument();
   }
 

@@ -20,7 +20,9 @@ namespace keel::data {
 bool CheckShardHashes(const std::string& dir, const DatasetMeta& meta,
                       const std::atomic<bool>* stop, uint64_t* bytes) {
   for (const ShardMeta& s : meta.shards)
-    for (const auto& [name, want] : {std::pair{s.file, s.xxh3}, {s.index, s.index_xxh3}}) {
+    for (const auto& [name, want] :
+         {std::pair{s.file, s.xxh3}, {s.index, s.index_xxh3}, {s.mask, s.mask_xxh3}}) {
+      if (name.empty()) continue;  // no mask
       if (stop && stop->load()) return false;
       const std::string file = dir + "/" + name;
       MappedFile f = MappedFile::Open(file);
@@ -69,6 +71,14 @@ VerifySummary VerifyDataset(const std::string& path) {
                         std::to_string(prev) + ", " + std::to_string(s.tokens) + "]");
         }
         prev = v;
+      }
+      if (!s.mask.empty()) {
+        MappedFile mask = MappedFile::Open(path + "/" + s.mask);
+        const auto* bad =
+            std::find_if(mask.data(), mask.data() + mask.size(), [](uint8_t f) { return f > 1; });
+        if (bad != mask.data() + mask.size())
+          ThrowBadInput(path + "/" + s.mask + ": byte " + std::to_string(bad - mask.data()) +
+                        " is " + std::to_string(*bad) + ": expected 0 or 1 (a loss-mask flag)");
       }
       ++sum.shards;
       sum.documents += s.documents;

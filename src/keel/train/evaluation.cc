@@ -25,10 +25,20 @@ EvalPlan PlanEval(size_t dataset_tokens, int T, int B, size_t max_windows,
   return p;
 }
 
-void FillEvalBatch(const data::TokenDataset& ds, const EvalPlan& plan, size_t j, int32_t* tokens,
-                   int32_t* targets) {
+EvalPlan PlanEval(const data::TokenDataset& ds, int T, int B, size_t max_windows,
+                  const std::string& what) {
+  if (!ds.masked()) return PlanEval(ds.size(), T, B, max_windows, what);
+  EvalPlan p = PlanEval(size_t(T) + 1, T, B, max_windows, what);  // checks T and B
+  p.windows = data::SampleWindows(ds, T).count();
+  if (max_windows > 0) p.windows = std::min(p.windows, max_windows);
+  p.batches = (p.windows + size_t(B) - 1) / size_t(B);
+  return p;
+}
+
+int64_t FillEvalBatch(data::SampleWindows& windows, const EvalPlan& plan, size_t j, int32_t* tokens,
+                      int32_t* targets) {
   const size_t T = size_t(plan.T);
-  std::vector<int32_t> window(T + 1);
+  int64_t scored = 0;
   for (size_t r = 0; r < size_t(plan.B); ++r) {
     const size_t w = j * size_t(plan.B) + r;
     if (w >= plan.windows) {
@@ -36,23 +46,25 @@ void FillEvalBatch(const data::TokenDataset& ds, const EvalPlan& plan, size_t j,
       std::fill(targets + r * T, targets + (r + 1) * T, -1);
       continue;
     }
-    ds.Read(w * T, T + 1, window.data());
-    std::copy(window.begin(), window.begin() + long(T), tokens + r * T);
-    std::copy(window.begin() + 1, window.end(), targets + r * T);
+    scored += windows.Read(w, tokens + r * T, targets + r * T);
   }
+  return scored;
 }
 
 EvalResult Evaluate(const data::TokenDataset& ds, const EvalPlan& plan, parallel::Comm& world,
                     int dp_rank, int dp, const BatchLoss& forward, bool progress) {
   Timer timer;
   const size_t rounds = (plan.batches + size_t(dp) - 1) / size_t(dp);
-  std::vector<double> sums(plan.batches, 0.0);
+  // Per batch: Σ losses, then (second half) the targets that count.
+  std::vector<double> sums(2 * plan.batches, 0.0);
   std::vector<int32_t> tokens(size_t(plan.B) * plan.T), targets(tokens.size());
+  data::SampleWindows windows(ds, plan.T);
   Progress bar("eval", double(plan.windows), "windows", progress && world.rank() == 0);
   for (size_t round = 0; round < rounds; ++round) {
     const size_t j = round * size_t(dp) + size_t(dp_rank);
     if (j < plan.batches) {
-      FillEvalBatch(ds, plan, j, tokens.data(), targets.data());
+      sums[plan.batches + j] =
+          double(FillEvalBatch(windows, plan, j, tokens.data(), targets.data()));
       sums[j] = forward(tokens.data(), targets.data());
     } else {
       std::fill(tokens.begin(), tokens.end(), 0);
@@ -63,12 +75,15 @@ EvalResult Evaluate(const data::TokenDataset& ds, const EvalPlan& plan, parallel
   }
   bar.Finish();
   world.AllReduceSum(sums.data(), sums.size());
-  double total = 0;
-  for (double s : sums) total += s;
+  double total = 0, scored = 0;
+  for (size_t j = 0; j < plan.batches; ++j) {
+    total += sums[j];
+    scored += sums[plan.batches + j];
+  }
   EvalResult r;
-  r.tokens = plan.tokens();
+  r.tokens = size_t(scored);
   r.windows = plan.windows;
-  r.loss = total / double(r.tokens);
+  r.loss = scored > 0 ? total / scored : 0;
   r.seconds = timer.Seconds();
   return r;
 }

@@ -2,7 +2,9 @@
 // periodic validation reports, the same for any rank count.
 //
 // Window w is tokens [w·T, w·T + T]: its first T are the inputs, its last T the targets, so every
-// token after the first is predicted exactly once and no window overlaps another's targets.
+// token after the first is predicted exactly once and no window overlaps another's targets. A
+// loss-masked dataset's windows are packed by document instead and count the targets its mask
+// trains on (data::SampleWindows): the loss is the mean over those.
 // Windows go in batches of B in order (batch j = windows [jB, jB + B), the last padded with rows
 // whose targets count no loss); data-parallel rank d evaluates batches d, d + dp, ...; each
 // batch's Σ losses goes into its slot of a vector that is summed over the ranks (one non-zero term
@@ -19,6 +21,7 @@
 #include <functional>
 
 #include "keel/data/dataset.h"
+#include "keel/data/windows.h"
 #include "keel/parallel/comm.h"
 
 namespace keel::train {
@@ -32,13 +35,17 @@ struct EvalPlan {
 // Windows of `dataset_tokens`: all of them, or the first `max_windows` (0: all). Throws keel::Error
 // (bad input) when the dataset is shorter than one window.
 EvalPlan PlanEval(size_t dataset_tokens, int T, int B, size_t max_windows, const std::string& what);
+// The same for a dataset, whose windows a loss mask packs by document.
+EvalPlan PlanEval(const data::TokenDataset& ds, int T, int B, size_t max_windows,
+                  const std::string& what);
 
-// Batch j of the plan: B·T inputs and targets; rows past the last window get targets -1.
-void FillEvalBatch(const data::TokenDataset& ds, const EvalPlan& plan, size_t j, int32_t* tokens,
-                   int32_t* targets);
+// Batch j of the plan: B·T inputs and targets; rows past the last window get targets -1. Returns
+// the targets that count.
+int64_t FillEvalBatch(data::SampleWindows& windows, const EvalPlan& plan, size_t j, int32_t* tokens,
+                      int32_t* targets);
 
 struct EvalResult {
-  double loss = 0;  // mean over the plan's targets, nats per token
+  double loss = 0;  // mean over the targets that count, nats per token
   size_t tokens = 0, windows = 0;
   double seconds = 0;
   double perplexity() const { return std::exp(loss); }

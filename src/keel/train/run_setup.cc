@@ -142,7 +142,7 @@ RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_ra
   // The first val_batches × batch_size windows of the split (all of it for 0), in micro-batches:
   // `keel eval --max-tokens (that × seq_len) --batch (micro-batch)` prints the same number.
   if (d.val_ds)
-    d.val_plan = PlanEval(d.val_ds->size(), T, micro_batch,
+    d.val_plan = PlanEval(*d.val_ds, T, micro_batch,
                           size_t(cfg.train.val_batches) * size_t(cfg.train.batch_size),
                           "[data] val " + cfg.data.val);
   return d;
@@ -389,7 +389,8 @@ void Run::MeasureAndLogStart() {
     facts.rank_peak = monitor::MachinePeak(dtype, facts.threads, cfg.monitor.peak_gflops);
   peak = comm.AllReduceSum(facts.rank_peak.flops);
   tokens_per_step = double(cfg.train.batch_size) * T;
-  dloss = float(1.0 / tokens_per_step);
+  scored = tokens_per_step;
+  dloss = float(1.0 / scored);
   // What this rank allocated, by kind: the numbers `keel plan --accounting keel` predicts.
   facts.memory = step->MemoryBytes();
   for (const auto& [kind, bytes] : facts.memory.items()) memory_bytes += bytes.get<size_t>();

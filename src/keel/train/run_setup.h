@@ -102,7 +102,11 @@ struct Run {
   TrainSummary sum;
   int start_step = 0;
   double tokens_per_step = 0;  // global
-  float dloss = 1;             // the loss gradient's seed: 1 / tokens_per_step
+  // This step's targets trained on, all ranks (tokens_per_step unless the data has a loss mask):
+  // the step's loss is their mean, and `dloss`, the loss gradient's seed, is 1 / scored (a
+  // global batch with none trained on counts 1: loss and gradients 0).
+  double scored = 0;
+  float dloss = 1;
   double flops_per_token = 0;
   double peak = 0;          // all ranks' peak FLOP/s (MFU's denominator)
   size_t memory_bytes = 0;  // what this rank allocated

@@ -98,7 +98,7 @@ void StepGuards::RerunKept(double* loss) {
     return 0.0;
   };
   *loss =
-      run_.step->ForwardBackward(run_.layout.n_micro, replay, run_.dloss) / run_.tokens_per_step;
+      run_.step->ForwardBackward(run_.layout.n_micro, replay, run_.dloss) / run_.scored;
 }
 
 double StepGuards::AfterBackward(double* loss, double* compute_ms) {

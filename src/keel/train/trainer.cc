@@ -32,12 +32,18 @@ double ForwardBackward(Run& run, StepGuards& guards, monitor::StepTimes* times,
                        double* compute_ms) {
   TrainStep& step = *run.step;
   const Timer timer;
+  // The loss is the mean over the targets trained on: all of them, or a loss mask's.
+  uint64_t scored = 0;
+  const double scored_ms = run.prefetch->StepScored(&scored);
+  run.scored = double(std::max<uint64_t>(scored, 1));
+  run.dloss = float(1.0 / run.scored);
   double data_ms = 0;
   const NextBatch next =
       guards.Batches([&run](int32_t* tok, int32_t* tgt) { return run.prefetch->Next(tok, tgt); });
   const double loss =
       step.ForwardBackward(run.layout.n_micro, next, guards.dloss(run.dloss), &data_ms) /
-      run.tokens_per_step;
+      run.scored;
+  data_ms += scored_ms;
   // Waiting for other stages is the pipeline's bubble; the backward phase is what the forward
   // and the waits leave of the pass (zeroing and accumulating the gradients included).
   (*times)[Phase::kData] = data_ms;
@@ -180,6 +186,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                   {"comm_bytes", step.comm_bytes()},
                   {"compute_ms", compute_ms},
                   {"memory_bytes", run.memory_bytes}});
+    if (run.scored != run.tokens_per_step) extra["scored_tokens"] = run.scored;
     if (run.pipelined)
       extra.update({{"pp_wait_max_ms", pipe[1]},
                     {"bubble", pipe[0]},

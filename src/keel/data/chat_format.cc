@@ -1,0 +1,137 @@
+#include "keel/data/chat_format.h"
+
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "keel/core/error.h"
+
+namespace keel::data {
+namespace {
+
+using nlohmann::json;
+
+// Appends `text` encoded on its own, each token flagged `trained`.
+void Piece(const Tokenizer& tok, std::string_view text, bool trained, bool special,
+           std::vector<int32_t>* tokens, std::vector<uint8_t>* mask) {
+  tok.EncodeAppend(text, tokens, special);
+  mask->resize(tokens->size(), uint8_t(trained));
+}
+
+void Eos(const Tokenizer& tok, bool trained, std::vector<int32_t>* tokens,
+         std::vector<uint8_t>* mask) {
+  tokens->push_back(tok.eos_id());
+  mask->push_back(uint8_t(trained));
+}
+
+std::string_view Trim(std::string_view s) {
+  const size_t a = s.find_first_not_of(" \t\r\n");
+  if (a == std::string_view::npos) return {};
+  return s.substr(a, s.find_last_not_of(" \t\r\n") - a + 1);
+}
+
+// Checks the messages; the problem, or "".
+std::string CheckMessages(const json& j) {
+  if (!j.is_object()) return std::string("a JSON ") + j.type_name();
+  auto it = j.find("messages");
+  if (it == j.end()) return "an object without \"messages\"";
+  if (!it->is_array() || it->empty()) return "\"messages\" that is not a non-empty array";
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& m = (*it)[i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return at + " as a " + std::string(m.type_name());
+    auto role = m.find("role"), content = m.find("content");
+    if (role == m.end() || !role->is_string()) return at + " without a string \"role\"";
+    if (content == m.end() || !content->is_string()) return at + " without a string \"content\"";
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "user" && r != "assistant")
+      return at + " with role \"" + r + "\" (expected system, user or assistant)";
+  }
+  return "";
+}
+
+void RenderChat(const json& messages, ChatTemplate tmpl, const Tokenizer& tok,
+                std::vector<int32_t>* tokens, std::vector<uint8_t>* mask) {
+  if (tmpl == ChatTemplate::kLlama3) {
+    Piece(tok, "<|begin_of_text|>", false, true, tokens, mask);
+    for (const json& m : messages) {
+      const std::string& role = m["role"].get_ref<const std::string&>();
+      const bool trained = role == "assistant";
+      Piece(tok, "<|start_header_id|>" + role + "<|end_header_id|>\n\n", false, true, tokens, mask);
+      Piece(tok, Trim(m["content"].get_ref<const std::string&>()), trained, false, tokens, mask);
+      Piece(tok, "<|eot_id|>", trained, true, tokens, mask);
+    }
+    Eos(tok, false, tokens, mask);
+    return;
+  }
+  bool last_assistant = false;
+  for (const json& m : messages) {
+    const std::string& role = m["role"].get_ref<const std::string&>();
+    last_assistant = role == "assistant";
+    const char* header = role == "system" ? "System:" : role == "user" ? "User:" : "Assistant:";
+    Piece(tok, header, false, false, tokens, mask);
+    Piece(tok, " " + m["content"].get<std::string>() + "\n", last_assistant, false, tokens, mask);
+  }
+  Eos(tok, last_assistant, tokens, mask);
+}
+
+}  // namespace
+
+DocFormat ParseDocFormat(const std::string& name) {
+  if (name == "text") return DocFormat::kText;
+  if (name == "chat") return DocFormat::kChat;
+  if (name == "prompt-completion") return DocFormat::kPromptCompletion;
+  ThrowBadInput("prepare: --format \"" + name + "\": expected text, chat or prompt-completion");
+}
+
+ChatTemplate ChooseChatTemplate(const std::string& name, const Tokenizer& tok) {
+  const bool has_llama3 = tok.Encode("<|start_header_id|>", /*allow_special=*/true).size() == 1 &&
+                          tok.Encode("<|eot_id|>", true).size() == 1 &&
+                          tok.Encode("<|begin_of_text|>", true).size() == 1;
+  if (name == "plain") return ChatTemplate::kPlain;
+  if (name == "auto") return has_llama3 ? ChatTemplate::kLlama3 : ChatTemplate::kPlain;
+  if (name == "llama3") {
+    if (!has_llama3)
+      ThrowBadInput("prepare: --chat-template llama3: tokenizer " + tok.name() +
+                    " has no <|start_header_id|>, <|eot_id|> and <|begin_of_text|> tokens");
+    return ChatTemplate::kLlama3;
+  }
+  ThrowBadInput("prepare: --chat-template \"" + name + "\": expected auto, plain or llama3");
+}
+
+const char* ChatTemplateName(ChatTemplate t) {
+  return t == ChatTemplate::kLlama3 ? "llama3" : "plain";
+}
+
+std::string RenderInstructionLine(const std::string& line, DocFormat format, ChatTemplate tmpl,
+                                  const Tokenizer& tok, std::vector<int32_t>* tokens,
+                                  std::vector<uint8_t>* mask) {
+  tokens->clear();
+  mask->clear();
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const json::parse_error& e) {
+    return "invalid JSON (syntax error at byte " + std::to_string(e.byte) + ")";
+  } catch (const json::exception& e) {
+    return "invalid JSON (" + std::string(e.what()) + ")";
+  }
+  if (format == DocFormat::kChat) {
+    if (std::string problem = CheckMessages(j); !problem.empty()) return problem;
+    RenderChat(j["messages"], tmpl, tok, tokens, mask);
+    return "";
+  }
+  KEEL_CHECK(format == DocFormat::kPromptCompletion, "RenderInstructionLine: not a text format");
+  if (!j.is_object()) return std::string("a JSON ") + j.type_name();
+  for (const char* key : {"prompt", "completion"}) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_string())
+      return "an object without a string \"" + std::string(key) + "\"";
+  }
+  if (tmpl == ChatTemplate::kLlama3) Piece(tok, "<|begin_of_text|>", false, true, tokens, mask);
+  Piece(tok, j["prompt"].get_ref<const std::string&>(), false, false, tokens, mask);
+  Piece(tok, j["completion"].get_ref<const std::string&>(), true, false, tokens, mask);
+  Eos(tok, true, tokens, mask);
+  return "";
+}
+
+}  // namespace keel::data
