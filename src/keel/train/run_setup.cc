@@ -42,18 +42,25 @@ double UnigramEntropy(const std::vector<const data::TokenDataset*>& sources,
   for (double w : weights) total_weight += w;
   std::vector<double> p(vocab, 0.0);
   std::vector<int32_t> chunk(1 << 16);
+  std::vector<uint8_t> mask(chunk.size());
   for (size_t s = 0; s < sources.size(); ++s) {
     const data::TokenDataset& ds = *sources[s];
     const size_t n = std::min<size_t>(ds.size(), 20'000'000);
     std::vector<uint64_t> counts(vocab, 0);
+    uint64_t counted = 0;  // a loss mask's trained tokens only: what the loss is the mean over
     for (size_t i = 0; i < n; i += chunk.size()) {
       size_t m = std::min(chunk.size(), n - i);
       ds.Read(i, m, chunk.data());
-      for (size_t j = 0; j < m; ++j) counts[chunk[j]]++;
+      ds.ReadMask(i, m, mask.data());
+      for (size_t j = 0; j < m; ++j)
+        if (mask[j]) {
+          counts[size_t(chunk[j])]++;
+          ++counted;
+        }
     }
     const double share = weights[s] / total_weight;
     for (size_t v = 0; v < vocab; ++v)
-      if (counts[v]) p[v] += share * (double(counts[v]) / n);
+      if (counts[v]) p[v] += share * (double(counts[v]) / double(counted));
   }
   double h = 0;
   for (double q : p)
