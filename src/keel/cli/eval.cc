@@ -192,6 +192,8 @@ void RegisterEval(CLI::App& app) {
       "stride of --seq-len, so every token after the first is predicted once: the same number for\n"
       "any rank count. A run's periodic validation uses the first val_batches x batch_size of\n"
       "these windows in micro-batches: keel eval with that --max-tokens and --batch prints it.\n"
+      "A loss-masked dataset (keel data prepare --format chat) is read in rows packed by\n"
+      "conversation, and the loss is the mean over the tokens its mask trains on.\n"
       "Unset flags come from the source's run (config.toml), else the model (fp32, its context).");
   static Args a;
   cmd->add_option("source", a.source, "run folder, checkpoint folder, or model file")->required();
