@@ -163,6 +163,31 @@ TEST(ChatFormat, BadLinesSayWhatIsWrong) {
   EXPECT_EQ(problem("{", DocFormat::kPromptCompletion).rfind("invalid JSON", 0), 0u);
 }
 
+// A generation prompt is exactly what a training document holds before the assistant's content,
+// and the mask starts training right after it.
+TEST(ChatFormat, GenerationPromptIsTheTrainingPrefix) {
+  for (const auto& [tmpl, tok] : {std::pair{ChatTemplate::kPlain, &Gpt2()},
+                                  std::pair{ChatTemplate::kLlama3, &Llama3Bytes()}}) {
+    int32_t stop = -1;
+    const std::vector<int32_t> prompt =
+        ChatPrompt({{"system", "Be brief."}, {"user", "Hi"}}, tmpl, *tok, &stop);
+    std::vector<int32_t> doc;
+    std::vector<uint8_t> mask;
+    ASSERT_EQ(RenderInstructionLine(R"({"messages": [{"role": "system", "content": "Be brief."},
+                                        {"role": "user", "content": "Hi"},
+                                        {"role": "assistant", "content": "Hello!"}]})",
+                                    DocFormat::kChat, tmpl, *tok, &doc, &mask),
+              "");
+    ASSERT_LT(prompt.size(), doc.size());
+    EXPECT_TRUE(std::equal(prompt.begin(), prompt.end(), doc.begin())) << ChatTemplateName(tmpl);
+    EXPECT_EQ(std::find(mask.begin(), mask.end(), 1) - mask.begin(), long(prompt.size()))
+        << ChatTemplateName(tmpl);
+    // The turn's last trained token is where generation stops.
+    const auto last = std::find(mask.rbegin(), mask.rend(), 1);
+    EXPECT_EQ(doc[size_t(mask.rend() - last - 1)], stop) << ChatTemplateName(tmpl);
+  }
+}
+
 PrepareOptions ChatOptions(const TempDir& tmp, const std::string& input) {
   PrepareOptions o;
   o.inputs = {input};

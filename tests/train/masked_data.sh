@@ -7,7 +7,8 @@
 #  3. layout equivalence: dp 2 with 2 micro-batches per rank gives one process's losses within
 #     1e-5 (each rank counts the whole global batch's trained targets, with no collective);
 #  4. exact resume: stop at step 10, resume to 20: bitwise the losses of the run that never stopped;
-#  5. keel eval of the run on the val split prints the trainer's final validation loss.
+#  5. keel eval of the run on the val split prints the trainer's final validation loss;
+#  6. keel generate --chat answers in one line (the plain template's turn ends at the eos).
 #   tests/train/masked_data.sh KEEL_BINARY SOURCE_DIR
 set -euo pipefail
 keel=$1 src=$2
@@ -32,6 +33,12 @@ run dp mpirun --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 -- 
   --set train.micro_batch_size=2
 run resumed -- --set train.stop_at=10
 run resumed -- --resume auto
+reply=$("$keel" generate --run "$tmp/single" --chat --prompt "What is 3 plus 4?" --temperature 0 \
+  --max-tokens 12)
+[[ -n $reply && $(wc -l <<<"$reply") == 1 ]] || { echo "generate --chat replied: '$reply'"; exit 1; }
+rc=0
+"$keel" generate --run "$tmp/single" --system "Be brief." --prompt x >/dev/null 2>"$tmp/err" || rc=$?
+[[ $rc == 2 ]] && grep -q -- "--system needs --chat" "$tmp/err" || { echo "rc $rc"; cat "$tmp/err"; exit 1; }
 OMP_NUM_THREADS=1 "$keel" eval "$tmp/single" --max-tokens $((2 * 8 * 64)) --batch 8 --json \
   >"$tmp/eval.json"
 

@@ -8,6 +8,7 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/data/assets.h"
+#include "keel/data/chat_format.h"
 #include "keel/data/tokenizer.h"
 #include "keel/model/inference.h"
 
@@ -21,9 +22,14 @@ void RegisterGenerate(CLI::App& app) {
       "  keel generate --run runs/quickstart --prompt \"He\" --max-tokens 100 --temperature 0.7 "
       "--top-k 40 --seed 3\n"
       "  keel generate --run runs/quickstart/checkpoints/step_00000200 --prompt \"The\"\n"
+      "  keel generate --run runs/chat --chat --prompt \"What is 3 plus 4?\" --temperature 0\n"
       "--run takes a run folder (its newest checkpoint, else its model.safetensors), a checkpoint\n"
-      "folder, or a model file (keel's or Hugging Face GPT-2's).");
-  static std::string run, prompt;
+      "folder, or a model file (keel's or Hugging Face GPT-2's).\n"
+      "--chat: --prompt is a user's message to a model tuned on chat data (keel data prepare\n"
+      "--format chat); it goes through the plain chat template (\"User: ...\\nAssistant:\") and\n"
+      "the assistant's reply is printed, up to its end of turn.");
+  static std::string run, prompt, system;
+  static bool chat = false;
   static int max_tokens = 64, top_k = 40, count = 1;
   static float temperature = 0.8f;
   static uint64_t seed = 1;
@@ -35,6 +41,8 @@ void RegisterGenerate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", seed, "sampling seed")->capture_default_str();
   cmd->add_option("--count", count, "number of samples")->capture_default_str();
+  cmd->add_flag("--chat", chat, "--prompt is a user's message: print the assistant's reply");
+  cmd->add_option("--system", system, "with --chat: a system message before the user's");
   cmd->callback([] {
     if (max_tokens < 0 || top_k < 0 || count < 1 || !(temperature >= 0) || std::isinf(temperature))
       ThrowBadInput(
@@ -45,18 +53,33 @@ void RegisterGenerate(CLI::App& app) {
     ckpt::LoadedModel m = ckpt::LoadAnyModel(run);
     auto tok = data::Tokenizer::LoadGpt2(data::TokenizerDir());
     model::Generator gen(m.config, std::move(m.weights));
-    auto ids = tok.Encode(prompt);
+    if (!system.empty() && !chat) ThrowBadInput("generate: --system needs --chat");
+    // The template keel data prepare --format chat chose for GPT-2's vocabulary (chat_format.h).
+    int32_t stop = tok.eos_id();
+    std::vector<data::ChatMessage> messages;
+    if (!system.empty()) messages.push_back({"system", system});
+    messages.push_back({"user", prompt});
+    const std::vector<int32_t> ids =
+        chat ? data::ChatPrompt(messages, data::ChatTemplate::kPlain, tok, &stop)
+             : tok.Encode(prompt);
     for (int i = 0; i < count; ++i) {
-      model::SampleOptions opt{max_tokens, temperature, top_k, seed + uint64_t(i), tok.eos_id()};
+      model::SampleOptions opt{max_tokens, temperature, top_k, seed + uint64_t(i), stop};
       auto out = gen.Generate(ids, opt);
-      const bool stopped = !out.empty() && out.back() == tok.eos_id();
+      const bool stopped = !out.empty() && out.back() == stop;
       if (stopped) out.pop_back();
       if (!stopped && int(out.size()) < max_tokens)
         std::fprintf(stderr,
                      "keel: generate: stopped after %zu tokens at the model's context of %d "
                      "(prompt %zu + generated), short of --max-tokens %d\n",
                      out.size(), m.config.block_size, ids.size(), max_tokens);
-      std::printf("%s%s\n", prompt.c_str(), tok.Decode(out).c_str());
+      std::string text = tok.Decode(out);
+      if (chat) {  // the reply alone: the template puts a space before it and a newline after
+        if (text.starts_with(' ')) text.erase(0, 1);
+        if (text.ends_with('\n')) text.pop_back();
+        std::printf("%s\n", text.c_str());
+      } else {
+        std::printf("%s%s\n", prompt.c_str(), text.c_str());
+      }
       if (i + 1 < count) std::printf("---\n");
     }
   });

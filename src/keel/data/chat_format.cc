@@ -49,32 +49,60 @@ std::string CheckMessages(const json& j) {
   return "";
 }
 
+// A message's header: what precedes its content, never trained on.
+void Header(const std::string& role, ChatTemplate tmpl, const Tokenizer& tok,
+            std::vector<int32_t>* tokens, std::vector<uint8_t>* mask) {
+  if (tmpl == ChatTemplate::kLlama3) {
+    Piece(tok, "<|start_header_id|>" + role + "<|end_header_id|>\n\n", false, true, tokens, mask);
+  } else {
+    Piece(tok,
+          role == "system" ? "System:"
+          : role == "user" ? "User:"
+                           : "Assistant:",
+          false, false, tokens, mask);
+  }
+}
+
+// Messages as (role, content) pairs; `open_assistant`: end with an assistant's header and no
+// closing eos (a generation prompt).
+void RenderMessages(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
+                    const Tokenizer& tok, bool open_assistant, std::vector<int32_t>* tokens,
+                    std::vector<uint8_t>* mask) {
+  if (tmpl == ChatTemplate::kLlama3) Piece(tok, "<|begin_of_text|>", false, true, tokens, mask);
+  bool last_assistant = false;
+  for (const ChatMessage& m : messages) {
+    last_assistant = m.role == "assistant";
+    Header(m.role, tmpl, tok, tokens, mask);
+    if (tmpl == ChatTemplate::kLlama3) {
+      Piece(tok, Trim(m.content), last_assistant, false, tokens, mask);
+      Piece(tok, "<|eot_id|>", last_assistant, true, tokens, mask);
+    } else {
+      Piece(tok, " " + m.content + "\n", last_assistant, false, tokens, mask);
+    }
+  }
+  if (open_assistant) return Header("assistant", tmpl, tok, tokens, mask);
+  // Llama 3 ends a turn with <|eot_id|>; the plain template's only end is the eos.
+  Eos(tok, last_assistant && tmpl == ChatTemplate::kPlain, tokens, mask);
+}
+
 void RenderChat(const json& messages, ChatTemplate tmpl, const Tokenizer& tok,
                 std::vector<int32_t>* tokens, std::vector<uint8_t>* mask) {
-  if (tmpl == ChatTemplate::kLlama3) {
-    Piece(tok, "<|begin_of_text|>", false, true, tokens, mask);
-    for (const json& m : messages) {
-      const std::string& role = m["role"].get_ref<const std::string&>();
-      const bool trained = role == "assistant";
-      Piece(tok, "<|start_header_id|>" + role + "<|end_header_id|>\n\n", false, true, tokens, mask);
-      Piece(tok, Trim(m["content"].get_ref<const std::string&>()), trained, false, tokens, mask);
-      Piece(tok, "<|eot_id|>", trained, true, tokens, mask);
-    }
-    Eos(tok, false, tokens, mask);
-    return;
-  }
-  bool last_assistant = false;
-  for (const json& m : messages) {
-    const std::string& role = m["role"].get_ref<const std::string&>();
-    last_assistant = role == "assistant";
-    const char* header = role == "system" ? "System:" : role == "user" ? "User:" : "Assistant:";
-    Piece(tok, header, false, false, tokens, mask);
-    Piece(tok, " " + m["content"].get<std::string>() + "\n", last_assistant, false, tokens, mask);
-  }
-  Eos(tok, last_assistant, tokens, mask);
+  std::vector<ChatMessage> list;
+  for (const json& m : messages)
+    list.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  RenderMessages(list, tmpl, tok, /*open_assistant=*/false, tokens, mask);
 }
 
 }  // namespace
+
+std::vector<int32_t> ChatPrompt(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
+                                const Tokenizer& tok, int32_t* stop) {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  RenderMessages(messages, tmpl, tok, /*open_assistant=*/true, &tokens, &mask);
+  *stop = tmpl == ChatTemplate::kLlama3 ? tok.Encode("<|eot_id|>", true).at(0) : tok.eos_id();
+  return tokens;
+}
 
 DocFormat ParseDocFormat(const std::string& name) {
   if (name == "text") return DocFormat::kText;

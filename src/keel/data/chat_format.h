@@ -46,4 +46,14 @@ std::string RenderInstructionLine(const std::string& line, DocFormat format, Cha
                                   const Tokenizer& tok, std::vector<int32_t>* tokens,
                                   std::vector<uint8_t>* mask);
 
+// The prompt that asks a model tuned on `tmpl` for the assistant's next turn: the conversation so
+// far (`messages`: {role, content} pairs, roles as above) and the assistant's header, exactly the
+// tokens the training documents hold before an assistant's content. Generation stops at the
+// template's end of turn (eos; Llama 3: <|eot_id|>, which *stop receives).
+struct ChatMessage {
+  std::string role, content;
+};
+std::vector<int32_t> ChatPrompt(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
+                                const Tokenizer& tok, int32_t* stop);
+
 }  // namespace keel::data
