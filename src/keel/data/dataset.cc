@@ -42,6 +42,22 @@ struct DatasetState {
   // Set for an http(s) dataset: its shards' `tokens` stay unmapped, reads go through it.
   std::unique_ptr<RemoteShards> remote;
 
+  // Calls fn(shard, position in it, count) for each shard's part of tokens [start, start + n),
+  // in order, skipping empty parts (start + n <= total).
+  template <typename Fn>
+  void ForEachPiece(uint64_t start, uint64_t n, Fn&& fn) const {
+    if (n == 0) return;
+    // The last shard whose begin <= start; empty shards share a begin with the next one and are
+    // skipped by the loop below.
+    size_t si = size_t(std::upper_bound(begins.begin(), begins.end(), start) - begins.begin()) - 1;
+    uint64_t pos = start - shards[si].begin;
+    for (; n > 0; ++si, pos = 0) {
+      const uint64_t take = std::min<uint64_t>(n, shards[si].size - pos);
+      if (take > 0) fn(si, pos, take);
+      n -= take;
+    }
+  }
+
   // Calls fn(bytes) with shard i's token bytes, valid inside the call.
   template <typename Fn>
   void WithTokens(size_t i, Fn&& fn) const {
@@ -194,25 +210,12 @@ void TokenDataset::Read(size_t start, size_t n, int32_t* out) const {
                  std::to_string(start + n) + ") past the end (" + std::to_string(d.total) +
                  " tokens)");
   }
-  if (n == 0) return;
-  // The last shard whose begin <= start; empty shards share a begin with the next one and are
-  // skipped by the loop below.
-  size_t si =
-      size_t(std::upper_bound(d.begins.begin(), d.begins.end(), start) - d.begins.begin()) - 1;
-  uint64_t pos = start - d.shards[si].begin;
-  while (n > 0) {
-    const auto& s = d.shards[si];
-    const uint64_t take = std::min<uint64_t>(n, s.size - pos);
-    if (take > 0) {
-      d.WithTokens(si, [&](const uint8_t* bytes) {
-        DecodeTokenIds(bytes + pos * d.width, take, d.width, out);
-      });
-    }
+  d.ForEachPiece(start, n, [&](size_t si, uint64_t pos, uint64_t take) {
+    d.WithTokens(si, [&](const uint8_t* bytes) {
+      DecodeTokenIds(bytes + pos * d.width, take, d.width, out);
+    });
     out += take;
-    n -= take;
-    pos = 0;
-    ++si;
-  }
+  });
 }
 
 bool TokenDataset::masked() const { return impl_->masked; }
@@ -224,18 +227,10 @@ void TokenDataset::ReadMask(size_t start, size_t n, uint8_t* out) const {
     std::memset(out, 1, n);
     return;
   }
-  size_t si =
-      size_t(std::upper_bound(d.begins.begin(), d.begins.end(), start) - d.begins.begin()) - 1;
-  uint64_t pos = start - d.shards[si].begin;
-  while (n > 0) {
-    const auto& s = d.shards[si];
-    const uint64_t take = std::min<uint64_t>(n, s.size - pos);
-    if (take > 0) std::memcpy(out, s.mask.data() + pos, take);
+  d.ForEachPiece(start, n, [&](size_t si, uint64_t pos, uint64_t take) {
+    std::memcpy(out, d.shards[si].mask.data() + pos, take);
     out += take;
-    n -= take;
-    pos = 0;
-    ++si;
-  }
+  });
 }
 
 std::vector<uint64_t> TokenDataset::DocumentBounds() const {
