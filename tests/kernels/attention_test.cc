@@ -3,7 +3,9 @@
 //
 // Shapes cover T = 1, T = 5, a head size that is not a multiple of 16 (C = 18, NH = 3 → hs = 6),
 // T past one 64-row tile (T = 130), B = 2, and GPT-2's hs = 64; grouped-query shapes (NKV < NH)
-// cover groups of 2, 3 and 4 query heads and one key/value head for all (multi-query).
+// cover groups of 2, 3 and 4 query heads and one key/value head for all (multi-query). Shapes
+// marked `docs` pack documents of 1 to 70 positions into each row (document masking), so that
+// query tiles start inside, at and across document starts.
 #include "keel/kernels/cpu/attention.h"
 
 #include <gtest/gtest.h>
@@ -27,14 +29,33 @@ using test::ToTyped;
 
 struct Shape {
   int B, T, C, NH, NKV = 0;  // NKV 0: NH (no grouping)
+  bool docs = false;         // document masking (DocStarts)
   int kv() const { return NKV > 0 ? NKV : NH; }
   int Row() const { return C + 2 * kv() * (C / NH); }  // q, k, v columns per position
 };
 
+// Each position's document start (B·T) for a `docs` shape, else empty: documents of lengths
+// cycling through a list, from a different place in it for each batch row.
+std::vector<int32_t> DocStarts(const Shape& s) {
+  if (!s.docs) return {};
+  const int lens[] = {37, 3, 70, 1, 25, 66, 5};
+  std::vector<int32_t> ds(size_t(s.B) * s.T);
+  for (int b = 0; b < s.B; ++b) {
+    int start = 0, k = b, left = lens[b % 7];
+    for (int i = 0; i < s.T; ++i, --left) {
+      if (left == 0) start = i, left = lens[++k % 7];
+      ds[size_t(b) * s.T + i] = start;
+    }
+  }
+  return ds;
+}
+
 // Float64 causal attention with a full softmax per row: out (B,T,C), lse (B,NH,T). Query head h
-// reads key/value head h / (NH/NKV).
+// reads key/value head h / (NH/NKV); under document masking query i reads keys from its
+// document's start.
 void ReferenceForward(std::vector<double>& out, std::vector<double>& lse,
                       const std::vector<double>& qkv, const Shape& s) {
+  const std::vector<int32_t> ds = DocStarts(s);
   const int hs = s.C / s.NH, row = s.Row(), group = s.NH / s.kv();
   const double scale = 1.0 / std::sqrt(double(hs));
   out.assign(size_t(s.B) * s.T * s.C, 0.0);
@@ -46,7 +67,8 @@ void ReferenceForward(std::vector<double>& out, std::vector<double>& lse,
         const double* q = &qkv[(size_t(b) * s.T + i) * row + size_t(h) * hs];
         const size_t kv = size_t(h / group) * hs;
         double mx = -std::numeric_limits<double>::infinity();
-        for (int j = 0; j <= i; ++j) {
+        const int j0 = ds.empty() ? 0 : ds[size_t(b) * s.T + i];
+        for (int j = j0; j <= i; ++j) {
           const double* k = &qkv[(size_t(b) * s.T + j) * row + s.C + kv];
           double dot = 0;
           for (int d = 0; d < hs; ++d) dot += q[d] * k[d];
@@ -54,9 +76,9 @@ void ReferenceForward(std::vector<double>& out, std::vector<double>& lse,
           mx = std::max(mx, score[j]);
         }
         double sum = 0;
-        for (int j = 0; j <= i; ++j) sum += std::exp(score[j] - mx);
+        for (int j = j0; j <= i; ++j) sum += std::exp(score[j] - mx);
         double* o = &out[(size_t(b) * s.T + i) * s.C + size_t(h) * hs];
-        for (int j = 0; j <= i; ++j) {
+        for (int j = j0; j <= i; ++j) {
           const double* v = &qkv[(size_t(b) * s.T + j) * row + s.C + size_t(s.kv()) * hs + kv];
           double p = std::exp(score[j] - mx) / sum;
           for (int d = 0; d < hs; ++d) o[d] += p * v[d];
@@ -82,16 +104,18 @@ KernelResult<T> RunKernel(const std::vector<double>& qkv, const std::vector<doub
   r.lse.resize(size_t(s.B) * s.NH * s.T);
   // Poison dqkv: the backward must overwrite every element.
   r.dqkv.assign(qkv.size(), FromFloat<T>(std::numeric_limits<float>::quiet_NaN()));
-  AttentionForward(r.out.data(), r.lse.data(), qkv_t.data(), s.B, s.T, s.C, s.NH, s.NKV);
+  const std::vector<int32_t> ds = DocStarts(s);
+  const int32_t* doc = ds.empty() ? nullptr : ds.data();
+  AttentionForward(r.out.data(), r.lse.data(), qkv_t.data(), s.B, s.T, s.C, s.NH, s.NKV, doc);
   AttentionBackward(r.dqkv.data(), dout.data(), qkv_t.data(), r.out.data(), r.lse.data(), s.B, s.T,
-                    s.C, s.NH, s.NKV);
+                    s.C, s.NH, s.NKV, doc);
   return r;
 }
 
 template <typename T>
 void CheckForward(const Shape& s, double out_tol, double lse_tol) {
   SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
-                                    << " NKV=" << s.kv());
+                                    << " NKV=" << s.kv() << " docs=" << s.docs);
   std::vector<double> qkv = RoundTrip<T>(RandomVector(size_t(s.B) * s.T * s.Row(), 1));
   std::vector<double> R = RandomVector(size_t(s.B) * s.T * s.C, 2);
   std::vector<double> out_ref, lse_ref;
@@ -104,10 +128,22 @@ void CheckForward(const Shape& s, double out_tol, double lse_tol) {
 
 // The last shape has B·NH = 16 heads, enough for the forward to give whole heads to threads; the
 // others split heads into query tiles.
-const Shape kShapes[] = {{1, 1, 8, 2},      {2, 5, 18, 3},      {2, 130, 18, 3},
-                         {1, 64, 32, 1},    {2, 100, 128, 2},   {1, 200, 48, 3},
-                         {2, 150, 256, 8},  {2, 70, 24, 4, 2},  {1, 130, 36, 6, 2},
-                         {2, 90, 64, 4, 1}, {2, 150, 256, 8, 2}};
+const Shape kShapes[] = {{1, 1, 8, 2},
+                         {2, 5, 18, 3},
+                         {2, 130, 18, 3},
+                         {1, 64, 32, 1},
+                         {2, 100, 128, 2},
+                         {1, 200, 48, 3},
+                         {2, 150, 256, 8},
+                         {2, 70, 24, 4, 2},
+                         {1, 130, 36, 6, 2},
+                         {2, 90, 64, 4, 1},
+                         {2, 150, 256, 8, 2},
+                         // Document masking:
+                         {2, 130, 18, 3, 0, true},
+                         {1, 200, 48, 3, 0, true},
+                         {2, 150, 256, 8, 2, true},
+                         {2, 70, 24, 4, 2, true}};
 
 // fp32: the kernel differs from float64 only by fp32 rounding of sums of ≤ T terms: 1e-5 leaves
 // two orders of margin over the ~1e-7 seen.
@@ -126,7 +162,7 @@ TEST(AttentionForward, Bf16MatchesFloat64Reference) {
 template <typename T>
 void CheckBackward(const Shape& s, double tol) {
   SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
-                                    << " NKV=" << s.kv());
+                                    << " NKV=" << s.kv() << " docs=" << s.docs);
   // bf16: the kernel sees rounded qkv and R, so the float64 function is taken at those values.
   std::vector<double> qkv = RoundTrip<T>(RandomVector(size_t(s.B) * s.T * s.Row(), 3));
   std::vector<double> R = RoundTrip<T>(RandomVector(size_t(s.B) * s.T * s.C, 4));
@@ -153,8 +189,16 @@ void CheckBackward(const Shape& s, double tol) {
   for (double g : got) ASSERT_TRUE(std::isfinite(g)) << "dqkv not fully overwritten";
 }
 
-const Shape kGradShapes[] = {{1, 1, 8, 2},     {2, 5, 18, 3},     {2, 130, 18, 3}, {1, 70, 128, 2},
-                             {2, 5, 24, 4, 2}, {1, 70, 36, 6, 2}, {2, 9, 16, 4, 1}};
+const Shape kGradShapes[] = {{1, 1, 8, 2},
+                             {2, 5, 18, 3},
+                             {2, 130, 18, 3},
+                             {1, 70, 128, 2},
+                             {2, 5, 24, 4, 2},
+                             {1, 70, 36, 6, 2},
+                             {2, 9, 16, 4, 1},
+                             {2, 130, 18, 3, 0, true},
+                             {1, 70, 36, 6, 2, true},
+                             {2, 9, 16, 4, 1, true}};
 
 // fp32 accumulation of ≤ T terms against exact gradients: 1e-3 relative to the largest entry.
 TEST(AttentionBackward, Fp32MatchesFiniteDifferences) {
@@ -188,7 +232,8 @@ TEST(Attention, RepeatsBitwise) {
 // agree; the bound is 1e-6 relative (in practice they are bitwise equal). B·NH = 6 heads: one
 // thread takes the forward head by head, two split it by query tiles.
 TEST(Attention, IndependentOfThreadCount) {
-  for (const Shape s : {Shape{2, 200, 96, 3}, Shape{2, 200, 96, 6, 2}}) {
+  for (const Shape s :
+       {Shape{2, 200, 96, 3}, Shape{2, 200, 96, 6, 2}, Shape{2, 200, 96, 6, 2, true}}) {
     std::vector<double> qkv = RandomVector(size_t(s.B) * s.T * s.Row(), 8);
     std::vector<double> R = RandomVector(size_t(s.B) * s.T * s.C, 9);
     const int threads = omp_get_max_threads();

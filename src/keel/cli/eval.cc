@@ -105,6 +105,9 @@ std::unique_ptr<Prepared> Prepare(const Args& a) {
           double(m.weights.size()) * (4.0 + double(DTypeSize(dtype))));
   p->B = B;
   p->model = std::make_unique<model::Transformer>(cfg, dtype, B, T, model::Recompute::kNone);
+  // A loss-masked dataset's rows pack whole conversations, each attending to itself only, as in
+  // training.
+  if (ds.masked()) p->model->SetDocumentMask(ds.eos_id());
   std::copy(m.weights.begin(), m.weights.end(), p->model->master());
   p->model->SyncWorking();
   return p;

@@ -9,9 +9,8 @@
 // holds the whole documents that fit after it, in order; a document longer than T + 1 tokens is
 // truncated to its first T + 1 (the rest is dropped); what is left of a window is padding (eos).
 // Targets the mask excludes, and padding, are -1: "no loss at this row" to the classifier.
-// Documents packed into one window attend to those before them in it: attention has no document
-// mask, so a packed conversation can read the one before it (the eos between them says where it
-// ended).
+// The trainer masks attention per document for such rows (model::Transformer::SetDocumentMask),
+// so that a packed conversation never reads the one before it.
 //
 //   SampleWindows w(ds, /*T=*/256);
 //   int scored = w.Read(i, tokens, targets);   // (T) each; targets trained on

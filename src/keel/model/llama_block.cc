@@ -75,8 +75,8 @@ void AttentionSublayer(Transformer::Impl& m, const LlamaParams<T>& p, const Llam
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, p.qkv, nullptr, BT, C, m.QKVl));
   KEEL_PROFILED("rope", m.be->RopeForward(a.qkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
-  KEEL_PROFILED("attention_fwd",
-                m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, m.Cl, m.NHl, m.NKVl));
+  KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, m.Cl, m.NHl,
+                                                        m.NKVl, m.doc_start));
 }
 
 template <typename T>
@@ -133,7 +133,7 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
   KEEL_PROFILED("matmul_bwd",
                 m.be->MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, p.o, BT, m.Cl, C));
   KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
-                                                         m.Cl, m.NHl, m.NKVl));
+                                                         m.Cl, m.NHl, m.NKVl, m.doc_start));
   KEEL_PROFILED("rope", m.be->RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_bwd",

@@ -109,7 +109,8 @@ void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p,
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, p.qkvw, p.qkvb, BT, C, 3 * Cl));
-  KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl));
+  KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl,
+                                                        m.NHl, m.doc_start));
 }
 
 template <typename T>
@@ -151,8 +152,8 @@ void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockAct
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd",
                 m.be->MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty, p.projw, BT, Cl, C));
-  KEEL_PROFILED("attention_bwd",
-                m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T, Cl, m.NHl));
+  KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
+                                                         Cl, m.NHl, m.NHl, m.doc_start));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_bwd",
                 m.be->MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, p.qkvw, BT, C, 3 * Cl));
@@ -397,7 +398,10 @@ bf16* Transformer::working_bf16() { return Dense().working.as<bf16>(); }
 void Transformer::ZeroGrads() { impl_->be->Zero(grads(), Dense().grads.bytes()); }
 void Transformer::SyncWorking() { Dense().SyncWorking(); }
 
+void Transformer::SetDocumentMask(int eos_id) { impl_->doc_eos = eos_id; }
+
 double Transformer::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss) {
+  impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   targets = impl_->Ids(targets, impl_->targets);
   return impl_->dtype == DType::kF32 ? model::ForwardBackward<float>(*impl_, tokens, targets, dloss)
@@ -419,6 +423,7 @@ void* Transformer::PipeGradIn(int slot) { return impl_->Act<char>("pipe_grad_in"
 void* Transformer::PipeGradOut(int slot) { return impl_->Act<char>("pipe_grad_out", 0, slot); }
 
 void Transformer::StageForward(int slot, const int32_t* tokens) {
+  impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   if (impl_->dtype == DType::kF32)
     model::StageForward<float>(*impl_, slot, tokens);
@@ -428,6 +433,7 @@ void Transformer::StageForward(int slot, const int32_t* tokens) {
 
 double Transformer::StageBackward(int slot, const int32_t* tokens, const int32_t* targets,
                                   float dloss, const void* dout, void* din) {
+  impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   targets = impl_->Ids(targets, impl_->targets);
   return impl_->dtype == DType::kF32
@@ -442,6 +448,7 @@ double Transformer::StageLoss(const int32_t* targets) {
 }
 
 void Transformer::ForwardLogits(const int32_t* tokens, float* logits) {
+  impl_->NoteDocuments(tokens);
   if (impl_->dtype == DType::kF32)
     model::ForwardLogits<float>(*impl_, tokens, logits);
   else

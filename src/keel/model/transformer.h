@@ -80,6 +80,11 @@ class Transformer {
   void ZeroGrads();
   void SyncWorking();  // working ← master (no-op in fp32)
 
+  // Document masking for rows that pack several documents (loss-masked chat data): from here on a
+  // position attends only to its own document, which ends with `eos_id` (-1: off, the default:
+  // plain causal attention across the whole row).
+  void SetDocumentMask(int eos_id);
+
   // tokens, targets: (B,T) int32. Adds dloss·∂(Σ row losses)/∂θ into the gradients; returns
   // Σ losses.
   double ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss);

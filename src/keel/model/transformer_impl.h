@@ -90,6 +90,11 @@ struct Transformer::Impl {
   int R, row0;
   double tp_ms = 0, tp_bytes = 0;
   double head_ms = 0;  // the fused classifier and loss in backward, its tp waits excluded
+  // Document masking (Transformer::SetDocumentMask): rows split after each doc_eos token; the
+  // current micro-batch's document start per position, for the attention kernels (null: off).
+  int doc_eos = -1;
+  std::vector<int32_t> doc_start_buf;
+  const int32_t* doc_start = nullptr;
 
   Impl(const kernels::Backend& backend, const ModelConfig& c, DType d, int b, int t, Recompute r,
        const ParamLayout& lay, const StageRange& st, int sl, const TensorParallel& tpar)
@@ -202,6 +207,24 @@ struct Transformer::Impl {
   template <typename U>
   U* Resid(int slot, int copy) const {
     return Act<U>("resid", copy, slot);
+  }
+
+  // The micro-batch's document starts from its host token ids: position t's document begins
+  // after the last doc_eos before t.
+  void NoteDocuments(const int32_t* host_tokens) {
+    doc_start = nullptr;
+    if (doc_eos < 0) return;
+    KEEL_CHECK(host_tokens, "Transformer: document masking needs the micro-batch's tokens");
+    doc_start_buf.resize(size_t(B) * T);
+    for (int b = 0; b < B; ++b) {
+      int32_t start = 0;
+      for (int t = 0; t < T; ++t) {
+        const size_t i = size_t(b) * T + size_t(t);
+        doc_start_buf[i] = start;
+        if (host_tokens[i] == doc_eos) start = t + 1;
+      }
+    }
+    doc_start = doc_start_buf.data();
   }
 
   // Token ids (B·T, host memory; may be null) where the backend reads them: themselves when it

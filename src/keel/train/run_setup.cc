@@ -270,6 +270,8 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   params = model::ParamLayout::Whole(mcfg);
   const std::vector<bool> frozen = FrozenParams(cfg.optim.freeze, params);
   spec = SpecFor(cfg, s, frozen);
+  // Rows packed by conversation attend within their conversation only (data/windows.h).
+  if (data.loader->masked()) spec.document_eos = data.train_ds[0].eos_id();
   // On GPUs the step's groups move their device buffers over NCCL (parallel/groups.h).
   const bool gpu = spec.device == kernels::Device::kCuda;
   // On a mix of CPU generations every rank runs the narrowest set of keel's kernels any rank has,

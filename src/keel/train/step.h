@@ -46,6 +46,9 @@ struct StepSpec {
   size_t bucket_elems = size_t(25) << 18;
   double comm_timeout_s = 600;
   kernels::Device device = kernels::Device::kCpu;  // where the state lives and the kernels run
+  // Document masking (model::Transformer::SetDocumentMask) at this end-of-document token: set for
+  // loss-masked data, whose rows pack whole conversations. -1: off.
+  int document_eos = -1;
 };
 
 // The groups a step talks to: parallel::Groups::ForStep(), or any comms of the right sizes.

@@ -253,15 +253,33 @@ inline void MaskDiagonal(float* St) {
     for (int r = 0; r < j; ++r) St[j * kTile + r] = kNegInf;
 }
 
+// Document masking: keys of tile j0 before query row i0 + r's document start never count (rows
+// r < nq; padded rows past T are left alone, their probabilities are zeroed otherwise).
+inline void MaskBeforeDocument(float* St, const int32_t* doc_start, int i0, int nq, int j0) {
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int r = 0; r < nq; ++r) {
+    const int first = std::min(doc_start[i0 + r] - j0, kTile);
+    for (int j = 0; j < first; ++j) St[j * kTile + r] = kNegInf;
+  }
+}
+
+// Under document masking a key tile can hide every key from some query rows, leaving their
+// running max at -inf; the exponentials then subtract 0 instead (giving 0, not NaN).
+inline V16 FiniteOrZero(V16 m) {
+  const V16 neg_inf = Splat(-std::numeric_limits<float>::infinity());
+  return m == neg_inf ? Splat(0.0f) : m;
+}
+
 }  // namespace
 
 namespace {
 
 // Forward for one query tile of one head, given that head's Q (pre-scaled), K and V in fp32
 // scratch up to the end of this tile. Writes out and lse for rows [i0, i0 + nq).
+// doc_start: this batch row's (T_), or null.
 template <typename T>
 void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const float* V, int qt,
-                      int T_, int C, int hsp, int hs, float* work) {
+                      int T_, int C, int hsp, int hs, float* work, const int32_t* doc_start) {
   const int i0 = qt * kTile, nq = std::min(kTile, T_ - i0);
   float* Qt = work;                      // (hsp, kTile)
   float* Ot = Qt + size_t(hsp) * kTile;  // (hsp, kTile)
@@ -276,26 +294,30 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
   std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
   std::fill(l, l + kTile, 0.0f);
 
-  for (int kt = 0; kt <= qt; ++kt) {
+  // Key tiles wholly before the tile's first document start hold nothing any of its rows sees.
+  const int kt_lo = doc_start ? doc_start[i0] / kTile : 0;
+  for (int kt = kt_lo; kt <= qt; ++kt) {
     const float* Kj = K + size_t(kt) * kTile * hsp;
     const float* Vj = V + size_t(kt) * kTile * hsp;
     Gemm(St, kTile, Kj, hsp, 1, Qt, kTile, kTile, kTile, hsp, false);
     // Padded keys of the last tile sit above the diagonal of it, so the mask covers them too.
     if (kt == qt) MaskDiagonal(St);
+    if (doc_start) MaskBeforeDocument(St, doc_start, i0, nq, kt * kTile);
     // Online softmax, 16 query rows at a time.
     for (int r = 0; r < kTile; r += kLanes) {
       V16 m_old = Load(m + r), m_new = m_old;
       for (ptrdiff_t j = 0; j < kTile; ++j) m_new = Max(m_new, Load(St + j * kTile + r));
+      const V16 m_sub = doc_start ? FiniteOrZero(m_new) : m_new;
       V16 sum{};
       for (ptrdiff_t j = 0; j < kTile; ++j) {
-        V16 p = Exp(Load(St + j * kTile + r) - m_new);
+        V16 p = Exp(Load(St + j * kTile + r) - m_sub);
         Store(St + j * kTile + r, p);
         sum += p;
       }
-      V16 alpha = Exp(m_old - m_new);  // 0 on the first tile, where m_old = -inf
+      V16 alpha = Exp(m_old - m_sub);  // 0 on the first tile, where m_old = -inf
       Store(l + r, Fma(Load(l + r), alpha, sum));
       Store(m + r, m_new);
-      if (kt > 0)
+      if (kt > kt_lo)
         for (ptrdiff_t d = 0; d < hsp; ++d)
           Store(Ot + d * kTile + r, Load(Ot + d * kTile + r) * alpha);
     }
@@ -314,7 +336,8 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
 }  // namespace
 
 template <typename T>
-void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV) {
+void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV,
+                      const int32_t* doc_start) {
   const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), KV = NKV > 0 ? NKV : NH;
   const size_t stride = size_t(C) + 2 * size_t(KV) * hs;
   const int ntiles = (T_ + kTile - 1) / kTile;
@@ -347,7 +370,7 @@ void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, in
     float* w = scratch.Take(work);
     for (int qt = qt_hi; qt >= qt_lo; --qt)
       ForwardQueryTile(out + size_t(b) * T_ * C + size_t(h) * hs, lse + size_t(bh) * T_, Q, K, V,
-                       qt, T_, C, hsp, hs, w);
+                       qt, T_, C, hsp, hs, w, doc_start ? doc_start + size_t(b) * T_ : nullptr);
   }
 }
 
@@ -355,7 +378,7 @@ void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, in
 // after another, so that the key/value gradients sum over the group in a fixed order.
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B,
-                       int T_, int C, int NH, int NKV) {
+                       int T_, int C, int NH, int NKV, const int32_t* doc_start) {
   const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), KV = NKV > 0 ? NKV : NH, G = NH / KV;
   const size_t stride = size_t(C) + 2 * size_t(KV) * hs;
   const int ntiles = (T_ + kTile - 1) / kTile, Tp = ntiles * kTile;
@@ -367,6 +390,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
     const T* base = qkv + size_t(b) * T_ * stride;
     const T* k_base = base + C + size_t(kvh) * hs;
     const T* v_base = k_base + size_t(KV) * hs;
+    const int32_t* ds = doc_start ? doc_start + size_t(b) * T_ : nullptr;
     T* dbase = dqkv + size_t(b) * T_ * stride;
     T* dk_base = dbase + C + size_t(kvh) * hs;
     T* dv_base = dk_base + size_t(KV) * hs;
@@ -433,8 +457,11 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
         const size_t j0 = size_t(kt) * kTile * hsp;
         for (int qt = kt; qt < ntiles; ++qt) {
           const int i0 = qt * kTile;
+          // Every row of the query tile starts its document after this key tile: nothing to add.
+          if (ds && ds[i0] >= (kt + 1) * kTile) continue;
           Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
           if (qt == kt) MaskDiagonal(Pt);
+          if (ds) MaskBeforeDocument(Pt, ds, i0, std::min(kTile, T_ - i0), kt * kTile);
           Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
           for (ptrdiff_t j = 0; j < kTile; ++j)
             for (int r = 0; r < kTile; r += kLanes) {
@@ -468,11 +495,13 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
   }
 }
 
-template void AttentionForward<float>(float*, float*, const float*, int, int, int, int, int);
-template void AttentionForward<bf16>(bf16*, float*, const bf16*, int, int, int, int, int);
+template void AttentionForward<float>(float*, float*, const float*, int, int, int, int, int,
+                                      const int32_t*);
+template void AttentionForward<bf16>(bf16*, float*, const bf16*, int, int, int, int, int,
+                                     const int32_t*);
 template void AttentionBackward<float>(float*, const float*, const float*, const float*,
-                                       const float*, int, int, int, int, int);
+                                       const float*, int, int, int, int, int, const int32_t*);
 template void AttentionBackward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                                      int, int, int, int, int);
+                                      int, int, int, int, int, const int32_t*);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

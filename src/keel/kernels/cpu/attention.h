@@ -8,7 +8,11 @@
 // channels [h·hs, (h+1)·hs) of each.  out (B,T,C).  lse (B,NH,T) fp32: log Σ_j exp(score_ij),
 // where score_ij = q_i·k_j / √hs for j ≤ i.
 // Backward overwrites dqkv. Statistics and accumulation are fp32 in both precisions.
+// doc_start (B·T int32, may be null): document masking for rows that pack several documents;
+// query (b, i) sees keys j with doc_start[b·T + i] ≤ j ≤ i only. Non-decreasing in i, at most i.
 #pragma once
+
+#include <cstdint>
 
 #include "keel/core/dtype.h"
 #include "keel/kernels/cpu/isa.h"
@@ -16,10 +20,11 @@
 namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 template <typename T>
-void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV = 0);
+void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV = 0,
+                      const int32_t* doc_start = nullptr);
 
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B,
-                       int T_, int C, int NH, int NKV = 0);
+                       int T_, int C, int NH, int NKV = 0, const int32_t* doc_start = nullptr);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS
