@@ -89,6 +89,19 @@ TEST(ChatFormat, PlainTemplateTrainsOnTheAssistantsTurnsAndTheFinalEos) {
   EXPECT_EQ(r.trained, " Hello!\n|  keel. \n<|endoftext|>");
 }
 
+TEST(ChatFormat, ShareGptConversationsRenderAsMessages) {
+  const Rendered a = Render(
+      R"({"conversations": [{"from": "system", "value": "S"}, {"from": "human", "value": "Q"},
+                            {"from": "gpt", "value": "A"}]})",
+      DocFormat::kChat, ChatTemplate::kPlain, Gpt2());
+  const Rendered b = Render(
+      R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                       {"role": "assistant", "content": "A"}]})",
+      DocFormat::kChat, ChatTemplate::kPlain, Gpt2());
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.trained, " A\n<|endoftext|>");
+}
+
 TEST(ChatFormat, AConversationEndingWithTheUserTrainsNoEos) {
   const Rendered r = Render(
       R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"},
@@ -150,7 +163,10 @@ TEST(ChatFormat, BadLinesSayWhatIsWrong) {
   auto problem = [&](const std::string& line, DocFormat f = DocFormat::kChat) {
     return RenderInstructionLine(line, f, ChatTemplate::kPlain, Gpt2(), &t, &m);
   };
-  EXPECT_EQ(problem("{\"text\": \"x\"}"), "an object without \"messages\"");
+  EXPECT_EQ(problem("{\"text\": \"x\"}"),
+            "an object without \"messages\" (or ShareGPT's \"conversations\")");
+  EXPECT_EQ(problem(R"({"conversations": [{"from": "bot", "value": "b"}]})"),
+            "conversations[0] with from \"bot\" (expected system, human or gpt)");
   EXPECT_EQ(problem("{\"messages\": []}"), "\"messages\" that is not a non-empty array");
   EXPECT_EQ(problem(R"({"messages": [{"role": "user", "content": "a"}, {"role": "tool",
                        "content": "b"}]})"),

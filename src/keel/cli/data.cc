@@ -192,7 +192,8 @@ void RegisterData(CLI::App& app) {
   prepare
       ->add_option("--format", opts->format,
                    "text: every token trained on; chat ({\"messages\": [{\"role\", "
-                   "\"content\"}]}) or prompt-completion ({\"prompt\", \"completion\"}): JSONL "
+                   "\"content\"}]}, or ShareGPT's conversations/from/value) or prompt-completion "
+                   "({\"prompt\", \"completion\"}): JSONL "
                    "written with a loss mask, so only the assistant's or completion's tokens "
                    "are trained on")
       ->check(CLI::IsMember({"text", "chat", "prompt-completion"}))

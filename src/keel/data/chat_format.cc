@@ -29,22 +29,34 @@ std::string_view Trim(std::string_view s) {
   return s.substr(a, s.find_last_not_of(" \t\r\n") - a + 1);
 }
 
-// Checks the messages; the problem, or "".
-std::string CheckMessages(const json& j) {
+// The conversation of a chat line into *out: {"messages": [{"role", "content"}]} (OpenAI's and
+// Hugging Face's), or {"conversations": [{"from", "value"}]} (ShareGPT's, as axolotl reads it:
+// human → user, gpt → assistant). The problem, or "".
+std::string ParseMessages(const json& j, std::vector<ChatMessage>* out) {
   if (!j.is_object()) return std::string("a JSON ") + j.type_name();
-  auto it = j.find("messages");
-  if (it == j.end()) return "an object without \"messages\"";
-  if (!it->is_array() || it->empty()) return "\"messages\" that is not a non-empty array";
+  const bool sharegpt = !j.contains("messages") && j.contains("conversations");
+  const char* list = sharegpt ? "conversations" : "messages";
+  const char* role_key = sharegpt ? "from" : "role";
+  const char* text_key = sharegpt ? "value" : "content";
+  auto it = j.find(list);
+  if (it == j.end()) return "an object without \"messages\" (or ShareGPT's \"conversations\")";
+  if (!it->is_array() || it->empty())
+    return "\"" + std::string(list) + "\" that is not a non-empty array";
   for (size_t i = 0; i < it->size(); ++i) {
     const json& m = (*it)[i];
-    const std::string at = "messages[" + std::to_string(i) + "]";
+    const std::string at = std::string(list) + "[" + std::to_string(i) + "]";
     if (!m.is_object()) return at + " as a " + std::string(m.type_name());
-    auto role = m.find("role"), content = m.find("content");
-    if (role == m.end() || !role->is_string()) return at + " without a string \"role\"";
-    if (content == m.end() || !content->is_string()) return at + " without a string \"content\"";
-    const std::string r = role->get<std::string>();
+    auto role = m.find(role_key), content = m.find(text_key);
+    if (role == m.end() || !role->is_string()) return at + " without a string \"" + role_key + "\"";
+    if (content == m.end() || !content->is_string())
+      return at + " without a string \"" + text_key + "\"";
+    std::string r = role->get<std::string>();
+    if (sharegpt && r == "human") r = "user";
+    if (sharegpt && r == "gpt") r = "assistant";
     if (r != "system" && r != "user" && r != "assistant")
-      return at + " with role \"" + r + "\" (expected system, user or assistant)";
+      return at + " with " + role_key + " \"" + role->get<std::string>() + "\" (expected " +
+             (sharegpt ? "system, human or gpt" : "system, user or assistant") + ")";
+    out->push_back({std::move(r), content->get<std::string>()});
   }
   return "";
 }
@@ -83,14 +95,6 @@ void RenderMessages(const std::vector<ChatMessage>& messages, ChatTemplate tmpl,
   if (open_assistant) return Header("assistant", tmpl, tok, tokens, mask);
   // Llama 3 ends a turn with <|eot_id|>; the plain template's only end is the eos.
   Eos(tok, last_assistant && tmpl == ChatTemplate::kPlain, tokens, mask);
-}
-
-void RenderChat(const json& messages, ChatTemplate tmpl, const Tokenizer& tok,
-                std::vector<int32_t>* tokens, std::vector<uint8_t>* mask) {
-  std::vector<ChatMessage> list;
-  for (const json& m : messages)
-    list.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-  RenderMessages(list, tmpl, tok, /*open_assistant=*/false, tokens, mask);
 }
 
 }  // namespace
@@ -144,8 +148,9 @@ std::string RenderInstructionLine(const std::string& line, DocFormat format, Cha
     return "invalid JSON (" + std::string(e.what()) + ")";
   }
   if (format == DocFormat::kChat) {
-    if (std::string problem = CheckMessages(j); !problem.empty()) return problem;
-    RenderChat(j["messages"], tmpl, tok, tokens, mask);
+    std::vector<ChatMessage> messages;
+    if (std::string problem = ParseMessages(j, &messages); !problem.empty()) return problem;
+    RenderMessages(messages, tmpl, tok, /*open_assistant=*/false, tokens, mask);
     return "";
   }
   KEEL_CHECK(format == DocFormat::kPromptCompletion, "RenderInstructionLine: not a text format");

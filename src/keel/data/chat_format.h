@@ -2,6 +2,8 @@
 // one document's tokens and its loss mask (1: a target the loss trains on).
 //
 //   chat:              {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+//                      or ShareGPT's {"conversations": [{"from": "system"|"human"|"gpt",
+//                      "value": "..."}, ...]}
 //   prompt-completion: {"prompt": "...", "completion": "..."}
 //
 // Only the assistant's turns (or the completion) are trained on; headers, system prompts and the
