@@ -10,6 +10,7 @@
 
 #include "keel/model/params.h"
 #include "keel/parallel/comm.h"
+#include "keel/train/freeze.h"
 #include "keel/train/step.h"
 
 namespace keel::train {
@@ -113,6 +114,51 @@ TEST(TrainStep, TwoMicroBatchesOfTwoAreOneOfFour) {
   }
   // The steps changed the weights, so the later losses compare trained models, not the init.
   EXPECT_NE(one.losses.back(), one.losses.front());
+}
+
+// LoRA through the step: its frozen base ([optim] freeze's machinery, all but the adapters) comes
+// out bitwise the weights it went in with, the adapters move, the loss falls, and the state still
+// counts every parameter (the memory of a frozen base is not saved yet).
+TEST(TrainStep, LoraTrainsItsAdaptersOnlyAndTheBaseStaysBitwise) {
+  model::ModelConfig cfg = Tiny();
+  cfg.lora_rank = 2;
+  cfg.lora_alpha = 4;
+  cfg.lora_targets = model::kLoraQkv | model::kLoraFcProj;
+  StepSpec spec = SpecOf(kRows, 1);
+  spec.model = cfg;
+  const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
+  spec.frozen = FrozenParams("", whole);
+  auto comm = parallel::MakeLocalComm();
+  TrainStep st(spec, *comm);
+  std::vector<float> init(whole.total());
+  model::InitParams(whole, cfg, 1, init.data());
+  st.SetWeights(init.data());
+  std::vector<double> losses;
+  for (int s = 0; s < 8; ++s) {
+    int row = 0;
+    auto next = [&](int32_t* tokens, int32_t* targets) {
+      for (int b = 0; b < kRows; ++b, ++row) Row(row, tokens + b * kT, targets + b * kT);
+      return 0.0;
+    };
+    losses.push_back(st.ForwardBackward(1, next, 1.0f / (kRows * kT)) / (kRows * kT));
+    st.Apply(3e-2f, 1.0f, st.GradNorm());
+  }
+  EXPECT_LT(losses.back(), losses.front() - 0.05);
+  const std::vector<float> after = st.GatherWeights();
+  size_t adapters = 0, moved = 0;
+  for (const model::ParamInfo& p : whole.params()) {
+    const bool adapter = model::IsLoraParam(p.name);
+    adapters += adapter ? p.numel : 0;
+    for (size_t i = 0; i < p.numel; ++i) {
+      if (!adapter) {
+        ASSERT_EQ(after[p.offset + i], init[p.offset + i]) << p.name << "[" << i << "] moved";
+      } else {
+        moved += after[p.offset + i] != init[p.offset + i];
+      }
+    }
+  }
+  EXPECT_EQ(adapters, size_t(2 * (2 * 32 + 96 * 2) + 2 * (2 * 128 + 32 * 2)));
+  EXPECT_GT(moved, adapters / 2);
 }
 
 }  // namespace

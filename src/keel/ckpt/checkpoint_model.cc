@@ -10,9 +10,9 @@ namespace keel::ckpt {
 nlohmann::json ModelConfigToJson(const model::ModelConfig& c) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [key, value] : model::ShapeKeys(c)) {
-    if (key == "family")
+    if (key == "family" || key == "lora_targets")
       j[key] = value;
-    else if (key == "rope_theta" || key == "norm_eps")
+    else if (key == "rope_theta" || key == "norm_eps" || key == "lora_alpha")
       j[key] = std::stod(value);
     else
       j[key] = std::stoi(value);
@@ -121,6 +121,11 @@ LoadedModel ReadCheckpointModel(const std::string& dir) {
   const auto layout = model::ParamLayout::Whole(m.config);
   m.weights.assign(layout.total(), 0.0f);
   r.Load(TensorSpecs(layout), {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
+  // A LoRA run's checkpoint: its adapters merged, as the model file holds them.
+  if (m.config.lora_rank > 0) {
+    m.weights = model::MergeLora(m.config, m.weights.data());
+    m.config = model::BaseModel(m.config);
+  }
   return m;
 }
 

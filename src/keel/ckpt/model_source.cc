@@ -58,10 +58,18 @@ void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, flo
   LoadedModel m = IsHfLlamaFolder(path)
                       ? ReadHfLlama(path)
                       : ReadAnyModelFile(path, IsHfGpt2File(path) ? cfg.n_head : 0);
-  if (auto d = model::FirstDifference(m.config, cfg))
+  // A LoRA run starts its model's own weights from the file and keeps its adapters' initial ones.
+  if (auto d = model::FirstDifference(m.config, model::BaseModel(cfg)))
     ThrowBadInput(where + ": " + d->key + " is " + d->a + " in the file, " + d->b +
                   " in the config");
-  std::copy(m.weights.begin(), m.weights.end(), master);
+  if (cfg.lora_rank == 0) {
+    std::copy(m.weights.begin(), m.weights.end(), master);
+    return;
+  }
+  const model::ParamLayout base = model::ParamLayout::Whole(m.config);
+  const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
+  for (const model::ParamInfo& p : base.params())
+    std::copy_n(m.weights.data() + p.offset, p.numel, master + whole.Find(p.name).offset);
 }
 
 }  // namespace keel::ckpt

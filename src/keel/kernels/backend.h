@@ -60,17 +60,21 @@ class Backend : public Memory {
   virtual void WaitEvent(void* event) const = 0;
   virtual void DestroyEvent(void* event) const = 0;
 
-  // out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N, fp32; may be null); `accumulate` adds to out.
+  // out (M,N) = alpha · inp (M,K) · weight (N,K)ᵀ + bias (N, fp32; may be null); `accumulate`
+  // adds to out.
   template <typename T>
   void MatmulForward(T* out, const T* inp, const T* weight, const float* bias, int M, int K, int N,
-                     bool accumulate = false) const {
-    MatmulForwardOp(DTypeOf<T>(), out, inp, weight, bias, M, K, N, accumulate);
+                     bool accumulate = false, float alpha = 1.0f) const {
+    MatmulForwardOp(DTypeOf<T>(), out, inp, weight, bias, M, K, N, accumulate, alpha);
   }
-  // dinp = dout·weight (overwritten; may be null), dweight += doutᵀ·inp, dbias += Σ rows dout.
+  // dinp = alpha·dout·weight (overwritten, or added with `accumulate`; may be null), dweight +=
+  // alpha·doutᵀ·inp (may be null: a frozen weight, no product), dbias += Σ rows dout (may be null).
   template <typename T>
   void MatmulBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
-                      const T* weight, int M, int K, int N) const {
-    MatmulBackwardOp(DTypeOf<T>(), dinp, dweight, dbias, dout, inp, weight, M, K, N);
+                      const T* weight, int M, int K, int N, float alpha = 1.0f,
+                      bool accumulate = false) const {
+    MatmulBackwardOp(DTypeOf<T>(), dinp, dweight, dbias, dout, inp, weight, M, K, N, alpha,
+                     accumulate);
   }
   // Causal attention over qkv (B,T, C + 2·C·NKV/NH) into out (B,T,C); lse (B,NH,T) for backward.
   // doc_start (B·T, host memory; null: none): document masking, query (b, i) sees keys from
@@ -178,9 +182,11 @@ class Backend : public Memory {
 
  protected:
   virtual void MatmulForwardOp(DType t, void* out, const void* inp, const void* weight,
-                               const float* bias, int M, int K, int N, bool accumulate) const = 0;
+                               const float* bias, int M, int K, int N, bool accumulate,
+                               float alpha) const = 0;
   virtual void MatmulBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
-                                const void* inp, const void* weight, int M, int K, int N) const = 0;
+                                const void* inp, const void* weight, int M, int K, int N,
+                                float alpha, bool accumulate) const = 0;
   virtual void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T,
                                   int C, int NH, int NKV, const int32_t* doc_start) const = 0;
   virtual void AttentionBackwardOp(DType t, void* dqkv, const void* dout, const void* qkv,

@@ -86,6 +86,11 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   add("dqkv", 1, t, BT * QKV);
   add("dfch_gelu", 1, t, BT * F);
   add("dfch", 1, t, BT * FC);
+  // LoRA: x·Aᵀ and its gradient for one product at a time (recomputed in backward).
+  if (cfg.lora_rank > 0) {
+    add("lora_h", 1, t, BT * size_t(cfg.lora_rank));
+    add("lora_dh", 1, t, BT * size_t(cfg.lora_rank));
+  }
   return plan;
 }
 

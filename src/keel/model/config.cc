@@ -67,6 +67,68 @@ std::string Text(float x) {
 
 const char* FamilyName(Family f) { return f == Family::kLlama ? "llama" : "gpt2"; }
 
+const char* LoraModule(bool llama, LoraTarget t) {
+  switch (t) {
+    case kLoraQkv:
+      return llama ? "attn.qkv" : "attn.c_attn";
+    case kLoraProj:
+      return llama ? "attn.o_proj" : "attn.c_proj";
+    case kLoraFc:
+      return llama ? "mlp.gate_up" : "mlp.c_fc";
+    case kLoraFcProj:
+      return llama ? "mlp.down_proj" : "mlp.c_proj";
+  }
+  return "";
+}
+
+unsigned ParseLoraTargets(bool llama, const std::string& text, const std::string& key) {
+  unsigned bits = 0;
+  std::string known;
+  for (LoraTarget t : kLoraTargets)
+    known += std::string(known.empty() ? "" : ", ") + LoraModule(llama, t);
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    std::string name = text.substr(at, end - at);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    at = end + 1;
+    if (name.empty()) continue;
+    if (name == "all") {
+      bits |= kLoraQkv | kLoraProj | kLoraFc | kLoraFcProj;
+      continue;
+    }
+    unsigned hit = 0;
+    for (LoraTarget t : kLoraTargets) {
+      const std::string module = LoraModule(llama, t);
+      // The full name, or its last part where only one module has it (GPT-2's c_proj is two).
+      const std::string last = module.substr(module.find('.') + 1);
+      if (name == module || (name == last && !(name == "c_proj" && !llama))) hit |= t;
+    }
+    if (!hit)
+      ThrowBadInput(key + ": unknown module \"" + name + "\" for a " + (llama ? "Llama" : "GPT-2") +
+                    " (expected some of " + known + ", or all)");
+    bits |= hit;
+  }
+  if (!bits) ThrowBadInput(key + ": expected at least one module (" + known + ", or all)");
+  return bits;
+}
+
+std::string LoraTargetsText(const ModelConfig& c) {
+  std::string out;
+  for (LoraTarget t : kLoraTargets)
+    if (c.lora_targets & t) out += std::string(out.empty() ? "" : ",") + LoraModule(c.llama(), t);
+  return out;
+}
+
+ModelConfig BaseModel(ModelConfig c) {
+  c.lora_rank = 0;
+  c.lora_alpha = 0;
+  c.lora_targets = 0;
+  return c;
+}
+
 void Validate(const ModelConfig& c) {
   auto positive = [](const char* key, int v) {
     if (v <= 0)
@@ -81,6 +143,13 @@ void Validate(const ModelConfig& c) {
   if (c.n_embd % c.n_head != 0)
     ThrowBadInput("[model] n_embd: expected a multiple of n_head = " + std::to_string(c.n_head) +
                   ", got " + std::to_string(c.n_embd));
+  if (c.lora_rank < 0)
+    ThrowBadInput("[lora] rank: expected 0 (off) or a positive integer, got " +
+                  std::to_string(c.lora_rank));
+  if (c.lora_rank > 0 && (!(c.lora_alpha > 0) || !std::isfinite(c.lora_alpha)))
+    ThrowBadInput("[lora] alpha: expected a positive number, got " + Text(c.lora_alpha));
+  if (c.lora_rank > 0 && c.lora_targets == 0)
+    ThrowBadInput("[lora] targets: expected at least one module");
   if (!c.llama()) {
     if (c.n_kv_head != 0 && c.n_kv_head != c.n_head)
       ThrowBadInput("[model] n_kv_head: GPT-2 has no grouped-query attention; leave it at 0");
@@ -117,6 +186,12 @@ std::vector<std::pair<std::string, std::string>> ShapeKeys(const ModelConfig& c)
     keys.emplace_back("rope_theta", Text(c.rope_theta));
     keys.emplace_back("norm_eps", Text(c.norm_eps));
   }
+  // Only with adapters, so that every file without them reads as before LoRA existed.
+  if (c.lora_rank > 0) {
+    keys.emplace_back("lora_rank", std::to_string(c.lora_rank));
+    keys.emplace_back("lora_alpha", Text(c.lora_alpha));
+    keys.emplace_back("lora_targets", LoraTargetsText(c));
+  }
   return keys;
 }
 
@@ -130,6 +205,10 @@ void SetShapeKey(ModelConfig& c, const std::string& key, const std::string& valu
     c.rope_theta = ParseFloat(key, value, where);
   } else if (key == "norm_eps") {
     c.norm_eps = ParseFloat(key, value, where);
+  } else if (key == "lora_alpha") {
+    c.lora_alpha = ParseFloat(key, value, where);
+  } else if (key == "lora_targets") {
+    c.lora_targets = ParseLoraTargets(c.llama(), value, where + ": lora_targets");
   } else {
     int* field = key == "n_layer"      ? &c.n_layer
                  : key == "n_head"     ? &c.n_head
@@ -138,6 +217,7 @@ void SetShapeKey(ModelConfig& c, const std::string& key, const std::string& valu
                  : key == "block_size" ? &c.block_size
                  : key == "n_kv_head"  ? &c.n_kv_head
                  : key == "ffn_hidden" ? &c.ffn_hidden
+                 : key == "lora_rank"  ? &c.lora_rank
                                        : nullptr;
     if (field == nullptr) ThrowBadInput(where + ": unknown model key \"" + key + "\"");
     *field = ParseInt(key, value, where);

@@ -30,6 +30,12 @@ struct ModelConfig {
   int ffn_hidden = 0;        // Llama: SwiGLU's hidden units (0: 4·n_embd, GPT-2's)
   float rope_theta = 10000;  // Llama: the rotary base
   float norm_eps = 1e-5f;    // Llama: RMSNorm's ε (GPT-2's LayerNorm uses 1e-5)
+  // LoRA (Hu et al. 2021): a rank-r update s·B·A beside each targeted matrix product of every
+  // block (s = lora_alpha / lora_rank; A (r, in), B (out, r), B starting at zero), as extra
+  // tensors of the layout (h.L.MODULE.lora_A.weight, lora_B.weight). 0: none.
+  int lora_rank = 0;
+  float lora_alpha = 0;
+  unsigned lora_targets = 0;  // LoraTarget bits
 
   bool llama() const { return family == Family::kLlama; }
   // GPT-2 ties the classifier to the token embedding; Llama has its own lm_head.
@@ -44,7 +50,27 @@ struct ModelConfig {
   // Rows of the token embedding: the vocabulary rounded up to a multiple of 128, so that the
   // classifier's matrix products stay on fast tile sizes. The padded logits are masked.
   int padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  float lora_scale() const { return lora_rank > 0 ? lora_alpha / float(lora_rank) : 0.0f; }
 };
+
+// A block's matrix products LoRA can adapt (keel's fused products: Llama's q, k, v are one, and
+// its gate and up).
+enum LoraTarget : unsigned {
+  kLoraQkv = 1,     // GPT-2 attn.c_attn; Llama attn.qkv (q_proj, k_proj, v_proj)
+  kLoraProj = 2,    // attn.c_proj; attn.o_proj
+  kLoraFc = 4,      // mlp.c_fc; mlp.gate_up (gate_proj, up_proj)
+  kLoraFcProj = 8,  // mlp.c_proj; mlp.down_proj
+};
+inline constexpr LoraTarget kLoraTargets[] = {kLoraQkv, kLoraProj, kLoraFc, kLoraFcProj};
+// The module a target adapts, as its adapter tensors are named: "attn.c_attn", "mlp.gate_up", ...
+const char* LoraModule(bool llama, LoraTarget t);
+// Comma-separated module names ("c_attn,c_proj", "qkv,o_proj,gate_up,down_proj", "all"; the
+// "attn."/"mlp." prefix optional where unambiguous) into LoraTarget bits. Throws keel::Error (bad
+// input) naming `key` and the modules this family has.
+unsigned ParseLoraTargets(bool llama, const std::string& text, const std::string& key);
+std::string LoraTargetsText(const ModelConfig& c);
+// The shape of `c` without its adapters: what a merged model file or an init_from file holds.
+ModelConfig BaseModel(ModelConfig c);
 
 // Throws keel::Error (bad input) naming the key when shapes are inconsistent.
 void Validate(const ModelConfig& c);

@@ -95,6 +95,25 @@ std::vector<int> BalancedStageLayers(const ModelConfig& cfg, int T, int pp) {
   return layers;
 }
 
+std::pair<int, int> LoraDims(const ModelConfig& cfg, LoraTarget t) {
+  const int C = cfg.n_embd, q = cfg.n_head * cfg.head_size();
+  switch (t) {
+    case kLoraQkv:
+      return {C, cfg.qkv_dim()};
+    case kLoraProj:
+      return {q, C};
+    case kLoraFc:
+      return {C, cfg.fc_dim()};
+    case kLoraFcProj:
+      return {cfg.ffn(), C};
+  }
+  return {0, 0};
+}
+
+bool IsLoraParam(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
 ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
   ParamLayout p;
   const int C = cfg.n_embd, L = cfg.n_layer;
@@ -106,6 +125,17 @@ ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
   p.Add("wte.weight", {cfg.padded_vocab(), C}, true, init_std);
   if (!cfg.llama()) p.Add("wpe.weight", {cfg.block_size, C}, true, init_std);
   const int hs = cfg.head_size(), q = cfg.n_head * hs, kv = cfg.kv_heads() * hs, F = cfg.ffn();
+  // A block's adapters come after its own tensors, in its segment, so that ZeRO, pipeline stages
+  // and checkpoints carry them as they carry the block.
+  auto adapters = [&](const std::string& h) {
+    for (LoraTarget t : kLoraTargets) {
+      if (!(cfg.lora_targets & t) || cfg.lora_rank == 0) continue;
+      const auto [in, out] = LoraDims(cfg, t);
+      const std::string m = h + LoraModule(cfg.llama(), t);
+      p.Add(m + ".lora_A.weight", {cfg.lora_rank, in}, true, init_std);
+      p.Add(m + ".lora_B.weight", {out, cfg.lora_rank}, true, 0);
+    }
+  };
   for (int l = 0; l < L; ++l) {
     p.seg_start_.push_back(p.total_);
     const std::string h = "h." + std::to_string(l) + ".";
@@ -121,6 +151,7 @@ ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
       p.Add(h + "mlp.gate_proj.weight", {F, C}, true, init_std);
       p.Add(h + "mlp.up_proj.weight", {F, C}, true, init_std);
       p.Add(h + "mlp.down_proj.weight", {C, F}, true, proj_std);
+      adapters(h);
       continue;
     }
     p.Add(h + "ln_1.weight", {C}, false, 0, 1.0f);
@@ -135,6 +166,7 @@ ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
     p.Add(h + "mlp.c_fc.bias", {4 * C}, false, 0);
     p.Add(h + "mlp.c_proj.weight", {C, 4 * C}, true, proj_std);
     p.Add(h + "mlp.c_proj.bias", {C}, false, 0);
+    adapters(h);
   }
   p.seg_start_.push_back(p.total_);
   p.Add("ln_f.weight", {C}, false, 0, 1.0f);
@@ -237,6 +269,54 @@ const ParamInfo& ParamLayout::Find(const std::string& name) const {
   auto it = index_.find(name);
   if (it != index_.end()) return params_[it->second];
   ThrowRuntime("no parameter named \"" + name + "\"");
+}
+
+namespace {
+
+// The first tensor of the weight a LoRA target adapts: the fused products' parts are adjacent
+// rows (Llama's q, k, v; gate, up), so the product's weight starts there.
+const char* LoraBaseWeight(bool llama, LoraTarget t) {
+  switch (t) {
+    case kLoraQkv:
+      return llama ? "attn.q_proj.weight" : "attn.c_attn.weight";
+    case kLoraProj:
+      return llama ? "attn.o_proj.weight" : "attn.c_proj.weight";
+    case kLoraFc:
+      return llama ? "mlp.gate_proj.weight" : "mlp.c_fc.weight";
+    case kLoraFcProj:
+      return llama ? "mlp.down_proj.weight" : "mlp.c_proj.weight";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {
+  const ParamLayout lay = ParamLayout::Whole(cfg), base = ParamLayout::Whole(BaseModel(cfg));
+  std::vector<float> out(base.total());
+  for (const ParamInfo& p : base.params())
+    std::copy_n(whole + lay.Find(p.name).offset, p.numel, out.data() + p.offset);
+  if (cfg.lora_rank == 0) return out;
+  const int r = cfg.lora_rank;
+  const double s = cfg.lora_scale();
+  for (int l = 0; l < cfg.n_layer; ++l)
+    for (LoraTarget t : kLoraTargets) {
+      if (!(cfg.lora_targets & t)) continue;
+      const std::string h = "h." + std::to_string(l) + ".";
+      const std::string m = h + LoraModule(cfg.llama(), t);
+      const float* A = whole + lay.Find(m + ".lora_A.weight").offset;
+      const float* B = whole + lay.Find(m + ".lora_B.weight").offset;
+      float* W = out.data() + base.Find(h + LoraBaseWeight(cfg.llama(), t)).offset;
+      const auto [in, n_out] = LoraDims(cfg, t);
+#pragma omp parallel for schedule(static)
+      for (int o = 0; o < n_out; ++o)
+        for (int i = 0; i < in; ++i) {
+          double acc = 0;
+          for (int k = 0; k < r; ++k) acc += double(B[size_t(o) * r + k]) * A[size_t(k) * in + i];
+          W[size_t(o) * in + i] = float(double(W[size_t(o) * in + i]) + s * acc);
+        }
+    }
+  return out;
 }
 
 size_t MatmulParams(const ModelConfig& cfg) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "keel/core/dtype.h"
@@ -152,6 +153,14 @@ class ParamLayout {
   size_t total_ = 0;
   size_t n_bias_ = 0;
 };
+
+// LoRA (config.h): the (in, out) widths of the product target `t` adapts, in the whole model.
+std::pair<int, int> LoraDims(const ModelConfig& cfg, LoraTarget t);
+// An adapter tensor (h.L.MODULE.lora_A.weight or lora_B.weight).
+bool IsLoraParam(const std::string& name);
+// The whole model's weights without adapters: each adapted product's weight plus s·B·A, in
+// ParamLayout::Whole(BaseModel(cfg))'s order: what inference and exports use.
+std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole);
 
 // Parameters that enter a matrix product for every token (the 6·N of a step's FLOPs): all but
 // GPT-2's position table and Llama's input embedding, which are looked up. (GPT-2's wte is also

@@ -41,6 +41,7 @@ struct BlockParams {
   const float *qkvb, *projb, *fcb, *fcpb;
   float *d_ln1w, *d_ln1b, *d_qkvw, *d_qkvb, *d_projw, *d_projb, *d_ln2w, *d_ln2b, *d_fcw, *d_fcb,
       *d_fcpw, *d_fcpb;
+  internal::LoraPair<T> qkv_lora, proj_lora, fc_lora, fcp_lora;
 };
 
 template <typename T>
@@ -68,6 +69,8 @@ BlockParams<T> Block(Transformer::Impl& m, int l, bool grads) {
       return biases + info(n).bias_index;
   };
   auto G = [&](const char* n) { return g ? g + (info(n).offset - base) : nullptr; };
+  // A matrix product's weight or bias: none when frozen (the product is skipped).
+  auto GM = [&](const char* n) { return m.WeightGrad(g, info(n), base); };
   BlockParams<T> p;
   p.ln1w = W("ln_1.weight"), p.ln1b = W("ln_1.bias");
   p.qkvw = W("attn.c_attn.weight"), p.qkvb = bias("attn.c_attn.bias");
@@ -76,11 +79,15 @@ BlockParams<T> Block(Transformer::Impl& m, int l, bool grads) {
   p.fcw = W("mlp.c_fc.weight"), p.fcb = bias("mlp.c_fc.bias");
   p.fcpw = W("mlp.c_proj.weight"), p.fcpb = bias("mlp.c_proj.bias");
   p.d_ln1w = G("ln_1.weight"), p.d_ln1b = G("ln_1.bias");
-  p.d_qkvw = G("attn.c_attn.weight"), p.d_qkvb = G("attn.c_attn.bias");
-  p.d_projw = G("attn.c_proj.weight"), p.d_projb = G("attn.c_proj.bias");
+  p.d_qkvw = GM("attn.c_attn.weight"), p.d_qkvb = GM("attn.c_attn.bias");
+  p.d_projw = GM("attn.c_proj.weight"), p.d_projb = GM("attn.c_proj.bias");
   p.d_ln2w = G("ln_2.weight"), p.d_ln2b = G("ln_2.bias");
-  p.d_fcw = G("mlp.c_fc.weight"), p.d_fcb = G("mlp.c_fc.bias");
-  p.d_fcpw = G("mlp.c_proj.weight"), p.d_fcpb = G("mlp.c_proj.bias");
+  p.d_fcw = GM("mlp.c_fc.weight"), p.d_fcb = GM("mlp.c_fc.bias");
+  p.d_fcpw = GM("mlp.c_proj.weight"), p.d_fcpb = GM("mlp.c_proj.bias");
+  p.qkv_lora = internal::Lora<T>(m, l, kLoraQkv, w, g, base);
+  p.proj_lora = internal::Lora<T>(m, l, kLoraProj, w, g, base);
+  p.fc_lora = internal::Lora<T>(m, l, kLoraFc, w, g, base);
+  p.fcp_lora = internal::Lora<T>(m, l, kLoraFcProj, w, g, base);
   return p;
 }
 
@@ -109,6 +116,7 @@ void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p,
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, p.qkvw, p.qkvb, BT, C, 3 * Cl));
+  internal::LoraForward(m, a.qkv, x, p.qkv_lora);
   KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl,
                                                         m.NHl, m.doc_start));
 }
@@ -118,13 +126,16 @@ void BlockForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs
   const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   AttentionSublayerForward(m, p, a);
   internal::RowParallelForward(m, a.res2, a.in, a.atty, p.projw, p.projb, Cl);
+  internal::LoraForward(m, a.res2, a.atty, p.proj_lora);
   KEEL_PROFILED("layernorm", m.be->LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w,
                                                     p.ln2b, m.R, C));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
   KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.fch, x, p.fcw, p.fcb, BT, C, 4 * Cl));
+  internal::LoraForward(m, a.fch, x, p.fc_lora);
   KEEL_PROFILED("gelu", m.be->GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
   internal::RowParallelForward(m, a.out, a.res2, a.fch_gelu, p.fcpw, p.fcpb, 4 * Cl);
+  internal::LoraForward(m, a.out, a.fch_gelu, p.fcp_lora);
 }
 
 // dres holds ∂loss/∂resid[l+1] on entry and ∂loss/∂resid[l] on exit.
@@ -142,21 +153,25 @@ void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockAct
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu,
                                                    p.fcpw, BT, 4 * Cl, C));
+  internal::LoraBackward(m, dfch_gelu, x, a.fch_gelu, p.fcp_lora);
   KEEL_PROFILED("gelu", m.be->GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
   KEEL_PROFILED("matmul_bwd",
                 m.be->MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, x, p.fcw, BT, C, 4 * Cl));
+  internal::LoraBackward(m, dtmp, dfch, x, p.fc_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
                                                      a.ln2_mean, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd",
                 m.be->MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty, p.projw, BT, Cl, C));
+  internal::LoraBackward(m, dtmp, x, a.atty, p.proj_lora);
   KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
                                                          Cl, m.NHl, m.NHl, m.doc_start));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_bwd",
                 m.be->MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, p.qkvw, BT, C, 3 * Cl));
+  internal::LoraBackward(m, dtmp, dqkv, x, p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
                                                      a.ln1_mean, a.ln1_rstd, m.R, C));
@@ -399,6 +414,7 @@ void Transformer::ZeroGrads() { impl_->be->Zero(grads(), Dense().grads.bytes());
 void Transformer::SyncWorking() { Dense().SyncWorking(); }
 
 void Transformer::SetDocumentMask(int eos_id) { impl_->doc_eos = eos_id; }
+void Transformer::SetFrozen(const std::vector<bool>& frozen) { impl_->frozen = frozen; }
 
 double Transformer::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss) {
   impl_->NoteDocuments(tokens);

@@ -84,6 +84,9 @@ class Transformer {
   // position attends only to its own document, which ends with `eos_id` (-1: off, the default:
   // plain causal attention across the whole row).
   void SetDocumentMask(int eos_id);
+  // Parameters that are not trained (by ParamInfo::stream, the whole layout's index): their matrix
+  // products' weight gradients are skipped (LoRA's frozen base: a third of the step's FLOPs).
+  void SetFrozen(const std::vector<bool>& frozen);
 
   // tokens, targets: (B,T) int32. Adds dloss·∂(Σ row losses)/∂θ into the gradients; returns
   // Σ losses.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "keel/core/error.h"
@@ -95,6 +96,9 @@ struct Transformer::Impl {
   int doc_eos = -1;
   std::vector<int32_t> doc_start_buf;
   const int32_t* doc_start = nullptr;
+  // Frozen parameters (Transformer::SetFrozen), by ParamInfo::stream: their matrix products'
+  // weight gradients are not computed.
+  std::vector<bool> frozen;
 
   Impl(const kernels::Backend& backend, const ModelConfig& c, DType d, int b, int t, Recompute r,
        const ParamLayout& lay, const StageRange& st, int sl, const TensorParallel& tpar)
@@ -131,6 +135,8 @@ struct Transformer::Impl {
         R(sp ? b * t / tp : b * t),
         row0(sp ? tp_rank * R : 0) {
     KEEL_CHECK(!sp || (b * t) % tp == 0, "Transformer: sequence parallelism needs tp | B·T");
+    KEEL_CHECK(tp == 1 || c.lora_rank == 0,
+               "Transformer: LoRA adapters are not split for tensor parallelism yet");
     KEEL_CHECK(tp == 1 || backend.host_visible(),
                "Transformer: tensor parallelism runs on the CPU backend only so far");
     KEEL_CHECK(tp == 1 || (tpg.comm && tpg.comm->size() == tp && tpg.comm->rank() == tp_rank),
@@ -209,6 +215,13 @@ struct Transformer::Impl {
     return Act<U>("resid", copy, slot);
   }
 
+  // Where a matrix product's weight gradient goes: `g` (the segment's gradients at `at`), or null
+  // for a frozen weight, whose product is skipped. Null `g`: no gradients asked for.
+  float* WeightGrad(float* g, const ParamInfo& p, size_t segment_start) const {
+    if (!g || (p.stream < frozen.size() && frozen[p.stream])) return nullptr;
+    return g + (p.offset - segment_start);
+  }
+
   // The micro-batch's document starts from its host token ids: position t's document begins
   // after the last doc_eos before t.
   void NoteDocuments(const int32_t* host_tokens) {
@@ -271,6 +284,58 @@ void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T
                 m.be->MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
                                     /*accumulate=*/true));
   KEEL_PROFILED("tp_comm", m.SumRows(sum, out));
+}
+
+// A LoRA adapter of one block product (config.h): A (r, in), B (out, r) in the working dtype,
+// their gradients; all null when the product has none.
+template <typename T>
+struct LoraPair {
+  const T *A = nullptr, *B = nullptr;
+  float *dA = nullptr, *dB = nullptr;
+  int in = 0, out = 0;
+};
+
+// Block l's adapter of target `t`, in the segment whose weights start at `w` (gradients at `g`,
+// may be null) from flat index `base`.
+template <typename T>
+LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, float* g,
+                 size_t base) {
+  LoraPair<T> a;
+  if (m.cfg.lora_rank == 0 || !(m.cfg.lora_targets & t)) return a;
+  const std::string mod = "h." + std::to_string(l) + "." + LoraModule(m.cfg.llama(), t);
+  const ParamInfo& A = m.layout.Find(mod + ".lora_A.weight");
+  const ParamInfo& B = m.layout.Find(mod + ".lora_B.weight");
+  a.A = w + (A.offset - base), a.B = w + (B.offset - base);
+  a.dA = m.WeightGrad(g, A, base), a.dB = m.WeightGrad(g, B, base);
+  std::tie(a.in, a.out) = LoraDims(m.cfg, t);
+  return a;
+}
+
+// out (B·T, a.out) += s·(x·Aᵀ)·Bᵀ, after the product it adapts.
+template <typename T>
+void LoraForward(Transformer::Impl& m, T* out, const T* x, const LoraPair<T>& a) {
+  if (!a.A) return;
+  const int BT = m.B * m.T, r = m.cfg.lora_rank;
+  T* h = m.Act<T>("lora_h");
+  KEEL_PROFILED("lora", m.be->MatmulForward(h, x, a.A, nullptr, BT, a.in, r));
+  KEEL_PROFILED("lora", m.be->MatmulForward(out, h, a.B, nullptr, BT, r, a.out,
+                                            /*accumulate=*/true, m.cfg.lora_scale()));
+}
+
+// After the adapted product's backward wrote dx (B·T, a.in) from dout: adds the adapter's part,
+// dA and dB. x·Aᵀ is recomputed rather than kept (r columns: a small product).
+template <typename T>
+void LoraBackward(Transformer::Impl& m, T* dx, const T* dout, const T* x, const LoraPair<T>& a) {
+  if (!a.A) return;
+  const int BT = m.B * m.T, r = m.cfg.lora_rank;
+  T* h = m.Act<T>("lora_h");
+  T* dh = m.Act<T>("lora_dh");
+  KEEL_PROFILED("lora", m.be->MatmulForward(h, x, a.A, nullptr, BT, a.in, r));
+  // dh = s·dout·B, dB += s·doutᵀ·h; then dx += dh·A, dA += dhᵀ·x.
+  KEEL_PROFILED("lora", m.be->MatmulBackward(dh, a.dB, nullptr, dout, h, a.B, BT, r, a.out,
+                                             m.cfg.lora_scale()));
+  KEEL_PROFILED("lora", m.be->MatmulBackward(dx, a.dA, nullptr, dh, x, a.A, BT, a.in, r, 1.0f,
+                                             /*accumulate=*/true));
 }
 
 // Llama's blocks (llama_block.cc). Forward: resid[l] → resid[l+1] of the micro-batch in `slot`;

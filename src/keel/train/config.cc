@@ -70,6 +70,7 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"weight_decay", &o.weight_decay},
         {"grad_clip", &o.grad_clip},
         {"freeze", &o.freeze}}},
+      {"lora", {{"rank", &c.lora.rank}, {"alpha", &c.lora.alpha}, {"targets", &c.lora.targets}}},
       {"parallel",
        {{"dp", &c.parallel.dp},
         {"tp", &c.parallel.tp},

@@ -97,6 +97,17 @@ struct OptimSection {
   bool operator==(const OptimSection&) const = default;
 };
 
+// LoRA adapters (model/config.h): only they are trained; the model's own weights stay frozen.
+struct LoraSection {
+  int rank = 0;     // 0: off
+  float alpha = 0;  // the update's scale is alpha / rank; 0: 2 × rank
+  // Comma-separated products of each block: GPT-2 c_attn, attn.c_proj, c_fc, mlp.c_proj; Llama
+  // qkv, o_proj, gate_up, down_proj; or "all". "": c_attn (GPT-2), qkv (Llama), PEFT's defaults.
+  std::string targets;
+
+  bool operator==(const LoraSection&) const = default;
+};
+
 struct ParallelSection {
   // The layout (parallel/layout.h): data-parallel replicas, tensor-parallel shards, pipeline
   // stages, ZeRO stage over the data-parallel group. Checked at start by ResolveLayout.
@@ -208,6 +219,7 @@ struct RunConfig {
   DataSection data;
   TrainSection train;
   OptimSection optim;
+  LoraSection lora;
   ParallelSection parallel;
   CheckpointSection checkpoint;
   ResilienceSection resilience;

@@ -109,6 +109,10 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   model.OneOf("recompute", m.recompute, {"none", "attn", "full"});
   model.FinitePositive("init_std", m.init_std);
 
+  const Checker lora(prov, "lora");
+  lora.NonNegative("rank", cfg.lora.rank);
+  lora.FiniteNonNegative("alpha", cfg.lora.alpha);
+
   const Checker data(prov, "data");
   data.Positive("seq_len", cfg.data.seq_len);
   data.Positive("prefetch", cfg.data.prefetch);
@@ -288,7 +292,15 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
 }  // namespace internal
 
 model::ModelConfig RunConfig::ResolvedModel() const {
-  return internal::ResolveModel(model, internal::Provenance(source));
+  const internal::Provenance prov(source);
+  model::ModelConfig m = internal::ResolveModel(model, prov);
+  if (lora.rank <= 0) return m;
+  m.lora_rank = lora.rank;
+  m.lora_alpha = lora.alpha > 0 ? lora.alpha : 2.0f * float(lora.rank);
+  m.lora_targets = model::ParseLoraTargets(
+      m.llama(), lora.targets.empty() ? (m.llama() ? "qkv" : "c_attn") : lora.targets,
+      prov.Where("lora", "targets"));
+  return m;
 }
 
 }  // namespace keel::train

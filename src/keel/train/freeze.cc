@@ -23,6 +23,12 @@ std::vector<bool> FrozenParams(const std::string& patterns, const model::ParamLa
       ThrowBadInput("[optim] freeze: \"" + pat + "\" matches no parameter (names look like " +
                     "wte.weight, h.0.attn.c_attn.weight, ln_f.bias)");
   }
+  // LoRA trains its adapters only.
+  bool adapters = false;
+  for (const auto& p : params) adapters = adapters || model::IsLoraParam(p.name);
+  if (adapters)
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!model::IsLoraParam(params[i].name)) frozen[i] = true;
   return frozen;
 }
 

@@ -1,6 +1,5 @@
 #include "keel/train/guards.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>

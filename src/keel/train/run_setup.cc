@@ -98,6 +98,10 @@ Setup Validate(const RunConfig& cfg, int world) {
   s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
   if (cfg.data.train.empty() && cfg.data.sources.empty())
     ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
+  if (s.mcfg.lora_rank > 0 && s.layout.tp > 1)
+    ThrowBadInput(
+        "[lora] rank: LoRA adapters are not split for tensor parallelism yet: use dp, pp "
+        "and ZeRO with parallel.tp = 1");
   CheckMemoryFits(cfg, s.layout);  // before anything large is allocated
   return s;
 }
@@ -292,7 +296,11 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   size_t n_frozen = 0;
   for (size_t i = 0; i < frozen.size(); ++i)
     if (frozen[i]) n_frozen += params.params()[i].numel;
-  if (lead && n_frozen)
+  if (lead && mcfg.lora_rank > 0)
+    Log("keel: LoRA rank %d, alpha %g on %s: %zu adapter parameters trained, %zu frozen",
+        mcfg.lora_rank, double(mcfg.lora_alpha), model::LoraTargetsText(mcfg).c_str(),
+        params.total() - n_frozen, n_frozen);
+  else if (lead && n_frozen)
     Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen, params.total());
   sched = optim::LrSchedule{optim::LrSchedule::ParseKind(cfg.optim.schedule), cfg.optim.lr,
                             cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.train.steps};

@@ -67,6 +67,7 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
         layout_, chunks[c], slots[c],
         model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.layout.sp}, be_));
     models_.back()->SetDocumentMask(spec.document_eos);
+    models_.back()->SetFrozen(spec.frozen);
     ptrs.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);

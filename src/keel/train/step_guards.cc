@@ -97,8 +97,7 @@ void StepGuards::RerunKept(double* loss) {
     at += 2 * rows;
     return 0.0;
   };
-  *loss =
-      run_.step->ForwardBackward(run_.layout.n_micro, replay, run_.dloss) / run_.scored;
+  *loss = run_.step->ForwardBackward(run_.layout.n_micro, replay, run_.dloss) / run_.scored;
 }
 
 double StepGuards::AfterBackward(double* loss, double* compute_ms) {

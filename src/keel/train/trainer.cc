@@ -101,11 +101,15 @@ void Finish(Run& run) {
   const RunConfig& cfg = run.cfg;
   TrainSummary& sum = run.sum;
   const bool need_weights = cfg.checkpoint.save_final || !sum.interrupted;
-  const std::vector<float> final_w =
-      need_weights ? run.step->GatherWeights() : std::vector<float>();
+  std::vector<float> final_w = need_weights ? run.step->GatherWeights() : std::vector<float>();
+  // The model file holds the weights a model without adapters uses: LoRA's merged into them.
+  const model::ModelConfig base = model::BaseModel(run.mcfg);
+  const model::ParamLayout base_params = model::ParamLayout::Whole(base);
+  if (run.mcfg.lora_rank > 0 && need_weights && run.lead)
+    final_w = model::MergeLora(run.mcfg, final_w.data());
   if (run.lead && cfg.checkpoint.save_final)
-    ckpt::WriteModel(sum.run_dir + "/model.safetensors", run.mcfg, run.params, final_w.data());
-  if (run.lead && !sum.interrupted) PrintSamples(cfg, run.mcfg, run.params, final_w.data());
+    ckpt::WriteModel(sum.run_dir + "/model.safetensors", base, base_params, final_w.data());
+  if (run.lead && !sum.interrupted) PrintSamples(cfg, base, base_params, final_w.data());
   run.ckpt->Finish();  // after the model file: a failed last save must not cost the weights too
   // Lines of metrics or events that could not be written: the run's record is incomplete.
   std::string lost;

@@ -80,18 +80,19 @@ class CpuImpl final : public Backend {
 
  protected:
   void MatmulForwardOp(DType t, void* out, const void* inp, const void* weight, const float* bias,
-                       int M, int K, int N, bool accumulate) const override {
+                       int M, int K, int N, bool accumulate, float alpha) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
-      cpu::MatmulForward<T>(P<T>(out), P<T>(inp), P<T>(weight), bias, M, K, N, accumulate);
+      cpu::MatmulForward<T>(P<T>(out), P<T>(inp), P<T>(weight), bias, M, K, N, accumulate, alpha);
     });
   }
   void MatmulBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
-                        const void* inp, const void* weight, int M, int K, int N) const override {
+                        const void* inp, const void* weight, int M, int K, int N, float alpha,
+                        bool accumulate) const override {
     Typed(t, [&](auto z) {
       using T = decltype(z);
       cpu::MatmulBackward<T>(P<T>(dinp), dweight, dbias, P<T>(dout), P<T>(inp), P<T>(weight), M, K,
-                             N);
+                             N, alpha, accumulate);
     });
   }
   void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T, int C,

@@ -226,8 +226,9 @@ void Gemm(const GemmArgs& g) {
 
 template <typename T>
 void MatmulForward(T* out, const T* inp, const T* weight, const float* bias, int M, int K, int N,
-                   bool accumulate) {
+                   bool accumulate, float alpha) {
   GemmArgs g;
+  g.alpha = alpha;
   g.trans_b = true;
   g.M = M, g.N = N, g.K = K;
   g.A = inp, g.lda = K;
@@ -241,9 +242,11 @@ void MatmulForward(T* out, const T* inp, const T* weight, const float* bias, int
 
 template <typename T>
 void MatmulBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
-                    const T* weight, int M, int K, int N) {
+                    const T* weight, int M, int K, int N, float alpha, bool accumulate) {
   if (dinp) {
     GemmArgs g;
+    g.alpha = alpha;
+    g.beta = accumulate ? 1.0f : 0.0f;
     g.M = M, g.N = K, g.K = N;
     g.A = dout, g.lda = N;
     g.B = weight, g.ldb = K;
@@ -251,8 +254,9 @@ void MatmulBackward(T* dinp, float* dweight, float* dbias, const T* dout, const 
     g.ab_type = g.c_type = DTypeOf<T>();
     Gemm(g);
   }
-  {
+  if (dweight) {
     GemmArgs g;
+    g.alpha = alpha;
     g.trans_a = true;
     g.M = N, g.N = K, g.K = M;
     g.A = dout, g.lda = N;
@@ -282,12 +286,12 @@ void MatmulBackward(T* dinp, float* dweight, float* dbias, const T* dout, const 
 }
 
 template void MatmulForward<float>(float*, const float*, const float*, const float*, int, int, int,
-                                   bool);
+                                   bool, float);
 template void MatmulForward<bf16>(bf16*, const bf16*, const bf16*, const float*, int, int, int,
-                                  bool);
+                                  bool, float);
 template void MatmulBackward<float>(float*, float*, float*, const float*, const float*,
-                                    const float*, int, int, int);
+                                    const float*, int, int, int, float, bool);
 template void MatmulBackward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*,
-                                   int, int, int);
+                                   int, int, int, float, bool);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

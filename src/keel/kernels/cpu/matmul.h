@@ -42,14 +42,17 @@ void Gemm(const GemmArgs& args);
 // True once this CPU refused a bf16 product and bf16 products run in fp32 instead.
 bool Bf16ProductsEmulated();
 
+// `alpha` scales the product (not the bias): LoRA's s·h·Bᵀ.
 template <typename T>
 void MatmulForward(T* out, const T* inp, const T* weight, const float* bias, int M, int K, int N,
-                   bool accumulate = false);
+                   bool accumulate = false, float alpha = 1.0f);
 
-// dinp (M,K) = dout · weight  (overwritten; skipped if null)
-// dweight (N,K) += doutᵀ · inp;  dbias (N) += column sums of dout (skipped if null)
+// dinp (M,K) = alpha · dout · weight  (overwritten, or added with `accumulate`; skipped if null)
+// dweight (N,K) += alpha · doutᵀ · inp (skipped if null: a frozen weight);
+// dbias (N) += column sums of dout (skipped if null)
 template <typename T>
 void MatmulBackward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
-                    const T* weight, int M, int K, int N);
+                    const T* weight, int M, int K, int N, float alpha = 1.0f,
+                    bool accumulate = false);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -153,12 +153,14 @@ class Cuda final : public Backend {
 
  protected:
   void MatmulForwardOp(DType t, void* out, const void* inp, const void* weight, const float* bias,
-                       int M, int K, int N, bool accumulate) const override {
-    cuda::MatmulForward(t, out, inp, weight, bias, M, K, N, accumulate, stream_);
+                       int M, int K, int N, bool accumulate, float alpha) const override {
+    cuda::MatmulForward(t, out, inp, weight, bias, M, K, N, accumulate, alpha, stream_);
   }
   void MatmulBackwardOp(DType t, void* dinp, float* dweight, float* dbias, const void* dout,
-                        const void* inp, const void* weight, int M, int K, int N) const override {
-    cuda::MatmulBackward(t, dinp, dweight, dbias, dout, inp, weight, M, K, N, stream_);
+                        const void* inp, const void* weight, int M, int K, int N, float alpha,
+                        bool accumulate) const override {
+    cuda::MatmulBackward(t, dinp, dweight, dbias, dout, inp, weight, M, K, N, alpha, accumulate,
+                         stream_);
   }
   void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T, int C,
                           int NH, int NKV, const int32_t* doc_start) const override {

@@ -165,17 +165,19 @@ void Gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const v
 }
 
 void MatmulForward(DType t, void* out, const void* inp, const void* w, const float* bias, int M,
-                   int K, int N, bool accumulate, cudaStream_t stream) {
-  Gemm(false, true, M, N, K, inp, K, w, K, out, N, t, t == DType::kF32, 1.0f,
+                   int K, int N, bool accumulate, float alpha, cudaStream_t stream) {
+  Gemm(false, true, M, N, K, inp, K, w, K, out, N, t, t == DType::kF32, alpha,
        accumulate ? 1.0f : 0.0f, stream);
   if (bias) AddBias(t, out, bias, M, N, stream);
 }
 
 void MatmulBackward(DType t, void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
-                    const void* w, int M, int K, int N, cudaStream_t stream) {
+                    const void* w, int M, int K, int N, float alpha, bool accumulate,
+                    cudaStream_t stream) {
   if (dinp)
-    Gemm(false, false, M, K, N, dout, N, w, K, dinp, K, t, t == DType::kF32, 1.0f, 0.0f, stream);
-  Gemm(true, false, N, K, M, dout, N, inp, K, dw, K, t, /*c_fp32=*/true, 1.0f, 1.0f, stream);
+    Gemm(false, false, M, K, N, dout, N, w, K, dinp, K, t, t == DType::kF32, alpha,
+         accumulate ? 1.0f : 0.0f, stream);
+  if (dw) Gemm(true, false, N, K, M, dout, N, inp, K, dw, K, t, /*c_fp32=*/true, alpha, 1.0f, stream);
   if (dbias) AddColumnSums(t, dbias, dout, M, N, stream);
 }
 

@@ -13,8 +13,9 @@ void Gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const v
           void* C, int ldc, DType ab, bool c_fp32, float alpha, float beta, cudaStream_t stream);
 
 void MatmulForward(DType t, void* out, const void* inp, const void* w, const float* bias, int M,
-                   int K, int N, bool accumulate, cudaStream_t stream);
+                   int K, int N, bool accumulate, float alpha, cudaStream_t stream);
 void MatmulBackward(DType t, void* dinp, float* dw, float* dbias, const void* dout, const void* inp,
-                    const void* w, int M, int K, int N, cudaStream_t stream);
+                    const void* w, int M, int K, int N, float alpha, bool accumulate,
+                    cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda
