@@ -111,10 +111,6 @@ TEST(Lora, AdaptedModelIsTheMergedModelAndItsGradientsFollowTheChainRule) {
     const ParamLayout lay = ParamLayout::Whole(cfg), base = ParamLayout::Whole(base_cfg);
     const double s = cfg.lora_scale();
     const int r = cfg.lora_rank;
-    const char* first[] = {cfg.llama() ? "attn.q_proj.weight" : "attn.c_attn.weight",
-                           cfg.llama() ? "attn.o_proj.weight" : "attn.c_proj.weight",
-                           cfg.llama() ? "mlp.gate_proj.weight" : "mlp.c_fc.weight",
-                           cfg.llama() ? "mlp.down_proj.weight" : "mlp.c_proj.weight"};
     for (int l = 0; l < cfg.n_layer; ++l)
       for (int k = 0; k < 4; ++k) {
         const LoraTarget t = kLoraTargets[k];
@@ -124,7 +120,7 @@ TEST(Lora, AdaptedModelIsTheMergedModelAndItsGradientsFollowTheChainRule) {
         const auto [in, out] = LoraDims(cfg, t);
         const float* A = w.data() + lay.Find(mod + ".lora_A.weight").offset;
         const float* B = w.data() + lay.Find(mod + ".lora_B.weight").offset;
-        const float* G = merged.grads.data() + base.Find(h + first[k]).offset;
+        const float* G = merged.grads.data() + base.Find(h + LoraBaseWeight(cfg.llama(), t)).offset;
         std::vector<double> dA(size_t(r) * in, 0.0), dB(size_t(out) * r, 0.0);
         for (int o = 0; o < out; ++o)
           for (int i = 0; i < in; ++i) {

@@ -112,7 +112,7 @@ std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout) {
   return specs;
 }
 
-LoadedModel ReadCheckpointModel(const std::string& dir) {
+LoadedModel ReadCheckpointModel(const std::string& dir, bool merge_lora) {
   CheckpointReader r = CheckpointReader::Open(dir);
   const nlohmann::json& state = r.manifest().state;
   LoadedModel m;
@@ -122,7 +122,7 @@ LoadedModel ReadCheckpointModel(const std::string& dir) {
   m.weights.assign(layout.total(), 0.0f);
   r.Load(TensorSpecs(layout), {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
   // A LoRA run's checkpoint: its adapters merged, as the model file holds them.
-  if (m.config.lora_rank > 0) {
+  if (m.config.lora_rank > 0 && merge_lora) {
     m.weights = model::MergeLora(m.config, m.weights.data());
     m.config = model::BaseModel(m.config);
   }

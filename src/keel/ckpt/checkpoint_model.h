@@ -34,6 +34,8 @@ std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout);
 
 // Opens a committed checkpoint folder and reads its model config and master weights (every
 // piece verified). Throws keel::Error (bad input) with one line.
-LoadedModel ReadCheckpointModel(const std::string& dir);
+// A LoRA run's checkpoint comes merged (model::MergeLora) unless `merge_lora` is false, when its
+// config and weights keep the adapters (PEFT export).
+LoadedModel ReadCheckpointModel(const std::string& dir, bool merge_lora = true);
 
 }  // namespace keel::ckpt

@@ -12,11 +12,11 @@
 
 namespace keel::ckpt {
 
-LoadedModel LoadWeightsForExport(const std::string& src) {
+LoadedModel LoadWeightsForExport(const std::string& src, bool merge_lora) {
   namespace fs = std::filesystem;
   if (!fs::exists(src)) ThrowBadInput(src + ": no such file or directory");
   std::string path = src;
-  if (fs::exists(fs::path(src) / "manifest.json")) return ReadCheckpointModel(src);
+  if (fs::exists(fs::path(src) / "manifest.json")) return ReadCheckpointModel(src, merge_lora);
   if (IsHfLlamaFolder(src)) return ReadHfLlama(src);
   if (fs::is_directory(src)) {
     // A run or checkpoints folder: its newest checkpoint that reads whole (as resume skips the
@@ -25,7 +25,7 @@ LoadedModel LoadWeightsForExport(const std::string& src) {
     std::string skipped;
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
       try {
-        LoadedModel m = ReadCheckpointModel(it->path);
+        LoadedModel m = ReadCheckpointModel(it->path, merge_lora);
         if (!skipped.empty()) std::fprintf(stderr, "%s", skipped.c_str());
         return m;
       } catch (const Error& e) {

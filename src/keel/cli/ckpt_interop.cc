@@ -9,6 +9,7 @@
 #include "keel/ckpt/hf_llama.h"
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/model_source.h"
+#include "keel/ckpt/peft.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/core/folder_lock.h"
@@ -60,13 +61,31 @@ void AddExport(CLI::App& ckpt) {
       "it, or --out FOLDER for FOLDER/model.safetensors and FOLDER/config.json.\n"
       "Examples:\n"
       "  keel ckpt export runs/quickstart --format safetensors --out gpt2-quickstart.safetensors\n"
-      "  keel ckpt export runs/llama --out hf/llama-mini     # from_pretrained(\"hf/llama-mini\")");
+      "  keel ckpt export runs/llama --out hf/llama-mini     # from_pretrained(\"hf/llama-mini\")\n"
+      "  keel ckpt export runs/lora --adapter --out hf/lora  # PeftModel.from_pretrained(base, "
+      "...)\n"
+      "A LoRA run exports merged (W + s·B·A) unless --adapter, which writes its adapters alone as\n"
+      "PEFT does (adapter_config.json, adapter_model.safetensors) for the base it started from.");
   static std::string src, format = "safetensors", out;
+  static bool adapter = false;
   cmd->add_option("src", src, "run directory or keel model file")->required();
   cmd->add_option("--format", format, "output format (safetensors: Hugging Face names)")
       ->capture_default_str();
-  cmd->add_option("--out", out, "file to write")->required();
+  cmd->add_option("--out", out, "file to write (--adapter: a folder)")->required();
+  cmd->add_flag("--adapter", adapter, "a LoRA run's adapters alone, in PEFT's layout");
   cmd->callback([] {
+    if (adapter) {
+      ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src, /*merge_lora=*/false);
+      if (m.config.lora_rank == 0)
+        ThrowBadInput("ckpt export --adapter: " + src +
+                      " has no LoRA adapters (expected a LoRA run or one of its checkpoints)");
+      CheckTarget("ckpt export --out", out + "/adapter_model.safetensors", src);
+      ckpt::WritePeftAdapter(out, m.config, m.weights.data());
+      std::printf("wrote %s: PEFT LoRA adapters, rank %d, alpha %g, on %s of %d layers\n",
+                  out.c_str(), m.config.lora_rank, double(m.config.lora_alpha),
+                  model::LoraTargetsText(m.config).c_str(), m.config.n_layer);
+      return;
+    }
     if (format != "safetensors")
       ThrowBadInput("ckpt export: --format \"" + format +
                     "\" is not supported (supported: safetensors, with Hugging Face names)");

@@ -67,18 +67,30 @@ std::string Text(float x) {
 
 const char* FamilyName(Family f) { return f == Family::kLlama ? "llama" : "gpt2"; }
 
+namespace {
+
+// A LoRA target's module (its adapters' names) and the first tensor of the weight it adapts (the
+// fused products' parts are adjacent rows: Llama's q, k, v; gate, up), per family.
+struct LoraNames {
+  const char *gpt2_module, *llama_module, *gpt2_weight, *llama_weight;
+};
+const LoraNames& NamesOf(LoraTarget t) {
+  static const LoraNames kNames[] = {
+      {"attn.c_attn", "attn.qkv", "attn.c_attn.weight", "attn.q_proj.weight"},
+      {"attn.c_proj", "attn.o_proj", "attn.c_proj.weight", "attn.o_proj.weight"},
+      {"mlp.c_fc", "mlp.gate_up", "mlp.c_fc.weight", "mlp.gate_proj.weight"},
+      {"mlp.c_proj", "mlp.down_proj", "mlp.c_proj.weight", "mlp.down_proj.weight"}};
+  return kNames[t == kLoraQkv ? 0 : t == kLoraProj ? 1 : t == kLoraFc ? 2 : 3];
+}
+
+}  // namespace
+
 const char* LoraModule(bool llama, LoraTarget t) {
-  switch (t) {
-    case kLoraQkv:
-      return llama ? "attn.qkv" : "attn.c_attn";
-    case kLoraProj:
-      return llama ? "attn.o_proj" : "attn.c_proj";
-    case kLoraFc:
-      return llama ? "mlp.gate_up" : "mlp.c_fc";
-    case kLoraFcProj:
-      return llama ? "mlp.down_proj" : "mlp.c_proj";
-  }
-  return "";
+  return llama ? NamesOf(t).llama_module : NamesOf(t).gpt2_module;
+}
+
+const char* LoraBaseWeight(bool llama, LoraTarget t) {
+  return llama ? NamesOf(t).llama_weight : NamesOf(t).gpt2_weight;
 }
 
 unsigned ParseLoraTargets(bool llama, const std::string& text, const std::string& key) {

@@ -64,6 +64,9 @@ enum LoraTarget : unsigned {
 inline constexpr LoraTarget kLoraTargets[] = {kLoraQkv, kLoraProj, kLoraFc, kLoraFcProj};
 // The module a target adapts, as its adapter tensors are named: "attn.c_attn", "mlp.gate_up", ...
 const char* LoraModule(bool llama, LoraTarget t);
+// The first tensor of the weight `t` adapts ("attn.c_attn.weight", "attn.q_proj.weight", ...): the
+// fused products' parts are adjacent rows, so the product's weight starts there.
+const char* LoraBaseWeight(bool llama, LoraTarget t);
 // Comma-separated module names ("c_attn,c_proj", "qkv,o_proj,gate_up,down_proj", "all"; the
 // "attn."/"mlp." prefix optional where unambiguous) into LoraTarget bits. Throws keel::Error (bad
 // input) naming `key` and the modules this family has.

@@ -271,26 +271,6 @@ const ParamInfo& ParamLayout::Find(const std::string& name) const {
   ThrowRuntime("no parameter named \"" + name + "\"");
 }
 
-namespace {
-
-// The first tensor of the weight a LoRA target adapts: the fused products' parts are adjacent
-// rows (Llama's q, k, v; gate, up), so the product's weight starts there.
-const char* LoraBaseWeight(bool llama, LoraTarget t) {
-  switch (t) {
-    case kLoraQkv:
-      return llama ? "attn.q_proj.weight" : "attn.c_attn.weight";
-    case kLoraProj:
-      return llama ? "attn.o_proj.weight" : "attn.c_proj.weight";
-    case kLoraFc:
-      return llama ? "mlp.gate_proj.weight" : "mlp.c_fc.weight";
-    case kLoraFcProj:
-      return llama ? "mlp.down_proj.weight" : "mlp.c_proj.weight";
-  }
-  return "";
-}
-
-}  // namespace
-
 std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {
   const ParamLayout lay = ParamLayout::Whole(cfg), base = ParamLayout::Whole(BaseModel(cfg));
   std::vector<float> out(base.total());

@@ -1,0 +1,104 @@
+#include "keel/ckpt/peft.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "keel/ckpt/safetensors.h"
+#include "keel/core/error.h"
+#include "keel/core/file_util.h"
+#include "keel/model/params.h"
+
+namespace keel::ckpt {
+namespace {
+
+// HF's module for rows [row0, row0 + rows) of keel's product `t` in block l.
+struct HfModule {
+  std::string name;  // without "base_model.model."
+  int row0, rows;
+};
+
+std::vector<HfModule> HfModules(const model::ModelConfig& cfg, model::LoraTarget t, int l) {
+  const std::string L = std::to_string(l);
+  const auto [in, out] = model::LoraDims(cfg, t);
+  if (!cfg.llama()) {
+    const std::string h = "transformer.h." + L + ".";
+    const char* m = t == model::kLoraQkv    ? "attn.c_attn"
+                    : t == model::kLoraProj ? "attn.c_proj"
+                    : t == model::kLoraFc   ? "mlp.c_fc"
+                                            : "mlp.c_proj";
+    return {{h + m, 0, out}};
+  }
+  const std::string h = "model.layers." + L + ".";
+  const int q = cfg.n_head * cfg.head_size(), kv = cfg.kv_heads() * cfg.head_size();
+  const int F = cfg.ffn();
+  switch (t) {
+    case model::kLoraQkv:
+      return {{h + "self_attn.q_proj", 0, q},
+              {h + "self_attn.k_proj", q, kv},
+              {h + "self_attn.v_proj", q + kv, kv}};
+    case model::kLoraProj:
+      return {{h + "self_attn.o_proj", 0, out}};
+    case model::kLoraFc:
+      return {{h + "mlp.gate_proj", 0, F}, {h + "mlp.up_proj", F, F}};
+    case model::kLoraFcProj:
+      return {{h + "mlp.down_proj", 0, out}};
+  }
+  return {};
+}
+
+}  // namespace
+
+void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg, const float* whole) {
+  KEEL_CHECK(cfg.lora_rank > 0, "WritePeftAdapter: the model has no adapters");
+  const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
+  const int r = cfg.lora_rank;
+  SafetensorsWriter w;
+  std::vector<std::string> modules;  // HF's target_modules: the last name part
+  for (model::LoraTarget t : model::kLoraTargets) {
+    if (!(cfg.lora_targets & t)) continue;
+    for (const HfModule& hf : HfModules(cfg, t, 0)) {
+      const std::string last = hf.name.substr(hf.name.rfind('.') + 1);
+      if (std::find(modules.begin(), modules.end(), last) == modules.end()) modules.push_back(last);
+    }
+    for (int l = 0; l < cfg.n_layer; ++l) {
+      const std::string m = "h." + std::to_string(l) + "." + model::LoraModule(cfg.llama(), t);
+      const float* A = whole + layout.Find(m + ".lora_A.weight").offset;
+      const float* B = whole + layout.Find(m + ".lora_B.weight").offset;
+      const int in = model::LoraDims(cfg, t).first;
+      for (const HfModule& hf : HfModules(cfg, t, l)) {
+        const std::string name = "base_model.model." + hf.name;
+        w.Add(name + ".lora_A.weight", {r, in}, A);
+        w.Add(name + ".lora_B.weight", {hf.rows, r}, B + size_t(hf.row0) * size_t(r));
+      }
+    }
+  }
+  // GPT-2's c_proj is both attn.c_proj and mlp.c_proj: PEFT matches module names by their ends,
+  // so a target list of "c_proj" would take both; name the adapted ones in full where it must.
+  if (!cfg.llama() && std::find(modules.begin(), modules.end(), "c_proj") != modules.end() &&
+      ((cfg.lora_targets & model::kLoraProj) == 0 ||
+       (cfg.lora_targets & model::kLoraFcProj) == 0)) {
+    std::erase(modules, std::string("c_proj"));
+    modules.push_back(cfg.lora_targets & model::kLoraProj ? "attn.c_proj" : "mlp.c_proj");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) ThrowRuntime(dir + ": cannot create folder: " + ec.message());
+  w.SetMetadata("format", "pt");
+  w.Write(dir + "/adapter_model.safetensors");
+  const nlohmann::json config = {{"peft_type", "LORA"},
+                                 {"task_type", "CAUSAL_LM"},
+                                 {"r", r},
+                                 {"lora_alpha", cfg.lora_alpha},
+                                 {"lora_dropout", 0.0},
+                                 {"bias", "none"},
+                                 {"fan_in_fan_out", !cfg.llama()},
+                                 {"target_modules", modules},
+                                 {"use_rslora", false},
+                                 {"use_dora", false},
+                                 {"inference_mode", true},
+                                 {"base_model_name_or_path", nullptr}};
+  WriteFileAtomic(dir + "/adapter_config.json", config.dump(2) + "\n");
+}
+
+}  // namespace keel::ckpt
