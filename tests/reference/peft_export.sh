@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # keel ckpt export --adapter against PEFT's rules (peft_reference.py), for a GPT-2 and a Llama:
 # a tiny base trained a few steps, a LoRA run on all four products from it, the base exported to
-# Hugging Face, the adapters exported, and PyTorch's merge of them must give keel's logits.
+# Hugging Face, the adapters exported, and PyTorch's merge of them must give keel's logits. Then
+# keel reads them back: eval and greedy generate of the base plus --adapter give the LoRA run's,
+# and [model] init_adapter starts a run from the same merged weights (one step at lr 1e-30).
 #   tests/reference/peft_export.sh KEEL DUMP_LOGITS PYTHON SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 dump=$2 py=$3 src=$4 shared=$5
@@ -24,7 +26,30 @@ for model in gpt2-tiny llama-tiny; do
   "$dump" "$tmp/$model-lora" "$tmp/$model-logits.safetensors" >/dev/null
   "$py" "$src/tests/reference/peft_reference.py" "$base" "$tmp/$model-adapter" \
     "$tmp/$model-logits.safetensors"
+  ev=(--data "$tmp/tokens.u16" --seq-len 32 --max-tokens 4096 --precision fp32 --json)
+  a=$("$keel" eval "$tmp/$model-lora" "${ev[@]}")
+  b=$("$keel" eval "$tmp/$model-base/model.safetensors" --adapter "$tmp/$model-adapter" "${ev[@]}")
+  "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.name=$model-init \
+    --set train.steps=1 --set optim.lr=1e-30 --set optim.min_lr=0 --set model.init_adapter="$tmp/$model-adapter" \
+    --set model.init_from="$tmp/$model-base/model.safetensors" >"$tmp/log" 2>&1 ||
+    { cat "$tmp/log"; exit 1; }
+  c=$("$keel" eval "$tmp/$model-init/model.safetensors" "${ev[@]}")
+  "$py" - "$a" "$b" "$c" <<'PY'
+import json, sys
+a, b, c = (json.loads(x)["loss"] for x in sys.argv[1:])
+print(f"eval: LoRA run {a!r}, base + --adapter {b!r}, init_adapter {c!r}")
+assert abs(a - b) <= 1e-6 * abs(a) and abs(a - c) <= 1e-6 * abs(a), "the adapter read back differs"
+PY
+  g=(--prompt "The" --temperature 0 --max-tokens 12)
+  [[ $("$keel" generate --run "$tmp/$model-lora" "${g[@]}") == \
+     $("$keel" generate --run "$tmp/$model-base/model.safetensors" --adapter "$tmp/$model-adapter" \
+       "${g[@]}") ]] || { echo "generate with --adapter differs from the LoRA run"; exit 1; }
 done
 rc=0
 "$keel" ckpt export "$tmp/gpt2-tiny-base" --adapter --out "$tmp/none" >"$tmp/log" 2>&1 || rc=$?
 [[ $rc == 2 ]] && grep -q "has no LoRA adapters" "$tmp/log" || { echo "exit $rc"; cat "$tmp/log"; exit 1; }
+rc=0
+"$keel" eval "$tmp/llama-tiny-base/model.safetensors" --adapter "$tmp/gpt2-tiny-adapter" \
+  --data "$tmp/tokens.u16" --seq-len 32 >"$tmp/log" 2>&1 || rc=$?
+[[ $rc == 2 ]] && grep -q "name no module of this model" "$tmp/log" ||
+  { echo "a GPT-2 adapter on a Llama: exit $rc"; cat "$tmp/log"; exit 1; }

@@ -8,6 +8,7 @@
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/ckpt/hf_gpt2.h"
 #include "keel/ckpt/hf_llama.h"
+#include "keel/ckpt/peft.h"
 #include "keel/core/error.h"
 
 namespace keel::ckpt {
@@ -51,7 +52,8 @@ LoadedModel ReadAnyModelFile(const std::string& path, int n_head) {
   return IsHfGpt2File(path) ? ReadHfGpt2(path, n_head) : ReadModel(path);
 }
 
-void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master) {
+void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master,
+                     const std::string& adapter) {
   const std::string where = "[model] init_from " + path;
   if (!std::filesystem::exists(path)) ThrowBadInput(where + ": no such file");
   // An HF file that does not name its heads takes the config's: the shapes cannot contradict it.
@@ -62,6 +64,7 @@ void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, flo
   if (auto d = model::FirstDifference(m.config, model::BaseModel(cfg)))
     ThrowBadInput(where + ": " + d->key + " is " + d->a + " in the file, " + d->b +
                   " in the config");
+  if (!adapter.empty()) MergePeftAdapter(adapter, m.config, &m.weights);
   if (cfg.lora_rank == 0) {
     std::copy(m.weights.begin(), m.weights.end(), master);
     return;

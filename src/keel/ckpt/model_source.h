@@ -31,6 +31,9 @@ LoadedModel ReadAnyModelFile(const std::string& path, int n_head = 0);
 // GPT-2 file or an HF Llama folder), after
 // checking that the file's shapes are `cfg`'s. Throws keel::Error (bad input), one line, e.g.
 //   [model] init_from a.safetensors: n_layer is 12 in the file, 4 in the config
-void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master);
+// `adapter` (may be empty): a PEFT LoRA folder merged into the file's weights first (peft.h). A
+// LoRA `cfg` takes the file's weights for its base and keeps its adapters' initial values.
+void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master,
+                     const std::string& adapter = "");
 
 }  // namespace keel::ckpt

@@ -1,9 +1,13 @@
 #include "keel/ckpt/peft.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "keel/ckpt/hf_gpt2.h"
+#include "keel/ckpt/hf_llama.h"
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
@@ -99,6 +103,66 @@ void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg, con
                                  {"inference_mode", true},
                                  {"base_model_name_or_path", nullptr}};
   WriteFileAtomic(dir + "/adapter_config.json", config.dump(2) + "\n");
+}
+
+void MergePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
+                      std::vector<float>* weights) {
+  KEEL_CHECK(cfg.lora_rank == 0, "MergePeftAdapter: into a model without adapters");
+  const std::string config_path = dir + "/adapter_config.json";
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(ReadWholeFile(config_path));
+  } catch (const std::exception& e) {
+    ThrowBadInput(config_path + ": expected PEFT's adapter_config.json: " + e.what());
+  }
+  if (c.value("peft_type", "") != "LORA")
+    ThrowBadInput(config_path + ": peft_type: expected \"LORA\", got " +
+                  c.value("peft_type", nlohmann::json()).dump());
+  if (c.value("use_dora", false))
+    ThrowBadInput(config_path + ": use_dora: DoRA adapters are not supported");
+  if (!c.contains("r") || !c["r"].is_number_integer() || c["r"].get<int>() <= 0 ||
+      !c.contains("lora_alpha") || !c["lora_alpha"].is_number())
+    ThrowBadInput(config_path + ": expected a positive integer \"r\" and a number \"lora_alpha\"");
+  const int r = c["r"].get<int>();
+  const double scale = c["lora_alpha"].get<double>() /
+                       (c.value("use_rslora", false) ? std::sqrt(double(r)) : double(r));
+  const std::string file = dir + "/adapter_model.safetensors";
+  const SafetensorsFile f = SafetensorsFile::Read(file);
+  const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
+  const std::string prefix = "base_model.model.";
+  size_t used = 0;
+  for (const model::ParamInfo& p : layout.params()) {
+    if (p.shape.size() != 2 || p.name.rfind("h.", 0) != 0) continue;  // block matrices only
+    const std::string hf = cfg.llama() ? HfLlamaName(p.name) : HfGpt2Name(p.name);
+    const std::string module = prefix + hf.substr(0, hf.size() - std::string(".weight").size());
+    if (!f.Has(module + ".lora_A.weight")) continue;
+    const Fp32Tensor& A = f.Get(module + ".lora_A.weight");
+    const Fp32Tensor& B = f.Get(module + ".lora_B.weight");
+    const int out = p.shape[0], in = p.shape[1];
+    if (A.shape != std::vector<int64_t>{r, in} || B.shape != std::vector<int64_t>{out, r})
+      ThrowBadInput(file + ": " + module + ": expected lora_A (" + std::to_string(r) + ", " +
+                    std::to_string(in) + ") and lora_B (" + std::to_string(out) + ", " +
+                    std::to_string(r) + ") for this model's " + p.name);
+    float* W = weights->data() + p.offset;
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < out; ++o)
+      for (int i = 0; i < in; ++i) {
+        double acc = 0;
+        for (int k = 0; k < r; ++k)
+          acc += double(B.data[size_t(o) * r + k]) * A.data[size_t(k) * in + i];
+        W[size_t(o) * in + i] = float(double(W[size_t(o) * in + i]) + scale * acc);
+      }
+    used += 2;
+  }
+  for (const auto& [name, t] : f.tensors())
+    if (name.find(".lora_A.") == std::string::npos && name.find(".lora_B.") == std::string::npos)
+      ThrowBadInput(file + ": " + name + ": not a LoRA tensor (expected ...lora_A.weight, " +
+                    "...lora_B.weight)");
+  if (used != f.tensors().size())
+    ThrowBadInput(file + ": " + std::to_string(f.tensors().size() - used) + " of its " +
+                  std::to_string(f.tensors().size()) + " tensors name no module of this model (a " +
+                  model::FamilyName(cfg.family) + " with " + std::to_string(cfg.n_layer) +
+                  " layers)");
 }
 
 }  // namespace keel::ckpt

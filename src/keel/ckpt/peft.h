@@ -10,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "keel/model/config.h"
 
@@ -18,5 +19,12 @@ namespace keel::ckpt {
 // `whole`: ParamLayout::Whole(cfg)'s values (cfg.lora_rank > 0). Writes both files (each
 // atomically) into `dir`, created if needed.
 void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg, const float* whole);
+
+// The reverse: PEFT LoRA adapters from `dir` (keel's or any trained with PEFT on this base)
+// merged into `weights`, ParamLayout::Whole(cfg)'s values of a model without adapters: each
+// module's W += B·A·lora_alpha/r (use_rslora: /√r). Throws keel::Error (bad input) naming the file
+// and what is wrong: not LoRA, DoRA, a tensor for no module of this model, a shape that differs.
+void MergePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
+                      std::vector<float>* weights);
 
 }  // namespace keel::ckpt

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "keel/ckpt/model_source.h"
+#include "keel/ckpt/peft.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/core/validate.h"
@@ -41,7 +42,7 @@ std::optional<train::RunConfig> RunConfigOf(const std::string& source) {
 }
 
 struct Args {
-  std::string source, data, precision;
+  std::string source, data, precision, adapter;
   int seq_len = 0, batch = 0;
   long long max_tokens = 0;
   bool json = false;
@@ -63,6 +64,7 @@ std::unique_ptr<Prepared> Prepare(const Args& a) {
   const std::optional<train::RunConfig> run = RunConfigOf(a.source);
   p->m = ckpt::LoadAnyModel(a.source);
   ckpt::LoadedModel& m = p->m;
+  if (!a.adapter.empty()) ckpt::MergePeftAdapter(a.adapter, m.config, &m.weights);
   const model::ModelConfig& cfg = m.config;
   // What the flags leave open comes from the run (its validation split, sequence length, micro-
   // batch and precision), else from the model.
@@ -205,6 +207,9 @@ void RegisterEval(CLI::App& app) {
   cmd->add_option("--batch", a.batch, "windows per forward pass (default: the run's micro-batch)");
   cmd->add_option("--max-tokens", a.max_tokens, "evaluate the first N tokens' windows (0 = all)");
   cmd->add_option("--precision", a.precision, "fp32 or bf16 (default: the run's, else fp32)");
+  cmd->add_option("--adapter", a.adapter,
+                  "a PEFT LoRA adapter folder merged into the model first (keel ckpt export "
+                  "--adapter writes one)");
   cmd->add_flag("--json", a.json, "one JSON object on stdout");
   cmd->callback([] { Run(a); });
 }

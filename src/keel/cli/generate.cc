@@ -5,6 +5,7 @@
 
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/model_source.h"
+#include "keel/ckpt/peft.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/data/assets.h"
@@ -28,7 +29,7 @@ void RegisterGenerate(CLI::App& app) {
       "--chat: --prompt is a user's message to a model tuned on chat data (keel data prepare\n"
       "--format chat); it goes through the plain chat template (\"User: ...\\nAssistant:\") and\n"
       "the assistant's reply is printed, up to its end of turn.");
-  static std::string run, prompt, system;
+  static std::string run, prompt, system, adapter;
   static bool chat = false;
   static int max_tokens = 64, top_k = 40, count = 1;
   static float temperature = 0.8f;
@@ -43,6 +44,9 @@ void RegisterGenerate(CLI::App& app) {
   cmd->add_option("--count", count, "number of samples")->capture_default_str();
   cmd->add_flag("--chat", chat, "--prompt is a user's message: print the assistant's reply");
   cmd->add_option("--system", system, "with --chat: a system message before the user's");
+  cmd->add_option("--adapter", adapter,
+                  "a PEFT LoRA adapter folder merged into the model first (keel ckpt export "
+                  "--adapter writes one)");
   cmd->callback([] {
     if (max_tokens < 0 || top_k < 0 || count < 1 || !(temperature >= 0) || std::isinf(temperature))
       ThrowBadInput(
@@ -51,6 +55,7 @@ void RegisterGenerate(CLI::App& app) {
           std::to_string(max_tokens) + ", " + std::to_string(top_k) + ", " + std::to_string(count) +
           " and " + std::to_string(temperature));
     ckpt::LoadedModel m = ckpt::LoadAnyModel(run);
+    if (!adapter.empty()) ckpt::MergePeftAdapter(adapter, m.config, &m.weights);
     auto tok = data::Tokenizer::LoadGpt2(data::TokenizerDir());
     model::Generator gen(m.config, std::move(m.weights));
     if (!system.empty() && !chat) ThrowBadInput("generate: --system needs --chat");

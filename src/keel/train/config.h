@@ -35,6 +35,8 @@ struct ModelSection {
   // A keel model file or a Hugging Face GPT-2 safetensors file whose weights replace the random
   // initialization (fine-tuning); its shapes must be the ones above. "" = random init.
   std::string init_from;
+  // A PEFT LoRA adapter folder merged into init_from's weights ("" = none).
+  std::string init_adapter;
 
   bool operator==(const ModelSection&) const = default;
 };

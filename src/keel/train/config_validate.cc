@@ -108,6 +108,8 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   model.FiniteNonNegative("rope_theta", m.rope_theta);
   model.OneOf("recompute", m.recompute, {"none", "attn", "full"});
   model.FinitePositive("init_std", m.init_std);
+  if (!m.init_adapter.empty() && m.init_from.empty())
+    model.Fail("init_adapter", "an adapter is merged into [model] init_from's weights: set it too");
 
   const Checker lora(prov, "lora");
   lora.NonNegative("rank", cfg.lora.rank);

@@ -202,7 +202,7 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
     model::InitParams(params, p.s.mcfg, cfg.train.seed, p.init.data());
     // Fine-tuning: the file's weights replace the random ones.
     if (!cfg.model.init_from.empty())
-      ckpt::LoadInitWeights(cfg.model.init_from, p.s.mcfg, p.init.data());
+      ckpt::LoadInitWeights(cfg.model.init_from, p.s.mcfg, p.init.data(), cfg.model.init_adapter);
   }
   if (world > 1) {
     p.fingerprint = ConfigFingerprint(cfg);
