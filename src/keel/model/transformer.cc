@@ -291,7 +291,10 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
     const k::VocabShard vs = m.vocab_shard();
     const int s = m.layout.final_segment();
     float* gf = acc.Grads(s);
-    float* dhead = m.cfg.tied() ? ge + wte : FinalGrad(m, gf, "lm_head.weight");
+    // A frozen classifier (LoRA's base) gets no weight gradient: its product is skipped.
+    float* dhead =
+        m.cfg.tied() ? m.WeightGrad(ge, m.layout.Find("wte.weight"), 0)
+                     : m.WeightGrad(gf, m.layout.Find("lm_head.weight"), m.layout.segment_start(s));
     const T* x = nullptr;
     KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
     // The head's own phase: on a small model it is most of the step's FLOPs. Host time, so on

@@ -206,7 +206,8 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
       a.beta = v0 == 0 ? 0.0f : 1.0f;
       Gemm(a);
     }
-    // dwte (Vp,C) += gᵀ (Vp,rows) · x (rows,C)
+    // dwte (Vp,C) += gᵀ (Vp,rows) · x (rows,C); none for a frozen classifier.
+    if (!dwte) continue;
     GemmArgs b;
     b.trans_a = true;
     b.M = Vp, b.N = C, b.K = rows;

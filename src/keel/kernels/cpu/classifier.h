@@ -21,7 +21,7 @@ void ClassifierForward(float* losses, const T* x, const T* wte, const int32_t* t
                        int C, int V, int Vp, const VocabShard* shard = nullptr);
 
 // As ClassifierForward, and the backward of Σ_rows dloss·loss_row:
-// dx (M,C) overwritten; dwte (Vp,C) fp32 += .
+// dx (M,C) overwritten; dwte (Vp,C) fp32 += (null: a frozen classifier, the product skipped).
 template <typename T>
 void ClassifierForwardBackward(float* losses, T* dx, float* dwte, const T* x, const T* wte,
                                const int32_t* targets, float dloss, int M, int C, int V, int Vp,

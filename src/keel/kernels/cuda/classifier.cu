@@ -125,7 +125,8 @@ void Classifier(DType t, float* losses, void* dx, float* dwte, const void* x, co
       SoftmaxGrad<U><<<Blocks(size_t(M) * n, 256), 256, 0, stream>>>(g, logits, chunk, mx, targets,
                                                                      dloss, M, v0, n);
       Gemm(false, false, M, C, n, g, chunk, wc, C, dx32, C, t, true, 1, 1, stream);
-      Gemm(true, false, n, C, M, g, chunk, x, C, dwte + size_t(v0) * C, C, t, true, 1, 1, stream);
+      if (dwte)
+        Gemm(true, false, n, C, M, g, chunk, x, C, dwte + size_t(v0) * C, C, t, true, 1, 1, stream);
     }
     FromF32<U>
         <<<Blocks(size_t(M) * C, 256), 256, 0, stream>>>(static_cast<U*>(dx), dx32, size_t(M) * C);
