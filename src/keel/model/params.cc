@@ -274,6 +274,7 @@ const ParamInfo& ParamLayout::Find(const std::string& name) const {
 std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {
   const ParamLayout lay = ParamLayout::Whole(cfg), base = ParamLayout::Whole(BaseModel(cfg));
   std::vector<float> out(base.total());
+  // host: whole-model weights in host memory, as inference and exports hold them.
   for (const ParamInfo& p : base.params())
     std::copy_n(whole + lay.Find(p.name).offset, p.numel, out.data() + p.offset);
   if (cfg.lora_rank == 0) return out;
@@ -287,7 +288,9 @@ std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {
       const float* A = whole + lay.Find(m + ".lora_A.weight").offset;
       const float* B = whole + lay.Find(m + ".lora_B.weight").offset;
       float* W = out.data() + base.Find(h + LoraBaseWeight(cfg.llama(), t)).offset;
-      const auto [in, n_out] = LoraDims(cfg, t);
+      // Plain ints: OpenMP (clang) cannot capture structured bindings.
+      const std::pair<int, int> dims = LoraDims(cfg, t);
+      const int in = dims.first, n_out = dims.second;
 #pragma omp parallel for schedule(static)
       for (int o = 0; o < n_out; ++o)
         for (int i = 0; i < in; ++i) {

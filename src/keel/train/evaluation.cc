@@ -80,6 +80,9 @@ EvalResult Evaluate(const data::TokenDataset& ds, const EvalPlan& plan, parallel
     total += sums[j];
     scored += sums[plan.batches + j];
   }
+  // Every rank of a replica (its pipeline stages and tensor-parallel ranks) filled the batch and
+  // counted its targets; its loss is counted once (BatchLoss).
+  scored /= double(std::max(1, world.size() / dp));
   EvalResult r;
   r.tokens = size_t(scored);
   r.windows = plan.windows;
