@@ -177,7 +177,8 @@ void MatmulBackward(DType t, void* dinp, float* dw, float* dbias, const void* do
   if (dinp)
     Gemm(false, false, M, K, N, dout, N, w, K, dinp, K, t, t == DType::kF32, alpha,
          accumulate ? 1.0f : 0.0f, stream);
-  if (dw) Gemm(true, false, N, K, M, dout, N, inp, K, dw, K, t, /*c_fp32=*/true, alpha, 1.0f, stream);
+  if (dw)
+    Gemm(true, false, N, K, M, dout, N, inp, K, dw, K, t, /*c_fp32=*/true, alpha, 1.0f, stream);
   if (dbias) AddColumnSums(t, dbias, dout, M, N, stream);
 }
 
