@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # LoRA end to end on a tiny GPT-2 fine-tuned from a model file (fp32):
-#  1. layout equivalence: dp 2 with ZeRO 1 and pp 2 (2 micro-batches) give one process's losses
-#     within 1e-5;
+#  1. layout equivalence: dp 2 (ZeRO 0 and 1) and pp 2 (2 micro-batches) give one process's losses
+#     within 1e-5; at ZeRO 0 the gradient all-reduce sends the adapters' gradients only
+#     (comm_bytes = 2 x 4 bytes x adapters x (dp-1)/dp per step);
 #  2. exact resume: stop at step 6, resume to 12: bitwise the losses of the run that never stopped;
 #  3. the run's model file holds the merged weights (no adapter tensors) and keel generate reads it;
 #  4. tp 2 is refused with one line (adapters are not split yet).
@@ -25,6 +26,7 @@ lora=(--set train.steps=12 --set train.batch_size=8 --set optim.lr=1e-2 --set lo
       --set lora.targets=all --set model.init_from="$tmp/base/model.safetensors")
 run single -- "${lora[@]}"
 run dp "${mpi[@]}" -- "${lora[@]}" --set parallel.zero=1 --set train.micro_batch_size=2
+run dp0 "${mpi[@]}" -- "${lora[@]}"
 run pp "${mpi[@]}" -- "${lora[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
 run resumed -- "${lora[@]}" --set train.stop_at=6
 run resumed -- "${lora[@]}" --resume auto
@@ -38,19 +40,23 @@ rc=0
 [[ $rc == 2 ]] && grep -q "not split for tensor parallelism" "$tmp/tp.log" ||
   { echo "tp 2: exit $rc"; cat "$tmp/tp.log"; exit 1; }
 
-/usr/bin/python3 - "$tmp" <<'PY'
+adapters=$(sed -n 's/.*: \([0-9]*\) adapter parameters trained.*/\1/p' "$tmp/single.log")
+/usr/bin/python3 - "$tmp" "$adapters" <<'PY'
 import json, struct, sys
-d = sys.argv[1]
+d, adapters = sys.argv[1], int(sys.argv[2])
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl")]
 ref = losses("single")
 assert len(ref) == 12, len(ref)
-for name in ("dp", "pp"):
+for name in ("dp", "dp0", "pp"):
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name}: max relative loss difference over 12 steps {worst:.2e} (limit 1e-5)")
     assert len(got) == 12 and worst <= 1e-5
 assert losses("resumed") == ref, "the resumed run's losses differ"
+sent = {json.loads(l)["comm_bytes"] for l in open(f"{d}/dp0/metrics.jsonl")}
+print(f"dp 2 ZeRO 0: {sorted(sent)} bytes sent per step for {adapters} adapter parameters")
+assert sent == {4.0 * adapters}, f"expected {4 * adapters} bytes a step (the adapters only)"
 with open(f"{d}/single/model.safetensors", "rb") as f:
     n = struct.unpack("<Q", f.read(8))[0]
     names = [k for k in json.loads(f.read(n)) if k != "__metadata__"]

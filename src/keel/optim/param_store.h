@@ -60,6 +60,8 @@ class ParamStore {
 
   // Frozen parameters' gradients to zero, in what this rank holds of the gradients.
   void ZeroFrozenGrads();
+  // The frozen parameters' ranges, relative to grads() (flat indices when it holds them all).
+  const std::vector<ParamRange>& frozen_grads() const { return frozen_; }
   // Σ g² over the gradients of the state slice [state_lo, state_hi), replicas left out (this
   // rank's part of the global norm; with ZeRO 0 and one stage the whole of it).
   double LocalGradSquares() const;

@@ -1,26 +1,43 @@
 #include "keel/train/grad_sync.h"
 
+#include <algorithm>
+
 #include "keel/core/error.h"
 #include "keel/core/timer.h"
 
 namespace keel::train {
 
 GradSync::GradSync(parallel::Comm& comm, float* grads, size_t total, size_t bucket_elems,
-                   double timeout_s)
+                   double timeout_s, std::vector<std::pair<size_t, size_t>> skip)
     : comm_(comm),
       grads_(grads),
       total_(total),
       bucket_elems_(std::max<size_t>(1, bucket_elems)),
-      timeout_s_(timeout_s) {}
+      timeout_s_(timeout_s),
+      skip_(std::move(skip)) {}
 
 void GradSync::Begin() {
   pending_end_ = total_;
   buckets_ = 0;
+  reduced_ = 0;
   wait_ms_ = 0;
 }
 
 void GradSync::Issue(size_t lo, size_t hi) {
-  inflight_.push_back(comm_.AllReduceSumAsync(grads_ + lo, hi - lo));
+  // The bucket less the frozen ranges: one all-reduce per piece that remains.
+  size_t at = lo;
+  auto reduce = [&](size_t a, size_t b) {
+    if (a >= b) return;
+    inflight_.push_back(comm_.AllReduceSumAsync(grads_ + a, b - a));
+    reduced_ += b - a;
+  };
+  for (const auto& [a, b] : skip_) {
+    if (b <= at) continue;
+    if (a >= hi) break;
+    reduce(at, std::min(a, hi));
+    at = std::max(at, b);
+  }
+  reduce(at, hi);
   ++buckets_;
   pending_end_ = lo;
 }

@@ -5,7 +5,10 @@
 // soon as it reaches the bucket size, so the communication of layer l runs while layer l-1
 // computes; Finish waits for the rest. With one rank it does nothing.
 //
-//   GradSync sync(comm, grads, total, bucket_elems, timeout_s);
+// Frozen ranges (`skip`) are never reduced: their gradients are discarded before the norm, so a
+// LoRA run sends its adapters' gradients only.
+//
+//   GradSync sync(comm, grads, total, bucket_elems, timeout_s, frozen);
 //   sync.Begin();
 //   ... backward: sync.Ready(layout.segment_start(s)) as each segment s finishes ...
 //   sync.Finish();   // throws keel::Error(kTempFail) if a peer does not answer in time
@@ -13,6 +16,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "keel/parallel/comm.h"
@@ -21,7 +25,9 @@ namespace keel::train {
 
 class GradSync {
  public:
-  GradSync(parallel::Comm& comm, float* grads, size_t total, size_t bucket_elems, double timeout_s);
+  // `skip`: sorted, disjoint [first, second) ranges of the flat buffer not to reduce.
+  GradSync(parallel::Comm& comm, float* grads, size_t total, size_t bucket_elems, double timeout_s,
+           std::vector<std::pair<size_t, size_t>> skip = {});
 
   void Begin();
   void Ready(size_t offset);
@@ -29,6 +35,7 @@ class GradSync {
 
   double wait_ms() const { return wait_ms_; }  // time Finish blocked, last step
   int buckets() const { return buckets_; }     // buckets issued, last step
+  size_t reduced() const { return reduced_; }  // elements all-reduced, last step
 
  private:
   void Issue(size_t lo, size_t hi);
@@ -36,6 +43,8 @@ class GradSync {
   float* grads_;
   size_t total_, bucket_elems_;
   double timeout_s_;
+  std::vector<std::pair<size_t, size_t>> skip_;
+  size_t reduced_ = 0;
   size_t pending_end_ = 0;
   std::vector<std::unique_ptr<parallel::Work>> inflight_;
   double wait_ms_ = 0;

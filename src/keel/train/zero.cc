@@ -28,8 +28,19 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       timeout_s_(timeout_s),
       fresh_(size_t(layout.segments()), 0) {
   KEEL_CHECK(comm.size() == dp_, "ZeroStrategy: the communicator is not the data-parallel group");
-  if (zero_ < 2)
-    sync_ = std::make_unique<GradSync>(comm, store.grads(), store.total(), bucket_elems, timeout_s);
+  if (zero_ < 2) {
+    // Stages 0 and 1 hold every gradient, so the frozen ranges are flat indices; adjacent ones
+    // merge into one.
+    std::vector<std::pair<size_t, size_t>> frozen;
+    for (const optim::ParamRange& r : store.frozen_grads()) {
+      if (!frozen.empty() && frozen.back().second == r.offset)
+        frozen.back().second += r.numel;
+      else
+        frozen.emplace_back(r.offset, r.offset + r.numel);
+    }
+    sync_ = std::make_unique<GradSync>(comm, store.grads(), store.total(), bucket_elems, timeout_s,
+                                       std::move(frozen));
+  }
   // Slots 0 and 1: the embeddings and the final LayerNorm; 2 and 3: blocks by parity, so that
   // the block in use and the next one (prefetched, or still reducing) never share a buffer.
   size_t max_block = 0;
@@ -180,7 +191,7 @@ void ZeroStrategy::FinishBackward() {
   if (sync_) {
     sync_->Finish();
     wait_ms_ += sync_->wait_ms();
-    if (dp_ > 1) sent_bytes_ += 2.0 * 4 * double(store_.total()) * (dp_ - 1) / dp_;
+    if (dp_ > 1) sent_bytes_ += 2.0 * 4 * double(sync_->reduced()) * (dp_ - 1) / dp_;
     return;
   }
   for (auto& s : grad_slots_) Drain(*s);
