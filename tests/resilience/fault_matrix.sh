@@ -204,7 +204,9 @@ row "disk full" "checkpoint writer: ENOSPC" "at save" "saves $failed failed; tra
   "bitwise = reference"
 umount "$tmp/small"
 
-launch term "" --set train.steps=30 --set train.log_every=1
+# Rank 0 slowed fourfold (a sleep: the numbers do not change), so that the stop lands mid-run: at
+# full speed the 22 steps after step 8 can end before the signal does.
+launch term "slow@0:0,factor=4" --set train.steps=30 --set train.log_every=1
 beat term 0 8 pid >/dev/null
 kill -TERM "$sup"
 finish term 0
