@@ -143,15 +143,7 @@ void MergePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
       ThrowBadInput(file + ": " + module + ": expected lora_A (" + std::to_string(r) + ", " +
                     std::to_string(in) + ") and lora_B (" + std::to_string(out) + ", " +
                     std::to_string(r) + ") for this model's " + p.name);
-    float* W = weights->data() + p.offset;
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < out; ++o)
-      for (int i = 0; i < in; ++i) {
-        double acc = 0;
-        for (int k = 0; k < r; ++k)
-          acc += double(B.data[size_t(o) * r + k]) * A.data[size_t(k) * in + i];
-        W[size_t(o) * in + i] = float(double(W[size_t(o) * in + i]) + scale * acc);
-      }
+    model::AddLowRank(weights->data() + p.offset, B.data.data(), A.data.data(), out, in, r, scale);
     used += 2;
   }
   for (const auto& [name, t] : f.tensors())

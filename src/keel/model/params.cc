@@ -288,18 +288,20 @@ std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {
       const float* A = whole + lay.Find(m + ".lora_A.weight").offset;
       const float* B = whole + lay.Find(m + ".lora_B.weight").offset;
       float* W = out.data() + base.Find(h + LoraBaseWeight(cfg.llama(), t)).offset;
-      // Plain ints: OpenMP (clang) cannot capture structured bindings.
-      const std::pair<int, int> dims = LoraDims(cfg, t);
-      const int in = dims.first, n_out = dims.second;
-#pragma omp parallel for schedule(static)
-      for (int o = 0; o < n_out; ++o)
-        for (int i = 0; i < in; ++i) {
-          double acc = 0;
-          for (int k = 0; k < r; ++k) acc += double(B[size_t(o) * r + k]) * A[size_t(k) * in + i];
-          W[size_t(o) * in + i] = float(double(W[size_t(o) * in + i]) + s * acc);
-        }
+      const auto [in, n_out] = LoraDims(cfg, t);
+      AddLowRank(W, B, A, n_out, in, r, s);
     }
   return out;
+}
+
+void AddLowRank(float* W, const float* B, const float* A, int out, int in, int r, double scale) {
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) {
+      double acc = 0;
+      for (int k = 0; k < r; ++k) acc += double(B[size_t(o) * r + k]) * A[size_t(k) * in + i];
+      W[size_t(o) * in + i] = float(double(W[size_t(o) * in + i]) + scale * acc);
+    }
 }
 
 size_t MatmulParams(const ModelConfig& cfg) {

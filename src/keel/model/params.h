@@ -161,6 +161,9 @@ bool IsLoraParam(const std::string& name);
 // The whole model's weights without adapters: each adapted product's weight plus s·B·A, in
 // ParamLayout::Whole(BaseModel(cfg))'s order: what inference and exports use.
 std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole);
+// W (out, in) += scale·B (out, r)·A (r, in), summed in fp64: the one merge of a LoRA update, for
+// keel's adapters and PEFT's alike.
+void AddLowRank(float* W, const float* B, const float* A, int out, int in, int r, double scale);
 
 // Parameters that enter a matrix product for every token (the 6·N of a step's FLOPs): all but
 // GPT-2's position table and Llama's input embedding, which are looked up. (GPT-2's wte is also
