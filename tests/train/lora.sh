@@ -5,7 +5,11 @@
 #     (comm_bytes = 2 x 4 bytes x adapters x (dp-1)/dp per step);
 #  2. exact resume: stop at step 6, resume to 12: bitwise the losses of the run that never stopped;
 #  3. the run's model file holds the merged weights (no adapter tensors) and keel generate reads it;
-#  4. tp 2 is refused with one line (adapters are not split yet).
+#  4. tp 2 and ZeRO 2 are refused with one line (adapters are not split yet; nothing to shard);
+#  5. checkpoints hold the adapters alone (master and moments), the frozen base named in
+#     state.base: `keel ckpt export` of the last checkpoint, which rebuilds the base from
+#     init_from, writes the same bytes as the export of the run's model file, fp32 and bf16 (whose
+#     base is kept, and rebuilt, as its bf16 rounding).
 #   tests/train/lora.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -30,6 +34,14 @@ run dp0 "${mpi[@]}" -- "${lora[@]}"
 run pp "${mpi[@]}" -- "${lora[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
 run resumed -- "${lora[@]}" --set train.stop_at=6
 run resumed -- "${lora[@]}" --resume auto
+run bf16 -- "${lora[@]}" --set train.precision=bf16
+for name in single bf16; do
+  last=$(ls -d "$tmp/$name"/checkpoints/step_* | tail -1)
+  "$keel" ckpt export "$last" --out "$tmp/$name-ckpt/model.safetensors" >/dev/null
+  "$keel" ckpt export "$tmp/$name/model.safetensors" --out "$tmp/$name-file/model.safetensors" >/dev/null
+  cmp "$tmp/$name-ckpt/model.safetensors" "$tmp/$name-file/model.safetensors" ||
+    { echo "$name: the checkpoint's export (base rebuilt) differs from the model file's"; exit 1; }
+done
 grep -q "LoRA rank 4, alpha 8 on attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj" "$tmp/single.log" ||
   { cat "$tmp/single.log"; exit 1; }
 "$keel" generate --run "$tmp/single/model.safetensors" --prompt "The" --max-tokens 4 >/dev/null
@@ -39,6 +51,12 @@ rc=0
   >"$tmp/tp.log" 2>&1 || rc=$?
 [[ $rc == 2 ]] && grep -q "not split for tensor parallelism" "$tmp/tp.log" ||
   { echo "tp 2: exit $rc"; cat "$tmp/tp.log"; exit 1; }
+rc=0
+"${mpi[@]}" "$keel" train "$src/configs/test-tiny.toml" --set data.train="$tmp/tokens.u16" \
+  --set train.out_dir="$tmp" --set train.name=z2 "${lora[@]}" --set parallel.zero=2 \
+  >"$tmp/z2.log" 2>&1 || rc=$?
+[[ $rc == 2 ]] && grep -q "use zero = 0 or 1" "$tmp/z2.log" ||
+  { echo "ZeRO 2: exit $rc"; cat "$tmp/z2.log"; exit 1; }
 
 adapters=$(sed -n 's/.*: \([0-9]*\) adapter parameters trained.*/\1/p' "$tmp/single.log")
 /usr/bin/python3 - "$tmp" "$adapters" <<'PY'
@@ -61,5 +79,14 @@ with open(f"{d}/single/model.safetensors", "rb") as f:
     n = struct.unpack("<Q", f.read(8))[0]
     names = [k for k in json.loads(f.read(n)) if k != "__metadata__"]
 assert names and not any("lora" in k for k in names), "the model file holds adapter tensors"
+import glob
+last = sorted(glob.glob(f"{d}/single/checkpoints/step_*"))[-1]
+man = json.load(open(f"{last}/manifest.json"))
+held = {t["name"] for t in man["tensors"]}
+kinds = {t["kind"] for t in man["tensors"]}
+assert held and all(".lora_" in n for n in held), sorted(held)[:5]
+assert kinds == {"master", "adam_m", "adam_v"}, kinds
+assert man["state"]["base"]["init_from"].endswith("base/model.safetensors"), man["state"]["base"]
+print(f"checkpoint: {len(held)} adapter tensors ({sorted(kinds)}), base {man['state']['base']['init_from']}")
 print(f"losses {ref[0]:.4f} -> {ref[-1]:.4f}; model file: {len(names)} tensors, merged")
 PY

@@ -117,15 +117,17 @@ TEST(TrainStep, TwoMicroBatchesOfTwoAreOneOfFour) {
 }
 
 // LoRA through the step: its frozen base ([optim] freeze's machinery, all but the adapters) comes
-// out bitwise the weights it went in with, the adapters move, the loss falls, and the state still
-// counts every parameter (the memory of a frozen base is not saved yet).
-TEST(TrainStep, LoraTrainsItsAdaptersOnlyAndTheBaseStaysBitwise) {
+// out bitwise the weights it went in with (bf16: their bf16 rounding, which is all the run keeps of
+// them; biases stay fp32), the adapters move, the loss falls, and the state is the adapters' alone:
+// master weights and moments of the adapters, the working copy holding the base.
+void LoraTrains(DType dtype) {
   model::ModelConfig cfg = Tiny();
   cfg.lora_rank = 2;
   cfg.lora_alpha = 4;
   cfg.lora_targets = model::kLoraQkv | model::kLoraFcProj;
   StepSpec spec = SpecOf(kRows, 1);
   spec.model = cfg;
+  spec.dtype = dtype;
   const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
   spec.frozen = FrozenParams("", whole);
   auto comm = parallel::MakeLocalComm();
@@ -148,18 +150,30 @@ TEST(TrainStep, LoraTrainsItsAdaptersOnlyAndTheBaseStaysBitwise) {
   size_t adapters = 0, moved = 0;
   for (const model::ParamInfo& p : whole.params()) {
     const bool adapter = model::IsLoraParam(p.name);
+    const bool rounded = dtype == DType::kBF16 && p.bias_index == SIZE_MAX;
     adapters += adapter ? p.numel : 0;
     for (size_t i = 0; i < p.numel; ++i) {
+      const float was = init[p.offset + i];
       if (!adapter) {
-        ASSERT_EQ(after[p.offset + i], init[p.offset + i]) << p.name << "[" << i << "] moved";
+        ASSERT_EQ(after[p.offset + i], rounded ? ToFloat(ToBf16(was)) : was)
+            << p.name << "[" << i << "] moved";
       } else {
-        moved += after[p.offset + i] != init[p.offset + i];
+        moved += after[p.offset + i] != was;
       }
     }
   }
   EXPECT_EQ(adapters, size_t(2 * (2 * 32 + 96 * 2) + 2 * (2 * 128 + 32 * 2)));
   EXPECT_GT(moved, adapters / 2);
+  // The compact state: 4 bytes of master and 8 of moments per adapter weight, nothing for the base.
+  ASSERT_TRUE(st.store().compact());
+  const nlohmann::json bytes = st.MemoryBytes();
+  EXPECT_EQ(bytes.at("master").get<size_t>(), 4 * adapters);
+  EXPECT_EQ(bytes.at("adam_moments").get<size_t>(), 8 * adapters);
+  EXPECT_EQ(bytes.at("working").get<size_t>(), (dtype == DType::kBF16 ? 2 : 4) * whole.total());
 }
+
+TEST(TrainStep, LoraTrainsItsAdaptersOnlyAndTheBaseStaysBitwise) { LoraTrains(DType::kF32); }
+TEST(TrainStep, LoraInBf16KeepsTheBaseInItsWorkingCopyOnly) { LoraTrains(DType::kBF16); }
 
 }  // namespace
 }  // namespace keel::train

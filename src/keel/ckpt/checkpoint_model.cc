@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "keel/ckpt/model_source.h"
 #include "keel/ckpt/reader.h"
 #include "keel/core/error.h"
 
@@ -58,8 +59,11 @@ void CheckManifestModel(const Manifest& m, const std::string& dir) {
     for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
     return r + "]";
   };
+  // A LoRA run's checkpoint holds its adapters; the frozen base is state.base's.
+  const bool adapters_only = HoldsAdaptersOnly(m);
   for (const std::string& kind : kinds)
     for (const model::ParamInfo& p : layout.params()) {
+      if (adapters_only && !model::IsLoraParam(p.name)) continue;
       const TensorEntry* t = m.Find(p.name, kind);
       const std::vector<int64_t> want(p.shape.begin(), p.shape.end());
       if (!t)
@@ -82,6 +86,37 @@ void CheckManifestModel(const Manifest& m, const std::string& dir) {
           ") is not part of the model it describes (state.model: " + std::to_string(cfg.n_layer) +
           " layers, " + std::to_string(cfg.n_head) + " heads)");
   }
+}
+
+bool HoldsAdaptersOnly(const Manifest& m) {
+  return m.state.contains("base") && m.state.at("base").is_object();
+}
+
+void RebuildLoraBase(const nlohmann::json& base, const model::ModelConfig& cfg, float* whole,
+                     const std::string& where) {
+  const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
+  auto text = [&](const char* key) {
+    if (!base.contains(key) || !base.at(key).is_string())
+      ThrowBadInput(where + ": state.base." + key + ": expected a string");
+    return base.at(key).get<std::string>();
+  };
+  if (!base.contains("seed") || !base.at("seed").is_number_unsigned())
+    ThrowBadInput(where + ": state.base.seed: expected an unsigned integer");
+  model::InitParams(layout, cfg, base.at("seed").get<uint64_t>(), whole);
+  const std::string from = text("init_from");
+  if (!from.empty()) {
+    try {
+      LoadInitWeights(from, cfg, whole, text("init_adapter"));
+    } catch (const Error& e) {
+      ThrowBadInput(where + ": the LoRA run's frozen base (state.base.init_from): " + e.what());
+    }
+  }
+  // A bf16 run held its frozen weights in bf16 (its matrix-product biases in fp32).
+  if (text("precision") != "bf16") return;
+  for (const model::ParamInfo& p : layout.params())
+    if (p.bias_index == SIZE_MAX)
+      for (size_t i = 0; i < p.numel; ++i)
+        whole[p.offset + i] = ToFloat(ToBf16(whole[p.offset + i]));
 }
 
 void CheckSameModel(const Manifest& m, const model::ModelConfig& run, const std::string& dir) {
@@ -120,7 +155,12 @@ LoadedModel ReadCheckpointModel(const std::string& dir, bool merge_lora) {
                                  dir + "/manifest.json");
   const auto layout = model::ParamLayout::Whole(m.config);
   m.weights.assign(layout.total(), 0.0f);
-  r.Load(TensorSpecs(layout), {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
+  std::vector<TensorSpec> specs = TensorSpecs(layout);
+  if (HoldsAdaptersOnly(r.manifest())) {
+    RebuildLoraBase(state.at("base"), m.config, m.weights.data(), dir + "/manifest.json");
+    std::erase_if(specs, [](const TensorSpec& t) { return !model::IsLoraParam(t.name); });
+  }
+  r.Load(specs, {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
   // A LoRA run's checkpoint: its adapters merged, as the model file holds them.
   if (m.config.lora_rank > 0 && merge_lora) {
     m.weights = model::MergeLora(m.config, m.weights.data());

@@ -29,6 +29,15 @@ void CheckManifestModel(const Manifest& m, const std::string& dir);
 // that differs, with both values.
 void CheckSameModel(const Manifest& m, const model::ModelConfig& run, const std::string& dir);
 
+// A LoRA run's checkpoint: it holds the adapters (master weights and moments) and names its frozen
+// base in state.base ({init_from, init_adapter, seed, precision}) instead of holding it.
+bool HoldsAdaptersOnly(const Manifest& m);
+// Fills `whole` (ParamLayout::Whole(cfg).total() floats) with that base as the run held it: its
+// seed's init, [model] init_from's weights over it, rounded to bf16 where a bf16 run kept them
+// so. The adapters keep their initial values. Throws keel::Error (bad input) naming `where`.
+void RebuildLoraBase(const nlohmann::json& base, const model::ModelConfig& cfg, float* whole,
+                     const std::string& where);
+
 // The tensors of a parameter layout, as a checkpoint names them.
 std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout);
 

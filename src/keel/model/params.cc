@@ -320,6 +320,9 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
     for (int l = c.l0; l < c.l1; ++l)
       s.max_block = std::max(s.max_block, layout.segment_size(layout.block_segment(l)));
   s.working_bytes = dtype == DType::kBF16 ? 2 : 4;
+  // LoRA trains its adapters only: the state is compact (optim::ParamStore).
+  for (const ParamInfo& p : layout.params())
+    if (IsLoraParam(p.name)) s.trainable += p.numel;
   return s;
 }
 
@@ -362,6 +365,7 @@ parallel::StateShape StateShapeOf(const ModelConfig& cfg, const std::vector<Stag
   const size_t k = chunks.size();
   s.total += (blocks - k) * ((two.total - s.total) / k);
   s.n_bias += (blocks - k) * ((two.n_bias - s.n_bias) / k);
+  s.trainable += (blocks - k) * ((two.trainable - s.trainable) / k);
   return s;
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "keel/core/dtype.h"
@@ -25,6 +26,11 @@ struct ParamRange {
   // A copy of a parameter another pipeline stage owns (the tied wte on the last stage): updated
   // like the original but left out of the gradient norm, which counts each parameter once.
   bool replica = false;
+  // Where the range's gradients and working weights sit when they are not at `offset`: a compact
+  // state (optim::ParamStore over frozen parameters) holds master and moments for the trainable
+  // ranges only, packed, while gradients and weights keep the layout's offsets. SIZE_MAX: offset.
+  size_t at = SIZE_MAX;
+  size_t grad_at() const { return at == SIZE_MAX ? offset : at; }
 };
 
 struct AdamWHyper {

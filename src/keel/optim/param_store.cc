@@ -12,13 +12,30 @@ std::vector<ParamRange> Clip(const std::vector<ParamRange>& ranges, size_t lo, s
   std::vector<ParamRange> out;
   for (const ParamRange& r : ranges) {
     const size_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
-    if (a < b) out.push_back({a - lo, b - a, r.decay, r.frozen, r.replica});
+    if (a < b)
+      out.push_back({a - lo, b - a, r.decay, r.frozen, r.replica,
+                     r.at == SIZE_MAX ? SIZE_MAX : r.at + (a - r.offset)});
   }
   return out;
 }
 
 size_t HeldBy(const parallel::ShardRange& s, size_t total, bool sharded) {
   return sharded ? s.size : total;
+}
+
+// The trainable ranges, packed: offset in the compact state, at in the layout.
+std::vector<ParamRange> Packed(const std::vector<ParamRange>& ranges) {
+  std::vector<ParamRange> out;
+  size_t c = 0;
+  for (const ParamRange& r : ranges) {
+    if (r.frozen) continue;
+    ParamRange p = r;
+    p.offset = c;
+    p.at = r.offset;
+    out.push_back(p);
+    c += r.numel;
+  }
+  return out;
 }
 
 }  // namespace
@@ -29,22 +46,31 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
     : shape_(shape),
       be_(&be),
       dims_(dims),
-      shard_(parallel::Shard(shape.total, dims.dp, dp_rank)),
+      compact_(shape.compact()),
+      trainable_(compact_ ? Packed(ranges) : ranges),
+      shard_(parallel::Shard(state_total(), dims.dp, dp_rank)),
       state_lo_(dims.zero >= 1 ? shard_.lo : 0),
-      state_hi_(dims.zero >= 1 ? shard_.hi : shape.total),
+      state_hi_(dims.zero >= 1 ? shard_.hi : state_total()),
       grads_lo_(dims.zero >= 2 ? shard_.lo : 0),
       grads_size_(HeldBy(shard_, shape.total, dims.zero >= 2)),
-      master_(Buffer::Zeroed(be, 4 * HeldBy(shard_, shape.total, dims.zero >= 1))),
+      master_(Buffer::Zeroed(be, 4 * (state_hi_ - state_lo_))),
       grads_(Buffer::Zeroed(be, 4 * grads_size_)),
       biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
-      opt_(Clip(ranges, state_lo_, state_hi_), HeldBy(shard_, shape.total, dims.zero >= 1), hyper,
+      opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_, hyper,
            be) {
+  if (compact_) {
+    KEEL_CHECK(dims.zero <= 1, "ParamStore: a compact state shards at ZeRO 0 and 1 only");
+    size_t n = 0;
+    for (const ParamRange& r : trainable_) n += r.numel;
+    KEEL_CHECK(n == shape.trainable, "ParamStore: the shape's trainable count is not the ranges'");
+  }
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, dims);
   working_ = Buffer::Zeroed(be, b.working);
   working_lo_ = dims.zero >= 3 ? shard_.lo : 0;
   for (const ParamRange& r : Clip(ranges, grads_lo_, grads_lo_ + grads_size_))
     if (r.frozen) frozen_.push_back(r);
-  replicas_ = Clip(ranges, state_lo_, state_hi_);
+  replicas_ = Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_);
+  if (compact_) pieces_ = replicas_;
   std::erase_if(replicas_, [](const ParamRange& r) { return !r.replica; });
 }
 
@@ -58,6 +84,12 @@ void ParamStore::ZeroFrozenGrads() {
 }
 
 double ParamStore::LocalGradSquares() const {
+  if (compact_) {
+    double sq = 0;
+    for (const ParamRange& r : pieces_)
+      if (!r.replica) sq += be_->SumSquares(grads_.as<float>() + r.at, r.numel);
+    return sq;
+  }
   const float* g = grads_.as<float>() + (state_lo_ - grads_lo_);
   // The slice less the replicas (layout order, so sorted): each piece between them.
   double sq = 0;
@@ -72,6 +104,7 @@ double ParamStore::LocalGradSquares() const {
 void ParamStore::Update(float lr, float grad_scale) {
   // The bf16 working copy receives the rounded update where it covers the state slice: all of it
   // (stage 0), this rank's place in the full copy (1, 2; then all-gathered), or the shard (3).
+  if (compact_) return opt_.Step(master(), nullptr, grads(), lr, grad_scale);
   bf16* w = nullptr;
   if (dtype() == DType::kBF16) w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
   opt_.Step(master(), w, grads() + (state_lo_ - grads_lo_), lr, grad_scale);
@@ -83,7 +116,7 @@ parallel::StateBytes ParamStore::bytes() const {
   b.biases = biases_.bytes();
   b.grads = grads_.bytes();
   b.master = master_.bytes();
-  b.moments = 8 * HeldBy(shard_, shape_.total, dims_.zero >= 1);
+  b.moments = 8 * (state_hi_ - state_lo_);
   return b;
 }
 

@@ -12,6 +12,12 @@
 // Every buffer is described by the flat index of its first element (`*_lo`), so the same
 // offsets address a replica and a shard.
 //
+// A compact state (StateShape::trainable < total: LoRA's frozen base) keeps master weights and
+// moments for the trainable parameters only, packed in layout order: the state's flat indices
+// count trainable elements, and ZeRO 1 shards that count. Gradients and working weights keep the
+// layout's offsets; the frozen weights live in the working copy alone (bf16 runs: as bf16), set
+// once by TrainStep::SetWeights. ZeRO 0 and 1 only.
+//
 //   ParamStore st(shape, dims, dp_rank, ranges, hyper);
 //   st.Update(lr, clip_scale);   // AdamW over what this rank holds
 #pragma once
@@ -40,10 +46,19 @@ class ParamStore {
   const kernels::Backend& backend() const { return *be_; }
   DType dtype() const { return shape_.working_bytes == 2 ? DType::kBF16 : DType::kF32; }
   size_t total() const { return shape_.total; }
-  // This rank's ZeRO slice of the flat layout (also at stage 0: what it writes to checkpoints).
+  // This rank's ZeRO slice of the state's flat indices (also at stage 0: what it writes to
+  // checkpoints); of the layout unless compact.
   const parallel::ShardRange& shard() const { return shard_; }
 
-  // Master weights and moments hold [state_lo(), state_hi()).
+  // Compact: master and moments over the trainable parameters only (above).
+  bool compact() const { return compact_; }
+  // The trainable parameters as ranges of the compact state (offset) and of the layout (at), in
+  // layout order; every range, frozen or not, when not compact.
+  const std::vector<ParamRange>& trainable() const { return trainable_; }
+  // Elements the state's flat indices count: trainable ones when compact, else total().
+  size_t state_total() const { return compact_ ? shape_.trainable : shape_.total; }
+
+  // Master weights and moments hold [state_lo(), state_hi()) of the state's flat indices.
   size_t state_lo() const { return state_lo_; }
   size_t state_hi() const { return state_hi_; }
   float* master() { return master_.as<float>(); }
@@ -66,7 +81,7 @@ class ParamStore {
   // rank's part of the global norm; with ZeRO 0 and one stage the whole of it).
   double LocalGradSquares() const;
   // AdamW over [state_lo, state_hi); writes the rounded weights into the working copy where it
-  // covers that slice.
+  // covers that slice (compact: not at all; ZeroStrategy publishes them).
   void Update(float lr, float grad_scale);
   int step() const { return opt_.step(); }
   void set_step(int s) { opt_.set_step(s); }
@@ -78,11 +93,14 @@ class ParamStore {
   parallel::StateShape shape_;
   const kernels::Backend* be_;
   parallel::ParallelDims dims_;
+  bool compact_ = false;
+  std::vector<ParamRange> trainable_;
   parallel::ShardRange shard_;
   size_t state_lo_ = 0, state_hi_ = 0, grads_lo_ = 0, grads_size_ = 0, working_lo_ = 0;
   Buffer master_, grads_, working_, biases_;
   std::vector<ParamRange> frozen_;    // frozen ranges, relative to grads()
   std::vector<ParamRange> replicas_;  // replica ranges in the state slice, relative to state_lo
+  std::vector<ParamRange> pieces_;    // compact: the state slice's ranges (offset from state_lo)
   AdamW opt_;
 };
 

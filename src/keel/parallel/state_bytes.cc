@@ -5,14 +5,17 @@ namespace keel::parallel {
 StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   const bool bf16 = s.working_bytes == 2;
   const size_t shard = Shard(s.total, d.dp, 0).size;
-  const size_t held = d.zero >= 1 ? shard : s.total;  // master and moments
+  const size_t state = s.compact() ? s.trainable : s.total;
+  const size_t held = d.zero >= 1 ? Shard(state, d.dp, 0).size : state;  // master and moments
   const size_t segs = s.embed + s.final_norm + 2 * s.max_block;
   StateBytes b;
   b.master = 4 * held;
   b.moments = 8 * held;
   b.grads = 4 * (d.zero >= 2 ? shard : s.total);
   b.biases = bf16 ? 4 * s.n_bias : 0;
-  if (d.zero == 0)
+  if (s.compact())
+    b.working = size_t(s.working_bytes) * s.total;  // the frozen weights' only copy
+  else if (d.zero == 0)
     b.working = bf16 ? 2 * s.total : 0;  // fp32: the master is the working copy
   else if (d.zero <= 2)
     b.working = size_t(s.working_bytes) * s.total;

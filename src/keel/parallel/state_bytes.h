@@ -20,13 +20,18 @@ struct StateShape {
   size_t final_norm = 0;  // the last segment
   size_t max_block = 0;   // the largest transformer block
   int working_bytes = 4;  // 4: fp32 run (the working weights are the master), 2: bf16
+  // Parameters that are trained (LoRA's adapters), when fewer than `total`: a compact state
+  // (optim::ParamStore), whose master weights and moments cover these only. 0: all of them.
+  size_t trainable = 0;
+  bool compact() const { return trainable > 0 && trainable < total; }
 };
 
 struct StateBytes {
   size_t working = 0;  // weights the forward pass reads (bf16 copy; fp32 ZeRO 1-2: a full copy)
   size_t biases = 0;   // fp32 biases of bf16 runs
   size_t grads = 0;    // fp32 gradients: all, or this rank's shard (ZeRO >= 2)
-  size_t master = 0;   // fp32 master weights: all, or this rank's shard (ZeRO >= 1)
+  size_t master = 0;   // fp32 master weights: all, or this rank's shard (ZeRO >= 1); compact:
+                       // of the trainable parameters, and every working weight is kept
   size_t moments = 0;  // AdamW m and v, as the master
   // ZeRO >= 2: per-segment gradient scratch (the embeddings, the final LayerNorm, two blocks in
   // flight); ZeRO 3: also the gathered weights of the same segments.

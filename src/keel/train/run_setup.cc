@@ -102,6 +102,16 @@ Setup Validate(const RunConfig& cfg, int world) {
     ThrowBadInput(
         "[lora] rank: LoRA adapters are not split for tensor parallelism yet: use dp, pp "
         "and ZeRO with parallel.tp = 1");
+  // A LoRA run's state is its adapters' (optim::ParamStore's compact state): nothing to shard
+  // further, and the frozen base is every rank's working copy.
+  if (s.mcfg.lora_rank > 0 && s.layout.zero >= 2)
+    ThrowBadInput("[parallel] zero = " + std::to_string(s.layout.zero) +
+                  ": a LoRA run keeps master weights, moments and gradients for its adapters "
+                  "only; use zero = 0 or 1 (ZeRO 2/3 would shard a few MB)");
+  if (s.mcfg.lora_rank > 0 && !cfg.optim.freeze.empty())
+    ThrowBadInput(
+        "[optim] freeze: a LoRA run freezes everything but its adapters already; "
+        "leave freeze empty");
   CheckMemoryFits(cfg, s.layout);  // before anything large is allocated
   return s;
 }
@@ -196,7 +206,8 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   // A run that may resume leaves it for later: the checkpoint brings the weights, and drawing
   // 124M normal values takes seconds of every restart (TrainRun draws them if none is found).
   // A fine-tuning file is read here all the same, so that a bad one fails before anything else.
-  if (cfg.checkpoint.resume.empty() || !cfg.model.init_from.empty()) {
+  // LoRA's checkpoints hold its adapters only: the frozen base is drawn or read at every start.
+  if (cfg.checkpoint.resume.empty() || !cfg.model.init_from.empty() || p.s.mcfg.lora_rank > 0) {
     const model::ParamLayout params = model::ParamLayout::Whole(p.s.mcfg);
     p.init.resize(params.total());
     model::InitParams(params, p.s.mcfg, cfg.train.seed, p.init.data());
@@ -222,6 +233,19 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   return p;
 }
 
+// A LoRA run's frozen base, which its checkpoints do not hold (ckpt::ReadCheckpointModel rebuilds
+// it): where its weights come from and the precision it was held in. Null for other runs.
+nlohmann::json BaseRecord(const RunConfig& cfg, const model::ModelConfig& mcfg) {
+  if (mcfg.lora_rank <= 0) return nullptr;
+  auto absolute = [](const std::string& p) {
+    return p.empty() ? p : std::filesystem::absolute(p).lexically_normal().string();
+  };
+  return {{"init_from", absolute(cfg.model.init_from)},
+          {"init_adapter", absolute(cfg.model.init_adapter)},
+          {"seed", cfg.train.seed},
+          {"precision", cfg.train.precision}};
+}
+
 // Everything a checkpoint holds beside the tensors and the detectors' state, after `step_done`
 // steps.
 nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
@@ -241,7 +265,8 @@ nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
             {"total_steps", cfg.train.steps}}},
           {"rng", {{"kind", "counter"}, {"seed", cfg.train.seed}}},
           {"loss_scaler", {{"kind", "none"}, {"scale", 1.0}}},
-          {"precision", cfg.train.precision}};
+          {"precision", cfg.train.precision},
+          {"base", BaseRecord(cfg, mcfg)}};
 }
 
 }  // namespace

@@ -87,9 +87,34 @@ void TrainStep::SetWeights(const float* full) {
   const model::ParamLayout whole = model::ParamLayout::Whole(spec_.model);
   std::vector<float> mine(layout_.total());
   model::CopyShards(layout_, whole, full, mine.data(), /*to_whole=*/false);
+  if (store_->compact()) SetFrozenWeights(mine);
   be_.FromHost(store_->master(), mine.data() + store_->state_lo(),
                4 * (store_->state_hi() - store_->state_lo()));
   zero_->PublishWeights();
+}
+
+// A compact state keeps the frozen weights in the working copy only (and the fp32 biases): all of
+// `mine` goes there once, and `mine` is left packed as the master expects it.
+void TrainStep::SetFrozenWeights(std::vector<float>& mine) {
+  if (spec_.dtype == DType::kBF16) {
+    std::vector<bf16> w(mine.size());
+    for (size_t i = 0; i < w.size(); ++i) w[i] = ToBf16(mine[i]);
+    be_.FromHost(store_->working(), w.data(), 2 * w.size());
+    std::vector<float> b(layout_.n_bias());
+    for (const model::ParamInfo& p : layout_.params())
+      if (p.bias_index != SIZE_MAX)
+        // host: the staging of the bias copy, in host memory
+        std::copy_n(mine.data() + p.offset, p.numel, b.data() + p.bias_index);
+    be_.FromHost(store_->biases(), b.data(), 4 * b.size());
+  } else {
+    be_.FromHost(store_->working(), mine.data(), 4 * mine.size());
+  }
+  size_t at = 0;
+  for (const optim::ParamRange& r : store_->trainable()) {
+    // host: packing the trainable weights in place (at <= r.at: a left shift)
+    std::copy_n(mine.data() + r.at, r.numel, mine.data() + at);
+    at += r.numel;
+  }
 }
 
 void TrainStep::Restored(int optimizer_step) {
@@ -196,6 +221,20 @@ ckpt::StateView TrainStep::StateView() {
   ckpt::StateView v;
   v.tensors = ckpt::TensorSpecs(layout_);
   if (!layout_.whole()) v.all_tensors = ckpt::TensorSpecs(model::ParamLayout::Whole(spec_.model));
+  if (store_->compact()) {
+    // The trainable tensors only, at their places in the packed state; the frozen base is the
+    // run's [model] init_from (or its seed's init), named in the manifest's state.base.
+    std::vector<ckpt::TensorSpec> mine;
+    auto r = store_->trainable().begin();
+    for (size_t i = 0; i < v.tensors.size(); ++i) {
+      if (r == store_->trainable().end() || r->at != layout_.params()[i].offset) continue;
+      mine.push_back(v.tensors[i]);
+      mine.back().offset = (r++)->offset;
+    }
+    v.tensors = std::move(mine);
+    std::erase_if(v.all_tensors,
+                  [](const ckpt::TensorSpec& t) { return !model::IsLoraParam(t.name); });
+  }
   v.buffers = {
       {"master", store_->master()}, {"adam_m", store_->adam_m()}, {"adam_v", store_->adam_v()}};
   v.lo = store_->state_lo();

@@ -80,10 +80,10 @@ size_t ZeroStrategy::buffer_bytes() const {
   return b;
 }
 
-std::vector<size_t> ZeroStrategy::Counts(size_t a, size_t b) const {
+std::vector<size_t> ZeroStrategy::Counts(size_t a, size_t b, size_t n) const {
   std::vector<size_t> c(static_cast<size_t>(dp_));
   for (int r = 0; r < dp_; ++r) {
-    const parallel::ShardRange s = parallel::Shard(store_.total(), dp_, r);
+    const parallel::ShardRange s = parallel::Shard(n ? n : store_.total(), dp_, r);
     const size_t lo = std::max(a, s.lo), hi = std::min(b, s.hi);
     c[size_t(r)] = hi > lo ? hi - lo : 0;
   }
@@ -224,6 +224,7 @@ void ZeroStrategy::PublishBiases() {
 }
 
 void ZeroStrategy::PublishWeights() {
+  if (store_.compact()) return PublishCompact();
   const size_t lo = store_.state_lo(), hi = store_.state_hi();
   if (store_.dtype() == DType::kBF16)
     store_.backend().ToBf16(static_cast<bf16*>(store_.working()) + (lo - store_.working_lo()),
@@ -233,7 +234,41 @@ void ZeroStrategy::PublishWeights() {
 
 void ZeroStrategy::Update(float lr, float grad_scale) {
   store_.Update(lr, grad_scale);  // also rounds this rank's slice into the bf16 working copy
+  if (store_.compact()) return PublishCompact();
   Publish();
+}
+
+const float* ZeroStrategy::AllCompactMaster(Buffer& tmp) {
+  if (zero_ == 0) return store_.master();
+  const size_t n = store_.state_total();
+  tmp = Buffer(store_.backend(), 4 * n);
+  auto w = comm_.AllGatherAsync(store_.master(), tmp.data(), Counts(0, n, n), DType::kF32);
+  Wait(*w, "parameter all-gather");
+  sent_bytes_ += 4.0 * double(n) * (dp_ - 1) / dp_;
+  return tmp.as<float>();
+}
+
+void ZeroStrategy::PublishCompact() {
+  const kernels::Backend& be = store_.backend();
+  Buffer tmp;
+  const float* all = AllCompactMaster(tmp);
+  const bool bf = store_.dtype() == DType::kBF16;
+  for (const optim::ParamRange& r : store_.trainable()) {
+    if (bf)
+      be.ToBf16(static_cast<bf16*>(store_.working()) + r.at, all + r.offset, r.numel);
+    else
+      be.Copy(static_cast<float*>(store_.working()) + r.at, all + r.offset, 4 * r.numel);
+  }
+  if (!bf) return;
+  // The trainable ranges are the layout's unfrozen tensors, in order.
+  auto r = store_.trainable().begin(), end = store_.trainable().end();
+  for (const model::ParamInfo& p : layout_.params()) {
+    if (r == end) break;
+    if (r->at != p.offset) continue;
+    if (p.bias_index != SIZE_MAX)
+      be.Copy(store_.biases() + p.bias_index, all + r->offset, 4 * p.numel);
+    ++r;
+  }
 }
 
 void ZeroStrategy::Publish() {
@@ -255,6 +290,31 @@ void ZeroStrategy::Publish() {
 std::vector<float> ZeroStrategy::GatherMaster() {
   const kernels::Backend& be = store_.backend();
   std::vector<float> full(store_.total());
+  if (store_.compact()) {
+    // The frozen weights from the working copy (bf16: the values the model computed with) and
+    // the fp32 biases, then the trainable ones from the master.
+    if (store_.dtype() == DType::kBF16) {
+      std::vector<bf16> w(full.size());
+      be.ToHost(w.data(), store_.working(), 2 * w.size());
+      for (size_t i = 0; i < w.size(); ++i) full[i] = ToFloat(w[i]);
+      std::vector<float> b(layout_.n_bias());
+      be.ToHost(b.data(), store_.biases(), 4 * b.size());
+      // host: the gathered copy is built in host memory
+      for (const model::ParamInfo& p : layout_.params())
+        if (p.bias_index != SIZE_MAX)
+          std::copy_n(b.data() + p.bias_index, p.numel, full.data() + p.offset);
+    } else {
+      be.ToHost(full.data(), store_.working(), 4 * full.size());
+    }
+    Buffer tmp;
+    const float* all = AllCompactMaster(tmp);
+    std::vector<float> trained(store_.state_total());
+    be.ToHost(trained.data(), all, 4 * trained.size());
+    // host: as above
+    for (const optim::ParamRange& r : store_.trainable())
+      std::copy_n(trained.data() + r.offset, r.numel, full.data() + r.at);
+    return full;
+  }
   if (zero_ == 0) {
     be.ToHost(full.data(), store_.master(), 4 * full.size());
     return full;

@@ -70,12 +70,18 @@ class ZeroStrategy final : public model::ParamAccess {
   struct Slot;
   Slot& GradSlot(int s);
   Slot& WeightSlot(int s);
-  std::vector<size_t> Counts(size_t a, size_t b) const;  // per rank: |[a,b) ∩ shard r|
+  // Per rank: |[a,b) ∩ shard r| of `n` elements sharded over the group (0: the layout's total).
+  std::vector<size_t> Counts(size_t a, size_t b, size_t n = 0) const;
   void Gather(int s, Slot& slot);
   void Wait(parallel::Work& w, const char* what);
   void Drain(Slot& slot);  // completes the slot's reduce-scatter and adds it to the grad shard
   void Publish();          // the updated slice to whoever reads it
   void PublishBiases();
+  // A compact state's trainable weights, all of them (ZeRO 1: gathered), into the working copy
+  // and the biases; the frozen ones never change.
+  void PublishCompact();
+  // The trainable parameters' master weights, all of them: the store's, or gathered into `tmp`.
+  const float* AllCompactMaster(Buffer& tmp);
   size_t ElemBytes() const;
 
   optim::ParamStore& store_;
