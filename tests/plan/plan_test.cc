@@ -169,6 +169,33 @@ TEST(Comm, ZeroThreeMovesOneAndAHalfTimesTheDataParallelBytes) {
   EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, 1.5 * base);
 }
 
+// LoRA on Llama-3-8B, rank 16 on every projection: the adapters are 0.44% of the model, the data
+// parallel group reduces their fp32 gradients only, the frozen base's dW products leave the FLOPs,
+// and the search keeps to the trainer's tp 1 and ZeRO 0/1.
+TEST(Lora, AdaptersAloneAreReducedAndTheFrozenBaseSkipsItsWeightGradients) {
+  Job job = KeelJob("llama3-8b", 8, 64);
+  job.accounting = Accounting::kKeel;
+  const double n_full = TotalParams(job.model);
+  const double flops_full = ModelFlopsPerToken(job.model, n_full);
+  job.model.lora_rank = 16;
+  job.model.lora_targets = model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
+  const double n = TotalParams(job.model), adapters = TrainableParams(job.model);
+  // Per layer r·(4096 + 6144) + r·(4096 + 4096) + r·(4096 + 2·14336) + r·(14336 + 4096): keel's
+  // fused q/k/v and gate/up products share one A each.
+  EXPECT_DOUBLE_EQ(adapters, 32.0 * 16 * (10240 + 8192 + 32768 + 18432));
+  EXPECT_DOUBLE_EQ(n, n_full + adapters);
+  const Layout l = Layout::Of({8, 1, 1, 0}, 1, Recompute::kNone, false);
+  EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, 2 * (7.0 / 8) * adapters * 4);
+  // 2 FLOPs per frozen matrix weight fewer (the embedding is a lookup; lm_head is a product).
+  EXPECT_DOUBLE_EQ(ModelFlopsPerToken(job.model, n),
+                   flops_full + 6 * adapters - 2 * (n_full - 128256.0 * 4096));
+  for (const Estimate& e : Search(job, Constraints{})) {
+    EXPECT_EQ(e.layout.tp, 1);
+    EXPECT_LE(e.layout.zero, 1);
+  }
+  EXPECT_THROW(Search(job, Constraints{.zero = 2}), Error);
+}
+
 TEST(Search, RanksFittingLayoutsFirstAndRejectsWithReason) {
   const Job job = KeelJob("175B", 64, 512);
   const auto all = Search(job, Constraints{});

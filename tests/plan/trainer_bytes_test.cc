@@ -187,6 +187,44 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
       }
 }
 
+// LoRA: the planner's compact state is the trainer's to the byte (master weights and moments of
+// the adapters, packed and sharded at ZeRO 1; the working copy holding the frozen base; fp32
+// gradients of every weight), and it is what the adapter count says.
+TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
+  for (Precision prec : {Precision::kBf16, Precision::kFp32})
+    for (const char* name : {"gpt2-tiny", "llama-tiny"})
+      for (int dp : {1, 2, 3})
+        for (int zero : {0, 1}) {
+          SCOPED_TRACE(std::string(name) + " " + PrecisionName(prec) + " dp " + std::to_string(dp) +
+                       " zero " + std::to_string(zero));
+          Job job;
+          job.model = NamedModel(name);
+          job.model.lora_rank = 4;
+          job.model.lora_targets =
+              model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
+          job.precision = prec;
+          job.accounting = Accounting::kKeel;
+          job.global_batch = 2 * dp;
+          job.cluster.world = dp;
+          job.cluster.per_node = 1;
+          job.cluster.accel = NamedAccelerator("H100-80GB");
+          Layout l;
+          l.dp = dp;
+          l.zero = zero;
+          l.micro_batch = 2;
+          const MemoryBreakdown plan = EstimateMemory(job, l);
+          SilentComm comm(dp - 1, dp);
+          ExpectAllocations(SpecOf(job, l, 1), train::StepGroups{&comm}, plan, zero);
+          const double n = TotalParams(job.model), adapters = TrainableParams(job.model);
+          ASSERT_LT(adapters, n / 10);
+          const double held = zero >= 1 ? std::ceil(adapters / dp) : adapters;
+          EXPECT_EQ(plan.state.master, 4 * held);
+          EXPECT_EQ(plan.state.moments, 8 * held);
+          EXPECT_EQ(plan.state.grads, 4 * n);
+          EXPECT_GE(plan.state.params, (prec == Precision::kBf16 ? 2 : 4) * n);
+        }
+}
+
 // Pipeline stages: each stage's store and arenas (its blocks, the embeddings on the first, the
 // final LayerNorm and the tied wte copy on the last, the schedule's slots and the boundary
 // gradients; one arena per chunk when interleaved) are the planner's for that stage, and the

@@ -14,6 +14,7 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/dtype.h"
 #include "keel/core/error.h"
+#include "keel/model/config.h"
 #include "keel/plan/search.h"
 
 namespace keel::cli {
@@ -21,8 +22,9 @@ namespace keel::cli {
 namespace {
 
 struct PlanArgs {
-  std::string config, model, precision = "bf16", accounting = "paper", accel = "H100-80GB";
-  std::string recompute = "any", sp = "any";
+  std::string config, model, precision = "bf16", accounting, accel = "H100-80GB";
+  std::string recompute = "any", sp = "any", lora_targets;
+  int lora_rank = 0;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1;
@@ -101,8 +103,24 @@ plan::Job MakeJob(const PlanArgs& a) {
       job.model.seq != named.seq)
     job.model.name = a.model.empty() ? "custom" : a.model + " (modified)";
   plan::ValidateModel(job.model);
+  if (a.lora_rank < 0)
+    ThrowBadInput("plan: --lora-rank " + std::to_string(a.lora_rank) + ": expected >= 0");
+  if (a.lora_rank > 0) {
+    const bool llama = job.model.family == model::Family::kLlama;
+    job.model.lora_rank = a.lora_rank;
+    job.model.lora_targets = model::ParseLoraTargets(
+        llama, a.lora_targets.empty() ? (llama ? "qkv" : "c_attn") : a.lora_targets,
+        "plan: --lora-targets");
+  } else if (!a.lora_targets.empty()) {
+    ThrowBadInput("plan: --lora-targets without --lora-rank");
+  }
   job.precision = plan::ParsePrecision(a.precision);
-  job.accounting = plan::ParseAccounting(a.accounting);
+  // keel's accounting is the only one that knows LoRA's compact state: it is LoRA's default.
+  job.accounting = plan::ParseAccounting(!a.accounting.empty() ? a.accounting
+                                         : a.lora_rank > 0     ? "keel"
+                                                               : "paper");
+  if (a.lora_rank > 0 && job.accounting != plan::Accounting::kKeel)
+    ThrowBadInput("plan: --lora-rank: the paper accounting has no LoRA; use --accounting keel");
   job.global_batch = a.global_batch;
   if (a.efficiency != -1 && !(a.efficiency > 0 && a.efficiency <= 1)) {
     char num[32];
@@ -190,8 +208,12 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_option("--seq", a.seq, "sequence length");
   cmd->add_option("--precision", a.precision, "fp32 or bf16 (fp32 master)")->capture_default_str();
   cmd->add_option("--accounting", a.accounting,
-                  "paper: bf16 grads, 16 B/param; keel: fp32 grads, 18 B/param, keel's arena")
-      ->capture_default_str();
+                  "paper: bf16 grads, 16 B/param (the default); keel: fp32 grads, 18 B/param, "
+                  "keel's arena (the default with --lora-rank)");
+  cmd->add_option("--lora-rank", a.lora_rank,
+                  "LoRA fine-tuning: adapters of this rank, the base frozen ([lora] rank)");
+  cmd->add_option("--lora-targets", a.lora_targets,
+                  "products the adapters adapt, as [lora] targets (default: qkv / c_attn)");
   cmd->add_option("--global-batch", a.global_batch, "sequences per step")->capture_default_str();
   cmd->add_option("--accelerator", a.accel, "A100-80GB, H100-80GB, H200-141GB, this-cpu (measured)")
       ->capture_default_str();

@@ -7,6 +7,8 @@
 #include <cstdio>
 
 #include "keel/core/error.h"
+#include "keel/model/config.h"
+#include "keel/plan/memory.h"
 
 namespace keel::cli::plan_output {
 
@@ -97,8 +99,20 @@ void PrintHeader(const plan::Job& j) {
   std::printf("model %s: %d layers, hidden %d, %d heads%s, vocab %d, seq %d, %.3gB params\n",
               j.model.name.c_str(), j.model.layers, j.model.hidden, j.model.heads, shape.c_str(),
               j.model.vocab, j.model.seq, plan::TotalParams(j.model) / 1e9);
-  std::printf("%s, AdamW, %s accounting (%g bytes/param), global batch %d sequences\n",
-              plan::PrecisionName(j.precision), plan::AccountingName(j.accounting), bpp.total(),
+  if (j.model.lora_rank > 0) {
+    const double n = plan::TotalParams(j.model), t = plan::TrainableParams(j.model);
+    std::printf(
+        "LoRA rank %d on %s: %.4g M trainable parameters (%.3g%%), the base frozen: master and "
+        "moments for the adapters only, %.4g MB of fp32 gradients reduced per step (full "
+        "fine-tuning: %.4g GB), no weight-gradient products for the base's %.3gB\n",
+        j.model.lora_rank, model::LoraTargetsText(plan::ToModelConfig(j.model)).c_str(), t / 1e6,
+        100 * t / n, 4 * t / 1e6, 4 * (n - t) / 1e9, plan::FrozenMatmulParams(j.model) / 1e9);
+  }
+  char per_param[48];
+  std::snprintf(per_param, sizeof(per_param), "%g bytes/param", bpp.total());
+  std::printf("%s, AdamW, %s accounting (%s), global batch %d sequences\n",
+              plan::PrecisionName(j.precision), plan::AccountingName(j.accounting),
+              j.model.lora_rank > 0 ? "LoRA: weights, fp32 gradients, adapters' state" : per_param,
               j.global_batch);
   const auto& a = j.cluster.accel;
   std::printf(

@@ -18,8 +18,9 @@ double DalyInterval(double delta_s, double mtbf_s) {
 
 double CheckpointStateBytes(const Job& job) {
   // fp32 runs: the working weights are the master; bf16 runs: the master is written, the bf16 copy
-  // rebuilt on resume. Either way 4 + 8 bytes per parameter.
-  return 12 * TotalParams(job.model);
+  // rebuilt on resume. Either way 4 + 8 bytes per parameter, of the trained ones (LoRA: the
+  // adapters; the frozen base is named, not written).
+  return 12 * TrainableParams(job.model);
 }
 
 CheckpointPlan PlanCheckpoints(const Job& job) {

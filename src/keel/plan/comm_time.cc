@@ -39,7 +39,12 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   const double r = Ring(l.dp);
-  if (l.zero == 0)
+  if (m.lora_rank > 0) {
+    // LoRA (tp 1, ZeRO 0/1): the adapters' fp32 gradients are all-reduced, and at ZeRO 1 their
+    // fp32 master shards all-gathered; the frozen base sends nothing.
+    const double adapters = TrainableParams(m) / l.pp;
+    c.dp_bytes = 2 * r * adapters * 4 + (l.zero == 1 ? r * adapters * 4 : 0);
+  } else if (l.zero == 0)
     c.dp_bytes = 2 * r * psi * bpp.grads;
   else if (l.zero == 1 && job.accounting == Accounting::kKeel)
     c.dp_bytes = 2 * r * psi * bpp.grads + r * psi * bpp.weights;
@@ -63,7 +68,9 @@ double ModelFlopsPerToken(const ModelSpec& m, double n_params) {
   // is its classifier; its position table counts as in the papers' 6N.
   const double lookup =
       m.family == model::Family::kLlama ? double((m.vocab + 127) / 128 * 128) * m.hidden : 0.0;
-  return 6 * (n_params - lookup) + 12.0 * m.layers * m.hidden * m.seq;
+  // LoRA's frozen matrices get no weight-gradient product: 2 of their 6 FLOPs per weight are not
+  // work the run has to do (the trainer counts MFU the same way).
+  return 6 * (n_params - lookup) - 2 * FrozenMatmulParams(m) + 12.0 * m.layers * m.hidden * m.seq;
 }
 
 double HardwareFlopsPerToken(const ModelSpec& m, double n_params, Recompute rc) {

@@ -17,8 +17,8 @@ struct CommVolume {
 
 CommVolume EstimateComm(const Job& job, const Layout& l);
 
-// Model FLOPs per token: 6N + 12·L·h·s (PaLM's MFU: the attention scores count, the
-// recomputation does not).
+// Model FLOPs per token: 6N + 12·L·h·s, less 2 per frozen matrix weight under LoRA (PaLM's MFU:
+// the attention scores count, the recomputation does not).
 double ModelFlopsPerToken(const ModelSpec& m, double n_params);
 // What the hardware executes per token: the model FLOPs plus the recomputed forward (full:
 // 2N + 4Lhs more; selective: the attention core again, 4Lhs).

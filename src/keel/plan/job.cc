@@ -43,6 +43,8 @@ ModelSpec SpecOf(const std::string& name, const model::ModelConfig& c, int seq) 
   ModelSpec m{name, c.n_layer, c.n_embd, c.n_head, c.vocab_size, seq};
   m.family = c.family;
   if (c.llama()) m.kv_heads = c.kv_heads(), m.ffn = c.ffn();
+  m.lora_rank = c.lora_rank;
+  m.lora_targets = c.lora_targets;
   return m;
 }
 
@@ -56,6 +58,9 @@ model::ModelConfig ToModelConfig(const ModelSpec& m) {
   c.family = m.family;
   c.n_kv_head = m.kv_heads;
   c.ffn_hidden = m.ffn;
+  c.lora_rank = m.lora_rank;
+  c.lora_targets = m.lora_targets;
+  c.lora_alpha = m.lora_rank > 0 ? 2.0f * float(m.lora_rank) : 0.0f;  // shapes only
   return c;
 }
 
@@ -109,6 +114,11 @@ Layout Layout::Of(const parallel::ParallelDims& dims, int micro_batch, Recompute
 void CheckLayout(const Job& job, const Layout& l) {
   if (l.micro_batch < 1)
     ThrowBadInput("plan: micro-batch " + std::to_string(l.micro_batch) + ": expected >= 1");
+  // The trainer's refusals (train/run_setup.cc): adapters are not split, and their state is too
+  // small to shard further.
+  if (job.model.lora_rank > 0 && (l.tp > 1 || l.zero > 1))
+    ThrowBadInput("plan: LoRA runs with tp 1 and ZeRO 0 or 1 (got tp " + std::to_string(l.tp) +
+                  ", zero " + std::to_string(l.zero) + ")");
   // The checks the trainer makes too, in one place, over the micro-batches the planner counts.
   // The planner's vocabulary is not padded, and it has no sequence length of its own.
   parallel::Layout t = l;

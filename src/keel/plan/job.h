@@ -22,6 +22,11 @@ struct ModelSpec {
   model::Family family = model::Family::kGpt2;
   int kv_heads = 0;  // Llama: grouped-query key/value heads (0: heads)
   int ffn = 0;       // Llama: SwiGLU's hidden units (0: GPT-2's 4·hidden)
+  // LoRA fine-tuning ([lora]): adapters of this rank on these products (model::LoraTarget bits),
+  // the rest frozen: a compact state (adapters' master and moments), adapters' gradients reduced,
+  // no weight-gradient products for the frozen matrices. 0: full training.
+  int lora_rank = 0;
+  unsigned lora_targets = 0;
 };
 
 // A keel model config as the planner's spec, at sequence length `seq`.
@@ -87,7 +92,8 @@ struct Job {
   RunInputs run;
 };
 
-// Throws bad input, one line with the numbers, if the layout cannot run this job: micro-batch >= 1
+// Throws bad input, one line with the numbers, if the layout cannot run this job: micro-batch >= 1,
+// LoRA's tp 1 and ZeRO 0-1,
 // and the trainer's own checks (parallel::Layout::Validate: dims >= 1, zero stage,
 // world = tp*pp*dp, heads % tp, layers % pp, global batch % (dp*micro_batch), sp, virtual stages,
 // the pipeline's ZeRO and micro-batches).

@@ -59,6 +59,8 @@ namespace {
 // named tensors.
 struct ParamSizes {
   double embed = 0, per_layer = 0, ln_f = 0, wte = 0, total = 0;
+  double trainable = 0;      // LoRA: the adapters; else total
+  double frozen_matmul = 0;  // LoRA: the base's matrix-product weights (no dW products)
 };
 
 const ParamSizes& Sizes(const ModelSpec& m) {
@@ -66,7 +68,8 @@ const ParamSizes& Sizes(const ModelSpec& m) {
   thread_local ParamSizes sizes;
   if (key.layers == m.layers && key.hidden == m.hidden && key.heads == m.heads &&
       key.vocab == m.vocab && key.seq == m.seq && key.family == m.family &&
-      key.kv_heads == m.kv_heads && key.ffn == m.ffn)
+      key.kv_heads == m.kv_heads && key.ffn == m.ffn && key.lora_rank == m.lora_rank &&
+      key.lora_targets == m.lora_targets)
     return sizes;
   const auto layout = model::ParamLayout::Whole(ToModelConfig(m));
   sizes.embed = double(layout.layer_start(0));  // wte (+ GPT-2's wpe)
@@ -74,6 +77,17 @@ const ParamSizes& Sizes(const ModelSpec& m) {
   sizes.ln_f = double(layout.total() - layout.layer_start(m.layers));
   sizes.wte = double(layout.Find("wte.weight").numel);
   sizes.total = double(layout.total());
+  sizes.trainable = 0;
+  sizes.frozen_matmul = 0;
+  for (const model::ParamInfo& p : layout.params()) {
+    if (model::IsLoraParam(p.name)) sizes.trainable += double(p.numel);
+  }
+  if (m.lora_rank > 0) {
+    const model::ModelConfig cfg = ToModelConfig(m);
+    sizes.frozen_matmul = double(model::MatmulParams(model::BaseModel(cfg)));
+  } else {
+    sizes.trainable = sizes.total;
+  }
   key = m;
   return sizes;
 }
@@ -81,6 +95,8 @@ const ParamSizes& Sizes(const ModelSpec& m) {
 }  // namespace
 
 double TotalParams(const ModelSpec& m) { return Sizes(m).total; }
+double TrainableParams(const ModelSpec& m) { return Sizes(m).trainable; }
+double FrozenMatmulParams(const ModelSpec& m) { return Sizes(m).frozen_matmul; }
 
 double ParamsPerRank(const ModelSpec& m, int tp, int pp) {
   // Sizes from keel's own registry, so that tp=pp=1 is exactly what keel allocates. With tp,

@@ -39,6 +39,10 @@ double ParamsPerRank(const ModelSpec& m, int tp, int pp);
 // All parameters, exactly as keel allocates them (model::ParamLayout::Gpt2: padded vocabulary,
 // position embedding, biases, LayerNorms).
 double TotalParams(const ModelSpec& m);
+// LoRA: the adapters' parameters (all of them otherwise), and the frozen base's matrix-product
+// weights, whose weight gradients are not computed (0 otherwise).
+double TrainableParams(const ModelSpec& m);
+double FrozenMatmulParams(const ModelSpec& m);
 
 struct MemoryBreakdown {
   StateMemory state;

@@ -76,6 +76,12 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
                   n(c.dp > 0 ? c.dp : 1) + " x micro-batch " +
                   n(c.micro_batch > 0 ? c.micro_batch : 1) + " = " + n(batch_unit));
   if (c.zero > 3) ThrowBadInput("plan: zero stage " + n(c.zero) + " not in 0..3");
+  // LoRA: the trainer's tp 1 and ZeRO 0/1 (job.h's CheckLayout).
+  const bool lora = job.model.lora_rank > 0;
+  if (lora && (c.tp > 1 || c.zero > 1))
+    ThrowBadInput(
+        "plan: LoRA runs with tp 1 and ZeRO 0 or 1 (adapters are not split, and their "
+        "state is too small to shard further)");
   const int v = c.virtual_stages;
   if (v < 1) ThrowBadInput("plan: --virtual-stages " + n(v) + ": expected >= 1");
   if (v > 1 && c.pp > 0 && job.model.layers % (long(c.pp) * v))
@@ -87,7 +93,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
 
   std::vector<Estimate> out;
   for (int tp : Candidates(c.tp, world)) {
-    if (world % tp || job.model.heads % tp) continue;
+    if (world % tp || job.model.heads % tp || (lora && tp > 1)) continue;
     for (int pp : Candidates(c.pp, world / tp)) {
       if ((world / tp) % pp || job.model.layers % pp) continue;
       // Interleaving needs a pipeline, whole layers per chunk, and groups of pp micro-batches.
@@ -100,7 +106,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
         if (c.micro_batch > 0 && mb != c.micro_batch) continue;
         if (per_dp % mb) continue;
         if (v > 1 && (per_dp / mb) % pp) continue;
-        for (int zero = 0; zero <= 3; ++zero) {
+        for (int zero = 0; zero <= (lora ? 1 : 3); ++zero) {
           if (c.zero >= 0 && zero != c.zero) continue;
           if (c.zero < 0 && zero > 0 && dp == 1) continue;  // nothing to shard over
           for (Recompute rc : rcs) {
@@ -115,7 +121,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
       }
       // An explicitly requested micro-batch that is not a power of two.
       if (c.micro_batch > 0 && (c.micro_batch & (c.micro_batch - 1)) && per_dp % c.micro_batch == 0)
-        for (int zero = 0; zero <= 3; ++zero)
+        for (int zero = 0; zero <= (lora ? 1 : 3); ++zero)
           for (Recompute rc : rcs)
             for (int sp = 0; sp <= 1; ++sp) {
               if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;

@@ -418,6 +418,9 @@ void Run::MeasureAndLogStart() {
   const int T = cfg.data.seq_len;
   flops_per_token =
       monitor::TrainFlopsPerToken(double(model::MatmulParams(mcfg)), mcfg.n_layer, mcfg.n_embd, T);
+  // LoRA's frozen base computes no weight gradients: 2 of its 6 FLOPs per weight are not done.
+  if (mcfg.lora_rank > 0)
+    flops_per_token -= 2.0 * double(model::MatmulParams(model::BaseModel(mcfg)));
   // MFU's denominator: every rank's measured peak (ranks may sit on different CPUs).
   // On a GPU: its data sheet's dense peak, unless [monitor] peak_gflops says otherwise.
   RunFacts facts;

@@ -7,6 +7,7 @@
 #include "keel/core/error.h"
 #include "keel/parallel/comm_wait.h"
 #include "keel/parallel/pipeline_schedule.h"
+#include "keel/train/freeze.h"
 
 namespace keel::train {
 namespace {
@@ -51,9 +52,12 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
           {groups.tp ? groups.tp->size() : 1, groups.tp ? groups.tp->rank() : 0})) {
   KEEL_CHECK(!g_.pp || g_.pp->size() == spec.layout.pp, "TrainStep: pp group size != layout.pp");
   KEEL_CHECK(layout_.tp().size == spec.layout.tp, "TrainStep: tp group size != layout.tp");
+  // LoRA trains its adapters only, whoever builds the step (the trainer passes the same).
+  if (spec_.model.lora_rank > 0 && spec_.frozen.empty())
+    spec_.frozen = FrozenParams("", model::ParamLayout::Whole(spec_.model));
   store_ = std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype),
                                                spec.layout, comm_.rank(),
-                                               RangesOf(layout_, spec.frozen), spec.hyper, be_);
+                                               RangesOf(layout_, spec_.frozen), spec.hyper, be_);
   zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
                                          spec.comm_timeout_s);
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
@@ -67,7 +71,7 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
         layout_, chunks[c], slots[c],
         model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.layout.sp}, be_));
     models_.back()->SetDocumentMask(spec.document_eos);
-    models_.back()->SetFrozen(spec.frozen);
+    models_.back()->SetFrozen(spec_.frozen);
     ptrs.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
