@@ -88,36 +88,43 @@ TrainStep::~TrainStep() {
 
 void TrainStep::SetWeights(const float* full) {
   // `full` is the whole model's layout; this rank's tensors (or shards) sit elsewhere in its own.
-  const model::ParamLayout whole = model::ParamLayout::Whole(spec_.model);
-  std::vector<float> mine(layout_.total());
-  model::CopyShards(layout_, whole, full, mine.data(), /*to_whole=*/false);
-  if (store_->compact()) SetFrozenWeights(mine);
-  be_.FromHost(store_->master(), mine.data() + store_->state_lo(),
+  // One process's layout is the whole one: no copy (a 1B model's would be 4 GB more at start).
+  std::vector<float> copy;
+  const float* mine = full;
+  if (!layout_.whole()) {
+    copy.resize(layout_.total());
+    model::CopyShards(layout_, model::ParamLayout::Whole(spec_.model), full, copy.data(),
+                      /*to_whole=*/false);
+    mine = copy.data();
+  }
+  std::vector<float> packed;
+  if (store_->compact()) {
+    SetFrozenWeights(mine);
+    for (const optim::ParamRange& r : store_->trainable())
+      packed.insert(packed.end(), mine + r.at, mine + r.at + r.numel);
+    mine = packed.data();
+  }
+  be_.FromHost(store_->master(), mine + store_->state_lo(),
                4 * (store_->state_hi() - store_->state_lo()));
   zero_->PublishWeights();
 }
 
 // A compact state keeps the frozen weights in the working copy only (and the fp32 biases): all of
-// `mine` goes there once, and `mine` is left packed as the master expects it.
-void TrainStep::SetFrozenWeights(std::vector<float>& mine) {
+// `mine` (layout_.total() values) goes there once.
+void TrainStep::SetFrozenWeights(const float* mine) {
+  const size_t n = layout_.total();
   if (spec_.dtype == DType::kBF16) {
-    std::vector<bf16> w(mine.size());
-    for (size_t i = 0; i < w.size(); ++i) w[i] = ToBf16(mine[i]);
-    be_.FromHost(store_->working(), w.data(), 2 * w.size());
+    std::vector<bf16> w(n);
+    for (size_t i = 0; i < n; ++i) w[i] = ToBf16(mine[i]);
+    be_.FromHost(store_->working(), w.data(), 2 * n);
     std::vector<float> b(layout_.n_bias());
     for (const model::ParamInfo& p : layout_.params())
       if (p.bias_index != SIZE_MAX)
         // host: the staging of the bias copy, in host memory
-        std::copy_n(mine.data() + p.offset, p.numel, b.data() + p.bias_index);
+        std::copy_n(mine + p.offset, p.numel, b.data() + p.bias_index);
     be_.FromHost(store_->biases(), b.data(), 4 * b.size());
   } else {
-    be_.FromHost(store_->working(), mine.data(), 4 * mine.size());
-  }
-  size_t at = 0;
-  for (const optim::ParamRange& r : store_->trainable()) {
-    // host: packing the trainable weights in place (at <= r.at: a left shift)
-    std::copy_n(mine.data() + r.at, r.numel, mine.data() + at);
-    at += r.numel;
+    be_.FromHost(store_->working(), mine, 4 * n);
   }
 }
 

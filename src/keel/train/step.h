@@ -120,7 +120,7 @@ class TrainStep {
   bool last_stage() const { return layout_.holds_last(); }
 
  private:
-  void SetFrozenWeights(std::vector<float>& mine);
+  void SetFrozenWeights(const float* mine);
   void SumTiedGrads();
   void SumNormGrads();
 
