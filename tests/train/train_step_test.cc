@@ -119,7 +119,7 @@ TEST(TrainStep, TwoMicroBatchesOfTwoAreOneOfFour) {
 // LoRA through the step: its frozen base ([optim] freeze's machinery, all but the adapters) comes
 // out bitwise the weights it went in with (bf16: their bf16 rounding, which is all the run keeps of
 // them; biases stay fp32), the adapters move, the loss falls, and the state is the adapters' alone:
-// master weights and moments of the adapters, the working copy holding the base.
+// master weights, moments and gradients of the adapters, the working copy holding the base.
 void LoraTrains(DType dtype) {
   model::ModelConfig cfg = Tiny();
   cfg.lora_rank = 2;
@@ -164,11 +164,13 @@ void LoraTrains(DType dtype) {
   }
   EXPECT_EQ(adapters, size_t(2 * (2 * 32 + 96 * 2) + 2 * (2 * 128 + 32 * 2)));
   EXPECT_GT(moved, adapters / 2);
-  // The compact state: 4 bytes of master and 8 of moments per adapter weight, nothing for the base.
+  // The compact state: 4 bytes of master, 8 of moments and 4 of gradient per adapter weight,
+  // nothing for the base.
   ASSERT_TRUE(st.store().compact());
   const nlohmann::json bytes = st.MemoryBytes();
   EXPECT_EQ(bytes.at("master").get<size_t>(), 4 * adapters);
   EXPECT_EQ(bytes.at("adam_moments").get<size_t>(), 8 * adapters);
+  EXPECT_EQ(bytes.at("grads").get<size_t>(), 4 * (adapters + 2 * 32));  // + the norms' scratch
   EXPECT_EQ(bytes.at("working").get<size_t>(), (dtype == DType::kBF16 ? 2 : 4) * whole.total());
 }
 

@@ -36,20 +36,21 @@ LlamaParams<T> Params(Transformer::Impl& m, int l, bool grads) {
   const std::string h = "h." + std::to_string(l) + ".";
   auto at = [&](const char* n) { return m.layout.Find(h + n).offset - base; };
   // A matrix product's weight gradient: none when frozen (the product is skipped).
-  auto gm = [&](const char* n) { return m.WeightGrad(g, m.layout.Find(h + n), base); };
+  auto gm = [&](const char* n) { return m.WeightGrad(g, m.layout.Find(h + n), s); };
+  auto gn = [&](const char* n) { return m.GradAt(g, m.layout.Find(h + n), s); };
   LlamaParams<T> p;
   p.ln1 = w + at("ln_1.weight"), p.qkv = w + at("attn.q_proj.weight");
   p.o = w + at("attn.o_proj.weight"), p.ln2 = w + at("ln_2.weight");
   p.gate_up = w + at("mlp.gate_proj.weight"), p.down = w + at("mlp.down_proj.weight");
   if (g) {
-    p.d_ln1 = g + at("ln_1.weight"), p.d_qkv = gm("attn.q_proj.weight");
-    p.d_o = gm("attn.o_proj.weight"), p.d_ln2 = g + at("ln_2.weight");
+    p.d_ln1 = gn("ln_1.weight"), p.d_qkv = gm("attn.q_proj.weight");
+    p.d_o = gm("attn.o_proj.weight"), p.d_ln2 = gn("ln_2.weight");
     p.d_gate_up = gm("mlp.gate_proj.weight"), p.d_down = gm("mlp.down_proj.weight");
   }
-  p.qkv_lora = Lora<T>(m, l, kLoraQkv, w, g, base);
-  p.o_lora = Lora<T>(m, l, kLoraProj, w, g, base);
-  p.gate_up_lora = Lora<T>(m, l, kLoraFc, w, g, base);
-  p.down_lora = Lora<T>(m, l, kLoraFcProj, w, g, base);
+  p.qkv_lora = Lora<T>(m, l, kLoraQkv, w, g, s);
+  p.o_lora = Lora<T>(m, l, kLoraProj, w, g, s);
+  p.gate_up_lora = Lora<T>(m, l, kLoraFc, w, g, s);
+  p.down_lora = Lora<T>(m, l, kLoraFcProj, w, g, s);
   return p;
 }
 

@@ -51,6 +51,38 @@ void ParamLayout::AssignBiases() {
   }
 }
 
+void ParamLayout::AssignGrads() {
+  bool lora = false;
+  for (const ParamInfo& info : params_) lora = lora || IsLoraParam(info.name);
+  if (!lora) {
+    for (ParamInfo& info : params_) info.grad_offset = info.offset;
+    seg_grad_start_ = seg_start_;
+    grad_total_ = grad_trained_ = total_;
+    return;
+  }
+  size_t at = 0, norm = 0;
+  for (ParamInfo& info : params_) {
+    if (NormParam(info)) norm = std::max(norm, info.numel);
+    if (!IsLoraParam(info.name)) continue;
+    info.grad_offset = at;
+    at += info.numel;
+  }
+  grad_trained_ = at;
+  grad_total_ = at + 2 * norm;
+  // A norm's weight and bias share one kernel call: each its own half of the scratch.
+  for (ParamInfo& info : params_)
+    if (NormParam(info)) info.grad_offset = at + (info.name.ends_with(".bias") ? norm : 0);
+  // Each segment's first trained gradient: the packed count before the segment's first element.
+  seg_grad_start_.assign(seg_start_.size(), 0);
+  size_t before = 0;
+  auto it = params_.begin();
+  for (size_t s = 0; s < seg_start_.size(); ++s) {
+    for (; it != params_.end() && it->offset < seg_start_[s]; ++it)
+      if (IsLoraParam(it->name)) before += it->numel;
+    seg_grad_start_[s] = before;
+  }
+}
+
 StageRange StageOf(const ModelConfig& cfg, int pp, int stage) {
   const int per = cfg.n_layer / pp;
   return {stage * per, (stage + 1) * per, cfg.n_layer};
@@ -175,6 +207,7 @@ ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
   else
     p.Add("ln_f.bias", {C}, false, 0);
   p.AssignBiases();
+  p.AssignGrads();
   return p;
 }
 
@@ -253,6 +286,7 @@ ParamLayout ParamLayout::Stage(const ModelConfig& cfg, const std::vector<StageRa
     p.Append(whole.Find(cfg.llama() ? "lm_head.weight" : "ln_f.bias"));
   }
   p.AssignBiases();
+  p.AssignGrads();
   return p;
 }
 
@@ -323,6 +357,7 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   // LoRA trains its adapters only: the state is compact (optim::ParamStore).
   for (const ParamInfo& p : layout.params())
     if (IsLoraParam(p.name)) s.trainable += p.numel;
+  s.grads = layout.grad_total();
   return s;
 }
 
@@ -366,6 +401,7 @@ parallel::StateShape StateShapeOf(const ModelConfig& cfg, const std::vector<Stag
   s.total += (blocks - k) * ((two.total - s.total) / k);
   s.n_bias += (blocks - k) * ((two.n_bias - s.n_bias) / k);
   s.trainable += (blocks - k) * ((two.trainable - s.trainable) / k);
+  s.grads += (blocks - k) * ((two.grads - s.grads) / k);
   return s;
 }
 

@@ -50,6 +50,10 @@ struct ParamInfo {
   // tp equal parts; tp rank r holds part r of every block.
   std::vector<int> global_shape = {};
   int tp_axis = -1, tp_groups = 1;
+  // Where its gradient sits in the rank's gradient buffer (ParamLayout::grad_total() floats): the
+  // offset itself, except in a LoRA layout, whose buffer holds the adapters' gradients packed
+  // (then a scratch for the frozen norms'); SIZE_MAX: none (a frozen weight, not computed).
+  size_t grad_offset = SIZE_MAX;
 };
 
 // The tensor-parallel part of the model a rank holds: shard `rank` of `size`.
@@ -139,14 +143,27 @@ class ParamLayout {
   int final_segment() const { return holds_last() ? segments() - 1 : -1; }
   size_t n_bias() const { return n_bias_; }
 
+  // The gradient buffer (ParamInfo::grad_offset). Whole models and stages without LoRA: the
+  // layout itself (grad_total() = total()). With LoRA adapters: their gradients alone, packed in
+  // layout order ([0, grad_trained())), then 2·C floats that take the frozen LayerNorms'
+  // gradients, which the norm kernels compute beside the input gradient and nobody reads; the
+  // other frozen weights get none. The data-parallel reduction and the norm cover
+  // [0, grad_trained()).
+  size_t grad_total() const { return grad_total_; }
+  size_t grad_trained() const { return grad_trained_; }
+  // Segment s's first gradient: the grad_offset of its first trained tensor (or of the next one).
+  size_t segment_grad_start(int s) const { return seg_grad_start_[size_t(s)]; }
+
  private:
   void Add(std::string name, std::vector<int> shape, bool decay, float std, float value = 0);
   void Append(const ParamInfo& p);  // a tensor of the whole model, placed at the end
   void AssignBiases();
+  void AssignGrads();
   std::vector<ParamInfo> params_;
   // Find runs per layer per step (and per token in generation): a hash, not a scan of 150 names.
   std::unordered_map<std::string, size_t> index_;
-  std::vector<size_t> seg_start_;
+  std::vector<size_t> seg_start_, seg_grad_start_;
+  size_t grad_total_ = 0, grad_trained_ = 0;
   std::vector<StageRange> chunks_;
   TpShard tp_;
   bool has_embed_ = true;

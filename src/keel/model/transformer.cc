@@ -68,9 +68,9 @@ BlockParams<T> Block(Transformer::Impl& m, int l, bool grads) {
     else
       return biases + info(n).bias_index;
   };
-  auto G = [&](const char* n) { return g ? g + (info(n).offset - base) : nullptr; };
+  auto G = [&](const char* n) { return m.GradAt(g, info(n), s); };
   // A matrix product's weight or bias: none when frozen (the product is skipped).
-  auto GM = [&](const char* n) { return m.WeightGrad(g, info(n), base); };
+  auto GM = [&](const char* n) { return m.WeightGrad(g, info(n), s); };
   BlockParams<T> p;
   p.ln1w = W("ln_1.weight"), p.ln1b = W("ln_1.bias");
   p.qkvw = W("attn.c_attn.weight"), p.qkvb = bias("attn.c_attn.bias");
@@ -84,10 +84,10 @@ BlockParams<T> Block(Transformer::Impl& m, int l, bool grads) {
   p.d_ln2w = G("ln_2.weight"), p.d_ln2b = G("ln_2.bias");
   p.d_fcw = GM("mlp.c_fc.weight"), p.d_fcb = GM("mlp.c_fc.bias");
   p.d_fcpw = GM("mlp.c_proj.weight"), p.d_fcpb = GM("mlp.c_proj.bias");
-  p.qkv_lora = internal::Lora<T>(m, l, kLoraQkv, w, g, base);
-  p.proj_lora = internal::Lora<T>(m, l, kLoraProj, w, g, base);
-  p.fc_lora = internal::Lora<T>(m, l, kLoraFc, w, g, base);
-  p.fcp_lora = internal::Lora<T>(m, l, kLoraFcProj, w, g, base);
+  p.qkv_lora = internal::Lora<T>(m, l, kLoraQkv, w, g, s);
+  p.proj_lora = internal::Lora<T>(m, l, kLoraProj, w, g, s);
+  p.fc_lora = internal::Lora<T>(m, l, kLoraFc, w, g, s);
+  p.fcp_lora = internal::Lora<T>(m, l, kLoraFcProj, w, g, s);
   return p;
 }
 
@@ -186,7 +186,7 @@ const T* FinalWeight(Transformer::Impl& m, const char* name) {
          (m.layout.Find(name).offset - m.layout.segment_start(s));
 }
 float* FinalGrad(Transformer::Impl& m, float* grads, const char* name) {
-  return grads + (m.layout.Find(name).offset - m.layout.segment_start(m.layout.final_segment()));
+  return m.GradAt(grads, m.layout.Find(name), m.layout.final_segment());
 }
 
 // The embeddings' segment starts the layout of the stages that have one: offsets index it.
@@ -281,8 +281,7 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   ParamAccess& acc = *m.acc;
   const int e = m.layout.embed_segment();
-  float* ge = m.uses_embed ? acc.Grads(e) : nullptr;  // the embeddings' segment starts the layout
-  const size_t wte = m.uses_embed ? m.layout.Find("wte.weight").offset : 0;
+  float* ge = m.uses_embed ? acc.Grads(e) : nullptr;
   T* dres = m.Act<T>("dres");
   T* dtmp = m.Act<T>("dtmp");
   double loss = 0;
@@ -292,9 +291,8 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
     const int s = m.layout.final_segment();
     float* gf = acc.Grads(s);
     // A frozen classifier (LoRA's base) gets no weight gradient: its product is skipped.
-    float* dhead =
-        m.cfg.tied() ? m.WeightGrad(ge, m.layout.Find("wte.weight"), 0)
-                     : m.WeightGrad(gf, m.layout.Find("lm_head.weight"), m.layout.segment_start(s));
+    float* dhead = m.cfg.tied() ? m.WeightGrad(ge, m.layout.Find("wte.weight"), e)
+                                : m.WeightGrad(gf, m.layout.Find("lm_head.weight"), s);
     const T* x = nullptr;
     KEEL_PROFILED("tp_comm", x = m.Whole(m.Act<T>("lnf")));
     // The head's own phase: on a small model it is most of the step's FLOPs. Host time, so on
@@ -345,9 +343,12 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
   if (m.stage.first()) {
     const T* x = nullptr;
     KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-    float* dwpe = m.cfg.llama() ? nullptr : ge + m.layout.Find("wpe.weight").offset;
-    KEEL_PROFILED("encoder",
-                  m.be->EncoderBackward(ge + wte, dwpe, x, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
+    float* dwte = m.GradAt(ge, m.layout.Find("wte.weight"), e);
+    float* dwpe = m.cfg.llama() ? nullptr : m.GradAt(ge, m.layout.Find("wpe.weight"), e);
+    // LoRA's frozen embeddings have no gradient: the scatter-add is skipped.
+    if (dwte)
+      KEEL_PROFILED("encoder",
+                    m.be->EncoderBackward(dwte, dwpe, x, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
   } else {
     m.be->Copy(din, dres, sizeof(T) * m.R * C);
   }

@@ -36,7 +36,7 @@ class DenseParams final : public ParamAccess {
         dtype_(dtype),
         be_(be),
         master(Buffer::Zeroed(be, layout.total() * 4)),
-        grads(Buffer::Zeroed(be, layout.total() * 4)),
+        grads(Buffer::Zeroed(be, layout.grad_total() * 4)),
         working(Buffer::Zeroed(be, dtype == DType::kBF16 ? layout.total() * 2 : 0)),
         biases(Buffer::Zeroed(be, dtype == DType::kBF16 ? layout.n_bias() * 4 : 0)) {}
 
@@ -46,7 +46,7 @@ class DenseParams final : public ParamAccess {
                                  : static_cast<const void*>(working.as<bf16>() + off);
   }
   const float* Biases() override { return biases.as<float>(); }
-  float* Grads(int s) override { return grads.as<float>() + layout_.segment_start(s); }
+  float* Grads(int s) override { return grads.as<float>() + layout_.segment_grad_start(s); }
 
   void SyncWorking() {
     if (dtype_ != DType::kBF16) return;
@@ -215,11 +215,18 @@ struct Transformer::Impl {
     return Act<U>("resid", copy, slot);
   }
 
-  // Where a matrix product's weight gradient goes: `g` (the segment's gradients at `at`), or null
-  // for a frozen weight, whose product is skipped. Null `g`: no gradients asked for.
-  float* WeightGrad(float* g, const ParamInfo& p, size_t segment_start) const {
-    if (!g || (p.stream < frozen.size() && frozen[p.stream])) return nullptr;
-    return g + (p.offset - segment_start);
+  // Parameter p's gradient in segment s's gradients `g` (ParamAccess::Grads(s)), or null where
+  // it has none (a LoRA layout's frozen weights: ParamLayout::grad_offset). Null `g`: no
+  // gradients asked for.
+  float* GradAt(float* g, const ParamInfo& p, int s) const {
+    if (!g || p.grad_offset == SIZE_MAX) return nullptr;
+    return g + (p.grad_offset - layout.segment_grad_start(s));
+  }
+  // Where a matrix product's weight gradient goes, or null for a frozen weight, whose product is
+  // skipped.
+  float* WeightGrad(float* g, const ParamInfo& p, int s) const {
+    if (p.stream < frozen.size() && frozen[p.stream]) return nullptr;
+    return GradAt(g, p, s);
   }
 
   // The micro-batch's document starts from its host token ids: position t's document begins
@@ -298,15 +305,15 @@ struct LoraPair {
 // Block l's adapter of target `t`, in the segment whose weights start at `w` (gradients at `g`,
 // may be null) from flat index `base`.
 template <typename T>
-LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, float* g,
-                 size_t base) {
+LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, float* g, int s) {
   LoraPair<T> a;
+  const size_t base = m.layout.segment_start(s);
   if (m.cfg.lora_rank == 0 || !(m.cfg.lora_targets & t)) return a;
   const std::string mod = "h." + std::to_string(l) + "." + LoraModule(m.cfg.llama(), t);
   const ParamInfo& A = m.layout.Find(mod + ".lora_A.weight");
   const ParamInfo& B = m.layout.Find(mod + ".lora_B.weight");
   a.A = w + (A.offset - base), a.B = w + (B.offset - base);
-  a.dA = m.WeightGrad(g, A, base), a.dB = m.WeightGrad(g, B, base);
+  a.dA = m.WeightGrad(g, A, s), a.dB = m.WeightGrad(g, B, s);
   std::tie(a.in, a.out) = LoraDims(m.cfg, t);
   return a;
 }

@@ -38,6 +38,12 @@ std::vector<ParamRange> Packed(const std::vector<ParamRange>& ranges) {
   return out;
 }
 
+// The ranges with their gradients at their own offsets (a compact state's: packed alike).
+std::vector<ParamRange> Unplaced(std::vector<ParamRange> ranges) {
+  for (ParamRange& r : ranges) r.at = SIZE_MAX;
+  return ranges;
+}
+
 }  // namespace
 
 ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::ParallelDims& dims,
@@ -52,12 +58,12 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       state_lo_(dims.zero >= 1 ? shard_.lo : 0),
       state_hi_(dims.zero >= 1 ? shard_.hi : state_total()),
       grads_lo_(dims.zero >= 2 ? shard_.lo : 0),
-      grads_size_(HeldBy(shard_, shape.total, dims.zero >= 2)),
+      grads_size_(compact_ ? shape.grads : HeldBy(shard_, shape.total, dims.zero >= 2)),
       master_(Buffer::Zeroed(be, 4 * (state_hi_ - state_lo_))),
       grads_(Buffer::Zeroed(be, 4 * grads_size_)),
       biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
-      opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_, hyper,
-           be) {
+      opt_(Clip(compact_ ? Unplaced(trainable_) : ranges, state_lo_, state_hi_),
+           state_hi_ - state_lo_, hyper, be) {
   if (compact_) {
     KEEL_CHECK(dims.zero <= 1, "ParamStore: a compact state shards at ZeRO 0 and 1 only");
     size_t n = 0;
@@ -67,10 +73,11 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, dims);
   working_ = Buffer::Zeroed(be, b.working);
   working_lo_ = dims.zero >= 3 ? shard_.lo : 0;
-  for (const ParamRange& r : Clip(ranges, grads_lo_, grads_lo_ + grads_size_))
-    if (r.frozen) frozen_.push_back(r);
+  // A compact state's gradients are the trainable ones, packed as its master: nothing frozen.
+  if (!compact_)
+    for (const ParamRange& r : Clip(ranges, grads_lo_, grads_lo_ + grads_size_))
+      if (r.frozen) frozen_.push_back(r);
   replicas_ = Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_);
-  if (compact_) pieces_ = replicas_;
   std::erase_if(replicas_, [](const ParamRange& r) { return !r.replica; });
 }
 
@@ -84,12 +91,6 @@ void ParamStore::ZeroFrozenGrads() {
 }
 
 double ParamStore::LocalGradSquares() const {
-  if (compact_) {
-    double sq = 0;
-    for (const ParamRange& r : pieces_)
-      if (!r.replica) sq += be_->SumSquares(grads_.as<float>() + r.at, r.numel);
-    return sq;
-  }
   const float* g = grads_.as<float>() + (state_lo_ - grads_lo_);
   // The slice less the replicas (layout order, so sorted): each piece between them.
   double sq = 0;
@@ -104,7 +105,7 @@ double ParamStore::LocalGradSquares() const {
 void ParamStore::Update(float lr, float grad_scale) {
   // The bf16 working copy receives the rounded update where it covers the state slice: all of it
   // (stage 0), this rank's place in the full copy (1, 2; then all-gathered), or the shard (3).
-  if (compact_) return opt_.Step(master(), nullptr, grads(), lr, grad_scale);
+  if (compact_) return opt_.Step(master(), nullptr, grads() + state_lo_, lr, grad_scale);
   bf16* w = nullptr;
   if (dtype() == DType::kBF16) w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
   opt_.Step(master(), w, grads() + (state_lo_ - grads_lo_), lr, grad_scale);

@@ -12,11 +12,12 @@
 // Every buffer is described by the flat index of its first element (`*_lo`), so the same
 // offsets address a replica and a shard.
 //
-// A compact state (StateShape::trainable < total: LoRA's frozen base) keeps master weights and
-// moments for the trainable parameters only, packed in layout order: the state's flat indices
-// count trainable elements, and ZeRO 1 shards that count. Gradients and working weights keep the
-// layout's offsets; the frozen weights live in the working copy alone (bf16 runs: as bf16), set
-// once by TrainStep::SetWeights. ZeRO 0 and 1 only.
+// A compact state (StateShape::trainable < total: LoRA's frozen base) keeps master weights,
+// moments and gradients for the trainable parameters only, packed in layout order (the
+// gradients as model::ParamLayout::grad_offset places them, a scratch for the frozen norms'
+// after them): the state's flat indices count trainable elements, and ZeRO 1 shards that count.
+// The working weights keep the layout's offsets; the frozen ones live there alone (bf16 runs: as
+// bf16), set once by TrainStep::SetWeights. ZeRO 0 and 1 only.
 //
 //   ParamStore st(shape, dims, dp_rank, ranges, hyper);
 //   st.Update(lr, clip_scale);   // AdamW over what this rank holds
@@ -64,7 +65,8 @@ class ParamStore {
   float* master() { return master_.as<float>(); }
   float* adam_m() { return opt_.m(); }
   float* adam_v() { return opt_.v(); }
-  // Gradients from flat index grads_lo(): the whole layout, or the shard.
+  // Gradients from flat index grads_lo(): the whole layout, or the shard (compact: the packed
+  // trainable ones, then the frozen norms' scratch).
   float* grads() { return grads_.as<float>(); }
   size_t grads_lo() const { return grads_lo_; }
   size_t grads_size() const { return grads_size_; }
@@ -100,7 +102,6 @@ class ParamStore {
   Buffer master_, grads_, working_, biases_;
   std::vector<ParamRange> frozen_;    // frozen ranges, relative to grads()
   std::vector<ParamRange> replicas_;  // replica ranges in the state slice, relative to state_lo
-  std::vector<ParamRange> pieces_;    // compact: the state slice's ranges (offset from state_lo)
   AdamW opt_;
 };
 

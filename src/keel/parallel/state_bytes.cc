@@ -11,7 +11,7 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   StateBytes b;
   b.master = 4 * held;
   b.moments = 8 * held;
-  b.grads = 4 * (d.zero >= 2 ? shard : s.total);
+  b.grads = 4 * (s.compact() ? s.grads : d.zero >= 2 ? shard : s.total);
   b.biases = bf16 ? 4 * s.n_bias : 0;
   if (s.compact())
     b.working = size_t(s.working_bytes) * s.total;  // the frozen weights' only copy

@@ -23,13 +23,17 @@ struct StateShape {
   // Parameters that are trained (LoRA's adapters), when fewer than `total`: a compact state
   // (optim::ParamStore), whose master weights and moments cover these only. 0: all of them.
   size_t trainable = 0;
+  // A compact state's gradient buffer (model::ParamLayout::grad_total: the trainable parameters'
+  // gradients and the frozen norms' scratch).
+  size_t grads = 0;
   bool compact() const { return trainable > 0 && trainable < total; }
 };
 
 struct StateBytes {
   size_t working = 0;  // weights the forward pass reads (bf16 copy; fp32 ZeRO 1-2: a full copy)
   size_t biases = 0;   // fp32 biases of bf16 runs
-  size_t grads = 0;    // fp32 gradients: all, or this rank's shard (ZeRO >= 2)
+  size_t grads = 0;    // fp32 gradients: all, or this rank's shard (ZeRO >= 2); compact: the
+                       // trainable ones'
   size_t master = 0;   // fp32 master weights: all, or this rank's shard (ZeRO >= 1); compact:
                        // of the trainable parameters, and every working weight is kept
   size_t moments = 0;  // AdamW m and v, as the master

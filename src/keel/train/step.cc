@@ -114,9 +114,12 @@ void TrainStep::SetWeights(const float* full) {
 void TrainStep::SetFrozenWeights(const float* mine) {
   const size_t n = layout_.total();
   if (spec_.dtype == DType::kBF16) {
-    std::vector<bf16> w(n);
+    // Rounded in place where the working copy is host memory: a 3B base would need 6 GB more.
+    std::vector<bf16> staging(be_.host_visible() ? 0 : n);
+    bf16* w = be_.host_visible() ? static_cast<bf16*>(store_->working()) : staging.data();
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; ++i) w[i] = ToBf16(mine[i]);
-    be_.FromHost(store_->working(), w.data(), 2 * n);
+    if (!be_.host_visible()) be_.FromHost(store_->working(), w, 2 * n);
     std::vector<float> b(layout_.n_bias());
     for (const model::ParamInfo& p : layout_.params())
       if (p.bias_index != SIZE_MAX)
@@ -152,7 +155,8 @@ void TrainStep::SumTiedGrads() {
   if (!g_.tied || g_.tied->size() < 2 || !spec_.model.tied()) return;
   // ZeRO 0 and 1 (the only stages pipelines take) keep every gradient: wte is whole on both.
   const model::ParamInfo& wte = layout_.Find("wte.weight");
-  auto w = g_.tied->AllReduceSumAsync(store_->grads() + wte.offset, wte.numel);
+  if (wte.grad_offset == SIZE_MAX) return;  // frozen (LoRA): no gradient
+  auto w = g_.tied->AllReduceSumAsync(store_->grads() + wte.grad_offset, wte.numel);
   tied_ms_ = parallel::WaitOrLost(*w, spec_.comm_timeout_s, "the tied embedding's gradient sum");
   tied_bytes_ = 4.0 * double(wte.numel);
 }

@@ -38,8 +38,8 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       else
         frozen.emplace_back(r.offset, r.offset + r.numel);
     }
-    sync_ = std::make_unique<GradSync>(comm, store.grads(), store.total(), bucket_elems, timeout_s,
-                                       std::move(frozen));
+    sync_ = std::make_unique<GradSync>(comm, store.grads(), layout.grad_trained(), bucket_elems,
+                                       timeout_s, std::move(frozen));
   }
   // Slots 0 and 1: the embeddings and the final LayerNorm; 2 and 3: blocks by parity, so that
   // the block in use and the next one (prefetched, or still reducing) never share a buffer.
@@ -144,7 +144,7 @@ void ZeroStrategy::Use(int s, model::Pass p) {
 }
 
 float* ZeroStrategy::Grads(int s) {
-  if (zero_ < 2) return store_.grads() + layout_.segment_start(s);
+  if (zero_ < 2) return store_.grads() + layout_.segment_grad_start(s);
   Slot& slot = GradSlot(s);
   if (!fresh_[size_t(s)]) {
     Drain(slot);
@@ -156,7 +156,7 @@ float* ZeroStrategy::Grads(int s) {
 
 void ZeroStrategy::GradsDone(int s) {
   if (zero_ < 2) {
-    if (last_micro_) sync_->Ready(layout_.segment_start(s));
+    if (last_micro_) sync_->Ready(layout_.segment_grad_start(s));
     return;
   }
   Slot& slot = GradSlot(s);
