@@ -163,7 +163,7 @@ LoadedModel ReadCheckpointModel(const std::string& dir, bool merge_lora) {
   r.Load(specs, {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
   // A LoRA run's checkpoint: its adapters merged, as the model file holds them.
   if (m.config.lora_rank > 0 && merge_lora) {
-    m.weights = model::MergeLora(m.config, m.weights.data());
+    model::MergeLoraInPlace(m.config, m.weights);
     m.config = model::BaseModel(m.config);
   }
   return m;

@@ -305,13 +305,10 @@ const ParamInfo& ParamLayout::Find(const std::string& name) const {
   ThrowRuntime("no parameter named \"" + name + "\"");
 }
 
-std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {
+void MergeLoraInPlace(const ModelConfig& cfg, std::vector<float>& whole) {
+  if (cfg.lora_rank == 0) return;
   const ParamLayout lay = ParamLayout::Whole(cfg), base = ParamLayout::Whole(BaseModel(cfg));
-  std::vector<float> out(base.total());
-  // host: whole-model weights in host memory, as inference and exports hold them.
-  for (const ParamInfo& p : base.params())
-    std::copy_n(whole + lay.Find(p.name).offset, p.numel, out.data() + p.offset);
-  if (cfg.lora_rank == 0) return out;
+  KEEL_CHECK(whole.size() == lay.total(), "MergeLoraInPlace: not the LoRA model's layout");
   const int r = cfg.lora_rank;
   const double s = cfg.lora_scale();
   for (int l = 0; l < cfg.n_layer; ++l)
@@ -319,12 +316,26 @@ std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {
       if (!(cfg.lora_targets & t)) continue;
       const std::string h = "h." + std::to_string(l) + ".";
       const std::string m = h + LoraModule(cfg.llama(), t);
-      const float* A = whole + lay.Find(m + ".lora_A.weight").offset;
-      const float* B = whole + lay.Find(m + ".lora_B.weight").offset;
-      float* W = out.data() + base.Find(h + LoraBaseWeight(cfg.llama(), t)).offset;
+      const float* A = whole.data() + lay.Find(m + ".lora_A.weight").offset;
+      const float* B = whole.data() + lay.Find(m + ".lora_B.weight").offset;
+      float* W = whole.data() + lay.Find(h + LoraBaseWeight(cfg.llama(), t)).offset;
       const auto [in, n_out] = LoraDims(cfg, t);
       AddLowRank(W, B, A, n_out, in, r, s);
     }
+  // The base layout is this one without the adapters, in the same order: every tensor moves left
+  // (or stays), so one forward pass of copies packs it in place.
+  // host: whole-model weights in host memory, as inference and exports hold them.
+  for (const ParamInfo& p : base.params()) {
+    const float* from = whole.data() + lay.Find(p.name).offset;
+    std::copy(from, from + p.numel, whole.data() + p.offset);
+  }
+  whole.resize(base.total());
+  whole.shrink_to_fit();
+}
+
+std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {
+  std::vector<float> out(whole, whole + ParamLayout::Whole(cfg).total());
+  MergeLoraInPlace(cfg, out);
   return out;
 }
 

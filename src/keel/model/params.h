@@ -178,6 +178,9 @@ bool IsLoraParam(const std::string& name);
 // The whole model's weights without adapters: each adapted product's weight plus s·B·A, in
 // ParamLayout::Whole(BaseModel(cfg))'s order: what inference and exports use.
 std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole);
+// The same in `whole` itself (the LoRA layout's values in, the base layout's out): what the end of
+// a run and the checkpoint readers use, so that a 3B model's merge needs no second copy.
+void MergeLoraInPlace(const ModelConfig& cfg, std::vector<float>& whole);
 // W (out, in) += scale·B (out, r)·A (r, in), summed in fp64: the one merge of a LoRA update, for
 // keel's adapters and PEFT's alike.
 void AddLowRank(float* W, const float* B, const float* A, int out, int in, int r, double scale);

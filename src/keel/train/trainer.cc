@@ -100,13 +100,14 @@ StepDecision Save(Run& run, StepGuards& guards, int done, bool last_step, bool s
 void Finish(Run& run) {
   const RunConfig& cfg = run.cfg;
   TrainSummary& sum = run.sum;
-  const bool need_weights = cfg.checkpoint.save_final || !sum.interrupted;
+  const bool need_weights =
+      cfg.checkpoint.save_final || (!sum.interrupted && cfg.train.sample_count > 0);
   std::vector<float> final_w = need_weights ? run.step->GatherWeights() : std::vector<float>();
   // The model file holds the weights a model without adapters uses: LoRA's merged into them.
   const model::ModelConfig base = model::BaseModel(run.mcfg);
   const model::ParamLayout base_params = model::ParamLayout::Whole(base);
   if (run.mcfg.lora_rank > 0 && need_weights && run.lead)
-    final_w = model::MergeLora(run.mcfg, final_w.data());
+    model::MergeLoraInPlace(run.mcfg, final_w);
   if (run.lead && cfg.checkpoint.save_final)
     ckpt::WriteModel(sum.run_dir + "/model.safetensors", base, base_params, final_w.data());
   if (run.lead && !sum.interrupted) PrintSamples(cfg, base, base_params, final_w.data());
