@@ -329,8 +329,7 @@ void MergeLoraInPlace(const ModelConfig& cfg, std::vector<float>& whole) {
     const float* from = whole.data() + lay.Find(p.name).offset;
     std::copy(from, from + p.numel, whole.data() + p.offset);
   }
-  whole.resize(base.total());
-  whole.shrink_to_fit();
+  whole.resize(base.total());  // not shrunk: that would copy the model once more
 }
 
 std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole) {

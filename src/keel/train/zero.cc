@@ -294,9 +294,15 @@ std::vector<float> ZeroStrategy::GatherMaster() {
     // The frozen weights from the working copy (bf16: the values the model computed with) and
     // the fp32 biases, then the trainable ones from the master.
     if (store_.dtype() == DType::kBF16) {
-      std::vector<bf16> w(full.size());
-      be.ToHost(w.data(), store_.working(), 2 * w.size());
-      for (size_t i = 0; i < w.size(); ++i) full[i] = ToFloat(w[i]);
+      // Read in place where the working copy is host memory (a 3B base: 6 GB not staged).
+      std::vector<bf16> staging(be.host_visible() ? 0 : full.size());
+      const bf16* w = static_cast<const bf16*>(store_.working());
+      if (!be.host_visible()) {
+        be.ToHost(staging.data(), w, 2 * full.size());
+        w = staging.data();
+      }
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < full.size(); ++i) full[i] = ToFloat(w[i]);
       std::vector<float> b(layout_.n_bias());
       be.ToHost(b.data(), store_.biases(), 4 * b.size());
       // host: the gathered copy is built in host memory
