@@ -125,6 +125,19 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   EXPECT_EQ(rest.empty(), zero < 2);
 }
 
+// A job of `world` ranks, one per node, with keel's accounting (the trainer's allocations).
+Job KeelJob(const ModelSpec& model, Precision precision, int global_batch, int world) {
+  Job job;
+  job.model = model;
+  job.precision = precision;
+  job.accounting = Accounting::kKeel;
+  job.global_batch = global_batch;
+  job.cluster.world = world;
+  job.cluster.per_node = 1;
+  job.cluster.accel = NamedAccelerator("H100-80GB");
+  return job;
+}
+
 // The step `keel train` builds for the planner's job and layout (m micro-batches per step).
 train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
   train::StepSpec spec;
@@ -160,14 +173,7 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
         SCOPED_TRACE(std::string(c.model) + " " + PrecisionName(c.precision) + " mb " +
                      std::to_string(c.micro_batch) + " " + RecomputeName(c.recompute) + " dp " +
                      std::to_string(dp) + " zero " + std::to_string(zero));
-        Job job;
-        job.model = NamedModel(c.model);
-        job.precision = c.precision;
-        job.accounting = Accounting::kKeel;
-        job.global_batch = c.micro_batch * dp;
-        job.cluster.world = dp;
-        job.cluster.per_node = 1;
-        job.cluster.accel = NamedAccelerator("H100-80GB");
+        const Job job = KeelJob(NamedModel(c.model), c.precision, c.micro_batch * dp, dp);
         Layout l;
         l.dp = dp;
         l.zero = zero;
@@ -197,17 +203,10 @@ TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
         for (int zero : {0, 1}) {
           SCOPED_TRACE(std::string(name) + " " + PrecisionName(prec) + " dp " + std::to_string(dp) +
                        " zero " + std::to_string(zero));
-          Job job;
-          job.model = NamedModel(name);
-          job.model.lora_rank = 4;
-          job.model.lora_targets =
-              model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
-          job.precision = prec;
-          job.accounting = Accounting::kKeel;
-          job.global_batch = 2 * dp;
-          job.cluster.world = dp;
-          job.cluster.per_node = 1;
-          job.cluster.accel = NamedAccelerator("H100-80GB");
+          ModelSpec m = NamedModel(name);
+          m.lora_rank = 4;
+          m.lora_targets = model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
+          const Job job = KeelJob(m, prec, 2 * dp, dp);
           Layout l;
           l.dp = dp;
           l.zero = zero;
@@ -236,15 +235,9 @@ TEST(TrainerBytes, EveryPipelineStageEqualsThePlannersFigureForIt) {
       for (auto [pp, v] : {std::pair{2, 1}, {4, 1}, {2, 2}})
         for (int dp : {1, 2})
           for (int zero : {0, 1}) {
-            Job job;
-            job.model = NamedModel("gpt2-mini");  // 4 layers
-            job.precision = prec;
-            job.accounting = Accounting::kKeel;
             const int micro = 2, m = 4;
-            job.global_batch = micro * m * dp;
-            job.cluster.world = dp * pp;
-            job.cluster.per_node = 1;
-            job.cluster.accel = NamedAccelerator("H100-80GB");
+            const Job job =
+                KeelJob(NamedModel("gpt2-mini"), prec, micro * m * dp, dp * pp);  // 4 layers
             Layout l;
             l.dp = dp;
             l.pp = pp;
@@ -283,15 +276,9 @@ TEST(TrainerBytes, EveryTensorParallelRankEqualsThePlannersFigure) {
           for (int zero : {0, 1, 3})
             for (bool sp : {false, true}) {
               if (pp > 1 && zero > 1) continue;
-              Job job;
-              job.model = NamedModel("gpt2-mini");  // 4 heads, 4 layers
-              job.precision = prec;
-              job.accounting = Accounting::kKeel;
               const int micro = 2, m = 2;
-              job.global_batch = micro * m * dp;
-              job.cluster.world = 2 * dp * pp;
-              job.cluster.per_node = 1;
-              job.cluster.accel = NamedAccelerator("H100-80GB");
+              // gpt2-mini: 4 heads, 4 layers
+              const Job job = KeelJob(NamedModel("gpt2-mini"), prec, micro * m * dp, 2 * dp * pp);
               Layout l;
               l.dp = dp;
               l.tp = 2;

@@ -6,6 +6,7 @@
 #  2. exact resume: stop at step 6, resume to 12: bitwise the losses of the run that never stopped;
 #  3. the run's model file holds the merged weights (no adapter tensors) and keel generate reads it;
 #  4. tp 2 and ZeRO 2 are refused with one line (adapters are not split yet; nothing to shard);
+#     `keel ckpt verify` passes the adapter-only checkpoints;
 #  5. checkpoints hold the adapters alone (master and moments), the frozen base named in
 #     state.base: `keel ckpt export` of the last checkpoint, which rebuilds the base from
 #     init_from, writes the same bytes as the export of the run's model file, fp32 and bf16 (whose
@@ -45,18 +46,17 @@ done
 grep -q "LoRA rank 4, alpha 8 on attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj" "$tmp/single.log" ||
   { cat "$tmp/single.log"; exit 1; }
 "$keel" generate --run "$tmp/single/model.safetensors" --prompt "The" --max-tokens 4 >/dev/null
-rc=0
-"${mpi[@]}" "$keel" train "$src/configs/test-tiny.toml" --set data.train="$tmp/tokens.u16" \
-  --set train.out_dir="$tmp" --set train.name=tp "${lora[@]}" --set parallel.tp=2 \
-  >"$tmp/tp.log" 2>&1 || rc=$?
-[[ $rc == 2 ]] && grep -q "not split for tensor parallelism" "$tmp/tp.log" ||
-  { echo "tp 2: exit $rc"; cat "$tmp/tp.log"; exit 1; }
-rc=0
-"${mpi[@]}" "$keel" train "$src/configs/test-tiny.toml" --set data.train="$tmp/tokens.u16" \
-  --set train.out_dir="$tmp" --set train.name=z2 "${lora[@]}" --set parallel.zero=2 \
-  >"$tmp/z2.log" 2>&1 || rc=$?
-[[ $rc == 2 ]] && grep -q "use zero = 0 or 1" "$tmp/z2.log" ||
-  { echo "ZeRO 2: exit $rc"; cat "$tmp/z2.log"; exit 1; }
+refused() {  # NAME LINE [ARGS...]: 2 ranks, exit 2 with LINE in the log
+  local name=$1 line=$2 rc=0; shift 2
+  "${mpi[@]}" "$keel" train "$src/configs/test-tiny.toml" --set data.train="$tmp/tokens.u16" \
+    --set train.out_dir="$tmp" --set train.name="$name" "${lora[@]}" "$@" >"$tmp/$name.log" 2>&1 ||
+    rc=$?
+  [[ $rc == 2 ]] && grep -q "$line" "$tmp/$name.log" ||
+    { echo "$name: exit $rc, expected 2 and \"$line\""; cat "$tmp/$name.log"; exit 1; }
+}
+refused tp "not split for tensor parallelism" --set parallel.tp=2
+refused z2 "use zero = 0 or 1" --set parallel.zero=2
+"$keel" ckpt verify "$tmp/single" >"$tmp/verify.log" 2>&1 || { cat "$tmp/verify.log"; exit 1; }
 
 adapters=$(sed -n 's/.*: \([0-9]*\) adapter parameters trained.*/\1/p' "$tmp/single.log")
 /usr/bin/python3 - "$tmp" "$adapters" <<'PY'
