@@ -364,9 +364,9 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
     for (int l = c.l0; l < c.l1; ++l)
       s.max_block = std::max(s.max_block, layout.segment_size(layout.block_segment(l)));
   s.working_bytes = dtype == DType::kBF16 ? 2 : 4;
-  // LoRA trains its adapters only: the state is compact (optim::ParamStore).
-  for (const ParamInfo& p : layout.params())
-    if (IsLoraParam(p.name)) s.trainable += p.numel;
+  // LoRA trains its adapters only, whose gradients the layout packs: the state is compact
+  // (optim::ParamStore) when they are fewer than the weights.
+  s.trainable = layout.grad_trained();
   s.grads = layout.grad_total();
   return s;
 }

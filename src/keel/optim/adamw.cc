@@ -27,8 +27,8 @@ void AdamW::Step(float* master, bf16* working, const float* grads, float lr, flo
     p.weight_decay = r.decay ? hyper_.weight_decay : 0.0f;
     float* mm = m() + r.offset;
     float* vv = v() + r.offset;
-    be_->AdamWUpdate(master + r.offset, working ? working + r.grad_at() : nullptr, mm, vv,
-                     grads + r.grad_at(), r.numel, p);
+    be_->AdamWUpdate(master + r.offset, working ? working + r.offset : nullptr, mm, vv,
+                     grads + r.offset, r.numel, p);
   }
 }
 

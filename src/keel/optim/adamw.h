@@ -26,11 +26,10 @@ struct ParamRange {
   // A copy of a parameter another pipeline stage owns (the tied wte on the last stage): updated
   // like the original but left out of the gradient norm, which counts each parameter once.
   bool replica = false;
-  // Where the range's gradients and working weights sit when they are not at `offset`: a compact
-  // state (optim::ParamStore over frozen parameters) holds master and moments for the trainable
-  // ranges only, packed, while gradients and weights keep the layout's offsets. SIZE_MAX: offset.
+  // The range's place in the layout's working weights where `offset` counts something else: the
+  // packed elements of a compact state (optim::ParamStore::trainable). SIZE_MAX: offset. AdamW
+  // does not read it.
   size_t at = SIZE_MAX;
-  size_t grad_at() const { return at == SIZE_MAX ? offset : at; }
 };
 
 struct AdamWHyper {

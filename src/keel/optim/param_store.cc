@@ -38,12 +38,6 @@ std::vector<ParamRange> Packed(const std::vector<ParamRange>& ranges) {
   return out;
 }
 
-// The ranges with their gradients at their own offsets (a compact state's: packed alike).
-std::vector<ParamRange> Unplaced(std::vector<ParamRange> ranges) {
-  for (ParamRange& r : ranges) r.at = SIZE_MAX;
-  return ranges;
-}
-
 }  // namespace
 
 ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::ParallelDims& dims,
@@ -62,8 +56,8 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       master_(Buffer::Zeroed(be, 4 * (state_hi_ - state_lo_))),
       grads_(Buffer::Zeroed(be, 4 * grads_size_)),
       biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
-      opt_(Clip(compact_ ? Unplaced(trainable_) : ranges, state_lo_, state_hi_),
-           state_hi_ - state_lo_, hyper, be) {
+      opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_, hyper,
+           be) {
   if (compact_) {
     KEEL_CHECK(dims.zero <= 1, "ParamStore: a compact state shards at ZeRO 0 and 1 only");
     size_t n = 0;

@@ -239,12 +239,13 @@ ckpt::StateView TrainStep::StateView() {
   if (store_->compact()) {
     // The trainable tensors only, at their places in the packed state; the frozen base is the
     // run's [model] init_from (or its seed's init), named in the manifest's state.base.
+    // Packed as the layout packs their gradients (ParamLayout::grad_offset).
     std::vector<ckpt::TensorSpec> mine;
-    auto r = store_->trainable().begin();
     for (size_t i = 0; i < v.tensors.size(); ++i) {
-      if (r == store_->trainable().end() || r->at != layout_.params()[i].offset) continue;
+      const model::ParamInfo& p = layout_.params()[i];
+      if (!model::IsLoraParam(p.name)) continue;
       mine.push_back(v.tensors[i]);
-      mine.back().offset = (r++)->offset;
+      mine.back().offset = p.grad_offset;
     }
     v.tensors = std::move(mine);
     std::erase_if(v.all_tensors,

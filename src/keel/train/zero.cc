@@ -252,22 +252,12 @@ void ZeroStrategy::PublishCompact() {
   const kernels::Backend& be = store_.backend();
   Buffer tmp;
   const float* all = AllCompactMaster(tmp);
-  const bool bf = store_.dtype() == DType::kBF16;
+  // The adapters have no biases: the fp32 bias copy is the frozen base's, set once.
   for (const optim::ParamRange& r : store_.trainable()) {
-    if (bf)
+    if (store_.dtype() == DType::kBF16)
       be.ToBf16(static_cast<bf16*>(store_.working()) + r.at, all + r.offset, r.numel);
     else
       be.Copy(static_cast<float*>(store_.working()) + r.at, all + r.offset, 4 * r.numel);
-  }
-  if (!bf) return;
-  // The trainable ranges are the layout's unfrozen tensors, in order.
-  auto r = store_.trainable().begin(), end = store_.trainable().end();
-  for (const model::ParamInfo& p : layout_.params()) {
-    if (r == end) break;
-    if (r->at != p.offset) continue;
-    if (p.bias_index != SIZE_MAX)
-      be.Copy(store_.biases() + p.bias_index, all + r->offset, 4 * p.numel);
-    ++r;
   }
 }
 

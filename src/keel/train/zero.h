@@ -77,8 +77,8 @@ class ZeroStrategy final : public model::ParamAccess {
   void Drain(Slot& slot);  // completes the slot's reduce-scatter and adds it to the grad shard
   void Publish();          // the updated slice to whoever reads it
   void PublishBiases();
-  // A compact state's trainable weights, all of them (ZeRO 1: gathered), into the working copy
-  // and the biases; the frozen ones never change.
+  // A compact state's trainable weights, all of them (ZeRO 1: gathered), into the working copy;
+  // the frozen ones (and the fp32 biases, all frozen) never change.
   void PublishCompact();
   // The trainable parameters' master weights, all of them: the store's, or gathered into `tmp`.
   const float* AllCompactMaster(Buffer& tmp);
