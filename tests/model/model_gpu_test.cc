@@ -1,5 +1,6 @@
 // Whole models on the GPU backend against the CPU backend: GPT-2 and Llama (tiny shapes), fp32
-// and bf16, the same weights and batch; the loss and every parameter's gradient must agree. The
+// and bf16, and the Llama with LoRA adapters on a frozen base (bf16 working weights, int8, nf4),
+// the same weights and batch; the loss and every parameter's gradient must agree. The
 // CPU backend's model is held to PyTorch by tests/reference; this carries that to the GPU. Skips,
 // saying why, where no GPU is visible (scripts/gpu_check.sh runs it on one).
 #include <gtest/gtest.h>
@@ -39,14 +40,36 @@ struct Result {
   std::vector<float> grads;
 };
 
+// "NAME" or "NAME+lora" / "+int8" / "+nf4": rank-4 adapters on every product of a frozen base,
+// stored as the working dtype or quantized.
+ModelConfig ConfigOf(const std::string& name) {
+  const size_t plus = name.find('+');
+  ModelConfig cfg = NamedConfig(name.substr(0, plus));
+  if (plus == std::string::npos) return cfg;
+  const std::string base = name.substr(plus + 1);
+  cfg.lora_rank = 4;
+  cfg.lora_alpha = 8;
+  cfg.lora_targets = kLoraQkv | kLoraProj | kLoraFc | kLoraFcProj;
+  cfg.lora_base = ParseBaseQuant(base == "lora" ? "none" : base, "test");
+  return cfg;
+}
+
 Result RunModel(const std::string& name, DType dt, const kernels::Backend& be) {
-  const ModelConfig cfg = NamedConfig(name);
+  const ModelConfig cfg = ConfigOf(name);
   const int B = 2, T = 32;
   Transformer m(cfg, dt, B, T, Recompute::kNone, nullptr, be);
   std::vector<float> w(m.layout().total());
   InitParams(m.layout(), cfg, 7, w.data());
+  std::vector<bool> frozen;
+  for (const ParamInfo& p : m.layout().params()) {
+    frozen.push_back(cfg.lora_rank > 0 && !IsLoraParam(p.name));
+    // B not zero, so that the adapters' gradients are not.
+    if (p.name.ends_with("lora_B.weight"))
+      for (size_t i = 0; i < p.numel; ++i) w[p.offset + i] = 0.01f * float(int(i % 7) - 3);
+  }
   be.FromHost(m.master(), w.data(), 4 * w.size());
   m.SyncWorking();
+  m.SetFrozen(frozen);
   m.ZeroGrads();
   std::vector<int32_t> tokens(size_t(B) * T), targets(size_t(B) * T);
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -55,8 +78,8 @@ Result RunModel(const std::string& name, DType dt, const kernels::Backend& be) {
   }
   Result r;
   r.loss = m.ForwardBackward(tokens.data(), targets.data(), 1.0f / (B * T));
-  r.grads.resize(w.size());
-  be.ToHost(r.grads.data(), m.grads(), 4 * w.size());
+  r.grads.resize(m.layout().grad_total());
+  be.ToHost(r.grads.data(), m.grads(), 4 * r.grads.size());
   return r;
 }
 
@@ -71,11 +94,13 @@ TEST_P(ModelOnGpu, LossAndGradientsMatchTheCpu) {
                grad_tol = dt == DType::kF32 ? 1e-4 : 5e-2;
   EXPECT_NEAR(got.loss, want.loss, loss_tol * std::fabs(want.loss)) << name;
   // Per parameter: the largest difference against the parameter's largest gradient.
-  const ModelConfig cfg = NamedConfig(name);
+  const ModelConfig cfg = ConfigOf(name);
   const ParamLayout layout = ParamLayout::Whole(cfg);
   for (const ParamInfo& p : layout.params()) {
+    // A LoRA layout's frozen tensors have no gradient (the norms' a scratch nobody reads).
+    if (p.grad_offset == SIZE_MAX || (cfg.lora_rank > 0 && !IsLoraParam(p.name))) continue;
     double scale = 1e-30, err = 0;
-    for (size_t i = p.offset; i < p.offset + p.numel; ++i) {
+    for (size_t i = p.grad_offset; i < p.grad_offset + p.numel; ++i) {
       scale = std::max(scale, double(std::fabs(want.grads[i])));
       err = std::max(err, double(std::fabs(want.grads[i] - got.grads[i])));
     }
@@ -84,13 +109,15 @@ TEST_P(ModelOnGpu, LossAndGradientsMatchTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelOnGpu,
-                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny"),
+                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny",
+                                                              "llama-tiny+lora", "llama-tiny+int8",
+                                                              "llama-tiny+nf4"),
                                             ::testing::Values(DType::kF32, DType::kBF16)),
                          [](const auto& info) {
                            std::string n =
                                std::get<0>(info.param) + "_" + DTypeName(std::get<1>(info.param));
                            for (char& c : n)
-                             if (c == '-') c = '_';
+                             if (c == '-' || c == '+') c = '_';
                            return n;
                          });
 

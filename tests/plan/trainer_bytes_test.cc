@@ -96,7 +96,7 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   const parallel::StateBytes b = parallel::StateBytesPerRank(
       model::StateShapeOf(model::ParamLayout::Stage(spec.model, chunks, tp), spec.dtype),
       spec.layout);
-  ASSERT_EQ(double(b.working + b.biases), plan.state.params);
+  ASSERT_EQ(double(b.working + b.biases + b.quantized), plan.state.params);
   std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.master),
                               Round64(plan.state.moments / 2), Round64(plan.state.moments / 2)};
   const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.layout.n_micro);
@@ -111,7 +111,9 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
     arenas += double(a);
   }
   EXPECT_EQ(arenas, plan.activations);
-  for (size_t x : {b.working, b.biases})
+  // A quantized base: its codes and its scales, two allocations.
+  const size_t scales = 4 * model::ParamLayout::Stage(spec.model, chunks, tp).quant_scales();
+  for (size_t x : {b.working, b.biases, b.quantized - scales, scales})
     if (x) want.push_back(Round64(double(x)));
   std::vector<size_t> rest = got;
   for (size_t w : want) {
@@ -195,17 +197,23 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
 
 // LoRA: the planner's compact state is the trainer's to the byte (master weights and moments of
 // the adapters, packed and sharded at ZeRO 1; their gradients; the working copy holding the
-// frozen base), and it is what the adapter count says.
+// frozen base, or the part of it a quantized base leaves there and the codes and scales), and it
+// is what the adapter count says.
 TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
+  using model::BaseQuant;
   for (Precision prec : {Precision::kBf16, Precision::kFp32})
-    for (const char* name : {"gpt2-tiny", "llama-tiny"})
+    for (auto [name, base] : {std::pair{"gpt2-tiny", BaseQuant::kNone},
+                              {"llama-tiny", BaseQuant::kNone},
+                              {"gpt2-tiny", BaseQuant::kInt8},
+                              {"llama-tiny", BaseQuant::kNf4}})
       for (int dp : {1, 2, 3})
         for (int zero : {0, 1}) {
           SCOPED_TRACE(std::string(name) + " " + PrecisionName(prec) + " dp " + std::to_string(dp) +
-                       " zero " + std::to_string(zero));
+                       " zero " + std::to_string(zero) + " base " + model::BaseQuantName(base));
           ModelSpec m = NamedModel(name);
           m.lora_rank = 4;
           m.lora_targets = model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
+          m.lora_base = base;
           const Job job = KeelJob(m, prec, 2 * dp, dp);
           Layout l;
           l.dp = dp;
@@ -221,7 +229,23 @@ TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
           EXPECT_EQ(plan.state.moments, 8 * held);
           // The adapters' gradients and the frozen norms' scratch (2·C), nothing for the base.
           EXPECT_EQ(plan.state.grads, 4 * (adapters + 2 * job.model.hidden));
-          EXPECT_GE(plan.state.params, (prec == Precision::kBf16 ? 2 : 4) * n);
+          const double wb = prec == Precision::kBf16 ? 2 : 4;
+          if (base == BaseQuant::kNone) {
+            EXPECT_GE(plan.state.params, wb * n);
+            continue;
+          }
+          // Quantized: the blocks' matrices at 1 byte (int8) or half (nf4) and a scale per row or
+          // per 64 weights, the rest in the working dtype.
+          const model::ParamLayout lay = model::ParamLayout::Whole(plan::ToModelConfig(m));
+          const double q = double(lay.quant_elems());
+          double rows = 0;
+          for (const model::ParamInfo& p : lay.params())
+            if (p.quantized()) rows += p.shape[0];
+          const double codes = base == BaseQuant::kInt8 ? q : q / 2;
+          const double scales = base == BaseQuant::kInt8 ? rows : q / 64;
+          const double biases = prec == Precision::kBf16 ? 4 * double(lay.n_bias()) : 0;
+          EXPECT_EQ(plan.state.params, wb * (n - q) + codes + 4 * scales + biases);
+          ASSERT_GT(q, 0);
         }
 }
 

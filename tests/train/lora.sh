@@ -10,7 +10,11 @@
 #  5. checkpoints hold the adapters alone (master and moments), the frozen base named in
 #     state.base: `keel ckpt export` of the last checkpoint, which rebuilds the base from
 #     init_from, writes the same bytes as the export of the run's model file, fp32 and bf16 (whose
-#     base is kept, and rebuilt, as its bf16 rounding).
+#     base is kept, and rebuilt, as its bf16 rounding);
+#  6. an int8 base ([lora] base = "int8"): the memory line counts its codes and scales, its losses
+#     stay within 1e-3 of the unquantized base's, the resume is bitwise, and the checkpoint's
+#     export (the base rebuilt, quantized and dequantized again) is the model file's; an unknown
+#     base is refused with one line.
 #   tests/train/lora.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -36,7 +40,12 @@ run pp "${mpi[@]}" -- "${lora[@]}" --set parallel.pp=2 --set train.micro_batch_s
 run resumed -- "${lora[@]}" --set train.stop_at=6
 run resumed -- "${lora[@]}" --resume auto
 run bf16 -- "${lora[@]}" --set train.precision=bf16
-for name in single bf16; do
+run int8 -- "${lora[@]}" --set lora.base=int8
+run int8r -- "${lora[@]}" --set lora.base=int8 --set train.stop_at=6
+run int8r -- "${lora[@]}" --set lora.base=int8 --resume auto
+grep -Eq "memory per rank.* quantized_base [0-9.]+," "$tmp/int8.log" &&
+  ! grep -q quantized_base "$tmp/single.log" || { echo "memory lines:"; grep -h "memory" "$tmp"/*.log; exit 1; }
+for name in single bf16 int8; do
   last=$(ls -d "$tmp/$name"/checkpoints/step_* | tail -1)
   "$keel" ckpt export "$last" --out "$tmp/$name-ckpt/model.safetensors" >/dev/null
   "$keel" ckpt export "$tmp/$name/model.safetensors" --out "$tmp/$name-file/model.safetensors" >/dev/null
@@ -56,6 +65,7 @@ refused() {  # NAME LINE [ARGS...]: 2 ranks, exit 2 with LINE in the log
 }
 refused tp "not split for tensor parallelism" --set parallel.tp=2
 refused z2 "use zero = 0 or 1" --set parallel.zero=2
+refused int4 'lora.base.*expected one of' --set lora.base=int4
 "$keel" ckpt verify "$tmp/single" >"$tmp/verify.log" 2>&1 || { cat "$tmp/verify.log"; exit 1; }
 
 adapters=$(sed -n 's/.*: \([0-9]*\) adapter parameters trained.*/\1/p' "$tmp/single.log")
@@ -72,6 +82,11 @@ for name in ("dp", "dp0", "pp"):
     print(f"{name}: max relative loss difference over 12 steps {worst:.2e} (limit 1e-5)")
     assert len(got) == 12 and worst <= 1e-5
 assert losses("resumed") == ref, "the resumed run's losses differ"
+int8 = losses("int8")
+worst = max(abs(a - b) / abs(b) for a, b in zip(int8, ref))
+print(f"int8 base: max relative loss difference from the unquantized base {worst:.2e} (limit 1e-3)")
+assert len(int8) == 12 and worst <= 1e-3
+assert losses("int8r") == int8, "the resumed int8 run's losses differ"
 sent = {json.loads(l)["comm_bytes"] for l in open(f"{d}/dp0/metrics.jsonl")}
 print(f"dp 2 ZeRO 0: {sorted(sent)} bytes sent per step for {adapters} adapter parameters")
 assert sent == {4.0 * adapters}, f"expected {4 * adapters} bytes a step (the adapters only)"

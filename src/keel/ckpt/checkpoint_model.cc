@@ -5,13 +5,14 @@
 #include "keel/ckpt/model_source.h"
 #include "keel/ckpt/reader.h"
 #include "keel/core/error.h"
+#include "keel/model/working_copy.h"
 
 namespace keel::ckpt {
 
 nlohmann::json ModelConfigToJson(const model::ModelConfig& c) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [key, value] : model::ShapeKeys(c)) {
-    if (key == "family" || key == "lora_targets")
+    if (key == "family" || key == "lora_targets" || key == "lora_base")
       j[key] = value;
     else if (key == "rope_theta" || key == "norm_eps" || key == "lora_alpha")
       j[key] = std::stod(value);
@@ -111,12 +112,9 @@ void RebuildLoraBase(const nlohmann::json& base, const model::ModelConfig& cfg, 
       ThrowBadInput(where + ": the LoRA run's frozen base (state.base.init_from): " + e.what());
     }
   }
-  // A bf16 run held its frozen weights in bf16 (its matrix-product biases in fp32).
-  if (text("precision") != "bf16") return;
-  for (const model::ParamInfo& p : layout.params())
-    if (p.bias_index == SIZE_MAX)
-      for (size_t i = 0; i < p.numel; ++i)
-        whole[p.offset + i] = ToFloat(ToBf16(whole[p.offset + i]));
+  // The values the run computed with: a bf16 run held its frozen weights in bf16 (its
+  // matrix-product biases in fp32), a quantized base as codes.
+  model::RoundTripWorking(layout, text("precision") == "bf16" ? DType::kBF16 : DType::kF32, whole);
 }
 
 void CheckSameModel(const Manifest& m, const model::ModelConfig& run, const std::string& dir) {

@@ -25,6 +25,7 @@ struct PlanArgs {
   std::string config, model, precision = "bf16", accounting, accel = "H100-80GB";
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
+  std::string lora_base;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1;
@@ -111,8 +112,11 @@ plan::Job MakeJob(const PlanArgs& a) {
     job.model.lora_targets = model::ParseLoraTargets(
         llama, a.lora_targets.empty() ? (llama ? "qkv" : "c_attn") : a.lora_targets,
         "plan: --lora-targets");
-  } else if (!a.lora_targets.empty()) {
-    ThrowBadInput("plan: --lora-targets without --lora-rank");
+    job.model.lora_base = model::ParseBaseQuant(a.lora_base, "plan: --lora-base");
+    model::Validate(plan::ToModelConfig(job.model));  // nf4's blocks of 64, say
+  } else if (!a.lora_targets.empty() || !a.lora_base.empty()) {
+    ThrowBadInput(std::string("plan: ") + (a.lora_base.empty() ? "--lora-targets" : "--lora-base") +
+                  " without --lora-rank");
   }
   job.precision = plan::ParsePrecision(a.precision);
   // keel's accounting is the only one that knows LoRA's compact state: it is LoRA's default.
@@ -214,6 +218,9 @@ void RegisterPlan(CLI::App& app) {
                   "LoRA fine-tuning: adapters of this rank, the base frozen ([lora] rank)");
   cmd->add_option("--lora-targets", a.lora_targets,
                   "products the adapters adapt, as [lora] targets (default: qkv / c_attn)");
+  cmd->add_option("--lora-base", a.lora_base,
+                  "the frozen base's block matrices: none (the precision's), int8 or nf4, as "
+                  "[lora] base");
   cmd->add_option("--global-batch", a.global_batch, "sequences per step")->capture_default_str();
   cmd->add_option("--accelerator", a.accel, "A100-80GB, H100-80GB, H200-141GB, this-cpu (measured)")
       ->capture_default_str();

@@ -102,11 +102,16 @@ void PrintHeader(const plan::Job& j) {
   if (j.model.lora_rank > 0) {
     const double n = plan::TotalParams(j.model), t = plan::TrainableParams(j.model);
     std::printf(
-        "LoRA rank %d on %s: %.4g M trainable parameters (%.3g%%), the base frozen: master and "
+        "LoRA rank %d on %s: %.4g M trainable parameters (%.3g%%), the base frozen%s: master and "
         "moments for the adapters only, %.4g MB of fp32 gradients reduced per step (full "
         "fine-tuning: %.4g GB), no weight-gradient products for the base's %.3gB\n",
         j.model.lora_rank, model::LoraTargetsText(plan::ToModelConfig(j.model)).c_str(), t / 1e6,
-        100 * t / n, 4 * t / 1e6, 4 * (n - t) / 1e9, plan::FrozenMatmulParams(j.model) / 1e9);
+        100 * t / n,
+        j.model.lora_base == model::BaseQuant::kNone
+            ? ""
+            : (std::string(" (block matrices as ") + model::BaseQuantName(j.model.lora_base) + ")")
+                  .c_str(),
+        4 * t / 1e6, 4 * (n - t) / 1e9, plan::FrozenMatmulParams(j.model) / 1e9);
   }
   char per_param[48];
   std::snprintf(per_param, sizeof(per_param), "%g bytes/param", bpp.total());

@@ -170,6 +170,15 @@ class Backend : public Memory {
     ClassifierLogitsOp(DTypeOf<T>(), logits, x, wte, M, C, V);
   }
 
+  // out[i] = scales[i / group] · the value of code i (QuantFormat), i < n: a quantized matrix, or a
+  // run of its rows, in the working dtype. `codes` points at element 0's byte (NF4: n and the
+  // first element even), `scales` at its group's scale.
+  template <typename T>
+  void Dequantize(T* out, const uint8_t* codes, const float* scales, size_t n, size_t group,
+                  QuantFormat f) const {
+    DequantizeOp(DTypeOf<T>(), out, codes, scales, n, group, f);
+  }
+
   // AdamW on fp32 master weights (cpu/adamw.h); `working` (may be null) receives the bf16 rounding.
   virtual void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad,
                            size_t n, const AdamWParams& p) const = 0;
@@ -221,6 +230,8 @@ class Backend : public Memory {
                             int V, int Vp, const VocabShard* shard) const = 0;
   virtual void ClassifierLogitsOp(DType t, float* logits, const void* x, const void* wte, int M,
                                   int C, int V) const = 0;
+  virtual void DequantizeOp(DType t, void* out, const uint8_t* codes, const float* scales, size_t n,
+                            size_t group, QuantFormat f) const = 0;
 };
 
 }  // namespace keel::kernels

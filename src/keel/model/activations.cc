@@ -1,5 +1,7 @@
 #include "keel/model/activations.h"
 
+#include <algorithm>
+
 #include "keel/core/error.h"
 
 namespace keel::model {
@@ -91,6 +93,10 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
     add("lora_h", 1, t, BT * size_t(cfg.lora_rank));
     add("lora_dh", 1, t, BT * size_t(cfg.lora_rank));
   }
+  // A quantized base: one block matrix at a time, dequantized before its product (the widest:
+  // the fused q, k, v or the MLP's first product, by C input columns; or the MLP's last product).
+  if (cfg.lora_base != BaseQuant::kNone)
+    add("dequant", 1, t, std::max({QKV * C, FC * C, C * F, C * Cl}));
   return plan;
 }
 

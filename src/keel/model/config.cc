@@ -138,7 +138,19 @@ ModelConfig BaseModel(ModelConfig c) {
   c.lora_rank = 0;
   c.lora_alpha = 0;
   c.lora_targets = 0;
+  c.lora_base = BaseQuant::kNone;
   return c;
+}
+
+const char* BaseQuantName(BaseQuant q) {
+  return q == BaseQuant::kInt8 ? "int8" : q == BaseQuant::kNf4 ? "nf4" : "none";
+}
+
+BaseQuant ParseBaseQuant(const std::string& text, const std::string& key) {
+  if (text.empty() || text == "none") return BaseQuant::kNone;
+  if (text == "int8") return BaseQuant::kInt8;
+  if (text == "nf4") return BaseQuant::kNf4;
+  ThrowBadInput(key + ": expected \"none\", \"int8\" or \"nf4\", got \"" + text + "\"");
 }
 
 void Validate(const ModelConfig& c) {
@@ -162,6 +174,14 @@ void Validate(const ModelConfig& c) {
     ThrowBadInput("[lora] alpha: expected a positive number, got " + Text(c.lora_alpha));
   if (c.lora_rank > 0 && c.lora_targets == 0)
     ThrowBadInput("[lora] targets: expected at least one module");
+  if (c.lora_base != BaseQuant::kNone && c.lora_rank == 0)
+    ThrowBadInput("[lora] base: a quantized base is LoRA's frozen base; set [lora] rank");
+  // NF4's blocks of 64 weights tile every block matrix (each has n_embd rows or columns).
+  if (c.lora_base == BaseQuant::kNf4 && c.n_embd % 64 != 0)
+    ThrowBadInput(
+        "[lora] base: nf4 quantizes blocks of 64 weights; n_embd must be a multiple of "
+        "64, got " +
+        std::to_string(c.n_embd));
   if (!c.llama()) {
     if (c.n_kv_head != 0 && c.n_kv_head != c.n_head)
       ThrowBadInput("[model] n_kv_head: GPT-2 has no grouped-query attention; leave it at 0");
@@ -203,6 +223,7 @@ std::vector<std::pair<std::string, std::string>> ShapeKeys(const ModelConfig& c)
     keys.emplace_back("lora_rank", std::to_string(c.lora_rank));
     keys.emplace_back("lora_alpha", Text(c.lora_alpha));
     keys.emplace_back("lora_targets", LoraTargetsText(c));
+    if (c.lora_base != BaseQuant::kNone) keys.emplace_back("lora_base", BaseQuantName(c.lora_base));
   }
   return keys;
 }
@@ -221,6 +242,8 @@ void SetShapeKey(ModelConfig& c, const std::string& key, const std::string& valu
     c.lora_alpha = ParseFloat(key, value, where);
   } else if (key == "lora_targets") {
     c.lora_targets = ParseLoraTargets(c.llama(), value, where + ": lora_targets");
+  } else if (key == "lora_base") {
+    c.lora_base = ParseBaseQuant(value, where + ": lora_base");
   } else {
     int* field = key == "n_layer"      ? &c.n_layer
                  : key == "n_head"     ? &c.n_head

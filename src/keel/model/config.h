@@ -19,6 +19,13 @@ namespace keel::model {
 enum class Family { kGpt2, kLlama };
 const char* FamilyName(Family f);  // "gpt2" | "llama"
 
+// A frozen base's storage (ModelConfig::lora_base): the working dtype, int8 with one scale per
+// output row, or NF4 (4-bit NormalFloat) with one scale per 64 weights.
+enum class BaseQuant { kNone, kInt8, kNf4 };
+const char* BaseQuantName(BaseQuant q);  // "none" | "int8" | "nf4"
+// "none" (or ""), "int8", "nf4"; throws keel::Error (bad input) naming `key` otherwise.
+BaseQuant ParseBaseQuant(const std::string& text, const std::string& key);
+
 struct ModelConfig {
   int n_layer = 12;
   int n_head = 12;
@@ -36,6 +43,10 @@ struct ModelConfig {
   int lora_rank = 0;
   float lora_alpha = 0;
   unsigned lora_targets = 0;  // LoraTarget bits
+  // How a LoRA run holds its frozen base's block matrices (QLoRA, Dettmers et al. 2023): in the
+  // working dtype, or quantized (quantize.h) and dequantized into the working dtype just before
+  // each product that reads them. Embeddings, norms and Llama's lm_head stay in the working dtype.
+  BaseQuant lora_base = BaseQuant::kNone;
 
   bool llama() const { return family == Family::kLlama; }
   // GPT-2 ties the classifier to the token embedding; Llama has its own lm_head.

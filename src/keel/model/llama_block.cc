@@ -18,10 +18,12 @@
 namespace keel::model::internal {
 namespace {
 
-// Block l's weights (working dtype) and, when `grads`, gradients (fp32).
+// Block l's weights (working dtype; the products' as Impl::Mat finds them) and, when `grads`,
+// gradients (fp32).
 template <typename T>
 struct LlamaParams {
-  const T *ln1, *qkv, *o, *ln2, *gate_up, *down;
+  const T *ln1, *ln2;
+  MatW<T> qkv, o, gate_up, down;
   float *d_ln1 = nullptr, *d_qkv = nullptr, *d_o = nullptr, *d_ln2 = nullptr, *d_gate_up = nullptr,
         *d_down = nullptr;
   LoraPair<T> qkv_lora, o_lora, gate_up_lora, down_lora;
@@ -30,18 +32,23 @@ struct LlamaParams {
 template <typename T>
 LlamaParams<T> Params(Transformer::Impl& m, int l, bool grads) {
   const int s = m.layout.block_segment(l);
-  const size_t base = m.layout.segment_start(s);
   const T* w = static_cast<const T*>(m.acc->Weights(s));
   float* g = grads ? m.acc->Grads(s) : nullptr;
   const std::string h = "h." + std::to_string(l) + ".";
-  auto at = [&](const char* n) { return m.layout.Find(h + n).offset - base; };
+  const size_t C = size_t(m.cfg.n_embd);
+  auto mat = [&](const char* n, size_t elems) {
+    return m.Matrix(w, s, m.layout.Find(h + n), elems);
+  };
   // A matrix product's weight gradient: none when frozen (the product is skipped).
   auto gm = [&](const char* n) { return m.WeightGrad(g, m.layout.Find(h + n), s); };
   auto gn = [&](const char* n) { return m.GradAt(g, m.layout.Find(h + n), s); };
   LlamaParams<T> p;
-  p.ln1 = w + at("ln_1.weight"), p.qkv = w + at("attn.q_proj.weight");
-  p.o = w + at("attn.o_proj.weight"), p.ln2 = w + at("ln_2.weight");
-  p.gate_up = w + at("mlp.gate_proj.weight"), p.down = w + at("mlp.down_proj.weight");
+  p.ln1 = m.At(w, s, m.layout.Find(h + "ln_1.weight"));
+  p.ln2 = m.At(w, s, m.layout.Find(h + "ln_2.weight"));
+  p.qkv = mat("attn.q_proj.weight", size_t(m.QKVl) * C);
+  p.o = mat("attn.o_proj.weight", C * size_t(m.Cl));
+  p.gate_up = mat("mlp.gate_proj.weight", 2 * size_t(m.Fl) * C);
+  p.down = mat("mlp.down_proj.weight", C * size_t(m.Fl));
   if (g) {
     p.d_ln1 = gn("ln_1.weight"), p.d_qkv = gm("attn.q_proj.weight");
     p.d_o = gm("attn.o_proj.weight"), p.d_ln2 = gn("ln_2.weight");
@@ -81,7 +88,7 @@ void AttentionSublayer(Transformer::Impl& m, const LlamaParams<T>& p, const Llam
                 m.be->RmsNormForward(a.ln1, a.ln1_rstd, a.in, p.ln1, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, p.qkv, nullptr, BT, C, m.QKVl));
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, m.Mat(p.qkv), nullptr, BT, C, m.QKVl));
   LoraForward(m, a.qkv, x, p.qkv_lora);
   KEEL_PROFILED("rope", m.be->RopeForward(a.qkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
   KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, m.Cl, m.NHl,
@@ -92,16 +99,17 @@ template <typename T>
 void Forward(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   AttentionSublayer(m, p, a);
-  RowParallelForward<T>(m, a.res2, a.in, a.atty, p.o, nullptr, m.Cl);
+  RowParallelForward<T>(m, a.res2, a.in, a.atty, m.Mat(p.o), nullptr, m.Cl);
   LoraForward(m, a.res2, a.atty, p.o_lora);
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormForward(a.ln2, a.ln2_rstd, a.res2, p.ln2, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.fch, x, p.gate_up, nullptr, BT, C, 2 * m.Fl));
+  KEEL_PROFILED("matmul_fwd",
+                m.be->MatmulForward(a.fch, x, m.Mat(p.gate_up), nullptr, BT, C, 2 * m.Fl));
   LoraForward(m, a.fch, x, p.gate_up_lora);
   KEEL_PROFILED("swiglu", m.be->SwigluForward(a.h, a.fch, BT, m.Fl));
-  RowParallelForward<T>(m, a.out, a.res2, a.h, p.down, nullptr, m.Fl);
+  RowParallelForward<T>(m, a.out, a.res2, a.h, m.Mat(p.down), nullptr, m.Fl);
   LoraForward(m, a.out, a.h, p.down_lora);
 }
 
@@ -133,26 +141,26 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dh, p.d_down, nullptr, x, a.h, p.down, BT, m.Fl, C));
+                m.be->MatmulBackward(dh, p.d_down, nullptr, x, a.h, m.Mat(p.down), BT, m.Fl, C));
   LoraBackward(m, dh, x, a.h, p.down_lora);
   KEEL_PROFILED("swiglu", m.be->SwigluBackward(dfch, a.fch, dh, BT, m.Fl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_gate_up, nullptr, dfch, x, p.gate_up,
-                                                   BT, C, 2 * m.Fl));
+  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_gate_up, nullptr, dfch, x,
+                                                   m.Mat(p.gate_up), BT, C, 2 * m.Fl));
   LoraBackward(m, dtmp, dfch, x, p.gate_up_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, p.o, BT, m.Cl, C));
+                m.be->MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, m.Mat(p.o), BT, m.Cl, C));
   LoraBackward(m, dtmp, x, a.atty, p.o_lora);
   KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
                                                          m.Cl, m.NHl, m.NKVl, m.doc_start));
   KEEL_PROFILED("rope", m.be->RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_qkv, nullptr, dqkv, x, p.qkv, BT, C, m.QKVl));
+                m.be->MatmulBackward(dtmp, p.d_qkv, nullptr, dqkv, x, m.Mat(p.qkv), BT, C, m.QKVl));
   LoraBackward(m, dtmp, dqkv, x, p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm",

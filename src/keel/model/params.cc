@@ -8,6 +8,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/rng.h"
+#include "keel/model/quantize.h"
 
 namespace keel::model {
 
@@ -82,6 +83,30 @@ void ParamLayout::AssignGrads() {
     seg_grad_start_[s] = before;
   }
 }
+
+void ParamLayout::AssignWork(BaseQuant q) {
+  quant_ = q;
+  work_total_ = quant_elems_ = quant_scales_ = 0;
+  seg_work_start_.assign(seg_start_.size(), 0);
+  size_t s = 0;
+  for (ParamInfo& info : params_) {
+    for (; s < seg_start_.size() && seg_start_[s] <= info.offset; ++s)
+      seg_work_start_[s] = work_total_;
+    info.work_offset = info.quant_offset = info.scale_offset = SIZE_MAX;
+    if (QuantizedParam(q, info)) {
+      info.quant_offset = quant_elems_;
+      info.scale_offset = quant_scales_;
+      quant_elems_ += info.numel;
+      quant_scales_ += info.numel / QuantGroup(q, size_t(info.shape[1]));
+    } else {
+      info.work_offset = work_total_;
+      work_total_ += info.numel;
+    }
+  }
+  for (; s < seg_start_.size(); ++s) seg_work_start_[s] = work_total_;
+}
+
+size_t ParamLayout::quant_code_bytes() const { return QuantCodeBytes(quant_, quant_elems_); }
 
 StageRange StageOf(const ModelConfig& cfg, int pp, int stage) {
   const int per = cfg.n_layer / pp;
@@ -208,6 +233,7 @@ ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
     p.Add("ln_f.bias", {C}, false, 0);
   p.AssignBiases();
   p.AssignGrads();
+  p.AssignWork(cfg.lora_base);
   return p;
 }
 
@@ -287,6 +313,7 @@ ParamLayout ParamLayout::Stage(const ModelConfig& cfg, const std::vector<StageRa
   }
   p.AssignBiases();
   p.AssignGrads();
+  p.AssignWork(cfg.lora_base);
   return p;
 }
 
@@ -368,6 +395,9 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   // (optim::ParamStore) when they are fewer than the weights.
   s.trainable = layout.grad_trained();
   s.grads = layout.grad_total();
+  s.working = layout.work_total();
+  s.quantized = layout.quant_code_bytes() + 4 * layout.quant_scales();
+  s.quant_scales = layout.quant_scales();
   return s;
 }
 
@@ -412,6 +442,9 @@ parallel::StateShape StateShapeOf(const ModelConfig& cfg, const std::vector<Stag
   s.n_bias += (blocks - k) * ((two.n_bias - s.n_bias) / k);
   s.trainable += (blocks - k) * ((two.trainable - s.trainable) / k);
   s.grads += (blocks - k) * ((two.grads - s.grads) / k);
+  s.working += (blocks - k) * ((two.working - s.working) / k);
+  s.quantized += (blocks - k) * ((two.quantized - s.quantized) / k);
+  s.quant_scales += (blocks - k) * ((two.quant_scales - s.quant_scales) / k);
   return s;
 }
 
@@ -446,21 +479,21 @@ void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float
 
 void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed, float* out) {
   KEEL_CHECK(layout.tp().size == 1, "InitParams: the whole model's layout, then CopyShards");
-  const auto& ps = layout.params();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const ParamInfo& p = ps[i];
-    float* w = out + p.offset;
-    if (p.init_std == 0) {
-      for (size_t j = 0; j < p.numel; ++j) w[j] = p.init_value;
-      continue;
-    }
-    const Philox rng(seed, p.stream);
-    // Padded vocabulary rows stay zero: they are masked out and must not drift.
-    const bool vocab_rows = p.name == "wte.weight" || p.name == "lm_head.weight";
-    const size_t live = vocab_rows ? size_t(cfg.vocab_size) * cfg.n_embd : p.numel;
-#pragma omp parallel for schedule(static)
-    for (size_t j = 0; j < p.numel; ++j) w[j] = j < live ? p.init_std * rng.Normal(j) : 0.0f;
+  for (const ParamInfo& p : layout.params()) InitTensor(p, cfg, seed, out + p.offset);
+}
+
+void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* w) {
+  KEEL_CHECK(p.global_shape == p.shape, "InitTensor: a tensor-parallel shard (CopyShards)");
+  if (p.init_std == 0) {
+    for (size_t j = 0; j < p.numel; ++j) w[j] = p.init_value;
+    return;
   }
+  const Philox rng(seed, p.stream);
+  // Padded vocabulary rows stay zero: they are masked out and must not drift.
+  const bool vocab_rows = p.name == "wte.weight" || p.name == "lm_head.weight";
+  const size_t live = vocab_rows ? size_t(cfg.vocab_size) * cfg.n_embd : p.numel;
+#pragma omp parallel for schedule(static)
+  for (size_t j = 0; j < p.numel; ++j) w[j] = j < live ? p.init_std * rng.Normal(j) : 0.0f;
 }
 
 }  // namespace keel::model

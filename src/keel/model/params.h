@@ -54,6 +54,14 @@ struct ParamInfo {
   // offset itself, except in a LoRA layout, whose buffer holds the adapters' gradients packed
   // (then a scratch for the frozen norms'); SIZE_MAX: none (a frozen weight, not computed).
   size_t grad_offset = SIZE_MAX;
+  // Where its working weights sit in the rank's working copy (ParamLayout::work_total() elements
+  // of the working dtype): the offset itself, except in a layout with a quantized base, whose
+  // working copy packs the tensors that are not quantized; SIZE_MAX for a quantized one.
+  size_t work_offset = SIZE_MAX;
+  // A quantized base's block matrix: its first element's index among the rank's quantized
+  // elements (codes: quantize.h) and its first scale's index; SIZE_MAX otherwise.
+  size_t quant_offset = SIZE_MAX, scale_offset = SIZE_MAX;
+  bool quantized() const { return quant_offset != SIZE_MAX; }
 };
 
 // The tensor-parallel part of the model a rank holds: shard `rank` of `size`.
@@ -154,16 +162,30 @@ class ParamLayout {
   // Segment s's first gradient: the grad_offset of its first trained tensor (or of the next one).
   size_t segment_grad_start(int s) const { return seg_grad_start_[size_t(s)]; }
 
+  // The working copy (ParamInfo::work_offset): the layout itself (work_total() = total()) unless
+  // the base is quantized (ModelConfig::lora_base); then the tensors that are not, packed in layout
+  // order, and the quantized block matrices apart: quant_elems() weights as codes
+  // (quant_code_bytes() bytes) and quant_scales() fp32 scales, in layout order.
+  BaseQuant base_quant() const { return quant_; }
+  size_t work_total() const { return work_total_; }
+  size_t segment_work_start(int s) const { return seg_work_start_[size_t(s)]; }
+  size_t quant_elems() const { return quant_elems_; }
+  size_t quant_scales() const { return quant_scales_; }
+  size_t quant_code_bytes() const;
+
  private:
   void Add(std::string name, std::vector<int> shape, bool decay, float std, float value = 0);
   void Append(const ParamInfo& p);  // a tensor of the whole model, placed at the end
   void AssignBiases();
   void AssignGrads();
+  void AssignWork(BaseQuant q);
   std::vector<ParamInfo> params_;
   // Find runs per layer per step (and per token in generation): a hash, not a scan of 150 names.
   std::unordered_map<std::string, size_t> index_;
-  std::vector<size_t> seg_start_, seg_grad_start_;
+  std::vector<size_t> seg_start_, seg_grad_start_, seg_work_start_;
   size_t grad_total_ = 0, grad_trained_ = 0;
+  BaseQuant quant_ = BaseQuant::kNone;
+  size_t work_total_ = 0, quant_elems_ = 0, quant_scales_ = 0;
   std::vector<StageRange> chunks_;
   TpShard tp_;
   bool has_embed_ = true;
@@ -217,5 +239,8 @@ void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float
 // tensor's index and the element's index (Philox), so every rank and thread count agrees.
 // The padded vocabulary rows of wte start at zero.
 void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed, float* out);
+// One tensor's (p.numel floats) of the same: a whole model's or a pipeline stage's tensor (not a
+// tensor-parallel shard), without the rest of the model.
+void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* out);
 
 }  // namespace keel::model

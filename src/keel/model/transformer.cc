@@ -37,7 +37,8 @@ namespace {
 // Pointers of one block: weights W (working dtype), biases (fp32 master), gradients (fp32).
 template <typename T>
 struct BlockParams {
-  const T *ln1w, *ln1b, *qkvw, *projw, *ln2w, *ln2b, *fcw, *fcpw;
+  const T *ln1w, *ln1b, *ln2w, *ln2b;
+  MatW<T> qkvw, projw, fcw, fcpw;  // as Impl::Mat finds them
   const float *qkvb, *projb, *fcb, *fcpb;
   float *d_ln1w, *d_ln1b, *d_qkvw, *d_qkvb, *d_projw, *d_projb, *d_ln2w, *d_ln2b, *d_fcw, *d_fcb,
       *d_fcpw, *d_fcpb;
@@ -55,13 +56,14 @@ struct BlockActs {
 template <typename T>
 BlockParams<T> Block(Transformer::Impl& m, int l, bool grads) {
   const int s = m.layout.block_segment(l);
-  const size_t base = m.layout.segment_start(s);
   const T* w = static_cast<const T*>(m.acc->Weights(s));
   const float* biases = std::is_same_v<T, float> ? nullptr : m.acc->Biases();
   float* g = grads ? m.acc->Grads(s) : nullptr;
   const std::string h = "h." + std::to_string(l) + ".";
   auto info = [&](const char* n) -> const ParamInfo& { return m.layout.Find(h + n); };
-  auto W = [&](const char* n) { return w + (info(n).offset - base); };
+  auto W = [&](const char* n) { return m.At(w, s, info(n)); };
+  const size_t C = size_t(m.cfg.n_embd), Cl = size_t(m.Cl);
+  auto mat = [&](const char* n, size_t elems) { return m.Matrix(w, s, info(n), elems); };
   auto bias = [&](const char* n) -> const float* {
     if constexpr (std::is_same_v<T, float>)
       return W(n);
@@ -73,11 +75,11 @@ BlockParams<T> Block(Transformer::Impl& m, int l, bool grads) {
   auto GM = [&](const char* n) { return m.WeightGrad(g, info(n), s); };
   BlockParams<T> p;
   p.ln1w = W("ln_1.weight"), p.ln1b = W("ln_1.bias");
-  p.qkvw = W("attn.c_attn.weight"), p.qkvb = bias("attn.c_attn.bias");
-  p.projw = W("attn.c_proj.weight"), p.projb = bias("attn.c_proj.bias");
+  p.qkvw = mat("attn.c_attn.weight", 3 * Cl * C), p.qkvb = bias("attn.c_attn.bias");
+  p.projw = mat("attn.c_proj.weight", C * Cl), p.projb = bias("attn.c_proj.bias");
   p.ln2w = W("ln_2.weight"), p.ln2b = W("ln_2.bias");
-  p.fcw = W("mlp.c_fc.weight"), p.fcb = bias("mlp.c_fc.bias");
-  p.fcpw = W("mlp.c_proj.weight"), p.fcpb = bias("mlp.c_proj.bias");
+  p.fcw = mat("mlp.c_fc.weight", 4 * Cl * C), p.fcb = bias("mlp.c_fc.bias");
+  p.fcpw = mat("mlp.c_proj.weight", C * 4 * Cl), p.fcpb = bias("mlp.c_proj.bias");
   p.d_ln1w = G("ln_1.weight"), p.d_ln1b = G("ln_1.bias");
   p.d_qkvw = GM("attn.c_attn.weight"), p.d_qkvb = GM("attn.c_attn.bias");
   p.d_projw = GM("attn.c_proj.weight"), p.d_projb = GM("attn.c_proj.bias");
@@ -115,7 +117,7 @@ void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p,
                                                     p.ln1b, m.R, C));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, p.qkvw, p.qkvb, BT, C, 3 * Cl));
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, m.Mat(p.qkvw), p.qkvb, BT, C, 3 * Cl));
   internal::LoraForward(m, a.qkv, x, p.qkv_lora);
   KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl,
                                                         m.NHl, m.doc_start));
@@ -125,16 +127,16 @@ template <typename T>
 void BlockForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   AttentionSublayerForward(m, p, a);
-  internal::RowParallelForward(m, a.res2, a.in, a.atty, p.projw, p.projb, Cl);
+  internal::RowParallelForward(m, a.res2, a.in, a.atty, m.Mat(p.projw), p.projb, Cl);
   internal::LoraForward(m, a.res2, a.atty, p.proj_lora);
   KEEL_PROFILED("layernorm", m.be->LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w,
                                                     p.ln2b, m.R, C));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.fch, x, p.fcw, p.fcb, BT, C, 4 * Cl));
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.fch, x, m.Mat(p.fcw), p.fcb, BT, C, 4 * Cl));
   internal::LoraForward(m, a.fch, x, p.fc_lora);
   KEEL_PROFILED("gelu", m.be->GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
-  internal::RowParallelForward(m, a.out, a.res2, a.fch_gelu, p.fcpw, p.fcpb, 4 * Cl);
+  internal::RowParallelForward(m, a.out, a.res2, a.fch_gelu, m.Mat(p.fcpw), p.fcpb, 4 * Cl);
   internal::LoraForward(m, a.out, a.fch_gelu, p.fcp_lora);
 }
 
@@ -152,25 +154,25 @@ void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockAct
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu,
-                                                   p.fcpw, BT, 4 * Cl, C));
+                                                   m.Mat(p.fcpw), BT, 4 * Cl, C));
   internal::LoraBackward(m, dfch_gelu, x, a.fch_gelu, p.fcp_lora);
   KEEL_PROFILED("gelu", m.be->GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
   KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, x, p.fcw, BT, C, 4 * Cl));
+                m.be->MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, x, m.Mat(p.fcw), BT, C, 4 * Cl));
   internal::LoraBackward(m, dtmp, dfch, x, p.fc_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
                                                      a.ln2_mean, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-  KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty, p.projw, BT, Cl, C));
+  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty,
+                                                   m.Mat(p.projw), BT, Cl, C));
   internal::LoraBackward(m, dtmp, x, a.atty, p.proj_lora);
   KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
                                                          Cl, m.NHl, m.NHl, m.doc_start));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, p.qkvw, BT, C, 3 * Cl));
+  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, m.Mat(p.qkvw),
+                                                   BT, C, 3 * Cl));
   internal::LoraBackward(m, dtmp, dqkv, x, p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
@@ -182,18 +184,17 @@ void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockAct
 template <typename T>
 const T* FinalWeight(Transformer::Impl& m, const char* name) {
   const int s = m.layout.final_segment();
-  return static_cast<const T*>(m.acc->Weights(s)) +
-         (m.layout.Find(name).offset - m.layout.segment_start(s));
+  return m.At(static_cast<const T*>(m.acc->Weights(s)), s, m.layout.Find(name));
 }
 float* FinalGrad(Transformer::Impl& m, float* grads, const char* name) {
   return m.GradAt(grads, m.layout.Find(name), m.layout.final_segment());
 }
 
-// The embeddings' segment starts the layout of the stages that have one: offsets index it.
+// The embeddings' segment starts the layout of the stages that have one.
 template <typename T>
 const T* Wte(Transformer::Impl& m) {
-  return static_cast<const T*>(m.acc->Weights(m.layout.embed_segment())) +
-         m.layout.Find("wte.weight").offset;
+  const int s = m.layout.embed_segment();
+  return m.At(static_cast<const T*>(m.acc->Weights(s)), s, m.layout.Find("wte.weight"));
 }
 
 // The classifier's weights: GPT-2's tied wte, or Llama's lm_head.
@@ -213,9 +214,9 @@ void StageForward(Transformer::Impl& m, int slot, const int32_t* tokens) {
     // Vocabulary-parallel: each rank looks up the tokens it holds, the lead adds the positions
     // (GPT-2's; Llama's are rotary, inside attention).
     T* emb = m.sp ? m.Act<T>("gathered") : m.Resid<T>(slot, 0);
-    const T* wpe = m.lead && !m.cfg.llama() ? e + m.layout.Find("wpe.weight").offset : nullptr;
+    const T* wpe = m.lead && !m.cfg.llama() ? m.At(e, 0, m.layout.Find("wpe.weight")) : nullptr;
     KEEL_PROFILED("encoder",
-                  m.be->EncoderForward(emb, tokens, e + m.layout.Find("wte.weight").offset, wpe,
+                  m.be->EncoderForward(emb, tokens, m.At(e, 0, m.layout.Find("wte.weight")), wpe,
                                        m.B, m.T, C, m.v0, m.v0 + m.Vl));
     KEEL_PROFILED("tp_comm", m.SumRows(emb, m.Resid<T>(slot, 0)));
   }

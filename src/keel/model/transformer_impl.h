@@ -13,7 +13,9 @@
 #include "keel/core/memory.h"
 #include "keel/kernels/backend.h"
 #include "keel/kernels/profile.h"
+#include "keel/model/quantize.h"
 #include "keel/model/transformer.h"
+#include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
 
 namespace keel::model {
@@ -29,28 +31,47 @@ namespace k = keel::kernels;
 
 // The parameters of a model that owns them (tests, the PyTorch oracle, evaluation): every
 // segment resident, gradients accumulated in place. The trainer brings its own ParamAccess.
+// `master` holds every value in fp32; SyncWorking makes the working copy (bf16 runs, a quantized
+// base: working_copy.h) from it.
 class DenseParams final : public ParamAccess {
  public:
   DenseParams(const ParamLayout& layout, DType dtype, const kernels::Backend& be)
       : layout_(layout),
         dtype_(dtype),
         be_(be),
+        separate_(dtype == DType::kBF16 || layout.base_quant() != BaseQuant::kNone),
         master(Buffer::Zeroed(be, layout.total() * 4)),
         grads(Buffer::Zeroed(be, layout.grad_total() * 4)),
-        working(Buffer::Zeroed(be, dtype == DType::kBF16 ? layout.total() * 2 : 0)),
-        biases(Buffer::Zeroed(be, dtype == DType::kBF16 ? layout.n_bias() * 4 : 0)) {}
+        working(Buffer::Zeroed(be, separate_ ? layout.work_total() * DTypeSize(dtype) : 0)),
+        biases(Buffer::Zeroed(be, dtype == DType::kBF16 ? layout.n_bias() * 4 : 0)),
+        codes(Buffer::Zeroed(be, layout.quant_code_bytes())),
+        scales(Buffer::Zeroed(be, layout.quant_scales() * 4)) {}
 
   const void* Weights(int s) override {
-    const size_t off = layout_.segment_start(s);
-    return dtype_ == DType::kF32 ? static_cast<const void*>(master.as<float>() + off)
-                                 : static_cast<const void*>(working.as<bf16>() + off);
+    if (!separate_) return master.as<float>() + layout_.segment_start(s);
+    return working.as<char>() + layout_.segment_work_start(s) * DTypeSize(dtype_);
   }
+  QuantizedWeights Quantized() override { return {codes.as<uint8_t>(), scales.as<float>()}; }
   const float* Biases() override { return biases.as<float>(); }
   float* Grads(int s) override { return grads.as<float>() + layout_.segment_grad_start(s); }
 
   void SyncWorking() {
+    if (!separate_) return;
+    if (layout_.base_quant() == BaseQuant::kNone) {
+      be_.ToBf16(working.as<bf16>(), master.as<float>(), layout_.total());
+    } else {
+      // Quantization runs on the host (quantize.h); staged where the backend's memory is not.
+      std::vector<float> values(layout_.total());
+      std::vector<char> w(working.bytes());
+      std::vector<uint8_t> c(codes.bytes());
+      std::vector<float> sc(layout_.quant_scales());
+      be_.ToHost(values.data(), master.data(), 4 * values.size());
+      WriteWorking(layout_, dtype_, values.data(), w.data(), c.data(), sc.data());
+      be_.FromHost(working.data(), w.data(), w.size());
+      be_.FromHost(codes.data(), c.data(), c.size());
+      be_.FromHost(scales.data(), sc.data(), 4 * sc.size());
+    }
     if (dtype_ != DType::kBF16) return;
-    be_.ToBf16(working.as<bf16>(), master.as<float>(), layout_.total());
     for (const ParamInfo& p : layout_.params())
       if (p.bias_index != SIZE_MAX)
         be_.Copy(biases.as<float>() + p.bias_index, master.as<float>() + p.offset, p.numel * 4);
@@ -60,9 +81,19 @@ class DenseParams final : public ParamAccess {
   const ParamLayout& layout_;
   DType dtype_;
   const kernels::Backend& be_;
+  bool separate_;  // the working copy is not the master itself
 
  public:
-  Buffer master, grads, working, biases;
+  Buffer master, grads, working, biases, codes, scales;
+};
+
+// A matrix product's weight as Impl::Matrix finds it: resident in the working copy (w), or the
+// first of the quantized tensors (q) it spans, n elements; Impl::Mat gives the elements.
+template <typename T>
+struct MatW {
+  const T* w = nullptr;
+  const ParamInfo* q = nullptr;
+  size_t n = 0;
 };
 
 struct Transformer::Impl {
@@ -137,6 +168,8 @@ struct Transformer::Impl {
     KEEL_CHECK(!sp || (b * t) % tp == 0, "Transformer: sequence parallelism needs tp | B·T");
     KEEL_CHECK(tp == 1 || c.lora_rank == 0,
                "Transformer: LoRA adapters are not split for tensor parallelism yet");
+    KEEL_CHECK(c.lora_base == BaseQuant::kNone || c.lora_base == lay.base_quant(),
+               "Transformer: the layout's quantized base is not the config's");
     KEEL_CHECK(tp == 1 || backend.host_visible(),
                "Transformer: tensor parallelism runs on the CPU backend only so far");
     KEEL_CHECK(tp == 1 || (tpg.comm && tpg.comm->size() == tp && tpg.comm->rank() == tp_rank),
@@ -213,6 +246,32 @@ struct Transformer::Impl {
   template <typename U>
   U* Resid(int slot, int copy) const {
     return Act<U>("resid", copy, slot);
+  }
+
+  // A matrix product's weight (fused products: `n` elements of adjacent tensors from `p` on) in
+  // segment s, whose working weights start at `w`: there, or where Mat will dequantize it.
+  template <typename U>
+  MatW<U> Matrix(const U* w, int s, const ParamInfo& p, size_t n) const {
+    if (!p.quantized()) return {w + (p.work_offset - layout.segment_work_start(s)), nullptr, n};
+    return {nullptr, &p, n};
+  }
+  // Its elements in the working dtype: the working copy's, or dequantized into the shared buffer
+  // (valid until the next Mat).
+  template <typename U>
+  const U* Mat(const MatW<U>& mw) {
+    if (mw.w) return mw.w;
+    U* out = Act<U>("dequant");
+    const BaseQuant q = layout.base_quant();
+    const QuantizedWeights qw = acc->Quantized();
+    KEEL_PROFILED("dequant", be->Dequantize(out, qw.codes + CodeByte(q, mw.q->quant_offset),
+                                            qw.scales + mw.q->scale_offset, mw.n,
+                                            QuantGroup(q, size_t(mw.q->shape[1])), FormatOf(q)));
+    return out;
+  }
+  // Tensor `p` of segment s (not quantized) in the working dtype.
+  template <typename U>
+  const U* At(const U* w, int s, const ParamInfo& p) const {
+    return w + (p.work_offset - layout.segment_work_start(s));
   }
 
   // Parameter p's gradient in segment s's gradients `g` (ParamAccess::Grads(s)), or null where
@@ -302,17 +361,16 @@ struct LoraPair {
   int in = 0, out = 0;
 };
 
-// Block l's adapter of target `t`, in the segment whose weights start at `w` (gradients at `g`,
-// may be null) from flat index `base`.
+// Block l's adapter of target `t`, in segment s whose weights start at `w` (gradients at `g`, may
+// be null).
 template <typename T>
 LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, float* g, int s) {
   LoraPair<T> a;
-  const size_t base = m.layout.segment_start(s);
   if (m.cfg.lora_rank == 0 || !(m.cfg.lora_targets & t)) return a;
   const std::string mod = "h." + std::to_string(l) + "." + LoraModule(m.cfg.llama(), t);
   const ParamInfo& A = m.layout.Find(mod + ".lora_A.weight");
   const ParamInfo& B = m.layout.Find(mod + ".lora_B.weight");
-  a.A = w + (A.offset - base), a.B = w + (B.offset - base);
+  a.A = m.At(w, s, A), a.B = m.At(w, s, B);
   a.dA = m.WeightGrad(g, A, s), a.dB = m.WeightGrad(g, B, s);
   std::tie(a.in, a.out) = LoraDims(m.cfg, t);
   return a;

@@ -14,7 +14,8 @@ std::vector<ParamRange> Clip(const std::vector<ParamRange>& ranges, size_t lo, s
     const size_t a = std::max(lo, r.offset), b = std::min(hi, r.offset + r.numel);
     if (a < b)
       out.push_back({a - lo, b - a, r.decay, r.frozen, r.replica,
-                     r.at == SIZE_MAX ? SIZE_MAX : r.at + (a - r.offset)});
+                     r.at == SIZE_MAX ? SIZE_MAX : r.at + (a - r.offset),
+                     r.work == SIZE_MAX ? SIZE_MAX : r.work + (a - r.offset)});
   }
   return out;
 }
@@ -66,6 +67,11 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
   }
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, dims);
   working_ = Buffer::Zeroed(be, b.working);
+  if (shape.quantized) {
+    KEEL_CHECK(compact_, "ParamStore: a quantized base is a compact state's (LoRA's)");
+    codes_ = Buffer::Zeroed(be, shape.quantized - 4 * shape.quant_scales);
+    scales_ = Buffer::Zeroed(be, 4 * shape.quant_scales);
+  }
   working_lo_ = dims.zero >= 3 ? shard_.lo : 0;
   // A compact state's gradients are the trainable ones, packed as its master: nothing frozen.
   if (!compact_)
@@ -108,6 +114,7 @@ void ParamStore::Update(float lr, float grad_scale) {
 parallel::StateBytes ParamStore::bytes() const {
   parallel::StateBytes b;
   b.working = working_.bytes();
+  b.quantized = codes_.bytes() + scales_.bytes();
   b.biases = biases_.bytes();
   b.grads = grads_.bytes();
   b.master = master_.bytes();

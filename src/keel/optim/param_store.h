@@ -16,8 +16,9 @@
 // moments and gradients for the trainable parameters only, packed in layout order (the
 // gradients as model::ParamLayout::grad_offset places them, a scratch for the frozen norms'
 // after them): the state's flat indices count trainable elements, and ZeRO 1 shards that count.
-// The working weights keep the layout's offsets; the frozen ones live there alone (bf16 runs: as
-// bf16), set once by TrainStep::SetWeights. ZeRO 0 and 1 only.
+// The working weights keep the layout's working offsets (model::ParamInfo::work_offset); the
+// frozen ones live there alone (bf16 runs: as bf16) or, for a quantized base's matrices, as codes
+// and scales; set once by TrainStep::SetWeights. ZeRO 0 and 1 only.
 //
 //   ParamStore st(shape, dims, dp_rank, ranges, hyper);
 //   st.Update(lr, clip_scale);   // AdamW over what this rank holds
@@ -74,6 +75,10 @@ class ParamStore {
   void* working();
   size_t working_lo() const { return working_lo_; }
   float* biases() { return biases_.as<float>(); }  // fp32 biases (bf16 runs), compact
+  // A quantized base's codes and scales (model::ParamLayout::quant_code_bytes, quant_scales);
+  // null when the base is not quantized.
+  uint8_t* codes() { return codes_.as<uint8_t>(); }
+  float* scales() { return scales_.as<float>(); }
 
   // Frozen parameters' gradients to zero, in what this rank holds of the gradients.
   void ZeroFrozenGrads();
@@ -99,7 +104,7 @@ class ParamStore {
   std::vector<ParamRange> trainable_;
   parallel::ShardRange shard_;
   size_t state_lo_ = 0, state_hi_ = 0, grads_lo_ = 0, grads_size_ = 0, working_lo_ = 0;
-  Buffer master_, grads_, working_, biases_;
+  Buffer master_, grads_, working_, biases_, codes_, scales_;
   std::vector<ParamRange> frozen_;    // frozen ranges, relative to grads()
   std::vector<ParamRange> replicas_;  // replica ranges in the state slice, relative to state_lo
   AdamW opt_;

@@ -13,9 +13,11 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   b.moments = 8 * held;
   b.grads = 4 * (s.compact() ? s.grads : d.zero >= 2 ? shard : s.total);
   b.biases = bf16 ? 4 * s.n_bias : 0;
-  if (s.compact())
-    b.working = size_t(s.working_bytes) * s.total;  // the frozen weights' only copy
-  else if (d.zero == 0)
+  if (s.compact()) {
+    // The frozen weights' only copy: in the working dtype, or a quantized base's codes.
+    b.working = size_t(s.working_bytes) * (s.working ? s.working : s.total);
+    b.quantized = s.quantized;
+  } else if (d.zero == 0)
     b.working = bf16 ? 2 * s.total : 0;  // fp32: the master is the working copy
   else if (d.zero <= 2)
     b.working = size_t(s.working_bytes) * s.total;

@@ -26,6 +26,11 @@ struct StateShape {
   // A compact state's gradient buffer (model::ParamLayout::grad_total: the trainable parameters'
   // gradients and the frozen norms' scratch).
   size_t grads = 0;
+  // A compact state's working copy (model::ParamLayout::work_total: every weight but a quantized
+  // base's matrices), and the bytes of those matrices' codes and scales (0: not quantized).
+  size_t working = 0;
+  size_t quantized = 0;
+  size_t quant_scales = 0;  // of which fp32 scales (the rest: codes)
   bool compact() const { return trainable > 0 && trainable < total; }
 };
 
@@ -40,7 +45,10 @@ struct StateBytes {
   // ZeRO >= 2: per-segment gradient scratch (the embeddings, the final LayerNorm, two blocks in
   // flight); ZeRO 3: also the gathered weights of the same segments.
   size_t zero_buffers = 0;
-  size_t total() const { return working + biases + grads + master + moments + zero_buffers; }
+  size_t quantized = 0;  // a quantized frozen base: codes and scales (compact states only)
+  size_t total() const {
+    return working + biases + grads + master + moments + zero_buffers + quantized;
+  }
 };
 
 StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d);

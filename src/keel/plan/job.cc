@@ -45,6 +45,7 @@ ModelSpec SpecOf(const std::string& name, const model::ModelConfig& c, int seq) 
   if (c.llama()) m.kv_heads = c.kv_heads(), m.ffn = c.ffn();
   m.lora_rank = c.lora_rank;
   m.lora_targets = c.lora_targets;
+  m.lora_base = c.lora_base;
   return m;
 }
 
@@ -60,6 +61,7 @@ model::ModelConfig ToModelConfig(const ModelSpec& m) {
   c.ffn_hidden = m.ffn;
   c.lora_rank = m.lora_rank;
   c.lora_targets = m.lora_targets;
+  c.lora_base = m.lora_base;
   c.lora_alpha = m.lora_rank > 0 ? 2.0f * float(m.lora_rank) : 0.0f;  // shapes only
   return c;
 }

@@ -27,6 +27,7 @@ struct ModelSpec {
   // no weight-gradient products for the frozen matrices. 0: full training.
   int lora_rank = 0;
   unsigned lora_targets = 0;
+  model::BaseQuant lora_base = model::BaseQuant::kNone;  // the frozen base's storage ([lora] base)
 };
 
 // A keel model config as the planner's spec, at sequence length `seq`.

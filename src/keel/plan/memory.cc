@@ -69,7 +69,7 @@ const ParamSizes& Sizes(const ModelSpec& m) {
   if (key.layers == m.layers && key.hidden == m.hidden && key.heads == m.heads &&
       key.vocab == m.vocab && key.seq == m.seq && key.family == m.family &&
       key.kv_heads == m.kv_heads && key.ffn == m.ffn && key.lora_rank == m.lora_rank &&
-      key.lora_targets == m.lora_targets)
+      key.lora_targets == m.lora_targets && key.lora_base == m.lora_base)
     return sizes;
   const auto layout = model::ParamLayout::Whole(ToModelConfig(m));
   sizes.embed = double(layout.layer_start(0));  // wte (+ GPT-2's wpe)
@@ -124,7 +124,7 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   // tensor-parallel rank holds shards of the same sizes: rank 0's stands for all.
   const parallel::StateBytes b =
       parallel::StateBytesPerRank(model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt), l);
-  mem.state.params = double(b.working + b.biases);
+  mem.state.params = double(b.working + b.biases + b.quantized);
   mem.state.grads = double(b.grads);
   mem.state.master = double(b.master);
   mem.state.moments = double(b.moments);

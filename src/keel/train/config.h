@@ -106,6 +106,9 @@ struct LoraSection {
   // Comma-separated products of each block: GPT-2 c_attn, attn.c_proj, c_fc, mlp.c_proj; Llama
   // qkv, o_proj, gate_up, down_proj; or "all". "": c_attn (GPT-2), qkv (Llama), PEFT's defaults.
   std::string targets;
+  // The frozen base's block matrices: "" (the run's precision), "int8" (per-row scales) or "nf4"
+  // (4-bit NormalFloat, blocks of 64): QLoRA's memory, dequantized before each product.
+  std::string base;
 
   bool operator==(const LoraSection&) const = default;
 };

@@ -114,6 +114,9 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   const Checker lora(prov, "lora");
   lora.NonNegative("rank", cfg.lora.rank);
   lora.FiniteNonNegative("alpha", cfg.lora.alpha);
+  lora.OneOf("base", cfg.lora.base, {"", "none", "int8", "nf4"});
+  if (cfg.lora.rank == 0 && cfg.lora.base != "" && cfg.lora.base != "none")
+    lora.Fail("base", "a quantized base is LoRA's frozen base; set [lora] rank too");
 
   const Checker data(prov, "data");
   data.Positive("seq_len", cfg.data.seq_len);
@@ -302,6 +305,7 @@ model::ModelConfig RunConfig::ResolvedModel() const {
   m.lora_targets = model::ParseLoraTargets(
       m.llama(), lora.targets.empty() ? (m.llama() ? "qkv" : "c_attn") : lora.targets,
       prov.Where("lora", "targets"));
+  m.lora_base = model::ParseBaseQuant(lora.base, prov.Where("lora", "base"));
   return m;
 }
 

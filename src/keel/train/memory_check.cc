@@ -93,7 +93,8 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
       {"the weights, gradients and fp32 master copy of " + Count(params) +
            " parameters (model.n_layer " + std::to_string(m.n_layer) + ", n_embd " +
            std::to_string(m.n_embd) + ")",
-       double(b.state.working + b.state.biases + b.state.grads + b.state.master)},
+       double(b.state.working + b.state.biases + b.state.quantized + b.state.grads +
+              b.state.master)},
       {"the AdamW moments", double(b.state.moments)}};
   if (b.state.zero_buffers > 0)
     items.push_back({"ZeRO-" + std::to_string(d.zero) +

@@ -206,8 +206,9 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   // A run that may resume leaves it for later: the checkpoint brings the weights, and drawing
   // 124M normal values takes seconds of every restart (TrainRun draws them if none is found).
   // A fine-tuning file is read here all the same, so that a bad one fails before anything else.
-  // LoRA's checkpoints hold its adapters only: the frozen base is drawn or read at every start.
-  if (cfg.checkpoint.resume.empty() || !cfg.model.init_from.empty() || p.s.mcfg.lora_rank > 0) {
+  // LoRA's checkpoints hold its adapters only: the frozen base is read at every start, or drawn
+  // a tensor at a time by the step (Run's constructor).
+  if ((cfg.checkpoint.resume.empty() && p.s.mcfg.lora_rank == 0) || !cfg.model.init_from.empty()) {
     const model::ParamLayout params = model::ParamLayout::Whole(p.s.mcfg);
     p.init.resize(params.total());
     model::InitParams(params, p.s.mcfg, cfg.train.seed, p.init.data());
@@ -313,8 +314,17 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   step = std::make_unique<TrainStep>(spec, groups.ForStep());
   pipelined = layout.pp > 1;
   bubble_predicted = parallel::PipelineBubble(layout.pp, layout.n_micro, layout.virtual_stages);
-  const bool init_later = prep->init.empty();
-  if (!init_later) step->SetWeights(prep->init.data());
+  // LoRA from random weights: the base drawn a tensor at a time, never whole in fp32.
+  const bool streamed = mcfg.lora_rank > 0 && prep->init.empty();
+  const bool init_later = prep->init.empty() && !streamed;
+  if (streamed)
+    step->SetWeights([&](const model::ParamInfo& p, std::vector<float>& scratch) {
+      scratch.resize(p.numel);
+      model::InitTensor(p, mcfg, cfg.train.seed, scratch.data());
+      return scratch.data();
+    });
+  else if (!init_later)
+    step->SetWeights(prep->init.data());
   std::vector<float>().swap(prep->init);
   if (lead && !cfg.model.init_from.empty())
     Log("initialized the weights from %s", cfg.model.init_from.c_str());

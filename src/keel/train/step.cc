@@ -5,6 +5,8 @@
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
+#include "keel/model/quantize.h"
+#include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
 #include "keel/parallel/pipeline_schedule.h"
 #include "keel/train/freeze.h"
@@ -16,7 +18,8 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
                                         const std::vector<bool>& frozen) {
   std::vector<optim::ParamRange> r;
   for (const model::ParamInfo& p : layout.params())
-    r.push_back({p.offset, p.numel, p.decay, !frozen.empty() && frozen[p.stream], p.replica});
+    r.push_back({p.offset, p.numel, p.decay, !frozen.empty() && frozen[p.stream], p.replica,
+                 SIZE_MAX, p.work_offset == p.offset ? SIZE_MAX : p.work_offset});
   return r;
 }
 
@@ -97,38 +100,62 @@ void TrainStep::SetWeights(const float* full) {
                       /*to_whole=*/false);
     mine = copy.data();
   }
-  std::vector<float> packed;
-  if (store_->compact()) {
-    SetFrozenWeights(mine);
-    for (const optim::ParamRange& r : store_->trainable())
-      packed.insert(packed.end(), mine + r.at, mine + r.at + r.numel);
-    mine = packed.data();
-  }
+  if (store_->compact())
+    return SetWeights(
+        [mine](const model::ParamInfo& p, std::vector<float>&) { return mine + p.offset; });
   be_.FromHost(store_->master(), mine + store_->state_lo(),
                4 * (store_->state_hi() - store_->state_lo()));
   zero_->PublishWeights();
 }
 
-// A compact state keeps the frozen weights in the working copy only (and the fp32 biases): all of
-// `mine` (layout_.total() values) goes there once.
-void TrainStep::SetFrozenWeights(const float* mine) {
-  const size_t n = layout_.total();
-  if (spec_.dtype == DType::kBF16) {
-    // Rounded in place where the working copy is host memory: a 3B base would need 6 GB more.
-    std::vector<bf16> staging(be_.host_visible() ? 0 : n);
-    bf16* w = be_.host_visible() ? static_cast<bf16*>(store_->working()) : staging.data();
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; ++i) w[i] = ToBf16(mine[i]);
-    if (!be_.host_visible()) be_.FromHost(store_->working(), w, 2 * n);
-    std::vector<float> b(layout_.n_bias());
-    for (const model::ParamInfo& p : layout_.params())
-      if (p.bias_index != SIZE_MAX)
-        // host: the staging of the bias copy, in host memory
-        std::copy_n(mine + p.offset, p.numel, b.data() + p.bias_index);
-    be_.FromHost(store_->biases(), b.data(), 4 * b.size());
-  } else {
-    be_.FromHost(store_->working(), mine, 4 * n);
+// A compact state keeps the frozen weights in the working copy only (a quantized base's matrices
+// as codes and scales; bf16 runs: the fp32 biases too), and master weights for its trainable
+// ranges, which are in layout order.
+void TrainStep::SetWeights(const TensorValues& values) {
+  KEEL_CHECK(store_->compact(), "TrainStep: a tensor at a time is for a compact state (LoRA)");
+  const bool host = be_.host_visible();
+  const model::BaseQuant q = layout_.base_quant();
+  const size_t wb = DTypeSize(spec_.dtype);
+  std::vector<float> scratch, packed, b(layout_.n_bias());
+  std::vector<char> w;  // staging where the backend's memory is not the host's
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  auto next = store_->trainable().begin();
+  for (const model::ParamInfo& p : layout_.params()) {
+    const float* x = values(p, scratch);
+    char* wd = nullptr;
+    uint8_t* cd = nullptr;
+    float* sd = nullptr;
+    if (p.quantized()) {
+      cd = store_->codes() + model::CodeByte(q, p.quant_offset);
+      sd = store_->scales() + p.scale_offset;
+      codes.resize(host ? 0 : model::QuantCodeBytes(q, p.numel));
+      scales.resize(host ? 0 : p.numel / model::QuantGroup(q, size_t(p.shape[1])));
+    } else {
+      wd = static_cast<char*>(store_->working()) + p.work_offset * wb;
+      w.resize(host ? 0 : p.numel * wb);
+    }
+    model::WriteTensor(q, spec_.dtype, p, x, host ? wd : w.data(), host ? cd : codes.data(),
+                       host ? sd : scales.data());
+    if (!host && p.quantized()) {
+      be_.FromHost(cd, codes.data(), codes.size());
+      be_.FromHost(sd, scales.data(), 4 * scales.size());
+    } else if (!host) {
+      be_.FromHost(wd, w.data(), w.size());
+    }
+    if (p.bias_index != SIZE_MAX && spec_.dtype == DType::kBF16)
+      // host: the staging of the bias copy, in host memory
+      std::copy_n(x, p.numel, b.data() + p.bias_index);
+    if (next != store_->trainable().end() && next->at == p.offset) {
+      packed.insert(packed.end(), x, x + p.numel);
+      ++next;
+    }
   }
+  KEEL_CHECK(next == store_->trainable().end(), "TrainStep: a trainable range is no tensor");
+  if (spec_.dtype == DType::kBF16) be_.FromHost(store_->biases(), b.data(), 4 * b.size());
+  be_.FromHost(store_->master(), packed.data() + store_->state_lo(),
+               4 * (store_->state_hi() - store_->state_lo()));
+  zero_->PublishWeights();
 }
 
 void TrainStep::Restored(int optimizer_step) {
@@ -272,6 +299,7 @@ nlohmann::json TrainStep::MemoryBytes() const {
   return {{"master", b.master},
           {"working", b.working},
           {"biases", b.biases},
+          {"quantized_base", b.quantized},
           {"grads", b.grads},
           {"adam_moments", b.moments},
           {"zero_buffers", zero_->buffer_bytes()},

@@ -71,6 +71,13 @@ class TrainStep {
   // The fp32 master weights from the whole layout's values (every rank passes the same); each
   // rank keeps what it holds, and the working weights follow.
   void SetWeights(const float* full);
+  // A tensor's fp32 values (p: this rank's layout's, not a tensor-parallel shard), in `scratch`
+  // or elsewhere.
+  using TensorValues =
+      std::function<const float*(const model::ParamInfo& p, std::vector<float>& scratch)>;
+  // A compact state's (LoRA's) weights a tensor at a time: the frozen base is never whole in
+  // fp32 (a 3B base's copy would be 12 GB), each tensor going straight to its working form.
+  void SetWeights(const TensorValues& values);
   // After a checkpoint filled the store's master and moments: the working weights follow.
   void Restored(int optimizer_step);
   // The whole model's fp32 master weights (ParamLayout::Gpt2), on every rank.
@@ -120,7 +127,6 @@ class TrainStep {
   bool last_stage() const { return layout_.holds_last(); }
 
  private:
-  void SetFrozenWeights(const float* mine);
   void SumTiedGrads();
   void SumNormGrads();
 

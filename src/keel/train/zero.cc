@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "keel/core/error.h"
+#include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
 
 namespace keel::train {
@@ -115,7 +116,7 @@ void ZeroStrategy::Gather(int s, Slot& slot) {
 
 const void* ZeroStrategy::Weights(int s) {
   if (zero_ < 3) {
-    const size_t at = layout_.segment_start(s) - store_.working_lo();
+    const size_t at = layout_.segment_work_start(s) - store_.working_lo();
     return static_cast<const char*>(store_.working()) + at * ElemBytes();
   }
   Slot& slot = WeightSlot(s);
@@ -128,6 +129,8 @@ const void* ZeroStrategy::Weights(int s) {
 }
 
 const float* ZeroStrategy::Biases() { return store_.biases(); }
+
+model::QuantizedWeights ZeroStrategy::Quantized() { return {store_.codes(), store_.scales()}; }
 
 void ZeroStrategy::Use(int s, model::Pass p) {
   if (zero_ < 3) return;
@@ -255,9 +258,9 @@ void ZeroStrategy::PublishCompact() {
   // The adapters have no biases: the fp32 bias copy is the frozen base's, set once.
   for (const optim::ParamRange& r : store_.trainable()) {
     if (store_.dtype() == DType::kBF16)
-      be.ToBf16(static_cast<bf16*>(store_.working()) + r.at, all + r.offset, r.numel);
+      be.ToBf16(static_cast<bf16*>(store_.working()) + r.working_at(), all + r.offset, r.numel);
     else
-      be.Copy(static_cast<float*>(store_.working()) + r.at, all + r.offset, 4 * r.numel);
+      be.Copy(static_cast<float*>(store_.working()) + r.working_at(), all + r.offset, 4 * r.numel);
   }
 }
 
@@ -281,26 +284,29 @@ std::vector<float> ZeroStrategy::GatherMaster() {
   const kernels::Backend& be = store_.backend();
   std::vector<float> full(store_.total());
   if (store_.compact()) {
-    // The frozen weights from the working copy (bf16: the values the model computed with) and
-    // the fp32 biases, then the trainable ones from the master.
+    // The frozen weights from the working copy and a quantized base (the values the model
+    // computed with) and the fp32 biases, then the trainable ones from the master. Read in place
+    // where the backend's memory is the host's (a 3B base: 6 GB not staged).
+    const bool host = be.host_visible();
+    const size_t wbytes = layout_.work_total() * ElemBytes();
+    std::vector<char> w(host ? 0 : wbytes);
+    std::vector<uint8_t> codes(host ? 0 : layout_.quant_code_bytes());
+    std::vector<float> scales(host ? 0 : layout_.quant_scales());
+    if (!host) {
+      be.ToHost(w.data(), store_.working(), wbytes);
+      be.ToHost(codes.data(), store_.codes(), codes.size());
+      be.ToHost(scales.data(), store_.scales(), 4 * scales.size());
+    }
+    model::ReadWorking(layout_, store_.dtype(), host ? store_.working() : w.data(),
+                       host ? store_.codes() : codes.data(), host ? store_.scales() : scales.data(),
+                       full.data());
     if (store_.dtype() == DType::kBF16) {
-      // Read in place where the working copy is host memory (a 3B base: 6 GB not staged).
-      std::vector<bf16> staging(be.host_visible() ? 0 : full.size());
-      const bf16* w = static_cast<const bf16*>(store_.working());
-      if (!be.host_visible()) {
-        be.ToHost(staging.data(), w, 2 * full.size());
-        w = staging.data();
-      }
-#pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < full.size(); ++i) full[i] = ToFloat(w[i]);
       std::vector<float> b(layout_.n_bias());
       be.ToHost(b.data(), store_.biases(), 4 * b.size());
       // host: the gathered copy is built in host memory
       for (const model::ParamInfo& p : layout_.params())
         if (p.bias_index != SIZE_MAX)
           std::copy_n(b.data() + p.bias_index, p.numel, full.data() + p.offset);
-    } else {
-      be.ToHost(full.data(), store_.working(), 4 * full.size());
     }
     Buffer tmp;
     const float* all = AllCompactMaster(tmp);

@@ -62,6 +62,7 @@ class ZeroStrategy final : public model::ParamAccess {
   // model::ParamAccess
   const void* Weights(int s) override;
   const float* Biases() override;
+  model::QuantizedWeights Quantized() override;
   float* Grads(int s) override;
   void Use(int s, model::Pass p) override;
   void GradsDone(int s) override;

@@ -3,6 +3,7 @@
 #include "keel/kernels/cpu/adamw.h"
 #include "keel/kernels/cpu/attention.h"
 #include "keel/kernels/cpu/classifier.h"
+#include "keel/kernels/cpu/dequantize.h"
 #include "keel/kernels/cpu/encoder.h"
 #include "keel/kernels/cpu/gelu.h"
 #include "keel/kernels/cpu/layernorm.h"
@@ -152,6 +153,13 @@ class CpuImpl final : public Backend {
     Typed(t, [&](auto z) {
       using T = decltype(z);
       cpu::GeluBackward<T>(P<T>(dinp), P<T>(inp), P<T>(dout), n);
+    });
+  }
+  void DequantizeOp(DType t, void* out, const uint8_t* codes, const float* scales, size_t n,
+                    size_t group, QuantFormat f) const override {
+    Typed(t, [&](auto z) {
+      using T = decltype(z);
+      cpu::Dequantize<T>(P<T>(out), codes, scales, n, group, f);
     });
   }
   void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {

@@ -9,6 +9,7 @@
 #include "keel/kernels/cuda/attention.cuh"
 #include "keel/kernels/cuda/backend_cuda.h"
 #include "keel/kernels/cuda/classifier.cuh"
+#include "keel/kernels/cuda/dequantize.cuh"
 #include "keel/kernels/cuda/encoder.cuh"
 #include "keel/kernels/cuda/gelu.cuh"
 #include "keel/kernels/cuda/layernorm.cuh"
@@ -204,6 +205,10 @@ class Cuda final : public Backend {
   void GeluBackwardOp(DType t, void* dinp, const void* inp, const void* dout,
                       size_t n) const override {
     cuda::GeluBackward(t, dinp, inp, dout, n, stream_);
+  }
+  void DequantizeOp(DType t, void* out, const uint8_t* codes, const float* scales, size_t n,
+                    size_t group, QuantFormat f) const override {
+    cuda::Dequantize(t, out, codes, scales, n, group, f, stream_);
   }
   void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {
     cuda::SwigluForward(t, out, gate_up, N, F, stream_);

@@ -1,0 +1,91 @@
+#include "keel/model/working_copy.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "keel/kernels/backend.h"
+#include "keel/model/quantize.h"
+
+namespace keel::model {
+namespace {
+
+// A quantized tensor's values as the products see them, from its own codes and scales: dequantized
+// into the working dtype (the kernels' own dequantization, on the CPU backend: host memory),
+// widened to fp32.
+void Dequantized(BaseQuant q, const ParamInfo& p, DType dtype, const uint8_t* codes,
+                 const float* scales, float* y) {
+  const size_t group = QuantGroup(q, size_t(p.shape[1]));
+  if (dtype == DType::kF32)
+    return kernels::Cpu().Dequantize(y, codes, scales, p.numel, group, FormatOf(q));
+  std::vector<bf16> w(p.numel);
+  kernels::Cpu().Dequantize(w.data(), codes, scales, p.numel, group, FormatOf(q));
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < p.numel; ++i) y[i] = ToFloat(w[i]);
+}
+
+}  // namespace
+
+void WriteTensor(BaseQuant q, DType dtype, const ParamInfo& p, const float* x, void* working,
+                 uint8_t* codes, float* scales) {
+  if (p.quantized()) return Quantize(q, x, size_t(p.shape[0]), size_t(p.shape[1]), codes, scales);
+  if (dtype == DType::kBF16) {
+    bf16* w = static_cast<bf16*>(working);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < p.numel; ++i) w[i] = ToBf16(x[i]);
+  } else {
+    // host: the working copy is host memory here (working_copy.h)
+    std::copy_n(x, p.numel, static_cast<float*>(working));
+  }
+}
+
+void WriteWorking(const ParamLayout& layout, DType dtype, const float* from, void* working,
+                  uint8_t* codes, float* scales) {
+  const BaseQuant q = layout.base_quant();
+  for (const ParamInfo& p : layout.params()) {
+    if (p.quantized())
+      WriteTensor(q, dtype, p, from + p.offset, nullptr, codes + CodeByte(q, p.quant_offset),
+                  scales + p.scale_offset);
+    else
+      WriteTensor(q, dtype, p, from + p.offset,
+                  static_cast<char*>(working) + p.work_offset * DTypeSize(dtype), nullptr, nullptr);
+  }
+}
+
+void ReadWorking(const ParamLayout& layout, DType dtype, const void* working, const uint8_t* codes,
+                 const float* scales, float* to) {
+  for (const ParamInfo& p : layout.params()) {
+    float* y = to + p.offset;
+    if (p.quantized()) {
+      Dequantized(layout.base_quant(), p, dtype,
+                  codes + CodeByte(layout.base_quant(), p.quant_offset), scales + p.scale_offset,
+                  y);
+    } else if (dtype == DType::kBF16) {
+      const bf16* w = static_cast<const bf16*>(working) + p.work_offset;
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < p.numel; ++i) y[i] = ToFloat(w[i]);
+    } else {
+      // host: as above
+      std::copy_n(static_cast<const float*>(working) + p.work_offset, p.numel, y);
+    }
+  }
+}
+
+void RoundTripWorking(const ParamLayout& layout, DType dtype, float* values) {
+  const BaseQuant q = layout.base_quant();
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  for (const ParamInfo& p : layout.params()) {
+    float* x = values + p.offset;
+    if (p.quantized()) {
+      codes.resize(QuantCodeBytes(q, p.numel));
+      scales.resize(p.numel / QuantGroup(q, size_t(p.shape[1])));
+      Quantize(q, x, size_t(p.shape[0]), size_t(p.shape[1]), codes.data(), scales.data());
+      Dequantized(q, p, dtype, codes.data(), scales.data(), x);
+    } else if (dtype == DType::kBF16 && p.bias_index == SIZE_MAX) {
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < p.numel; ++i) x[i] = ToFloat(ToBf16(x[i]));
+    }
+  }
+}
+
+}  // namespace keel::model
