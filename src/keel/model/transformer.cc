@@ -470,6 +470,9 @@ double Transformer::StageLoss(const int32_t* targets) {
 
 void Transformer::ForwardLogits(const int32_t* tokens, float* logits) {
   impl_->NoteDocuments(tokens);
+  // Host ids, uploaded where the backend's memory is not the host's (the embedding reads them
+  // there): ForwardLogits on a GPU read host memory before this.
+  tokens = impl_->Ids(tokens, impl_->tokens);
   if (impl_->dtype == DType::kF32)
     model::ForwardLogits<float>(*impl_, tokens, logits);
   else
