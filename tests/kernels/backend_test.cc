@@ -261,6 +261,26 @@ TEST_P(CudaAgainstCpu, Activations) {
   });
 }
 
+TEST_P(CudaAgainstCpu, Dequantize) {
+  const size_t n = 64 * 37;
+  std::vector<int32_t> packed(n / 4);  // n bytes of codes, uploaded as ints
+  for (size_t i = 0; i < packed.size(); ++i) packed[i] = int32_t(uint32_t(i) * 2654435761u);
+  const std::vector<float> scales = Random(n / 48 + 1, 51);  // enough for the smaller groups
+  for (QuantFormat f : {QuantFormat::kInt8, QuantFormat::kNf4})
+    Compare(f == QuantFormat::kInt8 ? "dequantize int8" : "dequantize nf4", [&](Dev& d) -> Outputs {
+      const auto* codes = reinterpret_cast<const uint8_t*>(d.UpI(packed));
+      const float* sc = d.UpF(scales);
+      void* out = d.Up(std::vector<float>(n));
+      WithType(GetParam(), [&](auto z) {
+        using T = decltype(z);
+        // Groups of 64 (nf4's) and of 48 (an int8 row's), the last one ragged.
+        d.be().Dequantize(static_cast<T*>(out), codes, sc, n - 10,
+                          f == QuantFormat::kInt8 ? 48 : 64, f);
+      });
+      return {d.Down(out, n)};
+    });
+}
+
 TEST_P(CudaAgainstCpu, RopeAndEmbeddings) {
   const int B = 2, T = 13, NH = 4, NKV = 2, hs = 16, C = 24, V = 50;
   const size_t qkvn = size_t(B) * T * (NH + 2 * NKV) * hs;
