@@ -14,6 +14,7 @@
 #include "keel/model/config.h"
 #include "keel/model/params.h"
 #include "keel/model/transformer.h"
+#include "model/lora_weights.h"
 
 namespace keel::model {
 namespace {
@@ -29,19 +30,6 @@ ModelConfig WithLora(ModelConfig c) {
 
 std::vector<ModelConfig> Configs() {
   return {WithLora({2, 2, 32, 50257, 64}), WithLora(NamedConfig("llama-tiny"))};
-}
-
-// Random weights for the whole LoRA layout, B included (not zero), so that every path counts.
-std::vector<float> RandomWeights(const ModelConfig& cfg) {
-  const ParamLayout lay = ParamLayout::Whole(cfg);
-  std::vector<float> w(lay.total());
-  InitParams(lay, cfg, 11, w.data());
-  const Philox rng(12, 0);
-  for (const ParamInfo& p : lay.params())
-    if (IsLoraParam(p.name))
-      for (size_t i = 0; i < p.numel; ++i)
-        w[p.offset + i] = 0.05f * float(int(rng.Bits(p.offset + i)[0] % 2001) - 1000) / 1000.0f;
-  return w;
 }
 
 struct Batch {
@@ -100,7 +88,7 @@ TEST(Lora, ZeroBIsTheBaseModel) {
 TEST(Lora, AdaptedModelIsTheMergedModelAndItsGradientsFollowTheChainRule) {
   for (const ModelConfig& cfg : Configs()) {
     SCOPED_TRACE(FamilyName(cfg.family));
-    const std::vector<float> w = RandomWeights(cfg);
+    const std::vector<float> w = test::RandomLoraWeights(cfg);
     const Result lora = Step(cfg, w, {});
     const ModelConfig base_cfg = BaseModel(cfg);
     const Result merged = Step(base_cfg, MergeLora(cfg, w.data()), {});

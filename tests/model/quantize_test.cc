@@ -19,6 +19,7 @@
 #include "keel/model/config.h"
 #include "keel/model/params.h"
 #include "keel/model/transformer.h"
+#include "model/lora_weights.h"
 #include "keel/model/working_copy.h"
 
 namespace keel::model {
@@ -141,19 +142,6 @@ Out StepOf(const ModelConfig& cfg, DType dt, const std::vector<float>& w) {
   return o;
 }
 
-// Weights of the LoRA layout with the adapters' B not zero, so that both adapter paths count.
-std::vector<float> Weights(const ModelConfig& cfg) {
-  const ParamLayout lay = ParamLayout::Whole(cfg);
-  std::vector<float> w(lay.total());
-  InitParams(lay, cfg, 11, w.data());
-  const Philox rng(12, 0);
-  for (const ParamInfo& p : lay.params())
-    if (IsLoraParam(p.name))
-      for (size_t i = 0; i < p.numel; ++i)
-        w[p.offset + i] = 0.05f * float(int(rng.Bits(p.offset + i)[0] % 2001) - 1000) / 1000.0f;
-  return w;
-}
-
 TEST(Quantize, AQuantizedBaseComputesWhatItsDequantizedWeightsDo) {
   for (const ModelConfig& base : {Tiny(BaseQuant::kNone), TinyGpt2(BaseQuant::kNone)})
     for (BaseQuant q : kFormats)
@@ -162,7 +150,7 @@ TEST(Quantize, AQuantizedBaseComputesWhatItsDequantizedWeightsDo) {
         cfg.lora_base = q;
         SCOPED_TRACE(std::string(FamilyName(cfg.family)) + " " + BaseQuantName(q) + " " +
                      DTypeName(dt));
-        const std::vector<float> w = Weights(cfg);
+        const std::vector<float> w = test::RandomLoraWeights(cfg);
         std::vector<float> seen = w;
         RoundTripWorking(ParamLayout::Whole(cfg), dt, seen.data());
         const Out quantized = StepOf(cfg, dt, w), plain = StepOf(base, dt, seen);
@@ -180,7 +168,7 @@ TEST(Quantize, AQuantizedBaseComputesWhatItsDequantizedWeightsDo) {
 // and 2e-1.
 TEST(Quantize, TheQuantizedForwardIsWithinItsBoundOfTheBf16One) {
   const ModelConfig plain_cfg = Tiny(BaseQuant::kNone);
-  const std::vector<float> w = Weights(plain_cfg);
+  const std::vector<float> w = test::RandomLoraWeights(plain_cfg);
   const Out plain = StepOf(plain_cfg, DType::kBF16, w);
   for (BaseQuant q : kFormats) {
     SCOPED_TRACE(BaseQuantName(q));
