@@ -125,11 +125,26 @@ void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, doubl
                             " ranks on this machine (MemAvailable / ranks)"
                       : "available on this machine (MemAvailable)";
   }
-  if (total <= available) return;
-  ThrowBadInput("this run needs " + GiB(total) + " per rank, " + GiB(available) + " is " + where +
-                ": the largest items are " + items[0].first + " (" + GiB(items[0].second) +
-                ") and " + items[1].first + " (" + GiB(items[1].second) +
-                "); shrink them, or shard with [parallel] (keel plan sizes layouts)");
+  if (total > available)
+    ThrowBadInput("this run needs " + GiB(total) + " per rank, " + GiB(available) + " is " + where +
+                  ": the largest items are " + items[0].first + " (" + GiB(items[0].second) +
+                  ") and " + items[1].first + " (" + GiB(items[1].second) +
+                  "); shrink them, or shard with [parallel] (keel plan " + "sizes layouts)");
+  // The end: the model file and the samples read the whole model in fp32, which every rank
+  // gathers beside what it holds (TrainStep::GatherWeights). A LoRA run over a large frozen base
+  // holds 1-2 bytes a weight while it trains and needs 4 more there: refused now rather than
+  // killed after its last step.
+  if (!cfg.checkpoint.save_final && cfg.train.sample_count == 0) return;
+  const model::ModelConfig m = cfg.ResolvedModel();
+  const double whole =
+      4.0 * double(model::StateShapeOf(m, {model::WholeModel(m)}, {}, DType::kF32).total);
+  if (total + whole <= available) return;
+  ThrowBadInput("this run needs " + GiB(total) + " per rank while it trains and " + GiB(whole) +
+                " more at its end, where each rank gathers the whole model in fp32 for "
+                "checkpoint.save_final's model file and train.sample_count's samples; " +
+                GiB(available) + " is " + where +
+                ": set checkpoint.save_final = false and train.sample_count = 0 (the "
+                "checkpoints hold the trained weights), or shard with [parallel]");
 }
 
 }  // namespace keel::train
