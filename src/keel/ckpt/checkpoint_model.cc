@@ -145,7 +145,7 @@ std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout) {
   return specs;
 }
 
-LoadedModel ReadCheckpointModel(const std::string& dir, bool merge_lora) {
+LoadedModel ReadCheckpointModel(const std::string& dir) {
   CheckpointReader r = CheckpointReader::Open(dir);
   const nlohmann::json& state = r.manifest().state;
   LoadedModel m;
@@ -160,10 +160,27 @@ LoadedModel ReadCheckpointModel(const std::string& dir, bool merge_lora) {
   }
   r.Load(specs, {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
   // A LoRA run's checkpoint: its adapters merged, as the model file holds them.
-  if (m.config.lora_rank > 0 && merge_lora) {
+  if (m.config.lora_rank > 0) {
     model::MergeLoraInPlace(m.config, m.weights);
     m.config = model::BaseModel(m.config);
   }
+  return m;
+}
+
+LoadedModel ReadCheckpointAdapters(const std::string& dir) {
+  CheckpointReader r = CheckpointReader::Open(dir);
+  const nlohmann::json& state = r.manifest().state;
+  LoadedModel m;
+  m.config = ModelConfigFromJson(state.contains("model") ? state.at("model") : nlohmann::json(),
+                                 dir + "/manifest.json");
+  if (m.config.lora_rank == 0)
+    ThrowBadInput(dir + ": the checkpoint has no LoRA adapters (state.model has no lora_rank)");
+  const auto layout = model::ParamLayout::Whole(m.config);
+  m.weights.assign(layout.grad_trained(), 0.0f);
+  std::vector<TensorSpec> specs = TensorSpecs(layout);
+  std::erase_if(specs, [](const TensorSpec& t) { return !model::IsLoraParam(t.name); });
+  for (TensorSpec& t : specs) t.offset = layout.Find(t.name).grad_offset;
+  r.Load(specs, {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
   return m;
 }
 

@@ -43,8 +43,12 @@ std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout);
 
 // Opens a committed checkpoint folder and reads its model config and master weights (every
 // piece verified). Throws keel::Error (bad input) with one line.
-// A LoRA run's checkpoint comes merged (model::MergeLora) unless `merge_lora` is false, when its
-// config and weights keep the adapters (PEFT export).
-LoadedModel ReadCheckpointModel(const std::string& dir, bool merge_lora = true);
+// A LoRA run's checkpoint comes merged (model::MergeLora).
+LoadedModel ReadCheckpointModel(const std::string& dir);
+// A LoRA run's adapters alone (PEFT export): its config (adapters included) and the adapters'
+// master weights packed as the LoRA layout's gradients are (ParamInfo::grad_offset), without the
+// frozen base, which an 8B model would need 32 GB of fp32 for. Bad input for a checkpoint
+// without adapters.
+LoadedModel ReadCheckpointAdapters(const std::string& dir);
 
 }  // namespace keel::ckpt

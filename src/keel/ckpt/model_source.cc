@@ -13,11 +13,14 @@
 
 namespace keel::ckpt {
 
-LoadedModel LoadWeightsForExport(const std::string& src, bool merge_lora) {
+LoadedModel LoadWeightsForExport(const std::string& src, bool adapters) {
+  auto read = [adapters](const std::string& dir) {
+    return adapters ? ReadCheckpointAdapters(dir) : ReadCheckpointModel(dir);
+  };
   namespace fs = std::filesystem;
   if (!fs::exists(src)) ThrowBadInput(src + ": no such file or directory");
   std::string path = src;
-  if (fs::exists(fs::path(src) / "manifest.json")) return ReadCheckpointModel(src, merge_lora);
+  if (fs::exists(fs::path(src) / "manifest.json")) return read(src);
   if (IsHfLlamaFolder(src)) return ReadHfLlama(src);
   if (fs::is_directory(src)) {
     // A run or checkpoints folder: its newest checkpoint that reads whole (as resume skips the
@@ -26,7 +29,7 @@ LoadedModel LoadWeightsForExport(const std::string& src, bool merge_lora) {
     std::string skipped;
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) {
       try {
-        LoadedModel m = ReadCheckpointModel(it->path, merge_lora);
+        LoadedModel m = read(it->path);
         if (!skipped.empty()) std::fprintf(stderr, "%s", skipped.c_str());
         return m;
       } catch (const Error& e) {

@@ -16,8 +16,9 @@ namespace keel::ckpt {
 // The weights `keel ckpt export SRC` converts: SRC is a checkpoint folder (step_N), a run or
 // checkpoints folder (its newest checkpoint, else the run's model.safetensors), a Hugging Face
 // Llama folder (hf_llama.h), or a keel model file. Throws keel::Error (bad input) naming SRC when
-// it is none of these.
-LoadedModel LoadWeightsForExport(const std::string& src, bool merge_lora = true);
+// it is none of these. With `adapters`, a LoRA run's adapters alone (ReadCheckpointAdapters; a
+// model file or a folder without checkpoints gives its config, with no adapters).
+LoadedModel LoadWeightsForExport(const std::string& src, bool adapters = false);
 
 // The weights `keel generate` and `keel eval` run: SRC is a folder (as LoadWeightsForExport) or a
 // model file (as ReadAnyModelFile).

@@ -53,7 +53,8 @@ std::vector<HfModule> HfModules(const model::ModelConfig& cfg, model::LoraTarget
 
 }  // namespace
 
-void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg, const float* whole) {
+void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
+                      const float* adapters) {
   KEEL_CHECK(cfg.lora_rank > 0, "WritePeftAdapter: the model has no adapters");
   const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
   const int r = cfg.lora_rank;
@@ -67,8 +68,8 @@ void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg, con
     }
     for (int l = 0; l < cfg.n_layer; ++l) {
       const std::string m = "h." + std::to_string(l) + "." + model::LoraModule(cfg.llama(), t);
-      const float* A = whole + layout.Find(m + ".lora_A.weight").offset;
-      const float* B = whole + layout.Find(m + ".lora_B.weight").offset;
+      const float* A = adapters + layout.Find(m + ".lora_A.weight").grad_offset;
+      const float* B = adapters + layout.Find(m + ".lora_B.weight").grad_offset;
       const int in = model::LoraDims(cfg, t).first;
       for (const HfModule& hf : HfModules(cfg, t, l)) {
         const std::string name = "base_model.model." + hf.name;

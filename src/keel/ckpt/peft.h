@@ -16,9 +16,10 @@
 
 namespace keel::ckpt {
 
-// `whole`: ParamLayout::Whole(cfg)'s values (cfg.lora_rank > 0). Writes both files (each
-// atomically) into `dir`, created if needed.
-void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg, const float* whole);
+// `adapters`: the adapters' values packed as ParamLayout::Whole(cfg)'s gradients are
+// (ParamInfo::grad_offset; cfg.lora_rank > 0), as ReadCheckpointAdapters gives them. Writes both
+// files (each atomically) into `dir`, created if needed.
+void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg, const float* adapters);
 
 // The reverse: PEFT LoRA adapters from `dir` (keel's or any trained with PEFT on this base)
 // merged into `weights`, ParamLayout::Whole(cfg)'s values of a model without adapters: each

@@ -75,7 +75,7 @@ void AddExport(CLI::App& ckpt) {
   cmd->add_flag("--adapter", adapter, "a LoRA run's adapters alone, in PEFT's layout");
   cmd->callback([] {
     if (adapter) {
-      ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src, /*merge_lora=*/false);
+      ckpt::LoadedModel m = ckpt::LoadWeightsForExport(src, /*adapters=*/true);
       if (m.config.lora_rank == 0)
         ThrowBadInput("ckpt export --adapter: " + src +
                       " has no LoRA adapters (expected a LoRA run or one of its checkpoints)");

@@ -144,7 +144,8 @@ void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, doubl
                 "checkpoint.save_final's model file and train.sample_count's samples; " +
                 GiB(available) + " is " + where +
                 ": set checkpoint.save_final = false and train.sample_count = 0 (the "
-                "checkpoints hold the trained weights), or shard with [parallel]");
+                "checkpoints hold the trained weights; a LoRA run's adapters export with keel "
+                "ckpt export RUN --adapter), or shard with [parallel]");
 }
 
 }  // namespace keel::train
