@@ -145,17 +145,27 @@ std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout) {
   return specs;
 }
 
+namespace {
+
+// The model a checkpoint holds (state.model).
+model::ModelConfig ConfigOf(const CheckpointReader& r, const std::string& dir) {
+  const nlohmann::json& state = r.manifest().state;
+  return ModelConfigFromJson(state.contains("model") ? state.at("model") : nlohmann::json(),
+                             dir + "/manifest.json");
+}
+
+}  // namespace
+
 LoadedModel ReadCheckpointModel(const std::string& dir) {
   CheckpointReader r = CheckpointReader::Open(dir);
-  const nlohmann::json& state = r.manifest().state;
   LoadedModel m;
-  m.config = ModelConfigFromJson(state.contains("model") ? state.at("model") : nlohmann::json(),
-                                 dir + "/manifest.json");
+  m.config = ConfigOf(r, dir);
   const auto layout = model::ParamLayout::Whole(m.config);
   m.weights.assign(layout.total(), 0.0f);
   std::vector<TensorSpec> specs = TensorSpecs(layout);
   if (HoldsAdaptersOnly(r.manifest())) {
-    RebuildLoraBase(state.at("base"), m.config, m.weights.data(), dir + "/manifest.json");
+    RebuildLoraBase(r.manifest().state.at("base"), m.config, m.weights.data(),
+                    dir + "/manifest.json");
     std::erase_if(specs, [](const TensorSpec& t) { return !model::IsLoraParam(t.name); });
   }
   r.Load(specs, {{"master", m.weights.data()}}, 0, 0, /*progress=*/true);
@@ -169,10 +179,8 @@ LoadedModel ReadCheckpointModel(const std::string& dir) {
 
 LoadedModel ReadCheckpointAdapters(const std::string& dir) {
   CheckpointReader r = CheckpointReader::Open(dir);
-  const nlohmann::json& state = r.manifest().state;
   LoadedModel m;
-  m.config = ModelConfigFromJson(state.contains("model") ? state.at("model") : nlohmann::json(),
-                                 dir + "/manifest.json");
+  m.config = ConfigOf(r, dir);
   if (m.config.lora_rank == 0)
     ThrowBadInput(dir + ": the checkpoint has no LoRA adapters (state.model has no lora_rank)");
   const auto layout = model::ParamLayout::Whole(m.config);
