@@ -14,7 +14,10 @@
 #  6. an int8 base ([lora] base = "int8"): the memory line counts its codes and scales, its losses
 #     stay within 1e-3 of the unquantized base's, the resume is bitwise, and the checkpoint's
 #     export (the base rebuilt, quantized and dequantized again) is the model file's; an unknown
-#     base is refused with one line.
+#     base is refused with one line;
+#  7. from random weights (no init_from: the base is drawn a tensor at a time, each pipeline
+#     stage its own tensors): pp 2 gives one process's losses within 1e-5, and an int8 run resumes
+#     bitwise.
 #   tests/train/lora.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -43,6 +46,13 @@ run bf16 -- "${lora[@]}" --set train.precision=bf16
 run int8 -- "${lora[@]}" --set lora.base=int8
 run int8r -- "${lora[@]}" --set lora.base=int8 --set train.stop_at=6
 run int8r -- "${lora[@]}" --set lora.base=int8 --resume auto
+scratch=(--set train.steps=8 --set train.batch_size=8 --set optim.lr=1e-2 --set lora.rank=4
+         --set lora.targets=all)
+run rand -- "${scratch[@]}"
+run randpp "${mpi[@]}" -- "${scratch[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
+run randq -- "${scratch[@]}" --set lora.base=int8 --set train.stop_at=4
+run randq -- "${scratch[@]}" --set lora.base=int8 --resume auto
+run randq1 -- "${scratch[@]}" --set lora.base=int8
 grep -Eq "memory per rank.* quantized_base [0-9.]+," "$tmp/int8.log" &&
   ! grep -q quantized_base "$tmp/single.log" || { echo "memory lines:"; grep -h "memory" "$tmp"/*.log; exit 1; }
 for name in single bf16 int8; do
@@ -87,6 +97,11 @@ worst = max(abs(a - b) / abs(b) for a, b in zip(int8, ref))
 print(f"int8 base: max relative loss difference from the unquantized base {worst:.2e} (limit 1e-3)")
 assert len(int8) == 12 and worst <= 1e-3
 assert losses("int8r") == int8, "the resumed int8 run's losses differ"
+rand = losses("rand")
+worst = max(abs(a - b) / abs(b) for a, b in zip(losses("randpp"), rand))
+print(f"random base: pp 2 within {worst:.2e} of one process (1e-5)")
+assert len(losses("randpp")) == 8 and worst <= 1e-5
+assert losses("randq") == losses("randq1"), "the resumed int8 run from random weights differs"
 sent = {json.loads(l)["comm_bytes"] for l in open(f"{d}/dp0/metrics.jsonl")}
 print(f"dp 2 ZeRO 0: {sorted(sent)} bytes sent per step for {adapters} adapter parameters")
 assert sent == {4.0 * adapters}, f"expected {4 * adapters} bytes a step (the adapters only)"

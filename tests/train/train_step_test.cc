@@ -177,5 +177,46 @@ void LoraTrains(DType dtype) {
 TEST(TrainStep, LoraTrainsItsAdaptersOnlyAndTheBaseStaysBitwise) { LoraTrains(DType::kF32); }
 TEST(TrainStep, LoraInBf16KeepsTheBaseInItsWorkingCopyOnly) { LoraTrains(DType::kBF16); }
 
+// A LoRA state set a tensor at a time (what a run from random weights does: model::InitTensor, no
+// whole fp32 copy) is the state set from the whole model's initial values: the same weights back
+// and the same first loss, bitwise, with a bf16 and an int8 base.
+TEST(TrainStep, LoraSetATensorAtATimeIsTheWholeSet) {
+  for (model::BaseQuant q : {model::BaseQuant::kNone, model::BaseQuant::kInt8}) {
+    SCOPED_TRACE(model::BaseQuantName(q));
+    model::ModelConfig cfg = Tiny();
+    cfg.lora_rank = 2;
+    cfg.lora_alpha = 4;
+    cfg.lora_targets = model::kLoraQkv | model::kLoraFcProj;
+    cfg.lora_base = q;
+    StepSpec spec = SpecOf(kRows, 1);
+    spec.model = cfg;
+    spec.dtype = DType::kBF16;
+    const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
+    spec.frozen = FrozenParams("", whole);
+    auto comm = parallel::MakeLocalComm();
+    TrainStep a(spec, *comm), b(spec, *comm);
+    std::vector<float> init(whole.total());
+    model::InitParams(whole, cfg, 1, init.data());
+    a.SetWeights(init.data());
+    b.SetWeights([&](const model::ParamInfo& p, std::vector<float>& scratch) {
+      scratch.resize(p.numel);
+      model::InitTensor(p, cfg, 1, scratch.data());
+      return scratch.data();
+    });
+    EXPECT_EQ(a.GatherWeights(), b.GatherWeights());
+    double loss[2];
+    TrainStep* steps[2] = {&a, &b};
+    for (int k = 0; k < 2; ++k) {
+      int row = 0;
+      auto next = [&](int32_t* tokens, int32_t* targets) {
+        for (int r = 0; r < kRows; ++r, ++row) Row(row, tokens + r * kT, targets + r * kT);
+        return 0.0;
+      };
+      loss[k] = steps[k]->ForwardBackward(1, next, 1.0f / (kRows * kT));
+    }
+    EXPECT_EQ(loss[0], loss[1]);
+  }
+}
+
 }  // namespace
 }  // namespace keel::train
