@@ -21,7 +21,17 @@ LoadedModel LoadWeightsForExport(const std::string& src, bool adapters) {
   if (!fs::exists(src)) ThrowBadInput(src + ": no such file or directory");
   std::string path = src;
   if (fs::exists(fs::path(src) / "manifest.json")) return read(src);
-  if (IsHfLlamaFolder(src)) return ReadHfLlama(src);
+  // Adapters live in a LoRA run's checkpoints only: model files hold merged weights, and reading
+  // one (32 GB for an 8B) only to say so would be waste.
+  auto no_adapters = [&](const std::string& what) {
+    ThrowBadInput(src + ": " + what +
+                  " holds no LoRA adapters (expected a LoRA run or one of its checkpoints)");
+  };
+  if (adapters && !fs::is_directory(src)) no_adapters("a model file");
+  if (IsHfLlamaFolder(src)) {
+    if (adapters) no_adapters("a Hugging Face model folder");
+    return ReadHfLlama(src);
+  }
   if (fs::is_directory(src)) {
     // A run or checkpoints folder: its newest checkpoint that reads whole (as resume skips the
     // ones that do not verify, saying so), else the run's model file.
@@ -37,6 +47,7 @@ LoadedModel LoadWeightsForExport(const std::string& src, bool adapters) {
       }
     }
     if (!skipped.empty()) std::fprintf(stderr, "%s", skipped.c_str());
+    if (adapters) no_adapters("the folder has no checkpoint that reads, and its model file");
     path = (fs::path(src) / "model.safetensors").string();
     if (!fs::exists(path))
       ThrowBadInput(src + ": directory has no model.safetensors (expected a run directory)");

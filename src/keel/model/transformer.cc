@@ -414,7 +414,9 @@ DenseParams& Transformer::Dense() const {
 }
 float* Transformer::master() { return Dense().master.as<float>(); }
 float* Transformer::grads() { return Dense().grads.as<float>(); }
-bf16* Transformer::working_bf16() { return Dense().working.as<bf16>(); }
+bf16* Transformer::working_bf16() {
+  return impl_->dtype == DType::kBF16 ? Dense().working.as<bf16>() : nullptr;
+}
 void Transformer::ZeroGrads() { impl_->be->Zero(grads(), Dense().grads.bytes()); }
 void Transformer::SyncWorking() { Dense().SyncWorking(); }
 

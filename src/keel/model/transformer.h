@@ -74,9 +74,11 @@ class Transformer {
   int slots() const;  // micro-batches whose activations it keeps at once
 
   // A model that owns its parameters only (throws otherwise), in the backend's memory:
-  float* master();       // fp32 master weights, layout().total() floats
-  float* grads();        // fp32 gradients, same layout
-  bf16* working_bf16();  // the bf16 working copy; null in fp32 runs
+  float* master();  // fp32 master weights, layout().total() floats
+  float* grads();   // fp32 gradients, same layout
+  // The bf16 working copy (ParamLayout::work_offset: a quantized base's matrices are not in it);
+  // null in fp32 runs.
+  bf16* working_bf16();
   void ZeroGrads();
   void SyncWorking();  // working ← master (no-op in fp32)
 

@@ -71,6 +71,19 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
   return b;
 }
 
+// The whole model's fp32 values (ParamLayout::Whole(m).total() floats).
+double WholeFp32Bytes(const model::ModelConfig& m) {
+  return 4.0 * double(model::StateShapeOf(m, {model::WholeModel(m)}, {}, DType::kF32).total);
+}
+
+// The start: the initial weights are whole in fp32 on every rank, whatever its layout, while its
+// state is set from them (run_setup.cc): read from model.init_from, or drawn (a run that may
+// resume draws them once it finds no checkpoint), unless a LoRA run draws its base a tensor at a
+// time.
+double InitialCopyBytes(const RunConfig& cfg, const model::ModelConfig& m) {
+  return !cfg.model.init_from.empty() || m.lora_rank == 0 ? WholeFp32Bytes(m) : 0;
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
@@ -96,6 +109,8 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
        double(b.state.working + b.state.biases + b.state.quantized + b.state.grads +
               b.state.master)},
       {"the AdamW moments", double(b.state.moments)}};
+  if (const double init = InitialCopyBytes(cfg, m); init > 0)
+    items.push_back({"the initial weights, whole in fp32 while the state is set from them", init});
   if (b.state.zero_buffers > 0)
     items.push_back({"ZeRO-" + std::to_string(d.zero) +
                          "'s per-segment buffers (gradient scratch, gathered weights)",
@@ -131,14 +146,17 @@ void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, doubl
                   ") and " + items[1].first + " (" + GiB(items[1].second) +
                   "); shrink them, or shard with [parallel] (keel plan " + "sizes layouts)");
   // The end: the model file and the samples read the whole model in fp32, which every rank
-  // gathers beside what it holds (TrainStep::GatherWeights). A LoRA run over a large frozen base
-  // holds 1-2 bytes a weight while it trains and needs 4 more there: refused now rather than
-  // killed after its last step.
-  if (!cfg.checkpoint.save_final && cfg.train.sample_count == 0) return;
+  // gathers beside what it holds (TrainStep::GatherWeights), and the samples' model copies it
+  // once more. A LoRA run over a large frozen base holds 1-2 bytes a weight while it trains and
+  // needs 4-8 more there: refused now rather than killed after its last step. On a GPU the state
+  // is the device's and the gather the host's.
+  const bool samples = cfg.train.sample_count > 0 && !cfg.train.sample_prompt.empty();
+  if (!cfg.checkpoint.save_final && !samples) return;
   const model::ModelConfig m = cfg.ResolvedModel();
-  const double whole =
-      4.0 * double(model::StateShapeOf(m, {model::WholeModel(m)}, {}, DType::kF32).total);
-  if (total + whole <= available) return;
+  const double whole = (samples ? 2 : 1) * WholeFp32Bytes(m);
+  // What the run holds then: its state and arenas, not the initial copy, which is gone.
+  const double held = cfg.train.device == "cpu" ? total - InitialCopyBytes(cfg, m) : 0;
+  if (held + whole <= available) return;
   ThrowBadInput("this run needs " + GiB(total) + " per rank while it trains and " + GiB(whole) +
                 " more at its end, where each rank gathers the whole model in fp32 for "
                 "checkpoint.save_final's model file and train.sample_count's samples; " +
