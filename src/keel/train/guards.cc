@@ -225,15 +225,20 @@ void CheckReplicas(const ReplicaCheck& c, int step_done, const std::function<voi
 
 void FlipBit(TrainStep& step, const resilience::Fault& f, int rank) {
   const model::ParamInfo& p = step.layout().Find(f.param);
-  const size_t at = p.offset + std::min(f.index, p.numel - 1);
   optim::ParamStore& st = step.store();
+  // A compact (LoRA) state's master holds the adapters alone, packed as their gradients are.
+  if (st.compact() && !model::IsLoraParam(p.name)) {
+    Log("keel: injected fault: %s is frozen (no master copy); nothing flipped", f.param.c_str());
+    return;
+  }
+  const size_t at = (st.compact() ? p.grad_offset : p.offset) + std::min(f.index, p.numel - 1);
   if (at < st.state_lo() || at >= st.state_hi()) return;  // another rank's shard
   uint32_t bits;
   st.backend().ToHost(&bits, st.master() + (at - st.state_lo()), 4);
   bits ^= 1u << f.bit;
   st.backend().FromHost(st.master() + (at - st.state_lo()), &bits, 4);
   Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]", rank, f.bit, f.param.c_str(),
-      at - p.offset);
+      std::min(f.index, p.numel - 1));
 }
 
 RollbackLog::RollbackLog(std::string path, std::map<int, int> configured)
