@@ -7,9 +7,11 @@
 // The figures are those of the busiest pipeline stage's rank, by the formulas its buffers are
 // allocated with and `keel plan --accounting keel` prints: parallel::StateBytesPerRank over the
 // stage's parameter layout (model::StateShapeOf, sized without building a table per layer: a
-// Llama's untied lm_head counts), and keel's activation plan itself; plus the prefetch queue and
-// the classifier's logit tile. They are checked against MemAvailable from /proc/meminfo, shared by
-// the ranks that run on this machine.
+// Llama's untied lm_head counts), and keel's activation plan itself; plus the prefetch queue, the
+// classifier's logit tile and the whole fp32 initial copy the state is set from. They are checked
+// against MemAvailable from /proc/meminfo, shared by the ranks that run on this machine; so is the
+// end of the run, where every rank gathers the whole model in fp32 for the model file and the
+// samples (a LoRA run over a large base: far more than it trains with).
 //
 //   CheckMemoryFits(cfg, ResolveLayout(cfg, world));   // throws keel::Error (bad input)
 #pragma once
