@@ -36,7 +36,10 @@ finish ref 0
 expect ref "keel launch: finished at step 40"
 
 step=$((RANDOM % 20 + 8))
-launch kill
+# Rank 1 sleeps through 7 more step times (KEEL_FAULT slow: the numbers unchanged), so that its
+# heartbeat (every 0.5 s) shows the step before the job ends: at 15 ms a step the 40 steps took
+# about 1 s and the kill missed its window (2026-12-04, 3 failures in a row).
+KEEL_FAULT="slow@0:1,factor=8" launch kill
 pid=$(beat kill 1 "$step" pid)
 kill -KILL "$pid"
 finish kill 0
