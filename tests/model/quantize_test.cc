@@ -19,8 +19,8 @@
 #include "keel/model/config.h"
 #include "keel/model/params.h"
 #include "keel/model/transformer.h"
-#include "model/lora_weights.h"
 #include "keel/model/working_copy.h"
+#include "model/lora_weights.h"
 
 namespace keel::model {
 namespace {
