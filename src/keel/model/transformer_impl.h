@@ -59,8 +59,11 @@ class DenseParams final : public ParamAccess {
     if (!separate_) return;
     if (layout_.base_quant() == BaseQuant::kNone) {
       be_.ToBf16(working.as<bf16>(), master.as<float>(), layout_.total());
+    } else if (be_.host_visible()) {
+      WriteWorking(layout_, dtype_, master.as<float>(), working.data(), codes.as<uint8_t>(),
+                   scales.as<float>());
     } else {
-      // Quantization runs on the host (quantize.h); staged where the backend's memory is not.
+      // Quantization runs on the host (quantize.h): staged where the backend's memory is not.
       std::vector<float> values(layout_.total());
       std::vector<char> w(working.bytes());
       std::vector<uint8_t> c(codes.bytes());

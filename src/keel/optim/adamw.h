@@ -30,10 +30,9 @@ struct ParamRange {
   // packed elements of a compact state (optim::ParamStore::trainable). SIZE_MAX: offset. AdamW
   // does not read it.
   size_t at = SIZE_MAX;
-  // Its place in the working copy (model::ParamInfo::work_offset), where a quantized base moved
-  // it; SIZE_MAX: where `at` (or `offset`) says. AdamW does not read it either.
+  // Its place in the working copy (model::ParamInfo::work_offset, which a quantized base moves),
+  // where a compact state publishes its trained weights. AdamW does not read it either.
   size_t work = SIZE_MAX;
-  size_t working_at() const { return work != SIZE_MAX ? work : at != SIZE_MAX ? at : offset; }
 };
 
 struct AdamWHyper {

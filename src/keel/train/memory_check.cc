@@ -144,7 +144,7 @@ void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, doubl
     ThrowBadInput("this run needs " + GiB(total) + " per rank, " + GiB(available) + " is " + where +
                   ": the largest items are " + items[0].first + " (" + GiB(items[0].second) +
                   ") and " + items[1].first + " (" + GiB(items[1].second) +
-                  "); shrink them, or shard with [parallel] (keel plan " + "sizes layouts)");
+                  "); shrink them, or shard with [parallel] (keel plan sizes layouts)");
   // The end: the model file and the samples read the whole model in fp32, which every rank
   // gathers beside what it holds (TrainStep::GatherWeights), and the samples' model copies it
   // once more. A LoRA run over a large frozen base holds 1-2 bytes a weight while it trains and

@@ -19,7 +19,7 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
   std::vector<optim::ParamRange> r;
   for (const model::ParamInfo& p : layout.params())
     r.push_back({p.offset, p.numel, p.decay, !frozen.empty() && frozen[p.stream], p.replica,
-                 SIZE_MAX, p.work_offset == p.offset ? SIZE_MAX : p.work_offset});
+                 SIZE_MAX, p.work_offset});
   return r;
 }
 

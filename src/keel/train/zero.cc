@@ -258,9 +258,9 @@ void ZeroStrategy::PublishCompact() {
   // The adapters have no biases: the fp32 bias copy is the frozen base's, set once.
   for (const optim::ParamRange& r : store_.trainable()) {
     if (store_.dtype() == DType::kBF16)
-      be.ToBf16(static_cast<bf16*>(store_.working()) + r.working_at(), all + r.offset, r.numel);
+      be.ToBf16(static_cast<bf16*>(store_.working()) + r.work, all + r.offset, r.numel);
     else
-      be.Copy(static_cast<float*>(store_.working()) + r.working_at(), all + r.offset, 4 * r.numel);
+      be.Copy(static_cast<float*>(store_.working()) + r.work, all + r.offset, 4 * r.numel);
   }
 }
 
