@@ -191,11 +191,16 @@ TEST(CkptStore, ManifestMustMatchTheModelItDescribes) {
 TEST(CkptStore, TensorParallelShardBoxesLandInTheWholeTensor) {
   struct Cut {
     std::vector<int> whole;
-    int axis, groups;
+    int axis;
+    std::vector<int> blocks;  // empty: one
   };
-  for (const Cut& c : {Cut{{12, 4}, 0, 3}, Cut{{12}, 0, 3}, Cut{{4, 12}, 1, 1}, Cut{{12, 5}, 0, 1}})
-    for (int tp : {2, 3}) {
-      if (c.whole[size_t(c.axis)] % (tp * c.groups) != 0) continue;
+  // The last: a Llama qkv adapter's rows under grouped-query attention (q 8, k 4, v 4).
+  for (const Cut& c : {Cut{{12, 4}, 0, {4, 4, 4}}, Cut{{12}, 0, {4, 4, 4}}, Cut{{4, 12}, 1, {}},
+                       Cut{{12, 5}, 0, {}}, Cut{{16, 3}, 0, {8, 4, 4}}})
+    for (int tp : {2, 3, 4}) {
+      bool even = c.whole[size_t(c.axis)] % tp == 0;
+      for (int b : c.blocks) even = even && b % tp == 0;
+      if (!even) continue;
       for (int r = 0; r < tp; ++r) {
         model::ParamInfo p;
         p.global_shape = c.whole;
@@ -204,7 +209,7 @@ TEST(CkptStore, TensorParallelShardBoxesLandInTheWholeTensor) {
         p.numel = 1;
         for (int d : p.shape) p.numel *= size_t(d);
         p.tp_axis = c.axis;
-        p.tp_groups = c.groups;
+        p.tp_blocks = c.blocks;
         std::vector<uint64_t> want(p.numel);  // local element → its index in the whole tensor
         model::ForEachShardRun(p, tp, r, [&](size_t local, size_t global, size_t n) {
           for (size_t i = 0; i < n; ++i) want[local + i] = global + i;
@@ -213,7 +218,8 @@ TEST(CkptStore, TensorParallelShardBoxesLandInTheWholeTensor) {
         t.shape.assign(c.whole.begin(), c.whole.end());
         t.local_shape.assign(p.shape.begin(), p.shape.end());
         t.offset = 100;
-        t.tp_axis = c.axis, t.tp_groups = c.groups, t.tp_rank = r;
+        t.tp_axis = c.axis, t.tp_rank = r;
+        t.tp_blocks.assign(c.blocks.begin(), c.blocks.end());
         for (size_t lo = 0; lo <= p.numel; lo += 3)
           for (size_t hi = lo; hi <= p.numel; hi += 5) {
             uint64_t next = lo;

@@ -171,7 +171,8 @@ TEST(Comm, ZeroThreeMovesOneAndAHalfTimesTheDataParallelBytes) {
 
 // LoRA on Llama-3-8B, rank 16 on every projection: the adapters are 0.44% of the model, the data
 // parallel group reduces their fp32 gradients only, the frozen base's dW products leave the FLOPs,
-// and the search keeps to the trainer's tp 1 and ZeRO 0/1.
+// tp cuts all but the whole factors (whose gradients the tp group sums), and the search keeps to
+// the trainer's ZeRO 0/1, and to tp 1 under a quantized base.
 TEST(Lora, AdaptersAloneAreReducedAndTheFrozenBaseSkipsItsWeightGradients) {
   Job job = KeelJob("llama3-8b", 8, 64);
   job.accounting = Accounting::kKeel;
@@ -186,14 +187,31 @@ TEST(Lora, AdaptersAloneAreReducedAndTheFrozenBaseSkipsItsWeightGradients) {
   EXPECT_DOUBLE_EQ(n, n_full + adapters);
   const Layout l = Layout::Of({8, 1, 1, 0}, 1, Recompute::kNone, false);
   EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, 2 * (7.0 / 8) * adapters * 4);
+  // Whole under tp: q/k/v's and gate/up's A (r, 4096), o's and down's B (4096, r).
+  const double whole = 32.0 * 16 * 4 * 4096;
+  EXPECT_DOUBLE_EQ(TrainableWholeUnderTp(job.model), whole);
+  const Layout t2 = Layout::Of({4, 2, 1, 0}, 1, Recompute::kNone, false);
+  EXPECT_DOUBLE_EQ(EstimateComm(job, t2).dp_bytes,
+                   2 * (3.0 / 4) * ((adapters - whole) / 2 + whole) * 4);
+  Job full = job;
+  full.model.lora_rank = 0;
+  EXPECT_DOUBLE_EQ(EstimateComm(job, t2).tp_bytes - EstimateComm(full, t2).tp_bytes,
+                   2 * (1.0 / 2) * whole * 4);
   // 2 FLOPs per frozen matrix weight fewer (the embedding is a lookup; lm_head is a product).
   EXPECT_DOUBLE_EQ(ModelFlopsPerToken(job.model, n),
                    flops_full + 6 * adapters - 2 * (n_full - 128256.0 * 4096));
+  bool split = false;
   for (const Estimate& e : Search(job, Constraints{})) {
-    EXPECT_EQ(e.layout.tp, 1);
+    split = split || e.layout.tp > 1;
     EXPECT_LE(e.layout.zero, 1);
   }
+  EXPECT_TRUE(split);
   EXPECT_THROW(Search(job, Constraints{.zero = 2}), Error);
+  job.model.lora_base = model::BaseQuant::kInt8;
+  for (const Estimate& e : Search(job, Constraints{})) EXPECT_EQ(e.layout.tp, 1);
+  Constraints tp2;
+  tp2.tp = 2;
+  EXPECT_THROW(Search(job, tp2), Error);
 }
 
 TEST(Search, RanksFittingLayoutsFirstAndRejectsWithReason) {

@@ -137,7 +137,7 @@ std::vector<TensorSpec> TensorSpecs(const model::ParamLayout& layout) {
     if (p.shape != p.global_shape) {
       t.local_shape.assign(p.shape.begin(), p.shape.end());
       t.tp_axis = p.tp_axis;
-      t.tp_groups = p.tp_groups;
+      t.tp_blocks.assign(p.tp_blocks.begin(), p.tp_blocks.end());
       t.tp_rank = layout.tp().rank;
     }
     specs.push_back(std::move(t));

@@ -67,15 +67,20 @@ std::vector<Box> TensorBoxesIn(const TensorSpec& t, size_t lo, size_t hi) {
   // Shards cut along a later axis (the projections' input columns, one block) map box for box;
   // along axis 0 a box of whole rows may span blocks (q, k, v) and is cut at their ends.
   const size_t ax = size_t(t.tp_axis);
-  const int64_t part = t.local_shape[ax] / t.tp_groups, block = t.shape[ax] / t.tp_groups;
+  const std::vector<int64_t> blocks = t.tp_blocks.empty() ? std::vector{t.shape[ax]} : t.tp_blocks;
+  const int64_t tp = t.shape[ax] / t.local_shape[ax];
   std::vector<Box> out;
   for (const Box& h : held) {
     int64_t s = h.start[ax];
     const int64_t end = s + h.count[ax];
     while (s < end) {
-      const int64_t g = s / part, e = std::min(end, (g + 1) * part);
+      // The block that shard index s falls in: its first index in the shard (l0) and whole (g0).
+      size_t g = 0;
+      int64_t l0 = 0, g0 = 0;
+      for (; l0 + blocks[g] / tp <= s; ++g) l0 += blocks[g] / tp, g0 += blocks[g];
+      const int64_t part = blocks[g] / tp, e = std::min(end, l0 + part);
       Box o = h;
-      o.start[ax] = g * block + t.tp_rank * part + (s - g * part);
+      o.start[ax] = g0 + t.tp_rank * part + (s - l0);
       o.count[ax] = e - s;
       if (ax == 0) {  // a box of several rows spans whole rows; one row may be partial
         const uint64_t per_row = h.numel / uint64_t(h.count[0]);

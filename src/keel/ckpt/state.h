@@ -20,10 +20,12 @@ struct TensorSpec {
   // tensor-parallel rank holds whole): loaded, not saved.
   bool replica = false;
   // A tensor-parallel shard (model::ParamInfo's cut): `local_shape` is what the flat buffers
-  // hold, cut along `tp_axis` in tp_groups blocks of which this rank holds part tp_rank.
+  // hold, cut along `tp_axis` in blocks (`tp_blocks`: their extents in the whole tensor; empty:
+  // one block), each in equal parts, of which this rank holds part tp_rank.
   // Empty local_shape: the whole tensor.
   std::vector<int64_t> local_shape = {};
-  int tp_axis = -1, tp_groups = 1, tp_rank = 0;
+  int tp_axis = -1, tp_rank = 0;
+  std::vector<int64_t> tp_blocks = {};
 
   const std::vector<int64_t>& held_shape() const {
     return local_shape.empty() ? shape : local_shape;

@@ -99,8 +99,7 @@ template <typename T>
 void Forward(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   AttentionSublayer(m, p, a);
-  RowParallelForward<T>(m, a.res2, a.in, a.atty, m.Mat(p.o), nullptr, m.Cl);
-  LoraForward(m, a.res2, a.atty, p.o_lora);
+  RowParallelForward<T>(m, a.res2, a.in, a.atty, m.Mat(p.o), nullptr, m.Cl, p.o_lora);
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormForward(a.ln2, a.ln2_rstd, a.res2, p.ln2, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
@@ -109,8 +108,7 @@ void Forward(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& 
                 m.be->MatmulForward(a.fch, x, m.Mat(p.gate_up), nullptr, BT, C, 2 * m.Fl));
   LoraForward(m, a.fch, x, p.gate_up_lora);
   KEEL_PROFILED("swiglu", m.be->SwigluForward(a.h, a.fch, BT, m.Fl));
-  RowParallelForward<T>(m, a.out, a.res2, a.h, m.Mat(p.down), nullptr, m.Fl);
-  LoraForward(m, a.out, a.h, p.down_lora);
+  RowParallelForward<T>(m, a.out, a.res2, a.h, m.Mat(p.down), nullptr, m.Fl, p.down_lora);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "keel/model/params.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -239,24 +240,40 @@ ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
 
 namespace {
 
-// How tensor parallelism cuts a tensor of the whole model: (axis, groups), axis -1 for none.
-std::pair<int, int> TpCut(const std::string& name) {
-  auto ends = [&](const char* s) {
-    const size_t n = std::char_traits<char>::length(s);
-    return name.size() >= n && name.compare(name.size() - n, n, s) == 0;
+// How tensor parallelism cuts a tensor of the whole model: its axis (-1 for none) and blocks
+// (ParamInfo::tp_blocks).
+std::pair<int, std::vector<int>> TpCut(const ModelConfig& cfg, const std::string& name) {
+  auto ends = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
-  if (name == "wte.weight" || name == "lm_head.weight") return {0, 1};
+  const int C = cfg.n_embd, q = cfg.n_head * cfg.head_size(), kv = cfg.kv_heads() * cfg.head_size();
+  // An adapter is split the way its base matrix is: a column-parallel product's B by its output
+  // rows in the base's blocks (A whole: its gradient is summed over the group), a row-parallel
+  // one's A by its input columns (B whole: the partial products it adds into are summed anyway).
+  for (LoraTarget t : kLoraTargets) {
+    const std::string m = LoraModule(cfg.llama(), t);
+    const bool column = t == kLoraQkv || t == kLoraFc;
+    if (ends(m + ".lora_A.weight")) return {column ? -1 : 1, {}};
+    if (!ends(m + ".lora_B.weight")) continue;
+    if (!column) return {-1, {}};
+    if (t == kLoraFc)
+      return {0, cfg.llama() ? std::vector{cfg.ffn(), cfg.ffn()} : std::vector<int>{}};
+    return {0, cfg.llama() ? std::vector{q, kv, kv} : std::vector{C, C, C}};
+  }
+  if (name == "wte.weight" || name == "lm_head.weight") return {0, {}};
   // GPT-2's c_attn holds q, k and v (3 blocks); Llama's are separate tensors, cut alike.
-  if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) return {0, 3};
-  if (ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return {0, 1};
-  if (ends("q_proj.weight") || ends("k_proj.weight") || ends("v_proj.weight")) return {0, 1};
-  if (ends("gate_proj.weight") || ends("up_proj.weight")) return {0, 1};
+  if (ends("attn.c_attn.weight") || ends("attn.c_attn.bias")) return {0, {C, C, C}};
+  if (ends("mlp.c_fc.weight") || ends("mlp.c_fc.bias")) return {0, {}};
+  if (ends("q_proj.weight") || ends("k_proj.weight") || ends("v_proj.weight")) return {0, {}};
+  if (ends("gate_proj.weight") || ends("up_proj.weight")) return {0, {}};
   // The row-parallel products: by input columns.
-  if (ends("c_proj.weight") || ends("o_proj.weight") || ends("down_proj.weight")) return {1, 1};
-  return {-1, 1};
+  if (ends("c_proj.weight") || ends("o_proj.weight") || ends("down_proj.weight")) return {1, {}};
+  return {-1, {}};
 }
 
 }  // namespace
+
+int TpAxis(const ModelConfig& cfg, const std::string& name) { return TpCut(cfg, name).first; }
 
 ParamLayout ParamLayout::Stage(const ModelConfig& cfg, const std::vector<StageRange>& chunks,
                                TpShard tp) {
@@ -270,9 +287,9 @@ ParamLayout ParamLayout::Stage(const ModelConfig& cfg, const std::vector<StageRa
     // Shard every tensor of the whole layout in place, then pick the stage's as usual.
     ParamLayout cut;
     for (ParamInfo info : whole.params_) {
-      auto [axis, groups] = TpCut(info.name);
+      auto [axis, blocks] = TpCut(cfg, info.name);
       info.tp_axis = axis;
-      info.tp_groups = groups;
+      info.tp_blocks = std::move(blocks);
       if (axis >= 0) {
         info.shape[size_t(axis)] /= tp.size;
         info.numel /= size_t(tp.size);
@@ -482,8 +499,8 @@ void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed
   for (const ParamInfo& p : layout.params()) InitTensor(p, cfg, seed, out + p.offset);
 }
 
-void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* w) {
-  KEEL_CHECK(p.global_shape == p.shape, "InitTensor: a tensor-parallel shard (CopyShards)");
+void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* w, TpShard tp) {
+  KEEL_CHECK(tp.size > 1 || p.global_shape == p.shape, "InitTensor: a shard needs its TpShard");
   if (p.init_std == 0) {
     for (size_t j = 0; j < p.numel; ++j) w[j] = p.init_value;
     return;
@@ -491,9 +508,28 @@ void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float
   const Philox rng(seed, p.stream);
   // Padded vocabulary rows stay zero: they are masked out and must not drift.
   const bool vocab_rows = p.name == "wte.weight" || p.name == "lm_head.weight";
-  const size_t live = vocab_rows ? size_t(cfg.vocab_size) * cfg.n_embd : p.numel;
+  const size_t live = vocab_rows ? size_t(cfg.vocab_size) * cfg.n_embd : SIZE_MAX;
+  // Element j of the whole tensor is draw j of its stream: a shard draws its own elements only.
+  std::vector<std::array<size_t, 3>> runs;  // (local, global, n)
+  ForEachShardRun(p, tp.size, tp.rank, [&](size_t local, size_t global, size_t n) {
+    runs.push_back({local, global, n});
+  });
+  auto draw = [&](const std::array<size_t, 3>& run, size_t i) {
+    const size_t g = run[1] + i;
+    w[run[0] + i] = g < live ? p.init_std * rng.Normal(g) : 0.0f;
+  };
+  // A few long runs (whole, or blocks of rows) split across threads; many short ones (a cut by
+  // columns: one per row) a run per thread at a time.
+  if (runs.size() <= 8) {
+    for (const auto& run : runs) {
 #pragma omp parallel for schedule(static)
-  for (size_t j = 0; j < p.numel; ++j) w[j] = j < live ? p.init_std * rng.Normal(j) : 0.0f;
+      for (size_t i = 0; i < run[2]; ++i) draw(run, i);
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static)
+  for (size_t r = 0; r < runs.size(); ++r)
+    for (size_t i = 0; i < runs[r][2]; ++i) draw(runs[r], i);
 }
 
 }  // namespace keel::model

@@ -46,10 +46,13 @@ struct ParamInfo {
   bool replica = false;
   // Tensor parallelism: the whole tensor's shape, and how this rank's shard (`shape`) is cut from
   // it: along axis `tp_axis` (-1: not cut; every tp rank holds it whole, and all but tp rank 0
-  // hold it as a replica), which is `tp_groups` equal blocks (3 for c_attn: q, k, v), each cut in
-  // tp equal parts; tp rank r holds part r of every block.
+  // hold it as a replica), which is a run of blocks, `tp_blocks` their extents along the axis
+  // (empty: one block; c_attn's q, k, v: three; a Llama qkv adapter's q, k, v rows under grouped
+  // query attention: three of two sizes), each cut in tp equal parts; tp rank r holds part r of
+  // every block.
   std::vector<int> global_shape = {};
-  int tp_axis = -1, tp_groups = 1;
+  int tp_axis = -1;
+  std::vector<int> tp_blocks = {};
   // Where its gradient sits in the rank's gradient buffer (ParamLayout::grad_total() floats): the
   // offset itself, except in a LoRA layout, whose buffer holds the adapters' gradients packed
   // (then a scratch for the frozen norms'); SIZE_MAX: none (a frozen weight, not computed).
@@ -79,11 +82,17 @@ void ForEachShardRun(const ParamInfo& p, int tp_size, int tp_rank, F f) {
   for (size_t a = size_t(p.tp_axis) + 1; a < p.shape.size(); ++a) inner *= size_t(p.shape[a]);
   const size_t local = size_t(p.shape[size_t(p.tp_axis)]);
   const size_t global = size_t(p.global_shape[size_t(p.tp_axis)]);
-  const size_t part = local / size_t(p.tp_groups), block = global / size_t(p.tp_groups);
-  for (size_t o = 0; o < outer; ++o)
-    for (size_t g = 0; g < size_t(p.tp_groups); ++g)
-      f((o * local + g * part) * inner, (o * global + g * block + size_t(tp_rank) * part) * inner,
-        part * inner);
+  const std::vector<int> one = {int(global)};
+  const std::vector<int>& blocks = p.tp_blocks.empty() ? one : p.tp_blocks;
+  for (size_t o = 0; o < outer; ++o) {
+    size_t l0 = 0, g0 = 0;  // the block's first index along the axis, in the shard and whole
+    for (int block : blocks) {
+      const size_t part = size_t(block) / size_t(tp_size);
+      f((o * local + l0) * inner, (o * global + g0 + size_t(tp_rank) * part) * inner, part * inner);
+      l0 += part;
+      g0 += size_t(block);
+    }
+  }
 }
 
 // The part of the model a pipeline stage holds: blocks [l0, l1), the embeddings on the first
@@ -226,6 +235,10 @@ parallel::StateShape StateShapeOf(const ModelConfig& cfg, const std::vector<Stag
 std::vector<StageRange> RankChunks(const ModelConfig& cfg, int pp, int stage, int v,
                                    const std::vector<int>& stage_layers = {});
 
+// The axis along which tensor parallelism cuts the whole model's tensor `name` (-1: every tp
+// rank holds it whole).
+int TpAxis(const ModelConfig& cfg, const std::string& name);
+
 // A LayerNorm's weight or bias: under sequence parallelism a tp rank's gradient of it covers its
 // rows only, and the group sums them.
 bool NormParam(const ParamInfo& p);
@@ -239,8 +252,9 @@ void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float
 // tensor's index and the element's index (Philox), so every rank and thread count agrees.
 // The padded vocabulary rows of wte start at zero.
 void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed, float* out);
-// One tensor's (p.numel floats) of the same: a whole model's or a pipeline stage's tensor (not a
-// tensor-parallel shard), without the rest of the model.
-void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* out);
+// One tensor's (p.numel floats) of the same: a whole model's, a pipeline stage's or (with its
+// rank's `tp`) a tensor-parallel shard, without the rest of the model.
+void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* out,
+                TpShard tp = {});
 
 }  // namespace keel::model

@@ -127,8 +127,7 @@ template <typename T>
 void BlockForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs<T>& a) {
   const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
   AttentionSublayerForward(m, p, a);
-  internal::RowParallelForward(m, a.res2, a.in, a.atty, m.Mat(p.projw), p.projb, Cl);
-  internal::LoraForward(m, a.res2, a.atty, p.proj_lora);
+  internal::RowParallelForward(m, a.res2, a.in, a.atty, m.Mat(p.projw), p.projb, Cl, p.proj_lora);
   KEEL_PROFILED("layernorm", m.be->LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2w,
                                                     p.ln2b, m.R, C));
   const T* x = nullptr;
@@ -136,8 +135,8 @@ void BlockForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs
   KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.fch, x, m.Mat(p.fcw), p.fcb, BT, C, 4 * Cl));
   internal::LoraForward(m, a.fch, x, p.fc_lora);
   KEEL_PROFILED("gelu", m.be->GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
-  internal::RowParallelForward(m, a.out, a.res2, a.fch_gelu, m.Mat(p.fcpw), p.fcpb, 4 * Cl);
-  internal::LoraForward(m, a.out, a.fch_gelu, p.fcp_lora);
+  internal::RowParallelForward(m, a.out, a.res2, a.fch_gelu, m.Mat(p.fcpw), p.fcpb, 4 * Cl,
+                               p.fcp_lora);
 }
 
 // dres holds ∂loss/∂resid[l+1] on entry and ∂loss/∂resid[l] on exit.

@@ -169,8 +169,6 @@ struct Transformer::Impl {
         R(sp ? b * t / tp : b * t),
         row0(sp ? tp_rank * R : 0) {
     KEEL_CHECK(!sp || (b * t) % tp == 0, "Transformer: sequence parallelism needs tp | B·T");
-    KEEL_CHECK(tp == 1 || c.lora_rank == 0,
-               "Transformer: LoRA adapters are not split for tensor parallelism yet");
     KEEL_CHECK(c.lora_base == BaseQuant::kNone || c.lora_base == lay.base_quant(),
                "Transformer: the layout's quantized base is not the config's");
     KEEL_CHECK(tp == 1 || backend.host_visible(),
@@ -332,29 +330,6 @@ struct Transformer::Impl {
 
 namespace internal {
 
-// out = residual + inp·weightᵀ + bias over the tp ranks: the lead rank seeds the residual and the
-// bias, the others zero, and the all-reduce sums the partial products. Under sequence parallelism
-// each rank seeds its own rows' residual into the shared buffer, and the reduce-scatter leaves
-// each its rows of the sum.
-template <typename T>
-void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T* inp,
-                        const T* weight, const float* bias, int K) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd;
-  T* sum = m.sp ? m.Act<T>("gathered") : out;
-  if (m.sp) {
-    m.be->Zero(sum, sizeof(T) * BT * C);
-    m.be->Copy(sum + size_t(m.row0) * C, residual, sizeof(T) * m.R * C);
-  } else if (m.lead) {
-    m.be->Copy(out, residual, sizeof(T) * BT * C);
-  } else {
-    m.be->Zero(out, sizeof(T) * BT * C);
-  }
-  KEEL_PROFILED("matmul_fwd",
-                m.be->MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
-                                    /*accumulate=*/true));
-  KEEL_PROFILED("tp_comm", m.SumRows(sum, out));
-}
-
 // A LoRA adapter of one block product (config.h): A (r, in), B (out, r) in the working dtype,
 // their gradients; all null when the product has none.
 template <typename T>
@@ -375,7 +350,7 @@ LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, fl
   const ParamInfo& B = m.layout.Find(mod + ".lora_B.weight");
   a.A = m.At(w, s, A), a.B = m.At(w, s, B);
   a.dA = m.WeightGrad(g, A, s), a.dB = m.WeightGrad(g, B, s);
-  std::tie(a.in, a.out) = LoraDims(m.cfg, t);
+  a.in = A.shape[1], a.out = B.shape[0];  // this rank's shard's (ParamLayout::Stage's TpCut)
   return a;
 }
 
@@ -388,6 +363,31 @@ void LoraForward(Transformer::Impl& m, T* out, const T* x, const LoraPair<T>& a)
   KEEL_PROFILED("lora", m.be->MatmulForward(h, x, a.A, nullptr, BT, a.in, r));
   KEEL_PROFILED("lora", m.be->MatmulForward(out, h, a.B, nullptr, BT, r, a.out,
                                             /*accumulate=*/true, m.cfg.lora_scale()));
+}
+
+// out = residual + inp·weightᵀ + bias (+ the adapter's product) over the tp ranks: the lead rank
+// seeds the residual and the bias, the others zero, and the all-reduce sums the partial products.
+// Under sequence parallelism each rank seeds its own rows' residual into the shared buffer, and
+// the reduce-scatter leaves each its rows of the sum. The adapter's A is cut by input columns as
+// the weight is: each rank's s·(inp·Aᵀ)·Bᵀ is a partial product the same sum completes.
+template <typename T>
+void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T* inp,
+                        const T* weight, const float* bias, int K, const LoraPair<T>& lora) {
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
+  T* sum = m.sp ? m.Act<T>("gathered") : out;
+  if (m.sp) {
+    m.be->Zero(sum, sizeof(T) * BT * C);
+    m.be->Copy(sum + size_t(m.row0) * C, residual, sizeof(T) * m.R * C);
+  } else if (m.lead) {
+    m.be->Copy(out, residual, sizeof(T) * BT * C);
+  } else {
+    m.be->Zero(out, sizeof(T) * BT * C);
+  }
+  KEEL_PROFILED("matmul_fwd",
+                m.be->MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
+                                    /*accumulate=*/true));
+  LoraForward(m, sum, inp, lora);
+  KEEL_PROFILED("tp_comm", m.SumRows(sum, out));
 }
 
 // After the adapted product's backward wrote dx (B·T, a.in) from dout: adds the adapter's part,

@@ -40,10 +40,13 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   const double r = Ring(l.dp);
   if (m.lora_rank > 0) {
-    // LoRA (tp 1, ZeRO 0/1): the adapters' fp32 gradients are all-reduced, and at ZeRO 1 their
-    // fp32 master shards all-gathered; the frozen base sends nothing.
-    const double adapters = TrainableParams(m) / l.pp;
+    // LoRA (ZeRO 0/1): the adapters' fp32 gradients are all-reduced, and at ZeRO 1 their fp32
+    // master shards all-gathered; the frozen base sends nothing. Under tp a rank holds its shard
+    // of the cut factors and all of the whole ones, whose gradients the tp group sums first.
+    const double whole = TrainableWholeUnderTp(m) / l.pp;
+    const double adapters = (TrainableParams(m) / l.pp - whole) / l.tp + whole;
     c.dp_bytes = 2 * r * adapters * 4 + (l.zero == 1 ? r * adapters * 4 : 0);
+    if (l.tp > 1) c.tp_bytes += 2 * Ring(l.tp) * whole * 4;
   } else if (l.zero == 0)
     c.dp_bytes = 2 * r * psi * bpp.grads;
   else if (l.zero == 1 && job.accounting == Accounting::kKeel)

@@ -116,11 +116,13 @@ Layout Layout::Of(const parallel::ParallelDims& dims, int micro_batch, Recompute
 void CheckLayout(const Job& job, const Layout& l) {
   if (l.micro_batch < 1)
     ThrowBadInput("plan: micro-batch " + std::to_string(l.micro_batch) + ": expected >= 1");
-  // The trainer's refusals (train/run_setup.cc): adapters are not split, and their state is too
-  // small to shard further.
-  if (job.model.lora_rank > 0 && (l.tp > 1 || l.zero > 1))
-    ThrowBadInput("plan: LoRA runs with tp 1 and ZeRO 0 or 1 (got tp " + std::to_string(l.tp) +
-                  ", zero " + std::to_string(l.zero) + ")");
+  // The trainer's refusals (train/run_setup.cc): the adapters' state is too small to shard
+  // further, and a quantized base is not split for tensor parallelism.
+  if (job.model.lora_rank > 0 && l.zero > 1)
+    ThrowBadInput("plan: LoRA runs with ZeRO 0 or 1 (got zero " + std::to_string(l.zero) + ")");
+  if (job.model.lora_base != model::BaseQuant::kNone && l.tp > 1)
+    ThrowBadInput("plan: a quantized LoRA base runs with tp 1 (got tp " + std::to_string(l.tp) +
+                  ")");
   // The checks the trainer makes too, in one place, over the micro-batches the planner counts.
   // The planner's vocabulary is not padded, and it has no sequence length of its own.
   parallel::Layout t = l;

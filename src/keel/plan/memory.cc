@@ -59,8 +59,9 @@ namespace {
 // named tensors.
 struct ParamSizes {
   double embed = 0, per_layer = 0, ln_f = 0, wte = 0, total = 0;
-  double trainable = 0;      // LoRA: the adapters; else total
-  double frozen_matmul = 0;  // LoRA: the base's matrix-product weights (no dW products)
+  double trainable = 0;        // LoRA: the adapters; else total
+  double trainable_whole = 0;  // LoRA: the adapter factors tensor parallelism does not cut
+  double frozen_matmul = 0;    // LoRA: the base's matrix-product weights (no dW products)
 };
 
 const ParamSizes& Sizes(const ModelSpec& m) {
@@ -77,13 +78,15 @@ const ParamSizes& Sizes(const ModelSpec& m) {
   sizes.ln_f = double(layout.total() - layout.layer_start(m.layers));
   sizes.wte = double(layout.Find("wte.weight").numel);
   sizes.total = double(layout.total());
-  sizes.trainable = 0;
+  sizes.trainable = sizes.trainable_whole = 0;
   sizes.frozen_matmul = 0;
+  const model::ModelConfig cfg = ToModelConfig(m);
   for (const model::ParamInfo& p : layout.params()) {
-    if (model::IsLoraParam(p.name)) sizes.trainable += double(p.numel);
+    if (!model::IsLoraParam(p.name)) continue;
+    sizes.trainable += double(p.numel);
+    if (model::TpAxis(cfg, p.name) < 0) sizes.trainable_whole += double(p.numel);
   }
   if (m.lora_rank > 0) {
-    const model::ModelConfig cfg = ToModelConfig(m);
     sizes.frozen_matmul = double(model::MatmulParams(model::BaseModel(cfg)));
   } else {
     sizes.trainable = sizes.total;
@@ -96,6 +99,7 @@ const ParamSizes& Sizes(const ModelSpec& m) {
 
 double TotalParams(const ModelSpec& m) { return Sizes(m).total; }
 double TrainableParams(const ModelSpec& m) { return Sizes(m).trainable; }
+double TrainableWholeUnderTp(const ModelSpec& m) { return Sizes(m).trainable_whole; }
 double FrozenMatmulParams(const ModelSpec& m) { return Sizes(m).frozen_matmul; }
 
 double ParamsPerRank(const ModelSpec& m, int tp, int pp) {

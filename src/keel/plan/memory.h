@@ -43,6 +43,9 @@ double TotalParams(const ModelSpec& m);
 // weights, whose weight gradients are not computed (0 otherwise).
 double TrainableParams(const ModelSpec& m);
 double FrozenMatmulParams(const ModelSpec& m);
+// LoRA: the adapter factors every tp rank holds whole (a column-parallel product's A, a
+// row-parallel one's B), whose gradients the tp group sums; tensor parallelism cuts the rest.
+double TrainableWholeUnderTp(const ModelSpec& m);
 
 struct MemoryBreakdown {
   StateMemory state;

@@ -76,12 +76,17 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
                   n(c.dp > 0 ? c.dp : 1) + " x micro-batch " +
                   n(c.micro_batch > 0 ? c.micro_batch : 1) + " = " + n(batch_unit));
   if (c.zero > 3) ThrowBadInput("plan: zero stage " + n(c.zero) + " not in 0..3");
-  // LoRA: the trainer's tp 1 and ZeRO 0/1 (job.h's CheckLayout).
+  // LoRA: the trainer's ZeRO 0/1, and tp 1 under a quantized base (job.h's CheckLayout).
   const bool lora = job.model.lora_rank > 0;
-  if (lora && (c.tp > 1 || c.zero > 1))
+  const bool quantized = job.model.lora_base != model::BaseQuant::kNone;
+  if (lora && c.zero > 1)
     ThrowBadInput(
-        "plan: LoRA runs with tp 1 and ZeRO 0 or 1 (adapters are not split, and their "
-        "state is too small to shard further)");
+        "plan: LoRA runs with ZeRO 0 or 1 (the adapters' state is too small to shard "
+        "further)");
+  if (quantized && c.tp > 1)
+    ThrowBadInput(
+        "plan: a quantized LoRA base runs with tp 1 (it is not split for tensor "
+        "parallelism yet)");
   const int v = c.virtual_stages;
   if (v < 1) ThrowBadInput("plan: --virtual-stages " + n(v) + ": expected >= 1");
   if (v > 1 && c.pp > 0 && job.model.layers % (long(c.pp) * v))
@@ -93,7 +98,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
 
   std::vector<Estimate> out;
   for (int tp : Candidates(c.tp, world)) {
-    if (world % tp || job.model.heads % tp || (lora && tp > 1)) continue;
+    if (world % tp || job.model.heads % tp || (quantized && tp > 1)) continue;
     for (int pp : Candidates(c.pp, world / tp)) {
       if ((world / tp) % pp || job.model.layers % pp) continue;
       // Interleaving needs a pipeline, whole layers per chunk, and groups of pp micro-batches.

@@ -98,10 +98,12 @@ Setup Validate(const RunConfig& cfg, int world) {
   s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
   if (cfg.data.train.empty() && cfg.data.sources.empty())
     ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
-  if (s.mcfg.lora_rank > 0 && s.layout.tp > 1)
-    ThrowBadInput(
-        "[lora] rank: LoRA adapters are not split for tensor parallelism yet: use dp, pp "
-        "and ZeRO with parallel.tp = 1");
+  // Quantized per row or per 64 weights of the whole matrix: a shard cut by input columns would
+  // quantize other groups than one process does.
+  if (s.mcfg.lora_base != model::BaseQuant::kNone && s.layout.tp > 1)
+    ThrowBadInput("[lora] base = \"" + cfg.lora.base +
+                  "\": a quantized base is not split for tensor parallelism yet; use parallel.tp "
+                  "= 1 (dp, pp and ZeRO 1 work) or base = \"none\"");
   // A LoRA run's state is its adapters' (optim::ParamStore's compact state): nothing to shard
   // further, and the frozen base is every rank's working copy.
   if (s.mcfg.lora_rank > 0 && s.layout.zero >= 2)
@@ -320,7 +322,7 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   if (streamed)
     step->SetWeights([&](const model::ParamInfo& p, std::vector<float>& scratch) {
       scratch.resize(p.numel);
-      model::InitTensor(p, mcfg, cfg.train.seed, scratch.data());
+      model::InitTensor(p, mcfg, cfg.train.seed, scratch.data(), step->layout().tp());
       return scratch.data();
     });
   else if (!init_later)

@@ -188,24 +188,33 @@ void TrainStep::SumTiedGrads() {
   tied_bytes_ = 4.0 * double(wte.numel);
 }
 
-// Under sequence parallelism each tp rank's LayerNorm gradients cover its rows of the sequence:
-// summed over the group, where this rank holds them (the dp-reduced gradients, or its ZeRO 2/3
-// slice, which its tp peers hold alike: their layouts have the same sizes).
-void TrainStep::SumNormGrads() {
-  if (!spec_.layout.sp || !g_.tp || g_.tp->size() < 2) return;
+// Gradients each tp rank holds whole but computed only part of, summed over the group where this
+// rank holds them (the dp-reduced gradients, or its ZeRO 2/3 slice, which its tp peers hold alike:
+// their layouts have the same sizes): under sequence parallelism the LayerNorms' (each rank saw
+// its rows of the sequence), and a LoRA adapter's whole factor (the A of a column-parallel
+// product, which each rank's output rows contribute to; the B of a row-parallel one, whose input
+// each rank holds a slice of the columns of).
+void TrainStep::SumTpPartialGrads() {
+  if (!g_.tp || g_.tp->size() < 2) return;
   const size_t lo = store_->grads_lo(), hi = lo + store_->grads_size();
   std::vector<std::unique_ptr<parallel::Work>> ops;
   for (const model::ParamInfo& p : layout_.params()) {
-    if (!model::NormParam(p)) continue;
-    const size_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel);
-    if (a < b) ops.push_back(g_.tp->AllReduceSumAsync(store_->grads() + (a - lo), b - a));
+    // A LoRA layout's frozen norms have only a scratch (past grad_trained): nothing to sum.
+    if (p.grad_offset >= layout_.grad_trained()) continue;
+    const bool partial =
+        model::IsLoraParam(p.name) ? p.tp_axis < 0 : spec_.layout.sp && model::NormParam(p);
+    if (!partial) continue;
+    const size_t a = std::max(lo, p.grad_offset), b = std::min(hi, p.grad_offset + p.numel);
+    if (a >= b) continue;
+    ops.push_back(g_.tp->AllReduceSumAsync(store_->grads() + (a - lo), b - a));
+    tp_sum_bytes_ += 4.0 * double(b - a);
   }
   for (auto& w : ops)
-    sp_ms_ += parallel::WaitOrLost(*w, spec_.comm_timeout_s, "the LayerNorms' gradient sum");
+    tp_sum_ms_ += parallel::WaitOrLost(*w, spec_.comm_timeout_s, "a tensor-parallel gradient sum");
 }
 
 double TrainStep::tp_wait_ms() const {
-  double ms = sp_ms_;
+  double ms = tp_sum_ms_;
   for (const auto& m : models_) ms += m->tp_wait_ms();
   return ms;
 }
@@ -217,7 +226,7 @@ double TrainStep::head_ms() const {
 }
 
 double TrainStep::tp_bytes() const {
-  double b = 0;
+  double b = tp_sum_bytes_;
   for (const auto& m : models_) b += m->tp_bytes();
   return b;
 }
@@ -225,13 +234,13 @@ double TrainStep::tp_bytes() const {
 double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                                   double* data_ms) {
   for (auto& m : models_) m->ResetStepStats();
-  sp_ms_ = 0;
+  tp_sum_ms_ = tp_sum_bytes_ = 0;
   zero_->BeginStep();
   double loss = pipe_->Run(
       n_micro, next, dloss, [&](int k) { zero_->BeginMicroBatch(k == n_micro - 1); }, data_ms);
   zero_->FinishBackward();
   SumTiedGrads();
-  SumNormGrads();
+  SumTpPartialGrads();
   if (g_.pp && g_.pp->size() > 1) loss = g_.pp->AllReduceSum(loss);
   return comm_.AllReduceSum(loss);
 }

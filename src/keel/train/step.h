@@ -128,7 +128,7 @@ class TrainStep {
 
  private:
   void SumTiedGrads();
-  void SumNormGrads();
+  void SumTpPartialGrads();
 
   StepSpec spec_;
   const kernels::Backend& be_;
@@ -139,7 +139,7 @@ class TrainStep {
   std::unique_ptr<ZeroStrategy> zero_;
   std::vector<std::unique_ptr<model::Transformer>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
-  double tied_ms_ = 0, tied_bytes_ = 0, sp_ms_ = 0;
+  double tied_ms_ = 0, tied_bytes_ = 0, tp_sum_ms_ = 0, tp_sum_bytes_ = 0;
 };
 
 }  // namespace keel::train
