@@ -15,29 +15,15 @@
 #include <cstdlib>
 #include <vector>
 
+#include "best_ms.h"
 #include "keel/core/memory.h"
 #include "keel/core/rng.h"
-#include "keel/core/timer.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/quantize.h"
 #include "keel/monitor/machine_probe.h"
 
 using namespace keel;
-
-namespace {
-
-template <typename F>
-double BestMs(int reps, F f) {
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    Timer t;
-    f();
-    best = std::min(best, t.Millis());
-  }
-  return best;
-}
-
-}  // namespace
+using keel::bench::BestMs;
 
 int main(int argc, char** argv) {
   const size_t rows = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 28672;

@@ -281,6 +281,24 @@ TEST_P(CudaAgainstCpu, Dequantize) {
     });
 }
 
+TEST_P(CudaAgainstCpu, Dropout) {
+  const int rows = 37, cols = 131;
+  const size_t n = size_t(rows) * cols;
+  Compare("dropout", [&](Dev& d) -> Outputs {
+    const void* x = d.Up(Random(n, 61));
+    void* out = d.Up(std::vector<float>(n));
+    void* acc = d.Up(Random(n, 62));
+    WithType(GetParam(), [&](auto z) {
+      using T = decltype(z);
+      // A block at rows from 1000 and columns from 64 (a tensor-parallel shard), p = 0.1.
+      const DropoutMask m{77, 1000, 64, 429496730u, float(1.0 / 0.9)};
+      d.be().Dropout(static_cast<T*>(out), static_cast<const T*>(x), rows, cols, m, false);
+      d.be().Dropout(static_cast<T*>(acc), static_cast<const T*>(x), rows, cols, m, true);
+    });
+    return {d.Down(out, n), d.Down(acc, n)};
+  });
+}
+
 TEST_P(CudaAgainstCpu, RopeAndEmbeddings) {
   const int B = 2, T = 13, NH = 4, NKV = 2, hs = 16, C = 24, V = 50;
   const size_t qkvn = size_t(B) * T * (NH + 2 * NKV) * hs;

@@ -3,10 +3,15 @@
 //  - the adapted model is the base model with merged weights W + s·B·A (MergeLora): logits agree;
 //  - the adapters' gradients are the chain rule through the merged weight: with G = ∂L/∂W' of the
 //    merged model, ∂L/∂B = s·G·Aᵀ and ∂L/∂A = s·Bᵀ·G;
-//  - a frozen base computes no weight gradients (they stay zero) and leaves the adapters' alone.
+//  - a frozen base computes no weight gradients (they stay zero) and leaves the adapters' alone;
+//  - with dropout, the adapters' gradients are the central differences of the loss under the same
+//    mask, full recompute draws that mask again (bitwise the same step), evaluation and a pass
+//    without a key apply none, and another step's key another mask.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -127,6 +132,67 @@ TEST(Lora, AdaptedModelIsTheMergedModelAndItsGradientsFollowTheChainRule) {
                          dB.data(), dB.size()),
                   1e-4);
       }
+  }
+}
+
+struct DropoutRun {
+  std::unique_ptr<Transformer> m;
+  Batch b = MakeBatch();
+  double Loss(uint64_t key, bool train = true) {  // Σ row losses; the gradients accumulate
+    m->ClearDropout();
+    if (train) m->SetDropout(0, key, 0);
+    m->ZeroGrads();
+    return m->ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f);
+  }
+};
+
+DropoutRun MakeDropoutRun(const ModelConfig& cfg, Recompute rc) {
+  DropoutRun r{std::make_unique<Transformer>(cfg, DType::kF32, kB, kT, rc)};
+  const std::vector<float> w = test::RandomLoraWeights(cfg);
+  std::copy(w.begin(), w.end(), r.m->master());
+  r.m->SyncWorking();
+  return r;
+}
+
+TEST(Lora, DropoutGradientsAreTheLossesDifferencesUnderTheSameMask) {
+  for (ModelConfig cfg : Configs()) {
+    SCOPED_TRACE(FamilyName(cfg.family));
+    cfg.lora_dropout = 0.3f;
+    DropoutRun run = MakeDropoutRun(cfg, Recompute::kNone);
+    const uint64_t key = 5;
+    const double loss = run.Loss(key);
+    const std::vector<float> g(run.m->grads(), run.m->grads() + run.m->layout().grad_total());
+    // Full recompute draws the same masks again: the same step, bit for bit.
+    DropoutRun again = MakeDropoutRun(cfg, Recompute::kFull);
+    EXPECT_EQ(again.Loss(key), loss);
+    EXPECT_TRUE(std::equal(g.begin(), g.end(), again.m->grads()));
+    // No key (evaluation) is the model without dropout; another key another mask.
+    ModelConfig plain = cfg;
+    plain.lora_dropout = 0;
+    DropoutRun none = MakeDropoutRun(plain, Recompute::kNone);
+    const double undropped = none.Loss(0, false);
+    EXPECT_EQ(run.Loss(key, false), undropped);
+    EXPECT_EQ(run.m->Forward(run.b.tokens.data(), run.b.targets.data()), undropped);
+    EXPECT_NE(loss, undropped);
+    EXPECT_NE(run.Loss(key + 1), loss);
+    // Central differences at each adapter's largest-gradient element: layer 0's gradients reach
+    // it through layer 1's masked products too.
+    const ParamLayout& lay = run.m->layout();
+    for (const ParamInfo& p : lay.params()) {
+      if (!IsLoraParam(p.name)) continue;
+      size_t at = 0;
+      for (size_t i = 0; i < p.numel; ++i)
+        if (std::fabs(g[p.grad_offset + i]) > std::fabs(g[p.grad_offset + at])) at = i;
+      float& w = run.m->master()[p.offset + at];
+      const float w0 = w, eps = 1e-2f;
+      w = w0 + eps;
+      const double up = run.Loss(key);
+      w = w0 - eps;
+      const double down = run.Loss(key);
+      w = w0;
+      const double fd = (up - down) / (2.0 * double(eps)), got = g[p.grad_offset + at];
+      EXPECT_NEAR(got, fd, 0.02 * std::fabs(fd) + 2e-3) << p.name << "[" << at << "]";
+    }
   }
 }
 

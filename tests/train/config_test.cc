@@ -253,6 +253,19 @@ TEST(Config, BadEnumListsAllowedValues) {
       << msg;
 }
 
+TEST(Config, LoraDropoutIsAProbabilityBesideARank) {
+  std::string msg = BadInputMessage([] { LoadConfig("", {"lora.rank=4", "lora.dropout=1"}); });
+  EXPECT_NE(msg.find("--set lora.dropout: expected a probability in [0, 1), got 1"),
+            std::string::npos)
+      << msg;
+  msg = BadInputMessage([] { LoadConfig("", {"lora.dropout=0.1"}); });
+  EXPECT_NE(msg.find("lora.dropout: drops the adapters' inputs; set [lora] rank too"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(LoadConfig("", {"lora.rank=4", "lora.dropout=0.25"}).ResolvedModel().lora_dropout,
+            0.25f);
+}
+
 TEST(Config, MalformedSetIsRejected) {
   std::string msg = BadInputMessage([] { LoadConfig("", {"optim.lr"}); });
   EXPECT_NE(msg.find("--set optim.lr: expected section.key=value"), std::string::npos) << msg;

@@ -10,6 +10,9 @@
 #     process's losses within 1e-5, only the whole factors' gradients summed over the tp group,
 #     and resumes bitwise; ZeRO 2 and a quantized base at tp 2 are refused with one line;
 #     `keel ckpt verify` passes the adapter-only checkpoints;
+#  4b. dropout ([lora] dropout = 0.3): the masks depend on the seed, step, product and the
+#     element's place in the global batch only, so dp 2 (ZeRO 1, 2 micro-batches), pp 2 and tp 2
+#     give one process's losses within 1e-5, and a resume is bitwise; they differ from no dropout;
 #  5. checkpoints hold the adapters alone (master and moments), the frozen base named in
 #     state.base: `keel ckpt export` of the last checkpoint, which rebuilds the base from
 #     init_from, writes the same bytes as the export of the run's model file, fp32 and bf16 (whose
@@ -51,6 +54,13 @@ llama=(--set model.name=llama-tiny --set train.steps=8 --set train.batch_size=4 
        --set lora.rank=4 --set lora.targets=all)
 run llama -- "${llama[@]}"
 run llamatp "${mpi[@]}" -- "${llama[@]}" --set parallel.tp=2
+drop=("${lora[@]}" --set lora.dropout=0.3)
+run drop -- "${drop[@]}"
+run dropdp "${mpi[@]}" -- "${drop[@]}" --set parallel.zero=1 --set train.micro_batch_size=2
+run droppp "${mpi[@]}" -- "${drop[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
+run droptp "${mpi[@]}" -- "${drop[@]}" --set parallel.tp=2
+run dropr -- "${drop[@]}" --set train.stop_at=6
+run dropr -- "${drop[@]}" --resume auto
 run resumed -- "${lora[@]}" --set train.stop_at=6
 run resumed -- "${lora[@]}" --resume auto
 run bf16 -- "${lora[@]}" --set train.precision=bf16
@@ -109,6 +119,13 @@ for name in ("dp", "dp0", "pp", "tp", "tpsp"):
     assert len(got) == 12 and worst <= 1e-5
 assert losses("resumed") == ref, "the resumed run's losses differ"
 assert losses("tpr") == losses("tp"), "the resumed tp 2 run's losses differ"
+drop = losses("drop")
+assert len(drop) == 12 and drop != ref, "dropout changed nothing"
+for name in ("dropdp", "droppp", "droptp"):
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), drop))
+    print(f"dropout 0.3, {name[4:]}: max relative loss difference {worst:.2e} (limit 1e-5)")
+    assert len(losses(name)) == 12 and worst <= 1e-5
+assert losses("dropr") == drop, "the resumed dropout run's losses differ"
 worst = max(abs(a - b) / abs(b) for a, b in zip(losses("llamatp"), losses("llama")))
 print(f"Llama (grouped-query attention), all targets: tp 2 within {worst:.2e} of one process (1e-5)")
 assert len(losses("llamatp")) == 8 and worst <= 1e-5

@@ -179,6 +179,15 @@ class Backend : public Memory {
     DequantizeOp(DTypeOf<T>(), out, codes, scales, n, group, f);
   }
 
+  // out[r·cols + c] (+= with `accumulate`) x[r·cols + c]·m.scale where DropoutMask `m` keeps
+  // element (r, c), else 0 (+ 0): LoRA dropout's forward (x → out), and its backward (the
+  // gradient through it, accumulated into the input's).
+  template <typename T>
+  void Dropout(T* out, const T* x, int rows, int cols, const DropoutMask& m,
+               bool accumulate) const {
+    DropoutOp(DTypeOf<T>(), out, x, rows, cols, m, accumulate);
+  }
+
   // AdamW on fp32 master weights (cpu/adamw.h); `working` (may be null) receives the bf16 rounding.
   virtual void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad,
                            size_t n, const AdamWParams& p) const = 0;
@@ -232,6 +241,8 @@ class Backend : public Memory {
                                   int C, int V) const = 0;
   virtual void DequantizeOp(DType t, void* out, const uint8_t* codes, const float* scales, size_t n,
                             size_t group, QuantFormat f) const = 0;
+  virtual void DropoutOp(DType t, void* out, const void* x, int rows, int cols,
+                         const DropoutMask& m, bool accumulate) const = 0;
 };
 
 }  // namespace keel::kernels

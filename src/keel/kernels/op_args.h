@@ -1,7 +1,15 @@
 // The arguments of kernel operations that every backend shares.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+
+// The mask hashes below run in CUDA kernels too (cuda/dropout.cu): one definition for both.
+#if defined(__CUDACC__)
+#define KEEL_HOST_DEVICE __host__ __device__
+#else
+#define KEEL_HOST_DEVICE
+#endif
 
 namespace keel::kernels {
 
@@ -26,6 +34,50 @@ inline constexpr float kNf4Levels[16] = {-1.0f,        -0.6961928f,  -0.52507305
                                          -0.28444138f, -0.18477343f, -0.09105004f, 0.0f,
                                          0.0795803f,   0.1609302f,   0.24611230f,  0.33791524f,
                                          0.44070983f,  0.562617f,    0.72295684f,  1.0f};
+
+// LoRA dropout's mask (Backend::Dropout): element (r, c) of a block of a (rows, cols) matrix is
+// kept when DropoutKeep(DropoutRowKey(key, row0 + r), col0 + c, threshold): a pure function of
+// the key and the element's place in the whole matrix (row0: its first row's index among the
+// step's global batch of tokens; col0: a tensor-parallel shard's first column), so the forward,
+// its recompute and the backward, and every layout (data, tensor, pipeline parallel) draw the
+// same mask. Kept elements are scaled by `scale` = 1 / (1 - p). Not Philox: a mask needs a
+// uniform bit per element, not a statistical generator, and a 32-bit avalanche per element
+// vectorizes in 32-bit lanes (Philox's ten rounds of 32x32->64-bit products per four draws do
+// not, as simply): bench/lora_dropout_bench.
+struct DropoutMask {
+  uint64_t key = 0;
+  uint64_t row0 = 0;
+  uint32_t col0 = 0;
+  uint32_t threshold = 0;  // keep when the element's 32 bits are >= this: p·2³²
+  float scale = 1;
+};
+
+// Chris Wellons' lowbias32: a bijection of 32-bit words with near-ideal avalanche.
+KEEL_HOST_DEVICE inline uint32_t Avalanche32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// SplitMix64's finalizer (Steele et al. 2014): mask keys from seeds, steps, products and rows.
+KEEL_HOST_DEVICE inline uint64_t SplitMix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Each row its own 32-bit key.
+KEEL_HOST_DEVICE inline uint32_t DropoutRowKey(uint64_t key, uint64_t row) {
+  return uint32_t(SplitMix64(key + (row + 1) * 0x9E3779B97F4A7C15ull) >> 32);
+}
+
+// Column c of the row whose key is `row_key`: a bijection of c for each row.
+KEEL_HOST_DEVICE inline bool DropoutKeep(uint32_t row_key, uint32_t col, uint32_t threshold) {
+  return Avalanche32(row_key ^ (col * 0x9E3779B9u)) >= threshold;
+}
 
 struct AdamWParams {
   float lr = 3e-4f;

@@ -88,10 +88,16 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   add("dqkv", 1, t, BT * QKV);
   add("dfch_gelu", 1, t, BT * F);
   add("dfch", 1, t, BT * FC);
-  // LoRA: x·Aᵀ and its gradient for one product at a time (recomputed in backward).
+  // LoRA: x·Aᵀ and its gradient for one product at a time (recomputed in backward); with
+  // dropout also the masked input and its gradient (the widest input: C, or the rank's columns
+  // of the attention output or of the MLP's hidden units).
   if (cfg.lora_rank > 0) {
     add("lora_h", 1, t, BT * size_t(cfg.lora_rank));
     add("lora_dh", 1, t, BT * size_t(cfg.lora_rank));
+    if (cfg.lora_dropout > 0) {
+      add("lora_x", 1, t, BT * std::max({C, Cl, F}));
+      add("lora_dx", 1, t, BT * std::max({C, Cl, F}));
+    }
   }
   // A quantized base: one block matrix at a time, dequantized before its product (the widest:
   // the fused q, k, v or the MLP's first product, by C input columns; or the MLP's last product).

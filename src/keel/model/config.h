@@ -47,6 +47,10 @@ struct ModelConfig {
   // working dtype, or quantized (quantize.h) and dequantized into the working dtype just before
   // each product that reads them. Embeddings, norms and Llama's lm_head stay in the working dtype.
   BaseQuant lora_base = BaseQuant::kNone;
+  // LoRA dropout (PEFT's lora_dropout): each adapted product's input zeroed with this probability
+  // (the rest scaled by 1/(1-p)) before A, in training passes only (Transformer::SetDropout). A
+  // training setting, not the model's shape: not a ShapeKeys key, not in checkpoints.
+  float lora_dropout = 0;
 
   bool llama() const { return family == Family::kLlama; }
   // GPT-2 ties the classifier to the token embedding; Llama has its own lm_head.

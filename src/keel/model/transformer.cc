@@ -421,8 +421,15 @@ void Transformer::SyncWorking() { Dense().SyncWorking(); }
 
 void Transformer::SetDocumentMask(int eos_id) { impl_->doc_eos = eos_id; }
 void Transformer::SetFrozen(const std::vector<bool>& frozen) { impl_->frozen = frozen; }
+void Transformer::SetDropout(int slot, uint64_t key, uint64_t row0) {
+  impl_->slot_dropout.at(size_t(slot)) = {true, key, row0};
+}
+void Transformer::ClearDropout() {
+  for (auto& d : impl_->slot_dropout) d = {};
+}
 
 double Transformer::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss) {
+  impl_->dropout = impl_->slot_dropout[0];
   impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   targets = impl_->Ids(targets, impl_->targets);
@@ -431,7 +438,13 @@ double Transformer::ForwardBackward(const int32_t* tokens, const int32_t* target
 }
 
 double Transformer::Forward(const int32_t* tokens, const int32_t* targets) {
-  StageForward(0, tokens);
+  impl_->NoteDocuments(tokens);
+  tokens = impl_->Ids(tokens, impl_->tokens);
+  impl_->dropout = {};
+  if (impl_->dtype == DType::kF32)
+    model::StageForward<float>(*impl_, 0, tokens);
+  else
+    model::StageForward<bf16>(*impl_, 0, tokens);
   return StageLoss(targets);
 }
 
@@ -445,6 +458,7 @@ void* Transformer::PipeGradIn(int slot) { return impl_->Act<char>("pipe_grad_in"
 void* Transformer::PipeGradOut(int slot) { return impl_->Act<char>("pipe_grad_out", 0, slot); }
 
 void Transformer::StageForward(int slot, const int32_t* tokens) {
+  impl_->dropout = impl_->slot_dropout.at(size_t(slot));
   impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   if (impl_->dtype == DType::kF32)
@@ -455,6 +469,7 @@ void Transformer::StageForward(int slot, const int32_t* tokens) {
 
 double Transformer::StageBackward(int slot, const int32_t* tokens, const int32_t* targets,
                                   float dloss, const void* dout, void* din) {
+  impl_->dropout = impl_->slot_dropout.at(size_t(slot));
   impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   targets = impl_->Ids(targets, impl_->targets);
@@ -474,6 +489,7 @@ void Transformer::ForwardLogits(const int32_t* tokens, float* logits) {
   // Host ids, uploaded where the backend's memory is not the host's (the embedding reads them
   // there): ForwardLogits on a GPU read host memory before this.
   tokens = impl_->Ids(tokens, impl_->tokens);
+  impl_->dropout = {};
   if (impl_->dtype == DType::kF32)
     model::ForwardLogits<float>(*impl_, tokens, logits);
   else

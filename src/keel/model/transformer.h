@@ -89,6 +89,12 @@ class Transformer {
   // Parameters that are not trained (by ParamInfo::stream, the whole layout's index): their matrix
   // products' weight gradients are skipped (LoRA's frozen base: a third of the step's FLOPs).
   void SetFrozen(const std::vector<bool>& frozen);
+  // LoRA dropout (ModelConfig::lora_dropout) for the micro-batch in `slot`, until ClearDropout:
+  // its mask's key (the run's seed and step) and `row0`, the index of its first row (token) among
+  // the step's global batch, whose mask then depends on no layout. Training passes set it before
+  // StageForward; without it (evaluation, Forward, ForwardLogits) no dropout is applied.
+  void SetDropout(int slot, uint64_t key, uint64_t row0);
+  void ClearDropout();
 
   // tokens, targets: (B,T) int32. Adds dloss·∂(Σ row losses)/∂θ into the gradients; returns
   // Σ losses.

@@ -3,7 +3,9 @@
 // arena, and the tensor-parallel collectives. Internal to model/.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -133,6 +135,14 @@ struct Transformer::Impl {
   // Frozen parameters (Transformer::SetFrozen), by ParamInfo::stream: their matrix products'
   // weight gradients are not computed.
   std::vector<bool> frozen;
+  // LoRA dropout (Transformer::SetDropout): each slot's, and the pass now running's (`on` false:
+  // none, as in evaluation).
+  struct Dropout {
+    bool on = false;
+    uint64_t key = 0, row0 = 0;
+  };
+  std::vector<Dropout> slot_dropout = std::vector<Dropout>(size_t(slots));
+  Dropout dropout;
 
   Impl(const kernels::Backend& backend, const ModelConfig& c, DType d, int b, int t, Recompute r,
        const ParamLayout& lay, const StageRange& st, int sl, const TensorParallel& tpar)
@@ -331,12 +341,16 @@ struct Transformer::Impl {
 namespace internal {
 
 // A LoRA adapter of one block product (config.h): A (r, in), B (out, r) in the working dtype,
-// their gradients; all null when the product has none.
+// their gradients; all null when the product has none. `tag` names the product for its dropout
+// mask (layer and target), `col0` is the first of the whole input's columns this rank's A reads
+// (a row-parallel product's shard).
 template <typename T>
 struct LoraPair {
   const T *A = nullptr, *B = nullptr;
   float *dA = nullptr, *dB = nullptr;
   int in = 0, out = 0;
+  uint64_t tag = 0;
+  uint32_t col0 = 0;
 };
 
 // Block l's adapter of target `t`, in segment s whose weights start at `w` (gradients at `g`, may
@@ -351,7 +365,28 @@ LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, fl
   a.A = m.At(w, s, A), a.B = m.At(w, s, B);
   a.dA = m.WeightGrad(g, A, s), a.dB = m.WeightGrad(g, B, s);
   a.in = A.shape[1], a.out = B.shape[0];  // this rank's shard's (ParamLayout::Stage's TpCut)
+  a.tag = uint64_t(l) * 16 + t;
+  a.col0 = A.tp_axis == 1 ? uint32_t(m.tp_rank * a.in) : 0;
   return a;
+}
+
+// The dropout mask of adapter `a` in the pass now running: the slot's key mixed with the
+// product's tag, so that every layer and product draws its own.
+template <typename T>
+kernels::DropoutMask LoraMask(const Transformer::Impl& m, const LoraPair<T>& a) {
+  const double p = m.cfg.lora_dropout;
+  return {kernels::SplitMix64(m.dropout.key ^ ((a.tag + 1) * 0x9E3779B97F4A7C15ull)),
+          m.dropout.row0, a.col0, uint32_t(std::min(4294967295.0, std::ldexp(p, 32))),
+          float(1.0 / (1.0 - p))};
+}
+
+// The adapter's input: x, or under dropout x masked into the shared "lora_x".
+template <typename T>
+const T* LoraInput(Transformer::Impl& m, const T* x, const LoraPair<T>& a) {
+  if (!m.dropout.on || m.cfg.lora_dropout <= 0) return x;
+  T* xd = m.Act<T>("lora_x");
+  KEEL_PROFILED("lora", m.be->Dropout(xd, x, m.B * m.T, a.in, LoraMask(m, a), false));
+  return xd;
 }
 
 // out (B·T, a.out) += s·(x·Aᵀ)·Bᵀ, after the product it adapts.
@@ -360,6 +395,7 @@ void LoraForward(Transformer::Impl& m, T* out, const T* x, const LoraPair<T>& a)
   if (!a.A) return;
   const int BT = m.B * m.T, r = m.cfg.lora_rank;
   T* h = m.Act<T>("lora_h");
+  x = LoraInput(m, x, a);
   KEEL_PROFILED("lora", m.be->MatmulForward(h, x, a.A, nullptr, BT, a.in, r));
   KEEL_PROFILED("lora", m.be->MatmulForward(out, h, a.B, nullptr, BT, r, a.out,
                                             /*accumulate=*/true, m.cfg.lora_scale()));
@@ -398,12 +434,20 @@ void LoraBackward(Transformer::Impl& m, T* dx, const T* dout, const T* x, const 
   const int BT = m.B * m.T, r = m.cfg.lora_rank;
   T* h = m.Act<T>("lora_h");
   T* dh = m.Act<T>("lora_dh");
-  KEEL_PROFILED("lora", m.be->MatmulForward(h, x, a.A, nullptr, BT, a.in, r));
-  // dh = s·dout·B, dB += s·doutᵀ·h; then dx += dh·A, dA += dhᵀ·x.
+  const T* xd = LoraInput(m, x, a);
+  KEEL_PROFILED("lora", m.be->MatmulForward(h, xd, a.A, nullptr, BT, a.in, r));
+  // dh = s·dout·B, dB += s·doutᵀ·h; then dx += dh·A, dA += dhᵀ·x (x masked: the mask, again, on
+  // dh·A before it joins dx).
   KEEL_PROFILED("lora", m.be->MatmulBackward(dh, a.dB, nullptr, dout, h, a.B, BT, r, a.out,
                                              m.cfg.lora_scale()));
-  KEEL_PROFILED("lora", m.be->MatmulBackward(dx, a.dA, nullptr, dh, x, a.A, BT, a.in, r, 1.0f,
-                                             /*accumulate=*/true));
+  if (xd == x) {
+    KEEL_PROFILED("lora", m.be->MatmulBackward(dx, a.dA, nullptr, dh, x, a.A, BT, a.in, r, 1.0f,
+                                               /*accumulate=*/true));
+    return;
+  }
+  T* dxd = m.Act<T>("lora_dx");
+  KEEL_PROFILED("lora", m.be->MatmulBackward(dxd, a.dA, nullptr, dh, xd, a.A, BT, a.in, r));
+  KEEL_PROFILED("lora", m.be->Dropout(dx, dxd, BT, a.in, LoraMask(m, a), /*accumulate=*/true));
 }
 
 // Llama's blocks (llama_block.cc). Forward: resid[l] → resid[l+1] of the micro-batch in `slot`;

@@ -46,6 +46,7 @@ ModelSpec SpecOf(const std::string& name, const model::ModelConfig& c, int seq) 
   m.lora_rank = c.lora_rank;
   m.lora_targets = c.lora_targets;
   m.lora_base = c.lora_base;
+  m.lora_dropout = c.lora_dropout;
   return m;
 }
 
@@ -62,6 +63,7 @@ model::ModelConfig ToModelConfig(const ModelSpec& m) {
   c.lora_rank = m.lora_rank;
   c.lora_targets = m.lora_targets;
   c.lora_base = m.lora_base;
+  c.lora_dropout = m.lora_dropout;
   c.lora_alpha = m.lora_rank > 0 ? 2.0f * float(m.lora_rank) : 0.0f;  // shapes only
   return c;
 }

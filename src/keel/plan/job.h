@@ -28,6 +28,8 @@ struct ModelSpec {
   int lora_rank = 0;
   unsigned lora_targets = 0;
   model::BaseQuant lora_base = model::BaseQuant::kNone;  // the frozen base's storage ([lora] base)
+  float lora_dropout =
+      0;  // [lora] dropout: two more activation buffers (the masked input, its grad)
 };
 
 // A keel model config as the planner's spec, at sequence length `seq`.

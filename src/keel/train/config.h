@@ -109,6 +109,10 @@ struct LoraSection {
   // The frozen base's block matrices: "" (the run's precision), "int8" (per-row scales) or "nf4"
   // (4-bit NormalFloat, blocks of 64): QLoRA's memory, dequantized before each product.
   std::string base;
+  // PEFT's lora_dropout: the probability that an element of an adapted product's input is zeroed
+  // before A (training only; the mask a function of the seed, step, layer, product and the
+  // element's place in the global batch, so every layout draws it alike). 0: off.
+  float dropout = 0;
 
   bool operator==(const LoraSection&) const = default;
 };

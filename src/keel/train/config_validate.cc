@@ -115,6 +115,10 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   lora.NonNegative("rank", cfg.lora.rank);
   lora.FiniteNonNegative("alpha", cfg.lora.alpha);
   lora.OneOf("base", cfg.lora.base, {"", "none", "int8", "nf4"});
+  if (!(cfg.lora.dropout >= 0 && cfg.lora.dropout < 1))
+    lora.Fail("dropout", "expected a probability in [0, 1), got " + FormatNumber(cfg.lora.dropout));
+  if (cfg.lora.rank == 0 && cfg.lora.dropout > 0)
+    lora.Fail("dropout", "drops the adapters' inputs; set [lora] rank too");
   if (cfg.lora.rank == 0 && cfg.lora.base != "" && cfg.lora.base != "none")
     lora.Fail("base", "a quantized base is LoRA's frozen base; set [lora] rank too");
 
@@ -306,6 +310,7 @@ model::ModelConfig RunConfig::ResolvedModel() const {
       m.llama(), lora.targets.empty() ? (m.llama() ? "qkv" : "c_attn") : lora.targets,
       prov.Where("lora", "targets"));
   m.lora_base = model::ParseBaseQuant(lora.base, prov.Where("lora", "base"));
+  m.lora_dropout = lora.dropout;
   return m;
 }
 

@@ -106,6 +106,8 @@ double Pipeline::Run(int m, const NextBatch& next, float dloss,
     Wait(ch.act_send[s], "sending activations");  // the slot's output is about to be rewritten
     const Timer fwd;
     const double waited_before = wait_clock_ ? wait_clock_() : 0;
+    if (dropout_.on)
+      ch.model->SetDropout(int(s), dropout_.key, dropout_.row0 + uint64_t(i) * dropout_.rows);
     ch.model->StageForward(int(s), c0.tokens[d].data());
     forward_ms_ += fwd.Millis() - ((wait_clock_ ? wait_clock_() : 0) - waited_before);
     const auto [rank, chunk] = Next(c);
@@ -137,6 +139,9 @@ double Pipeline::Run(int m, const NextBatch& next, float dloss,
     for (int i = 0; i < chunks_[size_t(c)].slots; ++i) post_act_recv(c, i);
   for (const parallel::PipeUnit& u : parallel::PipelineUnits(stages_, stage_, v, m))
     u.forward ? forward(u.chunk, u.micro) : backward(u.chunk, u.micro);
+  // The slots keep their masks until a backward is done with them: cleared for evaluation.
+  for (Chunk& ch : chunks_) ch.model->ClearDropout();
+  dropout_.on = false;
   for (Chunk& ch : chunks_)
     for (auto* w : {&ch.act_send, &ch.grad_send})
       for (auto& x : *w) Wait(x, "draining sends");

@@ -38,6 +38,11 @@ class Pipeline {
   // which every rank calls once per micro-batch, in order.
   double Run(int m, const NextBatch& next, float dloss,
              const std::function<void(int)>& before_backward, double* data_ms);
+  // LoRA dropout in the next Run (model::Transformer::SetDropout): every micro-batch's mask
+  // `key`, micro-batch k's first row `row0 + k·rows`. Off again after that Run.
+  void SetDropout(uint64_t key, uint64_t row0, uint64_t rows) {
+    dropout_ = {true, key, row0, rows};
+  }
   // Forward only, one micro-batch, no overlap (evaluation): Σ row losses on the last stage.
   double Forward(const int32_t* tokens, const int32_t* targets);
 
@@ -66,6 +71,10 @@ class Pipeline {
   size_t bytes_;  // one boundary tensor
   double wait_ms_ = 0, bubble_ = 0, sent_bytes_ = 0, forward_ms_ = 0;
   std::function<double()> wait_clock_;
+  struct {
+    bool on = false;
+    uint64_t key = 0, row0 = 0, rows = 0;
+  } dropout_;
 };
 
 }  // namespace keel::train

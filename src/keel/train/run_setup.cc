@@ -182,6 +182,7 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.frozen = frozen;
   spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
   spec.comm_timeout_s = cfg.parallel.comm_timeout_s;
+  spec.seed = cfg.train.seed;
   kernels::ParseDevice(cfg.train.device, &spec.device);  // validated: "cpu" or "cuda"
   return spec;
 }

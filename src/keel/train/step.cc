@@ -5,6 +5,7 @@
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
+#include "keel/kernels/op_args.h"
 #include "keel/model/quantize.h"
 #include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
@@ -13,6 +14,11 @@
 
 namespace keel::train {
 namespace {
+
+// A step's LoRA dropout key, from the seed and the step.
+uint64_t DropoutKey(uint64_t seed, int64_t step) {
+  return kernels::SplitMix64(seed * 0xD1B54A32D192ED03ull + uint64_t(step) * 0x9E3779B97F4A7C15ull);
+}
 
 std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
                                         const std::vector<bool>& frozen) {
@@ -235,6 +241,13 @@ double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dlos
                                   double* data_ms) {
   for (auto& m : models_) m->ResetStepStats();
   tp_sum_ms_ = tp_sum_bytes_ = 0;
+  if (spec_.model.lora_dropout > 0) {
+    // This rank's micro-batches are rows [r·n·b, (r + 1)·n·b) of the step's global batch (the
+    // loader's split, data/loader.h), each T tokens.
+    const uint64_t rows = uint64_t(spec_.layout.micro_batch) * uint64_t(spec_.seq_len);
+    pipe_->SetDropout(DropoutKey(spec_.seed, step_index_),
+                      uint64_t(comm_.rank()) * uint64_t(n_micro) * rows, rows);
+  }
   zero_->BeginStep();
   double loss = pipe_->Run(
       n_micro, next, dloss, [&](int k) { zero_->BeginMicroBatch(k == n_micro - 1); }, data_ms);

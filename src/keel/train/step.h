@@ -49,6 +49,7 @@ struct StepSpec {
   // Document masking (model::Transformer::SetDocumentMask) at this end-of-document token: set for
   // loss-masked data, whose rows pack whole conversations. -1: off.
   int document_eos = -1;
+  uint64_t seed = 0;  // the run's ([train] seed): LoRA dropout's masks derive from it
 };
 
 // The groups a step talks to: parallel::Groups::ForStep(), or any comms of the right sizes.
@@ -86,6 +87,9 @@ class TrainStep {
   // Forward and backward over `n_micro` micro-batches; the sum of the row losses over the whole
   // data-parallel group (every stage gets it). `data_ms` (optional) receives the time spent
   // waiting for batches.
+  // The step the next ForwardBackward computes (its LoRA dropout masks derive from it, so that a
+  // re-run of the step, a resume and any layout draw the same). 0 until set.
+  void SetStepIndex(int64_t step) { step_index_ = step; }
   double ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                          double* data_ms = nullptr);
   // Norm, clipping, AdamW; `before_update` runs just before the state changes (a checkpoint's
@@ -140,6 +144,7 @@ class TrainStep {
   std::vector<std::unique_ptr<model::Transformer>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
   double tied_ms_ = 0, tied_bytes_ = 0, tp_sum_ms_ = 0, tp_sum_bytes_ = 0;
+  int64_t step_index_ = 0;
 };
 
 }  // namespace keel::train

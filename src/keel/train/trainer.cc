@@ -141,6 +141,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     StepFigures fig;
     nlohmann::json extra;
     guards.BeforeStep(i);
+    step.SetStepIndex(i);
     double compute_ms = 0;
     double loss = ForwardBackward(run, guards, &fig.times, &compute_ms);
     // The bubble as the last stage measured it, and the slowest stage's wait, for rank 0's log.

@@ -4,6 +4,7 @@
 #include "keel/kernels/cpu/attention.h"
 #include "keel/kernels/cpu/classifier.h"
 #include "keel/kernels/cpu/dequantize.h"
+#include "keel/kernels/cpu/dropout.h"
 #include "keel/kernels/cpu/encoder.h"
 #include "keel/kernels/cpu/gelu.h"
 #include "keel/kernels/cpu/layernorm.h"
@@ -160,6 +161,13 @@ class CpuImpl final : public Backend {
     Typed(t, [&](auto z) {
       using T = decltype(z);
       cpu::Dequantize<T>(P<T>(out), codes, scales, n, group, f);
+    });
+  }
+  void DropoutOp(DType t, void* out, const void* x, int rows, int cols, const DropoutMask& m,
+                 bool accumulate) const override {
+    Typed(t, [&](auto z) {
+      using T = decltype(z);
+      cpu::Dropout<T>(P<T>(out), P<T>(x), rows, cols, m, accumulate);
     });
   }
   void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {

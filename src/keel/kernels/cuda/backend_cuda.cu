@@ -10,6 +10,7 @@
 #include "keel/kernels/cuda/backend_cuda.h"
 #include "keel/kernels/cuda/classifier.cuh"
 #include "keel/kernels/cuda/dequantize.cuh"
+#include "keel/kernels/cuda/dropout.cuh"
 #include "keel/kernels/cuda/encoder.cuh"
 #include "keel/kernels/cuda/gelu.cuh"
 #include "keel/kernels/cuda/layernorm.cuh"
@@ -209,6 +210,10 @@ class Cuda final : public Backend {
   void DequantizeOp(DType t, void* out, const uint8_t* codes, const float* scales, size_t n,
                     size_t group, QuantFormat f) const override {
     cuda::Dequantize(t, out, codes, scales, n, group, f, stream_);
+  }
+  void DropoutOp(DType t, void* out, const void* x, int rows, int cols, const DropoutMask& m,
+                 bool accumulate) const override {
+    cuda::Dropout(t, out, x, rows, cols, m, accumulate, stream_);
   }
   void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {
     cuda::SwigluForward(t, out, gate_up, N, F, stream_);
