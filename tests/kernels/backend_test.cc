@@ -299,6 +299,31 @@ TEST_P(CudaAgainstCpu, Dropout) {
   });
 }
 
+TEST_P(CudaAgainstCpu, Dora) {
+  const int rows = 23, out = 45, in = 131, r = 4;
+  Compare("dora", [&](Dev& d) -> Outputs {
+    const void* W = d.Up(Random(size_t(out) * in, 71));
+    const void* A = d.Up(Random(size_t(r) * in, 72));
+    const void* B = d.Up(Random(size_t(out) * r, 73));
+    const float* mag = d.UpF(Random(size_t(out), 74));
+    float* g = d.UpF(std::vector<float>(2 * size_t(out)));
+    const void* z = d.Up(Random(size_t(rows) * out, 75));
+    const void* dy = d.Up(Random(size_t(rows) * out, 76));
+    void* y = d.Up(Random(size_t(rows) * out, 77));
+    const float* bias = d.UpF(Random(size_t(out), 78));
+    float* dmag = d.UpF(Random(size_t(out), 79));
+    WithType(GetParam(), [&](auto zt) {
+      using T = decltype(zt);
+      d.be().DoraNorm(g, g + out, mag, static_cast<const T*>(W), static_cast<const T*>(A),
+                      static_cast<const T*>(B), out, in, r, 1.5f);
+      d.be().DoraScale(static_cast<T*>(y), static_cast<const T*>(z), g, bias, rows, out, true);
+      d.be().DoraMagnitudeGrad(dmag, static_cast<const T*>(dy), static_cast<const T*>(z), g + out,
+                               rows, out);
+    });
+    return {d.DownF(g, 2 * size_t(out)), d.Down(y, size_t(rows) * out), d.DownF(dmag, size_t(out))};
+  });
+}
+
 TEST_P(CudaAgainstCpu, RopeAndEmbeddings) {
   const int B = 2, T = 13, NH = 4, NKV = 2, hs = 16, C = 24, V = 50;
   const size_t qkvn = size_t(B) * T * (NH + 2 * NKV) * hs;

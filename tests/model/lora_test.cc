@@ -6,7 +6,12 @@
 //  - a frozen base computes no weight gradients (they stay zero) and leaves the adapters' alone;
 //  - with dropout, the adapters' gradients are the central differences of the loss under the same
 //    mask, full recompute draws that mask again (bitwise the same step), evaluation and a pass
-//    without a key apply none, and another step's key another mask.
+//    without a key apply none, and another step's key another mask;
+//  - DoRA: fresh magnitudes (the base's row norms, drawn alike by InitParams and InitTensor) give
+//    the base model; trained ones the merged model g ⊙ (W + s·B·A), g = m / ‖W + s·B·A‖ per row,
+//    and the chain rule through it with the norm held constant: with G = ∂L/∂W',
+//    ∂L/∂B = s·(g ⊙ G)·Aᵀ, ∂L/∂A = s·Bᵀ·(g ⊙ G), ∂L/∂m = Σᵢ G·(W + s·B·A) / ‖W + s·B·A‖; recompute
+//    "attn" and "full" give the same step bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -55,8 +60,9 @@ struct Result {
   std::vector<float> grads, logits;
 };
 
-Result Step(const ModelConfig& cfg, const std::vector<float>& w, const std::vector<bool>& frozen) {
-  Transformer m(cfg, DType::kF32, kB, kT, Recompute::kNone);
+Result Step(const ModelConfig& cfg, const std::vector<float>& w, const std::vector<bool>& frozen,
+            Recompute rc = Recompute::kNone) {
+  Transformer m(cfg, DType::kF32, kB, kT, rc);
   std::copy(w.begin(), w.end(), m.master());
   m.SyncWorking();
   if (!frozen.empty()) m.SetFrozen(frozen);
@@ -193,6 +199,143 @@ TEST(Lora, DropoutGradientsAreTheLossesDifferencesUnderTheSameMask) {
       const double fd = (up - down) / (2.0 * double(eps)), got = g[p.grad_offset + at];
       EXPECT_NEAR(got, fd, 0.02 * std::fabs(fd) + 2e-3) << p.name << "[" << at << "]";
     }
+  }
+}
+
+ModelConfig WithDora(ModelConfig c) {
+  c.lora_dora = true;
+  return c;
+}
+
+// Block l's product `t` of a LoRA layout's weights `w`: V = W + s·B·A (out, in) in fp64.
+std::vector<double> Adapted(const ModelConfig& cfg, const std::vector<float>& w, int l,
+                            LoraTarget t) {
+  const ParamLayout lay = ParamLayout::Whole(cfg);
+  const std::string h = "h." + std::to_string(l) + ".", mod = h + LoraModule(cfg.llama(), t);
+  const auto [in, out] = LoraDims(cfg, t);
+  const int r = cfg.lora_rank;
+  const float* W = w.data() + lay.Find(h + LoraBaseWeight(cfg.llama(), t)).offset;
+  const float* A = w.data() + lay.Find(mod + ".lora_A.weight").offset;
+  const float* B = w.data() + lay.Find(mod + ".lora_B.weight").offset;
+  std::vector<double> V(size_t(out) * in);
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) {
+      double acc = 0;
+      for (int j = 0; j < r; ++j) acc += double(B[size_t(o) * r + j]) * A[size_t(j) * in + i];
+      V[size_t(o) * in + i] = W[size_t(o) * in + i] + cfg.lora_scale() * acc;
+    }
+  return V;
+}
+
+std::vector<double> Norms(const std::vector<double>& V, int out, int in) {
+  std::vector<double> n(static_cast<size_t>(out));
+  for (int o = 0; o < out; ++o) {
+    double sq = 0;
+    for (int i = 0; i < in; ++i) sq += V[size_t(o) * in + i] * V[size_t(o) * in + i];
+    n[size_t(o)] = std::sqrt(sq);
+  }
+  return n;
+}
+
+// Random adapters (lora_weights.h), and each magnitude ‖W + s·B·A‖ off by up to ±20%, so that
+// the rescaling counts.
+std::vector<float> RandomDoraWeights(const ModelConfig& cfg) {
+  std::vector<float> w = test::RandomLoraWeights(cfg);
+  const ParamLayout lay = ParamLayout::Whole(cfg);
+  const Philox rng(13, 0);
+  for (int l = 0; l < cfg.n_layer; ++l)
+    for (LoraTarget t : kLoraTargets) {
+      const auto [in, out] = LoraDims(cfg, t);
+      const std::vector<double> n = Norms(Adapted(cfg, w, l, t), out, in);
+      float* m = w.data() + lay.Find("h." + std::to_string(l) + "." + LoraModule(cfg.llama(), t) +
+                                     ".lora_magnitude_vector")
+                                .offset;
+      for (int o = 0; o < out; ++o)
+        m[o] = float(n[size_t(o)] *
+                     (1.0 + 0.2 * (int(rng.Bits(size_t(o))[0] % 2001) - 1000) / 1000.0));
+    }
+  return w;
+}
+
+TEST(Dora, FreshMagnitudesAreTheBaseRowNormsAndTheBaseModel) {
+  for (const ModelConfig& lora : Configs()) {
+    const ModelConfig cfg = WithDora(lora);
+    SCOPED_TRACE(FamilyName(cfg.family));
+    const ParamLayout lay = ParamLayout::Whole(cfg);
+    std::vector<float> w(lay.total());
+    InitParams(lay, cfg, 11, w.data());
+    for (int l = 0; l < cfg.n_layer; ++l)
+      for (LoraTarget t : kLoraTargets) {
+        const auto [in, out] = LoraDims(cfg, t);
+        const std::vector<double> n = Norms(Adapted(cfg, w, l, t), out, in);  // B = 0: ‖W‖
+        const ParamInfo& p = lay.Find("h." + std::to_string(l) + "." + LoraModule(cfg.llama(), t) +
+                                      ".lora_magnitude_vector");
+        std::vector<float> drawn(p.numel);  // a tensor at a time, as a LoRA run from random weights
+        InitTensor(p, cfg, 11, drawn.data());
+        EXPECT_TRUE(std::equal(drawn.begin(), drawn.end(), w.data() + p.offset)) << p.name;
+        for (int o = 0; o < out; ++o)
+          EXPECT_NEAR(w[p.offset + size_t(o)], n[size_t(o)], 1e-6 * n[size_t(o)]) << p.name;
+      }
+    const Result dora = Step(cfg, w, {});
+    const Result base = Step(BaseModel(cfg), MergeLora(cfg, w.data()), {});
+    EXPECT_NEAR(dora.loss, base.loss, 1e-6 * std::fabs(base.loss));
+    std::vector<double> want(base.logits.begin(), base.logits.end());
+    EXPECT_LE(MaxRel(dora.logits.data(), want.data(), want.size()), 1e-6);
+  }
+}
+
+TEST(Dora, AdaptedModelIsTheMergedModelAndItsGradientsFollowTheChainRule) {
+  for (const ModelConfig& lora : Configs()) {
+    const ModelConfig cfg = WithDora(lora);
+    SCOPED_TRACE(FamilyName(cfg.family));
+    const std::vector<float> w = RandomDoraWeights(cfg);
+    const Result dora = Step(cfg, w, {});
+    const ModelConfig base_cfg = BaseModel(cfg);
+    const Result merged = Step(base_cfg, MergeLora(cfg, w.data()), {});
+    EXPECT_NEAR(dora.loss, merged.loss, 1e-5 * std::fabs(merged.loss));
+    std::vector<double> want(merged.logits.begin(), merged.logits.end());
+    EXPECT_LE(MaxRel(dora.logits.data(), want.data(), want.size()), 1e-5);
+    for (Recompute rc : {Recompute::kAttn, Recompute::kFull}) {
+      const Result again = Step(cfg, w, {}, rc);
+      EXPECT_EQ(again.loss, dora.loss) << RecomputeName(rc);
+      EXPECT_TRUE(again.grads == dora.grads) << RecomputeName(rc);
+    }
+
+    const ParamLayout lay = ParamLayout::Whole(cfg), base = ParamLayout::Whole(base_cfg);
+    const double s = cfg.lora_scale();
+    const int r = cfg.lora_rank;
+    for (int l = 0; l < cfg.n_layer; ++l)
+      for (LoraTarget t : kLoraTargets) {
+        const std::string h = "h." + std::to_string(l) + ".";
+        const std::string mod = h + LoraModule(cfg.llama(), t);
+        SCOPED_TRACE(mod);
+        const auto [in, out] = LoraDims(cfg, t);
+        const std::vector<double> V = Adapted(cfg, w, l, t);
+        const std::vector<double> n = Norms(V, out, in);
+        const float* A = w.data() + lay.Find(mod + ".lora_A.weight").offset;
+        const float* B = w.data() + lay.Find(mod + ".lora_B.weight").offset;
+        const float* m = w.data() + lay.Find(mod + ".lora_magnitude_vector").offset;
+        const float* G =
+            merged.grads.data() + base.Find(h + LoraBaseWeight(cfg.llama(), t)).grad_offset;
+        std::vector<double> dA(size_t(r) * in, 0.0), dB(size_t(out) * r, 0.0), dm(size_t(out), 0.0);
+        for (int o = 0; o < out; ++o) {
+          const double g = m[o] / n[size_t(o)];
+          for (int i = 0; i < in; ++i) {
+            const double go = g * G[size_t(o) * in + i];
+            dm[size_t(o)] += G[size_t(o) * in + i] * V[size_t(o) * in + i] / n[size_t(o)];
+            for (int j = 0; j < r; ++j) {
+              dB[size_t(o) * r + j] += s * go * A[size_t(j) * in + i];
+              dA[size_t(j) * in + i] += s * B[size_t(o) * r + j] * go;
+            }
+          }
+        }
+        auto grad = [&](const char* n) {
+          return dora.grads.data() + lay.Find(mod + n).grad_offset;
+        };
+        EXPECT_LE(MaxRel(grad(".lora_A.weight"), dA.data(), dA.size()), 1e-4);
+        EXPECT_LE(MaxRel(grad(".lora_B.weight"), dB.data(), dB.size()), 1e-4);
+        EXPECT_LE(MaxRel(grad(".lora_magnitude_vector"), dm.data(), dm.size()), 1e-4);
+      }
   }
 }
 

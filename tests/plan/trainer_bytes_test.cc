@@ -198,22 +198,32 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
 // LoRA: the planner's compact state is the trainer's to the byte (master weights and moments of
 // the adapters, packed and sharded at ZeRO 1; their gradients; the working copy holding the
 // frozen base, or the part of it a quantized base leaves there and the codes and scales), and it
-// is what the adapter count says.
+// is what the adapter count says. DoRA adds its magnitudes to the adapters (kept fp32 beside the
+// biases) and its kept products to the arena.
 TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
   using model::BaseQuant;
+  struct Case {
+    const char* name;
+    BaseQuant base;
+    bool dora;
+  };
   for (Precision prec : {Precision::kBf16, Precision::kFp32})
-    for (auto [name, base] : {std::pair{"gpt2-tiny", BaseQuant::kNone},
-                              {"llama-tiny", BaseQuant::kNone},
-                              {"gpt2-tiny", BaseQuant::kInt8},
-                              {"llama-tiny", BaseQuant::kNf4}})
+    for (auto [name, base, dora] : {Case{"gpt2-tiny", BaseQuant::kNone, false},
+                                    {"llama-tiny", BaseQuant::kNone, false},
+                                    {"gpt2-tiny", BaseQuant::kInt8, false},
+                                    {"llama-tiny", BaseQuant::kNf4, false},
+                                    {"gpt2-tiny", BaseQuant::kNone, true},
+                                    {"llama-tiny", BaseQuant::kInt8, true}})
       for (int dp : {1, 2, 3})
         for (int zero : {0, 1}) {
           SCOPED_TRACE(std::string(name) + " " + PrecisionName(prec) + " dp " + std::to_string(dp) +
-                       " zero " + std::to_string(zero) + " base " + model::BaseQuantName(base));
+                       " zero " + std::to_string(zero) + " base " + model::BaseQuantName(base) +
+                       (dora ? " DoRA" : ""));
           ModelSpec m = NamedModel(name);
           m.lora_rank = 4;
           m.lora_targets = model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
           m.lora_base = base;
+          m.lora_dora = dora;
           const Job job = KeelJob(m, prec, 2 * dp, dp);
           Layout l;
           l.dp = dp;

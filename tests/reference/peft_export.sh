@@ -4,6 +4,8 @@
 # Hugging Face, the adapters exported, and PyTorch's merge of them must give keel's logits. Then
 # keel reads them back: eval and greedy generate of the base plus --adapter give the LoRA run's,
 # and [model] init_adapter starts a run from the same merged weights (one step at lr 1e-30).
+# The same for DoRA adapters ([lora] dora: PEFT's use_dora and lora_magnitude_vector): PyTorch's
+# DoRA merge gives keel's logits, and eval of the base plus --adapter gives the DoRA run's.
 #   tests/reference/peft_export.sh KEEL DUMP_LOGITS PYTHON SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 dump=$2 py=$3 src=$4 shared=$5
@@ -39,6 +41,22 @@ import json, sys
 a, b, c = (json.loads(x)["loss"] for x in sys.argv[1:])
 print(f"eval: LoRA run {a!r}, base + --adapter {b!r}, init_adapter {c!r}")
 assert abs(a - b) <= 1e-6 * abs(a) and abs(a - c) <= 1e-6 * abs(a), "the adapter read back differs"
+PY
+  "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.name=$model-dora \
+    --set train.steps=4 --set lora.rank=4 --set lora.alpha=6 --set lora.targets=all \
+    --set lora.dora=true --set model.init_from="$tmp/$model-base/model.safetensors" >"$tmp/log" 2>&1 ||
+    { cat "$tmp/log"; exit 1; }
+  "$keel" ckpt export "$tmp/$model-dora" --adapter --out "$tmp/$model-dora-adapter"
+  "$dump" "$tmp/$model-dora" "$tmp/$model-dora-logits.safetensors" >/dev/null
+  "$py" "$src/tests/reference/peft_reference.py" "$base" "$tmp/$model-dora-adapter" \
+    "$tmp/$model-dora-logits.safetensors"
+  a=$("$keel" eval "$tmp/$model-dora" "${ev[@]}")
+  b=$("$keel" eval "$tmp/$model-base/model.safetensors" --adapter "$tmp/$model-dora-adapter" "${ev[@]}")
+  "$py" - "$a" "$b" <<'PY'
+import json, sys
+a, b = (json.loads(x)["loss"] for x in sys.argv[1:])
+print(f"eval: DoRA run {a!r}, base + --adapter {b!r}")
+assert abs(a - b) <= 1e-6 * abs(a), "the DoRA adapter read back differs"
 PY
   g=(--prompt "The" --temperature 0 --max-tokens 12)
   [[ $("$keel" generate --run "$tmp/$model-lora" "${g[@]}") == \

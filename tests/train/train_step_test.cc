@@ -116,33 +116,57 @@ TEST(TrainStep, TwoMicroBatchesOfTwoAreOneOfFour) {
   EXPECT_NE(one.losses.back(), one.losses.front());
 }
 
+// The tiny model with rank-2 adapters on q, k, v and the MLP's last product.
+model::ModelConfig TinyLora() {
+  model::ModelConfig cfg = Tiny();
+  cfg.lora_rank = 2;
+  cfg.lora_alpha = 4;
+  cfg.lora_targets = model::kLoraQkv | model::kLoraFcProj;
+  return cfg;
+}
+
+// One micro-batch of all kRows rows of `cfg` in `dtype`, all but the adapters frozen.
+StepSpec LoraSpec(const model::ModelConfig& cfg, DType dtype) {
+  StepSpec spec = SpecOf(kRows, 1);
+  spec.model = cfg;
+  spec.dtype = dtype;
+  spec.frozen = FrozenParams("", model::ParamLayout::Whole(cfg));
+  return spec;
+}
+
+// The model's initial weights, seed 1.
+std::vector<float> InitialWeights(const model::ModelConfig& cfg) {
+  const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
+  std::vector<float> init(whole.total());
+  model::InitParams(whole, cfg, 1, init.data());
+  return init;
+}
+
+// The summed loss of the fixed batch in one micro-batch (the gradients accumulate).
+double BatchLoss(TrainStep& st) {
+  int row = 0;
+  auto next = [&](int32_t* tokens, int32_t* targets) {
+    for (int b = 0; b < kRows; ++b, ++row) Row(row, tokens + b * kT, targets + b * kT);
+    return 0.0;
+  };
+  return st.ForwardBackward(1, next, 1.0f / (kRows * kT));
+}
+
 // LoRA through the step: its frozen base ([optim] freeze's machinery, all but the adapters) comes
 // out bitwise the weights it went in with (bf16: their bf16 rounding, which is all the run keeps of
 // them; biases stay fp32), the adapters move, the loss falls, and the state is the adapters' alone:
 // master weights, moments and gradients of the adapters, the working copy holding the base.
 void LoraTrains(DType dtype) {
-  model::ModelConfig cfg = Tiny();
-  cfg.lora_rank = 2;
-  cfg.lora_alpha = 4;
-  cfg.lora_targets = model::kLoraQkv | model::kLoraFcProj;
-  StepSpec spec = SpecOf(kRows, 1);
-  spec.model = cfg;
-  spec.dtype = dtype;
+  const model::ModelConfig cfg = TinyLora();
+  const StepSpec spec = LoraSpec(cfg, dtype);
   const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
-  spec.frozen = FrozenParams("", whole);
   auto comm = parallel::MakeLocalComm();
   TrainStep st(spec, *comm);
-  std::vector<float> init(whole.total());
-  model::InitParams(whole, cfg, 1, init.data());
+  const std::vector<float> init = InitialWeights(cfg);
   st.SetWeights(init.data());
   std::vector<double> losses;
   for (int s = 0; s < 8; ++s) {
-    int row = 0;
-    auto next = [&](int32_t* tokens, int32_t* targets) {
-      for (int b = 0; b < kRows; ++b, ++row) Row(row, tokens + b * kT, targets + b * kT);
-      return 0.0;
-    };
-    losses.push_back(st.ForwardBackward(1, next, 1.0f / (kRows * kT)) / (kRows * kT));
+    losses.push_back(BatchLoss(st) / (kRows * kT));
     st.Apply(3e-2f, 1.0f, st.GradNorm());
   }
   EXPECT_LT(losses.back(), losses.front() - 0.05);
@@ -177,22 +201,43 @@ void LoraTrains(DType dtype) {
 TEST(TrainStep, LoraTrainsItsAdaptersOnlyAndTheBaseStaysBitwise) { LoraTrains(DType::kF32); }
 TEST(TrainStep, LoraInBf16KeepsTheBaseInItsWorkingCopyOnly) { LoraTrains(DType::kBF16); }
 
+// DoRA in bf16 reads its magnitudes from the fp32 copy the biases have (ParamInfo::bias_index):
+// each update must refresh it. After a few steps, the step computes what a step set afresh with
+// its weights computes, bit for bit; with the copy left at the first magnitudes it would not.
+TEST(TrainStep, DoraInBf16ComputesWithItsTrainedMagnitudes) {
+  model::ModelConfig cfg = TinyLora();
+  cfg.lora_dora = true;
+  const StepSpec spec = LoraSpec(cfg, DType::kBF16);
+  const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
+  auto comm = parallel::MakeLocalComm();
+  TrainStep st(spec, *comm);
+  const std::vector<float> init = InitialWeights(cfg);
+  st.SetWeights(init.data());
+  for (int s = 0; s < 4; ++s) {
+    BatchLoss(st);
+    st.Apply(3e-2f, 1.0f, st.GradNorm());
+  }
+  const std::vector<float> now = st.GatherWeights();
+  size_t moved = 0;
+  for (const model::ParamInfo& p : whole.params())
+    if (model::IsDoraMagnitude(p.name))
+      for (size_t i = 0; i < p.numel; ++i) moved += now[p.offset + i] != init[p.offset + i];
+  EXPECT_GT(moved, size_t(0));
+  TrainStep fresh(spec, *comm);
+  fresh.SetWeights(now.data());
+  EXPECT_EQ(BatchLoss(st), BatchLoss(fresh));
+}
+
 // A LoRA state set a tensor at a time (what a run from random weights does: model::InitTensor, no
 // whole fp32 copy) is the state set from the whole model's initial values: the same weights back
 // and the same first loss, bitwise, with a bf16 and an int8 base.
 TEST(TrainStep, LoraSetATensorAtATimeIsTheWholeSet) {
   for (model::BaseQuant q : {model::BaseQuant::kNone, model::BaseQuant::kInt8}) {
     SCOPED_TRACE(model::BaseQuantName(q));
-    model::ModelConfig cfg = Tiny();
-    cfg.lora_rank = 2;
-    cfg.lora_alpha = 4;
-    cfg.lora_targets = model::kLoraQkv | model::kLoraFcProj;
+    model::ModelConfig cfg = TinyLora();
     cfg.lora_base = q;
-    StepSpec spec = SpecOf(kRows, 1);
-    spec.model = cfg;
-    spec.dtype = DType::kBF16;
+    const StepSpec spec = LoraSpec(cfg, DType::kBF16);
     const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
-    spec.frozen = FrozenParams("", whole);
     auto comm = parallel::MakeLocalComm();
     TrainStep a(spec, *comm), b(spec, *comm);
     std::vector<float> init(whole.total());
@@ -204,17 +249,7 @@ TEST(TrainStep, LoraSetATensorAtATimeIsTheWholeSet) {
       return scratch.data();
     });
     EXPECT_EQ(a.GatherWeights(), b.GatherWeights());
-    double loss[2];
-    TrainStep* steps[2] = {&a, &b};
-    for (int k = 0; k < 2; ++k) {
-      int row = 0;
-      auto next = [&](int32_t* tokens, int32_t* targets) {
-        for (int r = 0; r < kRows; ++r, ++row) Row(row, tokens + r * kT, targets + r * kT);
-        return 0.0;
-      };
-      loss[k] = steps[k]->ForwardBackward(1, next, 1.0f / (kRows * kT));
-    }
-    EXPECT_EQ(loss[0], loss[1]);
+    EXPECT_EQ(BatchLoss(a), BatchLoss(b));
   }
 }
 

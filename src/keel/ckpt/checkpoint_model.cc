@@ -12,7 +12,7 @@ namespace keel::ckpt {
 nlohmann::json ModelConfigToJson(const model::ModelConfig& c) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [key, value] : model::ShapeKeys(c)) {
-    if (key == "family" || key == "lora_targets" || key == "lora_base")
+    if (key == "family" || key == "lora_targets" || key == "lora_base" || key == "lora_dora")
       j[key] = value;
     else if (key == "rope_theta" || key == "norm_eps" || key == "lora_alpha")
       j[key] = std::stod(value);

@@ -87,6 +87,7 @@ void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, flo
   const model::ParamLayout whole = model::ParamLayout::Whole(cfg);
   for (const model::ParamInfo& p : base.params())
     std::copy_n(m.weights.data() + p.offset, p.numel, master + whole.Find(p.name).offset);
+  model::InitDoraMagnitudes(cfg, master);  // from the file's base, not the drawn one
 }
 
 }  // namespace keel::ckpt

@@ -75,6 +75,9 @@ void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
         const std::string name = "base_model.model." + hf.name;
         w.Add(name + ".lora_A.weight", {r, in}, A);
         w.Add(name + ".lora_B.weight", {hf.rows, r}, B + size_t(hf.row0) * size_t(r));
+        if (cfg.lora_dora)
+          w.Add(name + ".lora_magnitude_vector", {hf.rows},
+                adapters + layout.Find(m + ".lora_magnitude_vector").grad_offset + hf.row0);
       }
     }
   }
@@ -100,7 +103,7 @@ void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
                                  {"fan_in_fan_out", !cfg.llama()},
                                  {"target_modules", modules},
                                  {"use_rslora", false},
-                                 {"use_dora", false},
+                                 {"use_dora", cfg.lora_dora},
                                  {"inference_mode", true},
                                  {"base_model_name_or_path", nullptr}};
   WriteFileAtomic(dir + "/adapter_config.json", config.dump(2) + "\n");
@@ -119,12 +122,13 @@ void MergePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
   if (c.value("peft_type", "") != "LORA")
     ThrowBadInput(config_path + ": peft_type: expected \"LORA\", got " +
                   c.value("peft_type", nlohmann::json()).dump());
-  if (c.value("use_dora", false))
-    ThrowBadInput(config_path + ": use_dora: DoRA adapters are not supported");
   if (!c.contains("r") || !c["r"].is_number_integer() || c["r"].get<int>() <= 0 ||
       !c.contains("lora_alpha") || !c["lora_alpha"].is_number())
     ThrowBadInput(config_path + ": expected a positive integer \"r\" and a number \"lora_alpha\"");
   const int r = c["r"].get<int>();
+  if (!c.value("use_dora", nlohmann::json(false)).is_boolean())
+    ThrowBadInput(config_path + ": use_dora: expected true or false");
+  const bool dora = c.value("use_dora", false);
   const double scale = c["lora_alpha"].get<double>() /
                        (c.value("use_rslora", false) ? std::sqrt(double(r)) : double(r));
   const std::string file = dir + "/adapter_model.safetensors";
@@ -144,13 +148,25 @@ void MergePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
       ThrowBadInput(file + ": " + module + ": expected lora_A (" + std::to_string(r) + ", " +
                     std::to_string(in) + ") and lora_B (" + std::to_string(out) + ", " +
                     std::to_string(r) + ") for this model's " + p.name);
-    model::AddLowRank(weights->data() + p.offset, B.data.data(), A.data.data(), out, in, r, scale);
+    float* W = weights->data() + p.offset;
+    model::AddLowRank(W, B.data.data(), A.data.data(), out, in, r, scale);
     used += 2;
+    if (!dora) continue;
+    // PEFT's DoRA merge: each row of W + s·B·A scaled to magnitude / its norm.
+    const std::string mag_name = module + ".lora_magnitude_vector";
+    if (!f.Has(mag_name))
+      ThrowBadInput(file + ": " + mag_name + ": missing (adapter_config.json says use_dora)");
+    const Fp32Tensor& mag = f.Get(mag_name);
+    if (mag.shape != std::vector<int64_t>{out})
+      ThrowBadInput(file + ": " + mag_name + ": expected (" + std::to_string(out) +
+                    ") for this model's " + p.name);
+    model::DoraRescaleRows(W, mag.data.data(), out, in);
+    used += 1;
   }
   for (const auto& [name, t] : f.tensors())
-    if (name.find(".lora_A.") == std::string::npos && name.find(".lora_B.") == std::string::npos)
+    if (!model::IsLoraParam(name))
       ThrowBadInput(file + ": " + name + ": not a LoRA tensor (expected ...lora_A.weight, " +
-                    "...lora_B.weight)");
+                    "...lora_B.weight" + (dora ? ", ...lora_magnitude_vector)" : ")"));
   if (used != f.tensors().size())
     ThrowBadInput(file + ": " + std::to_string(f.tensors().size() - used) + " of its " +
                   std::to_string(f.tensors().size()) + " tensors name no module of this model (a " +

@@ -81,9 +81,10 @@ void AddExport(CLI::App& ckpt) {
                       " has no LoRA adapters (expected a LoRA run or one of its checkpoints)");
       CheckTarget("ckpt export --out", out + "/adapter_model.safetensors", src);
       ckpt::WritePeftAdapter(out, m.config, m.weights.data());
-      std::printf("wrote %s: PEFT LoRA adapters, rank %d, alpha %g, on %s of %d layers\n",
-                  out.c_str(), m.config.lora_rank, double(m.config.lora_alpha),
-                  model::LoraTargetsText(m.config).c_str(), m.config.n_layer);
+      std::printf("wrote %s: PEFT %s adapters, rank %d, alpha %g, on %s of %d layers\n",
+                  out.c_str(), m.config.lora_dora ? "DoRA" : "LoRA", m.config.lora_rank,
+                  double(m.config.lora_alpha), model::LoraTargetsText(m.config).c_str(),
+                  m.config.n_layer);
       return;
     }
     if (format != "safetensors")

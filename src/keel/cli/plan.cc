@@ -26,6 +26,7 @@ struct PlanArgs {
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
   std::string lora_base;
+  bool lora_dora = false;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1;
@@ -113,7 +114,10 @@ plan::Job MakeJob(const PlanArgs& a) {
         llama, a.lora_targets.empty() ? (llama ? "qkv" : "c_attn") : a.lora_targets,
         "plan: --lora-targets");
     job.model.lora_base = model::ParseBaseQuant(a.lora_base, "plan: --lora-base");
+    job.model.lora_dora = a.lora_dora;
     model::Validate(plan::ToModelConfig(job.model));  // nf4's blocks of 64, say
+  } else if (a.lora_dora) {
+    ThrowBadInput("plan: --lora-dora without --lora-rank");
   } else if (!a.lora_targets.empty() || !a.lora_base.empty()) {
     ThrowBadInput(std::string("plan: ") + (a.lora_base.empty() ? "--lora-targets" : "--lora-base") +
                   " without --lora-rank");
@@ -221,6 +225,7 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_option("--lora-base", a.lora_base,
                   "the frozen base's block matrices: none (the precision's), int8 or nf4, as "
                   "[lora] base");
+  cmd->add_flag("--lora-dora", a.lora_dora, "DoRA's magnitudes over the adapters, as [lora] dora");
   cmd->add_option("--global-batch", a.global_batch, "sequences per step")->capture_default_str();
   cmd->add_option("--accelerator", a.accel, "A100-80GB, H100-80GB, H200-141GB, this-cpu (measured)")
       ->capture_default_str();

@@ -102,11 +102,11 @@ void PrintHeader(const plan::Job& j) {
   if (j.model.lora_rank > 0) {
     const double n = plan::TotalParams(j.model), t = plan::TrainableParams(j.model);
     std::printf(
-        "LoRA rank %d on %s: %.4g M trainable parameters (%.3g%%), the base frozen%s: master and "
+        "LoRA rank %d%s on %s: %.4g M trainable parameters (%.3g%%), the base frozen%s: master and "
         "moments for the adapters only, %.4g MB of fp32 gradients reduced per step (full "
         "fine-tuning: %.4g GB), no weight-gradient products for the base's %.3gB\n",
-        j.model.lora_rank, model::LoraTargetsText(plan::ToModelConfig(j.model)).c_str(), t / 1e6,
-        100 * t / n,
+        j.model.lora_rank, j.model.lora_dora ? " (DoRA)" : "",
+        model::LoraTargetsText(plan::ToModelConfig(j.model)).c_str(), t / 1e6, 100 * t / n,
         j.model.lora_base == model::BaseQuant::kNone
             ? ""
             : (std::string(" (block matrices as ") + model::BaseQuantName(j.model.lora_base) + ")")

@@ -188,6 +188,29 @@ class Backend : public Memory {
     DropoutOp(DTypeOf<T>(), out, x, rows, cols, m, accumulate);
   }
 
+  // DoRA (Liu et al. 2024) around an adapted product y = g ⊙ z + bias, z = x·Wᵀ + s·(x·Aᵀ)·Bᵀ,
+  // g = magnitude / ‖W + s·B·A‖ per output row (the norm held constant in backward, as DoRA's
+  // paper and PEFT do). DoraNorm: per row o of W (out, in), with A (r, in) and B (out, r), the
+  // norm's inverse (0 where the norm is 0) and scale[o] = magnitude[o] · inv_norm[o], from fp32
+  // sums. DoraScale: out[i, c] = z[i, c]·scale[c] + bias[c] (bias may be null; + out with
+  // `accumulate`), in place when out is z. DoraMagnitudeGrad: dmag[c] += inv_norm[c] · Σᵢ
+  // dy[i, c]·z[i, c], each column summed in row order.
+  template <typename T>
+  void DoraNorm(float* scale, float* inv_norm, const float* magnitude, const T* W, const T* A,
+                const T* B, int out, int in, int r, float s) const {
+    DoraNormOp(DTypeOf<T>(), scale, inv_norm, magnitude, W, A, B, out, in, r, s);
+  }
+  template <typename T>
+  void DoraScale(T* out, const T* z, const float* scale, const float* bias, int rows, int cols,
+                 bool accumulate) const {
+    DoraScaleOp(DTypeOf<T>(), out, z, scale, bias, rows, cols, accumulate);
+  }
+  template <typename T>
+  void DoraMagnitudeGrad(float* dmag, const T* dy, const T* z, const float* inv_norm, int rows,
+                         int cols) const {
+    DoraMagnitudeGradOp(DTypeOf<T>(), dmag, dy, z, inv_norm, rows, cols);
+  }
+
   // AdamW on fp32 master weights (cpu/adamw.h); `working` (may be null) receives the bf16 rounding.
   virtual void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad,
                            size_t n, const AdamWParams& p) const = 0;
@@ -243,6 +266,13 @@ class Backend : public Memory {
                             size_t group, QuantFormat f) const = 0;
   virtual void DropoutOp(DType t, void* out, const void* x, int rows, int cols,
                          const DropoutMask& m, bool accumulate) const = 0;
+  virtual void DoraNormOp(DType t, float* scale, float* inv_norm, const float* magnitude,
+                          const void* W, const void* A, const void* B, int out, int in, int r,
+                          float s) const = 0;
+  virtual void DoraScaleOp(DType t, void* out, const void* z, const float* scale, const float* bias,
+                           int rows, int cols, bool accumulate) const = 0;
+  virtual void DoraMagnitudeGradOp(DType t, float* dmag, const void* dy, const void* z,
+                                   const float* inv_norm, int rows, int cols) const = 0;
 };
 
 }  // namespace keel::kernels

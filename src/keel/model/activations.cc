@@ -99,6 +99,21 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
       add("lora_dx", 1, t, BT * std::max({C, Cl, F}));
     }
   }
+  // DoRA: each adapted product's z = x·Wᵀ + s·(x·Aᵀ)·Bᵀ (its magnitude's gradient reads it) and
+  // its row scales and inverse norms, kept as long as the product's output: the attention
+  // sublayer's (q, k, v) as its other buffers, the rest as the MLP's (recompute "attn" does not
+  // rerun the output projection). And ∂loss/∂z of one product at a time. Tensor parallelism is
+  // refused (train/run_setup.cc): these are whole.
+  if (cfg.lora_dora) {
+    const size_t widths[] = {QKV, C, FC, C};
+    for (int k = 0; k < 4; ++k) {
+      if (!(cfg.lora_targets & kLoraTargets[k])) continue;
+      const size_t copies = k == 0 ? attn_copies : mlp_copies;
+      add(kDoraZ[k], copies, t, BT * widths[k]);
+      add(kDoraScale[k], copies, f, 2 * widths[k]);
+    }
+    add("dora_dz", 1, t, BT * std::max({QKV, C, FC}));
+  }
   // A quantized base: one block matrix at a time, dequantized before its product (the widest:
   // the fused q, k, v or the MLP's first product, by C input columns; or the MLP's last product).
   if (cfg.lora_base != BaseQuant::kNone)

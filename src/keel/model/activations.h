@@ -33,6 +33,12 @@ struct ActivationBuffer {
   size_t bytes() const { return count * elems * elem_bytes; }
 };
 
+// DoRA's buffers of each adapted product, in kLoraTargets' order: its z, and its row scales then
+// inverse norms (PlanActivations).
+inline constexpr const char* kDoraZ[] = {"dora_z_qkv", "dora_z_proj", "dora_z_fc", "dora_z_fcp"};
+inline constexpr const char* kDoraScale[] = {"dora_g_qkv", "dora_g_proj", "dora_g_fc",
+                                             "dora_g_fcp"};
+
 struct ActivationPlan {
   std::vector<ActivationBuffer> buffers;
   size_t total_bytes = 0;

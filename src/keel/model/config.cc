@@ -139,6 +139,7 @@ ModelConfig BaseModel(ModelConfig c) {
   c.lora_alpha = 0;
   c.lora_targets = 0;
   c.lora_base = BaseQuant::kNone;
+  c.lora_dora = false;
   return c;
 }
 
@@ -176,6 +177,8 @@ void Validate(const ModelConfig& c) {
     ThrowBadInput("[lora] targets: expected at least one module");
   if (c.lora_base != BaseQuant::kNone && c.lora_rank == 0)
     ThrowBadInput("[lora] base: a quantized base is LoRA's frozen base; set [lora] rank");
+  if (c.lora_dora && c.lora_rank == 0)
+    ThrowBadInput("[lora] dora: DoRA rescales LoRA's adapted products; set [lora] rank");
   // NF4's blocks of 64 weights tile every block matrix (each has n_embd rows or columns).
   if (c.lora_base == BaseQuant::kNf4 && c.n_embd % 64 != 0)
     ThrowBadInput(
@@ -224,6 +227,7 @@ std::vector<std::pair<std::string, std::string>> ShapeKeys(const ModelConfig& c)
     keys.emplace_back("lora_alpha", Text(c.lora_alpha));
     keys.emplace_back("lora_targets", LoraTargetsText(c));
     if (c.lora_base != BaseQuant::kNone) keys.emplace_back("lora_base", BaseQuantName(c.lora_base));
+    if (c.lora_dora) keys.emplace_back("lora_dora", "true");
   }
   return keys;
 }
@@ -244,6 +248,10 @@ void SetShapeKey(ModelConfig& c, const std::string& key, const std::string& valu
     c.lora_targets = ParseLoraTargets(c.llama(), value, where + ": lora_targets");
   } else if (key == "lora_base") {
     c.lora_base = ParseBaseQuant(value, where + ": lora_base");
+  } else if (key == "lora_dora") {
+    if (value != "true" && value != "false")
+      ThrowBadInput(where + ": lora_dora: expected \"true\" or \"false\", got \"" + value + "\"");
+    c.lora_dora = value == "true";
   } else {
     int* field = key == "n_layer"      ? &c.n_layer
                  : key == "n_head"     ? &c.n_head

@@ -51,6 +51,11 @@ struct ModelConfig {
   // (the rest scaled by 1/(1-p)) before A, in training passes only (Transformer::SetDropout). A
   // training setting, not the model's shape: not a ShapeKeys key, not in checkpoints.
   float lora_dropout = 0;
+  // DoRA (Liu et al. 2024; PEFT's use_dora): each adapted product's output rows rescaled to a
+  // trained magnitude, y = m/‖W + s·B·A‖ ⊙ (x·(W + s·B·A)ᵀ) + bias, the norm per output row held
+  // constant in backward; m is one more adapter tensor (h.L.MODULE.lora_magnitude_vector, fp32 in
+  // every precision) that starts at ‖W‖, so that a fresh adapter is the base model.
+  bool lora_dora = false;
 
   bool llama() const { return family == Family::kLlama; }
   // GPT-2 ties the classifier to the token embedding; Llama has its own lm_head.

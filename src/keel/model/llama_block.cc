@@ -83,13 +83,12 @@ LlamaActs<T> Acts(Transformer::Impl& m, int l, int slot) {
 
 template <typename T>
 void AttentionSublayer(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& a) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd, hs = m.cfg.head_size();
+  const int C = m.cfg.n_embd, hs = m.cfg.head_size();
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormForward(a.ln1, a.ln1_rstd, a.in, p.ln1, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, m.Mat(p.qkv), nullptr, BT, C, m.QKVl));
-  LoraForward(m, a.qkv, x, p.qkv_lora);
+  AdaptedForward(m, a.qkv, x, m.Mat(p.qkv), nullptr, C, m.QKVl, p.qkv_lora);
   KEEL_PROFILED("rope", m.be->RopeForward(a.qkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
   KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, m.Cl, m.NHl,
                                                         m.NKVl, m.doc_start));
@@ -104,9 +103,7 @@ void Forward(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& 
                 m.be->RmsNormForward(a.ln2, a.ln2_rstd, a.res2, p.ln2, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_fwd",
-                m.be->MatmulForward(a.fch, x, m.Mat(p.gate_up), nullptr, BT, C, 2 * m.Fl));
-  LoraForward(m, a.fch, x, p.gate_up_lora);
+  AdaptedForward(m, a.fch, x, m.Mat(p.gate_up), nullptr, C, 2 * m.Fl, p.gate_up_lora);
   KEEL_PROFILED("swiglu", m.be->SwigluForward(a.h, a.fch, BT, m.Fl));
   RowParallelForward<T>(m, a.out, a.res2, a.h, m.Mat(p.down), nullptr, m.Fl, p.down_lora);
 }
@@ -138,18 +135,21 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
   T* dfch = m.Act<T>("dfch");
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  x = DoraBackward(m, x, p.down_lora);
   KEEL_PROFILED("matmul_bwd",
                 m.be->MatmulBackward(dh, p.d_down, nullptr, x, a.h, m.Mat(p.down), BT, m.Fl, C));
   LoraBackward(m, dh, x, a.h, p.down_lora);
   KEEL_PROFILED("swiglu", m.be->SwigluBackward(dfch, a.fch, dh, BT, m.Fl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_gate_up, nullptr, dfch, x,
+  const T* dz = DoraBackward<T>(m, dfch, p.gate_up_lora);
+  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_gate_up, nullptr, dz, x,
                                                    m.Mat(p.gate_up), BT, C, 2 * m.Fl));
-  LoraBackward(m, dtmp, dfch, x, p.gate_up_lora);
+  LoraBackward(m, dtmp, dz, x, p.gate_up_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  x = DoraBackward(m, x, p.o_lora);
   KEEL_PROFILED("matmul_bwd",
                 m.be->MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, m.Mat(p.o), BT, m.Cl, C));
   LoraBackward(m, dtmp, x, a.atty, p.o_lora);
@@ -157,9 +157,10 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
                                                          m.Cl, m.NHl, m.NKVl, m.doc_start));
   KEEL_PROFILED("rope", m.be->RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
+  dz = DoraBackward<T>(m, dqkv, p.qkv_lora);
   KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_qkv, nullptr, dqkv, x, m.Mat(p.qkv), BT, C, m.QKVl));
-  LoraBackward(m, dtmp, dqkv, x, p.qkv_lora);
+                m.be->MatmulBackward(dtmp, p.d_qkv, nullptr, dz, x, m.Mat(p.qkv), BT, C, m.QKVl));
+  LoraBackward(m, dtmp, dz, x, p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormBackward(dres, p.d_ln1, dtmp, a.in, p.ln1, a.ln1_rstd, m.R, C));

@@ -45,8 +45,10 @@ void ParamLayout::AssignBiases() {
   n_bias_ = 0;
   for (ParamInfo& info : params_) {
     const std::string& n = info.name;
-    const bool matmul_bias = n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0 &&
-                             n.find(".ln_") == std::string::npos && n.rfind("ln_f", 0) != 0;
+    // DoRA's magnitudes too: a bf16 copy would scale a fresh adapter's rows by 1 ± 2⁻⁹.
+    const bool matmul_bias = (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0 &&
+                              n.find(".ln_") == std::string::npos && n.rfind("ln_f", 0) != 0) ||
+                             IsDoraMagnitude(n);
     if (!matmul_bias) continue;
     info.bias_index = n_bias_;
     n_bias_ += info.numel;
@@ -169,8 +171,11 @@ std::pair<int, int> LoraDims(const ModelConfig& cfg, LoraTarget t) {
 }
 
 bool IsLoraParam(const std::string& name) {
-  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos ||
+         IsDoraMagnitude(name);
 }
+
+bool IsDoraMagnitude(const std::string& name) { return name.ends_with(".lora_magnitude_vector"); }
 
 ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
   ParamLayout p;
@@ -192,6 +197,8 @@ ParamLayout ParamLayout::Whole(const ModelConfig& cfg, float init_std) {
       const std::string m = h + LoraModule(cfg.llama(), t);
       p.Add(m + ".lora_A.weight", {cfg.lora_rank, in}, true, init_std);
       p.Add(m + ".lora_B.weight", {out, cfg.lora_rank}, true, 0);
+      // A scale, like a norm's weight: not decayed. Its value comes from the base (InitTensor).
+      if (cfg.lora_dora) p.Add(m + ".lora_magnitude_vector", {out}, false, 0, 1.0f);
     }
   };
   for (int l = 0; l < L; ++l) {
@@ -365,6 +372,9 @@ void MergeLoraInPlace(const ModelConfig& cfg, std::vector<float>& whole) {
       float* W = whole.data() + lay.Find(h + LoraBaseWeight(cfg.llama(), t)).offset;
       const auto [in, n_out] = LoraDims(cfg, t);
       AddLowRank(W, B, A, n_out, in, r, s);
+      if (!cfg.lora_dora) continue;
+      // DoRA: each row of W + s·B·A to its magnitude.
+      DoraRescaleRows(W, whole.data() + lay.Find(m + ".lora_magnitude_vector").offset, n_out, in);
     }
   // The base layout is this one without the adapters, in the same order: every tensor moves left
   // (or stays), so one forward pass of copies packs it in place.
@@ -496,11 +506,76 @@ void CopyShards(const ParamLayout& layout, const ParamLayout& whole, const float
 
 void InitParams(const ParamLayout& layout, const ModelConfig& cfg, uint64_t seed, float* out) {
   KEEL_CHECK(layout.tp().size == 1, "InitParams: the whole model's layout, then CopyShards");
-  for (const ParamInfo& p : layout.params()) InitTensor(p, cfg, seed, out + p.offset);
+  for (const ParamInfo& p : layout.params())
+    if (!IsDoraMagnitude(p.name)) InitTensor(p, cfg, seed, out + p.offset);
+  InitDoraMagnitudes(cfg, out);
+}
+
+namespace {
+
+// norm[o] = ‖W[o]‖₂ of W (rows, cols), summed in fp64.
+void RowNorms(const float* W, int rows, int cols, float* norm) {
+#pragma omp parallel for schedule(static)
+  for (int o = 0; o < rows; ++o) {
+    double sq = 0;
+    for (int i = 0; i < cols; ++i) sq += double(W[size_t(o) * cols + i]) * W[size_t(o) * cols + i];
+    norm[o] = float(std::sqrt(sq));
+  }
+}
+
+// DoRA's magnitude tensor `name`: its base weight's name and the product's (in, out).
+struct DoraBase {
+  std::string weight;
+  int in, out;
+};
+DoraBase DoraBaseOf(const ModelConfig& cfg, const std::string& name) {
+  const size_t dot = name.find('.', 2);  // "h.L."
+  const std::string h = name.substr(0, dot + 1);
+  for (LoraTarget t : kLoraTargets)
+    if (name == h + LoraModule(cfg.llama(), t) + ".lora_magnitude_vector") {
+      const auto [in, out] = LoraDims(cfg, t);
+      return {h + LoraBaseWeight(cfg.llama(), t), in, out};
+    }
+  ThrowRuntime("\"" + name + "\" is no DoRA magnitude of this model");
+}
+
+}  // namespace
+
+void DoraRescaleRows(float* W, const float* magnitude, int out, int in) {
+  std::vector<float> norm(static_cast<size_t>(out));
+  RowNorms(W, out, in, norm.data());
+  for (int o = 0; o < out; ++o) {
+    const double g = norm[size_t(o)] > 0 ? double(magnitude[o]) / norm[size_t(o)] : 0.0;
+    for (int i = 0; i < in; ++i) W[size_t(o) * in + i] = float(g * W[size_t(o) * in + i]);
+  }
+}
+
+void InitDoraMagnitudes(const ModelConfig& cfg, float* whole) {
+  if (!cfg.lora_dora) return;
+  const ParamLayout lay = ParamLayout::Whole(cfg);
+  for (const ParamInfo& p : lay.params()) {
+    if (!IsDoraMagnitude(p.name)) continue;
+    const DoraBase b = DoraBaseOf(cfg, p.name);
+    RowNorms(whole + lay.Find(b.weight).offset, b.out, b.in, whole + p.offset);
+  }
 }
 
 void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* w, TpShard tp) {
   KEEL_CHECK(tp.size > 1 || p.global_shape == p.shape, "InitTensor: a shard needs its TpShard");
+  if (IsDoraMagnitude(p.name)) {
+    // The norms of the base's initial rows: its tensors (a fused product spans several) drawn
+    // again here, as InitParams would have them.
+    KEEL_CHECK(tp.size == 1, "InitTensor: DoRA is not split for tensor parallelism");
+    const DoraBase b = DoraBaseOf(cfg, p.name);
+    const ParamLayout lay = ParamLayout::Whole(cfg);
+    const size_t w0 = lay.Find(b.weight).offset, n = size_t(b.out) * size_t(b.in);
+    std::vector<float> base(n);
+    for (const ParamInfo& q : lay.params())
+      if (q.offset >= w0 && q.offset < w0 + n)
+        InitTensor(q, cfg, seed, base.data() + (q.offset - w0));
+    RowNorms(base.data(), b.out, b.in, w);
+    return;
+  }
   if (p.init_std == 0) {
     for (size_t j = 0; j < p.numel; ++j) w[j] = p.init_value;
     return;

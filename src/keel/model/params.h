@@ -204,9 +204,17 @@ class ParamLayout {
 
 // LoRA (config.h): the (in, out) widths of the product target `t` adapts, in the whole model.
 std::pair<int, int> LoraDims(const ModelConfig& cfg, LoraTarget t);
-// An adapter tensor (h.L.MODULE.lora_A.weight or lora_B.weight).
+// An adapter tensor (h.L.MODULE.lora_A.weight, lora_B.weight or DoRA's lora_magnitude_vector).
 bool IsLoraParam(const std::string& name);
-// The whole model's weights without adapters: each adapted product's weight plus s·B·A, in
+// DoRA's magnitude of an adapted product (h.L.MODULE.lora_magnitude_vector), one of IsLoraParam's.
+bool IsDoraMagnitude(const std::string& name);
+// DoRA: every magnitude of `whole` (ParamLayout::Whole(cfg)'s values) set to the row norms of its
+// base weight there, as a fresh adapter (B = 0) starts. Nothing without cfg.lora_dora.
+void InitDoraMagnitudes(const ModelConfig& cfg, float* whole);
+// DoRA's merge of W (out, in) = W₀ + s·B·A: each row scaled to magnitude[o] / its norm (fp64).
+void DoraRescaleRows(float* W, const float* magnitude, int out, int in);
+// The whole model's weights without adapters: each adapted product's weight plus s·B·A (DoRA:
+// each row of that then scaled to its magnitude), in
 // ParamLayout::Whole(BaseModel(cfg))'s order: what inference and exports use.
 std::vector<float> MergeLora(const ModelConfig& cfg, const float* whole);
 // The same in `whole` itself (the LoRA layout's values in, the base layout's out): what the end of

@@ -112,13 +112,12 @@ BlockActs<T> Acts(Transformer::Impl& m, int l, int slot) {
 template <typename T>
 void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p,
                               const BlockActs<T>& a) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd, Cl = m.Cl;
+  const int C = m.cfg.n_embd, Cl = m.Cl;
   KEEL_PROFILED("layernorm", m.be->LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, a.in, p.ln1w,
                                                     p.ln1b, m.R, C));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.qkv, x, m.Mat(p.qkvw), p.qkvb, BT, C, 3 * Cl));
-  internal::LoraForward(m, a.qkv, x, p.qkv_lora);
+  internal::AdaptedForward(m, a.qkv, x, m.Mat(p.qkvw), p.qkvb, C, 3 * Cl, p.qkv_lora);
   KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl,
                                                         m.NHl, m.doc_start));
 }
@@ -132,8 +131,7 @@ void BlockForward(Transformer::Impl& m, const BlockParams<T>& p, const BlockActs
                                                     p.ln2b, m.R, C));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(a.fch, x, m.Mat(p.fcw), p.fcb, BT, C, 4 * Cl));
-  internal::LoraForward(m, a.fch, x, p.fc_lora);
+  internal::AdaptedForward(m, a.fch, x, m.Mat(p.fcw), p.fcb, C, 4 * Cl, p.fc_lora);
   KEEL_PROFILED("gelu", m.be->GeluForward(a.fch_gelu, a.fch, size_t(BT) * 4 * Cl));
   internal::RowParallelForward(m, a.out, a.res2, a.fch_gelu, m.Mat(p.fcpw), p.fcpb, 4 * Cl,
                                p.fcp_lora);
@@ -152,27 +150,31 @@ void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockAct
   // buffer once its previous contents are consumed.
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  x = internal::DoraBackward(m, x, p.fcp_lora);
   KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu,
                                                    m.Mat(p.fcpw), BT, 4 * Cl, C));
   internal::LoraBackward(m, dfch_gelu, x, a.fch_gelu, p.fcp_lora);
   KEEL_PROFILED("gelu", m.be->GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
+  const T* dz = internal::DoraBackward<T>(m, dfch, p.fc_lora);
   KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dfch, x, m.Mat(p.fcw), BT, C, 4 * Cl));
-  internal::LoraBackward(m, dtmp, dfch, x, p.fc_lora);
+                m.be->MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dz, x, m.Mat(p.fcw), BT, C, 4 * Cl));
+  internal::LoraBackward(m, dtmp, dz, x, p.fc_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
                                                      a.ln2_mean, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
+  x = internal::DoraBackward(m, x, p.proj_lora);
   KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty,
                                                    m.Mat(p.projw), BT, Cl, C));
   internal::LoraBackward(m, dtmp, x, a.atty, p.proj_lora);
   KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
                                                          Cl, m.NHl, m.NHl, m.doc_start));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, m.Mat(p.qkvw),
+  dz = internal::DoraBackward<T>(m, dqkv, p.qkv_lora);
+  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dz, x, m.Mat(p.qkvw),
                                                    BT, C, 3 * Cl));
-  internal::LoraBackward(m, dtmp, dqkv, x, p.qkv_lora);
+  internal::LoraBackward(m, dtmp, dz, x, p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
                                                      a.ln1_mean, a.ln1_rstd, m.R, C));
@@ -206,6 +208,7 @@ const T* Head(Transformer::Impl& m) {
 template <typename T>
 void StageForward(Transformer::Impl& m, int slot, const int32_t* tokens) {
   const int C = m.cfg.n_embd;
+  m.slot = slot;
   ParamAccess& acc = *m.acc;
   if (m.stage.first()) {
     acc.Use(0, Pass::kForward);
@@ -279,6 +282,7 @@ template <typename T>
 double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, const int32_t* targets,
                      float dloss, const void* dout, void* din) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
+  m.slot = slot;
   ParamAccess& acc = *m.acc;
   const int e = m.layout.embed_segment();
   float* ge = m.uses_embed ? acc.Grads(e) : nullptr;

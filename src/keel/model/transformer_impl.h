@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "keel/core/error.h"
@@ -143,6 +145,7 @@ struct Transformer::Impl {
   };
   std::vector<Dropout> slot_dropout = std::vector<Dropout>(size_t(slots));
   Dropout dropout;
+  int slot = 0;  // the micro-batch slot of the pass now running (DoRA's kept buffers)
 
   Impl(const kernels::Backend& backend, const ModelConfig& c, DType d, int b, int t, Recompute r,
        const ParamLayout& lay, const StageRange& st, int sl, const TensorParallel& tpar)
@@ -351,6 +354,11 @@ struct LoraPair {
   int in = 0, out = 0;
   uint64_t tag = 0;
   uint32_t col0 = 0;
+  // DoRA: the magnitude (fp32) and its gradient; null without. `k`: the target's index in
+  // kLoraTargets (its buffers, kDoraZ).
+  const float* mag = nullptr;
+  float* dmag = nullptr;
+  int k = 0;
 };
 
 // Block l's adapter of target `t`, in segment s whose weights start at `w` (gradients at `g`, may
@@ -367,6 +375,16 @@ LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, fl
   a.in = A.shape[1], a.out = B.shape[0];  // this rank's shard's (ParamLayout::Stage's TpCut)
   a.tag = uint64_t(l) * 16 + t;
   a.col0 = A.tp_axis == 1 ? uint32_t(m.tp_rank * a.in) : 0;
+  while (kLoraTargets[a.k] != t) ++a.k;
+  if (m.cfg.lora_dora) {
+    const ParamInfo& M = m.layout.Find(mod + ".lora_magnitude_vector");
+    // fp32 in every precision: bf16 runs read it from the fp32 copy biases have.
+    if constexpr (std::is_same_v<T, float>)
+      a.mag = m.At(w, s, M);
+    else
+      a.mag = m.acc->Biases() + M.bias_index;
+    a.dmag = m.WeightGrad(g, M, s);
+  }
   return a;
 }
 
@@ -401,6 +419,52 @@ void LoraForward(Transformer::Impl& m, T* out, const T* x, const LoraPair<T>& a)
                                             /*accumulate=*/true, m.cfg.lora_scale()));
 }
 
+// DoRA's kept buffers of adapter `a` in the pass now running: its product's z (B·T, a.out), and
+// its row scales then inverse norms (2·a.out).
+template <typename T>
+std::pair<T*, float*> DoraBuffers(const Transformer::Impl& m, const LoraPair<T>& a) {
+  const int i = int(a.tag / 16) - m.stage.l0;
+  return {m.Act<T>(kDoraZ[a.k], i, m.slot), m.Act<float>(kDoraScale[a.k], i, m.slot)};
+}
+
+// out (+= with `accumulate`) DoRA's y = g ⊙ z + bias, z = x·Wᵀ + s·(x·Aᵀ)·Bᵀ (B·T, N), g =
+// magnitude / ‖W + s·B·A‖ per output row (K input columns).
+template <typename T>
+void DoraForward(Transformer::Impl& m, T* out, const T* x, const T* weight, const float* bias,
+                 int K, int N, const LoraPair<T>& a, bool accumulate) {
+  const int BT = m.B * m.T;
+  auto [z, g] = DoraBuffers(m, a);
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(z, x, weight, nullptr, BT, K, N));
+  LoraForward(m, z, x, a);
+  KEEL_PROFILED("lora", m.be->DoraNorm(g, g + N, a.mag, weight, a.A, a.B, N, K, m.cfg.lora_rank,
+                                       m.cfg.lora_scale()));
+  KEEL_PROFILED("lora", m.be->DoraScale(out, z, g, bias, BT, N, accumulate));
+}
+
+// out = x·weightᵀ + bias (B·T, N; K input columns) and the adapter's part, LoRA's or DoRA's: a
+// column-parallel product.
+template <typename T>
+void AdaptedForward(Transformer::Impl& m, T* out, const T* x, const T* weight, const float* bias,
+                    int K, int N, const LoraPair<T>& a) {
+  if (a.mag) return DoraForward(m, out, x, weight, bias, K, N, a, /*accumulate=*/false);
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(out, x, weight, bias, m.B * m.T, K, N));
+  LoraForward(m, out, x, a);
+}
+
+// DoRA's backward through y = g ⊙ z + bias, before the adapted product's own: the magnitude's
+// gradient, and ∂loss/∂z = g ⊙ dout (the norm held constant), which the product and its adapter
+// then take in dout's place. Without DoRA: dout.
+template <typename T>
+const T* DoraBackward(Transformer::Impl& m, const T* dout, const LoraPair<T>& a) {
+  if (!a.mag) return dout;
+  const int BT = m.B * m.T;
+  auto [z, g] = DoraBuffers(m, a);
+  if (a.dmag) KEEL_PROFILED("lora", m.be->DoraMagnitudeGrad(a.dmag, dout, z, g + a.out, BT, a.out));
+  T* dz = m.Act<T>("dora_dz");
+  KEEL_PROFILED("lora", m.be->DoraScale(dz, dout, g, nullptr, BT, a.out, false));
+  return dz;
+}
+
 // out = residual + inp·weightᵀ + bias (+ the adapter's product) over the tp ranks: the lead rank
 // seeds the residual and the bias, the others zero, and the all-reduce sums the partial products.
 // Under sequence parallelism each rank seeds its own rows' residual into the shared buffer, and
@@ -410,6 +474,11 @@ template <typename T>
 void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T* inp,
                         const T* weight, const float* bias, int K, const LoraPair<T>& lora) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
+  if (lora.mag) {
+    KEEL_CHECK(m.tp == 1, "Transformer: DoRA is not split for tensor parallelism");
+    m.be->Copy(out, residual, sizeof(T) * BT * C);
+    return DoraForward(m, out, inp, weight, bias, K, C, lora, /*accumulate=*/true);
+  }
   T* sum = m.sp ? m.Act<T>("gathered") : out;
   if (m.sp) {
     m.be->Zero(sum, sizeof(T) * BT * C);

@@ -47,6 +47,7 @@ ModelSpec SpecOf(const std::string& name, const model::ModelConfig& c, int seq) 
   m.lora_targets = c.lora_targets;
   m.lora_base = c.lora_base;
   m.lora_dropout = c.lora_dropout;
+  m.lora_dora = c.lora_dora;
   return m;
 }
 
@@ -64,6 +65,7 @@ model::ModelConfig ToModelConfig(const ModelSpec& m) {
   c.lora_targets = m.lora_targets;
   c.lora_base = m.lora_base;
   c.lora_dropout = m.lora_dropout;
+  c.lora_dora = m.lora_dora;
   c.lora_alpha = m.lora_rank > 0 ? 2.0f * float(m.lora_rank) : 0.0f;  // shapes only
   return c;
 }
@@ -125,6 +127,8 @@ void CheckLayout(const Job& job, const Layout& l) {
   if (job.model.lora_base != model::BaseQuant::kNone && l.tp > 1)
     ThrowBadInput("plan: a quantized LoRA base runs with tp 1 (got tp " + std::to_string(l.tp) +
                   ")");
+  if (job.model.lora_dora && l.tp > 1)
+    ThrowBadInput("plan: DoRA runs with tp 1 (got tp " + std::to_string(l.tp) + ")");
   // The checks the trainer makes too, in one place, over the micro-batches the planner counts.
   // The planner's vocabulary is not padded, and it has no sequence length of its own.
   parallel::Layout t = l;

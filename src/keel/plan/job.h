@@ -30,6 +30,7 @@ struct ModelSpec {
   model::BaseQuant lora_base = model::BaseQuant::kNone;  // the frozen base's storage ([lora] base)
   float lora_dropout =
       0;  // [lora] dropout: two more activation buffers (the masked input, its grad)
+  bool lora_dora = false;  // [lora] dora: magnitudes (one per output row) and the products' kept z
 };
 
 // A keel model config as the planner's spec, at sequence length `seq`.

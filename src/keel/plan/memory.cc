@@ -70,7 +70,8 @@ const ParamSizes& Sizes(const ModelSpec& m) {
   if (key.layers == m.layers && key.hidden == m.hidden && key.heads == m.heads &&
       key.vocab == m.vocab && key.seq == m.seq && key.family == m.family &&
       key.kv_heads == m.kv_heads && key.ffn == m.ffn && key.lora_rank == m.lora_rank &&
-      key.lora_targets == m.lora_targets && key.lora_base == m.lora_base)
+      key.lora_targets == m.lora_targets && key.lora_base == m.lora_base &&
+      key.lora_dora == m.lora_dora)
     return sizes;
   const auto layout = model::ParamLayout::Whole(ToModelConfig(m));
   sizes.embed = double(layout.layer_start(0));  // wte (+ GPT-2's wpe)

@@ -113,6 +113,9 @@ struct LoraSection {
   // before A (training only; the mask a function of the seed, step, layer, product and the
   // element's place in the global batch, so every layout draws it alike). 0: off.
   float dropout = 0;
+  // DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted product, over the
+  // direction of W + s·B·A. Not yet with tensor parallelism or dropout.
+  bool dora = false;
 
   bool operator==(const LoraSection&) const = default;
 };

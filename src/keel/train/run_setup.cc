@@ -104,6 +104,11 @@ Setup Validate(const RunConfig& cfg, int world) {
     ThrowBadInput("[lora] base = \"" + cfg.lora.base +
                   "\": a quantized base is not split for tensor parallelism yet; use parallel.tp "
                   "= 1 (dp, pp and ZeRO 1 work) or base = \"none\"");
+  // DoRA's norm is over each output row's input columns, which a row-parallel shard cuts.
+  if (s.mcfg.lora_dora && s.layout.tp > 1)
+    ThrowBadInput(
+        "[lora] dora = true: DoRA is not split for tensor parallelism yet; use parallel.tp = 1 "
+        "(dp, pp and ZeRO 1 work)");
   // A LoRA run's state is its adapters' (optim::ParamStore's compact state): nothing to shard
   // further, and the frozen base is every rank's working copy.
   if (s.mcfg.lora_rank > 0 && s.layout.zero >= 2)
@@ -335,9 +340,9 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   for (size_t i = 0; i < frozen.size(); ++i)
     if (frozen[i]) n_frozen += params.params()[i].numel;
   if (lead && mcfg.lora_rank > 0)
-    Log("keel: LoRA rank %d, alpha %g on %s: %zu adapter parameters trained, %zu frozen",
-        mcfg.lora_rank, double(mcfg.lora_alpha), model::LoraTargetsText(mcfg).c_str(),
-        params.total() - n_frozen, n_frozen);
+    Log("keel: LoRA rank %d%s, alpha %g on %s: %zu adapter parameters trained, %zu frozen",
+        mcfg.lora_rank, mcfg.lora_dora ? " (DoRA)" : "", double(mcfg.lora_alpha),
+        model::LoraTargetsText(mcfg).c_str(), params.total() - n_frozen, n_frozen);
   else if (lead && n_frozen)
     Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen, params.total());
   sched = optim::LrSchedule{optim::LrSchedule::ParseKind(cfg.optim.schedule), cfg.optim.lr,

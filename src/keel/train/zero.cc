@@ -255,12 +255,18 @@ void ZeroStrategy::PublishCompact() {
   const kernels::Backend& be = store_.backend();
   Buffer tmp;
   const float* all = AllCompactMaster(tmp);
-  // The adapters have no biases: the fp32 bias copy is the frozen base's, set once.
   for (const optim::ParamRange& r : store_.trainable()) {
     if (store_.dtype() == DType::kBF16)
       be.ToBf16(static_cast<bf16*>(store_.working()) + r.work, all + r.offset, r.numel);
     else
       be.Copy(static_cast<float*>(store_.working()) + r.work, all + r.offset, 4 * r.numel);
+  }
+  if (store_.dtype() != DType::kBF16) return;
+  // The fp32 copy is the frozen base's biases, set once, and DoRA's magnitudes, trained.
+  for (const model::ParamInfo& p : layout_.params()) {
+    if (p.bias_index == SIZE_MAX || !model::IsDoraMagnitude(p.name)) continue;
+    for (const optim::ParamRange& r : store_.trainable())
+      if (r.at == p.offset) be.Copy(store_.biases() + p.bias_index, all + r.offset, 4 * r.numel);
   }
 }
 

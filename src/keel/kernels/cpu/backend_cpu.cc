@@ -4,6 +4,7 @@
 #include "keel/kernels/cpu/attention.h"
 #include "keel/kernels/cpu/classifier.h"
 #include "keel/kernels/cpu/dequantize.h"
+#include "keel/kernels/cpu/dora.h"
 #include "keel/kernels/cpu/dropout.h"
 #include "keel/kernels/cpu/encoder.h"
 #include "keel/kernels/cpu/gelu.h"
@@ -168,6 +169,27 @@ class CpuImpl final : public Backend {
     Typed(t, [&](auto z) {
       using T = decltype(z);
       cpu::Dropout<T>(P<T>(out), P<T>(x), rows, cols, m, accumulate);
+    });
+  }
+  void DoraNormOp(DType t, float* scale, float* inv_norm, const float* magnitude, const void* W,
+                  const void* A, const void* B, int out, int in, int r, float s) const override {
+    Typed(t, [&](auto z) {
+      using T = decltype(z);
+      cpu::DoraNorm<T>(scale, inv_norm, magnitude, P<T>(W), P<T>(A), P<T>(B), out, in, r, s);
+    });
+  }
+  void DoraScaleOp(DType t, void* out, const void* z, const float* scale, const float* bias,
+                   int rows, int cols, bool accumulate) const override {
+    Typed(t, [&](auto x) {
+      using T = decltype(x);
+      cpu::DoraScale<T>(P<T>(out), P<T>(z), scale, bias, rows, cols, accumulate);
+    });
+  }
+  void DoraMagnitudeGradOp(DType t, float* dmag, const void* dy, const void* z,
+                           const float* inv_norm, int rows, int cols) const override {
+    Typed(t, [&](auto x) {
+      using T = decltype(x);
+      cpu::DoraMagnitudeGrad<T>(dmag, P<T>(dy), P<T>(z), inv_norm, rows, cols);
     });
   }
   void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {

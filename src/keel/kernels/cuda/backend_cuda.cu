@@ -10,6 +10,7 @@
 #include "keel/kernels/cuda/backend_cuda.h"
 #include "keel/kernels/cuda/classifier.cuh"
 #include "keel/kernels/cuda/dequantize.cuh"
+#include "keel/kernels/cuda/dora.cuh"
 #include "keel/kernels/cuda/dropout.cuh"
 #include "keel/kernels/cuda/encoder.cuh"
 #include "keel/kernels/cuda/gelu.cuh"
@@ -214,6 +215,18 @@ class Cuda final : public Backend {
   void DropoutOp(DType t, void* out, const void* x, int rows, int cols, const DropoutMask& m,
                  bool accumulate) const override {
     cuda::Dropout(t, out, x, rows, cols, m, accumulate, stream_);
+  }
+  void DoraNormOp(DType t, float* scale, float* inv_norm, const float* magnitude, const void* W,
+                  const void* A, const void* B, int out, int in, int r, float s) const override {
+    cuda::DoraNorm(t, scale, inv_norm, magnitude, W, A, B, out, in, r, s, stream_);
+  }
+  void DoraScaleOp(DType t, void* out, const void* z, const float* scale, const float* bias,
+                   int rows, int cols, bool accumulate) const override {
+    cuda::DoraScale(t, out, z, scale, bias, rows, cols, accumulate, stream_);
+  }
+  void DoraMagnitudeGradOp(DType t, float* dmag, const void* dy, const void* z,
+                           const float* inv_norm, int rows, int cols) const override {
+    cuda::DoraMagnitudeGrad(t, dmag, dy, z, inv_norm, rows, cols, stream_);
   }
   void SwigluForwardOp(DType t, void* out, const void* gate_up, int N, int F) const override {
     cuda::SwigluForward(t, out, gate_up, N, F, stream_);
