@@ -1,6 +1,8 @@
 // DoRA's kernels (cpu/dora.h; contracts: Backend::DoraNorm, DoraScale, DoraMagnitudeGrad) against
 // their definitions in fp64, in fp32 and bf16, on widths that are no multiple of a vector or of
-// the magnitude gradient's column blocks; the norm's zero row gives a zero scale, not a NaN.
+// the magnitude gradient's column blocks; the norm's zero row gives a zero scale, not a NaN; and
+// without a magnitude the norm kernel leaves each row's sum of squares (a tensor-parallel shard's
+// part), whose sum over two halves of the columns is the whole row's.
 #include "keel/kernels/cpu/dora.h"
 
 #include <gtest/gtest.h>
@@ -45,6 +47,28 @@ void CheckNorm(double tol) {
   const std::vector<float> mag = Values(size_t(out), 4);
   std::vector<float> scale(static_cast<size_t>(out)), inv(static_cast<size_t>(out));
   DoraNorm(scale.data(), inv.data(), mag.data(), Wz.data(), A.data(), Bzt.data(), out, in, r, s);
+  // Two column halves (a row-parallel shard each: W's and A's columns, B whole): squares that
+  // add up to the whole rows' (1/inv²), the scales untouched.
+  const int h = in / 2;
+  std::vector<T> W0(size_t(out) * h), W1(size_t(out) * (in - h)), A0(size_t(r) * h),
+      A1(size_t(r) * (in - h));
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i)
+      (i < h ? W0[size_t(o) * h + i] : W1[size_t(o) * (in - h) + (i - h)]) = Wz[size_t(o) * in + i];
+  for (int j = 0; j < r; ++j)
+    for (int i = 0; i < in; ++i)
+      (i < h ? A0[size_t(j) * h + i] : A1[size_t(j) * (in - h) + (i - h)]) = A[size_t(j) * in + i];
+  std::vector<float> sq0(static_cast<size_t>(out)), sq1(static_cast<size_t>(out));
+  std::vector<float> untouched(static_cast<size_t>(out), -7.0f);
+  DoraNorm(untouched.data(), sq0.data(), nullptr, W0.data(), A0.data(), Bzt.data(), out, h, r, s);
+  DoraNorm(untouched.data(), sq1.data(), nullptr, W1.data(), A1.data(), Bzt.data(), out, in - h, r,
+           s);
+  for (int o = 0; o < out; ++o) {
+    EXPECT_EQ(untouched[size_t(o)], -7.0f);
+    if (o == 4) continue;
+    const double whole = 1.0 / (double(inv[size_t(o)]) * inv[size_t(o)]);
+    EXPECT_NEAR(double(sq0[size_t(o)]) + sq1[size_t(o)], whole, 3 * tol * whole) << o;
+  }
   for (int o = 0; o < out; ++o) {
     double sq = 0;
     for (int i = 0; i < in; ++i) {

@@ -11,7 +11,8 @@
 //    the base model; trained ones the merged model g ⊙ (W + s·B·A), g = m / ‖W + s·B·A‖ per row,
 //    and the chain rule through it with the norm held constant: with G = ∂L/∂W',
 //    ∂L/∂B = s·(g ⊙ G)·Aᵀ, ∂L/∂A = s·Bᵀ·(g ⊙ G), ∂L/∂m = Σᵢ G·(W + s·B·A) / ‖W + s·B·A‖; recompute
-//    "attn" and "full" give the same step bit for bit.
+//    "attn" and "full" give the same step bit for bit; under dropout, PEFT's form (checked as the
+//    dropout test says).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -141,67 +142,6 @@ TEST(Lora, AdaptedModelIsTheMergedModelAndItsGradientsFollowTheChainRule) {
   }
 }
 
-struct DropoutRun {
-  std::unique_ptr<Transformer> m;
-  Batch b = MakeBatch();
-  double Loss(uint64_t key, bool train = true) {  // Σ row losses; the gradients accumulate
-    m->ClearDropout();
-    if (train) m->SetDropout(0, key, 0);
-    m->ZeroGrads();
-    return m->ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f);
-  }
-};
-
-DropoutRun MakeDropoutRun(const ModelConfig& cfg, Recompute rc) {
-  DropoutRun r{std::make_unique<Transformer>(cfg, DType::kF32, kB, kT, rc)};
-  const std::vector<float> w = test::RandomLoraWeights(cfg);
-  std::copy(w.begin(), w.end(), r.m->master());
-  r.m->SyncWorking();
-  return r;
-}
-
-TEST(Lora, DropoutGradientsAreTheLossesDifferencesUnderTheSameMask) {
-  for (ModelConfig cfg : Configs()) {
-    SCOPED_TRACE(FamilyName(cfg.family));
-    cfg.lora_dropout = 0.3f;
-    DropoutRun run = MakeDropoutRun(cfg, Recompute::kNone);
-    const uint64_t key = 5;
-    const double loss = run.Loss(key);
-    const std::vector<float> g(run.m->grads(), run.m->grads() + run.m->layout().grad_total());
-    // Full recompute draws the same masks again: the same step, bit for bit.
-    DropoutRun again = MakeDropoutRun(cfg, Recompute::kFull);
-    EXPECT_EQ(again.Loss(key), loss);
-    EXPECT_TRUE(std::equal(g.begin(), g.end(), again.m->grads()));
-    // No key (evaluation) is the model without dropout; another key another mask.
-    ModelConfig plain = cfg;
-    plain.lora_dropout = 0;
-    DropoutRun none = MakeDropoutRun(plain, Recompute::kNone);
-    const double undropped = none.Loss(0, false);
-    EXPECT_EQ(run.Loss(key, false), undropped);
-    EXPECT_EQ(run.m->Forward(run.b.tokens.data(), run.b.targets.data()), undropped);
-    EXPECT_NE(loss, undropped);
-    EXPECT_NE(run.Loss(key + 1), loss);
-    // Central differences at each adapter's largest-gradient element: layer 0's gradients reach
-    // it through layer 1's masked products too.
-    const ParamLayout& lay = run.m->layout();
-    for (const ParamInfo& p : lay.params()) {
-      if (!IsLoraParam(p.name)) continue;
-      size_t at = 0;
-      for (size_t i = 0; i < p.numel; ++i)
-        if (std::fabs(g[p.grad_offset + i]) > std::fabs(g[p.grad_offset + at])) at = i;
-      float& w = run.m->master()[p.offset + at];
-      const float w0 = w, eps = 1e-2f;
-      w = w0 + eps;
-      const double up = run.Loss(key);
-      w = w0 - eps;
-      const double down = run.Loss(key);
-      w = w0;
-      const double fd = (up - down) / (2.0 * double(eps)), got = g[p.grad_offset + at];
-      EXPECT_NEAR(got, fd, 0.02 * std::fabs(fd) + 2e-3) << p.name << "[" << at << "]";
-    }
-  }
-}
-
 ModelConfig WithDora(ModelConfig c) {
   c.lora_dora = true;
   return c;
@@ -255,6 +195,89 @@ std::vector<float> RandomDoraWeights(const ModelConfig& cfg) {
                      (1.0 + 0.2 * (int(rng.Bits(size_t(o))[0] % 2001) - 1000) / 1000.0));
     }
   return w;
+}
+
+struct DropoutRun {
+  std::unique_ptr<Transformer> m;
+  Batch b = MakeBatch();
+  double Loss(uint64_t key, bool train = true) {  // Σ row losses; the gradients accumulate
+    m->ClearDropout();
+    if (train) m->SetDropout(0, key, 0);
+    m->ZeroGrads();
+    return m->ForwardBackward(b.tokens.data(), b.targets.data(), 1.0f);
+  }
+};
+
+DropoutRun MakeDropoutRun(const ModelConfig& cfg, Recompute rc) {
+  DropoutRun r{std::make_unique<Transformer>(cfg, DType::kF32, kB, kT, rc)};
+  const std::vector<float> w =
+      cfg.lora_dora ? RandomDoraWeights(cfg) : test::RandomLoraWeights(cfg);
+  std::copy(w.begin(), w.end(), r.m->master());
+  r.m->SyncWorking();
+  return r;
+}
+
+// The gradients `g` of `run` under `key` against the loss's central differences, at the
+// largest-gradient element of each tensor `pick` names.
+void ExpectCentralDifferences(DropoutRun& run, const std::vector<float>& g, uint64_t key,
+                              bool (*pick)(const std::string&)) {
+  for (const ParamInfo& p : run.m->layout().params()) {
+    if (!pick(p.name)) continue;
+    size_t at = 0;
+    for (size_t i = 0; i < p.numel; ++i)
+      if (std::fabs(g[p.grad_offset + i]) > std::fabs(g[p.grad_offset + at])) at = i;
+    float& w = run.m->master()[p.offset + at];
+    const float w0 = w, eps = 1e-2f;
+    w = w0 + eps;
+    const double up = run.Loss(key);
+    w = w0 - eps;
+    const double down = run.Loss(key);
+    w = w0;
+    const double fd = (up - down) / (2.0 * double(eps)), got = g[p.grad_offset + at];
+    EXPECT_NEAR(got, fd, 0.02 * std::fabs(fd) + 2e-3) << p.name << "[" << at << "]";
+  }
+}
+
+// DoRA under dropout takes PEFT's form (transformer_impl.h's DoraMasked): its A and B get the
+// gradient of a norm held constant, which no difference of losses gives, so the differences
+// check its magnitudes (on which the norm does not depend), and a mask that drops nothing (p =
+// 1e-9: scale 1) must compute what the unmasked path does, its gradients within 1e-5, through
+// the masked path's other products.
+TEST(Lora, DropoutGradientsAreTheLossesDifferencesUnderTheSameMask) {
+  for (const ModelConfig& lora : Configs())
+    for (bool dora : {false, true}) {
+      ModelConfig cfg = dora ? WithDora(lora) : lora;
+      SCOPED_TRACE(std::string(FamilyName(cfg.family)) + (dora ? " DoRA" : ""));
+      cfg.lora_dropout = 0.3f;
+      DropoutRun run = MakeDropoutRun(cfg, Recompute::kNone);
+      const uint64_t key = 5;
+      const double loss = run.Loss(key);
+      const std::vector<float> g(run.m->grads(), run.m->grads() + run.m->layout().grad_total());
+      // Full recompute draws the same masks again: the same step, bit for bit.
+      DropoutRun again = MakeDropoutRun(cfg, Recompute::kFull);
+      EXPECT_EQ(again.Loss(key), loss);
+      EXPECT_TRUE(std::equal(g.begin(), g.end(), again.m->grads()));
+      // No key (evaluation) is the model without dropout; another key another mask.
+      ModelConfig plain = cfg;
+      plain.lora_dropout = 0;
+      DropoutRun none = MakeDropoutRun(plain, Recompute::kNone);
+      const double undropped = none.Loss(0, false);
+      const std::vector<float> g0(none.m->grads(), none.m->grads() + none.m->layout().grad_total());
+      EXPECT_EQ(run.Loss(key, false), undropped);
+      EXPECT_EQ(run.m->Forward(run.b.tokens.data(), run.b.targets.data()), undropped);
+      EXPECT_NE(loss, undropped);
+      EXPECT_NE(run.Loss(key + 1), loss);
+      // Central differences at each adapter's largest-gradient element: layer 0's gradients
+      // reach it through layer 1's masked products too.
+      ExpectCentralDifferences(run, g, key, dora ? IsDoraMagnitude : IsLoraParam);
+      if (!dora) continue;
+      ModelConfig keep_all = cfg;
+      keep_all.lora_dropout = 1e-9f;
+      DropoutRun kept = MakeDropoutRun(keep_all, Recompute::kNone);
+      EXPECT_NEAR(kept.Loss(key), undropped, 1e-6 * std::fabs(undropped));
+      std::vector<double> want(g0.begin(), g0.end());
+      EXPECT_LE(MaxRel(kept.m->grads(), want.data(), want.size()), 1e-5);
+    }
 }
 
 TEST(Dora, FreshMagnitudesAreTheBaseRowNormsAndTheBaseModel) {

@@ -355,32 +355,36 @@ TEST(TrainerBytes, EveryTensorParallelRankEqualsThePlannersFigure) {
 }
 
 // LoRA under tp 2: each rank holds its shard of the cut adapter factors and the whole ones (the
-// planner's compact state, to the byte, on every tp rank), fewer than all the adapters.
+// planner's compact state, to the byte, on every tp rank), fewer than all the adapters; with
+// DoRA, its magnitudes cut or whole as B is.
 TEST(TrainerBytes, LoraUnderTensorParallelismEqualsThePlanners) {
   for (const char* name : {"gpt2-mini", "llama-tiny"})
     for (int dp : {1, 2})
-      for (int zero : {0, 1}) {
-        ModelSpec m = NamedModel(name);
-        m.lora_rank = 4;
-        m.lora_targets = model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
-        const Job job = KeelJob(m, Precision::kBf16, 2 * dp, 2 * dp);
-        Layout l;
-        l.dp = dp;
-        l.tp = 2;
-        l.zero = zero;
-        l.micro_batch = 2;
-        const MemoryBreakdown plan = KeelStageMemory(job, l, 0);
-        const double adapters = TrainableParams(job.model), whole = TrainableWholeUnderTp(m);
-        ASSERT_GT(whole, 0);
-        EXPECT_EQ(plan.state.grads, 4 * ((adapters - whole) / 2 + whole + 2 * m.hidden));
-        for (int r = 0; r < 2; ++r) {
-          SCOPED_TRACE(std::string(name) + " dp " + std::to_string(dp) + " zero " +
-                       std::to_string(zero) + " tp rank " + std::to_string(r));
-          SilentComm dp_comm(dp - 1, dp), tp_comm(r, 2);
-          ExpectAllocations(SpecOf(job, l, 1),
-                            train::StepGroups{&dp_comm, nullptr, nullptr, &tp_comm}, plan, zero);
+      for (int zero : {0, 1})
+        for (bool dora : {false, true}) {
+          ModelSpec m = NamedModel(name);
+          m.lora_rank = 4;
+          m.lora_targets = model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
+          m.lora_dora = dora;
+          const Job job = KeelJob(m, Precision::kBf16, 2 * dp, 2 * dp);
+          Layout l;
+          l.dp = dp;
+          l.tp = 2;
+          l.zero = zero;
+          l.micro_batch = 2;
+          const MemoryBreakdown plan = KeelStageMemory(job, l, 0);
+          const double adapters = TrainableParams(job.model), whole = TrainableWholeUnderTp(m);
+          ASSERT_GT(whole, 0);
+          EXPECT_EQ(plan.state.grads, 4 * ((adapters - whole) / 2 + whole + 2 * m.hidden));
+          for (int r = 0; r < 2; ++r) {
+            SCOPED_TRACE(std::string(name) + " dp " + std::to_string(dp) + " zero " +
+                         std::to_string(zero) + " tp rank " + std::to_string(r) +
+                         (dora ? " DoRA" : ""));
+            SilentComm dp_comm(dp - 1, dp), tp_comm(r, 2);
+            ExpectAllocations(SpecOf(job, l, 1),
+                              train::StepGroups{&dp_comm, nullptr, nullptr, &tp_comm}, plan, zero);
+          }
         }
-      }
 }
 
 }  // namespace

@@ -266,18 +266,13 @@ TEST(Config, LoraDropoutIsAProbabilityBesideARank) {
             0.25f);
 }
 
-TEST(Config, DoraNeedsARankAndNoDropout) {
+TEST(Config, DoraNeedsARank) {
   std::string msg = BadInputMessage([] { LoadConfig("", {"lora.dora=true"}); });
   EXPECT_NE(msg.find("--set lora.dora: rescales the adapted products; set [lora] rank too"),
             std::string::npos)
       << msg;
   msg = BadInputMessage([] { LoadConfig("", {"lora.rank=4", "lora.dora=yes"}); });
   EXPECT_NE(msg.find("--set lora.dora: expected true or false"), std::string::npos) << msg;
-  msg = BadInputMessage([] {
-    LoadConfig("", {"lora.rank=4", "lora.dora=true", "lora.dropout=0.1"});
-  });
-  EXPECT_NE(msg.find("lora.dora: DoRA with [lora] dropout is not supported yet"), std::string::npos)
-      << msg;
   const model::ModelConfig m = LoadConfig("", {"lora.rank=4", "lora.dora=true"}).ResolvedModel();
   EXPECT_TRUE(m.lora_dora);
   // A shape key: the checkpoint of a DoRA run is not a LoRA run's.

@@ -24,11 +24,13 @@
 #  7. from random weights (no init_from: the base is drawn a tensor at a time, each pipeline
 #     stage its own tensors): pp 2 gives one process's losses within 1e-5, and an int8 run resumes
 #     bitwise;
-#  8. DoRA ([lora] dora = true): dp 2 (ZeRO 1, 2 micro-batches) and pp 2 give one process's losses
-#     within 1e-5 (from a model file, and pp 2 from random weights, whose magnitudes each stage
-#     draws from its own base rows), a resume is bitwise, the losses differ from LoRA's, the
+#  8. DoRA ([lora] dora = true): dp 2 (ZeRO 1, 2 micro-batches), pp 2 and tp 2 (with and without
+#     sequence parallelism; a grouped-query Llama too) give one process's losses within 1e-5
+#     (from a model file, and pp 2 and tp 2 from random weights, whose magnitudes each stage and
+#     shard draws from its own base rows), a resume is bitwise, the losses differ from LoRA's, the
 #     checkpoint's export is the model file's (fp32 and bf16), an int8 base stays within 1e-3 of
-#     the unquantized one's losses, and tp 2 and dropout are refused with one line.
+#     the unquantized one's losses; with dropout 0.3 (PEFT's form), dp 2, pp 2 and tp 2 with
+#     sequence parallelism give one process's losses within 1e-5 and a resume is bitwise.
 #   tests/train/lora.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -74,6 +76,17 @@ run dorar -- "${dora[@]}" --set train.stop_at=6
 run dorar -- "${dora[@]}" --resume auto
 run dorabf16 -- "${dora[@]}" --set train.precision=bf16
 run doraint8 -- "${dora[@]}" --set lora.base=int8
+run doratp "${mpi[@]}" -- "${dora[@]}" --set parallel.tp=2
+run doratpsp "${mpi[@]}" -- "${dora[@]}" --set parallel.tp=2 --set parallel.sp=true
+run llamadora -- "${llama[@]}" --set lora.dora=true
+run llamadoratp "${mpi[@]}" -- "${llama[@]}" --set lora.dora=true --set parallel.tp=2
+dd=("${dora[@]}" --set lora.dropout=0.3)
+run dd -- "${dd[@]}"
+run dddp "${mpi[@]}" -- "${dd[@]}" --set parallel.zero=1 --set train.micro_batch_size=2
+run ddpp "${mpi[@]}" -- "${dd[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
+run ddtp "${mpi[@]}" -- "${dd[@]}" --set parallel.tp=2 --set parallel.sp=true
+run ddr -- "${dd[@]}" --set train.stop_at=6
+run ddr -- "${dd[@]}" --resume auto
 run resumed -- "${lora[@]}" --set train.stop_at=6
 run resumed -- "${lora[@]}" --resume auto
 run bf16 -- "${lora[@]}" --set train.precision=bf16
@@ -90,6 +103,7 @@ run randq1 -- "${scratch[@]}" --set lora.base=int8
 run randdora -- "${scratch[@]}" --set lora.dora=true
 run randdorapp "${mpi[@]}" -- "${scratch[@]}" --set lora.dora=true --set parallel.pp=2 \
   --set train.micro_batch_size=2
+run randdoratp "${mpi[@]}" -- "${scratch[@]}" --set lora.dora=true --set parallel.tp=2
 grep -Eq "memory per rank.* quantized_base [0-9.]+," "$tmp/int8.log" &&
   ! grep -q quantized_base "$tmp/single.log" || { echo "memory lines:"; grep -h "memory" "$tmp"/*.log; exit 1; }
 for name in single bf16 int8 dora dorabf16; do
@@ -114,9 +128,6 @@ refused tpq "quantized base is not split for tensor parallelism" --set parallel.
   --set lora.base=int8
 refused z2 "use zero = 0 or 1" --set parallel.zero=2
 refused int4 'lora.base.*expected one of' --set lora.base=int4
-refused doratp "DoRA is not split for tensor parallelism" --set lora.dora=true --set parallel.tp=2
-refused doradrop 'DoRA with \[lora\] dropout is not supported' --set lora.dora=true \
-  --set lora.dropout=0.1
 "$keel" ckpt verify "$tmp/single" >"$tmp/verify.log" 2>&1 || { cat "$tmp/verify.log"; exit 1; }
 for name in single tp; do  # tp 2's cut adapters come back whole
   "$keel" ckpt export "$(ls -d "$tmp/$name"/checkpoints/step_* | tail -1)" --adapter \
@@ -160,7 +171,7 @@ assert len(losses("randpp")) == 8 and worst <= 1e-5
 assert losses("randq") == losses("randq1"), "the resumed int8 run from random weights differs"
 dora = losses("dora")
 assert len(dora) == 12 and dora != ref, "DoRA changed nothing"
-for name in ("doradp", "dorapp"):
+for name in ("doradp", "dorapp", "doratp", "doratpsp"):
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), dora))
     print(f"DoRA, {name[4:]}: max relative loss difference {worst:.2e} (limit 1e-5)")
     assert len(losses(name)) == 12 and worst <= 1e-5
@@ -168,9 +179,20 @@ assert losses("dorar") == dora, "the resumed DoRA run's losses differ"
 worst = max(abs(a - b) / abs(b) for a, b in zip(losses("doraint8"), dora))
 print(f"DoRA on an int8 base: within {worst:.2e} of the unquantized base's losses (1e-3)")
 assert len(losses("doraint8")) == 12 and worst <= 1e-3
-worst = max(abs(a - b) / abs(b) for a, b in zip(losses("randdorapp"), losses("randdora")))
-print(f"DoRA from random weights: pp 2 within {worst:.2e} of one process (1e-5)")
-assert len(losses("randdorapp")) == 8 and worst <= 1e-5
+for name in ("randdorapp", "randdoratp"):
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), losses("randdora")))
+    print(f"DoRA from random weights: {name[8:]} 2 within {worst:.2e} of one process (1e-5)")
+    assert len(losses(name)) == 8 and worst <= 1e-5
+dd = losses("dd")
+assert len(dd) == 12 and dd != dora, "DoRA's dropout changed nothing"
+for name in ("dddp", "ddpp", "ddtp"):
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), dd))
+    print(f"DoRA with dropout 0.3, {name[2:]}: max relative loss difference {worst:.2e} (limit 1e-5)")
+    assert len(losses(name)) == 12 and worst <= 1e-5
+assert losses("ddr") == dd, "the resumed DoRA run with dropout differs"
+worst = max(abs(a - b) / abs(b) for a, b in zip(losses("llamadoratp"), losses("llamadora")))
+print(f"DoRA on a grouped-query Llama: tp 2 within {worst:.2e} of one process (1e-5)")
+assert len(losses("llamadoratp")) == 8 and worst <= 1e-5
 sent = {json.loads(l)["comm_bytes"] for l in open(f"{d}/dp0/metrics.jsonl")}
 print(f"dp 2 ZeRO 0: {sorted(sent)} bytes sent per step for {adapters} adapter parameters")
 assert sent == {4.0 * adapters}, f"expected {4 * adapters} bytes a step (the adapters only)"

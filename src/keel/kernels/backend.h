@@ -192,7 +192,9 @@ class Backend : public Memory {
   // g = magnitude / ‖W + s·B·A‖ per output row (the norm held constant in backward, as DoRA's
   // paper and PEFT do). DoraNorm: per row o of W (out, in), with A (r, in) and B (out, r), the
   // norm's inverse (0 where the norm is 0) and scale[o] = magnitude[o] · inv_norm[o], from fp32
-  // sums. DoraScale: out[i, c] = z[i, c]·scale[c] + bias[c] (bias may be null; + out with
+  // sums; with a null `magnitude`, inv_norm[o] gets the row's Σ v² instead and `scale` is left as
+  // it is (a tensor-parallel shard's part of the norm, which the caller completes). DoraScale:
+  // out[i, c] = z[i, c]·scale[c] + bias[c] (bias may be null; + out with
   // `accumulate`), in place when out is z. DoraMagnitudeGrad: dmag[c] += inv_norm[c] · Σᵢ
   // dy[i, c]·z[i, c], each column summed in row order.
   template <typename T>

@@ -135,32 +135,21 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
   T* dfch = m.Act<T>("dfch");
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-  x = DoraBackward(m, x, p.down_lora);
-  KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dh, p.d_down, nullptr, x, a.h, m.Mat(p.down), BT, m.Fl, C));
-  LoraBackward(m, dh, x, a.h, p.down_lora);
+  AdaptedBackward(m, dh, p.d_down, nullptr, x, a.h, m.Mat(p.down), m.Fl, C, p.down_lora);
   KEEL_PROFILED("swiglu", m.be->SwigluBackward(dfch, a.fch, dh, BT, m.Fl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  const T* dz = DoraBackward<T>(m, dfch, p.gate_up_lora);
-  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_gate_up, nullptr, dz, x,
-                                                   m.Mat(p.gate_up), BT, C, 2 * m.Fl));
-  LoraBackward(m, dtmp, dz, x, p.gate_up_lora);
+  AdaptedBackward<T>(m, dtmp, p.d_gate_up, nullptr, dfch, x, m.Mat(p.gate_up), C, 2 * m.Fl,
+                     p.gate_up_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-  x = DoraBackward(m, x, p.o_lora);
-  KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_o, nullptr, x, a.atty, m.Mat(p.o), BT, m.Cl, C));
-  LoraBackward(m, dtmp, x, a.atty, p.o_lora);
+  AdaptedBackward(m, dtmp, p.d_o, nullptr, x, a.atty, m.Mat(p.o), m.Cl, C, p.o_lora);
   KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
                                                          m.Cl, m.NHl, m.NKVl, m.doc_start));
   KEEL_PROFILED("rope", m.be->RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  dz = DoraBackward<T>(m, dqkv, p.qkv_lora);
-  KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_qkv, nullptr, dz, x, m.Mat(p.qkv), BT, C, m.QKVl));
-  LoraBackward(m, dtmp, dz, x, p.qkv_lora);
+  AdaptedBackward<T>(m, dtmp, p.d_qkv, nullptr, dqkv, x, m.Mat(p.qkv), C, m.QKVl, p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormBackward(dres, p.d_ln1, dtmp, a.in, p.ln1, a.ln1_rstd, m.R, C));

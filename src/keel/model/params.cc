@@ -254,14 +254,15 @@ std::pair<int, std::vector<int>> TpCut(const ModelConfig& cfg, const std::string
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
   const int C = cfg.n_embd, q = cfg.n_head * cfg.head_size(), kv = cfg.kv_heads() * cfg.head_size();
-  // An adapter is split the way its base matrix is: a column-parallel product's B by its output
-  // rows in the base's blocks (A whole: its gradient is summed over the group), a row-parallel
-  // one's A by its input columns (B whole: the partial products it adds into are summed anyway).
+  // An adapter is split the way its base matrix is: a column-parallel product's B (and DoRA's
+  // magnitude) by its output rows in the base's blocks (A whole: its gradient is summed over the
+  // group), a row-parallel one's A by its input columns (B and the magnitude whole: the partial
+  // products and norms they meet are summed anyway).
   for (LoraTarget t : kLoraTargets) {
     const std::string m = LoraModule(cfg.llama(), t);
     const bool column = t == kLoraQkv || t == kLoraFc;
     if (ends(m + ".lora_A.weight")) return {column ? -1 : 1, {}};
-    if (!ends(m + ".lora_B.weight")) continue;
+    if (!ends(m + ".lora_B.weight") && !ends(m + ".lora_magnitude_vector")) continue;
     if (!column) return {-1, {}};
     if (t == kLoraFc)
       return {0, cfg.llama() ? std::vector{cfg.ffn(), cfg.ffn()} : std::vector<int>{}};
@@ -564,16 +565,19 @@ void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float
   KEEL_CHECK(tp.size > 1 || p.global_shape == p.shape, "InitTensor: a shard needs its TpShard");
   if (IsDoraMagnitude(p.name)) {
     // The norms of the base's initial rows: its tensors (a fused product spans several) drawn
-    // again here, as InitParams would have them.
-    KEEL_CHECK(tp.size == 1, "InitTensor: DoRA is not split for tensor parallelism");
+    // again here, whole, as InitParams would have them; then this shard's.
     const DoraBase b = DoraBaseOf(cfg, p.name);
     const ParamLayout lay = ParamLayout::Whole(cfg);
     const size_t w0 = lay.Find(b.weight).offset, n = size_t(b.out) * size_t(b.in);
-    std::vector<float> base(n);
+    std::vector<float> base(n), norms(static_cast<size_t>(b.out));
     for (const ParamInfo& q : lay.params())
       if (q.offset >= w0 && q.offset < w0 + n)
         InitTensor(q, cfg, seed, base.data() + (q.offset - w0));
-    RowNorms(base.data(), b.out, b.in, w);
+    RowNorms(base.data(), b.out, b.in, norms.data());
+    ForEachShardRun(p, tp.size, tp.rank, [&](size_t local, size_t global, size_t k) {
+      // host: initial values, drawn in host memory as every tensor's are
+      std::copy_n(norms.data() + global, k, w + local);
+    });
     return;
   }
   if (p.init_std == 0) {

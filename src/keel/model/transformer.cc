@@ -150,31 +150,23 @@ void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockAct
   // buffer once its previous contents are consumed.
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-  x = internal::DoraBackward(m, x, p.fcp_lora);
-  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu,
-                                                   m.Mat(p.fcpw), BT, 4 * Cl, C));
-  internal::LoraBackward(m, dfch_gelu, x, a.fch_gelu, p.fcp_lora);
+  internal::AdaptedBackward(m, dfch_gelu, p.d_fcpw, p.d_fcpb, x, a.fch_gelu, m.Mat(p.fcpw), 4 * Cl,
+                            C, p.fcp_lora);
   KEEL_PROFILED("gelu", m.be->GeluBackward(dfch, a.fch, dfch_gelu, size_t(BT) * 4 * Cl));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
-  const T* dz = internal::DoraBackward<T>(m, dfch, p.fc_lora);
-  KEEL_PROFILED("matmul_bwd",
-                m.be->MatmulBackward(dtmp, p.d_fcw, p.d_fcb, dz, x, m.Mat(p.fcw), BT, C, 4 * Cl));
-  internal::LoraBackward(m, dtmp, dz, x, p.fc_lora);
+  internal::AdaptedBackward<T>(m, dtmp, p.d_fcw, p.d_fcb, dfch, x, m.Mat(p.fcw), C, 4 * Cl,
+                               p.fc_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln2w, p.d_ln2b, dtmp, a.res2, p.ln2w,
                                                      a.ln2_mean, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
-  x = internal::DoraBackward(m, x, p.proj_lora);
-  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_projw, p.d_projb, x, a.atty,
-                                                   m.Mat(p.projw), BT, Cl, C));
-  internal::LoraBackward(m, dtmp, x, a.atty, p.proj_lora);
+  internal::AdaptedBackward(m, dtmp, p.d_projw, p.d_projb, x, a.atty, m.Mat(p.projw), Cl, C,
+                            p.proj_lora);
   KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
                                                          Cl, m.NHl, m.NHl, m.doc_start));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
-  dz = internal::DoraBackward<T>(m, dqkv, p.qkv_lora);
-  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dtmp, p.d_qkvw, p.d_qkvb, dz, x, m.Mat(p.qkvw),
-                                                   BT, C, 3 * Cl));
-  internal::LoraBackward(m, dtmp, dz, x, p.qkv_lora);
+  internal::AdaptedBackward<T>(m, dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, m.Mat(p.qkvw), C, 3 * Cl,
+                               p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
   KEEL_PROFILED("layernorm", m.be->LayerNormBackward(dres, p.d_ln1w, p.d_ln1b, dtmp, a.in, p.ln1w,
                                                      a.ln1_mean, a.ln1_rstd, m.R, C));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -190,12 +191,14 @@ struct Transformer::Impl {
                "Transformer: the tensor-parallel group does not match the layout's shard");
   }
 
-  // Completes a partial sum over the tp ranks, in place (`n` elements of the model's dtype).
-  void TpSum(void* data, size_t n) {
+  // Completes a partial sum over the tp ranks, in place (`n` elements of type `t`: by default the
+  // model's dtype).
+  void TpSum(void* data, size_t n, std::optional<DType> t = std::nullopt) {
     if (tp == 1) return;
-    auto w = tpg.comm->AllReduceSumAsync(data, n, dtype);
+    const DType d = t.value_or(dtype);
+    auto w = tpg.comm->AllReduceSumAsync(data, n, d);
     tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a tensor-parallel all-reduce");
-    tp_bytes += double(n * DTypeSize(dtype));
+    tp_bytes += double(n * DTypeSize(d));
   }
 
   // Sequence parallelism: every rank's R rows of `mine` → all B·T rows in `all`, in rank order.
@@ -359,6 +362,7 @@ struct LoraPair {
   const float* mag = nullptr;
   float* dmag = nullptr;
   int k = 0;
+  bool row_parallel = false;  // the block's output projections (attention's and the MLP's)
 };
 
 // Block l's adapter of target `t`, in segment s whose weights start at `w` (gradients at `g`, may
@@ -376,6 +380,7 @@ LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, fl
   a.tag = uint64_t(l) * 16 + t;
   a.col0 = A.tp_axis == 1 ? uint32_t(m.tp_rank * a.in) : 0;
   while (kLoraTargets[a.k] != t) ++a.k;
+  a.row_parallel = t == kLoraProj || t == kLoraFcProj;
   if (m.cfg.lora_dora) {
     const ParamInfo& M = m.layout.Find(mod + ".lora_magnitude_vector");
     // fp32 in every precision: bf16 runs read it from the fp32 copy biases have.
@@ -407,18 +412,41 @@ const T* LoraInput(Transformer::Impl& m, const T* x, const LoraPair<T>& a) {
   return xd;
 }
 
-// out (B·T, a.out) += s·(x·Aᵀ)·Bᵀ, after the product it adapts.
+// out (B·T, a.out) += s·(xin·Aᵀ)·Bᵀ for the adapter's input xin (LoraInput's).
 template <typename T>
-void LoraForward(Transformer::Impl& m, T* out, const T* x, const LoraPair<T>& a) {
-  if (!a.A) return;
+void LoraProducts(Transformer::Impl& m, T* out, const T* xin, const LoraPair<T>& a) {
   const int BT = m.B * m.T, r = m.cfg.lora_rank;
   T* h = m.Act<T>("lora_h");
-  x = LoraInput(m, x, a);
-  KEEL_PROFILED("lora", m.be->MatmulForward(h, x, a.A, nullptr, BT, a.in, r));
+  KEEL_PROFILED("lora", m.be->MatmulForward(h, xin, a.A, nullptr, BT, a.in, r));
   KEEL_PROFILED("lora", m.be->MatmulForward(out, h, a.B, nullptr, BT, r, a.out,
                                             /*accumulate=*/true, m.cfg.lora_scale()));
 }
 
+// out (B·T, a.out) += s·(x·Aᵀ)·Bᵀ (x masked under dropout), after the product it adapts.
+template <typename T>
+void LoraForward(Transformer::Impl& m, T* out, const T* x, const LoraPair<T>& a) {
+  if (a.A) LoraProducts(m, out, LoraInput(m, x, a), a);
+}
+
+// DoRA under dropout in this pass, PEFT's form: the masked input x̃ = D(x) feeds z (the base
+// product too), and the output adds the base product of the rest: y = x·Wᵀ + b + (g − 1) ⊙ x̃·Wᵀ
+// + g ⊙ s·(x̃·Aᵀ)·Bᵀ = (x − x̃)·Wᵀ + b + g ⊙ z. Without dropout (evaluation too) x̃ = x.
+template <typename T>
+bool DoraMasked(const Transformer::Impl& m, const LoraPair<T>& a) {
+  return a.mag && m.dropout.on && m.cfg.lora_dropout > 0;
+}
+
+// x − D(x) (B·T, a.in) into "lora_dx": the mask with its scale negated, added to a copy of x.
+template <typename T>
+const T* DoraRemainder(Transformer::Impl& m, const T* x, const LoraPair<T>& a) {
+  const int BT = m.B * m.T;
+  T* u = m.Act<T>("lora_dx");
+  m.be->Copy(u, x, sizeof(T) * size_t(BT) * size_t(a.in));
+  kernels::DropoutMask minus = LoraMask(m, a);
+  minus.scale = -minus.scale;
+  KEEL_PROFILED("lora", m.be->Dropout(u, x, BT, a.in, minus, /*accumulate=*/true));
+  return u;
+}
 // DoRA's kept buffers of adapter `a` in the pass now running: its product's z (B·T, a.out), and
 // its row scales then inverse norms (2·a.out).
 template <typename T>
@@ -427,39 +455,73 @@ std::pair<T*, float*> DoraBuffers(const Transformer::Impl& m, const LoraPair<T>&
   return {m.Act<T>(kDoraZ[a.k], i, m.slot), m.Act<float>(kDoraScale[a.k], i, m.slot)};
 }
 
-// out (+= with `accumulate`) DoRA's y = g ⊙ z + bias, z = x·Wᵀ + s·(x·Aᵀ)·Bᵀ (B·T, N), g =
-// magnitude / ‖W + s·B·A‖ per output row (K input columns).
+// DoRA's z = x·Wᵀ + s·(x·Aᵀ)·Bᵀ (B·T, N; K input columns) into its kept buffer, and the rows'
+// scales and inverse norms (g = magnitude / ‖W + s·B·A‖). A row-parallel product's shard holds
+// some of each row's columns: its z and squared norms are partial sums, completed over the tp
+// group (under sequence parallelism z's sum is reduce-scattered: this rank's rows, at the start).
 template <typename T>
-void DoraForward(Transformer::Impl& m, T* out, const T* x, const T* weight, const float* bias,
-                 int K, int N, const LoraPair<T>& a, bool accumulate) {
+std::pair<T*, float*> DoraZ(Transformer::Impl& m, const T* x, const T* weight, int K, int N,
+                            const LoraPair<T>& a) {
   const int BT = m.B * m.T;
   auto [z, g] = DoraBuffers(m, a);
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(z, x, weight, nullptr, BT, K, N));
-  LoraForward(m, z, x, a);
-  KEEL_PROFILED("lora", m.be->DoraNorm(g, g + N, a.mag, weight, a.A, a.B, N, K, m.cfg.lora_rank,
-                                       m.cfg.lora_scale()));
-  KEEL_PROFILED("lora", m.be->DoraScale(out, z, g, bias, BT, N, accumulate));
+  const T* xin = LoraInput(m, x, a);
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(z, xin, weight, nullptr, BT, K, N));
+  LoraProducts(m, z, xin, a);
+  const int r = m.cfg.lora_rank;
+  const float s = m.cfg.lora_scale();
+  if (!a.row_parallel || m.tp == 1) {
+    KEEL_PROFILED("lora", m.be->DoraNorm(g, g + N, a.mag, weight, a.A, a.B, N, K, r, s));
+    return {z, g};
+  }
+  KEEL_PROFILED("tp_comm", m.SumRows(z, z));
+  float* sq = g + N;
+  KEEL_PROFILED("lora", m.be->DoraNorm(g, sq, nullptr, weight, a.A, a.B, N, K, r, s));
+  KEEL_PROFILED("tp_comm", m.TpSum(sq, size_t(N), DType::kF32));
+  for (int o = 0; o < N; ++o) {  // host memory: tensor parallelism runs on the CPU backend
+    const float n = std::sqrt(sq[o]);
+    sq[o] = n > 0 ? 1.0f / n : 0.0f;
+    g[o] = a.mag[o] * sq[o];
+  }
+  return {z, g};
 }
 
-// out = x·weightᵀ + bias (B·T, N; K input columns) and the adapter's part, LoRA's or DoRA's: a
-// column-parallel product.
+// out = x·weightᵀ + bias (B·T, N; K input columns) and the adapter's part, LoRA's or DoRA's
+// (y = g ⊙ z + bias): a column-parallel product (a tp rank's: its output columns, whose norms it
+// holds whole).
 template <typename T>
 void AdaptedForward(Transformer::Impl& m, T* out, const T* x, const T* weight, const float* bias,
                     int K, int N, const LoraPair<T>& a) {
-  if (a.mag) return DoraForward(m, out, x, weight, bias, K, N, a, /*accumulate=*/false);
+  if (a.mag) {
+    auto [z, g] = DoraZ(m, x, weight, K, N, a);
+    const bool masked = DoraMasked(m, a);
+    if (masked)
+      KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(out, DoraRemainder(m, x, a), weight, bias,
+                                                      m.B * m.T, K, N));
+    KEEL_PROFILED("lora",
+                  m.be->DoraScale(out, z, g, masked ? nullptr : bias, m.B * m.T, N, masked));
+    return;
+  }
   KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(out, x, weight, bias, m.B * m.T, K, N));
   LoraForward(m, out, x, a);
 }
 
 // DoRA's backward through y = g ⊙ z + bias, before the adapted product's own: the magnitude's
 // gradient, and ∂loss/∂z = g ⊙ dout (the norm held constant), which the product and its adapter
-// then take in dout's place. Without DoRA: dout.
+// then take in dout's place. Without DoRA: dout. A row-parallel product's magnitude is whole on
+// every tp rank and its gradient summed over the group (TrainStep::SumTpPartialGrads): each rank
+// adds its own rows' share under sequence parallelism (dout is gathered in rank order; z holds
+// the rank's rows), the lead all of it otherwise.
 template <typename T>
 const T* DoraBackward(Transformer::Impl& m, const T* dout, const LoraPair<T>& a) {
   if (!a.mag) return dout;
   const int BT = m.B * m.T;
   auto [z, g] = DoraBuffers(m, a);
-  if (a.dmag) KEEL_PROFILED("lora", m.be->DoraMagnitudeGrad(a.dmag, dout, z, g + a.out, BT, a.out));
+  if (a.dmag && (!a.row_parallel || m.tp == 1 || m.lead || m.sp)) {
+    const bool own_rows = a.row_parallel && m.sp;
+    const T* dy = own_rows ? dout + size_t(m.row0) * size_t(a.out) : dout;
+    KEEL_PROFILED("lora",
+                  m.be->DoraMagnitudeGrad(a.dmag, dy, z, g + a.out, own_rows ? m.R : BT, a.out));
+  }
   T* dz = m.Act<T>("dora_dz");
   KEEL_PROFILED("lora", m.be->DoraScale(dz, dout, g, nullptr, BT, a.out, false));
   return dz;
@@ -469,15 +531,25 @@ const T* DoraBackward(Transformer::Impl& m, const T* dout, const LoraPair<T>& a)
 // seeds the residual and the bias, the others zero, and the all-reduce sums the partial products.
 // Under sequence parallelism each rank seeds its own rows' residual into the shared buffer, and
 // the reduce-scatter leaves each its rows of the sum. The adapter's A is cut by input columns as
-// the weight is: each rank's s·(inp·Aᵀ)·Bᵀ is a partial product the same sum completes.
+// the weight is: each rank's s·(inp·Aᵀ)·Bᵀ is a partial product the same sum completes. DoRA's
+// scale applies to the completed sum: z is summed first (DoraZ), then each rank adds g ⊙ z and the
+// bias to its residual rows.
 template <typename T>
 void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T* inp,
                         const T* weight, const float* bias, int K, const LoraPair<T>& lora) {
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   if (lora.mag) {
-    KEEL_CHECK(m.tp == 1, "Transformer: DoRA is not split for tensor parallelism");
-    m.be->Copy(out, residual, sizeof(T) * BT * C);
-    return DoraForward(m, out, inp, weight, bias, K, C, lora, /*accumulate=*/true);
+    auto [z, g] = DoraZ(m, inp, weight, K, C, lora);
+    if (DoraMasked(m, lora)) {
+      // (x − x̃)·Wᵀ + b summed over the ranks as a plain product's is, then g ⊙ z.
+      RowParallelForward(m, out, residual, DoraRemainder(m, inp, lora), weight, bias, K,
+                         LoraPair<T>{});
+      KEEL_PROFILED("lora", m.be->DoraScale(out, z, g, nullptr, m.R, C, true));
+      return;
+    }
+    if (out != residual) m.be->Copy(out, residual, sizeof(T) * m.R * C);
+    KEEL_PROFILED("lora", m.be->DoraScale(out, z, g, bias, m.R, C, true));
+    return;
   }
   T* sum = m.sp ? m.Act<T>("gathered") : out;
   if (m.sp) {
@@ -517,6 +589,30 @@ void LoraBackward(Transformer::Impl& m, T* dx, const T* dout, const T* x, const 
   T* dxd = m.Act<T>("lora_dx");
   KEEL_PROFILED("lora", m.be->MatmulBackward(dxd, a.dA, nullptr, dh, xd, a.A, BT, a.in, r));
   KEEL_PROFILED("lora", m.be->Dropout(dx, dxd, BT, a.in, LoraMask(m, a), /*accumulate=*/true));
+}
+
+// The backward of an adapted product out = x·Wᵀ + bias + its adapter's part (B·T rows, K input
+// columns, N outputs): dx written from dout, dW and db accumulated (null: frozen, as a LoRA
+// layout's are), and the adapter's gradients. DoRA under dropout: y = (x − x̃)·Wᵀ + b + g ⊙ z, so
+// dx = du − D(du) + D(∂z·W) + the adapter's part, du = dout·W (D the forward's mask).
+template <typename T>
+void AdaptedBackward(Transformer::Impl& m, T* dx, float* dW, float* db, const T* dout, const T* x,
+                     const T* W, int K, int N, const LoraPair<T>& a) {
+  KEEL_CHECK(!a.mag || (!dW && !db), "Transformer: DoRA's base is frozen");
+  const int BT = m.B * m.T;
+  const T* dz = DoraBackward(m, dout, a);
+  if (!DoraMasked(m, a)) {
+    KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, db, dz, x, W, BT, K, N));
+  } else {
+    KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, db, dout, x, W, BT, K, N));
+    kernels::DropoutMask minus = LoraMask(m, a);
+    minus.scale = -minus.scale;
+    KEEL_PROFILED("lora", m.be->Dropout(dx, dx, BT, K, minus, /*accumulate=*/true));
+    T* t = m.Act<T>("lora_dx");
+    KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(t, nullptr, nullptr, dz, x, W, BT, K, N));
+    KEEL_PROFILED("lora", m.be->Dropout(dx, t, BT, K, LoraMask(m, a), /*accumulate=*/true));
+  }
+  LoraBackward(m, dx, dz, x, a);
 }
 
 // Llama's blocks (llama_block.cc). Forward: resid[l] → resid[l+1] of the micro-batch in `slot`;

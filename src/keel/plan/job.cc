@@ -127,8 +127,7 @@ void CheckLayout(const Job& job, const Layout& l) {
   if (job.model.lora_base != model::BaseQuant::kNone && l.tp > 1)
     ThrowBadInput("plan: a quantized LoRA base runs with tp 1 (got tp " + std::to_string(l.tp) +
                   ")");
-  if (job.model.lora_dora && l.tp > 1)
-    ThrowBadInput("plan: DoRA runs with tp 1 (got tp " + std::to_string(l.tp) + ")");
+
   // The checks the trainer makes too, in one place, over the micro-batches the planner counts.
   // The planner's vocabulary is not padded, and it has no sequence length of its own.
   parallel::Layout t = l;

@@ -78,15 +78,14 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
   if (c.zero > 3) ThrowBadInput("plan: zero stage " + n(c.zero) + " not in 0..3");
   // LoRA: the trainer's ZeRO 0/1, and tp 1 under a quantized base (job.h's CheckLayout).
   const bool lora = job.model.lora_rank > 0;
-  // DoRA too runs with tp 1 (its norms span a row-parallel product's shards).
-  const bool quantized = job.model.lora_base != model::BaseQuant::kNone || job.model.lora_dora;
+  const bool quantized = job.model.lora_base != model::BaseQuant::kNone;
   if (lora && c.zero > 1)
     ThrowBadInput(
         "plan: LoRA runs with ZeRO 0 or 1 (the adapters' state is too small to shard "
         "further)");
   if (quantized && c.tp > 1)
     ThrowBadInput(
-        "plan: a quantized LoRA base or DoRA runs with tp 1 (neither is split for tensor "
+        "plan: a quantized LoRA base runs with tp 1 (it is not split for tensor "
         "parallelism yet)");
   const int v = c.virtual_stages;
   if (v < 1) ThrowBadInput("plan: --virtual-stages " + n(v) + ": expected >= 1");

@@ -114,7 +114,7 @@ struct LoraSection {
   // element's place in the global batch, so every layout draws it alike). 0: off.
   float dropout = 0;
   // DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted product, over the
-  // direction of W + s·B·A. Not yet with tensor parallelism or dropout.
+  // direction of W + s·B·A (under dropout in PEFT's form: docs/ARCHITECTURE.md).
   bool dora = false;
 
   bool operator==(const LoraSection&) const = default;

@@ -121,9 +121,6 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
     lora.Fail("dropout", "drops the adapters' inputs; set [lora] rank too");
   if (cfg.lora.rank == 0 && cfg.lora.dora)
     lora.Fail("dora", "rescales the adapted products; set [lora] rank too");
-  // PEFT's DoRA under dropout runs the base product a second time on the masked input.
-  if (cfg.lora.dora && cfg.lora.dropout > 0)
-    lora.Fail("dora", "DoRA with [lora] dropout is not supported yet; set dropout = 0");
   if (cfg.lora.rank == 0 && cfg.lora.base != "" && cfg.lora.base != "none")
     lora.Fail("base", "a quantized base is LoRA's frozen base; set [lora] rank too");
 

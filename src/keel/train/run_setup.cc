@@ -104,11 +104,6 @@ Setup Validate(const RunConfig& cfg, int world) {
     ThrowBadInput("[lora] base = \"" + cfg.lora.base +
                   "\": a quantized base is not split for tensor parallelism yet; use parallel.tp "
                   "= 1 (dp, pp and ZeRO 1 work) or base = \"none\"");
-  // DoRA's norm is over each output row's input columns, which a row-parallel shard cuts.
-  if (s.mcfg.lora_dora && s.layout.tp > 1)
-    ThrowBadInput(
-        "[lora] dora = true: DoRA is not split for tensor parallelism yet; use parallel.tp = 1 "
-        "(dp, pp and ZeRO 1 work)");
   // A LoRA run's state is its adapters' (optim::ParamStore's compact state): nothing to shard
   // further, and the frozen base is every rank's working copy.
   if (s.mcfg.lora_rank > 0 && s.layout.zero >= 2)

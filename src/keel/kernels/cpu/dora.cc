@@ -32,6 +32,10 @@ void DoraNorm(float* scale, float* inv_norm, const float* magnitude, const T* W,
       double sq = 0;
 #pragma omp simd reduction(+ : sq)
       for (int i = 0; i < in; ++i) sq += double(v[size_t(i)]) * v[size_t(i)];
+      if (!magnitude) {  // a partial sum of squares (Backend::DoraNorm)
+        inv_norm[o] = float(sq);
+        continue;
+      }
       const float n = float(std::sqrt(sq));
       inv_norm[o] = n > 0 ? 1.0f / n : 0.0f;
       scale[o] = magnitude[o] * inv_norm[o];

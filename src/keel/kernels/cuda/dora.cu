@@ -26,6 +26,10 @@ __global__ void Norm(float* scale, float* inv_norm, const float* magnitude, cons
   if (threadIdx.x == 0) {
     float total = 0;
     for (unsigned w = 0; w < kThreads / 32; ++w) total += part[w];
+    if (!magnitude) {  // a partial sum of squares (Backend::DoraNorm)
+      inv_norm[o] = total;
+      return;
+    }
     const float n = sqrtf(total);
     inv_norm[o] = n > 0 ? 1.0f / n : 0.0f;
     scale[o] = magnitude[o] * inv_norm[o];
