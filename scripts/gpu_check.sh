@@ -8,7 +8,8 @@
 #      tests/reference: loss, logits, gradients, 10 AdamW steps; dump_model ... cuda),
 #   4. 50 steps of GPT-2 124M on the bundled corpus, GPU against CPU, fp32: the losses must track
 #      (1e-3 a step for 25 steps, the last 10's mean within 1e-2),
-#      and 20 LoRA steps of a Llama on an int8 base, GPU against CPU, bf16,
+#      and 20 LoRA steps of a Llama on an int8 base, GPU against CPU, bf16 (and again as DoRA with
+#      dropout 0.1: the magnitudes' kernels and the masks on the GPU),
 #   5. throughput: GPT-2 124M, 350M and 774M in bf16, tokens/s and MFU against the H200's
 #      989 TFLOP/s dense bf16 peak (KEEL_PEAK_TFLOPS to change it).
 # Prints one PASS/FAIL line per check and the figures; work and logs go to build-gpu/check, and
@@ -142,32 +143,41 @@ check track_losses track
 grep -h "50 steps:" "$out/track_losses.log" | tee -a "$report"
 
 # 4b. LoRA on a frozen int8 base (a Llama from random weights, bf16): 20 steps on the GPU track
-# the CPU's (bf16 products on both; 2e-2 apart at most), and the adapters learn.
-lora_run() {  # NAME DEVICE
-  "$bin/keel" train configs/quickstart.toml --set model.name=llama-mini --set train.name="$1" \
-    --set train.out_dir="$out/runs" --set train.device="$2" --set train.precision=bf16 \
+# the CPU's (bf16 products on both; 2e-2 apart at most), and the adapters learn; then DoRA with
+# dropout 0.1 the same way.
+lora_run() {  # NAME DEVICE [--set ...]
+  local name=$1 device=$2
+  shift 2
+  "$bin/keel" train configs/quickstart.toml --set model.name=llama-mini --set train.name="$name" \
+    --set train.out_dir="$out/runs" --set train.device="$device" --set train.precision=bf16 \
     --set train.steps=20 --set train.batch_size=8 --set data.seq_len=128 \
     --set train.val_every=0 --set train.val_batches=1 --set train.sample_count=0 \
     --set checkpoint.at_end=false --set checkpoint.every_minutes=0 \
     --set checkpoint.save_final=false --set optim.warmup_steps=5 --set optim.lr=1e-3 \
-    --set lora.rank=8 --set lora.targets=all --set lora.base=int8
+    --set lora.rank=8 --set lora.targets=all --set lora.base=int8 "$@"
 }
-lora_track() {
-  lora_run lora_cpu cpu && lora_run lora_gpu "$dev" && python3 - "$out/runs" <<'PY'
+lora_track() {  # KIND [--set ...]
+  local kind=$1
+  shift
+  lora_run "${kind}_cpu" cpu "$@" && lora_run "${kind}_gpu" "$dev" "$@" &&
+    python3 - "$out/runs" "$kind" <<'PY'
 import json, sys
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/{name}/metrics.jsonl") if '"loss"' in l]
-a, b = losses("lora_cpu"), losses("lora_gpu")
+kind = sys.argv[2]
+a, b = losses(f"{kind}_cpu"), losses(f"{kind}_gpu")
 assert len(a) == len(b) == 20, (len(a), len(b))
 worst = max(abs(x - y) for x, y in zip(a, b))
-print(f"LoRA int8 base, 20 steps: first loss {a[0]:.4f} / {b[0]:.4f}, last {a[-1]:.4f} / "
+print(f"{kind} int8 base, 20 steps: first loss {a[0]:.4f} / {b[0]:.4f}, last {a[-1]:.4f} / "
       f"{b[-1]:.4f}, largest difference {worst:.2e}")
 assert worst <= 2e-2, "the GPU's LoRA losses drift from the CPU's"
 assert a[-1] < a[0] - 0.05, "the adapters did not learn"
 PY
 }
-check lora_int8 lora_track
-grep -h "LoRA int8 base" "$out/lora_int8.log" | tee -a "$report"
+check lora_int8 lora_track lora
+grep -h "lora int8 base" "$out/lora_int8.log" | tee -a "$report"
+check dora_int8 lora_track dora --set lora.dora=true --set lora.dropout=0.1
+grep -h "dora int8 base" "$out/dora_int8.log" | tee -a "$report"
 
 # 5. Throughput, bf16: the median step of the last 10 of 15 (B=16, T=1024; tiny models on a CPU).
 throughput() {
