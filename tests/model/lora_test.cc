@@ -7,12 +7,12 @@
 //  - with dropout, the adapters' gradients are the central differences of the loss under the same
 //    mask, full recompute draws that mask again (bitwise the same step), evaluation and a pass
 //    without a key apply none, and another step's key another mask;
-//  - DoRA: fresh magnitudes (the base's row norms, drawn alike by InitParams and InitTensor) give
-//    the base model; trained ones the merged model g ⊙ (W + s·B·A), g = m / ‖W + s·B·A‖ per row,
-//    and the chain rule through it with the norm held constant: with G = ∂L/∂W',
-//    ∂L/∂B = s·(g ⊙ G)·Aᵀ, ∂L/∂A = s·Bᵀ·(g ⊙ G), ∂L/∂m = Σᵢ G·(W + s·B·A) / ‖W + s·B·A‖; recompute
-//    "attn" and "full" give the same step bit for bit; under dropout, PEFT's form (checked as the
-//    dropout test says).
+//  - DoRA: fresh magnitudes (the base's row norms, drawn alike by InitParams and InitTensor; a
+//    quantized base's as the products see them) give the base model; trained ones the merged model
+//    g ⊙ (W + s·B·A), g = m / ‖W + s·B·A‖ per row, and the chain rule through it with the norm held
+//    constant: with G = ∂L/∂W', ∂L/∂B = s·(g ⊙ G)·Aᵀ, ∂L/∂A = s·Bᵀ·(g ⊙ G), ∂L/∂m = Σᵢ G·(W +
+//    s·B·A) / ‖W + s·B·A‖; recompute "attn" and "full" give the same step bit for bit; under
+//    dropout, PEFT's form (checked as the dropout test says).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -304,6 +304,17 @@ TEST(Dora, FreshMagnitudesAreTheBaseRowNormsAndTheBaseModel) {
     EXPECT_NEAR(dora.loss, base.loss, 1e-6 * std::fabs(base.loss));
     std::vector<double> want(base.logits.begin(), base.logits.end());
     EXPECT_LE(MaxRel(dora.logits.data(), want.data(), want.size()), 1e-6);
+    // On an int8 base the magnitudes are the norms of the rows the products see (quantized and
+    // dequantized): a fresh DoRA model is the LoRA model of the same quantized base.
+    ModelConfig q = cfg, q_lora = lora;
+    q.lora_base = q_lora.lora_base = BaseQuant::kInt8;
+    const ParamLayout qlay = ParamLayout::Whole(q), lora_lay = ParamLayout::Whole(q_lora);
+    std::vector<float> qw(qlay.total()), lw(lora_lay.total());
+    InitParams(qlay, q, 11, qw.data());
+    for (const ParamInfo& p : lora_lay.params())
+      std::copy_n(qw.data() + qlay.Find(p.name).offset, p.numel, lw.data() + p.offset);
+    const Result qdora = Step(q, qw, {}), qbase = Step(q_lora, lw, {});
+    EXPECT_NEAR(qdora.loss, qbase.loss, 1e-6 * std::fabs(qbase.loss));
   }
 }
 

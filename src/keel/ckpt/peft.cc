@@ -1,9 +1,12 @@
 #include "keel/ckpt/peft.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "keel/ckpt/hf_gpt2.h"
@@ -15,6 +18,13 @@
 
 namespace keel::ckpt {
 namespace {
+
+// A float setting as the shortest decimal that reads back as it (0.3, not 0.30000001192092896).
+double Decimal(float x) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
+  return ec == std::errc() ? std::strtod(std::string(buf, end).c_str(), nullptr) : double(x);
+}
 
 // HF's module for rows [row0, row0 + rows) of keel's product `t` in block l.
 struct HfModule {
@@ -97,8 +107,8 @@ void WritePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
   const nlohmann::json config = {{"peft_type", "LORA"},
                                  {"task_type", "CAUSAL_LM"},
                                  {"r", r},
-                                 {"lora_alpha", cfg.lora_alpha},
-                                 {"lora_dropout", cfg.lora_dropout},
+                                 {"lora_alpha", Decimal(cfg.lora_alpha)},
+                                 {"lora_dropout", Decimal(cfg.lora_dropout)},
                                  {"bias", "none"},
                                  {"fan_in_fan_out", !cfg.llama()},
                                  {"target_modules", modules},
@@ -163,10 +173,14 @@ void MergePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
     model::DoraRescaleRows(W, mag.data.data(), out, in);
     used += 1;
   }
-  for (const auto& [name, t] : f.tensors())
+  for (const auto& [name, t] : f.tensors()) {
+    if (!dora && model::IsDoraMagnitude(name))
+      ThrowBadInput(file + ": " + name + ": a DoRA magnitude, but " + config_path +
+                    " does not say \"use_dora\": true");
     if (!model::IsLoraParam(name))
       ThrowBadInput(file + ": " + name + ": not a LoRA tensor (expected ...lora_A.weight, " +
                     "...lora_B.weight" + (dora ? ", ...lora_magnitude_vector)" : ")"));
+  }
   if (used != f.tensors().size())
     ThrowBadInput(file + ": " + std::to_string(f.tensors().size() - used) + " of its " +
                   std::to_string(f.tensors().size()) + " tensors name no module of this model (a " +

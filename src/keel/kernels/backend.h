@@ -196,7 +196,7 @@ class Backend : public Memory {
   // it is (a tensor-parallel shard's part of the norm, which the caller completes). DoraScale:
   // out[i, c] = z[i, c]·scale[c] + bias[c] (bias may be null; + out with
   // `accumulate`), in place when out is z. DoraMagnitudeGrad: dmag[c] += inv_norm[c] · Σᵢ
-  // dy[i, c]·z[i, c], each column summed in row order.
+  // dy[i, c]·z[i, c], each column summed in a fixed order (the same value at any thread count).
   template <typename T>
   void DoraNorm(float* scale, float* inv_norm, const float* magnitude, const T* W, const T* A,
                 const T* B, int out, int in, int r, float s) const {

@@ -102,14 +102,16 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   // DoRA: each adapted product's z = x·Wᵀ + s·(x·Aᵀ)·Bᵀ (its magnitude's gradient reads it) and
   // its row scales and inverse norms, kept as long as the product's output: the attention
   // sublayer's (q, k, v) as its other buffers, the rest as the MLP's (recompute "attn" does not
-  // rerun the output projection). And ∂loss/∂z of one product at a time. Tensor parallelism is
-  // refused (train/run_setup.cc): these are whole.
+  // rerun the output projection). This rank's columns of the column-parallel products' z, and of
+  // the row-parallel ones' (whole rows) its residual rows: R under sequence parallelism, whose
+  // reduce-scatter leaves it those. And ∂loss/∂z of one product at a time.
   if (cfg.lora_dora) {
     const size_t widths[] = {QKV, C, FC, C};
     for (int k = 0; k < 4; ++k) {
       if (!(cfg.lora_targets & kLoraTargets[k])) continue;
       const size_t copies = k == 0 ? attn_copies : mlp_copies;
-      add(kDoraZ[k], copies, t, BT * widths[k]);
+      const bool row_parallel = k == 1 || k == 3;
+      add(kDoraZ[k], copies, t, (row_parallel ? R : BT) * widths[k]);
       add(kDoraScale[k], copies, f, 2 * widths[k]);
     }
     add("dora_dz", 1, t, BT * std::max({QKV, C, FC}));

@@ -54,7 +54,8 @@ struct ModelConfig {
   // DoRA (Liu et al. 2024; PEFT's use_dora): each adapted product's output rows rescaled to a
   // trained magnitude, y = m/‖W + s·B·A‖ ⊙ (x·(W + s·B·A)ᵀ) + bias, the norm per output row held
   // constant in backward; m is one more adapter tensor (h.L.MODULE.lora_magnitude_vector, fp32 in
-  // every precision) that starts at ‖W‖, so that a fresh adapter is the base model.
+  // every precision) that starts at ‖W‖ (of W as the products see it: dequantized where the base
+  // is quantized), so that a fresh adapter is the base model (bf16 runs: up to ‖bf16(W)‖ / ‖W‖).
   bool lora_dora = false;
 
   bool llama() const { return family == Family::kLlama; }

@@ -10,6 +10,7 @@
 #include "keel/core/error.h"
 #include "keel/core/rng.h"
 #include "keel/model/quantize.h"
+#include "keel/model/working_copy.h"
 
 namespace keel::model {
 
@@ -551,13 +552,29 @@ void DoraRescaleRows(float* W, const float* magnitude, int out, int in) {
   }
 }
 
+namespace {
+
+// The base rows [w0, w0 + n) of `lay` in `rows` as the products compute with them: quantized and
+// dequantized where the base is (fp32), so that a fresh adapter's scales are 1 there too.
+void AsComputed(const ModelConfig& cfg, const ParamLayout& lay, size_t w0, size_t n, float* rows) {
+  if (cfg.lora_base == BaseQuant::kNone) return;
+  for (const ParamInfo& q : lay.params())
+    if (q.quantized() && q.offset >= w0 && q.offset < w0 + n)
+      RoundTripQuantized(cfg.lora_base, q, DType::kF32, rows + (q.offset - w0));
+}
+
+}  // namespace
+
 void InitDoraMagnitudes(const ModelConfig& cfg, float* whole) {
   if (!cfg.lora_dora) return;
   const ParamLayout lay = ParamLayout::Whole(cfg);
   for (const ParamInfo& p : lay.params()) {
     if (!IsDoraMagnitude(p.name)) continue;
     const DoraBase b = DoraBaseOf(cfg, p.name);
-    RowNorms(whole + lay.Find(b.weight).offset, b.out, b.in, whole + p.offset);
+    const size_t w0 = lay.Find(b.weight).offset, n = size_t(b.out) * size_t(b.in);
+    std::vector<float> rows(whole + w0, whole + w0 + n);
+    AsComputed(cfg, lay, w0, n, rows.data());
+    RowNorms(rows.data(), b.out, b.in, whole + p.offset);
   }
 }
 
@@ -573,6 +590,7 @@ void InitTensor(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float
     for (const ParamInfo& q : lay.params())
       if (q.offset >= w0 && q.offset < w0 + n)
         InitTensor(q, cfg, seed, base.data() + (q.offset - w0));
+    AsComputed(cfg, lay, w0, n, base.data());
     RowNorms(base.data(), b.out, b.in, norms.data());
     ForEachShardRun(p, tp.size, tp.rank, [&](size_t local, size_t global, size_t k) {
       // host: initial values, drawn in host memory as every tensor's are

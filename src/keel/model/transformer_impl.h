@@ -362,6 +362,7 @@ struct LoraPair {
   const float* mag = nullptr;
   float* dmag = nullptr;
   int k = 0;
+  int layer = 0;              // the block's (global) index
   bool row_parallel = false;  // the block's output projections (attention's and the MLP's)
 };
 
@@ -381,6 +382,7 @@ LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, fl
   a.col0 = A.tp_axis == 1 ? uint32_t(m.tp_rank * a.in) : 0;
   while (kLoraTargets[a.k] != t) ++a.k;
   a.row_parallel = t == kLoraProj || t == kLoraFcProj;
+  a.layer = l;
   if (m.cfg.lora_dora) {
     const ParamInfo& M = m.layout.Find(mod + ".lora_magnitude_vector");
     // fp32 in every precision: bf16 runs read it from the fp32 copy biases have.
@@ -436,22 +438,29 @@ bool DoraMasked(const Transformer::Impl& m, const LoraPair<T>& a) {
   return a.mag && m.dropout.on && m.cfg.lora_dropout > 0;
 }
 
-// x − D(x) (B·T, a.in) into "lora_dx": the mask with its scale negated, added to a copy of x.
+// The mask of LoraMask with its scale negated: accumulated, it subtracts D(x).
+template <typename T>
+kernels::DropoutMask MinusMask(const Transformer::Impl& m, const LoraPair<T>& a) {
+  kernels::DropoutMask minus = LoraMask(m, a);
+  minus.scale = -minus.scale;
+  return minus;
+}
+
+// x − D(x) (B·T, a.in) into "lora_dx".
 template <typename T>
 const T* DoraRemainder(Transformer::Impl& m, const T* x, const LoraPair<T>& a) {
   const int BT = m.B * m.T;
   T* u = m.Act<T>("lora_dx");
   m.be->Copy(u, x, sizeof(T) * size_t(BT) * size_t(a.in));
-  kernels::DropoutMask minus = LoraMask(m, a);
-  minus.scale = -minus.scale;
-  KEEL_PROFILED("lora", m.be->Dropout(u, x, BT, a.in, minus, /*accumulate=*/true));
+  KEEL_PROFILED("lora", m.be->Dropout(u, x, BT, a.in, MinusMask(m, a), /*accumulate=*/true));
   return u;
 }
-// DoRA's kept buffers of adapter `a` in the pass now running: its product's z (B·T, a.out), and
+// DoRA's kept buffers of adapter `a` in the pass now running: its product's z (B·T rows of a.out;
+// a row-parallel product's under sequence parallelism this rank's R rows), and
 // its row scales then inverse norms (2·a.out).
 template <typename T>
 std::pair<T*, float*> DoraBuffers(const Transformer::Impl& m, const LoraPair<T>& a) {
-  const int i = int(a.tag / 16) - m.stage.l0;
+  const int i = a.layer - m.stage.l0;
   return {m.Act<T>(kDoraZ[a.k], i, m.slot), m.Act<float>(kDoraScale[a.k], i, m.slot)};
 }
 
@@ -464,16 +473,20 @@ std::pair<T*, float*> DoraZ(Transformer::Impl& m, const T* x, const T* weight, i
                             const LoraPair<T>& a) {
   const int BT = m.B * m.T;
   auto [z, g] = DoraBuffers(m, a);
+  const bool partial = a.row_parallel && m.tp > 1;
+  // Under sequence parallelism a row-parallel z keeps this rank's rows only: the partial sums of
+  // all rows go to the shared buffer first.
+  T* sum = partial && m.sp ? m.Act<T>("gathered") : z;
   const T* xin = LoraInput(m, x, a);
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(z, xin, weight, nullptr, BT, K, N));
-  LoraProducts(m, z, xin, a);
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(sum, xin, weight, nullptr, BT, K, N));
+  LoraProducts(m, sum, xin, a);
   const int r = m.cfg.lora_rank;
   const float s = m.cfg.lora_scale();
-  if (!a.row_parallel || m.tp == 1) {
+  if (!partial) {
     KEEL_PROFILED("lora", m.be->DoraNorm(g, g + N, a.mag, weight, a.A, a.B, N, K, r, s));
     return {z, g};
   }
-  KEEL_PROFILED("tp_comm", m.SumRows(z, z));
+  KEEL_PROFILED("tp_comm", m.SumRows(sum, z));
   float* sq = g + N;
   KEEL_PROFILED("lora", m.be->DoraNorm(g, sq, nullptr, weight, a.A, a.B, N, K, r, s));
   KEEL_PROFILED("tp_comm", m.TpSum(sq, size_t(N), DType::kF32));
@@ -605,9 +618,7 @@ void AdaptedBackward(Transformer::Impl& m, T* dx, float* dW, float* db, const T*
     KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, db, dz, x, W, BT, K, N));
   } else {
     KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, db, dout, x, W, BT, K, N));
-    kernels::DropoutMask minus = LoraMask(m, a);
-    minus.scale = -minus.scale;
-    KEEL_PROFILED("lora", m.be->Dropout(dx, dx, BT, K, minus, /*accumulate=*/true));
+    KEEL_PROFILED("lora", m.be->Dropout(dx, dx, BT, K, MinusMask(m, a), /*accumulate=*/true));
     T* t = m.Act<T>("lora_dx");
     KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(t, nullptr, nullptr, dz, x, W, BT, K, N));
     KEEL_PROFILED("lora", m.be->Dropout(dx, t, BT, K, LoraMask(m, a), /*accumulate=*/true));

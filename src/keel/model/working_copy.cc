@@ -70,17 +70,18 @@ void ReadWorking(const ParamLayout& layout, DType dtype, const void* working, co
   }
 }
 
+void RoundTripQuantized(BaseQuant q, const ParamInfo& p, DType dtype, float* values) {
+  std::vector<uint8_t> codes(QuantCodeBytes(q, p.numel));
+  std::vector<float> scales(p.numel / QuantGroup(q, size_t(p.shape[1])));
+  Quantize(q, values, size_t(p.shape[0]), size_t(p.shape[1]), codes.data(), scales.data());
+  Dequantized(q, p, dtype, codes.data(), scales.data(), values);
+}
+
 void RoundTripWorking(const ParamLayout& layout, DType dtype, float* values) {
-  const BaseQuant q = layout.base_quant();
-  std::vector<uint8_t> codes;
-  std::vector<float> scales;
   for (const ParamInfo& p : layout.params()) {
     float* x = values + p.offset;
     if (p.quantized()) {
-      codes.resize(QuantCodeBytes(q, p.numel));
-      scales.resize(p.numel / QuantGroup(q, size_t(p.shape[1])));
-      Quantize(q, x, size_t(p.shape[0]), size_t(p.shape[1]), codes.data(), scales.data());
-      Dequantized(q, p, dtype, codes.data(), scales.data(), x);
+      RoundTripQuantized(layout.base_quant(), p, dtype, x);
     } else if (dtype == DType::kBF16 && p.bias_index == SIZE_MAX) {
 #pragma omp parallel for schedule(static)
       for (size_t i = 0; i < p.numel; ++i) x[i] = ToFloat(ToBf16(x[i]));

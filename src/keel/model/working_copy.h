@@ -31,5 +31,8 @@ void ReadWorking(const ParamLayout& layout, DType dtype, const void* working, co
 // set from them computes with (bf16-rounded, quantized and dequantized), biases included. What the
 // checkpoint readers rebuild a LoRA run's base with.
 void RoundTripWorking(const ParamLayout& layout, DType dtype, float* values);
+// One quantized tensor `p` of a layout with base `q`: its p.numel `values` quantized and
+// dequantized (into `dtype`, widened to fp32) in place.
+void RoundTripQuantized(BaseQuant q, const ParamInfo& p, DType dtype, float* values);
 
 }  // namespace keel::model

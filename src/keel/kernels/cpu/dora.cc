@@ -63,7 +63,7 @@ void DoraScale(T* out, const T* z, const float* scale, const float* bias, int ro
 template <typename T>
 void DoraMagnitudeGrad(float* dmag, const T* dy, const T* z, const float* inv_norm, int rows,
                        int cols) {
-  constexpr int kBlock = 256;
+  constexpr int kBlock = 64;  // 4 AVX-512 vectors of fp32 sums: enough blocks for every thread
   const int blocks = (cols + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static)
   for (int b = 0; b < blocks; ++b) {

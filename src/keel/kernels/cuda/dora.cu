@@ -1,7 +1,8 @@
 // DoRA on the GPU (contracts: Backend::DoraNorm, DoraScale, DoraMagnitudeGrad). The norm: a block
 // per row of W, its threads over the row's columns (each recomputes its element of s·B·A from r
-// products), a fixed-order block sum. The magnitude's gradient: a thread per column, its rows in
-// order, as the CPU sums them.
+// products), a fixed-order block sum. The magnitude's gradient: a block per 32 columns (coalesced
+// loads across a warp), its 8 warps each summing every 8th row, then the 8 partial sums added in
+// warp order: a fixed order, whatever the launch.
 #include "keel/kernels/cuda/dora.cuh"
 
 namespace keel::kernels::cuda {
@@ -48,14 +49,23 @@ __global__ void Scale(T* out, const T* z, const float* scale, const float* bias,
   St(out, i, v);
 }
 
+constexpr unsigned kGradCols = 32, kGradWarps = 8;
+
 template <typename T>
 __global__ void MagnitudeGrad(float* dmag, const T* dy, const T* z, const float* inv_norm, int rows,
                               int cols) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+  const int c = blockIdx.x * kGradCols + threadIdx.x;
   float acc = 0;
-  for (int r = 0; r < rows; ++r) acc += Ld(dy, size_t(r) * cols + c) * Ld(z, size_t(r) * cols + c);
-  dmag[c] += acc * inv_norm[c];
+  if (c < cols)
+    for (int r = threadIdx.y; r < rows; r += kGradWarps)
+      acc += Ld(dy, size_t(r) * cols + c) * Ld(z, size_t(r) * cols + c);
+  __shared__ float part[kGradWarps][kGradCols];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= cols) return;
+  float sum = 0;
+  for (unsigned w = 0; w < kGradWarps; ++w) sum += part[w][threadIdx.x];
+  dmag[c] += sum * inv_norm[c];
 }
 
 }  // namespace
@@ -83,9 +93,10 @@ void DoraScale(DType t, void* out, const void* z, const float* scale, const floa
 
 void DoraMagnitudeGrad(DType t, float* dmag, const void* dy, const void* z, const float* inv_norm,
                        int rows, int cols, cudaStream_t stream) {
+  const dim3 threads(kGradCols, kGradWarps);
   KEEL_TYPED_LAUNCH(
-      t, size_t(cols), kThreads,
-      (MagnitudeGrad<U><<<blocks, kThreads, 0, stream>>>(
+      t, size_t(cols), kGradCols,
+      (MagnitudeGrad<U><<<blocks, threads, 0, stream>>>(
           dmag, static_cast<const U*>(dy), static_cast<const U*>(z), inv_norm, rows, cols)));
 }
 
