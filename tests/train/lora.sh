@@ -29,8 +29,8 @@
 #     (from a model file, and pp 2 and tp 2 from random weights, whose magnitudes each stage and
 #     shard draws from its own base rows), a resume is bitwise, the losses differ from LoRA's, the
 #     checkpoint's export is the model file's (fp32 and bf16), an int8 base stays within 1e-3 of
-#     the unquantized one's losses; with dropout 0.3 (PEFT's form), dp 2, pp 2 and tp 2 with
-#     sequence parallelism give one process's losses within 1e-5 and a resume is bitwise; the
+#     the unquantized one's losses; with dropout 0.3 (PEFT's form), dp 2, pp 2 and tp 2 with and
+#     without sequence parallelism give one process's losses within 1e-5 and a resume is bitwise; the
 #     PEFT export of the tp 2 checkpoint (magnitudes cut as B is) is one process's within 1e-4.
 #   tests/train/lora.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
@@ -86,6 +86,7 @@ run dd -- "${dd[@]}"
 run dddp "${mpi[@]}" -- "${dd[@]}" --set parallel.zero=1 --set train.micro_batch_size=2
 run ddpp "${mpi[@]}" -- "${dd[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
 run ddtp "${mpi[@]}" -- "${dd[@]}" --set parallel.tp=2 --set parallel.sp=true
+run ddtp0 "${mpi[@]}" -- "${dd[@]}" --set parallel.tp=2
 run ddr -- "${dd[@]}" --set train.stop_at=6
 run ddr -- "${dd[@]}" --resume auto
 run resumed -- "${lora[@]}" --set train.stop_at=6
@@ -186,7 +187,7 @@ for name in ("randdorapp", "randdoratp"):
     assert len(losses(name)) == 8 and worst <= 1e-5
 dd = losses("dd")
 assert len(dd) == 12 and dd != dora, "DoRA's dropout changed nothing"
-for name in ("dddp", "ddpp", "ddtp"):
+for name in ("dddp", "ddpp", "ddtp", "ddtp0"):
     worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), dd))
     print(f"DoRA with dropout 0.3, {name[2:]}: max relative loss difference {worst:.2e} (limit 1e-5)")
     assert len(losses(name)) == 12 and worst <= 1e-5
