@@ -142,59 +142,43 @@ import json, struct, sys
 d, adapters = sys.argv[1], int(sys.argv[2])
 def losses(name):
     return [json.loads(l)["loss"] for l in open(f"{d}/{name}/metrics.jsonl")]
+def close(label, name, ref, steps=12, limit=1e-5):
+    """Run `name`'s losses within `limit` (relative) of `ref`'s, over all `steps` steps."""
+    got = losses(name)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    print(f"{label}: max relative loss difference over {steps} steps {worst:.2e} (limit {limit:g})")
+    assert len(got) == steps and worst <= limit, name
 ref = losses("single")
 assert len(ref) == 12, len(ref)
 for name in ("dp", "dp0", "pp", "tp", "tpsp"):
-    got = losses(name)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
-    print(f"{name}: max relative loss difference over 12 steps {worst:.2e} (limit 1e-5)")
-    assert len(got) == 12 and worst <= 1e-5
+    close(name, name, ref)
 assert losses("resumed") == ref, "the resumed run's losses differ"
 assert losses("tpr") == losses("tp"), "the resumed tp 2 run's losses differ"
 drop = losses("drop")
 assert len(drop) == 12 and drop != ref, "dropout changed nothing"
 for name in ("dropdp", "droppp", "droptp"):
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), drop))
-    print(f"dropout 0.3, {name[4:]}: max relative loss difference {worst:.2e} (limit 1e-5)")
-    assert len(losses(name)) == 12 and worst <= 1e-5
+    close(f"dropout 0.3, {name[4:]}", name, drop)
 assert losses("dropr") == drop, "the resumed dropout run's losses differ"
-worst = max(abs(a - b) / abs(b) for a, b in zip(losses("llamatp"), losses("llama")))
-print(f"Llama (grouped-query attention), all targets: tp 2 within {worst:.2e} of one process (1e-5)")
-assert len(losses("llamatp")) == 8 and worst <= 1e-5
+close("Llama (grouped-query attention), all targets, tp 2", "llamatp", losses("llama"), steps=8)
 int8 = losses("int8")
-worst = max(abs(a - b) / abs(b) for a, b in zip(int8, ref))
-print(f"int8 base: max relative loss difference from the unquantized base {worst:.2e} (limit 1e-3)")
-assert len(int8) == 12 and worst <= 1e-3
+close("int8 base, from the unquantized base", "int8", ref, limit=1e-3)
 assert losses("int8r") == int8, "the resumed int8 run's losses differ"
-rand = losses("rand")
-worst = max(abs(a - b) / abs(b) for a, b in zip(losses("randpp"), rand))
-print(f"random base: pp 2 within {worst:.2e} of one process (1e-5)")
-assert len(losses("randpp")) == 8 and worst <= 1e-5
+close("random base, pp 2", "randpp", losses("rand"), steps=8)
 assert losses("randq") == losses("randq1"), "the resumed int8 run from random weights differs"
 dora = losses("dora")
 assert len(dora) == 12 and dora != ref, "DoRA changed nothing"
 for name in ("doradp", "dorapp", "doratp", "doratpsp"):
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), dora))
-    print(f"DoRA, {name[4:]}: max relative loss difference {worst:.2e} (limit 1e-5)")
-    assert len(losses(name)) == 12 and worst <= 1e-5
+    close(f"DoRA, {name[4:]}", name, dora)
 assert losses("dorar") == dora, "the resumed DoRA run's losses differ"
-worst = max(abs(a - b) / abs(b) for a, b in zip(losses("doraint8"), dora))
-print(f"DoRA on an int8 base: within {worst:.2e} of the unquantized base's losses (1e-3)")
-assert len(losses("doraint8")) == 12 and worst <= 1e-3
+close("DoRA on an int8 base, from the unquantized base", "doraint8", dora, limit=1e-3)
 for name in ("randdorapp", "randdoratp"):
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), losses("randdora")))
-    print(f"DoRA from random weights: {name[8:]} 2 within {worst:.2e} of one process (1e-5)")
-    assert len(losses(name)) == 8 and worst <= 1e-5
+    close(f"DoRA from random weights, {name[8:]} 2", name, losses("randdora"), steps=8)
 dd = losses("dd")
 assert len(dd) == 12 and dd != dora, "DoRA's dropout changed nothing"
 for name in ("dddp", "ddpp", "ddtp", "ddtp0"):
-    worst = max(abs(a - b) / abs(b) for a, b in zip(losses(name), dd))
-    print(f"DoRA with dropout 0.3, {name[2:]}: max relative loss difference {worst:.2e} (limit 1e-5)")
-    assert len(losses(name)) == 12 and worst <= 1e-5
+    close(f"DoRA with dropout 0.3, {name[2:]}", name, dd)
 assert losses("ddr") == dd, "the resumed DoRA run with dropout differs"
-worst = max(abs(a - b) / abs(b) for a, b in zip(losses("llamadoratp"), losses("llamadora")))
-print(f"DoRA on a grouped-query Llama: tp 2 within {worst:.2e} of one process (1e-5)")
-assert len(losses("llamadoratp")) == 8 and worst <= 1e-5
+close("DoRA on a grouped-query Llama, tp 2", "llamadoratp", losses("llamadora"), steps=8)
 sent = {json.loads(l)["comm_bytes"] for l in open(f"{d}/dp0/metrics.jsonl")}
 print(f"dp 2 ZeRO 0: {sorted(sent)} bytes sent per step for {adapters} adapter parameters")
 assert sent == {4.0 * adapters}, f"expected {4 * adapters} bytes a step (the adapters only)"

@@ -1,9 +1,7 @@
 #include "keel/ckpt/peft.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -14,17 +12,14 @@
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
+#include "keel/core/number_text.h"
 #include "keel/model/params.h"
 
 namespace keel::ckpt {
 namespace {
 
-// A float setting as the shortest decimal that reads back as it (0.3, not 0.30000001192092896).
-double Decimal(float x) {
-  char buf[32];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, x);
-  return ec == std::errc() ? std::strtod(std::string(buf, end).c_str(), nullptr) : double(x);
-}
+// A float setting as JSON's number of its shortest decimal (0.3, not 0.30000001192092896).
+double Decimal(float x) { return std::stod(ShortestDecimal(x)); }
 
 // HF's module for rows [row0, row0 + rows) of keel's product `t` in block l.
 struct HfModule {

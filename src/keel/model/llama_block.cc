@@ -13,6 +13,7 @@
 // row-parallel products without biases.
 #include <string>
 
+#include "keel/model/adapted_products.h"
 #include "keel/model/transformer_impl.h"
 
 namespace keel::model::internal {

@@ -211,6 +211,10 @@ bool IsDoraMagnitude(const std::string& name);
 // DoRA: every magnitude of `whole` (ParamLayout::Whole(cfg)'s values) set to the row norms of its
 // base weight there, as a fresh adapter (B = 0) starts. Nothing without cfg.lora_dora.
 void InitDoraMagnitudes(const ModelConfig& cfg, float* whole);
+// DoRA: magnitude tensor `p` (this tp shard of it) as InitDoraMagnitudes sets it, from the base
+// rows drawn again with `seed`: InitTensor's, for a run that draws its base a tensor at a time.
+void InitDoraMagnitude(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* w,
+                       TpShard tp);
 // DoRA's merge of W (out, in) = W₀ + s·B·A: each row scaled to magnitude[o] / its norm (fp64).
 void DoraRescaleRows(float* W, const float* magnitude, int out, int in);
 // The whole model's weights without adapters: each adapted product's weight plus s·B·A (DoRA:

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "keel/core/timer.h"
+#include "keel/model/adapted_products.h"
 #include "keel/model/transformer_impl.h"
 
 namespace keel::model {

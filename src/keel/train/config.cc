@@ -8,7 +8,6 @@
 
 #include <toml++/toml.h>
 
-#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include <sstream>
 
 #include "keel/core/error.h"
+#include "keel/core/number_text.h"
 #include "keel/train/config_schema.h"
 
 namespace keel::train {
@@ -177,28 +177,8 @@ std::string Provenance::OverridesIn(std::string_view section) const {
   return list;
 }
 
-namespace {
-
-template <typename T>
-std::string ShortestText(T v) {
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, res.ptr);
-}
-
-}  // namespace
-
-std::string FormatNumber(float v) {
-  // The shortest text for the float is read back as a double and then rounded to float; in the
-  // rare case that double rounding lands elsewhere, the exact double text is used instead.
-  std::string s = ShortestText(v);
-  double back = 0;
-  std::from_chars(s.data(), s.data() + s.size(), back);
-  if (std::isfinite(v) && static_cast<float>(back) != v) s = ShortestText(static_cast<double>(v));
-  return s;
-}
-
-std::string FormatNumber(double v) { return ShortestText(v); }
+std::string FormatNumber(float v) { return ShortestDecimal(v); }
+std::string FormatNumber(double v) { return ShortestDecimal(v); }
 
 }  // namespace internal
 
