@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 
 #include "keel/core/error.h"
 #include "keel/model/working_copy.h"
@@ -29,6 +30,14 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       timeout_s_(timeout_s),
       fresh_(size_t(layout.segments()), 0) {
   KEEL_CHECK(comm.size() == dp_, "ZeroStrategy: the communicator is not the data-parallel group");
+  if (store.compact()) {
+    std::unordered_map<size_t, size_t> bias_at;  // layout offset → fp32 copy index
+    for (const model::ParamInfo& p : layout.params())
+      if (p.bias_index != SIZE_MAX) bias_at.emplace(p.offset, p.bias_index);
+    for (const optim::ParamRange& r : store.trainable())
+      if (auto it = bias_at.find(r.at); it != bias_at.end())
+        trained_biases_.push_back({it->second, r.offset, r.numel});
+  }
   if (zero_ < 2) {
     // Stages 0 and 1 hold every gradient, so the frozen ranges are flat indices; adjacent ones
     // merge into one.
@@ -262,12 +271,8 @@ void ZeroStrategy::PublishCompact() {
       be.Copy(static_cast<float*>(store_.working()) + r.work, all + r.offset, 4 * r.numel);
   }
   if (store_.dtype() != DType::kBF16) return;
-  // The fp32 copy is the frozen base's biases, set once, and DoRA's magnitudes, trained.
-  for (const model::ParamInfo& p : layout_.params()) {
-    if (p.bias_index == SIZE_MAX || !model::IsDoraMagnitude(p.name)) continue;
-    for (const optim::ParamRange& r : store_.trainable())
-      if (r.at == p.offset) be.Copy(store_.biases() + p.bias_index, all + r.offset, 4 * r.numel);
-  }
+  for (const TrainedBias& b : trained_biases_)
+    be.Copy(store_.biases() + b.bias, all + b.master, 4 * b.numel);
 }
 
 void ZeroStrategy::Publish() {

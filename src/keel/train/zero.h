@@ -78,8 +78,9 @@ class ZeroStrategy final : public model::ParamAccess {
   void Drain(Slot& slot);  // completes the slot's reduce-scatter and adds it to the grad shard
   void Publish();          // the updated slice to whoever reads it
   void PublishBiases();
-  // A compact state's trainable weights, all of them (ZeRO 1: gathered), into the working copy;
-  // the frozen ones (and the fp32 biases, all frozen) never change.
+  // A compact state's trainable weights, all of them (ZeRO 1: gathered), into the working copy,
+  // and in bf16 the trained ones that have an fp32 copy beside the biases (DoRA's magnitudes)
+  // into it; the frozen ones (the base's biases among them) never change.
   void PublishCompact();
   // The trainable parameters' master weights, all of them: the store's, or gathered into `tmp`.
   const float* AllCompactMaster(Buffer& tmp);
@@ -94,6 +95,12 @@ class ZeroStrategy final : public model::ParamAccess {
   bool last_micro_ = true;
   std::vector<std::unique_ptr<Slot>> grad_slots_, weight_slots_;  // stages 2-3, 3
   std::vector<char> fresh_;  // segment's scratch was handed out this micro-batch
+  // A compact state's trained tensors with an fp32 copy (ParamInfo::bias_index): that copy's
+  // index, their place in the compact master, their size.
+  struct TrainedBias {
+    size_t bias, master, numel;
+  };
+  std::vector<TrainedBias> trained_biases_;
   double wait_ms_ = 0, sent_bytes_ = 0;
 };
 
