@@ -143,24 +143,50 @@ inline void GemmBlock(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, p
     for (ptrdiff_t v = 0; v < NV; ++v) Store(c + i * ldc + v * kLanes, acc[i][v]);
 }
 
+// Which part of a diagonal tile's product is needed. Above a tile's diagonal (key j after query
+// r) P and dS are exactly zero and S is masked to -inf, so a diagonal tile skips those terms and
+// does ~45% less work: 4 of a 256-step sequence's 10 tile pairs are diagonal. Skipped terms are
+// exact zeros (0·x for finite x), and what is computed runs in the same k order, so results are
+// those of the full product up to the sign of an exact zero.
+enum class Tri {
+  kFull,
+  kColsFromRow,  // C[m][n] is read only for n ≥ m (rows keys, columns queries: S, dP)
+  kKFromRow,     // A(m, k) = 0 for k < m (rows keys, k queries: dV, dK)
+  kKToRow,       // A(m, k) = 0 for k > m (rows queries, k keys: dQ)
+  kKToCol,       // B[k][n] = 0 for k > n (columns queries, k keys: the forward's O += V·P)
+};
+
 // Small matrix product on padded scratch: M % 4 == 0 and N % 16 == 0 (callers pad with zeros).
+// A triangular `tri` needs the square tile: M = N = K = kTile (kKToCol: N = K).
 void Gemm(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_cs, const float* b,
-          ptrdiff_t ldb, int M, int N, int K, bool accumulate) {
+          ptrdiff_t ldb, int M, int N, int K, bool accumulate, Tri tri = Tri::kFull) {
+  if (tri == Tri::kKToCol) {
+    // Keys [k0, k0 + 16) feed query columns [k0, N) only; each column still sums keys in order.
+    for (int k0 = 0; k0 < K; k0 += kLanes)
+      Gemm(c + k0, ldc, a + k0 * a_cs, a_rs, a_cs, b + k0 * ldb + k0, ldb, M, N - k0,
+           std::min(kLanes, K - k0), accumulate || k0 > 0);
+    return;
+  }
   for (int m = 0; m < M; m += 4) {
+    int n = 0, k0 = 0, k1 = K;
+    if (tri == Tri::kColsFromRow) n = m / kLanes * kLanes;
+    if (tri == Tri::kKFromRow) k0 = m;
+    if (tri == Tri::kKToRow) k1 = std::min(K, m + 4);
     float* cm = c + size_t(m) * ldc;
-    const float* am = a + size_t(m) * a_rs;
-    int n = 0;
+    const float* am = a + size_t(m) * a_rs + k0 * a_cs;
+    const float* bk = b + k0 * ldb;
+    const int nk = k1 - k0;
     for (; n + 4 * kLanes <= N; n += 4 * kLanes)
-      GemmBlock<4>(cm + n, ldc, am, a_rs, a_cs, b + n, ldb, K, accumulate);
+      GemmBlock<4>(cm + n, ldc, am, a_rs, a_cs, bk + n, ldb, nk, accumulate);
     switch ((N - n) / kLanes) {
       case 3:
-        GemmBlock<3>(cm + n, ldc, am, a_rs, a_cs, b + n, ldb, K, accumulate);
+        GemmBlock<3>(cm + n, ldc, am, a_rs, a_cs, bk + n, ldb, nk, accumulate);
         break;
       case 2:
-        GemmBlock<2>(cm + n, ldc, am, a_rs, a_cs, b + n, ldb, K, accumulate);
+        GemmBlock<2>(cm + n, ldc, am, a_rs, a_cs, bk + n, ldb, nk, accumulate);
         break;
       case 1:
-        GemmBlock<1>(cm + n, ldc, am, a_rs, a_cs, b + n, ldb, K, accumulate);
+        GemmBlock<1>(cm + n, ldc, am, a_rs, a_cs, bk + n, ldb, nk, accumulate);
         break;
       default:
         break;
@@ -246,11 +272,11 @@ void GatherHead(float* Q, float* K, float* V, const T* q_base, const T* k_base, 
   std::memset(V + size_t(n) * hsp, 0, sizeof(float) * pad);
 }
 
-// Scores above the diagonal of a diagonal tile (key j after query r) never count.
-inline void MaskDiagonal(float* St) {
-  const float kNegInf = -std::numeric_limits<float>::infinity();
+// Scores above the diagonal of a diagonal tile (key j after query r) never count: -inf there
+// (or 0, for a tile whose products skipped those entries and whose values must stay finite).
+inline void FillAboveDiagonal(float* St, float value = -std::numeric_limits<float>::infinity()) {
   for (int j = 1; j < kTile; ++j)
-    for (int r = 0; r < j; ++r) St[j * kTile + r] = kNegInf;
+    for (int r = 0; r < j; ++r) St[j * kTile + r] = value;
 }
 
 // Document masking: keys of tile j0 before query row i0 + r's document start never count (rows
@@ -299,9 +325,10 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
   for (int kt = kt_lo; kt <= qt; ++kt) {
     const float* Kj = K + size_t(kt) * kTile * hsp;
     const float* Vj = V + size_t(kt) * kTile * hsp;
-    Gemm(St, kTile, Kj, hsp, 1, Qt, kTile, kTile, kTile, hsp, false);
+    const Tri diag = kt == qt ? Tri::kColsFromRow : Tri::kFull;
+    Gemm(St, kTile, Kj, hsp, 1, Qt, kTile, kTile, kTile, hsp, false, diag);
     // Padded keys of the last tile sit above the diagonal of it, so the mask covers them too.
-    if (kt == qt) MaskDiagonal(St);
+    if (kt == qt) FillAboveDiagonal(St);
     if (doc_start) MaskBeforeDocument(St, doc_start, i0, nq, kt * kTile);
     // Online softmax, 16 query rows at a time.
     for (int r = 0; r < kTile; r += kLanes) {
@@ -322,7 +349,8 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
           Store(Ot + d * kTile + r, Load(Ot + d * kTile + r) * alpha);
     }
     // Ot[d][r] += Σ_j V[j][d]·P[j][r]
-    Gemm(Ot, kTile, Vj, 1, hsp, St, kTile, hsp, kTile, kTile, true);
+    Gemm(Ot, kTile, Vj, 1, hsp, St, kTile, hsp, kTile, kTile, true,
+         diag == Tri::kFull ? Tri::kFull : Tri::kKToCol);
   }
 
   for (int r = 0; r < nq; ++r) {
@@ -459,10 +487,15 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
           const int i0 = qt * kTile;
           // Every row of the query tile starts its document after this key tile: nothing to add.
           if (ds && ds[i0] >= (kt + 1) * kTile) continue;
-          Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
-          if (qt == kt) MaskDiagonal(Pt);
+          const bool diag = qt == kt;
+          const Tri rows_keys = diag ? Tri::kColsFromRow : Tri::kFull;
+          Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false,
+               rows_keys);
+          if (diag) FillAboveDiagonal(Pt);
           if (ds) MaskBeforeDocument(Pt, ds, i0, std::min(kTile, T_ - i0), kt * kTile);
-          Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false);
+          Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false,
+               rows_keys);
+          if (diag) FillAboveDiagonal(dSt, 0.0f);  // P is 0 there; 0·dP must not be 0·NaN
           for (ptrdiff_t j = 0; j < kTile; ++j)
             for (int r = 0; r < kTile; r += kLanes) {
               float* pp = Pt + j * kTile + r;
@@ -473,9 +506,13 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
             }
           // dV[j] += Σ_r P[j][r]·dO[r];  dK[j] += Σ_r dS[j][r]·Q[r] (Q carries the 1/√hs);
           // dQ[r] += Σ_j dS[j][r]·K[j] (1/√hs applied once at the end).
-          Gemm(dV + j0, hsp, Pt, kTile, 1, dO + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
-          Gemm(dK + j0, hsp, dSt, kTile, 1, Q + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true);
-          Gemm(dQ + size_t(i0) * hsp, hsp, dSt, 1, kTile, K + j0, hsp, kTile, hsp, kTile, true);
+          const Tri from = diag ? Tri::kKFromRow : Tri::kFull,
+                    to = diag ? Tri::kKToRow : Tri::kFull;
+          Gemm(dV + j0, hsp, Pt, kTile, 1, dO + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true,
+               from);
+          Gemm(dK + j0, hsp, dSt, kTile, 1, Q + size_t(i0) * hsp, hsp, kTile, hsp, kTile, true,
+               from);
+          Gemm(dQ + size_t(i0) * hsp, hsp, dSt, 1, kTile, K + j0, hsp, kTile, hsp, kTile, true, to);
         }
       }
       T* dq_base = dbase + size_t(h) * hs;
