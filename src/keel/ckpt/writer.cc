@@ -3,7 +3,6 @@
 #include "keel/ckpt/writer.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -246,16 +245,18 @@ std::vector<SaveReport> CheckpointWriter::TakeReports() {
 
 void CheckpointWriter::EnsureStaging(size_t bytes) {
   if (staging_bytes_ >= bytes) return;
-  // 2 MiB-aligned and advised huge: the copy then faults once per 2 MiB instead of per 4 KiB.
+  // In whole huge pages (AllocHostAligned): the copy then faults once per 2 MiB instead of per
+  // 4 KiB.
   constexpr size_t kHuge = size_t(2) << 20;
   const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
   if (staging_) mem_->UnpinHost(staging_.get());
   // host: staging is host memory by design (the file's bytes), pinned for the device's copies.
-  staging_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHuge, size)));
-  if (!staging_)
+  try {
+    staging_.reset(static_cast<uint8_t*>(AllocHostAligned(size)));
+  } catch (const std::bad_alloc&) {
     throw Error(ExitCode::kRuntime,
                 "checkpoint staging: cannot allocate " + std::to_string(size >> 20) + " MiB");
-  ::madvise(staging_.get(), size, MADV_HUGEPAGE);
+  }
   std::memset(staging_.get(), 0, size);  // host: touches the pages (see Prepare)
   mem_->PinHost(staging_.get(), size);
   staging_bytes_ = size;

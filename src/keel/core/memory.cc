@@ -1,20 +1,29 @@
 #include "keel/core/memory.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
 namespace keel {
+
+void* AllocHostAligned(size_t bytes) {
+  constexpr size_t kHuge = size_t(2) << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 64;
+  const size_t size = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, size ? size : align);
+  if (!p) throw std::bad_alloc();
+  if (align == kHuge) ::madvise(p, size, MADV_HUGEPAGE);  // advice: its failure changes nothing
+  return p;
+}
+
 namespace {
 
 class Host final : public Memory {
  public:
   bool host_visible() const override { return true; }
-  void* Alloc(size_t bytes) const override {
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) throw std::bad_alloc();
-    return p;
-  }
+  void* Alloc(size_t bytes) const override { return AllocHostAligned(bytes); }
   void Free(void* p) const override { std::free(p); }
   void Zero(void* p, size_t bytes) const override {
     if (bytes) std::memset(p, 0, bytes);

@@ -11,6 +11,7 @@
 #include <memory>
 #include <new>
 
+#include "keel/core/memory.h"
 #include "keel/kernels/cpu/isa.h"
 
 namespace keel::kernels::cpu::inline KEEL_ISA_NS {
@@ -21,9 +22,7 @@ class AlignedScratch {
   // At least n elements, 64-byte aligned; what it held before is not kept when it grows.
   T* Get(size_t n) {
     if (n > capacity_) {
-      const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-      data_.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
-      if (!data_) throw std::bad_alloc();
+      data_.reset(static_cast<T*>(AllocHostAligned(n * sizeof(T))));
       capacity_ = n;
     }
     return data_.get();
