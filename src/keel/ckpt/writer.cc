@@ -250,6 +250,8 @@ void CheckpointWriter::EnsureStaging(size_t bytes) {
   constexpr size_t kHuge = size_t(2) << 20;
   const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
   if (staging_) mem_->UnpinHost(staging_.get());
+  staging_.reset();  // unpinned: released before the larger one, and never unpinned twice
+  staging_bytes_ = 0;
   // host: staging is host memory by design (the file's bytes), pinned for the device's copies.
   try {
     staging_.reset(static_cast<uint8_t*>(AllocHostAligned(size)));

@@ -9,12 +9,14 @@
 namespace keel {
 
 void* AllocHostAligned(size_t bytes) {
+  // The size stays the 64-byte multiple the planner counts (glibc takes any size with a larger
+  // alignment); an mmap-sized block's skipped lead to the boundary is never touched, so never
+  // resident.
   constexpr size_t kHuge = size_t(2) << 20;
-  const size_t align = bytes >= kHuge ? kHuge : 64;
-  const size_t size = (bytes + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, size ? size : align);
+  const size_t size = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(bytes >= kHuge ? kHuge : 64, size ? size : 64);
   if (!p) throw std::bad_alloc();
-  if (align == kHuge) ::madvise(p, size, MADV_HUGEPAGE);  // advice: its failure changes nothing
+  if (bytes >= kHuge) ::madvise(p, size, MADV_HUGEPAGE);  // advice: its failure changes nothing
   return p;
 }
 

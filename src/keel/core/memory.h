@@ -47,10 +47,11 @@ class Memory {
 const Memory& HostMemory();
 
 // Host memory for the buffers kernels stream through (HostMemory's blocks, the kernels' scratch,
-// checkpoint staging), uninitialized, 64-byte aligned, released with std::free; throws
-// std::bad_alloc. Blocks of 2 MiB and more are 2 MiB-aligned and advised for transparent huge pages
-// (Debian's default is "madvise": none without the advice): a GPT-2 step streams gigabytes through
-// its products and AdamW, and on 4 KiB pages their TLB misses cost 2-5% of the step.
+// checkpoint staging): the bytes asked for rounded up to 64, uninitialized, 64-byte aligned,
+// released with std::free; throws std::bad_alloc. Blocks of 2 MiB and more start on a 2 MiB
+// boundary and are advised for transparent huge pages (Debian's default is "madvise": none
+// without the advice): a GPT-2 step streams gigabytes through its products and AdamW, and on
+// 4 KiB pages their TLB misses cost 2-5% of the step.
 void* AllocHostAligned(size_t bytes);
 
 // An owned block of one Memory: one per kind (parameters, gradients, master weights, moments,

@@ -157,7 +157,8 @@ enum class Tri {
 };
 
 // Small matrix product on padded scratch: M % 4 == 0 and N % 16 == 0 (callers pad with zeros).
-// A triangular `tri` needs the square tile: M = N = K = kTile (kKToCol: N = K).
+// A triangular `tri` needs a diagonal tile's two kTile-long dimensions: kColsFromRow M = N,
+// kKFromRow and kKToRow M = K, kKToCol N = K (the third is hsp).
 void Gemm(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_cs, const float* b,
           ptrdiff_t ldb, int M, int N, int K, bool accumulate, Tri tri = Tri::kFull) {
   if (tri == Tri::kKToCol) {

@@ -15,10 +15,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "keel/core/memory.h"  // scratch.h's, which row_blocks.h includes
 #include "keel/kernels/cpu/isa.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
