@@ -177,9 +177,6 @@ std::string Provenance::OverridesIn(std::string_view section) const {
   return list;
 }
 
-std::string FormatNumber(float v) { return ShortestDecimal(v); }
-std::string FormatNumber(double v) { return ShortestDecimal(v); }
-
 }  // namespace internal
 
 namespace {
@@ -251,7 +248,7 @@ std::string Describe(const toml::node& n) {
     case toml::node_type::integer:
       return "integer " + std::to_string(n.as_integer()->get());
     case toml::node_type::floating_point:
-      return "float " + internal::FormatNumber(n.as_floating_point()->get());
+      return "float " + ShortestDecimal(n.as_floating_point()->get());
     case toml::node_type::boolean:
       return n.as_boolean()->get() ? "true" : "false";
     case toml::node_type::array:
@@ -296,7 +293,7 @@ void Assign(const toml::node& n, const FieldRef& ref, const std::string& where) 
                    // about the value; a finite value beyond float range would silently become inf.
                    if (std::isfinite(v) && std::abs(v) > std::numeric_limits<float>::max())
                      ThrowBadInput(where + ": expected a number within float range, got " +
-                                   internal::FormatNumber(v));
+                                   ShortestDecimal(v));
                    *p = static_cast<float>(v);
                  },
                  [&](double* p) { *p = NumberOf(n, where); },
@@ -491,7 +488,7 @@ std::string TomlValue(const FieldRef& ref) {
                         [](std::string* p) { return Quote(*p); },
                         [](auto* p) {
                           // Floats keep a decimal point so that the written file shows their type.
-                          std::string s = internal::FormatNumber(*p);
+                          std::string s = ShortestDecimal(*p);
                           if (s.find_first_not_of("-0123456789") == std::string::npos) s += ".0";
                           return s;
                         },

@@ -50,10 +50,6 @@ class Provenance {
   std::set<std::string, std::less<>> overridden_;  // "section.key"
 };
 
-// Shortest text that reads back to the same value ("0.02", not "0.0199999995529651642").
-std::string FormatNumber(float v);
-std::string FormatNumber(double v);
-
 // Range and enum checks of every value, and the model shapes; throws keel::Error (bad input).
 void ValidateValues(const RunConfig& cfg, const Provenance& where);
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "keel/core/error.h"
+#include "keel/core/number_text.h"
 #include "keel/core/validate.h"
 #include "keel/kernels/backend.h"
 #include "keel/train/config.h"
@@ -30,15 +31,15 @@ class Checker {
   template <typename T>
   void FinitePositive(std::string_view key, T v) const {
     if (!(std::isfinite(v) && v > 0))
-      Fail(key, "expected a finite number > 0, got " + FormatNumber(v));
+      Fail(key, "expected a finite number > 0, got " + ShortestDecimal(v));
   }
   template <typename T>
   void FiniteNonNegative(std::string_view key, T v) const {
     if (!(std::isfinite(v) && v >= 0))
-      Fail(key, "expected a finite number >= 0, got " + FormatNumber(v));
+      Fail(key, "expected a finite number >= 0, got " + ShortestDecimal(v));
   }
   void UnitInterval(std::string_view key, float v) const {
-    if (!(v >= 0 && v < 1)) Fail(key, "expected a number in [0, 1), got " + FormatNumber(v));
+    if (!(v >= 0 && v < 1)) Fail(key, "expected a number in [0, 1), got " + ShortestDecimal(v));
   }
   void NonEmpty(std::string_view key, const std::string& v) const {
     if (v.empty()) Fail(key, "expected a non-empty string");
@@ -116,7 +117,8 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   lora.FiniteNonNegative("alpha", cfg.lora.alpha);
   lora.OneOf("base", cfg.lora.base, {"", "none", "int8", "nf4"});
   if (!(cfg.lora.dropout >= 0 && cfg.lora.dropout < 1))
-    lora.Fail("dropout", "expected a probability in [0, 1), got " + FormatNumber(cfg.lora.dropout));
+    lora.Fail("dropout",
+              "expected a probability in [0, 1), got " + ShortestDecimal(cfg.lora.dropout));
   if (cfg.lora.rank == 0 && cfg.lora.dropout > 0)
     lora.Fail("dropout", "drops the adapters' inputs; set [lora] rank too");
   if (cfg.lora.rank == 0 && cfg.lora.dora)
@@ -187,8 +189,8 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   optim.FinitePositive("lr", o.lr);
   optim.FiniteNonNegative("min_lr", o.min_lr);
   if (o.min_lr > o.lr)
-    optim.Fail("min_lr",
-               "expected at most lr = " + FormatNumber(o.lr) + ", got " + FormatNumber(o.min_lr));
+    optim.Fail("min_lr", "expected at most lr = " + ShortestDecimal(o.lr) + ", got " +
+                             ShortestDecimal(o.min_lr));
   optim.NonNegative("warmup_steps", o.warmup_steps);
   optim.OneOf("schedule", o.schedule, {"cosine", "linear", "constant"});
   optim.UnitInterval("beta1", o.beta1);
@@ -290,8 +292,9 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
     launch.FinitePositive(key, v);
   if (l.heartbeat_timeout_s > 0 && l.heartbeat_timeout_s < 2 * l.heartbeat_s)
     launch.Fail("heartbeat_timeout_s",
-                FormatNumber(l.heartbeat_timeout_s) + " is shorter than two beats (heartbeat_s = " +
-                    FormatNumber(l.heartbeat_s) + "): a healthy rank would be taken for silent");
+                ShortestDecimal(l.heartbeat_timeout_s) +
+                    " is shorter than two beats (heartbeat_s = " + ShortestDecimal(l.heartbeat_s) +
+                    "): a healthy rank would be taken for silent");
 
   // Cross-section: a sample longer than the position embedding has no positions to use.
   model::ModelConfig resolved = ResolveModel(m, prov);
