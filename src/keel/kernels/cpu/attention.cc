@@ -326,10 +326,11 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
   for (int kt = kt_lo; kt <= qt; ++kt) {
     const float* Kj = K + size_t(kt) * kTile * hsp;
     const float* Vj = V + size_t(kt) * kTile * hsp;
-    const Tri diag = kt == qt ? Tri::kColsFromRow : Tri::kFull;
-    Gemm(St, kTile, Kj, hsp, 1, Qt, kTile, kTile, kTile, hsp, false, diag);
+    const bool diag = kt == qt;
+    Gemm(St, kTile, Kj, hsp, 1, Qt, kTile, kTile, kTile, hsp, false,
+         diag ? Tri::kColsFromRow : Tri::kFull);
     // Padded keys of the last tile sit above the diagonal of it, so the mask covers them too.
-    if (kt == qt) FillAboveDiagonal(St);
+    if (diag) FillAboveDiagonal(St);
     if (doc_start) MaskBeforeDocument(St, doc_start, i0, nq, kt * kTile);
     // Online softmax, 16 query rows at a time.
     for (int r = 0; r < kTile; r += kLanes) {
@@ -351,7 +352,7 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
     }
     // Ot[d][r] += Σ_j V[j][d]·P[j][r]
     Gemm(Ot, kTile, Vj, 1, hsp, St, kTile, hsp, kTile, kTile, true,
-         diag == Tri::kFull ? Tri::kFull : Tri::kKToCol);
+         diag ? Tri::kKToCol : Tri::kFull);
   }
 
   for (int r = 0; r < nq; ++r) {
