@@ -1,5 +1,6 @@
 // AdamW: both overloads against a float64 scalar re-implementation of the formula in adamw.h over a
-// few steps, and the bf16 overload's working copy as the rounded master.
+// few steps, and the bf16 overload's working copy as the rounded master; bf16 moments and
+// master-less weights (stochastic rounding): close to fp32, split-invariant, unbiased.
 #include "keel/kernels/cpu/adamw.h"
 
 #include <gtest/gtest.h>
@@ -91,6 +92,104 @@ TEST(AdamW, Bf16OverloadUpdatesMasterLikeFp32AndRoundsItIntoWorkingCopy) {
   EXPECT_TRUE(BitwiseEqual(m_a, m_b));
   EXPECT_TRUE(BitwiseEqual(v_a, v_b));
   for (size_t i = 0; i < kN; ++i) ASSERT_EQ(working[i].bits, ToBf16(master_b[i]).bits) << i;
+}
+
+// bf16 moments (stochastically rounded): each step's m and v are within a bf16 ulp of the fp32
+// state's, so after a few steps the moves agree to about bf16's resolution, not bitwise.
+TEST(AdamW, Bf16MomentsTrackFp32Moments) {
+  const std::vector<float> master0 = ToTyped<float>(RandomVector(kN, 3));
+  std::vector<float> master_a = master0, m_a(kN, 0.0f), v_a(kN, 0.0f), master_b = master0;
+  std::vector<bf16> m_b(kN, ToBf16(0.0f)), v_b(kN, ToBf16(0.0f));
+  for (int step = 1; step <= kSteps; ++step) {
+    const std::vector<float> grad = ToTyped<float>(RandomVector(kN, 300 + step));
+    AdamWParams p = TestParams(step);
+    AdamWUpdate(master_a.data(), m_a.data(), v_a.data(), grad.data(), kN, p);
+    p.round_key = 42 + uint64_t(step);
+    AdamWUpdate(AdamWState{master_b.data(), nullptr, m_b.data(), v_b.data(), true, grad.data()}, kN,
+                p);
+  }
+  std::vector<double> move_a(kN), move_b(kN);
+  for (size_t i = 0; i < kN; ++i) {
+    move_a[i] = double(master_a[i]) - master0[i];
+    move_b[i] = double(master_b[i]) - master0[i];
+    ASSERT_NEAR(ToFloat(m_b[i]), m_a[i], 0.01) << i;  // m crosses zero: absolute
+    ASSERT_NEAR(ToFloat(v_b[i]), v_a[i], 0.03 * v_a[i] + 1e-9) << i;
+  }
+  EXPECT_LT(MaxRelError(move_b, move_a), 0.05);
+  EXPECT_GT(MaxRelError(move_b, move_a), 0.0);  // really bf16: not the fp32 state's bits
+}
+
+// The draws are a pure function of the key and index0 + i: one call over n equals two over the
+// halves (a ZeRO shard's boundary), bitwise, and another key gives other bits.
+TEST(AdamW, StochasticRoundingIsTheSameWhateverTheSplit) {
+  const std::vector<float> grad = ToTyped<float>(RandomVector(kN, 7));
+  const std::vector<bf16> w0 = ToTyped<bf16>(RandomVector(kN, 8));
+  auto run = [&](uint64_t key, size_t cut) {
+    std::vector<bf16> w = w0, m(kN, ToBf16(0.0f)), v(kN, ToBf16(0.0f));
+    AdamWParams p = TestParams(1);
+    p.round_key = key;
+    for (auto [lo, hi] : {std::pair<size_t, size_t>{0, cut}, {cut, kN}}) {
+      p.index0 = 1000 + lo;
+      AdamWUpdate(
+          AdamWState{nullptr, w.data() + lo, m.data() + lo, v.data() + lo, true, grad.data() + lo},
+          hi - lo, p);
+    }
+    std::vector<uint16_t> bits;
+    for (const auto* x : {&w, &m, &v})
+      for (bf16 b : *x) bits.push_back(b.bits);
+    return bits;
+  };
+  EXPECT_EQ(run(5, kN), run(5, 333));
+  EXPECT_NE(run(5, kN), run(6, kN));
+}
+
+// Why the moments round stochastically: with beta2 = 0.999 and no gradient, v should decay by
+// 0.1% a step, under bf16's half ulp (0.2%): rounded to nearest it would stay at 1 forever. Over
+// many elements the stochastic v follows 0.999^t in expectation.
+TEST(AdamW, Bf16SecondMomentDecaysInExpectation) {
+  constexpr size_t n = 8192;
+  constexpr int steps = 200;
+  std::vector<float> master(n, 1.0f), grad(n, 0.0f);
+  std::vector<bf16> m(n, ToBf16(0.0f)), v(n, ToBf16(1.0f));
+  AdamWParams p = TestParams(1);
+  p.beta2 = 0.999f;
+  p.lr = 0;
+  for (int t = 1; t <= steps; ++t) {
+    p.step = t;
+    p.round_key = uint64_t(t) * 0x9E3779B97F4A7C15ull;
+    AdamWUpdate(AdamWState{master.data(), nullptr, m.data(), v.data(), true, grad.data()}, n, p);
+  }
+  double mean = 0;
+  for (bf16 x : v) mean += ToFloat(x);
+  mean /= n;
+  const double want = std::pow(0.999, steps);  // 0.8186
+  EXPECT_NEAR(mean, want, 0.005);
+  // Round-to-nearest of the same recurrence never leaves 1.
+  EXPECT_EQ(ToBf16(0.999f * 1.0f).bits, ToBf16(1.0f).bits);
+}
+
+// Without a master the bf16 weights take the update stochastically rounded: steps of 1e-4 (a
+// twentieth of bf16's half ulp at 1) add up in expectation, where round-to-nearest loses them all.
+TEST(AdamW, MasterlessWeightsAddUpTinyUpdatesInExpectation) {
+  constexpr size_t n = 8192;
+  constexpr int steps = 100;
+  std::vector<bf16> w(n, ToBf16(1.0f));
+  std::vector<float> m(n, 0.0f), v(n, 0.0f), grad(n, 1.0f);
+  AdamWParams p = TestParams(1);
+  p.lr = 1e-4f;
+  p.weight_decay = 0;
+  p.grad_scale = 1;
+  for (int t = 1; t <= steps; ++t) {
+    p.step = t;
+    p.round_key = uint64_t(t) * 0xD1B54A32D192ED03ull;
+    AdamWUpdate(AdamWState{nullptr, w.data(), m.data(), v.data(), false, grad.data()}, n, p);
+  }
+  double mean = 0;
+  for (bf16 x : w) mean += ToFloat(x);
+  mean /= n;
+  // Adam's step with a constant gradient is lr·m̂/(√v̂ + eps) = lr each step.
+  EXPECT_NEAR(mean, 1.0 - steps * 1e-4, 2e-4);
+  EXPECT_EQ(ToBf16(1.0f - 1e-4f).bits, ToBf16(1.0f).bits);  // what round-to-nearest would keep
 }
 
 TEST(AdamW, RejectsStepZero) {

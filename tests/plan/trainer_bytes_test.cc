@@ -93,12 +93,15 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   for (int c = 0; c < v; ++c)
     chunks.push_back(pp > 1 ? model::StageOf(spec.model, pp * v, c * pp + stage)
                             : model::WholeModel(spec.model));
-  const parallel::StateBytes b = parallel::StateBytesPerRank(
-      model::StateShapeOf(model::ParamLayout::Stage(spec.model, chunks, tp), spec.dtype),
-      spec.layout);
+  parallel::StateShape shape =
+      model::StateShapeOf(model::ParamLayout::Stage(spec.model, chunks, tp), spec.dtype);
+  shape.moment_bytes = spec.hyper.bf16_moments ? 2 : 4;
+  shape.master = spec.master;
+  const parallel::StateBytes b = parallel::StateBytesPerRank(shape, spec.layout);
   ASSERT_EQ(double(b.working + b.biases + b.quantized), plan.state.params);
-  std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.master),
-                              Round64(plan.state.moments / 2), Round64(plan.state.moments / 2)};
+  std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.moments / 2),
+                              Round64(plan.state.moments / 2)};
+  if (plan.state.master > 0) want.push_back(Round64(plan.state.master));
   const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.layout.n_micro);
   double arenas = 0;
   for (int c = 0; c < v; ++c) {
@@ -145,6 +148,8 @@ train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
   train::StepSpec spec;
   spec.model = ToModelConfig(job.model);
   spec.dtype = job.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
+  spec.hyper.bf16_moments = job.bf16_moments;
+  spec.master = job.master;
   spec.layout = l;  // dp, tp, pp, zero, sp, virtual_stages, micro_batch
   spec.layout.n_micro = m;
   spec.seq_len = spec.model.block_size;
@@ -192,6 +197,38 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
         EXPECT_EQ(plan.state.master, 4 * (zero >= 1 ? shard : n));
         EXPECT_EQ(plan.state.moments, 8 * (zero >= 1 ? shard : n));
         EXPECT_EQ(plan.state.grads, 4 * (zero >= 2 ? shard : n));
+      }
+}
+
+// The smaller state tiers (optim.state_dtype = "bf16", optim.master_weights = false): bf16
+// moments and no fp32 master, counted by the planner as the trainer allocates them, to the byte:
+// 18 -> 14 -> 10 bytes per parameter of state (plus the fp32 biases' copy).
+TEST(TrainerBytes, Bf16MomentsAndNoMasterAreCountedToTheByte) {
+  struct Tier {
+    bool bf16_moments, master;
+    double bytes_per_param;
+  };
+  for (const Tier& t : {Tier{true, true, 14}, Tier{false, false, 14}, Tier{true, false, 10}})
+    for (int dp : {1, 2})
+      for (int zero = 0; zero <= 3; ++zero) {
+        SCOPED_TRACE(std::string("bf16 moments ") + (t.bf16_moments ? "yes" : "no") + " master " +
+                     (t.master ? "yes" : "no") + " dp " + std::to_string(dp) + " zero " +
+                     std::to_string(zero));
+        Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 2 * dp, dp);
+        job.bf16_moments = t.bf16_moments;
+        job.master = t.master;
+        Layout l;
+        l.dp = dp;
+        l.zero = zero;
+        l.micro_batch = 2;
+        const MemoryBreakdown plan = EstimateMemory(job, l);
+        SilentComm comm(dp - 1, dp);
+        ExpectAllocations(SpecOf(job, l, 1), train::StepGroups{&comm}, plan, zero);
+        const double n = TotalParams(job.model), held = zero >= 1 ? std::ceil(n / dp) : n;
+        EXPECT_EQ(plan.state.moments, (t.bf16_moments ? 4 : 8) * held);
+        EXPECT_EQ(plan.state.master, t.master ? 4 * held : 0);
+        if (dp == 1)  // the biases' fp32 copy beside the bf16 weights is the rest
+          EXPECT_NEAR(plan.state.total() / n, t.bytes_per_param, 0.01);
       }
 }
 

@@ -152,12 +152,19 @@ void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
                             const std::vector<FlatBuffer>& buffers, size_t lo, size_t hi,
                             bool progress, const Memory& mem) const {
   std::vector<float> host;
+  std::vector<bf16> narrow;
+  // Element `at` of buffer b. A bf16 buffer is read as fp32 and rounded to nearest (state.h).
   auto read = [&](const TensorEntry& t, const std::vector<int64_t>& start,
-                  const std::vector<int64_t>& count, float* out, size_t n) {
-    if (mem.host_visible()) return ReadBox(t, start, count, out);
+                  const std::vector<int64_t>& count, const FlatBuffer& b, size_t at, size_t n) {
+    if (b.dtype == DType::kF32 && mem.host_visible())
+      return ReadBox(t, start, count, static_cast<float*>(b.data) + at);
     host.resize(n);
     ReadBox(t, start, count, host.data());
-    mem.FromHost(out, host.data(), 4 * n);
+    if (b.dtype == DType::kF32)
+      return mem.FromHost(static_cast<float*>(b.data) + at, host.data(), 4 * n);
+    narrow.resize(n);
+    ConvertF32ToBf16(narrow.data(), host.data(), n);
+    mem.FromHost(static_cast<bf16*>(b.data) + at, narrow.data(), 2 * n);
   };
   double total = 0, done = 0;
   for (const TensorSpec& s : tensors) total += 4.0 * double(s.numel()) * double(buffers.size());
@@ -174,13 +181,13 @@ void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
         ThrowBadInput(dir_ + "/manifest.json: " + s.name + " (" + b.kind + ") has shape " +
                       Shape(t->shape) + ", the model config expects " + Shape(s.shape));
       if (hi == 0 && s.local_shape.empty()) {
-        read(*t, std::vector<int64_t>(s.shape.size(), 0), s.shape, b.data + s.offset, s.numel());
+        read(*t, std::vector<int64_t>(s.shape.size(), 0), s.shape, b, s.offset, s.numel());
         done += 4.0 * double(s.numel());
         continue;
       }
       // A shard: the boxes of this tensor that fall in [lo, hi), whatever pieces hold them.
       for (const Box& box : TensorBoxesIn(s, lo, hi == 0 ? SIZE_MAX : hi)) {
-        read(*t, box.start, box.count, b.data + (s.offset + box.flat - lo), box.numel);
+        read(*t, box.start, box.count, b, s.offset + box.flat - lo, box.numel);
         done += 4.0 * double(box.numel);
       }
     }

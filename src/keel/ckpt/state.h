@@ -1,5 +1,5 @@
 // What a checkpoint holds, as the trainer hands it over: the tensors (name, global shape, offset
-// into the flat buffers), the flat fp32 buffers by kind, and the non-tensor state as JSON.
+// into the flat buffers), the flat buffers by kind, and the non-tensor state as JSON.
 //
 // The bf16 working weights are not written: they are round-to-nearest of the fp32 master, a pure
 // function of it, so a resume rebuilds them bit for bit and a save is 2 bytes/param smaller.
@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "keel/core/dtype.h"
 
 namespace keel::ckpt {
 
@@ -37,9 +39,14 @@ struct TensorSpec {
   }
 };
 
+// A buffer of fp32 or bf16 elements. Checkpoints hold fp32 whatever the run keeps: bf16 buffers
+// (moments with optim.state_dtype = "bf16", weights without a master) are saved widened, exactly,
+// and loaded rounded to nearest, which gives their bits back; a run may resume with another
+// state dtype, and every reader and tool sees one format.
 struct FlatBuffer {
-  std::string kind;       // "master" | "adam_m" | "adam_v"
-  float* data = nullptr;  // laid out as the TensorSpecs say
+  std::string kind;      // "master" | "adam_m" | "adam_v"
+  void* data = nullptr;  // laid out as the TensorSpecs say
+  DType dtype = DType::kF32;
 };
 
 // The buffers hold the flat range [lo, hi) of the layout (hi 0: all of it), element 0 at lo: a

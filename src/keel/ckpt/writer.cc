@@ -29,6 +29,18 @@ using nlohmann::json;
 
 namespace {
 
+// n bf16 values at the start of `p` widened to fp32 in place, last first: element i's four bytes
+// cover only bf16 elements at or after i, already read.
+// Bytes, not typed pointers: the two views alias.
+void WidenInPlace(uint8_t* p, size_t n) {
+  for (size_t i = n; i-- > 0;) {
+    bf16 x;
+    std::memcpy(&x, p + 2 * i, 2);
+    const float f = ToFloat(x);
+    std::memcpy(p + 4 * i, &f, 4);
+  }
+}
+
 // This thread's CPU time so far, user and kernel, in ms.
 std::pair<double, double> ThreadCpuMs() {
   rusage u{};
@@ -177,8 +189,17 @@ double CheckpointWriter::WaitSnapshot() {
 
 void CheckpointWriter::CopyChunks() {
   for (size_t i; (i = next_chunk_.fetch_add(1)) < chunks_.size();) {
-    mem_->ToHost(chunks_[i].dst, chunks_[i].src, chunks_[i].n);
-    copied_bytes_.fetch_add(chunks_[i].n);
+    const Chunk& c = chunks_[i];
+    if (!c.widen) {
+      mem_->ToHost(c.dst, c.src, c.n);
+    } else if (mem_->host_visible()) {
+      ConvertBf16ToF32(reinterpret_cast<float*>(c.dst), reinterpret_cast<const bf16*>(c.src),
+                       c.n / 4);
+    } else {
+      mem_->ToHost(c.dst, c.src, c.n / 2);
+      WidenInPlace(c.dst, c.n / 4);
+    }
+    copied_bytes_.fetch_add(c.n);
   }
 }
 
@@ -301,14 +322,15 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
   current_.path = tmp;
   meta_ = view;
   meta_.buffers.clear();  // the bytes are in staging from here on
-  for (const auto& b : view.buffers) meta_.buffers.push_back({b.kind, nullptr});
+  for (const auto& b : view.buffers) meta_.buffers.push_back({b.kind, nullptr, b.dtype});
 
   // This rank's pieces, in staging order: tensor by tensor, kind by kind.
   json pieces = json::array();
   size_t bytes = 0;
   struct Copy {
-    const float* src;
-    size_t n;
+    const uint8_t* src;
+    size_t n;  // elements
+    bool widen;
   };
   std::vector<Copy> copies;
   const auto [lo, hi] = WriteRangeOf(view, rank_, world_);
@@ -317,7 +339,10 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     for (const Box& box : TensorBoxesIn(t, lo, hi)) {
       const size_t n = box.numel;
       for (const FlatBuffer& b : view.buffers) {
-        copies.push_back({b.data + (t.offset + box.flat - view.lo), n});
+        const size_t eb = DTypeSize(b.dtype);
+        copies.push_back(
+            {static_cast<const uint8_t*>(b.data) + eb * (t.offset + box.flat - view.lo), n,
+             b.dtype == DType::kBF16});
         pieces.push_back({{"name", t.name},
                           {"kind", b.kind},
                           {"shape", t.shape},
@@ -335,9 +360,10 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
   chunks_.clear();
   uint8_t* dst = staging_.get();
   for (const Copy& c : copies) {
-    const auto* src = reinterpret_cast<const uint8_t*>(c.src);
+    // A bf16 chunk reads half the bytes it stages (kChunk is a multiple of 4).
     for (size_t off = 0; off < c.n * 4; off += kChunk)
-      chunks_.push_back({src + off, dst + off, std::min(kChunk, c.n * 4 - off)});
+      chunks_.push_back(
+          {c.src + (c.widen ? off / 2 : off), dst + off, std::min(kChunk, c.n * 4 - off), c.widen});
     dst += c.n * 4;
   }
   next_chunk_ = 0;
@@ -347,8 +373,10 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     // after the step's kernels and overlapping the next step's forward and backward (which leave
     // the state alone); the trainer's threads have nothing to help with.
     void* stream = mem_->CopyStream();
-    for (const Chunk& c : chunks_) mem_->ToHostAsync(c.dst, c.src, c.n, stream);
+    for (const Chunk& c : chunks_) mem_->ToHostAsync(c.dst, c.src, c.widen ? c.n / 2 : c.n, stream);
     mem_->WaitCopies(stream);
+    for (const Chunk& c : chunks_)
+      if (c.widen) WidenInPlace(c.dst, c.n / 4);
     copied_bytes_ = bytes;
   } else {
     {

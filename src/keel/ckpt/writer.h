@@ -139,7 +139,8 @@ class CheckpointWriter {
   struct Chunk {
     const uint8_t* src;
     uint8_t* dst;
-    size_t n;
+    size_t n;            // bytes staged
+    bool widen = false;  // src holds n / 4 bf16 values, staged as fp32
   };
   std::vector<Chunk> chunks_;  // the snapshot's copies, in pieces of at most 8 MiB
   std::atomic<size_t> next_chunk_{0}, copied_bytes_{0};

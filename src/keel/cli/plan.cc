@@ -25,8 +25,8 @@ struct PlanArgs {
   std::string config, model, precision = "bf16", accounting, accel = "H100-80GB";
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
-  std::string lora_base;
-  bool lora_dora = false;
+  std::string lora_base, state_dtype = "fp32";
+  bool lora_dora = false, no_master = false;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1;
@@ -123,6 +123,14 @@ plan::Job MakeJob(const PlanArgs& a) {
                   " without --lora-rank");
   }
   job.precision = plan::ParsePrecision(a.precision);
+  if (a.state_dtype != "fp32" && a.state_dtype != "bf16")
+    ThrowBadInput("plan: --state-dtype \"" + a.state_dtype + "\": expected fp32 or bf16");
+  job.bf16_moments = a.state_dtype == "bf16";
+  job.master = !a.no_master;
+  if (a.no_master && (job.precision != plan::Precision::kBf16 || a.lora_rank > 0))
+    ThrowBadInput(std::string("plan: --no-master: ") +
+                  (a.lora_rank > 0 ? "not with --lora-rank (the adapters' master is small)"
+                                   : "needs --precision bf16 (fp32 weights are the master)"));
   // keel's accounting is the only one that knows LoRA's compact state: it is LoRA's default.
   job.accounting = plan::ParseAccounting(!a.accounting.empty() ? a.accounting
                                          : a.lora_rank > 0     ? "keel"
@@ -226,6 +234,12 @@ void RegisterPlan(CLI::App& app) {
                   "the frozen base's block matrices: none (the precision's), int8 or nf4, as "
                   "[lora] base");
   cmd->add_flag("--lora-dora", a.lora_dora, "DoRA's magnitudes over the adapters, as [lora] dora");
+  cmd->add_option("--state-dtype", a.state_dtype,
+                  "AdamW's moments: fp32 or bf16 (stochastically rounded), as optim.state_dtype")
+      ->capture_default_str();
+  cmd->add_flag("--no-master", a.no_master,
+                "bf16 weights without an fp32 master (stochastic rounding), as "
+                "optim.master_weights = false");
   cmd->add_option("--global-batch", a.global_batch, "sequences per step")->capture_default_str();
   cmd->add_option("--accelerator", a.accel, "A100-80GB, H100-80GB, H200-141GB, this-cpu (measured)")
       ->capture_default_str();
@@ -284,6 +298,8 @@ void RegisterPlan(CLI::App& app) {
                               {"seq", job.model.seq},
                               {"params", plan::TotalParams(job.model)}}},
                             {"precision", plan::PrecisionName(job.precision)},
+                            {"state_dtype", job.bf16_moments ? "bf16" : "fp32"},
+                            {"master_weights", job.master},
                             {"accounting", plan::AccountingName(job.accounting)},
                             {"global_batch", job.global_batch},
                             {"accelerator", job.cluster.accel.name},

@@ -91,7 +91,7 @@ nlohmann::json CheckpointJson(const plan::CheckpointPlan& c) {
 }
 
 void PrintHeader(const plan::Job& j) {
-  const auto bpp = plan::StateBytesPerParam(j.precision, j.accounting);
+  const auto bpp = plan::StateBytesPerParam(j);
   std::string shape;
   if (j.model.family == model::Family::kLlama)
     shape = " (Llama: " + std::to_string(j.model.kv_heads) + " key/value heads, SwiGLU " +

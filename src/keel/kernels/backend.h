@@ -213,13 +213,19 @@ class Backend : public Memory {
     DoraMagnitudeGradOp(DTypeOf<T>(), dmag, dy, z, inv_norm, rows, cols);
   }
 
-  // AdamW on fp32 master weights (cpu/adamw.h); `working` (may be null) receives the bf16 rounding.
-  virtual void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad,
-                           size_t n, const AdamWParams& p) const = 0;
+  // AdamW (cpu/adamw.h) over what `s` names (op_args.h: fp32 master and an optional bf16 copy,
+  // or master-less bf16 weights; fp32 or bf16 moments).
+  virtual void AdamWUpdate(const AdamWState& s, size_t n, const AdamWParams& p) const = 0;
+  void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
+                   const AdamWParams& p) const {
+    AdamWUpdate(AdamWState{master, working, m, v, false, grad}, n, p);
+  }
   // Σ x², accumulated in fp64 in a fixed order (the same value whatever the thread count).
   virtual double SumSquares(const float* x, size_t n) const = 0;
   // Round-to-nearest-even of n fp32 values.
   virtual void ToBf16(bf16* out, const float* in, size_t n) const = 0;
+  // The exact widening of n bf16 values.
+  virtual void ToF32(float* out, const bf16* in, size_t n) const = 0;
   // dst += src, elementwise (a reduce-scattered gradient into the shard).
   virtual void AddTo(float* dst, const float* src, size_t n) const = 0;
 

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "keel/core/dtype.h"
+
 // The mask hashes below run in CUDA kernels too (cuda/dropout.cu): one definition for both.
 #if defined(__CUDACC__)
 #define KEEL_HOST_DEVICE __host__ __device__
@@ -87,6 +89,37 @@ struct AdamWParams {
   float weight_decay = 0.0f;
   float grad_scale = 1.0f;  // e.g. the clipping factor
   int step = 1;
+  // Stochastic rounding (bf16 moments, bf16 weights without a master): element i draws
+  // RoundDraws(round_key, index0 + i), so that the draws are a pure function of the key and the
+  // element's place in its tensor, whatever the sharding or thread count (AdamWState).
+  uint64_t round_key = 0;
+  uint64_t index0 = 0;
 };
+
+// What one AdamW update reads and writes. Moments in fp32 or bf16 (`bf16_moments`; bf16:
+// stochastically rounded: with beta2 = 0.999, v moves 0.1% a step, under bf16's half ulp of
+// 0.2%, and round-to-nearest would freeze it). `master` null: the bf16 `working` weights are the
+// only copy and take the update stochastically rounded (llm.c's master-less mode); else the fp32
+// master is updated and `working` (may be null) receives its round-to-nearest-even.
+struct AdamWState {
+  float* master = nullptr;
+  bf16* working = nullptr;
+  void* m = nullptr;
+  void* v = nullptr;
+  bool bf16_moments = false;
+  const float* grad = nullptr;
+};
+
+// Three 16-bit uniform draws for element `index` (for m, v and the weight), from two 32-bit
+// avalanches: cheap enough to vectorize beside AdamW's memory traffic.
+struct RoundDraws {
+  uint32_t m, v, w;
+};
+KEEL_HOST_DEVICE inline RoundDraws RoundDrawsOf(uint64_t key, uint64_t index) {
+  const uint32_t a = Avalanche32(uint32_t(key) ^ (uint32_t(index) * 0x9E3779B9u) ^
+                                 (uint32_t(index >> 32) * 0x85EBCA6Bu));
+  const uint32_t b = Avalanche32(a ^ uint32_t(key >> 32));
+  return {a & 0xffffu, a >> 16, b & 0xffffu};
+}
 
 }  // namespace keel::kernels

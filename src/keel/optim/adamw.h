@@ -7,10 +7,15 @@
 //   AdamW opt(ranges, total, hyper);
 //   double norm = GlobalGradNorm(grads, total);
 //   opt.Step(master, working_bf16_or_null, grads, lr, ClipScale(norm, 1.0));
+//
+// Moments in bf16 (18 -> 14 bytes per parameter) and master-less bf16 weights (-> 10) round
+// stochastically, with draws that are a pure function of the seed, the step, the tensor and the
+// element: bitwise the same whatever the ZeRO stage, dp size or thread count.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "keel/core/dtype.h"
@@ -33,25 +38,38 @@ struct ParamRange {
   // Its place in the working copy (model::ParamInfo::work_offset, which a quantized base moves),
   // where a compact state publishes its trained weights. AdamW does not read it either.
   size_t work = SIZE_MAX;
+  // Stochastic rounding's draws (bf16 moments, master-less weights): the tensor's stream and
+  // this range's first element in it, so that every layout draws the same for an element
+  // (kernels::AdamWParams::round_key, index0).
+  uint64_t stream = 0;
+  uint64_t first = 0;
 };
+
+// A tensor's stream of draws: its name and tensor-parallel shard (the tied wte's copy on the last
+// pipeline stage draws what the first stage's draws).
+uint64_t RoundStream(const std::string& name, int tp_rank);
 
 struct AdamWHyper {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  bool bf16_moments = false;  // optim.state_dtype = "bf16": m and v stochastically rounded
+  uint64_t seed = 0;          // of the stochastic rounding's draws
 };
 
 class AdamW {
  public:
-  // Moments in `be`'s memory, zeroed; Step runs on `be`.
+  // Moments in `be`'s memory (fp32, or bf16 per hyper), zeroed; Step runs on `be`.
   AdamW(std::vector<ParamRange> ranges, size_t total, const AdamWHyper& hyper,
         const kernels::Backend& be = kernels::Cpu());
 
-  // One update of every range; `working` (bf16 runs) receives the rounded new master.
+  // One update of every range; `working` (bf16 runs) receives the rounded new master. `master`
+  // null: `working` is the only copy of the weights, updated with stochastic rounding.
   void Step(float* master, bf16* working, const float* grads, float lr, float grad_scale);
 
   int step() const { return step_; }
   void set_step(int step) { step_ = step; }  // a resumed run continues the bias correction
-  float* m() { return m_.as<float>(); }
-  float* v() { return v_.as<float>(); }
+  void* m() { return m_.data(); }            // moment_dtype() elements
+  void* v() { return v_.data(); }
+  DType moment_dtype() const { return hyper_.bf16_moments ? DType::kBF16 : DType::kF32; }
   size_t total() const { return total_; }
 
  private:

@@ -15,7 +15,8 @@ std::vector<ParamRange> Clip(const std::vector<ParamRange>& ranges, size_t lo, s
     if (a < b)
       out.push_back({a - lo, b - a, r.decay, r.frozen, r.replica,
                      r.at == SIZE_MAX ? SIZE_MAX : r.at + (a - r.offset),
-                     r.work == SIZE_MAX ? SIZE_MAX : r.work + (a - r.offset)});
+                     r.work == SIZE_MAX ? SIZE_MAX : r.work + (a - r.offset), r.stream,
+                     r.first + (a - r.offset)});
   }
   return out;
 }
@@ -54,11 +55,15 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       state_hi_(dims.zero >= 1 ? shard_.hi : state_total()),
       grads_lo_(dims.zero >= 2 ? shard_.lo : 0),
       grads_size_(compact_ ? shape.grads : HeldBy(shard_, shape.total, dims.zero >= 2)),
-      master_(Buffer::Zeroed(be, 4 * (state_hi_ - state_lo_))),
+      master_(Buffer::Zeroed(be, shape.master ? 4 * (state_hi_ - state_lo_) : 0)),
       grads_(Buffer::Zeroed(be, 4 * grads_size_)),
       biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
       opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_, hyper,
            be) {
+  KEEL_CHECK(shape.master || (shape.working_bytes == 2 && !compact_),
+             "ParamStore: weights without a master are a bf16 run's whole state (not LoRA's)");
+  KEEL_CHECK(hyper.bf16_moments == (shape.moment_bytes == 2),
+             "ParamStore: the shape's moment bytes are not the optimizer's");
   if (compact_) {
     KEEL_CHECK(dims.zero <= 1, "ParamStore: a compact state shards at ZeRO 0 and 1 only");
     size_t n = 0;
@@ -79,6 +84,11 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       if (r.frozen) frozen_.push_back(r);
   replicas_ = Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_);
   std::erase_if(replicas_, [](const ParamRange& r) { return !r.replica; });
+}
+
+void* ParamStore::master_data() {
+  if (master_.bytes() || state_hi_ == state_lo_) return master_.data();
+  return static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
 }
 
 void* ParamStore::working() {
@@ -105,6 +115,7 @@ double ParamStore::LocalGradSquares() const {
 void ParamStore::Update(float lr, float grad_scale) {
   // The bf16 working copy receives the rounded update where it covers the state slice: all of it
   // (stage 0), this rank's place in the full copy (1, 2; then all-gathered), or the shard (3).
+  // Without a master that slice is the weights' only copy, updated in place.
   if (compact_) return opt_.Step(master(), nullptr, grads() + state_lo_, lr, grad_scale);
   bf16* w = nullptr;
   if (dtype() == DType::kBF16) w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
@@ -118,7 +129,7 @@ parallel::StateBytes ParamStore::bytes() const {
   b.biases = biases_.bytes();
   b.grads = grads_.bytes();
   b.master = master_.bytes();
-  b.moments = 8 * (state_hi_ - state_lo_);
+  b.moments = 2 * DTypeSize(opt_.moment_dtype()) * (state_hi_ - state_lo_);
   return b;
 }
 

@@ -20,6 +20,10 @@
 // frozen ones live there alone (bf16 runs: as bf16) or, for a quantized base's matrices, as codes
 // and scales; set once by TrainStep::SetWeights. ZeRO 0 and 1 only.
 //
+// The moments are fp32 or bf16 (StateShape::moment_bytes, AdamWHyper::bf16_moments). A bf16 run
+// without a master (StateShape::master false; not compact) keeps no fp32 copy: the working
+// copy's slice [state_lo, state_hi) is the weights AdamW updates (stochastically rounded).
+//
 //   ParamStore st(shape, dims, dp_rank, ranges, hyper);
 //   st.Update(lr, clip_scale);   // AdamW over what this rank holds
 #pragma once
@@ -63,9 +67,16 @@ class ParamStore {
   // Master weights and moments hold [state_lo(), state_hi()) of the state's flat indices.
   size_t state_lo() const { return state_lo_; }
   size_t state_hi() const { return state_hi_; }
+  // The fp32 master; null without one (StateShape::master false).
   float* master() { return master_.as<float>(); }
-  float* adam_m() { return opt_.m(); }
-  float* adam_v() { return opt_.v(); }
+  bool has_master() const { return shape_.master; }
+  // The master's values over the slice, in master_dtype(): the fp32 master, or without one the
+  // working copy's bf16 slice that stands for it (what checkpoints and replica checks read).
+  void* master_data();
+  DType master_dtype() const { return shape_.master ? DType::kF32 : DType::kBF16; }
+  void* adam_m() { return opt_.m(); }  // moment_dtype() elements
+  void* adam_v() { return opt_.v(); }
+  DType moment_dtype() const { return opt_.moment_dtype(); }
   // Gradients from flat index grads_lo(): the whole layout, or the shard (compact: the packed
   // trainable ones, then the frozen norms' scratch).
   float* grads() { return grads_.as<float>(); }

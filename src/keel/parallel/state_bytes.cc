@@ -9,8 +9,8 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   const size_t held = d.zero >= 1 ? Shard(state, d.dp, 0).size : state;  // master and moments
   const size_t segs = s.embed + s.final_norm + 2 * s.max_block;
   StateBytes b;
-  b.master = 4 * held;
-  b.moments = 8 * held;
+  b.master = s.master ? 4 * held : 0;
+  b.moments = 2 * size_t(s.moment_bytes) * held;
   b.grads = 4 * (s.compact() ? s.grads : d.zero >= 2 ? shard : s.total);
   b.biases = bf16 ? 4 * s.n_bias : 0;
   if (s.compact()) {

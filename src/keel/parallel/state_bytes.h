@@ -20,6 +20,10 @@ struct StateShape {
   size_t final_norm = 0;  // the last segment
   size_t max_block = 0;   // the largest transformer block
   int working_bytes = 4;  // 4: fp32 run (the working weights are the master), 2: bf16
+  int moment_bytes = 4;   // AdamW's m and v: 4 (fp32) or 2 (optim.state_dtype = "bf16")
+  // false: bf16 weights without an fp32 master (optim.master_weights = false); the working
+  // copy's slice stands for it.
+  bool master = true;
   // Parameters that are trained (LoRA's adapters), when fewer than `total`: a compact state
   // (optim::ParamStore), whose master weights and moments cover these only. 0: all of them.
   size_t trainable = 0;
@@ -40,8 +44,9 @@ struct StateBytes {
   size_t grads = 0;    // fp32 gradients: all, or this rank's shard (ZeRO >= 2); compact: the
                        // trainable ones'
   size_t master = 0;   // fp32 master weights: all, or this rank's shard (ZeRO >= 1); compact:
-                       // of the trainable parameters, and every working weight is kept
-  size_t moments = 0;  // AdamW m and v, as the master
+                       // of the trainable parameters, and every working weight is kept; none
+                       // without a master
+  size_t moments = 0;  // AdamW m and v (fp32 or bf16), over what the master would cover
   // ZeRO >= 2: per-segment gradient scratch (the embeddings, the final LayerNorm, two blocks in
   // flight); ZeRO 3: also the gathered weights of the same segments.
   size_t zero_buffers = 0;

@@ -88,6 +88,10 @@ struct Job {
   ModelSpec model;
   Precision precision = Precision::kBf16;
   Accounting accounting = Accounting::kPaper;
+  // Smaller optimizer state (train's optim.state_dtype, optim.master_weights): AdamW's moments in
+  // bf16; no fp32 master (bf16 only).
+  bool bf16_moments = false;
+  bool master = true;
   int global_batch = 512;  // sequences per optimizer step
   Cluster cluster;
   // Fraction of peak FLOP/s that the matrix products reach; the rest of the step time model

@@ -9,9 +9,14 @@
 
 namespace keel::plan {
 
-BytesPerParam StateBytesPerParam(Precision p, Accounting a) {
-  if (p == Precision::kFp32) return {4, 4, 0, 8};
-  return {2, a == Accounting::kKeel ? 4.0 : 2.0, 4, 8};
+BytesPerParam StateBytesPerParam(Precision p, Accounting a, bool bf16_moments, bool master) {
+  const double moments = bf16_moments ? 4 : 8;
+  if (p == Precision::kFp32) return {4, 4, 0, moments};
+  return {2, a == Accounting::kKeel ? 4.0 : 2.0, master ? 4.0 : 0.0, moments};
+}
+
+BytesPerParam StateBytesPerParam(const Job& j) {
+  return StateBytesPerParam(j.precision, j.accounting, j.bf16_moments, j.master);
 }
 
 StateMemory ModelStateBytes(double psi, const BytesPerParam& bpp, int zero, int dp) {
@@ -127,8 +132,10 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const std::vector<model::StageRange> chunks = model::RankChunks(cfg, l.pp, stage, v);
   // The store's and the ZeRO strategy's buffers, by the formula they allocate with. Every
   // tensor-parallel rank holds shards of the same sizes: rank 0's stands for all.
-  const parallel::StateBytes b =
-      parallel::StateBytesPerRank(model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt), l);
+  parallel::StateShape shape = model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt);
+  shape.moment_bytes = job.bf16_moments ? 2 : 4;
+  shape.master = job.master;
+  const parallel::StateBytes b = parallel::StateBytesPerRank(shape, l);
   mem.state.params = double(b.working + b.biases + b.quantized);
   mem.state.grads = double(b.grads);
   mem.state.master = double(b.master);
@@ -164,7 +171,7 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   MemoryBreakdown mem;
   mem.capacity = job.cluster.accel.memory_bytes;
   mem.headroom = std::max(1e9, 0.05 * mem.capacity);
-  const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
+  const BytesPerParam bpp = StateBytesPerParam(job);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   mem.state = ModelStateBytes(psi, bpp, l.zero, l.dp);
 

@@ -16,8 +16,10 @@ struct BytesPerParam {
 };
 
 // bf16/paper: 2+2+4+8 = 16. bf16/keel: 2+4+4+8 = 18 (fp32 grads). fp32: 4+4+0+8 = 16 (the
-// working weights are the master weights).
-BytesPerParam StateBytesPerParam(Precision p, Accounting a);
+// working weights are the master weights). bf16 moments: 4 fewer; no master: 4 fewer.
+BytesPerParam StateBytesPerParam(Precision p, Accounting a, bool bf16_moments = false,
+                                 bool master = true);
+BytesPerParam StateBytesPerParam(const Job& j);
 
 struct StateMemory {
   double params = 0, grads = 0, master = 0, moments = 0;

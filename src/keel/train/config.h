@@ -95,6 +95,12 @@ struct OptimSection {
   float grad_clip = 1.0f;     // global L2 norm; 0 = off
   // Parameters not trained (fine-tuning): comma-separated name patterns, e.g. "wte.*,wpe.*".
   std::string freeze;
+  // AdamW's moments: "fp32" or "bf16" (stochastically rounded; 18 -> 14 bytes per parameter of
+  // a bf16 run).
+  std::string state_dtype = "fp32";
+  // false (bf16 runs, not LoRA): no fp32 master copy; the bf16 weights take each update with
+  // stochastic rounding (llm.c's master-less mode; 4 bytes per parameter fewer).
+  bool master_weights = true;
 
   bool operator==(const OptimSection&) const = default;
 };

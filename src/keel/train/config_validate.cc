@@ -198,6 +198,16 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   optim.FinitePositive("eps", o.eps);
   optim.FiniteNonNegative("weight_decay", o.weight_decay);
   optim.FiniteNonNegative("grad_clip", o.grad_clip);
+  optim.OneOf("state_dtype", o.state_dtype, {"fp32", "bf16"});
+  if (!o.master_weights && t.precision != "bf16")
+    optim.Fail("master_weights",
+               "false needs train.precision = \"bf16\" (an fp32 run's weights "
+               "are the master), got \"" +
+                   t.precision + "\"");
+  if (!o.master_weights && cfg.lora.rank > 0)
+    optim.Fail("master_weights",
+               "false is not for LoRA (its adapters' master is a few MB; the "
+               "frozen base has none)");
 
   const Checker parallel(prov, "parallel");
   parallel.FinitePositive("bucket_mb", cfg.parallel.bucket_mb);

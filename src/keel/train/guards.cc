@@ -54,7 +54,9 @@ uint64_t HashState(const kernels::Backend& be, const void* p, size_t bytes) {
 
 uint64_t ReplicaHash(TrainStep& step, int zero) {
   optim::ParamStore& st = step.store();
-  if (zero == 0) return HashState(st.backend(), st.master(), 4 * (st.state_hi() - st.state_lo()));
+  if (zero == 0)
+    return HashState(st.backend(), st.master_data(),
+                     DTypeSize(st.master_dtype()) * (st.state_hi() - st.state_lo()));
   return HashState(st.backend(), st.working(), st.bytes().working);
 }
 
@@ -78,8 +80,10 @@ resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine) {
 void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from) {
   optim::ParamStore& st = step.store();
   if (zero == 0) {
-    const size_t bytes = 4 * (st.state_hi() - st.state_lo());
-    for (float* buf : {st.master(), st.adam_m(), st.adam_v()}) dp.Broadcast(buf, bytes, from);
+    const size_t n = st.state_hi() - st.state_lo();
+    dp.Broadcast(st.master_data(), DTypeSize(st.master_dtype()) * n, from);
+    for (void* buf : {st.adam_m(), st.adam_v()})
+      dp.Broadcast(buf, DTypeSize(st.moment_dtype()) * n, from);
   }
   step.strategy().PublishWeights();  // the working weights again, from the (repaired) master
 }
@@ -233,10 +237,13 @@ void FlipBit(TrainStep& step, const resilience::Fault& f, int rank) {
   }
   const size_t at = (st.compact() ? p.grad_offset : p.offset) + std::min(f.index, p.numel - 1);
   if (at < st.state_lo() || at >= st.state_hi()) return;  // another rank's shard
-  uint32_t bits;
-  st.backend().ToHost(&bits, st.master() + (at - st.state_lo()), 4);
-  bits ^= 1u << f.bit;
-  st.backend().FromHost(st.master() + (at - st.state_lo()), &bits, 4);
+  // A bf16 weight without a master: bit b of its 16 (fp32's bit b + 16 is the same bit).
+  const size_t eb = DTypeSize(st.master_dtype());
+  char* where = static_cast<char*>(st.master_data()) + eb * (at - st.state_lo());
+  uint32_t bits = 0;
+  st.backend().ToHost(&bits, where, eb);
+  bits ^= 1u << (eb == 4 ? f.bit : std::max(0, f.bit - 16));
+  st.backend().FromHost(where, &bits, eb);
   Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]", rank, f.bit, f.param.c_str(),
       std::min(f.index, p.numel - 1));
 }

@@ -58,7 +58,10 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
   const std::vector<model::StageRange> chunks =
       model::RankChunks(m, d.pp, stage, v, d.pp > 1 ? d.stage_layers : std::vector<int>{});
   StageBytes b;
-  b.state = parallel::StateBytesPerRank(model::StateShapeOf(m, chunks, {d.tp, 0}, dt), d);
+  parallel::StateShape shape = model::StateShapeOf(m, chunks, {d.tp, 0}, dt);
+  shape.moment_bytes = cfg.optim.state_dtype == "bf16" ? 2 : 4;
+  shape.master = cfg.optim.master_weights;
+  b.state = parallel::StateBytesPerRank(shape, d);
   // One slot without a pipeline (PipelineSlots would list every micro-batch's units first).
   const std::vector<int> slots =
       d.pp > 1 ? parallel::PipelineSlots(d.pp, stage, int(chunks.size()), d.n_micro)

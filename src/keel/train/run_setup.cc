@@ -178,7 +178,9 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.seq_len = cfg.data.seq_len;
   spec.recompute = model::ParseRecompute(cfg.model.recompute);
   spec.layout = s.layout;
-  spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay,
+                cfg.optim.state_dtype == "bf16"};
+  spec.master = cfg.optim.master_weights;
   spec.frozen = frozen;
   spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
   spec.comm_timeout_s = cfg.parallel.comm_timeout_s;

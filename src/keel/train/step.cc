@@ -25,8 +25,15 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
   std::vector<optim::ParamRange> r;
   for (const model::ParamInfo& p : layout.params())
     r.push_back({p.offset, p.numel, p.decay, !frozen.empty() && frozen[p.stream], p.replica,
-                 SIZE_MAX, p.work_offset});
+                 SIZE_MAX, p.work_offset, optim::RoundStream(p.name, layout.tp().rank), 0});
   return r;
+}
+
+parallel::StateShape ShapeOf(const model::ParamLayout& layout, const StepSpec& spec) {
+  parallel::StateShape s = model::StateShapeOf(layout, spec.dtype);
+  s.moment_bytes = spec.hyper.bf16_moments ? 2 : 4;
+  s.master = spec.master;
+  return s;
 }
 
 // This rank's chunks: virtual stage c·p + s of p·v equal ones, for c < v.
@@ -64,9 +71,10 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
   // LoRA trains its adapters only, whoever builds the step (the trainer passes the same).
   if (spec_.model.lora_rank > 0 && spec_.frozen.empty())
     spec_.frozen = FrozenParams("", model::ParamLayout::Whole(spec_.model));
-  store_ = std::make_unique<optim::ParamStore>(model::StateShapeOf(layout_, spec.dtype),
-                                               spec.layout, comm_.rank(),
-                                               RangesOf(layout_, spec_.frozen), spec.hyper, be_);
+  optim::AdamWHyper hyper = spec.hyper;
+  hyper.seed = spec.seed;
+  store_ = std::make_unique<optim::ParamStore>(ShapeOf(layout_, spec_), spec.layout, comm_.rank(),
+                                               RangesOf(layout_, spec_.frozen), hyper, be_);
   zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
                                          spec.comm_timeout_s);
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
@@ -109,8 +117,14 @@ void TrainStep::SetWeights(const float* full) {
   if (store_->compact())
     return SetWeights(
         [mine](const model::ParamInfo& p, std::vector<float>&) { return mine + p.offset; });
-  be_.FromHost(store_->master(), mine + store_->state_lo(),
-               4 * (store_->state_hi() - store_->state_lo()));
+  const size_t n = store_->state_hi() - store_->state_lo();
+  if (store_->has_master()) {
+    be_.FromHost(store_->master(), mine + store_->state_lo(), 4 * n);
+  } else {  // the bf16 weights are the only copy: rounded to nearest once, here
+    std::vector<bf16> w(n);
+    ConvertF32ToBf16(w.data(), mine + store_->state_lo(), n);
+    be_.FromHost(store_->master_data(), w.data(), 2 * n);
+  }
   zero_->PublishWeights();
 }
 
@@ -300,8 +314,10 @@ ckpt::StateView TrainStep::StateView() {
     std::erase_if(v.all_tensors,
                   [](const ckpt::TensorSpec& t) { return !model::IsLoraParam(t.name); });
   }
-  v.buffers = {
-      {"master", store_->master()}, {"adam_m", store_->adam_m()}, {"adam_v", store_->adam_v()}};
+  // Without a master, the bf16 weights stand for it; bf16 buffers are saved widened (ckpt/state.h).
+  v.buffers = {{"master", store_->master_data(), store_->master_dtype()},
+               {"adam_m", store_->adam_m(), store_->moment_dtype()},
+               {"adam_v", store_->adam_v(), store_->moment_dtype()}};
   v.lo = store_->state_lo();
   v.hi = spec_.layout.zero >= 1 ? store_->state_hi() : 0;
   // The stage's data-parallel ranks split its tensors for writing (ZeRO 1+: their shards).

@@ -50,6 +50,9 @@ struct StepSpec {
   // loss-masked data, whose rows pack whole conversations. -1: off.
   int document_eos = -1;
   uint64_t seed = 0;  // the run's ([train] seed): LoRA dropout's masks derive from it
+  // false (bf16 runs): no fp32 master, the bf16 weights updated with stochastic rounding
+  // (optim.master_weights); the moments' dtype is hyper.bf16_moments.
+  bool master = true;
 };
 
 // The groups a step talks to: parallel::Groups::ForStep(), or any comms of the right sizes.

@@ -64,8 +64,14 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
     if (bytes.get<size_t>())
       kinds += (kinds.empty() ? "" : ", ") + kind + " " +
                std::to_string(bytes.get<size_t>() / 1048576.0).substr(0, 6);
-  Log("keel: memory per rank (MiB): %s; total %.1f MiB", kinds.c_str(),
-      run.memory_bytes / 1048576.0);
+  // The smaller state tiers say so beside the bytes they save.
+  const OptimSection& o = cfg_.optim;
+  std::string tier;
+  if (o.state_dtype == "bf16") tier = "bf16 moments";
+  if (!o.master_weights) tier += std::string(tier.empty() ? "" : ", ") + "no fp32 master";
+  if (!tier.empty()) tier = " (" + tier + ", stochastically rounded)";
+  Log("keel: memory per rank (MiB): %s; total %.1f MiB%s", kinds.c_str(),
+      run.memory_bytes / 1048576.0, tier.c_str());
   nlohmann::json event = {
       {"event", "memory"}, {"bytes", facts.memory}, {"layout", parallel::DimsName(dims)}};
   if (run.pipelined) {

@@ -224,9 +224,13 @@ void ZeroStrategy::PublishBiases() {
   for (const model::ParamInfo& p : layout_.params()) {
     if (p.bias_index == SIZE_MAX) continue;
     const size_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
-    if (a < e)
+    if (a >= e) continue;
+    if (store_.has_master())
       store_.backend().Copy(b + p.bias_index + (a - p.offset), store_.master() + (a - lo),
                             4 * (e - a));
+    else  // the bf16 weights are the only copy: their exact widening
+      store_.backend().ToF32(b + p.bias_index + (a - p.offset),
+                             static_cast<const bf16*>(store_.master_data()) + (a - lo), e - a);
   }
   // Each element comes from exactly one rank and is zero elsewhere: the sum is exact.
   if (zero_ >= 1) {
@@ -238,7 +242,8 @@ void ZeroStrategy::PublishBiases() {
 void ZeroStrategy::PublishWeights() {
   if (store_.compact()) return PublishCompact();
   const size_t lo = store_.state_lo(), hi = store_.state_hi();
-  if (store_.dtype() == DType::kBF16)
+  // Without a master the slice already holds the weights (set or loaded in place).
+  if (store_.dtype() == DType::kBF16 && store_.has_master())
     store_.backend().ToBf16(static_cast<bf16*>(store_.working()) + (lo - store_.working_lo()),
                             store_.master(), hi - lo);
   Publish();
@@ -326,6 +331,21 @@ std::vector<float> ZeroStrategy::GatherMaster() {
     // host: as above
     for (const optim::ParamRange& r : store_.trainable())
       std::copy_n(trained.data() + r.offset, r.numel, full.data() + r.at);
+    return full;
+  }
+  if (!store_.has_master()) {
+    // The bf16 weights, widened: whole in the working copy below stage 3, else gathered.
+    std::vector<bf16> w(store_.total());
+    if (zero_ < 3) {
+      be.ToHost(w.data(), store_.working(), 2 * w.size());
+    } else {
+      Buffer gathered(be, 2 * w.size());
+      auto op = comm_.AllGatherAsync(store_.working(), gathered.data(), Counts(0, store_.total()),
+                                     DType::kBF16);
+      Wait(*op, "weight all-gather");
+      be.ToHost(w.data(), gathered.data(), 2 * w.size());
+    }
+    ConvertBf16ToF32(full.data(), w.data(), w.size());
     return full;
   }
   if (zero_ == 0) {

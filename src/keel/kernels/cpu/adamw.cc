@@ -4,11 +4,14 @@
 //
 // One pass over master, m, v and grad, and (bf16 runs) a write of the rounded master into the
 // working copy. The working copy is only written, never read: each step starts from the fp32
-// master, so updates far below bf16's resolution (2^-8 relative) still add up.
+// master, so updates far below bf16's resolution (2^-8 relative) still add up. Without a master
+// the bf16 weights are read and written, stochastically rounded: tiny updates then add up in
+// expectation instead (core/dtype.h's StochasticRoundBf16).
 #include "keel/kernels/cpu/adamw.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "keel/core/error.h"
@@ -19,43 +22,81 @@
 namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
-// kWriteWorking selects at compile time whether the working copy is written, so that the fp32
-// loop carries no per-element branch.
-template <bool kWriteWorking>
-void AdamWLoop(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
-               const AdamWParams& p) {
+// Which weights the update reads and writes.
+enum class Weights { kMaster, kMasterAndWorking, kWorkingOnly };
+
+// The moment type and the weights are compile-time, so that no loop carries a per-element branch.
+template <typename M, Weights kW>
+void AdamWLoop(const AdamWState& s, size_t n, const AdamWParams& p) {
   KEEL_CHECK(p.step >= 1, "AdamW step counts from 1 (bias correction divides by 1 - beta^step)");
   // Bias corrections in float64: beta^step for step ~1e5 loses digits in float32.
   const float bias_correction1 = float(1.0 - std::pow(double(p.beta1), p.step));
   const float bias_correction2 = float(1.0 - std::pow(double(p.beta2), p.step));
   const float beta1 = p.beta1, beta2 = p.beta2, eps = p.eps;
   const float lr = p.lr, weight_decay = p.weight_decay, grad_scale = p.grad_scale;
+  constexpr bool kMaster = kW != Weights::kWorkingOnly;
+  constexpr bool kRound = std::is_same_v<M, bf16> || !kMaster;
+  float* master = s.master;
+  bf16* working = s.working;
+  M* m = static_cast<M*>(s.m);
+  M* v = static_cast<M*>(s.v);
+  const float* grad = s.grad;
+  const uint64_t key = p.round_key, index0 = p.index0;
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
+    RoundDraws r{};
+    if constexpr (kRound) r = RoundDrawsOf(key, index0 + i);
     const float g = grad[i] * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
+    const float mi = beta1 * ToFloat(m[i]) + (1.0f - beta1) * g;
+    const float vi = beta2 * ToFloat(v[i]) + (1.0f - beta2) * g * g;
+    if constexpr (std::is_same_v<M, bf16>) {
+      m[i] = StochasticRoundBf16(mi, r.m);
+      v[i] = StochasticRoundBf16(vi, r.v);
+    } else {
+      m[i] = mi;
+      v[i] = vi;
+    }
     const float m_hat = mi / bias_correction1;
     const float v_hat = vi / bias_correction2;
-    const float w = master[i];
+    const float w = kMaster ? master[i] : ToFloat(working[i]);
     const float updated = w - lr * (m_hat / (std::sqrt(v_hat) + eps) + weight_decay * w);
-    master[i] = updated;
-    if constexpr (kWriteWorking) working[i] = ToBf16(updated);
+    if constexpr (kMaster) {
+      master[i] = updated;
+      if constexpr (kW == Weights::kMasterAndWorking) working[i] = ToBf16(updated);
+    } else {
+      working[i] = StochasticRoundBf16(updated, r.w);
+    }
   }
 }
 
 }  // namespace
 
+void AdamWUpdate(const AdamWState& s, size_t n, const AdamWParams& p) {
+  KEEL_CHECK(s.master || s.working, "AdamW: neither master nor working weights");
+  const Weights w = !s.master   ? Weights::kWorkingOnly
+                    : s.working ? Weights::kMasterAndWorking
+                                : Weights::kMaster;
+  switch (w) {
+    case Weights::kMaster:
+      return s.bf16_moments ? AdamWLoop<bf16, Weights::kMaster>(s, n, p)
+                            : AdamWLoop<float, Weights::kMaster>(s, n, p);
+    case Weights::kMasterAndWorking:
+      return s.bf16_moments ? AdamWLoop<bf16, Weights::kMasterAndWorking>(s, n, p)
+                            : AdamWLoop<float, Weights::kMasterAndWorking>(s, n, p);
+    case Weights::kWorkingOnly:
+      return s.bf16_moments ? AdamWLoop<bf16, Weights::kWorkingOnly>(s, n, p)
+                            : AdamWLoop<float, Weights::kWorkingOnly>(s, n, p);
+  }
+}
+
 void AdamWUpdate(float* master, float* m, float* v, const float* grad, size_t n,
                  const AdamWParams& p) {
-  AdamWLoop<false>(master, nullptr, m, v, grad, n, p);
+  AdamWUpdate(AdamWState{master, nullptr, m, v, false, grad}, n, p);
 }
 
 void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
                  const AdamWParams& p) {
-  AdamWLoop<true>(master, working, m, v, grad, n, p);
+  AdamWUpdate(AdamWState{master, working, m, v, false, grad}, n, p);
 }
 
 double SumSquares(const float* grads, size_t n) {

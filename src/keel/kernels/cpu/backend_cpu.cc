@@ -63,18 +63,19 @@ class CpuImpl final : public Backend {
   void WaitEvent(void*) const override {}
   void DestroyEvent(void*) const override {}
 
-  void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
-                   const AdamWParams& p) const override {
-    if (working)
-      cpu::AdamWUpdate(master, working, m, v, grad, n, p);
-    else
-      cpu::AdamWUpdate(master, m, v, grad, n, p);
+  using Backend::AdamWUpdate;
+  void AdamWUpdate(const AdamWState& s, size_t n, const AdamWParams& p) const override {
+    cpu::AdamWUpdate(s, n, p);
   }
   double SumSquares(const float* x, size_t n) const override { return cpu::SumSquares(x, n); }
   // Here rather than core's ConvertF32ToBf16, so that it is compiled for this copy's ISA.
   void ToBf16(bf16* out, const float* in, size_t n) const override {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) out[i] = keel::ToBf16(in[i]);
+  }
+  void ToF32(float* out, const bf16* in, size_t n) const override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) out[i] = keel::ToFloat(in[i]);
   }
   void AddTo(float* dst, const float* src, size_t n) const override {
 #pragma omp parallel for simd schedule(static)

@@ -1,7 +1,9 @@
 // AdamW (contract: cpu/adamw.h), and the other elementwise work of the update: the gradient
-// norm's Σ x² (a fixed-order reduction), the rounding of fp32 into bf16, and dst += src.
+// norm's Σ x² (a fixed-order reduction), the rounding of fp32 into bf16 and back, and dst += src.
 #include <cmath>
+#include <type_traits>
 
+#include "keel/core/error.h"
 #include "keel/kernels/cuda/adamw.cuh"
 
 namespace keel::kernels::cuda {
@@ -9,19 +11,44 @@ namespace {
 
 constexpr unsigned kThreads = 256;
 
-__global__ void AdamWKernel(float* master, bf16d* working, float* m, float* v, const float* g,
-                            size_t n, AdamWParams p, float bc1, float bc2) {
+// Stochastic rounding (core/dtype.h's StochasticRoundBf16): a uniform 16-bit draw added below
+// the cut, then truncated; inf and NaN as round-to-nearest.
+__device__ inline bf16d RoundStochastic(float f, uint32_t r) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) >= 0x7f800000u) return __float2bfloat16_rn(f);
+  return __ushort_as_bfloat16(static_cast<unsigned short>((u + (r & 0xffffu)) >> 16));
+}
+
+__device__ inline float Load(const float* p, size_t i) { return p[i]; }
+__device__ inline float Load(const bf16d* p, size_t i) { return __bfloat162float(p[i]); }
+
+// M: the moments' type; kMaster: an fp32 master exists (else the bf16 weights are the only copy).
+template <typename M, bool kMaster>
+__global__ void AdamWKernel(float* master, bf16d* working, M* m, M* v, const float* g, size_t n,
+                            AdamWParams p, float bc1, float bc2) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
+  constexpr bool kBf16Moments = std::is_same_v<M, bf16d>;
+  RoundDraws r{};
+  if (kBf16Moments || !kMaster) r = RoundDrawsOf(p.round_key, p.index0 + i);
   const float gi = g[i] * p.grad_scale;
-  const float mi = p.beta1 * m[i] + (1.0f - p.beta1) * gi;
-  const float vi = p.beta2 * v[i] + (1.0f - p.beta2) * gi * gi;
-  m[i] = mi;
-  v[i] = vi;
-  const float w = master[i];
+  const float mi = p.beta1 * Load(m, i) + (1.0f - p.beta1) * gi;
+  const float vi = p.beta2 * Load(v, i) + (1.0f - p.beta2) * gi * gi;
+  if constexpr (kBf16Moments) {
+    m[i] = RoundStochastic(mi, r.m);
+    v[i] = RoundStochastic(vi, r.v);
+  } else {
+    m[i] = mi;
+    v[i] = vi;
+  }
+  const float w = kMaster ? master[i] : __bfloat162float(working[i]);
   const float updated = w - p.lr * ((mi / bc1) / (sqrtf(vi / bc2) + p.eps) + p.weight_decay * w);
-  master[i] = updated;
-  if (working) working[i] = __float2bfloat16_rn(updated);
+  if constexpr (kMaster) {
+    master[i] = updated;
+    if (working) working[i] = __float2bfloat16_rn(updated);
+  } else {
+    working[i] = RoundStochastic(updated, r.w);
+  }
 }
 
 constexpr unsigned kSumBlocks = 1024;
@@ -53,6 +80,11 @@ __global__ void ToBf16Kernel(bf16d* out, const float* in, size_t n) {
   if (i < n) out[i] = __float2bfloat16_rn(in[i]);
 }
 
+__global__ void ToF32Kernel(float* out, const bf16d* in, size_t n) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
 __global__ void AddToKernel(float* dst, const float* src, size_t n) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) dst[i] += src[i];
@@ -60,13 +92,32 @@ __global__ void AddToKernel(float* dst, const float* src, size_t n) {
 
 }  // namespace
 
-void AdamW(float* master, bf16* working, float* m, float* v, const float* g, size_t n,
-           const AdamWParams& p, cudaStream_t stream) {
+void AdamW(const AdamWState& s, size_t n, const AdamWParams& p, cudaStream_t stream) {
   if (n == 0) return;
+  KEEL_CHECK(s.master || s.working, "AdamW: neither master nor working weights");
   const float bc1 = float(1.0 - std::pow(double(p.beta1), p.step));
   const float bc2 = float(1.0 - std::pow(double(p.beta2), p.step));
-  AdamWKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(
-      master, reinterpret_cast<bf16d*>(working), m, v, g, n, p, bc1, bc2);
+  auto* w = reinterpret_cast<bf16d*>(s.working);
+  const unsigned blocks = Blocks(n, kThreads);
+  if (s.bf16_moments) {
+    auto* m = static_cast<bf16d*>(s.m);
+    auto* v = static_cast<bf16d*>(s.v);
+    if (s.master)
+      AdamWKernel<bf16d, true>
+          <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
+    else
+      AdamWKernel<bf16d, false>
+          <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
+  } else {
+    auto* m = static_cast<float*>(s.m);
+    auto* v = static_cast<float*>(s.v);
+    if (s.master)
+      AdamWKernel<float, true>
+          <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
+    else
+      AdamWKernel<float, false>
+          <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
+  }
   KEEL_CUDA(cudaGetLastError());
 }
 
@@ -86,6 +137,13 @@ double SumSquares(const float* x, size_t n, cudaStream_t stream) {
 void ToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   ToBf16Kernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(reinterpret_cast<bf16d*>(out), in, n);
+  KEEL_CUDA(cudaGetLastError());
+}
+
+void ToF32(float* out, const bf16* in, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  ToF32Kernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(out, reinterpret_cast<const bf16d*>(in),
+                                                            n);
   KEEL_CUDA(cudaGetLastError());
 }
 

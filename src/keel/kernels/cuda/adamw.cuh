@@ -9,12 +9,12 @@
 
 namespace keel::kernels::cuda {
 
-// `working` (may be null) receives the updated master rounded to bf16.
-void AdamW(float* master, bf16* working, float* m, float* v, const float* g, size_t n,
-           const AdamWParams& p, cudaStream_t stream);
+// Over what `s` names (op_args.h's AdamWState).
+void AdamW(const AdamWState& s, size_t n, const AdamWParams& p, cudaStream_t stream);
 // Σ x² in fp64, in a fixed order; waits for the result.
 double SumSquares(const float* x, size_t n, cudaStream_t stream);
 void ToBf16(bf16* out, const float* in, size_t n, cudaStream_t stream);
+void ToF32(float* out, const bf16* in, size_t n, cudaStream_t stream);
 void AddTo(float* dst, const float* src, size_t n, cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda

@@ -140,15 +140,18 @@ class Cuda final : public Backend {
   }
   void DestroyEvent(void* e) const override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
 
-  void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* grad, size_t n,
-                   const AdamWParams& p) const override {
-    cuda::AdamW(master, working, m, v, grad, n, p, stream_);
+  using Backend::AdamWUpdate;
+  void AdamWUpdate(const AdamWState& s, size_t n, const AdamWParams& p) const override {
+    cuda::AdamW(s, n, p, stream_);
   }
   double SumSquares(const float* x, size_t n) const override {
     return cuda::SumSquares(x, n, stream_);
   }
   void ToBf16(bf16* out, const float* in, size_t n) const override {
     cuda::ToBf16(out, in, n, stream_);
+  }
+  void ToF32(float* out, const bf16* in, size_t n) const override {
+    cuda::ToF32(out, in, n, stream_);
   }
   void AddTo(float* dst, const float* src, size_t n) const override {
     cuda::AddTo(dst, src, n, stream_);
