@@ -117,6 +117,34 @@ TEST(PlanCli, CheckpointsAndCostInTableJsonAndExplain) {
   EXPECT_NE(r.out.find("accel-h"), std::string::npos) << r.out;
 }
 
+// The smaller optimizer-state tiers: the header's bytes per parameter, the JSON's state, and the
+// refusals (no master needs bf16 and no LoRA; the dtype is fp32 or bf16).
+TEST(PlanCli, StateTiersShrinkTheBytesPerParameter) {
+  for (auto [flags, bpp] : {std::pair<const char*, const char*>{"", "18 bytes/param"},
+                            {"--state-dtype bf16", "14 bytes/param"},
+                            {"--no-master", "14 bytes/param"},
+                            {"--state-dtype bf16 --no-master", "10 bytes/param"}}) {
+    Result r = Keel(std::string("plan --model gpt2 --accelerators 1 --accounting keel ") + flags);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find(bpp), std::string::npos) << flags << ": " << r.out;
+  }
+  Result j = Keel(
+      "plan --model gpt2 --accelerators 1 --accounting keel --state-dtype bf16 "
+      "--no-master --zero 0 --json --top 1");
+  ASSERT_EQ(j.code, 0) << j.out;
+  const auto doc = nlohmann::json::parse(j.out);
+  EXPECT_EQ(doc["state_dtype"], "bf16");
+  EXPECT_EQ(doc["master_weights"], false);
+  for (auto [flags, want] :
+       {std::pair<const char*, const char*>{"--precision fp32 --no-master", "--no-master"},
+        {"--no-master --lora-rank 8", "--no-master"},
+        {"--state-dtype fp8", "--state-dtype"}}) {
+    Result r = Keel(std::string("plan --model gpt2 --accelerators 1 ") + flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  }
+}
+
 TEST(PlanCli, HelpShowsExamples) {
   Result r = Keel("help plan");
   ASSERT_EQ(r.code, 0);

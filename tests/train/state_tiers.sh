@@ -6,7 +6,8 @@
 #     (checkpoints hold the bf16 state widened; loading rounds it back exactly), at 2 ranks ZeRO 1;
 #  2. the stochastic rounding's draws follow the element, not the layout: 2 ranks at ZeRO 0, 1
 #     and 3 end with bitwise-equal weights;
-#  3. the loss stays within 3% of the fp32-state run's after 40 steps.
+#  3. at tp 2 (whole tensors on both ranks draw alike) a stop and resume is bitwise too;
+#  4. the loss stays within 3% of the fp32-state run's after 40 steps.
 # And: master_weights = false with fp32 or with LoRA is refused with one line.
 #   tests/train/state_tiers.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
@@ -43,6 +44,12 @@ for t in moments nomaster; do
     run "${t}_z$z" 2 "${flags[@]}" --set parallel.zero=$z
     same "${t}_z1" "${t}_z$z" "$t: ZeRO 1 against ZeRO $z"
   done
+  # Tensor parallel: a tensor both ranks hold whole (LayerNorms) must draw alike on both, or the
+  # copies drift and a resume (which re-syncs them) is not the uninterrupted run.
+  run "${t}_tp" 2 "${flags[@]}" --set parallel.tp=2
+  run "${t}_tpcut" 2 "${flags[@]}" --set parallel.tp=2 --set train.stop_at=20
+  run "${t}_tpcut" 2 "${flags[@]}" --set parallel.tp=2 --resume auto
+  same "${t}_tp" "${t}_tpcut" "$t: tp 2 stop and resume"
   /usr/bin/python3 - "$t" "$(final_loss ref)" "$(final_loss "${t}_z1")" <<'PY'
 import sys
 name, ref, got = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])

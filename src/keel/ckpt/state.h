@@ -3,6 +3,7 @@
 //
 // The bf16 working weights are not written: they are round-to-nearest of the fp32 master, a pure
 // function of it, so a resume rebuilds them bit for bit and a save is 2 bytes/param smaller.
+// Without a master (optim.master_weights = false) they are the state, written widened as "master".
 #pragma once
 
 #include <cstdint>

@@ -375,8 +375,9 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     void* stream = mem_->CopyStream();
     for (const Chunk& c : chunks_) mem_->ToHostAsync(c.dst, c.src, c.widen ? c.n / 2 : c.n, stream);
     mem_->WaitCopies(stream);
-    for (const Chunk& c : chunks_)
-      if (c.widen) WidenInPlace(c.dst, c.n / 4);
+#pragma omp parallel for schedule(dynamic)
+    for (size_t i = 0; i < chunks_.size(); ++i)
+      if (chunks_[i].widen) WidenInPlace(chunks_[i].dst, chunks_[i].n / 4);
     copied_bytes_ = bytes;
   } else {
     {

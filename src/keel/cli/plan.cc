@@ -222,7 +222,8 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_option("--heads", a.heads, "attention heads");
   cmd->add_option("--vocab", a.vocab, "vocabulary size");
   cmd->add_option("--seq", a.seq, "sequence length");
-  cmd->add_option("--precision", a.precision, "fp32 or bf16 (fp32 master)")->capture_default_str();
+  cmd->add_option("--precision", a.precision, "fp32 or bf16 (fp32 master unless --no-master)")
+      ->capture_default_str();
   cmd->add_option("--accounting", a.accounting,
                   "paper: bf16 grads, 16 B/param (the default); keel: fp32 grads, 18 B/param, "
                   "keel's arena (the default with --lora-rank)");

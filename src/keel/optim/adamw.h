@@ -45,8 +45,9 @@ struct ParamRange {
   uint64_t first = 0;
 };
 
-// A tensor's stream of draws: its name and tensor-parallel shard (the tied wte's copy on the last
-// pipeline stage draws what the first stage's draws).
+// A tensor's stream of draws: its name and tensor-parallel shard (0 for a tensor every tp rank
+// holds whole, so that their copies stay equal; the tied wte's copy on the last pipeline stage
+// draws what the first stage's draws).
 uint64_t RoundStream(const std::string& name, int tp_rank);
 
 struct AdamWHyper {

@@ -84,8 +84,13 @@ void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from) {
     dp.Broadcast(st.master_data(), DTypeSize(st.master_dtype()) * n, from);
     for (void* buf : {st.adam_m(), st.adam_v()})
       dp.Broadcast(buf, DTypeSize(st.moment_dtype()) * n, from);
+  } else if (!st.has_master() && zero <= 2) {
+    // The bf16 copy is each slice's only copy: the majority's whole copy, not a re-gather of the
+    // slices (which would spread a corrupted one).
+    dp.Broadcast(st.working(), st.bytes().working, from);
   }
-  step.strategy().PublishWeights();  // the working weights again, from the (repaired) master
+  // The working weights again, from the (repaired) master; without one, the biases from them.
+  step.strategy().PublishWeights();
 }
 
 StepJudge::StepJudge(const ResilienceSection& rs)
@@ -237,15 +242,17 @@ void FlipBit(TrainStep& step, const resilience::Fault& f, int rank) {
   }
   const size_t at = (st.compact() ? p.grad_offset : p.offset) + std::min(f.index, p.numel - 1);
   if (at < st.state_lo() || at >= st.state_hi()) return;  // another rank's shard
-  // A bf16 weight without a master: bit b of its 16 (fp32's bit b + 16 is the same bit).
+  // A bf16 weight without a master: fp32's bit b >= 16 is its bit b - 16; a lower one, which
+  // bf16 does not have, flips its bit b instead.
   const size_t eb = DTypeSize(st.master_dtype());
   char* where = static_cast<char*>(st.master_data()) + eb * (at - st.state_lo());
+  const int bit = eb == 4 || f.bit < 16 ? f.bit : f.bit - 16;
   uint32_t bits = 0;
   st.backend().ToHost(&bits, where, eb);
-  bits ^= 1u << (eb == 4 ? f.bit : std::max(0, f.bit - 16));
+  bits ^= 1u << bit;
   st.backend().FromHost(where, &bits, eb);
-  Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]", rank, f.bit, f.param.c_str(),
-      std::min(f.index, p.numel - 1));
+  Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]%s", rank, bit, f.param.c_str(),
+      std::min(f.index, p.numel - 1), eb == 4 ? "" : " (bf16, no master)");
 }
 
 RollbackLog::RollbackLog(std::string path, std::map<int, int> configured)

@@ -106,7 +106,8 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
   const double params = double(
       model::StateShapeOf(m, {model::WholeModel(m)}, {}, bf16 ? DType::kBF16 : DType::kF32).total);
   std::vector<std::pair<std::string, double>> items = {
-      {"the weights, gradients and fp32 master copy of " + Count(params) +
+      {std::string("the weights, gradients") +
+           (cfg.optim.master_weights ? " and fp32 master copy" : "") + " of " + Count(params) +
            " parameters (model.n_layer " + std::to_string(m.n_layer) + ", n_embd " +
            std::to_string(m.n_embd) + ")",
        double(b.state.working + b.state.biases + b.state.quantized + b.state.grads +

@@ -1,4 +1,4 @@
-// AdamW update on fp32 master weights; the formula is in adamw.h.
+// AdamW update on fp32 master weights, or on master-less bf16 ones; the formula is in adamw.h.
 //
 // Legend: n parameters.
 //
