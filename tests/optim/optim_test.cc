@@ -1,10 +1,12 @@
-// LR schedules, global gradient norm and clipping, and AdamW's weight-decay ranges.
+// LR schedules, global gradient norm and clipping, AdamW's weight-decay ranges, and the dynamic
+// loss scaler's sequence.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
 #include "keel/optim/adamw.h"
+#include "keel/optim/loss_scaler.h"
 #include "keel/optim/schedule.h"
 
 namespace keel::optim {
@@ -65,6 +67,37 @@ TEST(AdamW, FirstStepMovesEachWeightByTheLearningRate) {
   opt.Step(w.data(), nullptr, g.data(), 0.01f, 1.0f);
   EXPECT_NEAR(w[0], -0.01f, 1e-6);
   EXPECT_NEAR(w[1], 0.01f, 1e-5);
+}
+
+// Megatron-LM's DynamicGradScaler, step by step (initial 1024, min 256, growth every 3 clean
+// steps, hysteresis 2): the first overflow is tolerated, the second backs off; later overflows
+// back off at once until a growth re-arms the hysteresis; the minimum holds and is counted.
+TEST(LossScaler, FollowsMegatronsDynamicGradScaler) {
+  LossScaler s({1024, 256, 2, 0.5, 3, 2});
+  struct Want {
+    bool overflow;
+    double scale_after;
+  };
+  const Want seq[] = {{false, 1024}, {true, 1024}, {true, 512},   {false, 512}, {false, 512},
+                      {false, 1024}, {true, 1024}, {false, 1024}, {true, 512},  {true, 256},
+                      {true, 256},   {true, 256},  {false, 256},  {false, 256}, {false, 512}};
+  int k = 0;
+  for (const Want& w : seq) {
+    s.Update(w.overflow);
+    EXPECT_EQ(s.scale(), w.scale_after) << "after update " << k;
+    ++k;
+  }
+  EXPECT_EQ(s.state().steps_at_minimum, 0);  // reset by the clean steps
+}
+
+TEST(LossScaler, CountsOverflowsAtTheMinimumAndNeverGoesBelow) {
+  LossScaler s({4, 1, 2, 0.5, 1000, 1});
+  for (int i = 0; i < 10; ++i) s.Update(true);
+  EXPECT_EQ(s.scale(), 1);
+  EXPECT_EQ(s.state().steps_at_minimum, 8);  // 4 -> 2 -> 1, then eight at 1 (the 3rd..10th)
+  LossScaler t({4, 1, 2, 0.5, 1000, 1});
+  t.Restore(s.state());
+  EXPECT_EQ(t.state(), s.state());
 }
 
 }  // namespace

@@ -105,6 +105,21 @@ struct OptimSection {
   bool operator==(const OptimSection&) const = default;
 };
 
+// Dynamic loss scaling (optim/loss_scaler.h; Megatron-LM's and DeepSpeed's semantics): the loss
+// gradient is scaled up so that small gradients survive a 16-bit format, overflowing steps are
+// skipped and the scale backs off; never an abort.
+struct LossScaleSection {
+  std::string kind = "none";  // "none" | "dynamic"
+  double initial = 65536;
+  double min = 1;
+  int growth_interval = 1000;  // clean steps in a row before the scale doubles
+  int hysteresis = 2;          // overflows tolerated before a backoff
+  double growth = 2;
+  double backoff = 0.5;
+
+  bool operator==(const LossScaleSection&) const = default;
+};
+
 // LoRA adapters (model/config.h): only they are trained; the model's own weights stay frozen.
 struct LoraSection {
   int rank = 0;     // 0: off
@@ -237,6 +252,7 @@ struct RunConfig {
   DataSection data;
   TrainSection train;
   OptimSection optim;
+  LossScaleSection loss_scale;
   LoraSection lora;
   ParallelSection parallel;
   CheckpointSection checkpoint;

@@ -209,6 +209,22 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                "false is not for LoRA (its adapters' master is a few MB; the "
                "frozen base has none)");
 
+  const Checker scale(prov, "loss_scale");
+  const LossScaleSection& ls = cfg.loss_scale;
+  scale.OneOf("kind", ls.kind, {"none", "dynamic"});
+  scale.FinitePositive("initial", float(ls.initial));
+  scale.FinitePositive("min", float(ls.min));
+  if (ls.min > ls.initial)
+    scale.Fail("min", "expected at most initial = " + ShortestDecimal(float(ls.initial)) +
+                          ", got " + ShortestDecimal(float(ls.min)));
+  scale.Positive("growth_interval", ls.growth_interval);
+  scale.Positive("hysteresis", ls.hysteresis);
+  if (!(ls.growth >= 1 && ls.growth <= 1024))
+    scale.Fail("growth",
+               "expected a factor in [1, 1024], got " + ShortestDecimal(float(ls.growth)));
+  if (!(ls.backoff > 0 && ls.backoff < 1))
+    scale.Fail("backoff", "expected a factor in (0, 1), got " + ShortestDecimal(float(ls.backoff)));
+
   const Checker parallel(prov, "parallel");
   parallel.FinitePositive("bucket_mb", cfg.parallel.bucket_mb);
   parallel.FinitePositive("comm_timeout_s", cfg.parallel.comm_timeout_s);

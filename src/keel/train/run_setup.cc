@@ -254,9 +254,20 @@ nlohmann::json BaseRecord(const RunConfig& cfg, const model::ModelConfig& mcfg) 
 
 // Everything a checkpoint holds beside the tensors and the detectors' state, after `step_done`
 // steps.
+nlohmann::json ScalerJson(const optim::LossScaler* s) {
+  if (!s) return {{"kind", "none"}, {"scale", 1.0}};
+  const optim::LossScalerState& st = s->state();
+  return {{"kind", "dynamic"},
+          {"scale", st.scale},
+          {"growth_tracker", st.growth_tracker},
+          {"hysteresis_tracker", st.hysteresis_tracker},
+          {"steps_at_minimum", st.steps_at_minimum}};
+}
+
 nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
                           const parallel::ParallelDims& dims, int step_done,
-                          const data::LoaderState& loader, int optimizer_step) {
+                          const data::LoaderState& loader, int optimizer_step,
+                          const optim::LossScaler* scaler) {
   return {{"config", ToToml(cfg)},
           {"model", ckpt::ModelConfigToJson(mcfg)},
           {"loader", data::ToJson(loader)},
@@ -270,7 +281,7 @@ nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
             {"warmup_steps", cfg.optim.warmup_steps},
             {"total_steps", cfg.train.steps}}},
           {"rng", {{"kind", "counter"}, {"seed", cfg.train.seed}}},
-          {"loss_scaler", {{"kind", "none"}, {"scale", 1.0}}},
+          {"loss_scaler", ScalerJson(scaler)},
           {"precision", cfg.train.precision},
           {"base", BaseRecord(cfg, mcfg)}};
 }
@@ -413,13 +424,25 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
 Run::~Run() = default;
 
 void Run::ResumeOrInit(bool init_later) {
-  // The state a checkpoint holds: fp32 master weights and both AdamW moments, tensor by tensor,
-  // over the slice of the layout this rank holds.
+  if (cfg.loss_scale.kind == "dynamic") {
+    const LossScaleSection& l = cfg.loss_scale;
+    scaler = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
+        l.initial, l.min, l.growth, l.backoff, l.growth_interval, l.hysteresis});
+  }
+  // The state a checkpoint holds: master weights and both AdamW moments (fp32 on disk), tensor by
+  // tensor, over the slice of the layout this rank holds.
   state = step->StateView();
   resumed = ckpt->Resume(state);
   if (resumed) {
     start_step = int(resumed->step);
     step->Restored(resumed->state.at("optimizer").at("step").get<int>());
+    // The scaler goes on where it was; a checkpoint without one (or a run that adds one) starts
+    // it afresh.
+    const nlohmann::json ls = resumed->state.value("loss_scaler", nlohmann::json::object());
+    if (scaler && ls.value("kind", "none") == "dynamic")
+      scaler->Restore({ls.at("scale").get<double>(), ls.at("growth_tracker").get<int>(),
+                       ls.at("hysteresis_tracker").get<int>(),
+                       ls.at("steps_at_minimum").get<int>()});
     data.loader->restore(data::LoaderStateFromJson(resumed->state.at("loader")));
     sum.resumed_from = resumed->path;
   } else if (init_later) {
@@ -505,7 +528,8 @@ ckpt::StateView Run::SaveView(int step_done, const nlohmann::json& guards_state)
   v.step = step_done;
   v.tokens = uint64_t(step_done) * uint64_t(tokens_per_step);
   v.state = guards_state;  // "resilience" and "metrics"
-  v.state.update(SavedState(cfg, mcfg, layout, step_done, prefetch->state(), step->store().step()));
+  v.state.update(SavedState(cfg, mcfg, layout, step_done, prefetch->state(), step->store().step(),
+                            scaler.get()));
   return v;
 }
 

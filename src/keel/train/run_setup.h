@@ -22,6 +22,7 @@
 #include "keel/model/params.h"
 #include "keel/monitor/jsonl.h"
 #include "keel/monitor/prometheus_exporter.h"
+#include "keel/optim/loss_scaler.h"
 #include "keel/optim/schedule.h"
 #include "keel/parallel/comm.h"
 #include "keel/parallel/groups.h"
@@ -96,6 +97,8 @@ struct Run {
   std::optional<Resumed> resumed;            // the checkpoint the run started from
   std::optional<data::Prefetcher> prefetch;  // owns the loader from the first step on
   std::unique_ptr<StepReporter> report;
+  // [loss_scale] kind = "dynamic": the backward's seed is dloss · scale (null: none).
+  std::unique_ptr<optim::LossScaler> scaler;
   FolderLock lock;  // rank 0's: the run folder has one job at a time
   std::unique_ptr<monitor::MetricsExporter> exporter;  // rank 0's, until the reporter takes it
 
@@ -106,7 +109,7 @@ struct Run {
   // the step's loss is their mean, and `dloss`, the loss gradient's seed, is 1 / scored (a
   // global batch with none trained on counts 1: loss and gradients 0).
   double scored = 0;
-  float dloss = 1;
+  float dloss = 1;  // times the loss scale, with a scaler
   double flops_per_token = 0;
   double peak = 0;          // all ranks' peak FLOP/s (MFU's denominator)
   size_t memory_bytes = 0;  // what this rank allocated

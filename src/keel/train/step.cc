@@ -25,7 +25,9 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
   std::vector<optim::ParamRange> r;
   for (const model::ParamInfo& p : layout.params())
     r.push_back({p.offset, p.numel, p.decay, !frozen.empty() && frozen[p.stream], p.replica,
-                 SIZE_MAX, p.work_offset, optim::RoundStream(p.name, layout.tp().rank), 0});
+                 SIZE_MAX, p.work_offset,
+                 // A tensor every tp rank holds whole draws alike there, so the copies stay equal.
+                 optim::RoundStream(p.name, p.tp_axis >= 0 ? layout.tp().rank : 0), 0});
   return r;
 }
 
@@ -180,7 +182,9 @@ void TrainStep::SetWeights(const TensorValues& values) {
 
 void TrainStep::Restored(int optimizer_step) {
   store_->set_step(optimizer_step);
-  zero_->PublishWeights();  // bf16 working weights: the rounding of the restored master, exactly
+  // bf16 working weights: the rounding of the restored master, exactly (without a master they
+  // were loaded in place).
+  zero_->PublishWeights();
 }
 
 std::vector<float> TrainStep::GatherWeights() {
@@ -279,8 +283,8 @@ double TrainStep::GradNorm() {
   return std::sqrt(sq);
 }
 
-void TrainStep::Apply(float lr, float grad_clip, double norm) {
-  zero_->Update(lr, optim::ClipScale(norm, grad_clip));
+void TrainStep::Apply(float lr, float grad_clip, double norm, double unscale) {
+  zero_->Update(lr, float(optim::ClipScale(norm, grad_clip) * unscale));
 }
 
 double TrainStep::Update(float lr, float grad_clip, const std::function<void()>& before_update) {

@@ -101,7 +101,8 @@ class TrainStep {
   // Update in two halves, for a caller that judges the step between them (the trainer's
   // detectors): the global norm (every rank of the step gets the same), then clipping and AdamW.
   double GradNorm();
-  void Apply(float lr, float grad_clip, double norm);
+  // `unscale`: 1 / the loss scale the gradients carry (`norm` is already the unscaled one).
+  void Apply(float lr, float grad_clip, double norm, double unscale = 1.0);
   // Σ row losses of one micro-batch, forward only, this rank's (through the pipeline: the last
   // stage returns it, the others 0; of a tensor-parallel group, tp rank 0), so that the sum over
   // the world counts each once.

@@ -4,6 +4,7 @@
 #include "keel/train/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -36,7 +37,7 @@ double ForwardBackward(Run& run, StepGuards& guards, monitor::StepTimes* times,
   uint64_t scored = 0;
   const double scored_ms = run.prefetch->StepScored(&scored);
   run.scored = double(std::max<uint64_t>(scored, 1));
-  run.dloss = float(1.0 / run.scored);
+  run.dloss = float((run.scaler ? run.scaler->scale() : 1.0) / run.scored);
   double data_ms = 0;
   const NextBatch next =
       guards.Batches([&run](int32_t* tok, int32_t* tgt) { return run.prefetch->Next(tok, tgt); });
@@ -60,16 +61,38 @@ double ForwardBackward(Run& run, StepGuards& guards, monitor::StepTimes* times,
 
 // Clipping and AdamW unless the guards said skip, once a save in flight has its snapshot.
 // `timer` started with the optimizer phase (the norm, the verdict).
-void Update(Run& run, bool apply, float lr, double norm, const Timer& timer,
+// `norm` is the unscaled gradients'; `scale` the loss scale they carry.
+void Update(Run& run, bool apply, float lr, double norm, double scale, const Timer& timer,
             monitor::StepTimes* times, nlohmann::json* extra) {
   const double ckpt_ms = run.ckpt->BeforeUpdate();
   const double dp_before = run.step->dp_wait_ms();
-  if (apply) run.step->Apply(lr, run.cfg.optim.grad_clip, norm);
+  if (apply) run.step->Apply(lr, run.cfg.optim.grad_clip, norm, 1.0 / scale);
   const double dp_in_update = run.step->dp_wait_ms() - dp_before;  // ZeRO's all-gathers
   (*times)[Phase::kOptimizer] = timer.Millis() - ckpt_ms - dp_in_update;
   (*times)[Phase::kCheckpoint] = ckpt_ms;
   (*times)[Phase::kCommDp] += dp_in_update;
   if (ckpt_ms > 0) (*extra)["ckpt_blocked_ms"] = ckpt_ms;
+}
+
+// The loss scaler's part of step `step` (1-based): its new scale, the overflow's event, and a
+// line when overflows persist at the minimum scale (the steps are skipped; the run goes on).
+void ScaleAfterStep(Run& run, int step, bool overflow, nlohmann::json* extra) {
+  optim::LossScaler& s = *run.scaler;
+  const double before = s.scale();
+  s.Update(overflow);
+  (*extra)["loss_scale"] = before;
+  if (!overflow || !run.lead) return;
+  run.events.Write({{"event", "loss_scale_overflow"},
+                    {"step", step},
+                    {"scale", before},
+                    {"next_scale", s.scale()}});
+  const int at_min = s.state().steps_at_minimum;
+  if (at_min > 0 && (at_min & (at_min - 1)) == 0) {  // 1, 2, 4, 8, ... in a row
+    Log("keel: step %d: the gradients overflowed at the minimum loss scale %g (%d step(s) in a "
+        "row); the update is skipped and the run goes on",
+        step, s.scale(), at_min);
+    run.events.Write({{"event", "loss_scale_at_minimum"}, {"step", step}, {"in_a_row", at_min}});
+  }
 }
 
 // After step `done`: the ranks agree on saving and stopping (a data error found by the shard
@@ -151,13 +174,20 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     fig.times[Phase::kBackward] = compute_ms - fig.times[Phase::kForward] - fig.times[Phase::kHead];
     const Timer optimizer_timer;
     const float lr = run.sched.At(i);
-    const double norm = step.GradNorm();
-    const StepGuards::Verdict verdict = guards.Decide(loss, norm);
+    const double scale = run.scaler ? run.scaler->scale() : 1.0;
+    const double norm = step.GradNorm() / scale;
+    // Non-finite gradients of a finite loss under loss scaling are the scaler's overflow: the
+    // step is skipped and the scale backs off; the judge does not count it as a fault.
+    const bool overflow = run.scaler && std::isfinite(loss) && !std::isfinite(norm);
+    StepGuards::Verdict verdict;
+    verdict.apply = false;
+    if (!overflow) verdict = guards.Decide(loss, norm);
     if (verdict.resume_at >= 0) {  // rolled back: on from the checkpoint's step
       i = verdict.resume_at - 1;
       continue;
     }
-    Update(run, verdict.apply, lr, norm, optimizer_timer, &fig.times, &extra);
+    if (run.scaler) ScaleAfterStep(run, i + 1, overflow, &extra);
+    Update(run, verdict.apply, lr, norm, scale, optimizer_timer, &fig.times, &extra);
     guards.AfterUpdate(verdict.apply, loss, norm);
     sum.steps_done = i + 1;
     sum.last_loss = loss;

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Dynamic loss scaling through `keel train` ([loss_scale] kind = "dynamic"):
+#  1. scaling does not change the math: with no overflow, a run with the scaler ends with the
+#     weights of a run without it, bitwise (fp32; the scale is a power of two);
+#  2. injected overflows (KEEL_FAULT nan_grad) give the reference scaler's sequence: each step's
+#     loss_scale and skipped flag in metrics.jsonl equal those of a Python re-implementation of
+#     Megatron-LM's DynamicGradScaler fed the same overflows; the run reaches the minimum scale,
+#     says so, and finishes (no abort);
+#  3. a stop and --resume auto with the scaler mid-sequence gives the uninterrupted run's
+#     weights bitwise (the scaler's state is in the checkpoint).
+#   tests/train/loss_scale.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
+set -euo pipefail
+keel=$1 src=$2 shared=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
+common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=30
+        --set optim.lr=3e-3 --set train.log_every=10 --set checkpoint.every_minutes=0)
+scaled=(--set loss_scale.kind=dynamic --set loss_scale.initial=1024 --set loss_scale.min=128
+        --set loss_scale.growth_interval=4 --set loss_scale.hysteresis=2)
+source "$src/tests/train/run_lib.sh"
+
+run plain 1
+run scaled 1 "${scaled[@]}"
+cmp -s "$tmp/plain/model.safetensors" "$tmp/scaled/model.safetensors" ||
+  { echo "the scaler changed the weights of a run without overflows"; exit 1; }
+echo "no overflow: scaled = unscaled, bitwise"
+
+# 0-based steps whose gradients are NaN on rank 0: one tolerated, backoffs, growth, then a run of
+# overflows at the minimum.
+over=(3 4 9 10 11 12 13 14 15 16 17 18 19 20)
+fault=""
+for s in "${over[@]}"; do fault+="nan_grad@$s:0; "; done
+KEEL_FAULT="$fault" run faults 2 "${scaled[@]}"
+KEEL_FAULT="$fault" run cut 2 "${scaled[@]}" --set train.stop_at=12
+KEEL_FAULT="$fault" run cut 2 "${scaled[@]}" --resume auto
+grep -q "resuming from .*step_00000012" "$tmp/cut.log" || { echo "cut did not resume"; exit 1; }
+cmp -s "$tmp/faults/model.safetensors" "$tmp/cut/model.safetensors" ||
+  { echo "loss scaling: final weights differ after a stop and resume"; exit 1; }
+echo "stop at 12 and resume: bitwise"
+grep -q "overflowed at the minimum loss scale" "$tmp/faults.log" ||
+  { echo "no line about the minimum scale"; cat "$tmp/faults.log"; exit 1; }
+
+/usr/bin/python3 - "$tmp" "${over[*]}" <<'PY'
+import json, sys
+d, over = sys.argv[1], {int(s) for s in sys.argv[2].split()}
+# Megatron-LM's DynamicGradScaler (megatron/core/optimizer/grad_scaler.py), scalar form.
+scale, min_scale, growth, backoff, interval, hyst = 1024.0, 128.0, 2.0, 0.5, 4, 2
+growth_tracker, hyst_tracker = 0, hyst
+want = []
+for step in range(30):
+    found_inf = step in over
+    want.append((scale, found_inf))
+    if found_inf:
+        growth_tracker = 0
+        hyst_tracker -= 1
+        if hyst_tracker <= 0:
+            scale = max(scale * backoff, min_scale)
+    else:
+        growth_tracker += 1
+        if growth_tracker == interval:
+            growth_tracker, hyst_tracker = 0, hyst
+            scale *= growth
+got = [(r["loss_scale"], r.get("skipped", False))
+       for r in map(json.loads, open(f"{d}/faults/metrics.jsonl"))]
+assert len(got) == 30, f"{len(got)} steps recorded, expected 30"
+bad = [(i + 1, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w]
+for step, g, w in bad:
+    print(f"step {step}: keel (scale, skipped) {g}, reference {w}")
+print("scales:", " ".join(f"{s:g}" for s, _ in got))
+print(f"{sum(s for _, s in got)} skipped steps; the sequence {'differs' if bad else 'matches'}")
+events = [json.loads(l) for l in open(f"{d}/faults/events.jsonl")]
+overflows = [e["step"] for e in events if e["event"] == "loss_scale_overflow"]
+assert overflows == sorted(s + 1 for s in over), overflows
+assert any(e["event"] == "loss_scale_at_minimum" for e in events)
+sys.exit(1 if bad else 0)
+PY
+
+refused bad_kind 1 "loss_scale.kind" --set loss_scale.kind=static
+refused bad_backoff 1 "loss_scale.backoff" --set loss_scale.backoff=2
