@@ -29,12 +29,12 @@ using nlohmann::json;
 
 namespace {
 
-// n bf16 values at the start of `p` widened to fp32 in place, last first: element i's four bytes
-// cover only bf16 elements at or after i, already read.
-// Bytes, not typed pointers: the two views alias.
+// n bf16 values at the start of `p` (the staging buffer) widened to fp32 in place, last first:
+// element i's four bytes cover only bf16 elements at or after i, already read.
 void WidenInPlace(uint8_t* p, size_t n) {
   for (size_t i = n; i-- > 0;) {
     bf16 x;
+    // host: staging; bytes, not typed pointers, since the two views alias
     std::memcpy(&x, p + 2 * i, 2);
     const float f = ToFloat(x);
     std::memcpy(p + 4 * i, &f, 4);
