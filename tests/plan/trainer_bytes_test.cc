@@ -159,6 +159,19 @@ train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
   return spec;
 }
 
+// The planner's memory for `job` at dp ranks (micro-batch 2) and ZeRO `zero`, after checking it
+// against the allocations of the last rank's step.
+MemoryBreakdown PlannedAndAllocated(const Job& job, int dp, int zero) {
+  Layout l;
+  l.dp = dp;
+  l.zero = zero;
+  l.micro_batch = 2;
+  const MemoryBreakdown plan = EstimateMemory(job, l);
+  SilentComm comm(dp - 1, dp);
+  ExpectAllocations(SpecOf(job, l, 1), train::StepGroups{&comm}, plan, zero);
+  return plan;
+}
+
 struct Case {
   const char* model;
   Precision precision;
@@ -217,13 +230,7 @@ TEST(TrainerBytes, Bf16MomentsAndNoMasterAreCountedToTheByte) {
         Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 2 * dp, dp);
         job.bf16_moments = t.bf16_moments;
         job.master = t.master;
-        Layout l;
-        l.dp = dp;
-        l.zero = zero;
-        l.micro_batch = 2;
-        const MemoryBreakdown plan = EstimateMemory(job, l);
-        SilentComm comm(dp - 1, dp);
-        ExpectAllocations(SpecOf(job, l, 1), train::StepGroups{&comm}, plan, zero);
+        const MemoryBreakdown plan = PlannedAndAllocated(job, dp, zero);
         const double n = TotalParams(job.model), held = zero >= 1 ? std::ceil(n / dp) : n;
         EXPECT_EQ(plan.state.moments, (t.bf16_moments ? 4 : 8) * held);
         EXPECT_EQ(plan.state.master, t.master ? 4 * held : 0);
@@ -262,13 +269,7 @@ TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
           m.lora_base = base;
           m.lora_dora = dora;
           const Job job = KeelJob(m, prec, 2 * dp, dp);
-          Layout l;
-          l.dp = dp;
-          l.zero = zero;
-          l.micro_batch = 2;
-          const MemoryBreakdown plan = EstimateMemory(job, l);
-          SilentComm comm(dp - 1, dp);
-          ExpectAllocations(SpecOf(job, l, 1), train::StepGroups{&comm}, plan, zero);
+          const MemoryBreakdown plan = PlannedAndAllocated(job, dp, zero);
           const double n = TotalParams(job.model), adapters = TrainableParams(job.model);
           ASSERT_LT(adapters, n / 10);
           const double held = zero >= 1 ? std::ceil(adapters / dp) : adapters;

@@ -25,6 +25,12 @@ size_t HeldBy(const parallel::ShardRange& s, size_t total, bool sharded) {
   return sharded ? s.size : total;
 }
 
+// The shape says the moments' dtype (it sized them): the optimizer's follows.
+AdamWHyper WithMoments(AdamWHyper h, int moment_bytes) {
+  h.bf16_moments = moment_bytes == 2;
+  return h;
+}
+
 // The trainable ranges, packed: offset in the compact state, at in the layout.
 std::vector<ParamRange> Packed(const std::vector<ParamRange>& ranges) {
   std::vector<ParamRange> out;
@@ -58,12 +64,10 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       master_(Buffer::Zeroed(be, shape.master ? 4 * (state_hi_ - state_lo_) : 0)),
       grads_(Buffer::Zeroed(be, 4 * grads_size_)),
       biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
-      opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_, hyper,
-           be) {
+      opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_,
+           WithMoments(hyper, shape.moment_bytes), be) {
   KEEL_CHECK(shape.master || (shape.working_bytes == 2 && !compact_),
              "ParamStore: weights without a master are a bf16 run's whole state (not LoRA's)");
-  KEEL_CHECK(hyper.bf16_moments == (shape.moment_bytes == 2),
-             "ParamStore: the shape's moment bytes are not the optimizer's");
   if (compact_) {
     KEEL_CHECK(dims.zero <= 1, "ParamStore: a compact state shards at ZeRO 0 and 1 only");
     size_t n = 0;

@@ -20,7 +20,8 @@
 // frozen ones live there alone (bf16 runs: as bf16) or, for a quantized base's matrices, as codes
 // and scales; set once by TrainStep::SetWeights. ZeRO 0 and 1 only.
 //
-// The moments are fp32 or bf16 (StateShape::moment_bytes, AdamWHyper::bf16_moments). A bf16 run
+// The moments are fp32 or bf16 (StateShape::moment_bytes; the hyper's bf16_moments is set from
+// it). A bf16 run
 // without a master (StateShape::master false; not compact) keeps no fp32 copy: the working
 // copy's slice [state_lo, state_hi) is the weights AdamW updates (stochastically rounded).
 //

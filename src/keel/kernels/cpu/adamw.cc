@@ -69,24 +69,18 @@ void AdamWLoop(const AdamWState& s, size_t n, const AdamWParams& p) {
   }
 }
 
+template <Weights kW>
+void AdamWMoments(const AdamWState& s, size_t n, const AdamWParams& p) {
+  s.bf16_moments ? AdamWLoop<bf16, kW>(s, n, p) : AdamWLoop<float, kW>(s, n, p);
+}
+
 }  // namespace
 
 void AdamWUpdate(const AdamWState& s, size_t n, const AdamWParams& p) {
   KEEL_CHECK(s.master || s.working, "AdamW: neither master nor working weights");
-  const Weights w = !s.master   ? Weights::kWorkingOnly
-                    : s.working ? Weights::kMasterAndWorking
-                                : Weights::kMaster;
-  switch (w) {
-    case Weights::kMaster:
-      return s.bf16_moments ? AdamWLoop<bf16, Weights::kMaster>(s, n, p)
-                            : AdamWLoop<float, Weights::kMaster>(s, n, p);
-    case Weights::kMasterAndWorking:
-      return s.bf16_moments ? AdamWLoop<bf16, Weights::kMasterAndWorking>(s, n, p)
-                            : AdamWLoop<float, Weights::kMasterAndWorking>(s, n, p);
-    case Weights::kWorkingOnly:
-      return s.bf16_moments ? AdamWLoop<bf16, Weights::kWorkingOnly>(s, n, p)
-                            : AdamWLoop<float, Weights::kWorkingOnly>(s, n, p);
-  }
+  if (!s.master) return AdamWMoments<Weights::kWorkingOnly>(s, n, p);
+  if (s.working) return AdamWMoments<Weights::kMasterAndWorking>(s, n, p);
+  AdamWMoments<Weights::kMaster>(s, n, p);
 }
 
 void AdamWUpdate(float* master, float* m, float* v, const float* grad, size_t n,

@@ -51,6 +51,22 @@ __global__ void AdamWKernel(float* master, bf16d* working, M* m, M* v, const flo
   }
 }
 
+// The kernel for `s`'s moment type M and whether it has a master.
+template <typename M>
+void LaunchAdamW(const AdamWState& s, size_t n, const AdamWParams& p, float bc1, float bc2,
+                 cudaStream_t stream) {
+  auto* w = reinterpret_cast<bf16d*>(s.working);
+  auto* m = static_cast<M*>(s.m);
+  auto* v = static_cast<M*>(s.v);
+  const unsigned blocks = Blocks(n, kThreads);
+  if (s.master)
+    AdamWKernel<M, true>
+        <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
+  else
+    AdamWKernel<M, false>
+        <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
+}
+
 constexpr unsigned kSumBlocks = 1024;
 
 // Each block's Σ x² in fp64 over a fixed stride pattern; partials then summed in block order.
@@ -97,27 +113,10 @@ void AdamW(const AdamWState& s, size_t n, const AdamWParams& p, cudaStream_t str
   KEEL_CHECK(s.master || s.working, "AdamW: neither master nor working weights");
   const float bc1 = float(1.0 - std::pow(double(p.beta1), p.step));
   const float bc2 = float(1.0 - std::pow(double(p.beta2), p.step));
-  auto* w = reinterpret_cast<bf16d*>(s.working);
-  const unsigned blocks = Blocks(n, kThreads);
-  if (s.bf16_moments) {
-    auto* m = static_cast<bf16d*>(s.m);
-    auto* v = static_cast<bf16d*>(s.v);
-    if (s.master)
-      AdamWKernel<bf16d, true>
-          <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
-    else
-      AdamWKernel<bf16d, false>
-          <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
-  } else {
-    auto* m = static_cast<float*>(s.m);
-    auto* v = static_cast<float*>(s.v);
-    if (s.master)
-      AdamWKernel<float, true>
-          <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
-    else
-      AdamWKernel<float, false>
-          <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
-  }
+  if (s.bf16_moments)
+    LaunchAdamW<bf16d>(s, n, p, bc1, bc2, stream);
+  else
+    LaunchAdamW<float>(s, n, p, bc1, bc2, stream);
   KEEL_CUDA(cudaGetLastError());
 }
 
