@@ -97,11 +97,13 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
       model::StateShapeOf(model::ParamLayout::Stage(spec.model, chunks, tp), spec.dtype);
   shape.moment_bytes = spec.hyper.bf16_moments ? 2 : 4;
   shape.master = spec.master;
+  shape.offload_chunk = spec.offload_chunk;
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, spec.layout);
   ASSERT_EQ(double(b.working + b.biases + b.quantized), plan.state.params);
-  std::vector<size_t> want = {Round64(plan.state.grads), Round64(plan.state.moments / 2),
-                              Round64(plan.state.moments / 2)};
+  std::vector<size_t> want = {Round64(plan.state.grads)};
+  if (plan.state.moments > 0) want.insert(want.end(), 2, Round64(plan.state.moments / 2));
   if (plan.state.master > 0) want.push_back(Round64(plan.state.master));
+  if (plan.state.offload > 0) want.push_back(Round64(plan.state.offload));
   const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.layout.n_micro);
   double arenas = 0;
   for (int c = 0; c < v; ++c) {
@@ -150,6 +152,10 @@ train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
   spec.dtype = job.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   spec.hyper.bf16_moments = job.bf16_moments;
   spec.master = job.master;
+  if (job.offload_chunk > 0) {
+    spec.offload_dir = testing::TempDir() + "keel_trainer_bytes_tier";
+    spec.offload_chunk = size_t(job.offload_chunk);
+  }
   spec.layout = l;  // dp, tp, pp, zero, sp, virtual_stages, micro_batch
   spec.layout.n_micro = m;
   spec.seq_len = spec.model.block_size;
@@ -237,6 +243,32 @@ TEST(TrainerBytes, Bf16MomentsAndNoMasterAreCountedToTheByte) {
         if (dp == 1)  // the biases' fp32 copy beside the bf16 weights is the rest
           EXPECT_NEAR(plan.state.total() / n, t.bytes_per_param, 0.01);
       }
+}
+
+// [offload]: the moments, and a bf16 run's master, leave memory for the tier's file; what stays
+// is the chunk buffers, counted by the planner as the trainer allocates them, and the file's
+// size is the planner's tier figure.
+TEST(TrainerBytes, OffloadTierIsCountedToTheByte) {
+  for (Precision p : {Precision::kBf16, Precision::kFp32})
+    for (bool bf16_moments : {false, true})
+      for (int dp : {1, 2})
+        for (int zero = 0; zero <= 3; ++zero) {
+          SCOPED_TRACE(std::string(PrecisionName(p)) + (bf16_moments ? " bf16 moments" : "") +
+                       " dp " + std::to_string(dp) + " zero " + std::to_string(zero));
+          Job job = KeelJob(NamedModel("gpt2-tiny"), p, 2 * dp, dp);
+          job.bf16_moments = bf16_moments;
+          job.offload_chunk = 1 << 20;  // several chunks: three buffers
+          const MemoryBreakdown plan = PlannedAndAllocated(job, dp, zero);
+          const double n = TotalParams(job.model), held = zero >= 1 ? std::ceil(n / dp) : n;
+          const bool bf16 = p == Precision::kBf16;
+          EXPECT_EQ(plan.state.moments, 0);
+          EXPECT_EQ(plan.state.master, bf16 ? 0 : 4 * held);  // fp32's master stays
+          const double per = (bf16 ? 4 : 0) + (bf16_moments ? 4 : 8);
+          EXPECT_GE(plan.tier, per * held);
+          EXPECT_LT(plan.tier, per * held + 3 * 4096);
+          EXPECT_GT(plan.state.offload, 2 * double(job.offload_chunk));
+          EXPECT_LE(plan.state.offload, 3 * double(job.offload_chunk) + 4096);
+        }
 }
 
 // LoRA: the planner's compact state is the trainer's to the byte (master weights and moments of

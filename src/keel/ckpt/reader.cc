@@ -156,15 +156,18 @@ void CheckpointReader::Load(const std::vector<TensorSpec>& tensors,
   // Element `at` of buffer b. A bf16 buffer is read as fp32 and rounded to nearest (state.h).
   auto read = [&](const TensorEntry& t, const std::vector<int64_t>& start,
                   const std::vector<int64_t>& count, const FlatBuffer& b, size_t at, size_t n) {
-    if (b.dtype == DType::kF32 && mem.host_visible())
+    if (b.data && b.dtype == DType::kF32 && mem.host_visible())
       return ReadBox(t, start, count, static_cast<float*>(b.data) + at);
     host.resize(n);
     ReadBox(t, start, count, host.data());
-    if (b.dtype == DType::kF32)
-      return mem.FromHost(static_cast<float*>(b.data) + at, host.data(), 4 * n);
-    narrow.resize(n);
-    ConvertF32ToBf16(narrow.data(), host.data(), n);
-    mem.FromHost(static_cast<bf16*>(b.data) + at, narrow.data(), 2 * n);
+    const void* out = host.data();
+    if (b.dtype == DType::kBF16) {
+      narrow.resize(n);
+      ConvertF32ToBf16(narrow.data(), host.data(), n);
+      out = narrow.data();
+    }
+    if (!b.data) return b.write(at, n, out);  // an offload tier's
+    mem.FromHost(static_cast<char*>(b.data) + DTypeSize(b.dtype) * at, out, DTypeSize(b.dtype) * n);
   };
   double total = 0, done = 0;
   for (const TensorSpec& s : tensors) total += 4.0 * double(s.numel()) * double(buffers.size());

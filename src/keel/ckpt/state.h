@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -45,9 +46,16 @@ struct TensorSpec {
 // and loaded rounded to nearest, which gives their bits back; a run may resume with another
 // state dtype, and every reader and tool sees one format.
 struct FlatBuffer {
+  FlatBuffer() = default;
+  FlatBuffer(std::string k, void* d, DType t = DType::kF32)
+      : kind(std::move(k)), data(d), dtype(t) {}
   std::string kind;      // "master" | "adam_m" | "adam_v"
   void* data = nullptr;  // laid out as the TensorSpecs say
   DType dtype = DType::kF32;
+  // A buffer that is not in memory (an offload tier), where data is null: its elements
+  // [at, at + n) into host memory and back. `read` may run on several threads at once.
+  std::function<void(size_t at, size_t n, void* host)> read;
+  std::function<void(size_t at, size_t n, const void* host)> write;
 };
 
 // The buffers hold the flat range [lo, hi) of the layout (hi 0: all of it), element 0 at lo: a

@@ -190,7 +190,16 @@ double CheckpointWriter::WaitSnapshot() {
 void CheckpointWriter::CopyChunks() {
   for (size_t i; (i = next_chunk_.fetch_add(1)) < chunks_.size();) {
     const Chunk& c = chunks_[i];
-    if (!c.widen) {
+    if (c.source >= 0) {
+      // An offload tier's: read straight into staging (bf16 into its first half, then widened).
+      try {
+        sources_[size_t(c.source)](c.at, c.n / 4, c.dst);
+        if (c.widen) WidenInPlace(c.dst, c.n / 4);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(copy_error_mu_);
+        if (copy_error_.empty()) copy_error_ = e.what();
+      }
+    } else if (!c.widen) {
       mem_->ToHost(c.dst, c.src, c.n);
     } else if (mem_->host_visible()) {
       ConvertBf16ToF32(reinterpret_cast<float*>(c.dst), reinterpret_cast<const bf16*>(c.src),
@@ -331,18 +340,31 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     const uint8_t* src;
     size_t n;  // elements
     bool widen;
+    int source;  // src null: sources_[source] from element `at`
+    size_t at;
   };
   std::vector<Copy> copies;
+  sources_.clear();
+  copy_error_.clear();
+  std::vector<int> source_of;
+  for (const FlatBuffer& b : view.buffers) {
+    source_of.push_back(b.data ? -1 : int(sources_.size()));
+    if (!b.data) {
+      KEEL_CHECK(b.read && mem_->host_visible(),
+                 "CheckpointWriter: a buffer with no bytes to read");
+      sources_.push_back(b.read);
+    }
+  }
   const auto [lo, hi] = WriteRangeOf(view, rank_, world_);
   for (const TensorSpec& t : view.tensors) {
     if (t.replica) continue;
     for (const Box& box : TensorBoxesIn(t, lo, hi)) {
       const size_t n = box.numel;
-      for (const FlatBuffer& b : view.buffers) {
-        const size_t eb = DTypeSize(b.dtype);
-        copies.push_back(
-            {static_cast<const uint8_t*>(b.data) + eb * (t.offset + box.flat - view.lo), n,
-             b.dtype == DType::kBF16});
+      for (size_t i = 0; i < view.buffers.size(); ++i) {
+        const FlatBuffer& b = view.buffers[i];
+        const size_t eb = DTypeSize(b.dtype), at = t.offset + box.flat - view.lo;
+        copies.push_back({b.data ? static_cast<const uint8_t*>(b.data) + eb * at : nullptr, n,
+                          b.dtype == DType::kBF16, source_of[i], at});
         pieces.push_back({{"name", t.name},
                           {"kind", b.kind},
                           {"shape", t.shape},
@@ -362,8 +384,8 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
   for (const Copy& c : copies) {
     // A bf16 chunk reads half the bytes it stages (kChunk is a multiple of 4).
     for (size_t off = 0; off < c.n * 4; off += kChunk)
-      chunks_.push_back(
-          {c.src + (c.widen ? off / 2 : off), dst + off, std::min(kChunk, c.n * 4 - off), c.widen});
+      chunks_.push_back({c.src ? c.src + (c.widen ? off / 2 : off) : nullptr, dst + off,
+                         std::min(kChunk, c.n * 4 - off), c.widen, c.source, c.at + off / 4});
     dst += c.n * 4;
   }
   next_chunk_ = 0;
@@ -387,6 +409,10 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     cv_.notify_all();
     CopyChunks();
     while (copied_bytes_.load() < bytes) std::this_thread::yield();  // a helper's last chunk
+  }
+  {
+    std::lock_guard<std::mutex> lock(copy_error_mu_);
+    if (!copy_error_.empty()) ThrowRuntime("checkpoint snapshot: " + copy_error_);
   }
   staged_bytes_ = bytes;
   pieces_json_ = pieces.dump();

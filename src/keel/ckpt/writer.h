@@ -141,7 +141,12 @@ class CheckpointWriter {
     uint8_t* dst;
     size_t n;            // bytes staged
     bool widen = false;  // src holds n / 4 bf16 values, staged as fp32
+    int source = -1;     // src null: sources_[source] reads the elements from `at` (offload)
+    size_t at = 0;
   };
+  std::vector<std::function<void(size_t, size_t, void*)>> sources_;  // FlatBuffer::read
+  std::mutex copy_error_mu_;
+  std::string copy_error_;     // the first source read that failed, for DoSnapshot to throw
   std::vector<Chunk> chunks_;  // the snapshot's copies, in pieces of at most 8 MiB
   std::atomic<size_t> next_chunk_{0}, copied_bytes_{0};
   size_t staged_bytes_ = 0;

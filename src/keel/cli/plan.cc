@@ -26,7 +26,8 @@ struct PlanArgs {
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
   std::string lora_base, state_dtype = "fp32";
-  bool lora_dora = false, no_master = false;
+  bool lora_dora = false, no_master = false, offload = false;
+  double offload_chunk_mib = 16, offload_gbps = 2;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1;
@@ -131,6 +132,14 @@ plan::Job MakeJob(const PlanArgs& a) {
     ThrowBadInput(std::string("plan: --no-master: ") +
                   (a.lora_rank > 0 ? "not with --lora-rank (the adapters' master is small)"
                                    : "needs --precision bf16 (fp32 weights are the master)"));
+  if (a.offload) {
+    if (a.lora_rank > 0)
+      ThrowBadInput("plan: --offload: not with --lora-rank (the adapters' state is small)");
+    if (!(a.offload_chunk_mib > 0) || !(a.offload_gbps > 0))
+      ThrowBadInput("plan: --offload-chunk-mib and --offload-gbps: expected positive numbers");
+    job.offload_chunk = a.offload_chunk_mib * 1048576;
+    job.offload_bytes_per_s = a.offload_gbps * 1e9;
+  }
   // keel's accounting is the only one that knows LoRA's compact state: it is LoRA's default.
   job.accounting = plan::ParseAccounting(!a.accounting.empty() ? a.accounting
                                          : a.lora_rank > 0     ? "keel"
@@ -241,6 +250,14 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_flag("--no-master", a.no_master,
                 "bf16 weights without an fp32 master (stochastic rounding), as "
                 "optim.master_weights = false");
+  cmd->add_flag("--offload", a.offload,
+                "AdamW's moments (and a bf16 run's master) on a disk tier, as [offload] dir");
+  cmd->add_option("--offload-chunk-mib", a.offload_chunk_mib,
+                  "the tier's chunk buffers, as [offload] chunk_mib")
+      ->capture_default_str();
+  cmd->add_option("--offload-gbps", a.offload_gbps,
+                  "the tier's bandwidth per node, GB/s read and write (keel preflight measures it)")
+      ->capture_default_str();
   cmd->add_option("--global-batch", a.global_batch, "sequences per step")->capture_default_str();
   cmd->add_option("--accelerator", a.accel, "A100-80GB, H100-80GB, H200-141GB, this-cpu (measured)")
       ->capture_default_str();
@@ -290,33 +307,36 @@ void RegisterPlan(CLI::App& app) {
     const plan::Job job = MakeJob(a);
     const auto all = plan::Search(job, MakeConstraints(a));
     if (a.json) {
-      nlohmann::json out = {{"model",
-                             {{"name", job.model.name},
-                              {"layers", job.model.layers},
-                              {"hidden", job.model.hidden},
-                              {"heads", job.model.heads},
-                              {"vocab", job.model.vocab},
-                              {"seq", job.model.seq},
-                              {"params", plan::TotalParams(job.model)}}},
-                            {"precision", plan::PrecisionName(job.precision)},
-                            {"state_dtype", job.bf16_moments ? "bf16" : "fp32"},
-                            {"master_weights", job.master},
-                            {"accounting", plan::AccountingName(job.accounting)},
-                            {"global_batch", job.global_batch},
-                            {"accelerator", job.cluster.accel.name},
-                            {"accelerator_figures",
-                             {{"bf16_flops", job.cluster.accel.bf16_flops},
-                              {"fp32_flops", plan::PeakFlops(job.cluster.accel, true)},
-                              {"memory_bytes", job.cluster.accel.memory_bytes},
-                              {"memory_bytes_per_s", job.cluster.accel.hbm_bytes_per_s},
-                              {"intra_bytes_per_s", job.cluster.accel.intra_bytes_per_s},
-                              {"inter_bytes_per_s", job.cluster.accel.inter_bytes_per_s},
-                              {"host_bytes_per_s", job.cluster.accel.host_bytes_per_s},
-                              {"measured_flops", job.cluster.accel.measured_flops},
-                              {"measured", job.cluster.accel.measured_note}}},
-                            {"efficiency", job.efficiency},
-                            {"accelerators", job.cluster.world},
-                            {"layouts", nlohmann::json::array()}};
+      nlohmann::json out = {
+          {"model",
+           {{"name", job.model.name},
+            {"layers", job.model.layers},
+            {"hidden", job.model.hidden},
+            {"heads", job.model.heads},
+            {"vocab", job.model.vocab},
+            {"seq", job.model.seq},
+            {"params", plan::TotalParams(job.model)}}},
+          {"precision", plan::PrecisionName(job.precision)},
+          {"state_dtype", job.bf16_moments ? "bf16" : "fp32"},
+          {"master_weights", job.master},
+          {"offload",
+           {{"chunk_bytes", job.offload_chunk}, {"bytes_per_s", job.offload_bytes_per_s}}},
+          {"accounting", plan::AccountingName(job.accounting)},
+          {"global_batch", job.global_batch},
+          {"accelerator", job.cluster.accel.name},
+          {"accelerator_figures",
+           {{"bf16_flops", job.cluster.accel.bf16_flops},
+            {"fp32_flops", plan::PeakFlops(job.cluster.accel, true)},
+            {"memory_bytes", job.cluster.accel.memory_bytes},
+            {"memory_bytes_per_s", job.cluster.accel.hbm_bytes_per_s},
+            {"intra_bytes_per_s", job.cluster.accel.intra_bytes_per_s},
+            {"inter_bytes_per_s", job.cluster.accel.inter_bytes_per_s},
+            {"host_bytes_per_s", job.cluster.accel.host_bytes_per_s},
+            {"measured_flops", job.cluster.accel.measured_flops},
+            {"measured", job.cluster.accel.measured_note}}},
+          {"efficiency", job.efficiency},
+          {"accelerators", job.cluster.world},
+          {"layouts", nlohmann::json::array()}};
       // The best `top` that fit, then the `top` closest to fitting, each with its reason.
       int fit = 0, rejected = 0;
       for (const auto& e : all)

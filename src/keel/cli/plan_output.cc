@@ -37,6 +37,8 @@ nlohmann::json EstimateJson(const plan::Estimate& e) {
         {"grads", m.state.grads},
         {"master", m.state.master},
         {"moments", m.state.moments},
+        {"offload_buffers", m.state.offload},
+        {"offload_tier", m.tier},
         {"activations", m.activations},
         {"comm_buffers", m.comm_buffers},
         {"headroom", m.headroom},
@@ -49,6 +51,7 @@ nlohmann::json EstimateJson(const plan::Estimate& e) {
       {"bubble", e.time.bubble},
       {"compute_s", e.time.compute_s},
       {"exposed_comm_s", e.time.exposed_comm_s},
+      {"offload_s", e.time.offload_s},
       {"step_s", e.time.step_s},
       {"tokens_per_s", e.time.tokens_per_s},
       {"mfu", e.time.mfu},
@@ -288,6 +291,17 @@ void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
       m.state.params / 1e9, m.state.grads / 1e9, m.state.master / 1e9, m.state.moments / 1e9,
       m.activations / 1e9, e.activation_row.c_str(), m.comm_buffers / 1e9, m.used() / 1e9,
       m.headroom / 1e9, m.capacity / 1e9);
+  if (m.tier > 0) {
+    const auto& t = e.time;
+    std::printf(
+        "offload tier ([offload]): %.3f GB per rank on disk, %.3f GB of chunk buffers in memory\n"
+        "  the update reads and writes it once a step: %.3f GB per node at %.2f GB/s = %.3f s, "
+        "%.0f%% of the step%s\n\n",
+        m.tier / 1e9, m.state.offload / 1e9,
+        2 * m.tier * std::min(j.cluster.per_node, j.cluster.world) / 1e9,
+        j.offload_bytes_per_s / 1e9, t.offload_s, 100 * t.offload_s / t.step_s,
+        t.offload_s > t.compute_s ? ": I/O-bound (the tier's traffic exceeds the compute)" : "");
+  }
   auto link = [](bool intra) { return intra ? "NVLink" : "network"; };
   std::printf("communication per step per rank:\n");
   std::printf("  tp  %10.3f GB  %8.4f s (%s)\n", e.comm.tp_bytes / 1e9, e.comm.tp_s,

@@ -1,17 +1,18 @@
 #include "keel/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace keel::optim {
 
 AdamW::AdamW(std::vector<ParamRange> ranges, size_t total, const AdamWHyper& hyper,
-             const kernels::Backend& be)
+             const kernels::Backend& be, bool own_moments)
     : ranges_(std::move(ranges)),
       total_(total),
       hyper_(hyper),
       be_(&be),
-      m_(Buffer::Zeroed(be, total * DTypeSize(moment_dtype()))),
-      v_(Buffer::Zeroed(be, total * DTypeSize(moment_dtype()))) {}
+      m_(Buffer::Zeroed(be, own_moments ? total * DTypeSize(moment_dtype()) : 0)),
+      v_(Buffer::Zeroed(be, own_moments ? total * DTypeSize(moment_dtype()) : 0)) {}
 
 uint64_t RoundStream(const std::string& name, int tp_rank) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
@@ -20,7 +21,11 @@ uint64_t RoundStream(const std::string& name, int tp_rank) {
 }
 
 void AdamW::Step(float* master, bf16* working, const float* grads, float lr, float grad_scale) {
-  ++step_;
+  Begin();
+  Apply({master, working, m(), v(), grads, 0, total_}, lr, grad_scale);
+}
+
+void AdamW::Apply(const Slice& s, float lr, float grad_scale) const {
   kernels::AdamWParams p;
   p.lr = lr;
   p.beta1 = hyper_.beta1;
@@ -31,18 +36,20 @@ void AdamW::Step(float* master, bf16* working, const float* grads, float lr, flo
   const size_t mb = DTypeSize(moment_dtype());
   const uint64_t step_key = kernels::SplitMix64(hyper_.seed ^ (uint64_t(step_) << 32));
   for (const ParamRange& r : ranges_) {
-    if (r.frozen) continue;
+    const size_t a = std::max(s.lo, r.offset), b = std::min(s.lo + s.n, r.offset + r.numel);
+    if (r.frozen || a >= b) continue;
+    const size_t at = a - s.lo;  // in the slice's pointers
     p.weight_decay = r.decay ? hyper_.weight_decay : 0.0f;
     p.round_key = kernels::SplitMix64(step_key + r.stream);
-    p.index0 = r.first;
-    kernels::AdamWState s;
-    s.master = master ? master + r.offset : nullptr;
-    s.working = working ? working + r.offset : nullptr;
-    s.m = static_cast<char*>(m()) + mb * r.offset;
-    s.v = static_cast<char*>(v()) + mb * r.offset;
-    s.bf16_moments = hyper_.bf16_moments;
-    s.grad = grads + r.offset;
-    be_->AdamWUpdate(s, r.numel, p);
+    p.index0 = r.first + (a - r.offset);
+    kernels::AdamWState k;
+    k.master = s.master ? s.master + at : nullptr;
+    k.working = s.working ? s.working + at : nullptr;
+    k.m = static_cast<char*>(s.m) + mb * at;
+    k.v = static_cast<char*>(s.v) + mb * at;
+    k.bf16_moments = hyper_.bf16_moments;
+    k.grad = s.grads + at;
+    be_->AdamWUpdate(k, b - a, p);
   }
 }
 

@@ -58,13 +58,27 @@ struct AdamWHyper {
 
 class AdamW {
  public:
-  // Moments in `be`'s memory (fp32, or bf16 per hyper), zeroed; Step runs on `be`.
+  // Moments in `be`'s memory (fp32, or bf16 per hyper), zeroed; Step runs on `be`. Without
+  // `own_moments` the caller keeps them (an offload tier) and updates through Begin and Apply.
   AdamW(std::vector<ParamRange> ranges, size_t total, const AdamWHyper& hyper,
-        const kernels::Backend& be = kernels::Cpu());
+        const kernels::Backend& be = kernels::Cpu(), bool own_moments = true);
 
   // One update of every range; `working` (bf16 runs) receives the rounded new master. `master`
   // null: `working` is the only copy of the weights, updated with stochastic rounding.
   void Step(float* master, bf16* working, const float* grads, float lr, float grad_scale);
+
+  // Step in pieces: Begin counts the step, then Apply updates the elements [lo, lo + n) of the
+  // ranges, every pointer at element lo (moments: moment_dtype()). Any cut of [0, total) into
+  // slices gives Step's bits.
+  struct Slice {
+    float* master = nullptr;
+    bf16* working = nullptr;
+    void *m = nullptr, *v = nullptr;
+    const float* grads = nullptr;
+    size_t lo = 0, n = 0;
+  };
+  void Begin() { ++step_; }
+  void Apply(const Slice& s, float lr, float grad_scale) const;
 
   int step() const { return step_; }
   void set_step(int step) { step_ = step; }  // a resumed run continues the bias correction

@@ -50,7 +50,7 @@ std::vector<ParamRange> Packed(const std::vector<ParamRange>& ranges) {
 
 ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::ParallelDims& dims,
                        int dp_rank, const std::vector<ParamRange>& ranges, const AdamWHyper& hyper,
-                       const kernels::Backend& be)
+                       const kernels::Backend& be, const std::string& offload_dir)
     : shape_(shape),
       be_(&be),
       dims_(dims),
@@ -61,11 +61,12 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       state_hi_(dims.zero >= 1 ? shard_.hi : state_total()),
       grads_lo_(dims.zero >= 2 ? shard_.lo : 0),
       grads_size_(compact_ ? shape.grads : HeldBy(shard_, shape.total, dims.zero >= 2)),
-      master_(Buffer::Zeroed(be, shape.master ? 4 * (state_hi_ - state_lo_) : 0)),
+      master_(Buffer::Zeroed(
+          be, shape.master && !shape.master_offloaded() ? 4 * (state_hi_ - state_lo_) : 0)),
       grads_(Buffer::Zeroed(be, 4 * grads_size_)),
       biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
       opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_,
-           WithMoments(hyper, shape.moment_bytes), be) {
+           WithMoments(hyper, shape.moment_bytes), be, /*own_moments=*/shape.offload_chunk == 0) {
   KEEL_CHECK(shape.master || (shape.working_bytes == 2 && !compact_),
              "ParamStore: weights without a master are a bf16 run's whole state (not LoRA's)");
   if (compact_) {
@@ -88,10 +89,59 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       if (r.frozen) frozen_.push_back(r);
   replicas_ = Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_);
   std::erase_if(replicas_, [](const ParamRange& r) { return !r.replica; });
+  if (shape.offload_chunk > 0) {
+    KEEL_CHECK(!compact_ && be.host_visible(),
+               "ParamStore: the offload tier holds a full state in host-visible memory");
+    const size_t n = state_hi_ - state_lo_;
+    std::vector<int> eb;
+    if (shape.master_offloaded()) eb.push_back(4);
+    eb.insert(eb.end(), 2, shape.moment_bytes);
+    tier_ = std::make_unique<OffloadTier>(offload_dir, n, eb, parallel::OffloadChunkElems(shape, n),
+                                          be);
+    // Its fresh blocks read as zeros: the moments start at zero, as in memory.
+  }
+}
+
+ParamStore::~ParamStore() = default;
+
+bool ParamStore::offloaded(Kind k) const {
+  return tier_ && (k != Kind::kMaster || shape_.master_offloaded());
+}
+
+// The tier's regions: the master first where it holds one, then m and v.
+void ParamStore::ReadState(Kind k, size_t lo, size_t n, void* host) {
+  if (offloaded(k)) return tier_->Read(int(k) - (shape_.master_offloaded() ? 0 : 1), lo, n, host);
+  const size_t eb = DTypeSize(state_dtype(k));
+  const void* p = k == Kind::kMaster ? master_data() : k == Kind::kM ? adam_m() : adam_v();
+  be_->ToHost(host, static_cast<const char*>(p) + eb * lo, eb * n);
+}
+
+void ParamStore::WriteState(Kind k, size_t lo, size_t n, const void* host) {
+  if (offloaded(k)) return tier_->Write(int(k) - (shape_.master_offloaded() ? 0 : 1), lo, n, host);
+  const size_t eb = DTypeSize(state_dtype(k));
+  void* p = k == Kind::kMaster ? master_data() : k == Kind::kM ? adam_m() : adam_v();
+  be_->FromHost(static_cast<char*>(p) + eb * lo, host, eb * n);
+}
+
+void ParamStore::VisitState(Kind k, bool write,
+                            const std::function<void(void* p, size_t lo, size_t n)>& fn) {
+  const size_t n = state_hi_ - state_lo_, eb = DTypeSize(state_dtype(k));
+  if (!offloaded(k)) {
+    void* p = k == Kind::kMaster ? master_data() : k == Kind::kM ? adam_m() : adam_v();
+    return fn(p, 0, n);
+  }
+  const size_t piece = std::min(n, (size_t(16) << 20) / eb);
+  std::vector<uint8_t> host(piece * eb);
+  for (size_t lo = 0; lo < n; lo += piece) {
+    const size_t k_n = std::min(piece, n - lo);
+    ReadState(k, lo, k_n, host.data());
+    fn(host.data(), lo, k_n);
+    if (write) WriteState(k, lo, k_n, host.data());
+  }
 }
 
 void* ParamStore::master_data() {
-  if (master_.bytes() || state_hi_ == state_lo_) return master_.data();
+  if (shape_.master || state_hi_ == state_lo_) return master_.data();
   return static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
 }
 
@@ -123,7 +173,22 @@ void ParamStore::Update(float lr, float grad_scale) {
   if (compact_) return opt_.Step(master(), nullptr, grads() + state_lo_, lr, grad_scale);
   bf16* w = nullptr;
   if (dtype() == DType::kBF16) w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
-  opt_.Step(master(), w, grads() + (state_lo_ - grads_lo_), lr, grad_scale);
+  float* g = grads() + (state_lo_ - grads_lo_);
+  if (!tier_) return opt_.Step(master(), w, g, lr, grad_scale);
+  // Chunk by chunk through the tier: the same elements, the same draws, the same bits.
+  opt_.Begin();
+  const bool tm = shape_.master_offloaded();
+  tier_->Stream([&](void* const* p, size_t lo, size_t n) {
+    AdamW::Slice s;
+    s.master = tm ? static_cast<float*>(p[0]) : master() ? master() + lo : nullptr;
+    s.working = w ? w + lo : nullptr;
+    s.m = p[tm ? 1 : 0];
+    s.v = p[tm ? 2 : 1];
+    s.grads = g + lo;
+    s.lo = lo;
+    s.n = n;
+    opt_.Apply(s, lr, grad_scale);
+  });
 }
 
 parallel::StateBytes ParamStore::bytes() const {
@@ -133,7 +198,14 @@ parallel::StateBytes ParamStore::bytes() const {
   b.biases = biases_.bytes();
   b.grads = grads_.bytes();
   b.master = master_.bytes();
-  b.moments = 2 * DTypeSize(opt_.moment_dtype()) * (state_hi_ - state_lo_);
+  b.moments = tier_ ? 0 : 2 * DTypeSize(opt_.moment_dtype()) * (state_hi_ - state_lo_);
+  if (tier_) {
+    b.tier = tier_->file_bytes();
+    size_t per = 0;
+    for (Kind k : {Kind::kMaster, Kind::kM, Kind::kV})
+      if (offloaded(k)) per += DTypeSize(state_dtype(k));
+    b.offload_buffers = parallel::OffloadBufferBytes(tier_->size(), tier_->chunk_elems(), per);
+  }
   return b;
 }
 

@@ -25,17 +25,26 @@
 // without a master (StateShape::master false; not compact) keeps no fp32 copy: the working
 // copy's slice [state_lo, state_hi) is the weights AdamW updates (stochastically rounded).
 //
+// With [offload] (StateShape::offload_chunk) the moments, and a bf16 run's master, live on a disk
+// tier (optim/offload_tier.h) instead: master() or adam_m() is then null, the update streams
+// through the tier, and everything else reads and writes them with ReadState and WriteState,
+// which serve resident state as well.
+//
 //   ParamStore st(shape, dims, dp_rank, ranges, hyper);
 //   st.Update(lr, clip_scale);   // AdamW over what this rank holds
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "keel/core/dtype.h"
 #include "keel/core/memory.h"
 #include "keel/kernels/backend.h"
 #include "keel/optim/adamw.h"
+#include "keel/optim/offload_tier.h"
 #include "keel/parallel/dims.h"
 #include "keel/parallel/state_bytes.h"
 
@@ -47,7 +56,8 @@ class ParamStore {
   // Every buffer in `be`'s memory, zeroed; the update runs there.
   ParamStore(const parallel::StateShape& shape, const parallel::ParallelDims& dims, int dp_rank,
              const std::vector<ParamRange>& ranges, const AdamWHyper& hyper,
-             const kernels::Backend& be = kernels::Cpu());
+             const kernels::Backend& be = kernels::Cpu(), const std::string& offload_dir = "");
+  ~ParamStore();
 
   const parallel::ParallelDims& dims() const { return dims_; }
   const kernels::Backend& backend() const { return *be_; }
@@ -78,6 +88,20 @@ class ParamStore {
   void* adam_m() { return opt_.m(); }  // moment_dtype() elements
   void* adam_v() { return opt_.v(); }
   DType moment_dtype() const { return opt_.moment_dtype(); }
+  // The state by kind, wherever it lives: elements [lo, lo + n) of the slice (0 is state_lo())
+  // to or from host memory, in state_dtype(k). For code off the update's path: checkpoints,
+  // replica checks, loading weights.
+  enum class Kind { kMaster, kM, kV };
+  DType state_dtype(Kind k) const { return k == Kind::kMaster ? master_dtype() : moment_dtype(); }
+  void ReadState(Kind k, size_t lo, size_t n, void* host);
+  void WriteState(Kind k, size_t lo, size_t n, const void* host);
+  // fn(p, lo, n) over the kind's whole slice: once, on its own memory, where resident (the
+  // backend's); piece by piece in host memory where offloaded, each piece written back after fn
+  // when `write`.
+  void VisitState(Kind k, bool write, const std::function<void(void* p, size_t lo, size_t n)>& fn);
+  // Whether the kind is on the offload tier (its pointer above is null).
+  bool offloaded(Kind k) const;
+  const OffloadTier* tier() const { return tier_.get(); }
   // Gradients from flat index grads_lo(): the whole layout, or the shard (compact: the packed
   // trainable ones, then the frozen norms' scratch).
   float* grads() { return grads_.as<float>(); }
@@ -120,6 +144,7 @@ class ParamStore {
   std::vector<ParamRange> frozen_;    // frozen ranges, relative to grads()
   std::vector<ParamRange> replicas_;  // replica ranges in the state slice, relative to state_lo
   AdamW opt_;
+  std::unique_ptr<OffloadTier> tier_;
 };
 
 }  // namespace keel::optim

@@ -1,5 +1,7 @@
 #include "keel/parallel/state_bytes.h"
 
+#include <algorithm>
+
 namespace keel::parallel {
 
 StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
@@ -25,7 +27,27 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
     b.working = bf16 ? 2 * shard : 0;  // gathered from the bf16 shard, or the fp32 master shard
   if (d.zero >= 2) b.zero_buffers += 4 * segs;  // gradient scratch, reduce-scattered in place
   if (d.zero >= 3) b.zero_buffers += size_t(s.working_bytes) * segs;
+  if (s.offload_chunk > 0) {
+    const size_t master = s.master_offloaded() ? b.master : 0;
+    auto blocks = [](size_t x) { return (x + 4095) / 4096 * 4096; };  // O_DIRECT's unit
+    b.tier = blocks(master) + 2 * blocks(b.moments / 2);
+    const size_t per = (master ? 4 : 0) + 2 * size_t(s.moment_bytes);
+    b.offload_buffers = OffloadBufferBytes(held, OffloadChunkElems(s, held), per);
+    b.master -= master;
+    b.moments = 0;
+  }
   return b;
+}
+
+size_t OffloadBufferBytes(size_t held, size_t chunk_elems, size_t bytes_per_elem) {
+  const size_t chunks = (held + chunk_elems - 1) / chunk_elems;
+  return chunks ? std::min<size_t>(3, chunks) * chunk_elems * bytes_per_elem + 4096 : 0;
+}
+
+size_t OffloadChunkElems(const StateShape& s, size_t held) {
+  const size_t per = (s.master_offloaded() ? 4 : 0) + 2 * size_t(s.moment_bytes);
+  const size_t want = std::max<size_t>(1, s.offload_chunk / per / 2048) * 2048;
+  return std::min(want, std::max<size_t>(2048, (held + 2047) / 2048 * 2048));
 }
 
 }  // namespace keel::parallel

@@ -36,7 +36,21 @@ struct StateShape {
   size_t quantized = 0;
   size_t quant_scales = 0;  // of which fp32 scales (the rest: codes)
   bool compact() const { return trainable > 0 && trainable < total; }
+  // [offload]: AdamW's moments, and a bf16 run's fp32 master, on a disk tier instead of in
+  // memory, streamed through three buffers of about this many bytes (0: all in memory).
+  size_t offload_chunk = 0;
+  // Whether the master is on the tier: a bf16 run's (an fp32 run's master is its working
+  // weights at ZeRO 0 and 3, and the source of the all-gather at 1 and 2).
+  bool master_offloaded() const { return offload_chunk > 0 && master && working_bytes == 2; }
 };
+
+// [offload]: the elements of each of the tier's chunks (a multiple of 2048, at most the state
+// slice rounded up to one), for a slice of `held` elements.
+size_t OffloadChunkElems(const StateShape& s, size_t held);
+// The tier's chunk buffers, one allocation: up to three chunks (one read ahead, one computed on,
+// one written back) of `bytes_per_elem` (its regions' sum) and a 4 KiB block to align them for
+// O_DIRECT.
+size_t OffloadBufferBytes(size_t held, size_t chunk_elems, size_t bytes_per_elem);
 
 struct StateBytes {
   size_t working = 0;  // weights the forward pass reads (bf16 copy; fp32 ZeRO 1-2: a full copy)
@@ -50,9 +64,11 @@ struct StateBytes {
   // ZeRO >= 2: per-segment gradient scratch (the embeddings, the final LayerNorm, two blocks in
   // flight); ZeRO 3: also the gathered weights of the same segments.
   size_t zero_buffers = 0;
-  size_t quantized = 0;  // a quantized frozen base: codes and scales (compact states only)
+  size_t quantized = 0;        // a quantized frozen base: codes and scales (compact states only)
+  size_t offload_buffers = 0;  // [offload]: the tier's chunk buffers (up to three)
+  size_t tier = 0;             // [offload]: on the tier's disk (not in total())
   size_t total() const {
-    return working + biases + grads + master + moments + zero_buffers + quantized;
+    return working + biases + grads + master + moments + zero_buffers + quantized + offload_buffers;
   }
 };
 

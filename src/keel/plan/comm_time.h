@@ -37,11 +37,14 @@ struct StepTime {
   double bubble = 0;
   double compute_s = 0;  // matrix products at job.efficiency of peak, no bubble
   double exposed_comm_s = 0;
+  double offload_s = 0;  // [offload]: the tier's reads and writes in the update, which waits
   double step_s = 0;
   double tokens_per_s = 0;
   double mfu = 0;
 };
 
-StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c);
+// `tier_bytes`: each rank's state on an offload tier (MemoryBreakdown::tier), read and written
+// once per step by the update, which waits for it: the node's ranks share the tier's bandwidth.
+StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c, double tier_bytes = 0);
 
 }  // namespace keel::plan

@@ -92,6 +92,11 @@ struct Job {
   // bf16; no fp32 master (bf16 only).
   bool bf16_moments = false;
   bool master = true;
+  // [offload]: AdamW's moments, and a bf16 run's master, on a disk tier streamed through chunk
+  // buffers of this many bytes (0: in memory); the tier's bandwidth per node, read and write
+  // together (bytes/s; `keel preflight` measures it).
+  double offload_chunk = 0;
+  double offload_bytes_per_s = 2e9;
   int global_batch = 512;  // sequences per optimizer step
   Cluster cluster;
   // Fraction of peak FLOP/s that the matrix products reach; the rest of the step time model

@@ -135,7 +135,10 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   parallel::StateShape shape = model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt);
   shape.moment_bytes = job.bf16_moments ? 2 : 4;
   shape.master = job.master;
+  shape.offload_chunk = size_t(job.offload_chunk);
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, l);
+  mem.state.offload = double(b.offload_buffers);
+  mem.tier = double(b.tier);
   mem.state.params = double(b.working + b.biases + b.quantized);
   mem.state.grads = double(b.grads);
   mem.state.master = double(b.master);
@@ -174,6 +177,13 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   const BytesPerParam bpp = StateBytesPerParam(job);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   mem.state = ModelStateBytes(psi, bpp, l.zero, l.dp);
+  if (job.offload_chunk > 0) {  // the moments, and a bf16 run's master, go to disk
+    const bool master = job.precision == Precision::kBf16;
+    mem.tier = mem.state.moments + (master ? mem.state.master : 0);
+    mem.state.moments = 0;
+    if (master) mem.state.master = 0;
+    mem.state.offload = 3 * job.offload_chunk;
+  }
 
   const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
   {

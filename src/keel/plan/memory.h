@@ -23,7 +23,9 @@ BytesPerParam StateBytesPerParam(const Job& j);
 
 struct StateMemory {
   double params = 0, grads = 0, master = 0, moments = 0;
-  double total() const { return params + grads + master + moments; }
+  double offload =
+      0;  // [offload]: the tier's chunk buffers (what was master and moments is on disk)
+  double total() const { return params + grads + master + moments + offload; }
 };
 
 // ZeRO (Rajbhandari et al. 2020): stage 1 shards master + moments over dp, stage 2 also the
@@ -55,6 +57,7 @@ struct MemoryBreakdown {
   double comm_buffers = 0;
   double headroom = 0;  // kept free: allocator fragmentation, runtime context, workspaces
   double capacity = 0;
+  double tier = 0;                 // [offload]: bytes on the tier's disk (not in used())
   bool exact_activations = false;  // from keel's own arena (model::PlanActivations)
   double used() const { return state.total() + activations + comm_buffers; }
   bool fits() const { return used() + headroom <= capacity; }

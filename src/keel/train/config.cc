@@ -81,6 +81,7 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"hysteresis", &c.loss_scale.hysteresis},
         {"growth", &c.loss_scale.growth},
         {"backoff", &c.loss_scale.backoff}}},
+      {"offload", {{"dir", &c.offload.dir}, {"chunk_mib", &c.offload.chunk_mib}}},
       {"lora",
        {{"rank", &c.lora.rank},
         {"alpha", &c.lora.alpha},

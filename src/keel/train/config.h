@@ -120,6 +120,16 @@ struct LossScaleSection {
   bool operator==(const LossScaleSection&) const = default;
 };
 
+// An offload tier (optim/offload_tier.h): AdamW's moments, and a bf16 run's fp32 master, in a
+// scratch file in `dir` instead of memory (12 of a bf16 run's 18 bytes per parameter), streamed
+// through three buffers of `chunk_mib` during the update. Empty `dir`: all in memory.
+struct OffloadSection {
+  std::string dir;
+  double chunk_mib = 16;
+
+  bool operator==(const OffloadSection&) const = default;
+};
+
 // LoRA adapters (model/config.h): only they are trained; the model's own weights stay frozen.
 struct LoraSection {
   int rank = 0;     // 0: off
@@ -253,6 +263,7 @@ struct RunConfig {
   TrainSection train;
   OptimSection optim;
   LossScaleSection loss_scale;
+  OffloadSection offload;
   LoraSection lora;
   ParallelSection parallel;
   CheckpointSection checkpoint;

@@ -225,6 +225,17 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   if (!(ls.backoff > 0 && ls.backoff < 1))
     scale.Fail("backoff", "expected a factor in (0, 1), got " + ShortestDecimal(float(ls.backoff)));
 
+  const Checker offload(prov, "offload");
+  offload.FinitePositive("chunk_mib", float(cfg.offload.chunk_mib));
+  if (!cfg.offload.dir.empty() && cfg.lora.rank > 0)
+    offload.Fail("dir",
+                 "is not for LoRA (its adapters' state is a few MB; the frozen base has none)");
+  if (!cfg.offload.dir.empty() && t.device != "cpu")
+    offload.Fail("dir",
+                 "is built for train.device = \"cpu\" only (the CUDA tier, pinned host "
+                 "memory, is not), got \"" +
+                     t.device + "\"");
+
   const Checker parallel(prov, "parallel");
   parallel.FinitePositive("bucket_mb", cfg.parallel.bucket_mb);
   parallel.FinitePositive("comm_timeout_s", cfg.parallel.comm_timeout_s);

@@ -54,9 +54,15 @@ uint64_t HashState(const kernels::Backend& be, const void* p, size_t bytes) {
 
 uint64_t ReplicaHash(TrainStep& step, int zero) {
   optim::ParamStore& st = step.store();
-  if (zero == 0)
-    return HashState(st.backend(), st.master_data(),
-                     DTypeSize(st.master_dtype()) * (st.state_hi() - st.state_lo()));
+  if (zero == 0) {
+    // An offload tier's master in pieces: the hash of their hashes (one piece in memory).
+    std::vector<uint64_t> parts;
+    st.VisitState(optim::ParamStore::Kind::kMaster, false, [&](void* p, size_t, size_t n) {
+      parts.push_back(HashState(st.backend(), p, DTypeSize(st.master_dtype()) * n));
+    });
+    if (parts.size() == 1) return parts[0];
+    return resilience::HashBytes(parts.data(), 8 * parts.size());
+  }
   return HashState(st.backend(), st.working(), st.bytes().working);
 }
 
@@ -80,10 +86,11 @@ resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine) {
 void RepairReplicas(TrainStep& step, parallel::Comm& dp, int zero, int from) {
   optim::ParamStore& st = step.store();
   if (zero == 0) {
-    const size_t n = st.state_hi() - st.state_lo();
-    dp.Broadcast(st.master_data(), DTypeSize(st.master_dtype()) * n, from);
-    for (void* buf : {st.adam_m(), st.adam_v()})
-      dp.Broadcast(buf, DTypeSize(st.moment_dtype()) * n, from);
+    using Kind = optim::ParamStore::Kind;
+    for (Kind k : {Kind::kMaster, Kind::kM, Kind::kV})
+      st.VisitState(k, /*write=*/true, [&](void* p, size_t, size_t n) {
+        dp.Broadcast(p, DTypeSize(st.state_dtype(k)) * n, from);
+      });
   } else if (!st.has_master() && zero <= 2) {
     // The bf16 copy is each slice's only copy: the majority's whole copy, not a re-gather of the
     // slices (which would spread a corrupted one).
@@ -245,12 +252,11 @@ void FlipBit(TrainStep& step, const resilience::Fault& f, int rank) {
   // A bf16 weight without a master: fp32's bit b >= 16 is its bit b - 16; a lower one, which
   // bf16 does not have, flips its bit b instead.
   const size_t eb = DTypeSize(st.master_dtype());
-  char* where = static_cast<char*>(st.master_data()) + eb * (at - st.state_lo());
   const int bit = eb == 4 || f.bit < 16 ? f.bit : f.bit - 16;
   uint32_t bits = 0;
-  st.backend().ToHost(&bits, where, eb);
+  st.ReadState(optim::ParamStore::Kind::kMaster, at - st.state_lo(), 1, &bits);
   bits ^= 1u << bit;
-  st.backend().FromHost(where, &bits, eb);
+  st.WriteState(optim::ParamStore::Kind::kMaster, at - st.state_lo(), 1, &bits);
   Log("keel: injected fault: rank %d flipped bit %d of %s[%zu]%s", rank, bit, f.param.c_str(),
       std::min(f.index, p.numel - 1), eb == 4 ? "" : " (bf16, no master)");
 }

@@ -61,6 +61,7 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
   parallel::StateShape shape = model::StateShapeOf(m, chunks, {d.tp, 0}, dt);
   shape.moment_bytes = cfg.optim.state_dtype == "bf16" ? 2 : 4;
   shape.master = cfg.optim.master_weights;
+  if (!cfg.offload.dir.empty()) shape.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
   b.state = parallel::StateBytesPerRank(shape, d);
   // One slot without a pipeline (PipelineSlots would list every micro-batch's units first).
   const std::vector<int> slots =
@@ -106,13 +107,17 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
   const double params = double(
       model::StateShapeOf(m, {model::WholeModel(m)}, {}, bf16 ? DType::kBF16 : DType::kF32).total);
   std::vector<std::pair<std::string, double>> items = {
-      {std::string("the weights, gradients") +
-           (cfg.optim.master_weights ? " and fp32 master copy" : "") + " of " + Count(params) +
-           " parameters (model.n_layer " + std::to_string(m.n_layer) + ", n_embd " +
-           std::to_string(m.n_embd) + ")",
+      {std::string("the weights, gradients") + (b.state.master > 0 ? " and fp32 master copy" : "") +
+           " of " + Count(params) + " parameters (model.n_layer " + std::to_string(m.n_layer) +
+           ", n_embd " + std::to_string(m.n_embd) + ")",
        double(b.state.working + b.state.biases + b.state.quantized + b.state.grads +
               b.state.master)},
       {"the AdamW moments", double(b.state.moments)}};
+  if (b.state.offload_buffers > 0)
+    items.back() = {"the offload tier's three chunk buffers (offload.chunk_mib; the moments" +
+                        std::string(bf16 && cfg.optim.master_weights ? " and fp32 master" : "") +
+                        " are on disk in " + cfg.offload.dir + ")",
+                    double(b.state.offload_buffers)};
   if (const double init = InitialCopyBytes(cfg, m); init > 0)
     items.push_back({"the initial weights, whole in fp32 while the state is set from them", init});
   if (b.state.zero_buffers > 0)

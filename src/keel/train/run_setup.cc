@@ -181,6 +181,10 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay,
                 cfg.optim.state_dtype == "bf16"};
   spec.master = cfg.optim.master_weights;
+  if (!cfg.offload.dir.empty()) {
+    spec.offload_dir = cfg.offload.dir;
+    spec.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
+  }
   spec.frozen = frozen;
   spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
   spec.comm_timeout_s = cfg.parallel.comm_timeout_s;

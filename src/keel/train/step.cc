@@ -35,6 +35,7 @@ parallel::StateShape ShapeOf(const model::ParamLayout& layout, const StepSpec& s
   parallel::StateShape s = model::StateShapeOf(layout, spec.dtype);
   s.moment_bytes = spec.hyper.bf16_moments ? 2 : 4;
   s.master = spec.master;
+  s.offload_chunk = spec.offload_dir.empty() ? 0 : spec.offload_chunk;
   return s;
 }
 
@@ -76,7 +77,8 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
   optim::AdamWHyper hyper = spec.hyper;
   hyper.seed = spec.seed;
   store_ = std::make_unique<optim::ParamStore>(ShapeOf(layout_, spec_), spec.layout, comm_.rank(),
-                                               RangesOf(layout_, spec_.frozen), hyper, be_);
+                                               RangesOf(layout_, spec_.frozen), hyper, be_,
+                                               spec.offload_dir);
   zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
                                          spec.comm_timeout_s);
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
@@ -121,7 +123,7 @@ void TrainStep::SetWeights(const float* full) {
         [mine](const model::ParamInfo& p, std::vector<float>&) { return mine + p.offset; });
   const size_t n = store_->state_hi() - store_->state_lo();
   if (store_->has_master()) {
-    be_.FromHost(store_->master(), mine + store_->state_lo(), 4 * n);
+    store_->WriteState(optim::ParamStore::Kind::kMaster, 0, n, mine + store_->state_lo());
   } else {  // the bf16 weights are the only copy: rounded to nearest once, here
     std::vector<bf16> w(n);
     ConvertF32ToBf16(w.data(), mine + store_->state_lo(), n);
@@ -319,9 +321,18 @@ ckpt::StateView TrainStep::StateView() {
                   [](const ckpt::TensorSpec& t) { return !model::IsLoraParam(t.name); });
   }
   // Without a master, the bf16 weights stand for it; bf16 buffers are saved widened (ckpt/state.h).
+  using Kind = optim::ParamStore::Kind;
   v.buffers = {{"master", store_->master_data(), store_->master_dtype()},
                {"adam_m", store_->adam_m(), store_->moment_dtype()},
                {"adam_v", store_->adam_v(), store_->moment_dtype()}};
+  // What an offload tier holds is read and written through the store (element 0 is v.lo).
+  for (Kind k : {Kind::kMaster, Kind::kM, Kind::kV}) {
+    if (!store_->offloaded(k)) continue;
+    ckpt::FlatBuffer& b = v.buffers[size_t(k)];
+    optim::ParamStore* st = store_.get();
+    b.read = [st, k](size_t at, size_t n, void* host) { st->ReadState(k, at, n, host); };
+    b.write = [st, k](size_t at, size_t n, const void* host) { st->WriteState(k, at, n, host); };
+  }
   v.lo = store_->state_lo();
   v.hi = spec_.layout.zero >= 1 ? store_->state_hi() : 0;
   // The stage's data-parallel ranks split its tensors for writing (ZeRO 1+: their shards).
@@ -345,6 +356,7 @@ nlohmann::json TrainStep::MemoryBytes() const {
           {"grads", b.grads},
           {"adam_moments", b.moments},
           {"zero_buffers", zero_->buffer_bytes()},
+          {"offload_buffers", b.offload_buffers},
           {"activations", ActivationBytes()}};
 }
 

@@ -53,6 +53,10 @@ struct StepSpec {
   // false (bf16 runs): no fp32 master, the bf16 weights updated with stochastic rounding
   // (optim.master_weights); the moments' dtype is hyper.bf16_moments.
   bool master = true;
+  // [offload]: the moments (and a bf16 run's master) on a disk tier in this folder, streamed in
+  // chunks of about offload_chunk bytes (parallel::StateShape::offload_chunk); empty: in memory.
+  std::string offload_dir;
+  size_t offload_chunk = 0;
 };
 
 // The groups a step talks to: parallel::Groups::ForStep(), or any comms of the right sizes.

@@ -70,6 +70,9 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
   if (o.state_dtype == "bf16") tier = "bf16 moments";
   if (!o.master_weights) tier += std::string(tier.empty() ? "" : ", ") + "no fp32 master";
   if (!tier.empty()) tier = " (" + tier + ", stochastically rounded)";
+  if (const optim::OffloadTier* t = run.step->store().tier())
+    tier += "; on the offload tier: " + std::to_string(t->file_bytes() / 1048576.0).substr(0, 6) +
+            " MiB in " + t->dir() + (t->direct() ? " (O_DIRECT)" : " (buffered: O_DIRECT refused)");
   Log("keel: memory per rank (MiB): %s; total %.1f MiB%s", kinds.c_str(),
       run.memory_bytes / 1048576.0, tier.c_str());
   nlohmann::json event = {

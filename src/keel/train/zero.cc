@@ -225,7 +225,10 @@ void ZeroStrategy::PublishBiases() {
     if (p.bias_index == SIZE_MAX) continue;
     const size_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
     if (a >= e) continue;
-    if (store_.has_master())
+    if (store_.offloaded(optim::ParamStore::Kind::kMaster))  // host memory, as the tier's
+      store_.ReadState(optim::ParamStore::Kind::kMaster, a - lo, e - a,
+                       b + p.bias_index + (a - p.offset));
+    else if (store_.has_master())
       store_.backend().Copy(b + p.bias_index + (a - p.offset), store_.master() + (a - lo),
                             4 * (e - a));
     else  // the bf16 weights are the only copy: their exact widening
@@ -241,11 +244,14 @@ void ZeroStrategy::PublishBiases() {
 
 void ZeroStrategy::PublishWeights() {
   if (store_.compact()) return PublishCompact();
-  const size_t lo = store_.state_lo(), hi = store_.state_hi();
+  const size_t lo = store_.state_lo();
   // Without a master the slice already holds the weights (set or loaded in place).
-  if (store_.dtype() == DType::kBF16 && store_.has_master())
-    store_.backend().ToBf16(static_cast<bf16*>(store_.working()) + (lo - store_.working_lo()),
-                            store_.master(), hi - lo);
+  if (store_.dtype() == DType::kBF16 && store_.has_master()) {
+    bf16* w = static_cast<bf16*>(store_.working()) + (lo - store_.working_lo());
+    store_.VisitState(optim::ParamStore::Kind::kMaster, false, [&](void* p, size_t l, size_t n) {
+      store_.backend().ToBf16(w + l, static_cast<const float*>(p), n);
+    });
+  }
   Publish();
 }
 
@@ -348,14 +354,21 @@ std::vector<float> ZeroStrategy::GatherMaster() {
     ConvertBf16ToF32(full.data(), w.data(), w.size());
     return full;
   }
+  using Kind = optim::ParamStore::Kind;
   if (zero_ == 0) {
-    be.ToHost(full.data(), store_.master(), 4 * full.size());
+    store_.VisitState(Kind::kMaster, false,
+                      [&](void* p, size_t lo, size_t n) { be.ToHost(full.data() + lo, p, 4 * n); });
     return full;
   }
+  // An offload tier's shard comes into memory to be sent (a host backend's: offload is CPU's).
+  std::vector<float> shard(store_.offloaded(Kind::kMaster) ? store_.state_hi() - store_.state_lo()
+                                                           : 0);
+  if (!shard.empty()) store_.ReadState(Kind::kMaster, 0, shard.size(), shard.data());
+  const float* send = shard.empty() ? store_.master() : shard.data();
   // The group's communicator reads and writes the backend's memory (NCCL: the GPU's).
   Buffer gathered(be, be.host_visible() ? 0 : 4 * full.size());
   float* dst = be.host_visible() ? full.data() : gathered.as<float>();
-  auto w = comm_.AllGatherAsync(store_.master(), dst, Counts(0, store_.total()), DType::kF32);
+  auto w = comm_.AllGatherAsync(send, dst, Counts(0, store_.total()), DType::kF32);
   Wait(*w, "master all-gather");
   if (!be.host_visible()) be.ToHost(full.data(), dst, 4 * full.size());
   return full;

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The offload tier through `keel train` ([offload] dir: AdamW's moments and a bf16 run's master
+# in a scratch file, streamed through chunk buffers during the update):
+#  1. offload must not change the math: with chunks small enough that the update streams through
+#     many of them, runs end with the in-memory run's weights bitwise: bf16 at 2 ranks ZeRO 0
+#     and 1 (master and moments on the tier), bf16 moments without a master, and fp32 (moments
+#     only);
+#  2. a crash mid-update (SIGKILL after some chunks were written back) resumes from the last
+#     checkpoint and ends with the uninterrupted run's weights;
+#  3. a tier disk without room is one clear line and a failed start; the checkpoint already in
+#     the run folder still verifies and resumes;
+#  4. LoRA with offload is refused with one line.
+#   tests/train/offload.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
+set -euo pipefail
+keel=$1 src=$2 shared=$3
+tmp=$(mktemp -d)
+full=$tmp/full
+trap 'rm -rf "$tmp"' EXIT
+head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
+common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=30
+        --set train.batch_size=8 --set optim.lr=3e-3 --set train.log_every=10
+        --set train.precision=bf16 --set parallel.bucket_mb=0.05 --set checkpoint.every_minutes=0)
+# 0.25 MiB chunks: the tiny model's 2 x 0.8 M-parameter state slices stream through 20-40 of them.
+tier=(--set offload.dir="$tmp/tier" --set offload.chunk_mib=0.25)
+source "$src/tests/train/run_lib.sh"
+
+same() {  # same NAME_A NAME_B WHAT
+  cmp -s "$tmp/$1/model.safetensors" "$tmp/$2/model.safetensors" ||
+    { echo "$3: $1 and $2 end with different weights"; exit 1; }
+  echo "$3: $1 = $2, bitwise"
+}
+
+for z in 0 1; do
+  run "mem_z$z" 2 --set parallel.zero=$z
+  run "off_z$z" 2 --set parallel.zero=$z "${tier[@]}"
+  grep -q "on the offload tier: .* MiB in $tmp/tier" "$tmp/off_z$z.log" ||
+    { echo "off_z$z: no tier in the memory line"; cat "$tmp/off_z$z.log"; exit 1; }
+  same "mem_z$z" "off_z$z" "bf16, ZeRO $z"
+done
+run mem_nomaster 1 --set optim.state_dtype=bf16 --set optim.master_weights=false
+run off_nomaster 1 --set optim.state_dtype=bf16 --set optim.master_weights=false "${tier[@]}"
+same mem_nomaster off_nomaster "bf16 moments, no master"
+run mem_fp32 1 --set train.precision=fp32
+run off_fp32 1 --set train.precision=fp32 "${tier[@]}"
+same mem_fp32 off_fp32 "fp32 (moments offloaded)"
+[[ -z "$(ls -A "$tmp/tier")" ]] || { echo "the tier left files behind:"; ls -la "$tmp/tier"; exit 1; }
+
+# A crash in the middle of step 25's update (after its 5th chunk was written back): the resumed
+# run starts from step 20's checkpoint with a fresh tier and must end where the first one did.
+rc=0
+KEEL_OFFLOAD_CRASH_AT=25:5 OMP_NUM_THREADS=1 "$keel" train \
+  "$src/configs/test-tiny.toml" "${common[@]}" --set train.name=crash "${tier[@]}" \
+  --set checkpoint.every_steps=10 >"$tmp/crash.log" 2>&1 || rc=$?
+((rc != 0)) || { echo "crash: the run was not killed mid-update"; tail "$tmp/crash.log"; exit 1; }
+[[ ! -e "$tmp/crash/model.safetensors" ]] || { echo "crash: the run finished"; exit 1; }
+run crash 1 "${tier[@]}" --set checkpoint.every_steps=10 --resume auto
+grep -q "resuming from .*step_00000020" "$tmp/crash.log" ||
+  { echo "crash: did not resume from step 20"; cat "$tmp/crash.log"; exit 1; }
+run mem_one 1 --set checkpoint.every_steps=10
+same mem_one crash "a crash mid-update, resumed"
+
+# No room on the tier's disk: a 1 MiB tmpfs for the run's 19 MiB of state.
+mkdir -p "$full"
+unshare -m bash -c "mount -t tmpfs -o size=1m tmpfs '$full' && OMP_NUM_THREADS=1 '$keel' train \
+  '$src/configs/test-tiny.toml' ${common[*]} --set train.name=mem_one --set offload.dir='$full' \
+  --set train.steps=40 --resume auto" >"$tmp/full.log" 2>&1 && rc=0 || rc=$?
+((rc != 0)) || { echo "full: a run on a full tier disk succeeded"; cat "$tmp/full.log"; exit 1; }
+grep -q "\[offload\] dir $full: no room for the optimizer state" "$tmp/full.log" ||
+  { echo "full: no clear line"; cat "$tmp/full.log"; exit 1; }
+echo "full: exit $rc: $(grep -m1 'no room' "$tmp/full.log")"
+"$keel" ckpt verify "$tmp/mem_one/checkpoints/step_00000030" >/dev/null ||
+  { echo "full: the committed checkpoint no longer verifies"; exit 1; }
+run mem_one 1 --set checkpoint.every_steps=10 --set train.steps=40 --resume auto
+grep -q "resuming from .*step_00000030" "$tmp/mem_one.log" ||
+  { echo "full: the run did not resume from its checkpoint"; cat "$tmp/mem_one.log"; exit 1; }
+echo "full: the checkpoint verifies and the run resumes from it"
+
+refused lora_offload 1 "offload.dir" --set lora.rank=4 --set offload.dir="$tmp/tier"
