@@ -33,11 +33,16 @@ uint64_t PieceHash(const void* data, size_t bytes, const std::string& name, cons
                    const std::vector<int64_t>& start, const std::vector<int64_t>& count,
                    int version) {
   if (version < 2) return Hash(data, bytes);
+  return XXH3_64bits_withSeed(data, bytes, PieceSeed(name, kind, start, count));
+}
+
+uint64_t PieceSeed(const std::string& name, const std::string& kind,
+                   const std::vector<int64_t>& start, const std::vector<int64_t>& count) {
   std::string label = name + "|" + kind + "|";
   for (int64_t s : start) label += std::to_string(s) + ",";
   label += "|";
   for (int64_t c : count) label += std::to_string(c) + ",";
-  return XXH3_64bits_withSeed(data, bytes, XXH3_64bits(label.data(), label.size()));
+  return XXH3_64bits(label.data(), label.size());
 }
 
 uint64_t ParseHexHash(const std::string& s, const std::string& where) {

@@ -74,5 +74,9 @@ uint64_t Hash(const void* data, size_t bytes);  // xxh3-64
 uint64_t PieceHash(const void* data, size_t bytes, const std::string& name, const std::string& kind,
                    const std::vector<int64_t>& start, const std::vector<int64_t>& count,
                    int version = kVersion);
+// Version 2's seed of a piece's hash: the xxh3 of "NAME|KIND|START|COUNT" (for a piece hashed as
+// it streams: XXH3_64bits_reset_withSeed with this gives PieceHash).
+uint64_t PieceSeed(const std::string& name, const std::string& kind,
+                   const std::vector<int64_t>& start, const std::vector<int64_t>& count);
 
 }  // namespace keel::ckpt

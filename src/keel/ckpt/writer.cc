@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -148,6 +149,8 @@ void CheckpointWriter::Begin(StateView view) {
     in_flight_ = true;
     snapshot_done_ = false;
     chunks_ready_ = false;
+    sources_released_ = std::all_of(view.buffers.begin(), view.buffers.end(),
+                                    [](const FlatBuffer& b) { return b.data != nullptr; });
     status_ = kWriting;
   }
   begin_ms_ = NowMs();
@@ -162,13 +165,50 @@ void CheckpointWriter::Begin(StateView view) {
       snapshot_done_ = true;
     }
     cv_.notify_all();
-    if (status() == kFailed) return;
-    try {
-      DoWrite();
-    } catch (const std::exception& e) {
-      Fail(e.what());
+    if (status() != kFailed) {
+      try {
+        DoWrite();
+      } catch (const std::exception& e) {
+        Fail(e.what());
+      }
     }
+    ReleaseSources();  // whatever happened: the trainer's next update may go on
   });
+}
+
+uint64_t CheckpointWriter::WriteDeferred(int fd, const Deferred& d, const json& p,
+                                         const std::string& path) {
+  XXH3_state_t* st = XXH3_createState();
+  if (!st) throw std::bad_alloc();
+  XXH3_64bits_reset_withSeed(
+      st,
+      PieceSeed(p["name"].get<std::string>(), p["kind"].get<std::string>(),
+                p["start"].get<std::vector<int64_t>>(), p["count"].get<std::vector<int64_t>>()));
+  constexpr size_t kSlice = size_t(2) << 20;  // elements: 8 MiB as fp32
+  std::vector<uint8_t> buf(4 * std::min(kSlice, d.n));
+  try {
+    for (size_t off = 0; off < d.n; off += kSlice) {
+      const size_t k = std::min(kSlice, d.n - off);
+      sources_[size_t(d.source)](d.at + off, k, buf.data());  // bf16 into the first half
+      if (d.widen) WidenInPlace(buf.data(), k);
+      XXH3_64bits_update(st, buf.data(), 4 * k);
+      WriteAll(fd, buf.data(), 4 * k, path);
+    }
+  } catch (...) {
+    XXH3_freeState(st);
+    throw;
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return h;
+}
+
+void CheckpointWriter::ReleaseSources() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    sources_released_ = true;
+  }
+  cv_.notify_all();
 }
 
 double CheckpointWriter::WaitSnapshot() {
@@ -176,30 +216,24 @@ double CheckpointWriter::WaitSnapshot() {
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return snapshot_done_ || chunks_ready_; });
-    if (snapshot_done_) return t.Millis();
+    if (snapshot_done_) {
+      cv_.wait(lock, [&] { return sources_released_; });  // an offload tier's pieces, read
+      return t.Millis();
+    }
   }
   // The copy is not finished and the state is about to change: the trainer's threads copy the
   // rest beside the writer, at the whole machine's memory bandwidth rather than one thread's.
 #pragma omp parallel
   CopyChunks();
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return snapshot_done_; });
+  cv_.wait(lock, [&] { return snapshot_done_ && sources_released_; });
   return t.Millis();
 }
 
 void CheckpointWriter::CopyChunks() {
   for (size_t i; (i = next_chunk_.fetch_add(1)) < chunks_.size();) {
     const Chunk& c = chunks_[i];
-    if (c.source >= 0) {
-      // An offload tier's: read straight into staging (bf16 into its first half, then widened).
-      try {
-        sources_[size_t(c.source)](c.at, c.n / 4, c.dst);
-        if (c.widen) WidenInPlace(c.dst, c.n / 4);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(copy_error_mu_);
-        if (copy_error_.empty()) copy_error_ = e.what();
-      }
-    } else if (!c.widen) {
+    if (!c.widen) {
       mem_->ToHost(c.dst, c.src, c.n);
     } else if (mem_->host_visible()) {
       ConvertBf16ToF32(reinterpret_cast<float*>(c.dst), reinterpret_cast<const bf16*>(c.src),
@@ -310,9 +344,11 @@ void CheckpointWriter::Seed(const Manifest& m, const std::string& dir_name) {
 void CheckpointWriter::Prepare(const StateView& view) {
   size_t bytes = 0;
   const auto [lo, hi] = WriteRangeOf(view, rank_, world_);
+  const size_t staged = size_t(std::count_if(view.buffers.begin(), view.buffers.end(),
+                                             [](const FlatBuffer& b) { return b.data; }));
   for (const TensorSpec& t : view.tensors)
     if (!t.replica)
-      for (const Box& b : TensorBoxesIn(t, lo, hi)) bytes += b.numel * 4 * view.buffers.size();
+      for (const Box& b : TensorBoxesIn(t, lo, hi)) bytes += b.numel * 4 * staged;
   Post([this, bytes] {
     try {
       EnsureStaging(bytes);
@@ -340,12 +376,10 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     const uint8_t* src;
     size_t n;  // elements
     bool widen;
-    int source;  // src null: sources_[source] from element `at`
-    size_t at;
   };
   std::vector<Copy> copies;
   sources_.clear();
-  copy_error_.clear();
+  deferred_.clear();
   std::vector<int> source_of;
   for (const FlatBuffer& b : view.buffers) {
     source_of.push_back(b.data ? -1 : int(sources_.size()));
@@ -363,8 +397,8 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
       for (size_t i = 0; i < view.buffers.size(); ++i) {
         const FlatBuffer& b = view.buffers[i];
         const size_t eb = DTypeSize(b.dtype), at = t.offset + box.flat - view.lo;
-        copies.push_back({b.data ? static_cast<const uint8_t*>(b.data) + eb * at : nullptr, n,
-                          b.dtype == DType::kBF16, source_of[i], at});
+        const bool widen = b.dtype == DType::kBF16;
+        deferred_.push_back({source_of[i], at, n, widen});
         pieces.push_back({{"name", t.name},
                           {"kind", b.kind},
                           {"shape", t.shape},
@@ -372,6 +406,8 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
                           {"bytes", n * 4},
                           {"start", box.start},
                           {"count", box.count}});
+        if (source_of[i] >= 0) continue;  // read as it is written (DoWrite)
+        copies.push_back({static_cast<const uint8_t*>(b.data) + eb * at, n, widen});
         bytes += n * 4;
       }
     }
@@ -384,8 +420,8 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
   for (const Copy& c : copies) {
     // A bf16 chunk reads half the bytes it stages (kChunk is a multiple of 4).
     for (size_t off = 0; off < c.n * 4; off += kChunk)
-      chunks_.push_back({c.src ? c.src + (c.widen ? off / 2 : off) : nullptr, dst + off,
-                         std::min(kChunk, c.n * 4 - off), c.widen, c.source, c.at + off / 4});
+      chunks_.push_back(
+          {c.src + (c.widen ? off / 2 : off), dst + off, std::min(kChunk, c.n * 4 - off), c.widen});
     dst += c.n * 4;
   }
   next_chunk_ = 0;
@@ -409,10 +445,6 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
     cv_.notify_all();
     CopyChunks();
     while (copied_bytes_.load() < bytes) std::this_thread::yield();  // a helper's last chunk
-  }
-  {
-    std::lock_guard<std::mutex> lock(copy_error_mu_);
-    if (!copy_error_.empty()) ThrowRuntime("checkpoint snapshot: " + copy_error_);
   }
   staged_bytes_ = bytes;
   pieces_json_ = pieces.dump();
@@ -442,16 +474,34 @@ void CheckpointWriter::DoWrite() {
   next_prev_.clear();
   current_.referenced_bytes = 0;
   // First what goes where: each piece hashed, and written unless an older file holds its bytes.
-  std::vector<std::pair<const uint8_t*, uint64_t>> runs;
+  // A deferred piece (an offload tier's) is always written, and hashed as it is read.
+  struct Run {
+    const uint8_t* bytes;  // null: deferred piece `piece`
+    uint64_t n;
+    size_t piece;
+  };
+  std::vector<Run> runs;
+  std::vector<std::string> keys;
   uint64_t file_offset = 0;
-  for (json& p : pieces) {
-    const uint8_t* bytes = base + p["offset"].get<size_t>();
+  bool any_deferred = false;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    json& p = pieces[i];
     const uint64_t n = p["bytes"].get<uint64_t>();
+    const std::string key = p["name"].get<std::string>() + "|" + p["kind"].get<std::string>() +
+                            "|" + p["start"].dump() + p["count"].dump();
+    keys.push_back(key);
+    if (deferred_[i].source >= 0) {
+      runs.push_back({nullptr, n, i});
+      p["file"] = RankFile(rank_, "bin");
+      p["offset"] = file_offset;
+      file_offset += n;
+      any_deferred = true;
+      continue;
+    }
+    const uint8_t* bytes = base + p["offset"].get<size_t>();
     const uint64_t h =
         PieceHash(bytes, n, p["name"].get<std::string>(), p["kind"].get<std::string>(),
                   p["start"].get<std::vector<int64_t>>(), p["count"].get<std::vector<int64_t>>());
-    const std::string key = p["name"].get<std::string>() + "|" + p["kind"].get<std::string>() +
-                            "|" + p["start"].dump() + p["count"].dump();
     // Incremental: a piece with the bytes of the previous save (a frozen parameter) is
     // referenced where it already lies, as long as that committed file is still there.
     auto it = prev_.find(key);
@@ -462,7 +512,7 @@ void CheckpointWriter::DoWrite() {
       next_prev_[key] = it->second;
       current_.referenced_bytes += n;
     } else {
-      runs.push_back({bytes, n});
+      runs.push_back({bytes, n, i});
       p["file"] = RankFile(rank_, "bin");
       p["offset"] = file_offset;
       next_prev_[key] = {name + "/" + RankFile(rank_, "bin"), file_offset, n, h};
@@ -475,7 +525,8 @@ void CheckpointWriter::DoWrite() {
   // page cache nor writes it back later. Where the file system refuses O_DIRECT (tmpfs), or
   // pieces are referenced, the plain path.
   int fd = -1;
-  const bool direct = direct_io_ && current_.referenced_bytes == 0 && file_offset > 0;
+  const bool direct =
+      direct_io_ && current_.referenced_bytes == 0 && file_offset > 0 && !any_deferred;
   if (direct) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
   bool went_direct = fd >= 0;
   if (went_direct) {
@@ -497,7 +548,18 @@ void CheckpointWriter::DoWrite() {
   if (fd < 0) throw Error(ExitCode::kRuntime, path + ": cannot create: " + std::strerror(errno));
   try {
     if (!went_direct)
-      for (const auto& [bytes, n] : runs) WriteAll(fd, bytes, n, path);
+      for (const Run& r : runs) {
+        if (r.bytes) {
+          WriteAll(fd, r.bytes, r.n, path);
+          continue;
+        }
+        json& p = pieces[r.piece];
+        const uint64_t h = WriteDeferred(fd, deferred_[r.piece], p, path);
+        p["xxh3"] = HashHex(h);
+        next_prev_[keys[r.piece]] = {name + "/" + RankFile(rank_, "bin"),
+                                     p["offset"].get<uint64_t>(), r.n, h};
+      }
+    ReleaseSources();  // every deferred piece is read: the state may change
     MaybeCrash("write");
     const Timer sync;
     if (::fsync(fd) != 0)

@@ -110,6 +110,7 @@ class CheckpointWriter {
   void DoSnapshot(const StateView& view);
   void CopyChunks();  // takes chunks until none is left
   void DoWrite();
+  void ReleaseSources();
   void DoCommit();
   void DoAbort();
   void Fail(const std::string& what);
@@ -123,7 +124,8 @@ class CheckpointWriter {
   std::deque<std::function<void()>> tasks_;
   bool busy_ = false, stop_ = false;
   bool snapshot_done_ = true, in_flight_ = false;
-  bool chunks_ready_ = false;  // chunks_ is set and may be copied by anyone
+  bool chunks_ready_ = false;     // chunks_ is set and may be copied by anyone
+  bool sources_released_ = true;  // DoWrite has read every deferred piece (or there is none)
   Status status_ = kWritten;
   std::vector<SaveReport> reports_;
 
@@ -141,13 +143,22 @@ class CheckpointWriter {
     uint8_t* dst;
     size_t n;            // bytes staged
     bool widen = false;  // src holds n / 4 bf16 values, staged as fp32
-    int source = -1;     // src null: sources_[source] reads the elements from `at` (offload)
-    size_t at = 0;
   };
-  std::vector<std::function<void(size_t, size_t, void*)>> sources_;  // FlatBuffer::read
-  std::mutex copy_error_mu_;
-  std::string copy_error_;     // the first source read that failed, for DoSnapshot to throw
-  std::vector<Chunk> chunks_;  // the snapshot's copies, in pieces of at most 8 MiB
+  // Pieces of buffers that are not in memory (FlatBuffer::read: an offload tier) are not staged,
+  // for want of the memory: DoWrite reads them piece by piece as it writes them, and the state
+  // is held until then (WaitSnapshot also waits for sources_released_).
+  struct Deferred {
+    int source;    // -1: staged
+    size_t at, n;  // elements
+    bool widen;
+  };
+  std::vector<std::function<void(size_t, size_t, void*)>> sources_;
+  std::vector<Deferred> deferred_;  // by piece, in the sidecar's order
+  // Reads a deferred piece from its source in slices, widened where bf16, into `fd` (at its
+  // current position) and returns its PieceHash.
+  uint64_t WriteDeferred(int fd, const Deferred& d, const nlohmann::json& piece,
+                         const std::string& path);
+  std::vector<Chunk> chunks_;       // the snapshot's copies, in pieces of at most 8 MiB
   std::atomic<size_t> next_chunk_{0}, copied_bytes_{0};
   size_t staged_bytes_ = 0;
   SaveReport current_;

@@ -24,6 +24,7 @@ constexpr size_t kBounce = size_t(4) << 20;
 
 uint64_t RoundUp(uint64_t x) { return (x + kBlock - 1) / kBlock * kBlock; }
 
+// host: a bounce buffer for the tier's file, never a model buffer
 std::unique_ptr<uint8_t, void (*)(void*)> AlignedBlock(size_t bytes) {
   void* p = std::aligned_alloc(kBlock, std::max<size_t>(kBlock, RoundUp(bytes)));
   if (!p) throw std::bad_alloc();

@@ -135,6 +135,15 @@ void Finish(Run& run) {
     ckpt::WriteModel(sum.run_dir + "/model.safetensors", base, base_params, final_w.data());
   if (run.lead && !sum.interrupted) PrintSamples(cfg, base, base_params, final_w.data());
   run.ckpt->Finish();  // after the model file: a failed last save must not cost the weights too
+  if (const optim::OffloadTier* t = run.step->store().tier(); t && run.lead) {
+    // What the tier cost: its traffic, its bandwidth while busy, and the update's wait for it.
+    const optim::TierStats st = t->stats();
+    Log("keel: offload tier: read %.2f GiB, wrote %.2f GiB in %.1f s of I/O (%.2f GB/s); the "
+        "update waited %.1f s for it",
+        st.read_bytes / 1073741824.0, st.written_bytes / 1073741824.0, st.io_ms / 1000,
+        st.io_ms > 0 ? (st.read_bytes + st.written_bytes) / (st.io_ms * 1e6) : 0.0,
+        st.wait_ms / 1000);
+  }
   // Lines of metrics or events that could not be written: the run's record is incomplete.
   std::string lost;
   for (const monitor::JsonlWriter* w : {&run.metrics, &run.events})
