@@ -112,6 +112,8 @@ void RegisterPreflight(CLI::App& app) {
                   : !cfg.data.train.empty()   ? cfg.data.train
                   : !cfg.data.sources.empty() ? cfg.data.sources[0].path
                                               : "";
+    c.offload_dir = cfg.offload.dir;
+    c.offload_chunk = cfg.offload.chunk_mib * 1048576;
     c.node_mtbf_hours = a.node_mtbf_hours;
     c.efficiency = a.efficiency;
     c.quick = a.quick;
@@ -126,6 +128,7 @@ void RegisterPreflight(CLI::App& app) {
     rows.push_back(preflight::CheckMemory(c));
     rows.push_back(preflight::CheckCheckpoint(c));
     rows.push_back(preflight::CheckData(c));
+    rows.push_back(preflight::CheckOffload(c));
     rows.push_back(preflight::CheckAllReduce(c));
 
     std::string nogo;

@@ -26,6 +26,7 @@
 #include "keel/model/transformer.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/machine_probe.h"
+#include "keel/optim/offload_tier.h"
 #include "keel/parallel/comm.h"
 #include "keel/plan/checkpoint_interval.h"
 #include "keel/plan/comm_time.h"
@@ -406,6 +407,62 @@ Row CheckCheckpoint(Context& c) {
   if (write_s > daly / 2) {
     row.verdict = "warn";
     row.reason = "writing the state takes more than half the checkpoint interval";
+  }
+  return row;
+}
+
+// The offload tier as the run will use it (optim::OffloadTier in [offload] dir, every rank at
+// once): updates streamed through a slice of the state's size, timed, and the traffic of the
+// whole state per step at that rate against the measured step.
+Row CheckOffload(Context& c) {
+  Row row{"offload", "", "", "go", ""};
+  if (c.offload_dir.empty()) {
+    row.verdict = "skip";
+    row.reason = "no [offload] dir";
+    return row;
+  }
+  const double n = double(plan::TotalParams(Spec(c))) / c.comm->size();
+  std::vector<int> eb = {4, 4};                  // the moments
+  if (c.dtype == DType::kBF16) eb.push_back(4);  // and the master
+  const double per = 4.0 * double(eb.size()), tier_bytes = per * n;
+  const size_t cap = size_t(c.quick ? 48 : 384) << 20;
+  const size_t elems = std::max<size_t>(2048, size_t(std::min(tier_bytes, double(cap)) / per));
+  const size_t chunk = std::max<size_t>(2048, size_t(c.offload_chunk / per) / 2048 * 2048);
+  double bps = -1;
+  std::string error;
+  try {
+    optim::OffloadTier tier(c.offload_dir, elems, eb, chunk);
+    auto touch = [&](void* const* p, size_t, size_t) { static_cast<char*>(p[0])[0] ^= 1; };
+    tier.Stream(touch);  // the first pass reads blocks fallocate reserved
+    const auto t0 = Clock::now();
+    for (int i = 0; i < 2; ++i) tier.Stream(touch);
+    bps = 2 * 2 * per * double(elems) / Since(t0);  // read and written, twice
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const auto all = Gather(*c.comm, bps);
+  const double slowest = *std::min_element(all.begin(), all.end());
+  row.data = {{"bytes_per_s_per_rank", all}, {"tier_bytes_per_rank", tier_bytes}};
+  if (slowest <= 0) {
+    row.verdict = "no-go";
+    row.measured = "failed in " + c.offload_dir;
+    row.reason = error.empty() ? "a rank could not stream through its tier" : error;
+    return row;
+  }
+  // The update reads and writes the whole tier once a step; the step's compute runs the
+  // micro-batches of the global batch (the step row measured one).
+  const double io_s = 2 * tier_bytes / slowest;
+  const double micro = std::max(1.0, double(c.global_batch) / (c.micro_batch * c.comm->size()));
+  const double step_s = c.step_s * micro;
+  row.measured = Fmt("%.4g GB/s per rank read+write, %.0f MB streamed", slowest / 1e9,
+                     4 * per * double(elems) / 1e6) +
+                 " in " + c.offload_dir;
+  row.expected = Fmt("tier %.4g GB/rank: %.3g s of I/O per step against %.3g s of compute",
+                     tier_bytes / 1e9, io_s, step_s);
+  row.data["io_s"] = io_s;
+  if (step_s > 0 && io_s > step_s) {
+    row.verdict = "warn";
+    row.reason = "the update is I/O-bound: the tier's traffic takes longer than the step's compute";
   }
   return row;
 }

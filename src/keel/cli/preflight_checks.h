@@ -30,8 +30,10 @@ struct Context {
   model::Recompute recompute = model::Recompute::kNone;
   int micro_batch = 1, seq = 256, global_batch = 8, threads = 1;
   double bucket_bytes = 25 << 20;
-  std::string ckpt_dir;   // where the checkpoint round trip writes
-  std::string data_path;  // "" = no data check
+  std::string ckpt_dir;     // where the checkpoint round trip writes
+  std::string data_path;    // "" = no data check
+  std::string offload_dir;  // [offload] dir; "" = no offload check
+  double offload_chunk = 16 << 20;
   double node_mtbf_hours = 6000;
   double efficiency = -1;  // not given: plan::DefaultEfficiency of this-cpu for the precision
   bool quick = false;
@@ -48,6 +50,7 @@ Row CheckMemoryBandwidth(Context& c);
 Row CheckMemory(Context& c);
 Row CheckCheckpoint(Context& c);
 Row CheckData(Context& c);
+Row CheckOffload(Context& c);
 Row CheckAllReduce(Context& c);
 
 }  // namespace keel::cli::preflight
