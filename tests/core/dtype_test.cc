@@ -199,5 +199,77 @@ TEST(Bf16, StochasticRoundingKeepsNanAndInfinity) {
   }
 }
 
+// fp16: every pattern widens to the value IEEE binary16 gives it (by its fields, in double), and
+// rounding any float to fp16 picks the nearer of its two neighbours, ties to the even one,
+// overflowing to infinity past 65520. The bit-level conversion (what nvcc's side compiles) and
+// the compiler's _Float16 (what the kernels use) agree on every fp16 and a sweep of floats.
+double F16Value(uint16_t h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double sign = h & 0x8000 ? -1.0 : 1.0;
+  if (e == 0) return sign * std::ldexp(m, -24);
+  if (e == 31) return m ? std::nan("") : sign * HUGE_VAL;
+  return sign * std::ldexp(1024 + m, e - 25);
+}
+
+TEST(Fp16, WideningGivesEveryPatternItsValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const double want = F16Value(uint16_t(h));
+    const float got = ToFloat(f16{uint16_t(h)});
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << std::hex << h;
+      continue;
+    }
+    ASSERT_EQ(double(got), want) << std::hex << h;
+    ASSERT_EQ(ToF16(got).bits, h) << std::hex << h;  // and it rounds back to itself
+  }
+}
+
+TEST(Fp16, RoundsToTheNearerNeighbourTiesToEven) {
+  const Philox rng(5, 0);
+  for (uint64_t i = 0; i < 2000000; ++i) {
+    // Floats across fp16's range and past it, both signs: exponents 2^-30 .. 2^17.
+    const auto w = rng.Bits(i);
+    const uint32_t u = (w[0] & 0x807fffffu) | ((97u + w[1] % 48) << 23);
+    const float x = FromBits(u);
+    const uint16_t got = ToF16(x).bits;
+    ASSERT_EQ(got, FloatToF16Bits(x).bits) << x;
+    const double ax = std::fabs(double(x));
+    if (ax >= 65520.0) {
+      ASSERT_EQ(got & 0x7fff, 0x7c00) << x;  // infinity
+      continue;
+    }
+    // The neighbours of |x| among the finite fp16 magnitudes.
+    uint16_t lo = got & 0x7fff;
+    if (F16Value(lo) > ax) --lo;
+    const uint16_t hi = uint16_t(lo + 1);
+    const double a = ax - F16Value(lo), b = F16Value(hi) - ax;
+    const uint16_t want = a < b ? lo : b < a ? hi : (lo % 2 == 0 ? lo : hi);
+    ASSERT_EQ(got & 0x7fff, want) << x;
+    ASSERT_EQ(got >> 15, u >> 31) << x;
+  }
+}
+
+TEST(Fp16, SpecialValuesAndBulkConversions) {
+  EXPECT_EQ(ToF16(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(ToF16(65519.99f).bits, 0x7bff);
+  EXPECT_EQ(ToF16(65520.0f).bits, 0x7c00);  // the tie past the largest finite one: infinity
+  EXPECT_EQ(ToF16(-1e10f).bits, 0xfc00);
+  EXPECT_EQ(ToF16(std::numeric_limits<float>::infinity()).bits, 0x7c00);
+  EXPECT_TRUE(std::isnan(ToFloat(ToF16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(F16BitsToFloat(FloatToF16Bits(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_EQ(ToF16(std::ldexp(1.0f, -25)).bits, 0x0000);  // half the smallest subnormal: to even
+  EXPECT_EQ(ToF16(std::ldexp(1.5f, -25)).bits, 0x0001);
+  EXPECT_EQ(ToF16(std::ldexp(3.0f, -25)).bits, 0x0002);  // 1.5 ulps: the even one
+  std::vector<float> x(1000), back(1000);
+  std::vector<f16> h(1000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) * 0.37f - 150.0f;
+  ConvertFromF32(DType::kF16, h.data(), x.data(), x.size());
+  ConvertToF32(DType::kF16, back.data(), h.data(), h.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(h[i].bits, ToF16(x[i]).bits);
+    ASSERT_EQ(back[i], ToFloat(ToF16(x[i])));
+  }
+}
+
 }  // namespace
 }  // namespace keel

@@ -24,8 +24,8 @@ Result Keel(const std::string& args) {
   return keel::test::RunCommand("{ { " + cmd + "; } 2>&1; }");
 }
 
-const char* kRows[] = {"software", "matmul bf16", "matmul fp32", "step",      "memory bandwidth",
-                       "memory",   "checkpoint",  "data",        "all-reduce"};
+const char* kRows[] = {"software", "matmul bf16", "matmul fp32", "step",    "memory bandwidth",
+                       "memory",   "checkpoint",  "data",        "offload", "all-reduce"};
 
 TEST(PreflightCli, QuickPrintsEveryRow) {
   Result r = Keel("preflight --quick --model gpt2-tiny --set data.seq_len=64");
@@ -57,7 +57,8 @@ TEST(PreflightCli, JsonHasAVerdictAndNumbersPerRow) {
   EXPECT_GT(j["rows"][3]["data"]["predicted_s"].get<double>(), 0);
   EXPECT_GT(j["rows"][4]["data"]["copy_bytes_per_s_per_rank"][0].get<double>(), 0);
   EXPECT_GT(j["rows"][6]["data"]["write_bytes_per_s_per_rank"][0].get<double>(), 0);
-  EXPECT_EQ(j["rows"][8]["verdict"], "skip");  // one rank: no all-reduce
+  EXPECT_EQ(j["rows"][8]["verdict"], "skip");  // no [offload] dir
+  EXPECT_EQ(j["rows"][9]["verdict"], "skip");  // one rank: no all-reduce
 }
 
 TEST(PreflightCli, MeasuresADatasetAgainstTheStep) {
@@ -108,6 +109,29 @@ TEST(PreflightCli, AnUnwritableCheckpointDirIsANoGo) {
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("verdict: NO-GO"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("no-go: checkpoint"), std::string::npos) << r.out;
+}
+
+// With [offload] dir the offload row streams through a real tier there and prices the state's
+// traffic; an offload folder it cannot use is a no-go naming it.
+TEST(PreflightCli, MeasuresTheOffloadTier) {
+  const auto dir = std::filesystem::temp_directory_path() / "keel_preflight_tier";
+  Result r = Keel(
+      "preflight --quick --model gpt2-tiny --set data.seq_len=64 --json --set "
+      "offload.dir=" +
+      dir.string());
+  ASSERT_TRUE(r.code == 0 || r.code == 1) << r.out;
+  auto j = nlohmann::json::parse(r.out.substr(0, r.out.rfind('}') + 1));
+  const auto& row = j["rows"][8];
+  EXPECT_EQ(row["check"], "offload");
+  EXPECT_NE(row["verdict"], "skip") << row.dump();
+  EXPECT_GT(row["data"]["bytes_per_s_per_rank"][0].get<double>(), 0) << row.dump();
+  EXPECT_GT(row["data"]["io_s"].get<double>(), 0) << row.dump();
+  std::filesystem::remove_all(dir);
+  r = Keel(
+      "preflight --quick --model gpt2-tiny --set data.seq_len=64 --set "
+      "offload.dir=/proc/keel-no-tier");
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("no-go: offload"), std::string::npos) << r.out;
 }
 
 TEST(PreflightCli, BadInputIsOneLine) {

@@ -7,14 +7,15 @@
 //   logits        (B*T, V)   ForwardLogits of the initial weights (fp32 run only)
 //   grad.<name>              gradients of the mean loss (dloss = 1/(B*T)) after one step
 //   train_losses  (10)       mean loss before each of 10 AdamW steps on the same batch
-// Four cases: fp32 and bf16 from keel's initial weights (with the 10 steps), and fp32 and bf16
-// from "sharp" weights (see Sharpen; no steps).
+// Six cases: fp32, bf16 and fp16 from keel's initial weights (with the 10 steps), and the same
+// from "sharp" weights (see Sharpen; no steps). fp16 (CPU only) scales the loss's gradient by
+// kFp16LossScale and the gradients back, as the dynamic loss scaler does in training.
 // The config (and the AdamW settings) go into the metadata, so the script needs no constants.
 // The steps follow src/keel/train/trainer.cc: zero grads, forward/backward, global norm, clip
 // scale, AdamW step (which also refreshes the bf16 working copy).
 //
 //   dump_model <out_dir> [gpt2|llama] [cpu|cuda]   →
-//   <out_dir>/keel_{fp32,bf16}{,_sharp}.safetensors
+//   <out_dir>/keel_{fp32,bf16,fp16}{,_sharp}.safetensors
 // The device (default cpu) is the backend the model and optimizer run on: scripts/gpu_check.sh
 // holds the GPU path to PyTorch with `cuda`.
 #include <cmath>
@@ -43,7 +44,7 @@ keel::model::ModelConfig Config(const std::string& family) {
 }
 constexpr int kB = 2, kT = 32, kSteps = 10;
 constexpr uint64_t kInitSeed = 1234, kBatchSeed = 99;
-constexpr float kLr = 1e-3f, kGradClip = 1.0f;
+constexpr float kLr = 1e-3f, kGradClip = 1.0f, kFp16LossScale = 1024.0f;
 constexpr keel::optim::AdamWHyper kHyper{/*beta1=*/0.9f, /*beta2=*/0.95f, /*eps=*/1e-8f,
                                          /*weight_decay=*/0.1f};
 
@@ -100,11 +101,15 @@ void Dump(const keel::model::ModelConfig& cfg, DType dtype, bool sharp, int step
     m.ForwardLogits(tokens.data(), logits.data());
   }
 
-  const float dloss = 1.0f / float(BT);
+  // fp16 scales the loss's gradient up (fp16's small gradients would flush to zero otherwise)
+  // and the gradients back down before they are compared or clipped, as a loss scaler does.
+  const float scale = dtype == DType::kF16 ? kFp16LossScale : 1.0f;
+  const float dloss = scale / float(BT);
   m.ZeroGrads();
   const float loss = float(m.ForwardBackward(tokens.data(), targets.data(), dloss) / BT);
   std::vector<float> grads(layout.total());
   be.ToHost(grads.data(), m.grads(), 4 * grads.size());
+  for (float& g : grads) g /= scale;
 
   std::vector<keel::optim::ParamRange> ranges;
   for (const auto& p : layout.params()) ranges.push_back({p.offset, p.numel, p.decay});
@@ -113,8 +118,10 @@ void Dump(const keel::model::ModelConfig& cfg, DType dtype, bool sharp, int step
   for (int step = 0; step < steps; ++step) {
     m.ZeroGrads();
     train_losses.push_back(float(m.ForwardBackward(tokens.data(), targets.data(), dloss) / BT));
-    const double norm = std::sqrt(be.SumSquares(m.grads(), layout.total()));
-    opt.Step(m.master(), m.working_bf16(), m.grads(), kLr, keel::optim::ClipScale(norm, kGradClip));
+    const double norm = std::sqrt(be.SumSquares(m.grads(), layout.total())) / scale;
+    opt.Step(m.master(), m.working_bf16(), m.grads(), kLr,
+             keel::optim::ClipScale(norm, kGradClip) / scale);
+    if (dtype == DType::kF16) m.SyncWorking();  // AdamW rounds a bf16 copy only
   }
 
   keel::ckpt::SafetensorsWriter w;
@@ -127,7 +134,9 @@ void Dump(const keel::model::ModelConfig& cfg, DType dtype, bool sharp, int step
   w.Add("loss", {1}, &loss);
   if (!logits.empty()) w.Add("logits", {BT, V}, logits.data());
   if (steps > 0) w.Add("train_losses", {steps}, train_losses.data());
-  w.SetMetadata("dtype", dtype == DType::kF32 ? "fp32" : "bf16");
+  w.SetMetadata("dtype", DTypeName(dtype));
+  w.SetMetadata("loss_scale", Num(scale));
+  w.SetMetadata("device", be.name());
   w.SetMetadata("weights", sharp ? "sharp" : "init");
   for (const auto& [key, value] : keel::model::ShapeKeys(cfg)) w.SetMetadata(key, value);
   w.SetMetadata("padded_vocab", std::to_string(cfg.padded_vocab()));
@@ -163,6 +172,10 @@ int main(int argc, char** argv) {
     Dump(cfg, DType::kBF16, /*sharp=*/false, kSteps, dir + "/keel_bf16.safetensors", be);
     Dump(cfg, DType::kF32, /*sharp=*/true, 0, dir + "/keel_fp32_sharp.safetensors", be);
     Dump(cfg, DType::kBF16, /*sharp=*/true, 0, dir + "/keel_bf16_sharp.safetensors", be);
+    if (device == keel::kernels::Device::kCpu) {  // fp16 runs on the CPU backend only so far
+      Dump(cfg, DType::kF16, /*sharp=*/false, kSteps, dir + "/keel_fp16.safetensors", be);
+      Dump(cfg, DType::kF16, /*sharp=*/true, 0, dir + "/keel_fp16_sharp.safetensors", be);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dump_model: %s\n", e.what());
     return 1;

@@ -11,12 +11,16 @@ former):
         losses: relative error <= 1e-4.
   bf16: loss and each of the 10 step losses: relative error <= 1e-2; every gradient's cosine
         similarity with the float64 reference >= 0.99.
+  fp16 (loss scale 1024, gradients unscaled): the same checks at fp16's tolerance, which its 10
+        mantissa bits (bf16: 7) make tighter: relative error <= 3e-3, cosine >= 0.999.
+        (PyTorch 1.13's CPU autocast has no float16, so the reference is float64 here too.)
 Relative error of a tensor a against the reference b is max|a - b| / max|b| (one number per
 tensor, so entries near zero, e.g. the key biases' exactly-zero gradients, do not blow it up).
 Exits non-zero, naming the failing tensors. Needs Debian's python3-torch and numpy only.
 """
 import json
 import math
+import os
 import struct
 import sys
 
@@ -30,6 +34,7 @@ except ImportError as e:
              "run: apt-get install python3-torch python3-numpy (and use /usr/bin/python3)")
 
 FP32_TOL, BF16_LOSS_TOL, BF16_MIN_COS = 1e-4, 1e-2, 0.99
+FP16_LOSS_TOL, FP16_MIN_COS = 3e-3, 0.999
 
 
 def read_safetensors(path):
@@ -263,14 +268,16 @@ def check(path):
             e = abs(a - b) / abs(b)
             row(f"train_loss[{s}] {a:.6f} ref {b:.6f}", "rel_err", e, e <= FP32_TOL)
     else:
+        tol, min_cos = ((FP16_LOSS_TOL, FP16_MIN_COS) if meta["dtype"] == "fp16"
+                        else (BF16_LOSS_TOL, BF16_MIN_COS))
         e = rel_err(t["loss"], ref["loss"])
-        row("loss", "rel_err", e, e <= BF16_LOSS_TOL)
+        row("loss", "rel_err", e, e <= tol)
         for n, g in ref["grads"].items():
             c = cosine(t["grad." + n], g)
-            row("grad." + n, "cosine", c, c >= BF16_MIN_COS)
+            row("grad." + n, "cosine", c, c >= min_cos)
         for s, (a, b) in enumerate(zip(train, ref["train_losses"])):
             e = abs(a - b) / abs(b)
-            row(f"train_loss[{s}] {a:.6f} ref {b:.6f}", "rel_err", e, e <= BF16_LOSS_TOL)
+            row(f"train_loss[{s}] {a:.6f} ref {b:.6f}", "rel_err", e, e <= tol)
     print(f"{path}: keel {dtype} weights vs PyTorch float64 "
           "(rel_err = max|keel - ref| / max|ref| per tensor)")
     print("\n".join(rows))
@@ -282,8 +289,14 @@ def main():
         sys.exit("usage: model_reference.py <dir with keel_fp32/keel_bf16.safetensors>")
     torch.set_num_threads(2)
     failures = []
-    for case in ("fp32", "bf16", "fp32_sharp", "bf16_sharp"):
-        failures += check(f"{sys.argv[1]}/keel_{case}.safetensors")
+    for case in ("fp32", "bf16", "fp16", "fp32_sharp", "bf16_sharp", "fp16_sharp"):
+        path = f"{sys.argv[1]}/keel_{case}.safetensors"
+        # dump_model writes fp16 on the CPU backend only (scripts/gpu_check.sh runs `cuda`).
+        if case.startswith("fp16") and not os.path.exists(path) and read_safetensors(
+                f"{sys.argv[1]}/keel_fp32.safetensors")[1].get("device") == "cuda":
+            print(f"{path}: not written (fp16 runs on the CPU backend only)")
+            continue
+        failures += check(path)
     if failures:
         print(f"FAILED: {len(failures)} check(s) out of tolerance:\n  " + "\n  ".join(failures))
         sys.exit(1)

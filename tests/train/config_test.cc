@@ -241,7 +241,7 @@ TEST(Config, OutOfRangeValues) {
 
 TEST(Config, BadEnumListsAllowedValues) {
   std::string msg = LoadError("enum.toml", "[train]\nprecision = \"fp8\"\n");
-  EXPECT_NE(msg.find("enum.toml: [train] precision: expected one of bf16, fp32; got \"fp8\""),
+  EXPECT_NE(msg.find("enum.toml: [train] precision: expected one of bf16, fp32, fp16; got \"fp8\""),
             std::string::npos)
       << msg;
   msg = BadInputMessage([] { LoadConfig("", {"model.recompute=some"}); });

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Dynamic loss scaling through `keel train` ([loss_scale] kind = "dynamic"):
+# Dynamic loss scaling through `keel train` ([loss_scale] kind = "dynamic"), and fp16 with it:
 #  1. scaling does not change the math: with no overflow, a run with the scaler ends with the
 #     weights of a run without it, bitwise (fp32; the scale is a power of two);
 #  2. injected overflows (KEEL_FAULT nan_grad) give the reference scaler's sequence: each step's
 #     loss_scale and skipped flag in metrics.jsonl equal those of a Python re-implementation of
 #     Megatron-LM's DynamicGradScaler fed the same overflows; the run reaches the minimum scale,
-#     says so, and finishes (no abort);
+#     says so, and finishes (no abort); in fp32 and in fp16 (train.precision = "fp16");
 #  3. a stop and --resume auto with the scaler mid-sequence gives the uninterrupted run's
-#     weights bitwise (the scaler's state is in the checkpoint).
+#     weights bitwise (the scaler's state is in the checkpoint), in both;
+#  4. fp16 trains: with the default kind = "auto" (dynamic for fp16) its loss after 30 steps is
+#     within 3% of the bf16 run's; fp16 without scaling, or with tensor parallelism, is refused.
 #   tests/train/loss_scale.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -31,17 +33,20 @@ echo "no overflow: scaled = unscaled, bitwise"
 over=(3 4 9 10 11 12 13 14 15 16 17 18 19 20)
 fault=""
 for s in "${over[@]}"; do fault+="nan_grad@$s:0; "; done
-KEEL_FAULT="$fault" run faults 2 "${scaled[@]}"
-KEEL_FAULT="$fault" run cut 2 "${scaled[@]}" --set train.stop_at=12
-KEEL_FAULT="$fault" run cut 2 "${scaled[@]}" --resume auto
-grep -q "resuming from .*step_00000012" "$tmp/cut.log" || { echo "cut did not resume"; exit 1; }
-cmp -s "$tmp/faults/model.safetensors" "$tmp/cut/model.safetensors" ||
-  { echo "loss scaling: final weights differ after a stop and resume"; exit 1; }
-echo "stop at 12 and resume: bitwise"
-grep -q "overflowed at the minimum loss scale" "$tmp/faults.log" ||
-  { echo "no line about the minimum scale"; cat "$tmp/faults.log"; exit 1; }
+for prec in fp32 fp16; do
+  p=(--set train.precision=$prec)
+  KEEL_FAULT="$fault" run "faults_$prec" 2 "${scaled[@]}" "${p[@]}"
+  KEEL_FAULT="$fault" run "cut_$prec" 2 "${scaled[@]}" "${p[@]}" --set train.stop_at=12
+  KEEL_FAULT="$fault" run "cut_$prec" 2 "${scaled[@]}" "${p[@]}" --resume auto
+  grep -q "resuming from .*step_00000012" "$tmp/cut_$prec.log" ||
+    { echo "cut_$prec did not resume"; exit 1; }
+  cmp -s "$tmp/faults_$prec/model.safetensors" "$tmp/cut_$prec/model.safetensors" ||
+    { echo "loss scaling, $prec: final weights differ after a stop and resume"; exit 1; }
+  echo "$prec: stop at 12 and resume: bitwise"
+  grep -q "overflowed at the minimum loss scale" "$tmp/faults_$prec.log" ||
+    { echo "$prec: no line about the minimum scale"; cat "$tmp/faults_$prec.log"; exit 1; }
 
-/usr/bin/python3 - "$tmp" "${over[*]}" <<'PY'
+  /usr/bin/python3 - "$tmp/faults_$prec" "${over[*]}" <<'PY'
 import json, sys
 d, over = sys.argv[1], {int(s) for s in sys.argv[2].split()}
 # Megatron-LM's DynamicGradScaler (megatron/core/optimizer/grad_scaler.py), scalar form.
@@ -62,19 +67,37 @@ for step in range(30):
             growth_tracker, hyst_tracker = 0, hyst
             scale *= growth
 got = [(r["loss_scale"], r.get("skipped", False))
-       for r in map(json.loads, open(f"{d}/faults/metrics.jsonl"))]
+       for r in map(json.loads, open(f"{d}/metrics.jsonl"))]
 assert len(got) == 30, f"{len(got)} steps recorded, expected 30"
 bad = [(i + 1, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w]
 for step, g, w in bad:
     print(f"step {step}: keel (scale, skipped) {g}, reference {w}")
-print("scales:", " ".join(f"{s:g}" for s, _ in got))
+print(d.rsplit("_", 1)[1] + ": scales:", " ".join(f"{s:g}" for s, _ in got))
 print(f"{sum(s for _, s in got)} skipped steps; the sequence {'differs' if bad else 'matches'}")
-events = [json.loads(l) for l in open(f"{d}/faults/events.jsonl")]
+events = [json.loads(l) for l in open(f"{d}/events.jsonl")]
 overflows = [e["step"] for e in events if e["event"] == "loss_scale_overflow"]
 assert overflows == sorted(s + 1 for s in over), overflows
 assert any(e["event"] == "loss_scale_at_minimum" for e in events)
 sys.exit(1 if bad else 0)
 PY
+done
+
+# fp16 with the default scaler (kind = "auto": dynamic from 65536) against bf16.
+run bf16 1 --set train.precision=bf16
+run fp16 1 --set train.precision=fp16
+grep -q "fp16: products run in fp32" "$tmp/fp16.log" || { echo "fp16: no start line"; exit 1; }
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+d = sys.argv[1]
+last = {k: json.loads(open(f"{d}/{k}/metrics.jsonl").readlines()[-1]) for k in ("bf16", "fp16")}
+rel = abs(last["fp16"]["loss"] - last["bf16"]["loss"]) / last["bf16"]["loss"]
+print(f"fp16: loss at step 30 {last['fp16']['loss']:.4f}, bf16 {last['bf16']['loss']:.4f} "
+      f"({100 * rel:.2f}%, limit 3%); loss scale {last['fp16']['loss_scale']:g}")
+assert "loss_scale" in last["fp16"] and "loss_scale" not in last["bf16"]
+sys.exit(rel > 0.03)
+PY
+refused fp16_unscaled 1 "train.precision" --set train.precision=fp16 --set loss_scale.kind=none
+refused fp16_tp 2 "train.precision" --set train.precision=fp16 --set parallel.tp=2
 
 refused bad_kind 1 "loss_scale.kind" --set loss_scale.kind=static
 refused bad_backoff 1 "loss_scale.backoff" --set loss_scale.backoff=2

@@ -3,8 +3,8 @@
 # in a scratch file, streamed through chunk buffers during the update):
 #  1. offload must not change the math: with chunks small enough that the update streams through
 #     many of them, runs end with the in-memory run's weights bitwise: bf16 at 2 ranks ZeRO 0
-#     and 1 (master and moments on the tier), bf16 moments without a master, and fp32 (moments
-#     only);
+#     and 1 (master and moments on the tier), bf16 moments without a master, fp16, and fp32
+#     (moments only);
 #  2. a crash mid-update (SIGKILL after some chunks were written back) resumes from the last
 #     checkpoint and ends with the uninterrupted run's weights;
 #  3. a tier disk without room is one clear line and a failed start; the checkpoint already in
@@ -40,6 +40,9 @@ done
 run mem_nomaster 1 --set optim.state_dtype=bf16 --set optim.master_weights=false
 run off_nomaster 1 --set optim.state_dtype=bf16 --set optim.master_weights=false "${tier[@]}"
 same mem_nomaster off_nomaster "bf16 moments, no master"
+run mem_fp16 1 --set train.precision=fp16
+run off_fp16 1 --set train.precision=fp16 "${tier[@]}"
+same mem_fp16 off_fp16 "fp16 (master and moments offloaded, the fp16 copy rounded per chunk)"
 run mem_fp32 1 --set train.precision=fp32
 run off_fp32 1 --set train.precision=fp32 "${tier[@]}"
 same mem_fp32 off_fp32 "fp32 (moments offloaded)"

@@ -114,7 +114,11 @@ void RebuildLoraBase(const nlohmann::json& base, const model::ModelConfig& cfg, 
   }
   // The values the run computed with: a bf16 run held its frozen weights in bf16 (its
   // matrix-product biases in fp32), a quantized base as codes.
-  model::RoundTripWorking(layout, text("precision") == "bf16" ? DType::kBF16 : DType::kF32, whole);
+  model::RoundTripWorking(layout,
+                          text("precision") == "bf16"   ? DType::kBF16
+                          : text("precision") == "fp16" ? DType::kF16
+                                                        : DType::kF32,
+                          whole);
 }
 
 void CheckSameModel(const Manifest& m, const model::ModelConfig& run, const std::string& dir) {

@@ -28,6 +28,13 @@ bool CudaBuilt() {
 #endif
 }
 
+void Backend::ToF16(f16*, const float*, size_t) const {
+  ThrowRuntime(name() + " backend: no fp16 (train.precision = \"fp16\" runs on the CPU)");
+}
+void Backend::ToF32(float*, const f16*, size_t) const {
+  ThrowRuntime(name() + " backend: no fp16 (train.precision = \"fp16\" runs on the CPU)");
+}
+
 const Backend& Cpu() { return CpuBackendFor(ChosenCpuIsa()); }
 
 const Backend& Get(Device d) {

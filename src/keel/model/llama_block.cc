@@ -160,5 +160,7 @@ template void LlamaBlockForward<float>(Transformer::Impl&, int, int, bool);
 template void LlamaBlockForward<bf16>(Transformer::Impl&, int, int, bool);
 template void LlamaBlockBackward<float>(Transformer::Impl&, int, int, float*);
 template void LlamaBlockBackward<bf16>(Transformer::Impl&, int, int, bf16*);
+template void LlamaBlockForward<f16>(Transformer::Impl&, int, int, bool);
+template void LlamaBlockBackward<f16>(Transformer::Impl&, int, int, f16*);
 
 }  // namespace keel::model::internal

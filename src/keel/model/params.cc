@@ -350,7 +350,8 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   for (const StageRange& c : layout.chunks())
     for (int l = c.l0; l < c.l1; ++l)
       s.max_block = std::max(s.max_block, layout.segment_size(layout.block_segment(l)));
-  s.working_bytes = dtype == DType::kBF16 ? 2 : 4;
+  s.working_bytes = dtype != DType::kF32 ? 2 : 4;
+  s.fp16 = dtype == DType::kF16;
   // LoRA trains its adapters only, whose gradients the layout packs: the state is compact
   // (optim::ParamStore) when they are fewer than the weights.
   s.trainable = layout.grad_trained();

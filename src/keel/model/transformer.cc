@@ -425,23 +425,33 @@ void Transformer::ClearDropout() {
   for (auto& d : impl_->slot_dropout) d = {};
 }
 
+namespace {
+
+// Calls f with a value of the C++ type of the run's activations (float, bf16 or f16).
+template <typename F>
+decltype(auto) ByDType(DType t, F&& f) {
+  if (t == DType::kF32) return f(float{});
+  if (t == DType::kBF16) return f(bf16{});
+  return f(f16{});
+}
+
+}  // namespace
+
 double Transformer::ForwardBackward(const int32_t* tokens, const int32_t* targets, float dloss) {
   impl_->dropout = impl_->slot_dropout[0];
   impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   targets = impl_->Ids(targets, impl_->targets);
-  return impl_->dtype == DType::kF32 ? model::ForwardBackward<float>(*impl_, tokens, targets, dloss)
-                                     : model::ForwardBackward<bf16>(*impl_, tokens, targets, dloss);
+  return ByDType(impl_->dtype, [&](auto z) {
+    return model::ForwardBackward<decltype(z)>(*impl_, tokens, targets, dloss);
+  });
 }
 
 double Transformer::Forward(const int32_t* tokens, const int32_t* targets) {
   impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   impl_->dropout = {};
-  if (impl_->dtype == DType::kF32)
-    model::StageForward<float>(*impl_, 0, tokens);
-  else
-    model::StageForward<bf16>(*impl_, 0, tokens);
+  ByDType(impl_->dtype, [&](auto z) { model::StageForward<decltype(z)>(*impl_, 0, tokens); });
   return StageLoss(targets);
 }
 
@@ -458,10 +468,7 @@ void Transformer::StageForward(int slot, const int32_t* tokens) {
   impl_->dropout = impl_->slot_dropout.at(size_t(slot));
   impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
-  if (impl_->dtype == DType::kF32)
-    model::StageForward<float>(*impl_, slot, tokens);
-  else
-    model::StageForward<bf16>(*impl_, slot, tokens);
+  ByDType(impl_->dtype, [&](auto z) { model::StageForward<decltype(z)>(*impl_, slot, tokens); });
 }
 
 double Transformer::StageBackward(int slot, const int32_t* tokens, const int32_t* targets,
@@ -470,15 +477,15 @@ double Transformer::StageBackward(int slot, const int32_t* tokens, const int32_t
   impl_->NoteDocuments(tokens);
   tokens = impl_->Ids(tokens, impl_->tokens);
   targets = impl_->Ids(targets, impl_->targets);
-  return impl_->dtype == DType::kF32
-             ? model::StageBackward<float>(*impl_, slot, tokens, targets, dloss, dout, din)
-             : model::StageBackward<bf16>(*impl_, slot, tokens, targets, dloss, dout, din);
+  return ByDType(impl_->dtype, [&](auto z) {
+    return model::StageBackward<decltype(z)>(*impl_, slot, tokens, targets, dloss, dout, din);
+  });
 }
 
 double Transformer::StageLoss(const int32_t* targets) {
   targets = impl_->Ids(targets, impl_->targets);
-  return impl_->dtype == DType::kF32 ? model::StageLoss<float>(*impl_, targets)
-                                     : model::StageLoss<bf16>(*impl_, targets);
+  return ByDType(impl_->dtype,
+                 [&](auto z) { return model::StageLoss<decltype(z)>(*impl_, targets); });
 }
 
 void Transformer::ForwardLogits(const int32_t* tokens, float* logits) {
@@ -487,10 +494,7 @@ void Transformer::ForwardLogits(const int32_t* tokens, float* logits) {
   // there): ForwardLogits on a GPU read host memory before this.
   tokens = impl_->Ids(tokens, impl_->tokens);
   impl_->dropout = {};
-  if (impl_->dtype == DType::kF32)
-    model::ForwardLogits<float>(*impl_, tokens, logits);
-  else
-    model::ForwardLogits<bf16>(*impl_, tokens, logits);
+  ByDType(impl_->dtype, [&](auto z) { model::ForwardLogits<decltype(z)>(*impl_, tokens, logits); });
 }
 
 }  // namespace keel::model

@@ -42,11 +42,11 @@ class DenseParams final : public ParamAccess {
       : layout_(layout),
         dtype_(dtype),
         be_(be),
-        separate_(dtype == DType::kBF16 || layout.base_quant() != BaseQuant::kNone),
+        separate_(dtype != DType::kF32 || layout.base_quant() != BaseQuant::kNone),
         master(Buffer::Zeroed(be, layout.total() * 4)),
         grads(Buffer::Zeroed(be, layout.grad_total() * 4)),
         working(Buffer::Zeroed(be, separate_ ? layout.work_total() * DTypeSize(dtype) : 0)),
-        biases(Buffer::Zeroed(be, dtype == DType::kBF16 ? layout.n_bias() * 4 : 0)),
+        biases(Buffer::Zeroed(be, dtype != DType::kF32 ? layout.n_bias() * 4 : 0)),
         codes(Buffer::Zeroed(be, layout.quant_code_bytes())),
         scales(Buffer::Zeroed(be, layout.quant_scales() * 4)) {}
 
@@ -61,7 +61,7 @@ class DenseParams final : public ParamAccess {
   void SyncWorking() {
     if (!separate_) return;
     if (layout_.base_quant() == BaseQuant::kNone) {
-      be_.ToBf16(working.as<bf16>(), master.as<float>(), layout_.total());
+      be_.Narrow(dtype_, working.data(), master.as<float>(), layout_.total());
     } else if (be_.host_visible()) {
       WriteWorking(layout_, dtype_, master.as<float>(), working.data(), codes.as<uint8_t>(),
                    scales.as<float>());
@@ -77,7 +77,7 @@ class DenseParams final : public ParamAccess {
       be_.FromHost(codes.data(), c.data(), c.size());
       be_.FromHost(scales.data(), sc.data(), 4 * sc.size());
     }
-    if (dtype_ != DType::kBF16) return;
+    if (dtype_ == DType::kF32) return;
     for (const ParamInfo& p : layout_.params())
       if (p.bias_index != SIZE_MAX)
         be_.Copy(biases.as<float>() + p.bias_index, master.as<float>() + p.offset, p.numel * 4);

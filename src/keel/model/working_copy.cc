@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "keel/core/error.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/quantize.h"
 
@@ -17,6 +18,7 @@ void Dequantized(BaseQuant q, const ParamInfo& p, DType dtype, const uint8_t* co
   const size_t group = QuantGroup(q, size_t(p.shape[1]));
   if (dtype == DType::kF32)
     return kernels::Cpu().Dequantize(y, codes, scales, p.numel, group, FormatOf(q));
+  KEEL_CHECK(dtype == DType::kBF16, "a quantized base computes in bf16 or fp32");
   std::vector<bf16> w(p.numel);
   kernels::Cpu().Dequantize(w.data(), codes, scales, p.numel, group, FormatOf(q));
 #pragma omp parallel for schedule(static)
@@ -28,10 +30,8 @@ void Dequantized(BaseQuant q, const ParamInfo& p, DType dtype, const uint8_t* co
 void WriteTensor(BaseQuant q, DType dtype, const ParamInfo& p, const float* x, void* working,
                  uint8_t* codes, float* scales) {
   if (p.quantized()) return Quantize(q, x, size_t(p.shape[0]), size_t(p.shape[1]), codes, scales);
-  if (dtype == DType::kBF16) {
-    bf16* w = static_cast<bf16*>(working);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < p.numel; ++i) w[i] = ToBf16(x[i]);
+  if (dtype != DType::kF32) {
+    ConvertFromF32(dtype, working, x, p.numel);
   } else {
     // host: the working copy is host memory here (working_copy.h)
     std::copy_n(x, p.numel, static_cast<float*>(working));
@@ -59,10 +59,8 @@ void ReadWorking(const ParamLayout& layout, DType dtype, const void* working, co
       Dequantized(layout.base_quant(), p, dtype,
                   codes + CodeByte(layout.base_quant(), p.quant_offset), scales + p.scale_offset,
                   y);
-    } else if (dtype == DType::kBF16) {
-      const bf16* w = static_cast<const bf16*>(working) + p.work_offset;
-#pragma omp parallel for schedule(static)
-      for (size_t i = 0; i < p.numel; ++i) y[i] = ToFloat(w[i]);
+    } else if (dtype != DType::kF32) {
+      ConvertToF32(dtype, y, static_cast<const char*>(working) + 2 * p.work_offset, p.numel);
     } else {
       // host: as above
       std::copy_n(static_cast<const float*>(working) + p.work_offset, p.numel, y);
@@ -85,6 +83,9 @@ void RoundTripWorking(const ParamLayout& layout, DType dtype, float* values) {
     } else if (dtype == DType::kBF16 && p.bias_index == SIZE_MAX) {
 #pragma omp parallel for schedule(static)
       for (size_t i = 0; i < p.numel; ++i) x[i] = ToFloat(ToBf16(x[i]));
+    } else if (dtype == DType::kF16 && p.bias_index == SIZE_MAX) {
+#pragma omp parallel for schedule(static)
+      for (size_t i = 0; i < p.numel; ++i) x[i] = ToFloat(ToF16(x[i]));
     }
   }
 }

@@ -74,7 +74,8 @@ Peak MachinePeak(DType dtype, int threads, double override_gflops) {
   }
   const double fp32 = entry->value("fp32", 0.0), bf16 = entry->value("bf16", 0.0);
   if (fp32 <= 0) return {0, "this CPU has no FMA loop keel can time; set [monitor] peak_gflops"};
-  return {dtype == DType::kF32 || bf16 <= 0 ? fp32 : bf16, source};
+  // fp16 products run in fp32 here (kernels/cpu/matmul.cc): the fp32 peak is theirs.
+  return {dtype != DType::kBF16 || bf16 <= 0 ? fp32 : bf16, source};
 }
 
 }  // namespace keel::monitor

@@ -171,10 +171,17 @@ void ParamStore::Update(float lr, float grad_scale) {
   // (stage 0), this rank's place in the full copy (1, 2; then all-gathered), or the shard (3).
   // Without a master that slice is the weights' only copy, updated in place.
   if (compact_) return opt_.Step(master(), nullptr, grads() + state_lo_, lr, grad_scale);
+  // AdamW rounds into a bf16 copy itself; an fp16 copy is rounded from the new master after.
   bf16* w = nullptr;
   if (dtype() == DType::kBF16) w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
+  char* w16 = dtype() == DType::kF16 ? static_cast<char*>(working()) + 2 * (state_lo_ - working_lo_)
+                                     : nullptr;
   float* g = grads() + (state_lo_ - grads_lo_);
-  if (!tier_) return opt_.Step(master(), w, g, lr, grad_scale);
+  if (!tier_) {
+    opt_.Step(master(), w, g, lr, grad_scale);
+    if (w16) be_->Narrow(DType::kF16, w16, master(), state_hi_ - state_lo_);
+    return;
+  }
   // Chunk by chunk through the tier: the same elements, the same draws, the same bits.
   opt_.Begin();
   const bool tm = shape_.master_offloaded();
@@ -188,6 +195,7 @@ void ParamStore::Update(float lr, float grad_scale) {
     s.lo = lo;
     s.n = n;
     opt_.Apply(s, lr, grad_scale);
+    if (w16) be_->Narrow(DType::kF16, w16 + 2 * lo, s.master, n);
   });
 }
 

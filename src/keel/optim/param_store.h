@@ -61,7 +61,9 @@ class ParamStore {
 
   const parallel::ParallelDims& dims() const { return dims_; }
   const kernels::Backend& backend() const { return *be_; }
-  DType dtype() const { return shape_.working_bytes == 2 ? DType::kBF16 : DType::kF32; }
+  DType dtype() const {
+    return shape_.working_bytes == 2 ? (shape_.fp16 ? DType::kF16 : DType::kBF16) : DType::kF32;
+  }
   size_t total() const { return shape_.total; }
   // This rank's ZeRO slice of the state's flat indices (also at stage 0: what it writes to
   // checkpoints); of the layout unless compact.

@@ -20,6 +20,7 @@ struct StateShape {
   size_t final_norm = 0;  // the last segment
   size_t max_block = 0;   // the largest transformer block
   int working_bytes = 4;  // 4: fp32 run (the working weights are the master), 2: bf16
+  bool fp16 = false;      // the 2-byte working copy is fp16 (train.precision = "fp16"), not bf16
   int moment_bytes = 4;   // AdamW's m and v: 4 (fp32) or 2 (optim.state_dtype = "bf16")
   // false: bf16 weights without an fp32 master (optim.master_weights = false); the working
   // copy's slice stands for it.

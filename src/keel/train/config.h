@@ -67,7 +67,7 @@ struct TrainSection {
   int steps = 100;
   int batch_size = 8;        // global batch, in sequences, over all ranks and micro-batches
   int micro_batch_size = 0;  // sequences per rank per forward/backward; 0 = batch_size / ranks
-  std::string precision = "bf16";  // "bf16" | "fp32"
+  std::string precision = "bf16";  // "bf16" | "fp32" | "fp16" (with loss scaling)
   std::string device = "cpu";      // "cpu" | "cuda": the backend the state and kernels live on
   uint64_t seed = 1337;
   int val_every = 50;   // steps between validation passes; 0 = only at the end
@@ -109,7 +109,8 @@ struct OptimSection {
 // gradient is scaled up so that small gradients survive a 16-bit format, overflowing steps are
 // skipped and the scale backs off; never an abort.
 struct LossScaleSection {
-  std::string kind = "none";  // "none" | "dynamic"
+  // "auto" (dynamic for train.precision = "fp16", else none) | "none" | "dynamic"
+  std::string kind = "auto";
   double initial = 65536;
   double min = 1;
   int growth_interval = 1000;  // clean steps in a row before the scale doubles

@@ -167,7 +167,23 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   if (t.micro_batch_size > t.batch_size)
     train.Fail("micro_batch_size", "expected at most batch_size = " + std::to_string(t.batch_size) +
                                        ", got " + std::to_string(t.micro_batch_size));
-  train.OneOf("precision", t.precision, {"bf16", "fp32"});
+  train.OneOf("precision", t.precision, {"bf16", "fp32", "fp16"});
+  if (t.precision == "fp16") {
+    // fp16 runs on the CPU backend, whole tensors per rank, with an fp32 master and full weights.
+    if (t.device != "cpu")
+      train.Fail("precision",
+                 "\"fp16\" runs on train.device = \"cpu\" only so far, got \"" + t.device + "\"");
+    if (cfg.parallel.tp > 1)
+      train.Fail("precision", "\"fp16\" with parallel.tp = " + std::to_string(cfg.parallel.tp) +
+                                  ": tensor parallelism sums bf16 or fp32 activations; expected "
+                                  "tp = 1");
+    if (cfg.lora.rank > 0)
+      train.Fail("precision", "\"fp16\" is not for LoRA yet (its base computes in bf16 or fp32)");
+    if (cfg.loss_scale.kind == "none")
+      train.Fail("precision",
+                 "\"fp16\" with [loss_scale] kind = \"none\": fp16's range (6e-5 to 65504) loses "
+                 "small gradients without loss scaling; expected kind = \"auto\" or \"dynamic\"");
+  }
   train.OneOf("device", t.device, {"cpu", "cuda"});
   if (t.device == "cuda" && !kernels::CudaBuilt())
     train.Fail("device",
@@ -211,7 +227,7 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
 
   const Checker scale(prov, "loss_scale");
   const LossScaleSection& ls = cfg.loss_scale;
-  scale.OneOf("kind", ls.kind, {"none", "dynamic"});
+  scale.OneOf("kind", ls.kind, {"auto", "none", "dynamic"});
   scale.FinitePositive("initial", float(ls.initial));
   scale.FinitePositive("min", float(ls.min));
   if (ls.min > ls.initial)

@@ -95,7 +95,9 @@ Setup Validate(const RunConfig& cfg, int world) {
   s.layout = ResolveLayout(cfg, world);
   s.mcfg = cfg.ResolvedModel();
   const TrainSection& t = cfg.train;
-  s.dtype = t.precision == "fp32" ? DType::kF32 : DType::kBF16;
+  s.dtype = t.precision == "fp32"   ? DType::kF32
+            : t.precision == "fp16" ? DType::kF16
+                                    : DType::kBF16;
   if (cfg.data.train.empty() && cfg.data.sources.empty())
     ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
   // Quantized per row or per 64 weights of the whole matrix: a shard cut by input columns would
@@ -428,7 +430,8 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
 Run::~Run() = default;
 
 void Run::ResumeOrInit(bool init_later) {
-  if (cfg.loss_scale.kind == "dynamic") {
+  if (cfg.loss_scale.kind == "dynamic" ||
+      (cfg.loss_scale.kind == "auto" && cfg.train.precision == "fp16")) {
     const LossScaleSection& l = cfg.loss_scale;
     scaler = std::make_unique<optim::LossScaler>(optim::LossScalerConfig{
         l.initial, l.min, l.growth, l.backoff, l.growth_interval, l.hysteresis});

@@ -167,7 +167,7 @@ void TrainStep::SetWeights(const TensorValues& values) {
     } else if (!host) {
       be_.FromHost(wd, w.data(), w.size());
     }
-    if (p.bias_index != SIZE_MAX && spec_.dtype == DType::kBF16)
+    if (p.bias_index != SIZE_MAX && spec_.dtype != DType::kF32)
       // host: the staging of the bias copy, in host memory
       std::copy_n(x, p.numel, b.data() + p.bias_index);
     if (next != store_->trainable().end() && next->at == p.offset) {
@@ -176,7 +176,7 @@ void TrainStep::SetWeights(const TensorValues& values) {
     }
   }
   KEEL_CHECK(next == store_->trainable().end(), "TrainStep: a trainable range is no tensor");
-  if (spec_.dtype == DType::kBF16) be_.FromHost(store_->biases(), b.data(), 4 * b.size());
+  if (spec_.dtype != DType::kF32) be_.FromHost(store_->biases(), b.data(), 4 * b.size());
   be_.FromHost(store_->master(), packed.data() + store_->state_lo(),
                4 * (store_->state_hi() - store_->state_lo()));
   zero_->PublishWeights();

@@ -81,7 +81,7 @@ ZeroStrategy::~ZeroStrategy() {
       if (s->op && !parallel::Settled(*s->op, since, timeout_s_)) new Buffer(std::move(s->buf));
 }
 
-size_t ZeroStrategy::ElemBytes() const { return store_.dtype() == DType::kBF16 ? 2 : 4; }
+size_t ZeroStrategy::ElemBytes() const { return store_.dtype() != DType::kF32 ? 2 : 4; }
 
 size_t ZeroStrategy::buffer_bytes() const {
   size_t b = 0;
@@ -217,7 +217,7 @@ double ZeroStrategy::GradSquares() {
 }
 
 void ZeroStrategy::PublishBiases() {
-  if (store_.dtype() != DType::kBF16) return;
+  if (store_.dtype() == DType::kF32) return;
   float* b = store_.biases();
   const size_t lo = store_.state_lo(), hi = store_.state_hi();
   if (zero_ >= 1) store_.backend().Zero(b, 4 * layout_.n_bias());
@@ -246,10 +246,10 @@ void ZeroStrategy::PublishWeights() {
   if (store_.compact()) return PublishCompact();
   const size_t lo = store_.state_lo();
   // Without a master the slice already holds the weights (set or loaded in place).
-  if (store_.dtype() == DType::kBF16 && store_.has_master()) {
-    bf16* w = static_cast<bf16*>(store_.working()) + (lo - store_.working_lo());
+  if (store_.dtype() != DType::kF32 && store_.has_master()) {
+    char* w = static_cast<char*>(store_.working()) + 2 * (lo - store_.working_lo());
     store_.VisitState(optim::ParamStore::Kind::kMaster, false, [&](void* p, size_t l, size_t n) {
-      store_.backend().ToBf16(w + l, static_cast<const float*>(p), n);
+      store_.backend().Narrow(store_.dtype(), w + 2 * l, static_cast<const float*>(p), n);
     });
   }
   Publish();
@@ -276,12 +276,13 @@ void ZeroStrategy::PublishCompact() {
   Buffer tmp;
   const float* all = AllCompactMaster(tmp);
   for (const optim::ParamRange& r : store_.trainable()) {
-    if (store_.dtype() == DType::kBF16)
-      be.ToBf16(static_cast<bf16*>(store_.working()) + r.work, all + r.offset, r.numel);
+    if (store_.dtype() != DType::kF32)
+      be.Narrow(store_.dtype(), static_cast<char*>(store_.working()) + 2 * r.work, all + r.offset,
+                r.numel);
     else
       be.Copy(static_cast<float*>(store_.working()) + r.work, all + r.offset, 4 * r.numel);
   }
-  if (store_.dtype() != DType::kBF16) return;
+  if (store_.dtype() == DType::kF32) return;
   for (const TrainedBias& b : trained_biases_)
     be.Copy(store_.biases() + b.bias, all + b.master, 4 * b.numel);
 }
@@ -290,8 +291,8 @@ void ZeroStrategy::Publish() {
   if (zero_ == 1 || zero_ == 2) {
     // bf16: each rank's rounded slice is already at its place; fp32: from the master shard.
     const void* send =
-        store_.dtype() == DType::kBF16
-            ? static_cast<const void*>(static_cast<bf16*>(store_.working()) + store_.state_lo())
+        store_.dtype() != DType::kF32
+            ? static_cast<const void*>(static_cast<char*>(store_.working()) + 2 * store_.state_lo())
             : static_cast<const void*>(store_.master());
     auto w =
         comm_.AllGatherAsync(send, store_.working(), Counts(0, store_.total()), store_.dtype());
@@ -322,7 +323,7 @@ std::vector<float> ZeroStrategy::GatherMaster() {
     model::ReadWorking(layout_, store_.dtype(), host ? store_.working() : w.data(),
                        host ? store_.codes() : codes.data(), host ? store_.scales() : scales.data(),
                        full.data());
-    if (store_.dtype() == DType::kBF16) {
+    if (store_.dtype() != DType::kF32) {
       std::vector<float> b(layout_.n_bias());
       be.ToHost(b.data(), store_.biases(), 4 * b.size());
       // host: the gathered copy is built in host memory

@@ -538,9 +538,13 @@ template void AttentionForward<float>(float*, float*, const float*, int, int, in
                                       const int32_t*);
 template void AttentionForward<bf16>(bf16*, float*, const bf16*, int, int, int, int, int,
                                      const int32_t*);
+template void AttentionForward<f16>(f16*, float*, const f16*, int, int, int, int, int,
+                                    const int32_t*);
 template void AttentionBackward<float>(float*, const float*, const float*, const float*,
                                        const float*, int, int, int, int, int, const int32_t*);
 template void AttentionBackward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, const float*,
                                       int, int, int, int, int, const int32_t*);
+template void AttentionBackward<f16>(f16*, const f16*, const f16*, const f16*, const float*, int,
+                                     int, int, int, int, const int32_t*);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -21,13 +21,15 @@
 namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
-// Calls f with a value of the C++ type of `t` (float or bf16).
+// Calls f with a value of the C++ type of `t` (float, bf16 or f16).
 template <typename F>
 void Typed(DType t, F&& f) {
   if (t == DType::kF32)
     f(float{});
-  else
+  else if (t == DType::kBF16)
     f(bf16{});
+  else
+    f(f16{});
 }
 
 template <typename T>
@@ -74,6 +76,14 @@ class CpuImpl final : public Backend {
     for (size_t i = 0; i < n; ++i) out[i] = keel::ToBf16(in[i]);
   }
   void ToF32(float* out, const bf16* in, size_t n) const override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) out[i] = keel::ToFloat(in[i]);
+  }
+  void ToF16(f16* out, const float* in, size_t n) const override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) out[i] = keel::ToF16(in[i]);
+  }
+  void ToF32(float* out, const f16* in, size_t n) const override {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) out[i] = keel::ToFloat(in[i]);
   }

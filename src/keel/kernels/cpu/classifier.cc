@@ -94,6 +94,9 @@ void RowGradient(T* g, const float* row, float lse, int target, float dloss, int
     __m512 p = _mm512_mul_ps(ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + v), vlse)), vd);
     if constexpr (std::is_same_v<T, float>) {
       _mm512_storeu_ps(g + v, p);
+    } else if constexpr (std::is_same_v<T, f16>) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + v),
+                          _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     } else {
       // Round to nearest even, as ToBf16 does (softmax values are finite).
       __m512i u = _mm512_castps_si512(p);
@@ -110,6 +113,9 @@ void RowGradient(T* g, const float* row, float lse, int target, float dloss, int
     __m256 p = _mm256_mul_ps(ExpApprox8(_mm256_sub_ps(_mm256_loadu_ps(row + v), vlse)), vd);
     if constexpr (std::is_same_v<T, float>) {
       _mm256_storeu_ps(g + v, p);
+    } else if constexpr (std::is_same_v<T, f16>) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(g + v),
+                       _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     } else {
       // Round to nearest even, as ToBf16 does (softmax values are finite).
       __m256i u = _mm256_castps_si256(p);
@@ -250,6 +256,7 @@ void ClassifierLogits(float* logits, const T* x, const T* wte, int M, int C, int
   template void ClassifierLogits<T>(float*, const T*, const T*, int, int, int);
 KEEL_INSTANTIATE(float)
 KEEL_INSTANTIATE(bf16)
+KEEL_INSTANTIATE(f16)
 #undef KEEL_INSTANTIATE
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -94,5 +94,6 @@ void Dequantize(T* out, const uint8_t* codes, const float* scales, size_t n, siz
 
 template void Dequantize<float>(float*, const uint8_t*, const float*, size_t, size_t, QuantFormat);
 template void Dequantize<bf16>(bf16*, const uint8_t*, const float*, size_t, size_t, QuantFormat);
+template void Dequantize<f16>(f16*, const uint8_t*, const float*, size_t, size_t, QuantFormat);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

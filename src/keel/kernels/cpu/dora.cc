@@ -83,9 +83,13 @@ template void DoraNorm<float>(float*, float*, const float*, const float*, const 
                               const float*, int, int, int, float);
 template void DoraNorm<bf16>(float*, float*, const float*, const bf16*, const bf16*, const bf16*,
                              int, int, int, float);
+template void DoraNorm<f16>(float*, float*, const float*, const f16*, const f16*, const f16*, int,
+                            int, int, float);
 template void DoraScale<float>(float*, const float*, const float*, const float*, int, int, bool);
 template void DoraScale<bf16>(bf16*, const bf16*, const float*, const float*, int, int, bool);
+template void DoraScale<f16>(f16*, const f16*, const float*, const float*, int, int, bool);
 template void DoraMagnitudeGrad<float>(float*, const float*, const float*, const float*, int, int);
 template void DoraMagnitudeGrad<bf16>(float*, const bf16*, const bf16*, const float*, int, int);
+template void DoraMagnitudeGrad<f16>(float*, const f16*, const f16*, const float*, int, int);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

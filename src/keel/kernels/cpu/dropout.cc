@@ -32,5 +32,6 @@ void Dropout(T* out, const T* x, int rows, int cols, const DropoutMask& m, bool 
 
 template void Dropout<float>(float*, const float*, int, int, const DropoutMask&, bool);
 template void Dropout<bf16>(bf16*, const bf16*, int, int, const DropoutMask&, bool);
+template void Dropout<f16>(f16*, const f16*, int, int, const DropoutMask&, bool);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -75,9 +75,13 @@ template void EncoderForward<float>(float*, const int32_t*, const float*, const 
                                     int, int, int);
 template void EncoderForward<bf16>(bf16*, const int32_t*, const bf16*, const bf16*, int, int, int,
                                    int, int);
+template void EncoderForward<f16>(f16*, const int32_t*, const f16*, const f16*, int, int, int, int,
+                                  int);
 template void EncoderBackward<float>(float*, float*, const float*, const int32_t*, int, int, int,
                                      int, int);
 template void EncoderBackward<bf16>(float*, float*, const bf16*, const int32_t*, int, int, int, int,
                                     int);
+template void EncoderBackward<f16>(float*, float*, const f16*, const int32_t*, int, int, int, int,
+                                   int);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

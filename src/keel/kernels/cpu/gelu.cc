@@ -51,7 +51,9 @@ void GeluBackward(T* dinp, const T* inp, const T* dout, size_t n) {
 
 template void GeluForward<float>(float*, const float*, size_t);
 template void GeluForward<bf16>(bf16*, const bf16*, size_t);
+template void GeluForward<f16>(f16*, const f16*, size_t);
 template void GeluBackward<float>(float*, const float*, const float*, size_t);
 template void GeluBackward<bf16>(bf16*, const bf16*, const bf16*, size_t);
+template void GeluBackward<f16>(f16*, const f16*, const f16*, size_t);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -112,9 +112,13 @@ template void LayerNormForward<float>(float*, float*, float*, const float*, cons
                                       const float*, int, int);
 template void LayerNormForward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*,
                                      int, int);
+template void LayerNormForward<f16>(f16*, float*, float*, const f16*, const f16*, const f16*, int,
+                                    int);
 template void LayerNormBackward<float>(float*, float*, float*, const float*, const float*,
                                        const float*, const float*, const float*, int, int);
 template void LayerNormBackward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*,
                                       const float*, const float*, int, int);
+template void LayerNormBackward<f16>(f16*, float*, float*, const f16*, const f16*, const f16*,
+                                     const float*, const float*, int, int);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -161,44 +161,65 @@ void NarrowRows(bf16* dst, size_t dst_ld, const float* src, size_t src_ld, int r
   ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](float x) { return ToBf16(x); });
 }
 
-// A bf16 operand as stored: `rows` rows of `width` elements, `ld` apart, widened into `scratch`
-// with the same ld (only the strided region (rows-1)·ld + width is touched).
-const float* WidenOperand(AlignedScratch<float>& scratch, const void* x, int ld, int rows,
+void WidenRows(float* dst, size_t dst_ld, const f16* src, size_t src_ld, int rows, int width) {
+  ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](f16 x) { return ToFloat(x); });
+}
+
+void NarrowRows(f16* dst, size_t dst_ld, const float* src, size_t src_ld, int rows, int width) {
+  ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](float x) { return ToF16(x); });
+}
+
+// A 16-bit (`t`) operand as stored: `rows` rows of `width` elements, `ld` apart, widened into
+// `scratch` with the same ld (only the strided region (rows-1)·ld + width is touched).
+const float* WidenOperand(AlignedScratch<float>& scratch, DType t, const void* x, int ld, int rows,
                           int width) {
   float* wide = scratch.Get(size_t(rows - 1) * ld + width);
-  WidenRows(wide, ld, static_cast<const bf16*>(x), ld, rows, width);
+  if (t == DType::kF16)
+    WidenRows(wide, ld, static_cast<const f16*>(x), ld, rows, width);
+  else
+    WidenRows(wide, ld, static_cast<const bf16*>(x), ld, rows, width);
   return wide;
 }
 
 void GemmNative(const GemmArgs& g);
 
-// A bf16 product on a CPU without one: the same product in fp32 (exact inputs, fp32 accumulation,
-// C rounded to nearest even as oneDNN would).
-void GemmBf16ViaF32(const GemmArgs& g) {
+// A 16-bit product run in fp32: bf16 on a CPU without a bf16 product, and fp16 everywhere (no
+// oneDNN f16 product here but on AVX512-FP16). The inputs are exact in fp32, the accumulation is
+// fp32 and C is rounded to nearest even, as a native product would.
+void Gemm16ViaF32(const GemmArgs& g) {
   KEEL_CHECK(g.beta == 0.0f || g.beta == 1.0f, "Gemm: beta must be 0 or 1");
   KEEL_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "Gemm: empty product");
   thread_local AlignedScratch<float> a_buf, b_buf, c_buf;
   GemmArgs p = g;
   p.ab_type = p.c_type = DType::kF32;
   // Stored shapes: A is (M,K), or (K,M) if transposed; B is (K,N), or (N,K) if transposed.
-  p.A = g.trans_a ? WidenOperand(a_buf, g.A, g.lda, g.K, g.M)
-                  : WidenOperand(a_buf, g.A, g.lda, g.M, g.K);
-  p.B = g.trans_b ? WidenOperand(b_buf, g.B, g.ldb, g.N, g.K)
-                  : WidenOperand(b_buf, g.B, g.ldb, g.K, g.N);
+  const DType t = g.ab_type;
+  p.A = g.trans_a ? WidenOperand(a_buf, t, g.A, g.lda, g.K, g.M)
+                  : WidenOperand(a_buf, t, g.A, g.lda, g.M, g.K);
+  p.B = g.trans_b ? WidenOperand(b_buf, t, g.B, g.ldb, g.N, g.K)
+                  : WidenOperand(b_buf, t, g.B, g.ldb, g.K, g.N);
   if (g.c_type == DType::kF32) return GemmNative(p);
   float* c = c_buf.Get(size_t(g.M) * g.N);
   p.C = c;
   p.ldc = g.N;
-  if (g.beta != 0.0f) WidenRows(c, g.N, static_cast<const bf16*>(g.C), g.ldc, g.M, g.N);
+  if (g.beta != 0.0f) {
+    if (t == DType::kF16)
+      WidenRows(c, g.N, static_cast<const f16*>(g.C), g.ldc, g.M, g.N);
+    else
+      WidenRows(c, g.N, static_cast<const bf16*>(g.C), g.ldc, g.M, g.N);
+  }
   GemmNative(p);
-  NarrowRows(static_cast<bf16*>(g.C), g.ldc, c, g.N, g.M, g.N);
+  if (t == DType::kF16)
+    NarrowRows(static_cast<f16*>(g.C), g.ldc, c, g.N, g.M, g.N);
+  else
+    NarrowRows(static_cast<bf16*>(g.C), g.ldc, c, g.N, g.M, g.N);
 }
 
 // Products the CPU runs as they are (fp32 always; bf16 where oneDNN has a kernel for it).
 void GemmNative(const GemmArgs& g) {
   // Only fp32 products are slow enough for the copy to pay; AMX bf16 ones are not.
   if (g.ab_type != DType::kF32 || !AliasingStride(g.ldc, g.c_type) || g.M < 64) {
-    if (!GemmDirect(g)) GemmBf16ViaF32(g);
+    if (!GemmDirect(g)) Gemm16ViaF32(g);
     return;
   }
   thread_local AlignedScratch<char> scratch;
@@ -219,8 +240,9 @@ void GemmNative(const GemmArgs& g) {
 bool Bf16ProductsEmulated() { return bf16_unsupported.load(std::memory_order_relaxed); }
 
 void Gemm(const GemmArgs& g) {
-  if (g.ab_type == DType::kBF16 && bf16_unsupported.load(std::memory_order_relaxed))
-    return GemmBf16ViaF32(g);
+  if (g.ab_type == DType::kF16 ||
+      (g.ab_type == DType::kBF16 && bf16_unsupported.load(std::memory_order_relaxed)))
+    return Gemm16ViaF32(g);
   GemmNative(g);
 }
 
@@ -289,9 +311,13 @@ template void MatmulForward<float>(float*, const float*, const float*, const flo
                                    bool, float);
 template void MatmulForward<bf16>(bf16*, const bf16*, const bf16*, const float*, int, int, int,
                                   bool, float);
+template void MatmulForward<f16>(f16*, const f16*, const f16*, const float*, int, int, int, bool,
+                                 float);
 template void MatmulBackward<float>(float*, float*, float*, const float*, const float*,
                                     const float*, int, int, int, float, bool);
 template void MatmulBackward<bf16>(bf16*, float*, float*, const bf16*, const bf16*, const bf16*,
                                    int, int, int, float, bool);
+template void MatmulBackward<f16>(f16*, float*, float*, const f16*, const f16*, const f16*, int,
+                                  int, int, float, bool);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -69,9 +69,12 @@ void RmsNormBackward(T* dinp, float* dweight, const T* dout, const T* inp, const
 
 template void RmsNormForward<float>(float*, float*, const float*, const float*, int, int, float);
 template void RmsNormForward<bf16>(bf16*, float*, const bf16*, const bf16*, int, int, float);
+template void RmsNormForward<f16>(f16*, float*, const f16*, const f16*, int, int, float);
 template void RmsNormBackward<float>(float*, float*, const float*, const float*, const float*,
                                      const float*, int, int);
 template void RmsNormBackward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*,
                                     const float*, int, int);
+template void RmsNormBackward<f16>(f16*, float*, const f16*, const f16*, const f16*, const float*,
+                                   int, int);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

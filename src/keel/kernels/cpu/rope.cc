@@ -58,7 +58,9 @@ void RopeBackward(T* dqkv, int B, int T_, int NH, int NKV, int hs, float theta, 
 
 template void RopeForward<float>(float*, int, int, int, int, int, float, int);
 template void RopeForward<bf16>(bf16*, int, int, int, int, int, float, int);
+template void RopeForward<f16>(f16*, int, int, int, int, int, float, int);
 template void RopeBackward<float>(float*, int, int, int, int, int, float, int);
 template void RopeBackward<bf16>(bf16*, int, int, int, int, int, float, int);
+template void RopeBackward<f16>(f16*, int, int, int, int, int, float, int);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -53,7 +53,9 @@ void SwigluBackward(T* dgate_up, const T* gate_up, const T* dout, int N, int F) 
 
 template void SwigluForward<float>(float*, const float*, int, int);
 template void SwigluForward<bf16>(bf16*, const bf16*, int, int);
+template void SwigluForward<f16>(f16*, const f16*, int, int);
 template void SwigluBackward<float>(float*, const float*, const float*, int, int);
 template void SwigluBackward<bf16>(bf16*, const bf16*, const bf16*, int, int);
+template void SwigluBackward<f16>(f16*, const f16*, const f16*, int, int);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS
