@@ -9,7 +9,11 @@
 #  3. a stop and --resume auto with the scaler mid-sequence gives the uninterrupted run's
 #     weights bitwise (the scaler's state is in the checkpoint), in both;
 #  4. fp16 trains: with the default kind = "auto" (dynamic for fp16) its loss after 30 steps is
-#     within 3% of the bf16 run's; fp16 without scaling, or with tensor parallelism, is refused.
+#     within 3% of the bf16 run's; fp16 without scaling, or with tensor parallelism, is refused;
+#  5. the switch: overflows that persist at the minimum scale ([loss_scale] switch_after in a row)
+#     switch an fp16 run to bf16 with an event, a checkpoint and a metrics field, and it
+#     finishes; a stop after the switch and --resume auto with the same fp16 config stays in bf16
+#     and ends with the uninterrupted run's weights bitwise.
 #   tests/train/loss_scale.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -95,6 +99,35 @@ print(f"fp16: loss at step 30 {last['fp16']['loss']:.4f}, bf16 {last['bf16']['lo
       f"({100 * rel:.2f}%, limit 3%); loss scale {last['fp16']['loss_scale']:g}")
 assert "loss_scale" in last["fp16"] and "loss_scale" not in last["bf16"]
 sys.exit(rel > 0.03)
+PY
+# Overflows at 0-based steps 3..9: the scale reaches its minimum at step 7 (1-based), and steps
+# 8, 9, 10 overflow there: with switch_after = 3 the run switches after step 10.
+fault=""
+for s in 3 4 5 6 7 8 9; do fault+="nan_grad@$s:0; "; done
+sw=(--set train.precision=fp16 "${scaled[@]}" --set loss_scale.switch_after=3)
+KEEL_FAULT="$fault" run sw 1 "${sw[@]}"
+KEEL_FAULT="$fault" run swcut 1 "${sw[@]}" --set train.stop_at=20
+KEEL_FAULT="$fault" run swcut 1 "${sw[@]}" --resume auto
+grep -q "switching to bf16" "$tmp/sw.log" || { echo "sw: no switch"; cat "$tmp/sw.log"; exit 1; }
+grep -q "resuming from .*step_00000010" "$tmp/sw.log" ||
+  { echo "sw: did not go on from the switch's checkpoint"; cat "$tmp/sw.log"; exit 1; }
+grep -q "switched from fp16 to bf16 at step 10" "$tmp/swcut.log" ||
+  { echo "swcut: the resume did not stay in bf16"; cat "$tmp/swcut.log"; exit 1; }
+cmp -s "$tmp/sw/model.safetensors" "$tmp/swcut/model.safetensors" ||
+  { echo "switch: final weights differ after a stop and resume"; exit 1; }
+echo "switch: stop at 20 and resume in bf16: bitwise"
+/usr/bin/python3 - "$tmp/sw" <<'PY'
+import json, math, sys
+d = sys.argv[1]
+rows = {r["step"]: r for r in map(json.loads, open(f"{d}/metrics.jsonl"))}
+events = [json.loads(l) for l in open(f"{d}/events.jsonl")]
+switch = [e for e in events if e["event"] == "precision_switch"]
+assert [e["step"] for e in switch] == [10], switch
+assert all(rows[s]["precision"] == "fp16" for s in range(1, 11)), [rows[s] for s in range(1, 11)]
+assert all(rows[s]["precision"] == "bf16" for s in range(11, 31)), [rows[s] for s in range(11, 31)]
+assert all(math.isfinite(rows[s]["loss"]) for s in rows) and len(rows) == 30
+print(f"switch: fp16 to bf16 after step 10 ({switch[0]['overflows_at_minimum']} overflows at the "
+      f"minimum); loss at step 30 {rows[30]['loss']:.4f}")
 PY
 refused fp16_unscaled 1 "train.precision" --set train.precision=fp16 --set loss_scale.kind=none
 refused fp16_tp 2 "train.precision" --set train.precision=fp16 --set parallel.tp=2

@@ -20,18 +20,18 @@ namespace {
 
 enum SaveState { kNone = 0, kWriting = 1, kCommitting = 2 };
 
-std::string RootFor(const RunConfig& cfg, const std::string& run_dir) {
+}  // namespace
+
+std::string CheckpointRootOf(const RunConfig& cfg, const std::string& run_dir) {
   return cfg.checkpoint.dir.empty() ? run_dir + "/checkpoints" : cfg.checkpoint.dir;
 }
-
-}  // namespace
 
 Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::string run_dir,
                            monitor::JsonlWriter* events, const Memory& state_memory)
     : cfg_(cfg),
       comm_(comm),
       run_dir_(std::move(run_dir)),
-      root_(RootFor(cfg, run_dir_)),
+      root_(CheckpointRootOf(cfg, run_dir_)),
       events_(events),
       writer_(std::make_unique<ckpt::CheckpointWriter>(
           root_, comm.rank(), comm.size(),
@@ -229,8 +229,8 @@ void Checkpointer::Complete() {
 }
 
 StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_requested,
-                                     bool failed,
-                                     const std::function<ckpt::StateView()>& make_view) {
+                                     bool failed, const std::function<ckpt::StateView()>& make_view,
+                                     bool must_save) {
   const auto& c = cfg_.checkpoint;
   const double minutes =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - last_save_).count() / 60;
@@ -254,7 +254,7 @@ StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_re
       writer_->Commit();
     save_state_ = kCommitting;
   }
-  const bool final_save = (last_step && c.at_end) || (d.stop && c.on_signal);
+  const bool final_save = (last_step && c.at_end) || (d.stop && c.on_signal) || must_save;
   const bool trigger =
       final_save || (c.every_steps > 0 && step_done % c.every_steps == 0) || v[1] > 0;
   if (trigger) {

@@ -47,6 +47,9 @@ struct StepDecision {
   double agree_ms = 0;    // in the decision's all-reduce: waiting for the slowest rank's step
 };
 
+// Where a run's checkpoints go: [checkpoint] dir, or RUN_DIR/checkpoints.
+std::string CheckpointRootOf(const RunConfig& cfg, const std::string& run_dir);
+
 class Checkpointer {
  public:
   // `state_memory`: where the step's state lives (its backend's memory).
@@ -74,8 +77,10 @@ class Checkpointer {
   double BeforeUpdate();
   // After step `step_done` (1-based): agrees with the other ranks, advances the save in flight,
   // and begins a save when a trigger fires (`make_view` gives the state to save).
+  // `must_save`: save now and wait for it, whatever [checkpoint] says (an fp16 run switching to
+  // bf16 resumes from it).
   StepDecision AfterStep(int step_done, bool last_step, bool stop_requested, bool failed,
-                         const std::function<ckpt::StateView()>& make_view);
+                         const std::function<ckpt::StateView()>& make_view, bool must_save = false);
   // Completes a save in flight (commit or abort), so that nothing is left half-done. Throws
   // keel::Error if the final save failed.
   void Finish();

@@ -117,6 +117,10 @@ struct LossScaleSection {
   int hysteresis = 2;          // overflows tolerated before a backoff
   double growth = 2;
   double backoff = 0.5;
+  // fp16: this many overflowing steps in a row at the minimum scale switch the run to bf16 (a
+  // checkpoint, an event, and the run resumes from it in bf16; later restarts stay in bf16).
+  // 0: never (the steps are skipped and the run goes on in fp16).
+  int switch_after = 16;
 
   bool operator==(const LossScaleSection&) const = default;
 };

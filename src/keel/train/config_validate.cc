@@ -235,6 +235,7 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                           ", got " + ShortestDecimal(float(ls.min)));
   scale.Positive("growth_interval", ls.growth_interval);
   scale.Positive("hysteresis", ls.hysteresis);
+  scale.NonNegative("switch_after", ls.switch_after);
   if (!(ls.growth >= 1 && ls.growth <= 1024))
     scale.Fail("growth",
                "expected a factor in [1, 1024], got " + ShortestDecimal(float(ls.growth)));

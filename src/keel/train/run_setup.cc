@@ -451,6 +451,8 @@ void Run::ResumeOrInit(bool init_later) {
                        ls.at("hysteresis_tracker").get<int>(),
                        ls.at("steps_at_minimum").get<int>()});
     data.loader->restore(data::LoaderStateFromJson(resumed->state.at("loader")));
+    if (resumed->state.contains("precision_switch"))
+      switched_at = resumed->state.at("precision_switch").at("step").get<int>();
     sum.resumed_from = resumed->path;
   } else if (init_later) {
     std::vector<float> init(params.total());
@@ -537,6 +539,8 @@ ckpt::StateView Run::SaveView(int step_done, const nlohmann::json& guards_state)
   v.state = guards_state;  // "resilience" and "metrics"
   v.state.update(SavedState(cfg, mcfg, layout, step_done, prefetch->state(), step->store().step(),
                             scaler.get()));
+  if (switched_at >= 0)
+    v.state["precision_switch"] = {{"from", "fp16"}, {"to", "bf16"}, {"step", switched_at}};
   return v;
 }
 

@@ -99,6 +99,9 @@ struct Run {
   std::unique_ptr<StepReporter> report;
   // [loss_scale] kind = "dynamic": the backward's seed is dloss · scale (null: none).
   std::unique_ptr<optim::LossScaler> scaler;
+  // The step at which an fp16 run switched to bf16 ([loss_scale] switch_after), carried in every
+  // later checkpoint's state as precision_switch; -1: it has not.
+  int switched_at = -1;
   FolderLock lock;  // rank 0's: the run folder has one job at a time
   std::unique_ptr<monitor::MetricsExporter> exporter;  // rank 0's, until the reporter takes it
 

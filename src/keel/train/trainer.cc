@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 
+#include "keel/ckpt/checkpoint_dir.h"
 #include "keel/ckpt/model_file.h"
 #include "keel/core/error.h"
+#include "keel/core/file_util.h"
 #include "keel/core/log.h"
 #include "keel/core/stop_signal.h"
 #include "keel/core/timer.h"
@@ -95,11 +98,32 @@ void ScaleAfterStep(Run& run, int step, bool overflow, nlohmann::json* extra) {
   }
 }
 
+// Whether an fp16 run switches to bf16 after step `step` ([loss_scale] switch_after overflows in a
+// row at the minimum scale): every rank sees the same scaler, so all decide alike.
+bool SwitchesNow(Run& run, int step) {
+  const int after = run.cfg.loss_scale.switch_after;
+  if (run.dtype != DType::kF16 || !run.scaler || after <= 0 ||
+      run.scaler->state().steps_at_minimum < after)
+    return false;
+  run.switched_at = step;
+  if (run.lead) {
+    Log("keel: step %d: %d overflows in a row at the minimum loss scale %g; switching to bf16 "
+        "(saving a checkpoint and resuming from it)",
+        step, run.scaler->state().steps_at_minimum, run.scaler->scale());
+    run.events.Write({{"event", "precision_switch"},
+                      {"step", step},
+                      {"from", "fp16"},
+                      {"to", "bf16"},
+                      {"overflows_at_minimum", run.scaler->state().steps_at_minimum}});
+  }
+  return true;
+}
+
 // After step `done`: the ranks agree on saving and stopping (a data error found by the shard
 // check stops every rank alike), and a save begins when one is due.
 StepDecision Save(Run& run, StepGuards& guards, int done, bool last_step, bool stop_requested,
                   double step_ms, std::optional<Error>* data_error, monitor::StepTimes* times,
-                  nlohmann::json* extra) {
+                  nlohmann::json* extra, bool must_save = false) {
   try {
     run.shard_check->ThrowIfFailed();
   } catch (const Error& e) {
@@ -109,9 +133,9 @@ StepDecision Save(Run& run, StepGuards& guards, int done, bool last_step, bool s
   const double overlap_ms = run.ckpt->NoteStep(step_ms);
   if (overlap_ms >= 0) (*extra)["save_overlap_ms"] = overlap_ms;
   const Timer timer;
-  const StepDecision decision =
-      run.ckpt->AfterStep(done, last_step, stop_requested, data_error->has_value(),
-                          [&] { return run.SaveView(done, guards.State()); });
+  const StepDecision decision = run.ckpt->AfterStep(
+      done, last_step, stop_requested, data_error->has_value(),
+      [&] { return run.SaveView(done, guards.State()); }, must_save);
   (*times)[Phase::kSync] = decision.agree_ms;
   (*times)[Phase::kCheckpoint] += timer.Millis() - decision.agree_ms;
   guards.Phase(done, "train");
@@ -123,17 +147,19 @@ StepDecision Save(Run& run, StepGuards& guards, int done, bool last_step, bool s
 void Finish(Run& run) {
   const RunConfig& cfg = run.cfg;
   TrainSummary& sum = run.sum;
-  const bool need_weights =
-      cfg.checkpoint.save_final || (!sum.interrupted && cfg.train.sample_count > 0);
+  // A run switching precision goes on from its checkpoint (Train): nothing final here.
+  const bool need_weights = !sum.switched && (cfg.checkpoint.save_final ||
+                                              (!sum.interrupted && cfg.train.sample_count > 0));
   std::vector<float> final_w = need_weights ? run.step->GatherWeights() : std::vector<float>();
   // The model file holds the weights a model without adapters uses: LoRA's merged into them.
   const model::ModelConfig base = model::BaseModel(run.mcfg);
   const model::ParamLayout base_params = model::ParamLayout::Whole(base);
   if (run.mcfg.lora_rank > 0 && need_weights && run.lead)
     model::MergeLoraInPlace(run.mcfg, final_w);
-  if (run.lead && cfg.checkpoint.save_final)
+  if (run.lead && cfg.checkpoint.save_final && need_weights)
     ckpt::WriteModel(sum.run_dir + "/model.safetensors", base, base_params, final_w.data());
-  if (run.lead && !sum.interrupted) PrintSamples(cfg, base, base_params, final_w.data());
+  if (run.lead && !sum.interrupted && need_weights)
+    PrintSamples(cfg, base, base_params, final_w.data());
   run.ckpt->Finish();  // after the model file: a failed last save must not cost the weights too
   if (const optim::OffloadTier* t = run.step->store().tier(); t && run.lead) {
     // What the tier cost: its traffic, its bandwidth while busy, and the update's wait for it.
@@ -196,6 +222,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       continue;
     }
     if (run.scaler) ScaleAfterStep(run, i + 1, overflow, &extra);
+    const bool switching = SwitchesNow(run, i + 1);
     Update(run, verdict.apply, lr, norm, scale, optimizer_timer, &fig.times, &extra);
     guards.AfterUpdate(verdict.apply, loss, norm);
     sum.steps_done = i + 1;
@@ -214,8 +241,12 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       guards.Phase(i + 1, "train");
     }
     std::optional<Error> data_error;
-    const StepDecision decision = Save(run, guards, i + 1, last_step, stop.requested(),
-                                       step_timer.Millis(), &data_error, &fig.times, &extra);
+    const StepDecision decision =
+        Save(run, guards, i + 1, last_step, stop.requested(), step_timer.Millis(), &data_error,
+             &fig.times, &extra, /*must_save=*/switching);
+    // What the step computed in, for runs that may switch or have.
+    if (cfg.train.precision == "fp16" || run.switched_at >= 0)
+      extra["precision"] = DTypeName(run.dtype);
 
     fig.step = i + 1;
     fig.loss = loss;
@@ -238,6 +269,10 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
                     {"bubble_predicted", run.bubble_predicted}});
     run.report->Report(fig, extra, run.lead && run.metrics.is_open() ? &run.metrics : nullptr);
     if (decision.failed) ShareError(comm, data_error);  // throws on every rank
+    if (switching) {  // Train() resumes from the checkpoint just written, in bf16
+      sum.switched = true;
+      break;
+    }
     if (decision.stop) {
       sum.interrupted = true;
       if (run.lead) Log("keel: interrupted at step %d", i + 1);
@@ -253,6 +288,37 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
   return sum;
 }
 
+// A run that switched from fp16 to bf16 stays in bf16 when it resumes, whatever its config says:
+// the checkpoint it resumes from (the newest, or the one named) records the switch.
+RunConfig StaysSwitched(const RunConfig& cfg, bool lead) {
+  if (cfg.train.precision != "fp16" || cfg.checkpoint.resume.empty()) return cfg;
+  const std::string& how = cfg.checkpoint.resume;
+  std::string dir;
+  if (how != "auto" && ckpt::ParseStepDirName(std::filesystem::path(how).filename().string())) {
+    dir = how;
+  } else {
+    const std::string run_dir =
+        (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
+    const auto dirs = ckpt::ListStepDirs(how == "auto" ? CheckpointRootOf(cfg, run_dir)
+                                                       : ckpt::CheckpointRoot(how));
+    if (dirs.empty()) return cfg;
+    dir = dirs.back().path;
+  }
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(ReadWholeFile(dir + "/manifest.json")).value("state", state);
+  } catch (const std::exception&) {
+    return cfg;  // the resume itself says what is wrong with it
+  }
+  if (!state.contains("precision_switch")) return cfg;
+  RunConfig c = cfg;
+  c.train.precision = "bf16";
+  if (lead)
+    Log("keel: the run switched from fp16 to bf16 at step %d (%s says so); it goes on in bf16",
+        state["precision_switch"].value("step", 0), dir.c_str());
+  return c;
+}
+
 }  // namespace
 
 TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
@@ -262,7 +328,16 @@ TrainSummary Train(const RunConfig& cfg, parallel::Comm& comm) {
   resilience::HeartbeatWriter heartbeat(dir ? dir : "", comm.rank(),
                                         dir && *dir ? cfg.launch.heartbeat_s : 0);
   try {
-    TrainSummary s = TrainRun(cfg, comm, heartbeat);
+    RunConfig run_cfg = StaysSwitched(cfg, comm.rank() == 0);
+    TrainSummary s = TrainRun(run_cfg, comm, heartbeat);
+    if (s.switched) {
+      // From the checkpoint the switch wrote, in bf16 (a scaler of kind "auto" goes with fp16).
+      run_cfg.train.precision = "bf16";
+      run_cfg.checkpoint.resume = "auto";
+      const int switched_at = s.steps_done;
+      s = TrainRun(run_cfg, comm, heartbeat);
+      s.switched = switched_at > 0;
+    }
     heartbeat.Finish(0, "");
     return s;
   } catch (const Error& e) {

@@ -19,6 +19,7 @@ struct TrainSummary {
   bool nothing_left = false;   // resumed at train.steps: the run was already finished
   std::string run_dir;
   std::string resumed_from;  // the checkpoint folder a resumed run started from; "" otherwise
+  bool switched = false;     // an fp16 run switched to bf16 at its last step (and saved there)
 };
 
 // Throws keel::Error: kBadInput for a config or data problem found before the first step (and
