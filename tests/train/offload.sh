@@ -3,8 +3,8 @@
 # in a scratch file, streamed through chunk buffers during the update):
 #  1. offload must not change the math: with chunks small enough that the update streams through
 #     many of them, runs end with the in-memory run's weights bitwise: bf16 at 2 ranks ZeRO 0
-#     and 1 (master and moments on the tier), bf16 moments without a master, fp16, and fp32
-#     (moments only);
+#     and 1, tp 2 and pp 2 (master and moments on the tier), bf16 moments without a master, fp16,
+#     and fp32 (moments only);
 #  2. a crash mid-update (SIGKILL after some chunks were written back) resumes from the last
 #     checkpoint and ends with the uninterrupted run's weights;
 #  3. a tier disk without room is one clear line and a failed start; the checkpoint already in
@@ -37,6 +37,13 @@ for z in 0 1; do
     { echo "off_z$z: no tier in the memory line"; cat "$tmp/off_z$z.log"; exit 1; }
   same "mem_z$z" "off_z$z" "bf16, ZeRO $z"
 done
+# Every rank of a tensor- or pipeline-parallel layout streams its own stage's or shard's state.
+run mem_tp 2 --set parallel.tp=2
+run off_tp 2 --set parallel.tp=2 "${tier[@]}"
+same mem_tp off_tp "bf16, tp 2"
+run mem_pp 2 --set parallel.pp=2 --set train.micro_batch_size=2
+run off_pp 2 --set parallel.pp=2 --set train.micro_batch_size=2 "${tier[@]}"
+same mem_pp off_pp "bf16, pp 2"
 run mem_nomaster 1 --set optim.state_dtype=bf16 --set optim.master_weights=false
 run off_nomaster 1 --set optim.state_dtype=bf16 --set optim.master_weights=false "${tier[@]}"
 same mem_nomaster off_nomaster "bf16 moments, no master"
