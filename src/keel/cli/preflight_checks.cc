@@ -28,6 +28,7 @@
 #include "keel/monitor/machine_probe.h"
 #include "keel/optim/offload_tier.h"
 #include "keel/parallel/comm.h"
+#include "keel/parallel/state_bytes.h"
 #include "keel/plan/checkpoint_interval.h"
 #include "keel/plan/comm_time.h"
 #include "keel/plan/hardware.h"
@@ -427,7 +428,7 @@ Row CheckOffload(Context& c) {
   const double per = 4.0 * double(eb.size()), tier_bytes = per * n;
   const size_t cap = size_t(c.quick ? 48 : 384) << 20;
   const size_t elems = std::max<size_t>(2048, size_t(std::min(tier_bytes, double(cap)) / per));
-  const size_t chunk = std::max<size_t>(2048, size_t(c.offload_chunk / per) / 2048 * 2048);
+  const size_t chunk = parallel::OffloadChunkElems(size_t(c.offload_chunk), size_t(per), elems);
   double bps = -1;
   std::string error;
   try {

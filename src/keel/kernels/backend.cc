@@ -31,9 +31,6 @@ bool CudaBuilt() {
 void Backend::ToF16(f16*, const float*, size_t) const {
   ThrowRuntime(name() + " backend: no fp16 (train.precision = \"fp16\" runs on the CPU)");
 }
-void Backend::ToF32(float*, const f16*, size_t) const {
-  ThrowRuntime(name() + " backend: no fp16 (train.precision = \"fp16\" runs on the CPU)");
-}
 
 const Backend& Cpu() { return CpuBackendFor(ChosenCpuIsa()); }
 

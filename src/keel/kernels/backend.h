@@ -226,18 +226,13 @@ class Backend : public Memory {
   virtual void ToBf16(bf16* out, const float* in, size_t n) const = 0;
   // The exact widening of n bf16 values.
   virtual void ToF32(float* out, const bf16* in, size_t n) const = 0;
-  // The same for fp16 (round to nearest even, overflow to infinity), where the backend runs fp16
-  // (the CPU's); elsewhere they throw.
+  // The same rounding into fp16 (overflow to infinity), where the backend runs fp16 (the
+  // CPU's); elsewhere it throws.
   virtual void ToF16(f16* out, const float* in, size_t n) const;
-  virtual void ToF32(float* out, const f16* in, size_t n) const;
-  // A 16-bit working copy (`t`: kBF16 or kF16) from fp32, and back.
+  // A 16-bit working copy (`t`: kBF16 or kF16) from fp32.
   void Narrow(DType t, void* out, const float* in, size_t n) const {
     if (t == DType::kF16) return ToF16(static_cast<f16*>(out), in, n);
     ToBf16(static_cast<bf16*>(out), in, n);
-  }
-  void Widen(DType t, float* out, const void* in, size_t n) const {
-    if (t == DType::kF16) return ToF32(out, static_cast<const f16*>(in), n);
-    ToF32(out, static_cast<const bf16*>(in), n);
   }
   // dst += src, elementwise (a reduce-scattered gradient into the shard).
   virtual void AddTo(float* dst, const float* src, size_t n) const = 0;

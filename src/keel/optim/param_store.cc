@@ -108,28 +108,32 @@ bool ParamStore::offloaded(Kind k) const {
   return tier_ && (k != Kind::kMaster || shape_.master_offloaded());
 }
 
-// The tier's regions: the master first where it holds one, then m and v.
+int ParamStore::Region(Kind k) const {
+  return int(k) - (shape_.master_offloaded() ? 0 : 1);  // the master first where it holds one
+}
+
+char* ParamStore::Resident(Kind k) {
+  return static_cast<char*>(k == Kind::kMaster ? master_data()
+                            : k == Kind::kM    ? adam_m()
+                                               : adam_v());
+}
+
 void ParamStore::ReadState(Kind k, size_t lo, size_t n, void* host) {
-  if (offloaded(k)) return tier_->Read(int(k) - (shape_.master_offloaded() ? 0 : 1), lo, n, host);
+  if (offloaded(k)) return tier_->Read(Region(k), lo, n, host);
   const size_t eb = DTypeSize(state_dtype(k));
-  const void* p = k == Kind::kMaster ? master_data() : k == Kind::kM ? adam_m() : adam_v();
-  be_->ToHost(host, static_cast<const char*>(p) + eb * lo, eb * n);
+  be_->ToHost(host, Resident(k) + eb * lo, eb * n);
 }
 
 void ParamStore::WriteState(Kind k, size_t lo, size_t n, const void* host) {
-  if (offloaded(k)) return tier_->Write(int(k) - (shape_.master_offloaded() ? 0 : 1), lo, n, host);
+  if (offloaded(k)) return tier_->Write(Region(k), lo, n, host);
   const size_t eb = DTypeSize(state_dtype(k));
-  void* p = k == Kind::kMaster ? master_data() : k == Kind::kM ? adam_m() : adam_v();
-  be_->FromHost(static_cast<char*>(p) + eb * lo, host, eb * n);
+  be_->FromHost(Resident(k) + eb * lo, host, eb * n);
 }
 
 void ParamStore::VisitState(Kind k, bool write,
                             const std::function<void(void* p, size_t lo, size_t n)>& fn) {
   const size_t n = state_hi_ - state_lo_, eb = DTypeSize(state_dtype(k));
-  if (!offloaded(k)) {
-    void* p = k == Kind::kMaster ? master_data() : k == Kind::kM ? adam_m() : adam_v();
-    return fn(p, 0, n);
-  }
+  if (!offloaded(k)) return fn(Resident(k), 0, n);
   const size_t piece = std::min(n, (size_t(16) << 20) / eb);
   std::vector<uint8_t> host(piece * eb);
   for (size_t lo = 0; lo < n; lo += piece) {

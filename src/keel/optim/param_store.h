@@ -147,6 +147,8 @@ class ParamStore {
   std::vector<ParamRange> replicas_;  // replica ranges in the state slice, relative to state_lo
   AdamW opt_;
   std::unique_ptr<OffloadTier> tier_;
+  int Region(Kind k) const;  // the tier's region of an offloaded kind
+  char* Resident(Kind k);    // a kind's memory where it is not offloaded
 };
 
 }  // namespace keel::optim

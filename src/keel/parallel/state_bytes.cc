@@ -45,8 +45,12 @@ size_t OffloadBufferBytes(size_t held, size_t chunk_elems, size_t bytes_per_elem
 }
 
 size_t OffloadChunkElems(const StateShape& s, size_t held) {
-  const size_t per = (s.master_offloaded() ? 4 : 0) + 2 * size_t(s.moment_bytes);
-  const size_t want = std::max<size_t>(1, s.offload_chunk / per / 2048) * 2048;
+  return OffloadChunkElems(s.offload_chunk,
+                           (s.master_offloaded() ? 4 : 0) + 2 * size_t(s.moment_bytes), held);
+}
+
+size_t OffloadChunkElems(size_t chunk_bytes, size_t bytes_per_elem, size_t held) {
+  const size_t want = std::max<size_t>(1, chunk_bytes / bytes_per_elem / 2048) * 2048;
   return std::min(want, std::max<size_t>(2048, (held + 2047) / 2048 * 2048));
 }
 

@@ -48,6 +48,8 @@ struct StateShape {
 // [offload]: the elements of each of the tier's chunks (a multiple of 2048, at most the state
 // slice rounded up to one), for a slice of `held` elements.
 size_t OffloadChunkElems(const StateShape& s, size_t held);
+// The same for chunks of about `chunk_bytes` of `bytes_per_elem` (the regions' sum).
+size_t OffloadChunkElems(size_t chunk_bytes, size_t bytes_per_elem, size_t held);
 // The tier's chunk buffers, one allocation: up to three chunks (one read ahead, one computed on,
 // one written back) of `bytes_per_elem` (its regions' sum) and a 4 KiB block to align them for
 // O_DIRECT.

@@ -26,6 +26,15 @@ std::string CheckpointRootOf(const RunConfig& cfg, const std::string& run_dir) {
   return cfg.checkpoint.dir.empty() ? run_dir + "/checkpoints" : cfg.checkpoint.dir;
 }
 
+std::vector<std::string> ResumeCandidates(const std::string& how, const std::string& root) {
+  if (how.empty()) return {};
+  if (how != "auto" && ckpt::ParseStepDirName(fs::path(how).filename().string())) return {how};
+  std::vector<std::string> out;
+  const auto dirs = ckpt::ListStepDirs(how == "auto" ? root : ckpt::CheckpointRoot(how));
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) out.push_back(it->path);
+  return out;
+}
+
 Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::string run_dir,
                            monitor::JsonlWriter* events, const Memory& state_memory)
     : cfg_(cfg),
@@ -62,7 +71,7 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
   const bool lead = comm_.rank() == 0;
   // "auto", or a checkpoints folder: newest first, skipping what does not verify. A step folder:
   // that one or an error.
-  std::vector<std::string> candidates;
+  const std::vector<std::string> candidates = ResumeCandidates(how, root_);
   const bool search = how == "auto" || !ckpt::ParseStepDirName(fs::path(how).filename().string());
   if (search) {
     const std::string root = how == "auto" ? root_ : ckpt::CheckpointRoot(how);
@@ -75,8 +84,6 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
                         {"path", t.path},
                         {"reason", "incomplete: never committed"}});
     }
-    auto dirs = ckpt::ListStepDirs(root);
-    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) candidates.push_back(it->path);
     if (candidates.empty()) {
       if (how != "auto") ThrowBadInput("[checkpoint] resume: " + how + ": no step_N folder in it");
       if (lead) {
@@ -85,8 +92,6 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
       }
       return std::nullopt;
     }
-  } else {
-    candidates.push_back(how);
   }
   return LoadFirst(view, candidates, search, how == "auto" ? root_ : how);
 }

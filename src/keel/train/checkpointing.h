@@ -49,6 +49,9 @@ struct StepDecision {
 
 // Where a run's checkpoints go: [checkpoint] dir, or RUN_DIR/checkpoints.
 std::string CheckpointRootOf(const RunConfig& cfg, const std::string& run_dir);
+// The checkpoints `[checkpoint] resume` (`how`) may resume from, newest first: "auto" (the run's
+// `root`) or a checkpoints folder, every step_N folder in it; a step folder, that one.
+std::vector<std::string> ResumeCandidates(const std::string& how, const std::string& root);
 
 class Checkpointer {
  public:

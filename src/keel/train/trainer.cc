@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/manifest.h"
 #include "keel/ckpt/model_file.h"
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
@@ -291,22 +291,14 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
 // A run that switched from fp16 to bf16 stays in bf16 when it resumes, whatever its config says:
 // the checkpoint it resumes from (the newest, or the one named) records the switch.
 RunConfig StaysSwitched(const RunConfig& cfg, bool lead) {
-  if (cfg.train.precision != "fp16" || cfg.checkpoint.resume.empty()) return cfg;
-  const std::string& how = cfg.checkpoint.resume;
-  std::string dir;
-  if (how != "auto" && ckpt::ParseStepDirName(std::filesystem::path(how).filename().string())) {
-    dir = how;
-  } else {
-    const std::string run_dir =
-        (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
-    const auto dirs = ckpt::ListStepDirs(how == "auto" ? CheckpointRootOf(cfg, run_dir)
-                                                       : ckpt::CheckpointRoot(how));
-    if (dirs.empty()) return cfg;
-    dir = dirs.back().path;
-  }
+  if (cfg.train.precision != "fp16") return cfg;
+  const std::string run_dir = (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
+  const auto candidates = ResumeCandidates(cfg.checkpoint.resume, CheckpointRootOf(cfg, run_dir));
+  if (candidates.empty()) return cfg;
+  const std::string& dir = candidates.front();
   nlohmann::json state;
   try {
-    state = nlohmann::json::parse(ReadWholeFile(dir + "/manifest.json")).value("state", state);
+    state = ckpt::ManifestFromJsonText(ReadWholeFile(dir + "/manifest.json"), dir).state;
   } catch (const std::exception&) {
     return cfg;  // the resume itself says what is wrong with it
   }

@@ -247,9 +247,9 @@ void ZeroStrategy::PublishWeights() {
   const size_t lo = store_.state_lo();
   // Without a master the slice already holds the weights (set or loaded in place).
   if (store_.dtype() != DType::kF32 && store_.has_master()) {
-    char* w = static_cast<char*>(store_.working()) + 2 * (lo - store_.working_lo());
+    char* w = static_cast<char*>(store_.working()) + ElemBytes() * (lo - store_.working_lo());
     store_.VisitState(optim::ParamStore::Kind::kMaster, false, [&](void* p, size_t l, size_t n) {
-      store_.backend().Narrow(store_.dtype(), w + 2 * l, static_cast<const float*>(p), n);
+      store_.backend().Narrow(store_.dtype(), w + ElemBytes() * l, static_cast<const float*>(p), n);
     });
   }
   Publish();
@@ -277,8 +277,8 @@ void ZeroStrategy::PublishCompact() {
   const float* all = AllCompactMaster(tmp);
   for (const optim::ParamRange& r : store_.trainable()) {
     if (store_.dtype() != DType::kF32)
-      be.Narrow(store_.dtype(), static_cast<char*>(store_.working()) + 2 * r.work, all + r.offset,
-                r.numel);
+      be.Narrow(store_.dtype(), static_cast<char*>(store_.working()) + ElemBytes() * r.work,
+                all + r.offset, r.numel);
     else
       be.Copy(static_cast<float*>(store_.working()) + r.work, all + r.offset, 4 * r.numel);
   }
@@ -290,10 +290,10 @@ void ZeroStrategy::PublishCompact() {
 void ZeroStrategy::Publish() {
   if (zero_ == 1 || zero_ == 2) {
     // bf16: each rank's rounded slice is already at its place; fp32: from the master shard.
-    const void* send =
-        store_.dtype() != DType::kF32
-            ? static_cast<const void*>(static_cast<char*>(store_.working()) + 2 * store_.state_lo())
-            : static_cast<const void*>(store_.master());
+    const void* send = store_.dtype() != DType::kF32
+                           ? static_cast<const void*>(static_cast<char*>(store_.working()) +
+                                                      ElemBytes() * store_.state_lo())
+                           : static_cast<const void*>(store_.master());
     auto w =
         comm_.AllGatherAsync(send, store_.working(), Counts(0, store_.total()), store_.dtype());
     Wait(*w, "parameter all-gather");

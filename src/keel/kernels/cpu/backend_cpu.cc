@@ -83,10 +83,6 @@ class CpuImpl final : public Backend {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) out[i] = keel::ToF16(in[i]);
   }
-  void ToF32(float* out, const f16* in, size_t n) const override {
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; ++i) out[i] = keel::ToFloat(in[i]);
-  }
   void AddTo(float* dst, const float* src, size_t n) const override {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; ++i) dst[i] += src[i];

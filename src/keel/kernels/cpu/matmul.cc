@@ -153,20 +153,23 @@ void ConvertRows(D* dst, size_t dst_ld, const S* src, size_t src_ld, int rows, i
   }
 }
 
-void WidenRows(float* dst, size_t dst_ld, const bf16* src, size_t src_ld, int rows, int width) {
-  ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](bf16 x) { return ToFloat(x); });
+// A 16-bit format's (`t`: kBF16 or kF16) rows widened to fp32, and fp32 rows rounded to it.
+void WidenRows(DType t, float* dst, size_t dst_ld, const void* src, size_t src_ld, int rows,
+               int width) {
+  if (t == DType::kF16)
+    return ConvertRows(dst, dst_ld, static_cast<const f16*>(src), src_ld, rows, width,
+                       [](f16 x) { return ToFloat(x); });
+  ConvertRows(dst, dst_ld, static_cast<const bf16*>(src), src_ld, rows, width,
+              [](bf16 x) { return ToFloat(x); });
 }
 
-void NarrowRows(bf16* dst, size_t dst_ld, const float* src, size_t src_ld, int rows, int width) {
-  ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](float x) { return ToBf16(x); });
-}
-
-void WidenRows(float* dst, size_t dst_ld, const f16* src, size_t src_ld, int rows, int width) {
-  ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](f16 x) { return ToFloat(x); });
-}
-
-void NarrowRows(f16* dst, size_t dst_ld, const float* src, size_t src_ld, int rows, int width) {
-  ConvertRows(dst, dst_ld, src, src_ld, rows, width, [](float x) { return ToF16(x); });
+void NarrowRows(DType t, void* dst, size_t dst_ld, const float* src, size_t src_ld, int rows,
+                int width) {
+  if (t == DType::kF16)
+    return ConvertRows(static_cast<f16*>(dst), dst_ld, src, src_ld, rows, width,
+                       [](float x) { return ToF16(x); });
+  ConvertRows(static_cast<bf16*>(dst), dst_ld, src, src_ld, rows, width,
+              [](float x) { return ToBf16(x); });
 }
 
 // A 16-bit (`t`) operand as stored: `rows` rows of `width` elements, `ld` apart, widened into
@@ -174,10 +177,7 @@ void NarrowRows(f16* dst, size_t dst_ld, const float* src, size_t src_ld, int ro
 const float* WidenOperand(AlignedScratch<float>& scratch, DType t, const void* x, int ld, int rows,
                           int width) {
   float* wide = scratch.Get(size_t(rows - 1) * ld + width);
-  if (t == DType::kF16)
-    WidenRows(wide, ld, static_cast<const f16*>(x), ld, rows, width);
-  else
-    WidenRows(wide, ld, static_cast<const bf16*>(x), ld, rows, width);
+  WidenRows(t, wide, ld, x, ld, rows, width);
   return wide;
 }
 
@@ -202,17 +202,9 @@ void Gemm16ViaF32(const GemmArgs& g) {
   float* c = c_buf.Get(size_t(g.M) * g.N);
   p.C = c;
   p.ldc = g.N;
-  if (g.beta != 0.0f) {
-    if (t == DType::kF16)
-      WidenRows(c, g.N, static_cast<const f16*>(g.C), g.ldc, g.M, g.N);
-    else
-      WidenRows(c, g.N, static_cast<const bf16*>(g.C), g.ldc, g.M, g.N);
-  }
+  if (g.beta != 0.0f) WidenRows(t, c, g.N, g.C, g.ldc, g.M, g.N);
   GemmNative(p);
-  if (t == DType::kF16)
-    NarrowRows(static_cast<f16*>(g.C), g.ldc, c, g.N, g.M, g.N);
-  else
-    NarrowRows(static_cast<bf16*>(g.C), g.ldc, c, g.N, g.M, g.N);
+  NarrowRows(t, g.C, g.ldc, c, g.N, g.M, g.N);
 }
 
 // Products the CPU runs as they are (fp32 always; bf16 where oneDNN has a kernel for it).
