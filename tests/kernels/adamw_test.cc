@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -190,6 +191,48 @@ TEST(AdamW, MasterlessWeightsAddUpTinyUpdatesInExpectation) {
   // Adam's step with a constant gradient is lr·m̂/(√v̂ + eps) = lr each step.
   EXPECT_NEAR(mean, 1.0 - steps * 1e-4, 2e-4);
   EXPECT_EQ(ToBf16(1.0f - 1e-4f).bits, ToBf16(1.0f).bits);  // what round-to-nearest would keep
+}
+
+// bf16 gradients (optim.grad_dtype) are read widened, exactly: the update from them is bitwise the
+// update from their fp32 widening, for every moment and weight kind, and their Σ g² the widened
+// values' (fixed blocks, so across a block boundary too).
+TEST(AdamW, Bf16GradientsAreTheirExactWidening) {
+  const std::vector<bf16> g16 = ToTyped<bf16>(RandomVector(kN, 11));
+  std::vector<float> g32(kN);
+  for (size_t i = 0; i < kN; ++i) g32[i] = ToFloat(g16[i]);
+  for (bool bf16_moments : {false, true})
+    for (bool master : {true, false}) {
+      auto run = [&](const void* grad, bool bf16_grads) {
+        std::vector<float> w32 = ToTyped<float>(RandomVector(kN, 12)), m32(kN, 0.0f), v32(kN, 0.0f);
+        std::vector<bf16> w16 = ToTyped<bf16>(RandomVector(kN, 12)), m16(kN, ToBf16(0.0f)),
+                          v16(kN, ToBf16(0.0f));
+        AdamWState s{master ? w32.data() : nullptr,
+                     w16.data(),
+                     bf16_moments ? static_cast<void*>(m16.data()) : m32.data(),
+                     bf16_moments ? static_cast<void*>(v16.data()) : v32.data(),
+                     bf16_moments,
+                     grad,
+                     bf16_grads};
+        for (int step = 1; step <= 2; ++step) {
+          AdamWParams p = TestParams(step);
+          p.round_key = 7 + uint64_t(step);
+          AdamWUpdate(s, kN, p);
+        }
+        std::vector<uint32_t> bits;
+        for (float x : w32) bits.push_back(std::bit_cast<uint32_t>(x));
+        for (const auto* x : {&w16, &m16, &v16})
+          for (bf16 b : *x) bits.push_back(b.bits);
+        for (const auto* x : {&m32, &v32})
+          for (float f : *x) bits.push_back(std::bit_cast<uint32_t>(f));
+        return bits;
+      };
+      EXPECT_EQ(run(g16.data(), true), run(g32.data(), false))
+          << "bf16 moments " << bf16_moments << ", master " << master;
+    }
+  std::vector<bf16> big = ToTyped<bf16>(RandomVector((1 << 16) + 77, 13));
+  std::vector<float> wide(big.size());
+  for (size_t i = 0; i < big.size(); ++i) wide[i] = ToFloat(big[i]);
+  EXPECT_EQ(SumSquares(big.data(), big.size()), SumSquares(wide.data(), wide.size()));
 }
 
 TEST(AdamW, RejectsStepZero) {

@@ -426,6 +426,27 @@ TEST(Backend, CpuMemoryRoundTrips) {
   EXPECT_EQ(moved.bytes(), 4u * 1000);
 }
 
+// bf16 gradient buffers (optim.grad_dtype): a bucket is added into them with one rounding (the
+// fp32 sum's round-to-nearest-even, not two), and widened into a bucket exactly.
+TEST(Backend, Bf16GradientBuckets) {
+  const Backend& be = Cpu();
+  const std::vector<float> x = Random(1001, 72), a = Random(1001, 73);
+  std::vector<bf16> acc(a.size());
+  for (size_t i = 0; i < a.size(); ++i) acc[i] = ToBf16(a[i]);
+  const std::vector<bf16> before = acc;
+  be.AccumulateBf16(acc.data(), x.data(), x.size());
+  std::vector<float> bucket = x;
+  be.AddBf16To(bucket.data(), before.data(), bucket.size());
+  int moved = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float sum = ToFloat(before[i]) + x[i];
+    ASSERT_EQ(bucket[i], sum) << i;
+    ASSERT_EQ(acc[i].bits, ToBf16(sum).bits) << i;
+    moved += acc[i].bits != before[i].bits;
+  }
+  EXPECT_GT(moved, 900);
+}
+
 TEST(Backend, DeviceNames) {
   Device d = Device::kCuda;
   EXPECT_TRUE(ParseDevice("cpu", &d));

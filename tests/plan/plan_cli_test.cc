@@ -123,6 +123,7 @@ TEST(PlanCli, StateTiersShrinkTheBytesPerParameter) {
   for (auto [flags, bpp] : {std::pair<const char*, const char*>{"", "18 bytes/param"},
                             {"--state-dtype bf16", "14 bytes/param"},
                             {"--no-master", "14 bytes/param"},
+                            {"--state-dtype bf16 --grad-dtype bf16", "12 bytes/param"},
                             {"--state-dtype bf16 --no-master", "10 bytes/param"}}) {
     Result r = Keel(std::string("plan --model gpt2 --accelerators 1 --accounting keel ") + flags);
     ASSERT_EQ(r.code, 0) << r.out;
@@ -130,15 +131,19 @@ TEST(PlanCli, StateTiersShrinkTheBytesPerParameter) {
   }
   Result j = Keel(
       "plan --model gpt2 --accelerators 1 --accounting keel --state-dtype bf16 "
-      "--no-master --zero 0 --json --top 1");
+      "--no-master --grad-dtype bf16 --zero 0 --json --top 1");
   ASSERT_EQ(j.code, 0) << j.out;
   const auto doc = nlohmann::json::parse(j.out);
   EXPECT_EQ(doc["state_dtype"], "bf16");
   EXPECT_EQ(doc["master_weights"], false);
+  EXPECT_EQ(doc["grad_dtype"], "bf16");
   for (auto [flags, want] :
        {std::pair<const char*, const char*>{"--precision fp32 --no-master", "--no-master"},
         {"--no-master --lora-rank 8", "--no-master"},
-        {"--state-dtype fp8", "--state-dtype"}}) {
+        {"--state-dtype fp8", "--state-dtype"},
+        {"--grad-dtype fp8", "--grad-dtype"},
+        {"--precision fp32 --grad-dtype bf16", "--grad-dtype"},
+        {"--grad-dtype bf16 --lora-rank 8", "--grad-dtype"}}) {
     Result r = Keel(std::string("plan --model gpt2 --accelerators 1 ") + flags);
     EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
     EXPECT_NE(r.out.find(want), std::string::npos) << r.out;

@@ -25,6 +25,8 @@ TEST(StateBytes, KeelKeepsFp32GradsEighteenBytesPerParam) {
   EXPECT_EQ(StateBytesPerParam(Precision::kBf16, Accounting::kKeel).total(), 18);
   EXPECT_EQ(StateBytesPerParam(Precision::kBf16, Accounting::kKeel).grads, 4);
   EXPECT_EQ(StateBytesPerParam(Precision::kFp32, Accounting::kPaper).total(), 16);
+  // optim.grad_dtype = "bf16" with bf16 moments: Megatron's and DeepSeek-V3's 12.
+  EXPECT_EQ(StateBytesPerParam(Precision::kBf16, Accounting::kKeel, true, true, true).total(), 12);
 }
 
 TEST(StateBytes, ZeroPaperFigureOne) {

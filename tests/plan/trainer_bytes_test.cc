@@ -96,6 +96,7 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   parallel::StateShape shape =
       model::StateShapeOf(model::ParamLayout::Stage(spec.model, chunks, tp), spec.dtype);
   shape.moment_bytes = spec.hyper.bf16_moments ? 2 : 4;
+  shape.grad_bytes = spec.hyper.bf16_grads ? 2 : 4;
   shape.master = spec.master;
   shape.offload_chunk = spec.offload_chunk;
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, spec.layout);
@@ -129,7 +130,8 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   size_t rest_sum = 0;
   for (size_t x : rest) rest_sum += x;
   EXPECT_EQ(double(rest_sum), plan.comm_buffers);
-  EXPECT_EQ(rest.empty(), zero < 2);
+  // The gradient slots: ZeRO 2 and 3's, and bf16 gradients' fp32 buckets.
+  EXPECT_EQ(rest.empty(), zero < 2 && !spec.hyper.bf16_grads);
 }
 
 // A job of `world` ranks, one per node, with keel's accounting (the trainer's allocations).
@@ -151,6 +153,7 @@ train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
   spec.model = ToModelConfig(job.model);
   spec.dtype = job.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   spec.hyper.bf16_moments = job.bf16_moments;
+  spec.hyper.bf16_grads = job.bf16_grads;
   spec.master = job.master;
   if (job.offload_chunk > 0) {
     spec.offload_dir = testing::TempDir() + "keel_trainer_bytes_tier";
@@ -219,27 +222,32 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
       }
 }
 
-// The smaller state tiers (optim.state_dtype = "bf16", optim.master_weights = false): bf16
-// moments and no fp32 master, counted by the planner as the trainer allocates them, to the byte:
-// 18 -> 14 -> 10 bytes per parameter of state (plus the fp32 biases' copy).
+// The smaller state tiers (optim.state_dtype = "bf16", optim.master_weights = false,
+// optim.grad_dtype = "bf16"): bf16 moments, no fp32 master and bf16 gradients, counted by the
+// planner as the trainer allocates them, to the byte: 18 -> 14 -> 12 (bf16 gradients) -> 10
+// bytes per parameter of state (plus the fp32 biases' copy; bf16 gradients' fp32 buckets are
+// comm buffers, as ZeRO 2's gradient slots).
 TEST(TrainerBytes, Bf16MomentsAndNoMasterAreCountedToTheByte) {
   struct Tier {
-    bool bf16_moments, master;
+    bool bf16_moments, master, bf16_grads;
     double bytes_per_param;
   };
-  for (const Tier& t : {Tier{true, true, 14}, Tier{false, false, 14}, Tier{true, false, 10}})
+  for (const Tier& t : {Tier{true, true, false, 14}, Tier{false, false, false, 14},
+                        Tier{true, true, true, 12}, Tier{true, false, false, 10}})
     for (int dp : {1, 2})
       for (int zero = 0; zero <= 3; ++zero) {
         SCOPED_TRACE(std::string("bf16 moments ") + (t.bf16_moments ? "yes" : "no") + " master " +
-                     (t.master ? "yes" : "no") + " dp " + std::to_string(dp) + " zero " +
-                     std::to_string(zero));
+                     (t.master ? "yes" : "no") + " bf16 grads " + (t.bf16_grads ? "yes" : "no") +
+                     " dp " + std::to_string(dp) + " zero " + std::to_string(zero));
         Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 2 * dp, dp);
         job.bf16_moments = t.bf16_moments;
         job.master = t.master;
+        job.bf16_grads = t.bf16_grads;
         const MemoryBreakdown plan = PlannedAndAllocated(job, dp, zero);
         const double n = TotalParams(job.model), held = zero >= 1 ? std::ceil(n / dp) : n;
         EXPECT_EQ(plan.state.moments, (t.bf16_moments ? 4 : 8) * held);
         EXPECT_EQ(plan.state.master, t.master ? 4 * held : 0);
+        EXPECT_EQ(plan.state.grads, (t.bf16_grads ? 2 : 4) * (zero >= 2 ? std::ceil(n / dp) : n));
         if (dp == 1)  // the biases' fp32 copy beside the bf16 weights is the rest
           EXPECT_NEAR(plan.state.total() / n, t.bytes_per_param, 0.01);
       }

@@ -84,7 +84,8 @@ int Check(const std::string& name, parallel::Comm& world, const parallel::Parall
       dloss);
 
   int bad = 0;
-  const float* grads = st.store().grads();  // ZeRO 0 and 1: every gradient of the rank's tensors
+  // ZeRO 0 and 1 (fp32 gradients): every gradient of the rank's tensors.
+  const float* grads = static_cast<const float*>(st.store().grads());
   std::vector<float> shards(st.layout().total());
   model::CopyShards(st.layout(), whole, ref.grads(), shards.data(), /*to_whole=*/false);
   for (const model::ParamInfo& p : st.layout().params()) {

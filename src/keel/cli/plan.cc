@@ -25,7 +25,7 @@ struct PlanArgs {
   std::string config, model, precision = "bf16", accounting, accel = "H100-80GB";
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
-  std::string lora_base, state_dtype = "fp32";
+  std::string lora_base, state_dtype = "fp32", grad_dtype = "fp32";
   bool lora_dora = false, no_master = false, offload = false;
   double offload_chunk_mib = 16, offload_gbps = 2;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
@@ -128,6 +128,13 @@ plan::Job MakeJob(const PlanArgs& a) {
     ThrowBadInput("plan: --state-dtype \"" + a.state_dtype + "\": expected fp32 or bf16");
   job.bf16_moments = a.state_dtype == "bf16";
   job.master = !a.no_master;
+  if (a.grad_dtype != "fp32" && a.grad_dtype != "bf16")
+    ThrowBadInput("plan: --grad-dtype \"" + a.grad_dtype + "\": expected fp32 or bf16");
+  job.bf16_grads = a.grad_dtype == "bf16";
+  if (job.bf16_grads && (job.precision != plan::Precision::kBf16 || a.lora_rank > 0))
+    ThrowBadInput(std::string("plan: --grad-dtype bf16: ") +
+                  (a.lora_rank > 0 ? "not with --lora-rank (the adapters' gradients are small)"
+                                   : "needs --precision bf16 (an fp32 run keeps fp32 gradients)"));
   if (a.no_master && (job.precision != plan::Precision::kBf16 || a.lora_rank > 0))
     ThrowBadInput(std::string("plan: --no-master: ") +
                   (a.lora_rank > 0 ? "not with --lora-rank (the adapters' master is small)"
@@ -247,6 +254,10 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_option("--state-dtype", a.state_dtype,
                   "AdamW's moments: fp32 or bf16 (stochastically rounded), as optim.state_dtype")
       ->capture_default_str();
+  cmd->add_option("--grad-dtype", a.grad_dtype,
+                  "the gradient buffer: fp32 or bf16 (fp32 buckets added into it), as "
+                  "optim.grad_dtype")
+      ->capture_default_str();
   cmd->add_flag("--no-master", a.no_master,
                 "bf16 weights without an fp32 master (stochastic rounding), as "
                 "optim.master_weights = false");
@@ -319,6 +330,7 @@ void RegisterPlan(CLI::App& app) {
           {"precision", plan::PrecisionName(job.precision)},
           {"state_dtype", job.bf16_moments ? "bf16" : "fp32"},
           {"master_weights", job.master},
+          {"grad_dtype", job.bf16_grads ? "bf16" : "fp32"},
           {"offload",
            {{"chunk_bytes", job.offload_chunk}, {"bytes_per_s", job.offload_bytes_per_s}}},
           {"accounting", plan::AccountingName(job.accounting)},

@@ -32,6 +32,17 @@ void Backend::ToF16(f16*, const float*, size_t) const {
   ThrowRuntime(name() + " backend: no fp16 (train.precision = \"fp16\" runs on the CPU)");
 }
 
+namespace {
+[[noreturn]] void NoBf16Grads(const std::string& backend) {
+  ThrowRuntime(backend +
+               " backend: no bf16 gradients (optim.grad_dtype = \"bf16\" runs on the CPU)");
+}
+}  // namespace
+
+double Backend::SumSquares(const bf16*, size_t) const { NoBf16Grads(name()); }
+void Backend::AccumulateBf16(bf16*, const float*, size_t) const { NoBf16Grads(name()); }
+void Backend::AddBf16To(float*, const bf16*, size_t) const { NoBf16Grads(name()); }
+
 const Backend& Cpu() { return CpuBackendFor(ChosenCpuIsa()); }
 
 const Backend& Get(Device d) {

@@ -222,6 +222,13 @@ class Backend : public Memory {
   }
   // Σ x², accumulated in fp64 in a fixed order (the same value whatever the thread count).
   virtual double SumSquares(const float* x, size_t n) const = 0;
+  // The same over bf16 values (optim.grad_dtype = "bf16"), where the backend keeps bf16
+  // gradients (the CPU's); elsewhere it throws, as do the two below.
+  virtual double SumSquares(const bf16* x, size_t n) const;
+  // acc = round-to-nearest-even(acc + x): an fp32 bucket of gradients into bf16 ones.
+  virtual void AccumulateBf16(bf16* acc, const float* x, size_t n) const;
+  // x += acc, widened exactly: bf16 gradients into an fp32 bucket before it is reduced.
+  virtual void AddBf16To(float* x, const bf16* acc, size_t n) const;
   // Round-to-nearest-even of n fp32 values.
   virtual void ToBf16(bf16* out, const float* in, size_t n) const = 0;
   // The exact widening of n bf16 values.

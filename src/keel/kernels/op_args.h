@@ -100,14 +100,16 @@ struct AdamWParams {
 // stochastically rounded: with beta2 = 0.999, v moves 0.1% a step, under bf16's half ulp of
 // 0.2%, and round-to-nearest would freeze it). `master` null: the bf16 `working` weights are the
 // only copy and take the update stochastically rounded (llm.c's master-less mode); else the fp32
-// master is updated and `working` (may be null) receives its round-to-nearest-even.
+// master is updated and `working` (may be null) receives its round-to-nearest-even. Gradients in
+// fp32 or bf16 (`bf16_grads`: optim.grad_dtype), widened exactly as they are read.
 struct AdamWState {
   float* master = nullptr;
   bf16* working = nullptr;
   void* m = nullptr;
   void* v = nullptr;
   bool bf16_moments = false;
-  const float* grad = nullptr;
+  const void* grad = nullptr;
+  bool bf16_grads = false;
 };
 
 // Three 16-bit uniform draws for element `index` (for m, v and the weight), from two 32-bit

@@ -20,7 +20,7 @@ uint64_t RoundStream(const std::string& name, int tp_rank) {
   return kernels::SplitMix64(h + uint64_t(tp_rank) * 0x9E3779B97F4A7C15ull);
 }
 
-void AdamW::Step(float* master, bf16* working, const float* grads, float lr, float grad_scale) {
+void AdamW::Step(float* master, bf16* working, const void* grads, float lr, float grad_scale) {
   Begin();
   Apply({master, working, m(), v(), grads, 0, total_}, lr, grad_scale);
 }
@@ -33,7 +33,7 @@ void AdamW::Apply(const Slice& s, float lr, float grad_scale) const {
   p.eps = hyper_.eps;
   p.grad_scale = grad_scale;
   p.step = step_;
-  const size_t mb = DTypeSize(moment_dtype());
+  const size_t mb = DTypeSize(moment_dtype()), gb = DTypeSize(grad_dtype());
   const uint64_t step_key = kernels::SplitMix64(hyper_.seed ^ (uint64_t(step_) << 32));
   for (const ParamRange& r : ranges_) {
     const size_t a = std::max(s.lo, r.offset), b = std::min(s.lo + s.n, r.offset + r.numel);
@@ -48,7 +48,8 @@ void AdamW::Apply(const Slice& s, float lr, float grad_scale) const {
     k.m = static_cast<char*>(s.m) + mb * at;
     k.v = static_cast<char*>(s.v) + mb * at;
     k.bf16_moments = hyper_.bf16_moments;
-    k.grad = s.grads + at;
+    k.grad = static_cast<const char*>(s.grads) + gb * at;
+    k.bf16_grads = hyper_.bf16_grads;
     be_->AdamWUpdate(k, b - a, p);
   }
 }

@@ -53,6 +53,7 @@ uint64_t RoundStream(const std::string& name, int tp_rank);
 struct AdamWHyper {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
   bool bf16_moments = false;  // optim.state_dtype = "bf16": m and v stochastically rounded
+  bool bf16_grads = false;    // optim.grad_dtype = "bf16": the gradients Step reads are bf16
   uint64_t seed = 0;          // of the stochastic rounding's draws
 };
 
@@ -65,7 +66,8 @@ class AdamW {
 
   // One update of every range; `working` (bf16 runs) receives the rounded new master. `master`
   // null: `working` is the only copy of the weights, updated with stochastic rounding.
-  void Step(float* master, bf16* working, const float* grads, float lr, float grad_scale);
+  // `grads`: grad_dtype() elements.
+  void Step(float* master, bf16* working, const void* grads, float lr, float grad_scale);
 
   // Step in pieces: Begin counts the step, then Apply updates the elements [lo, lo + n) of the
   // ranges, every pointer at element lo (moments: moment_dtype()). Any cut of [0, total) into
@@ -74,7 +76,7 @@ class AdamW {
     float* master = nullptr;
     bf16* working = nullptr;
     void *m = nullptr, *v = nullptr;
-    const float* grads = nullptr;
+    const void* grads = nullptr;  // grad_dtype()
     size_t lo = 0, n = 0;
   };
   void Begin() { ++step_; }
@@ -85,6 +87,7 @@ class AdamW {
   void* m() { return m_.data(); }            // moment_dtype() elements
   void* v() { return v_.data(); }
   DType moment_dtype() const { return hyper_.bf16_moments ? DType::kBF16 : DType::kF32; }
+  DType grad_dtype() const { return hyper_.bf16_grads ? DType::kBF16 : DType::kF32; }
   size_t total() const { return total_; }
 
  private:

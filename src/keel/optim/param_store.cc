@@ -25,9 +25,10 @@ size_t HeldBy(const parallel::ShardRange& s, size_t total, bool sharded) {
   return sharded ? s.size : total;
 }
 
-// The shape says the moments' dtype (it sized them): the optimizer's follows.
-AdamWHyper WithMoments(AdamWHyper h, int moment_bytes) {
-  h.bf16_moments = moment_bytes == 2;
+// The shape says the moments' and gradients' dtypes (it sized them): the optimizer's follow.
+AdamWHyper WithDtypes(AdamWHyper h, const parallel::StateShape& shape) {
+  h.bf16_moments = shape.moment_bytes == 2;
+  h.bf16_grads = shape.grad_bytes == 2;
   return h;
 }
 
@@ -63,12 +64,14 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       grads_size_(compact_ ? shape.grads : HeldBy(shard_, shape.total, dims.zero >= 2)),
       master_(Buffer::Zeroed(
           be, shape.master && !shape.master_offloaded() ? 4 * (state_hi_ - state_lo_) : 0)),
-      grads_(Buffer::Zeroed(be, 4 * grads_size_)),
+      grads_(Buffer::Zeroed(be, size_t(shape.grad_bytes) * grads_size_)),
       biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
       opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_,
-           WithMoments(hyper, shape.moment_bytes), be, /*own_moments=*/shape.offload_chunk == 0) {
+           WithDtypes(hyper, shape), be, /*own_moments=*/shape.offload_chunk == 0) {
   KEEL_CHECK(shape.master || (shape.working_bytes == 2 && !compact_),
              "ParamStore: weights without a master are a bf16 run's whole state (not LoRA's)");
+  KEEL_CHECK(shape.grad_bytes == 4 || !compact_,
+             "ParamStore: bf16 gradients are a full state's (LoRA's are the adapters' alone)");
   if (compact_) {
     KEEL_CHECK(dims.zero <= 1, "ParamStore: a compact state shards at ZeRO 0 and 1 only");
     size_t n = 0;
@@ -155,32 +158,41 @@ void* ParamStore::working() {
 }
 
 void ParamStore::ZeroFrozenGrads() {
-  for (const ParamRange& r : frozen_) be_->Zero(grads() + r.offset, 4 * r.numel);
+  const size_t eb = size_t(shape_.grad_bytes);
+  for (const ParamRange& r : frozen_)
+    be_->Zero(static_cast<char*>(grads()) + eb * r.offset, eb * r.numel);
 }
 
 double ParamStore::LocalGradSquares() const {
-  const float* g = grads_.as<float>() + (state_lo_ - grads_lo_);
+  const size_t off = state_lo_ - grads_lo_;
+  auto squares = [&](size_t at, size_t n) {
+    if (shape_.grad_bytes == 2) return be_->SumSquares(grads_.as<bf16>() + off + at, n);
+    return be_->SumSquares(grads_.as<float>() + off + at, n);
+  };
   // The slice less the replicas (layout order, so sorted): each piece between them.
   double sq = 0;
   size_t at = 0;
   for (const ParamRange& r : replicas_) {
-    sq += be_->SumSquares(g + at, r.offset - at);
+    sq += squares(at, r.offset - at);
     at = r.offset + r.numel;
   }
-  return sq + be_->SumSquares(g + at, (state_hi_ - state_lo_) - at);
+  return sq + squares(at, (state_hi_ - state_lo_) - at);
 }
 
 void ParamStore::Update(float lr, float grad_scale) {
   // The bf16 working copy receives the rounded update where it covers the state slice: all of it
   // (stage 0), this rank's place in the full copy (1, 2; then all-gathered), or the shard (3).
   // Without a master that slice is the weights' only copy, updated in place.
-  if (compact_) return opt_.Step(master(), nullptr, grads() + state_lo_, lr, grad_scale);
+  const size_t gb = size_t(shape_.grad_bytes);
+  if (compact_)
+    return opt_.Step(master(), nullptr, static_cast<char*>(grads()) + gb * state_lo_, lr,
+                     grad_scale);
   // AdamW rounds into a bf16 copy itself; an fp16 copy is rounded from the new master after.
   bf16* w = nullptr;
   if (dtype() == DType::kBF16) w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
   char* w16 = dtype() == DType::kF16 ? static_cast<char*>(working()) + 2 * (state_lo_ - working_lo_)
                                      : nullptr;
-  float* g = grads() + (state_lo_ - grads_lo_);
+  const char* g = static_cast<char*>(grads()) + gb * (state_lo_ - grads_lo_);
   if (!tier_) {
     opt_.Step(master(), w, g, lr, grad_scale);
     if (w16) be_->Narrow(DType::kF16, w16, master(), state_hi_ - state_lo_);
@@ -195,7 +207,7 @@ void ParamStore::Update(float lr, float grad_scale) {
     s.working = w ? w + lo : nullptr;
     s.m = p[tm ? 1 : 0];
     s.v = p[tm ? 2 : 1];
-    s.grads = g + lo;
+    s.grads = g + gb * lo;
     s.lo = lo;
     s.n = n;
     opt_.Apply(s, lr, grad_scale);

@@ -104,9 +104,11 @@ class ParamStore {
   // Whether the kind is on the offload tier (its pointer above is null).
   bool offloaded(Kind k) const;
   const OffloadTier* tier() const { return tier_.get(); }
-  // Gradients from flat index grads_lo(): the whole layout, or the shard (compact: the packed
-  // trainable ones, then the frozen norms' scratch).
-  float* grads() { return grads_.as<float>(); }
+  // Gradients (grad_dtype() elements) from flat index grads_lo(): the whole layout, or the shard
+  // (compact: the packed trainable ones, then the frozen norms' scratch). bf16
+  // (StateShape::grad_bytes 2): the gradient strategy adds backward's fp32 buckets into them.
+  void* grads() { return grads_.data(); }
+  DType grad_dtype() const { return shape_.grad_bytes == 2 ? DType::kBF16 : DType::kF32; }
   size_t grads_lo() const { return grads_lo_; }
   size_t grads_size() const { return grads_size_; }
   // Working weights (dtype()) from flat index working_lo(); the master itself where it serves.

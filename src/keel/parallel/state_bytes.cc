@@ -13,7 +13,7 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   StateBytes b;
   b.master = s.master ? 4 * held : 0;
   b.moments = 2 * size_t(s.moment_bytes) * held;
-  b.grads = 4 * (s.compact() ? s.grads : d.zero >= 2 ? shard : s.total);
+  b.grads = size_t(s.grad_bytes) * (s.compact() ? s.grads : d.zero >= 2 ? shard : s.total);
   b.biases = bf16 ? 4 * s.n_bias : 0;
   if (s.compact()) {
     // The frozen weights' only copy: in the working dtype, or a quantized base's codes.
@@ -25,7 +25,8 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
     b.working = size_t(s.working_bytes) * s.total;
   else
     b.working = bf16 ? 2 * shard : 0;  // gathered from the bf16 shard, or the fp32 master shard
-  if (d.zero >= 2) b.zero_buffers += 4 * segs;  // gradient scratch, reduce-scattered in place
+  // Gradient scratch: reduce-scattered in place (ZeRO >= 2), or the fp32 buckets of bf16 ones.
+  if (d.zero >= 2 || s.grad_bytes == 2) b.zero_buffers += 4 * segs;
   if (d.zero >= 3) b.zero_buffers += size_t(s.working_bytes) * segs;
   if (s.offload_chunk > 0) {
     const size_t master = s.master_offloaded() ? b.master : 0;

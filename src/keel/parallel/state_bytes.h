@@ -22,6 +22,9 @@ struct StateShape {
   int working_bytes = 4;  // 4: fp32 run (the working weights are the master), 2: bf16
   bool fp16 = false;      // the 2-byte working copy is fp16 (train.precision = "fp16"), not bf16
   int moment_bytes = 4;   // AdamW's m and v: 4 (fp32) or 2 (optim.state_dtype = "bf16")
+  // The gradient buffer: 4 (fp32) or 2 (optim.grad_dtype = "bf16": backward's fp32 buckets are
+  // added into it, rounded). Not compact.
+  int grad_bytes = 4;
   // false: bf16 weights without an fp32 master (optim.master_weights = false); the working
   // copy's slice stands for it.
   bool master = true;
@@ -58,14 +61,14 @@ size_t OffloadBufferBytes(size_t held, size_t chunk_elems, size_t bytes_per_elem
 struct StateBytes {
   size_t working = 0;  // weights the forward pass reads (bf16 copy; fp32 ZeRO 1-2: a full copy)
   size_t biases = 0;   // fp32 biases of bf16 runs
-  size_t grads = 0;    // fp32 gradients: all, or this rank's shard (ZeRO >= 2); compact: the
-                       // trainable ones'
+  size_t grads = 0;    // gradients (fp32, or bf16): all, or this rank's shard (ZeRO >= 2);
+                       // compact: the trainable ones'
   size_t master = 0;   // fp32 master weights: all, or this rank's shard (ZeRO >= 1); compact:
                        // of the trainable parameters, and every working weight is kept; none
                        // without a master
   size_t moments = 0;  // AdamW m and v (fp32 or bf16), over what the master would cover
-  // ZeRO >= 2: per-segment gradient scratch (the embeddings, the final LayerNorm, two blocks in
-  // flight); ZeRO 3: also the gathered weights of the same segments.
+  // ZeRO >= 2, or bf16 gradients: per-segment fp32 gradient scratch (the embeddings, the final
+  // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments.
   size_t zero_buffers = 0;
   size_t quantized = 0;        // a quantized frozen base: codes and scales (compact states only)
   size_t offload_buffers = 0;  // [offload]: the tier's chunk buffers (up to three)

@@ -92,6 +92,8 @@ struct Job {
   // bf16; no fp32 master (bf16 only).
   bool bf16_moments = false;
   bool master = true;
+  // optim.grad_dtype = "bf16": the gradient buffer in bf16, fp32 buckets beside it (bf16 only).
+  bool bf16_grads = false;
   // [offload]: AdamW's moments, and a bf16 run's master, on a disk tier streamed through chunk
   // buffers of this many bytes (0: in memory); the tier's bandwidth per node, read and write
   // together (bytes/s; `keel preflight` measures it).

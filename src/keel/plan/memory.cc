@@ -9,14 +9,15 @@
 
 namespace keel::plan {
 
-BytesPerParam StateBytesPerParam(Precision p, Accounting a, bool bf16_moments, bool master) {
+BytesPerParam StateBytesPerParam(Precision p, Accounting a, bool bf16_moments, bool master,
+                                 bool bf16_grads) {
   const double moments = bf16_moments ? 4 : 8;
   if (p == Precision::kFp32) return {4, 4, 0, moments};
-  return {2, a == Accounting::kKeel ? 4.0 : 2.0, master ? 4.0 : 0.0, moments};
+  return {2, a == Accounting::kKeel && !bf16_grads ? 4.0 : 2.0, master ? 4.0 : 0.0, moments};
 }
 
 BytesPerParam StateBytesPerParam(const Job& j) {
-  return StateBytesPerParam(j.precision, j.accounting, j.bf16_moments, j.master);
+  return StateBytesPerParam(j.precision, j.accounting, j.bf16_moments, j.master, j.bf16_grads);
 }
 
 StateMemory ModelStateBytes(double psi, const BytesPerParam& bpp, int zero, int dp) {
@@ -134,6 +135,7 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   // tensor-parallel rank holds shards of the same sizes: rank 0's stands for all.
   parallel::StateShape shape = model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt);
   shape.moment_bytes = job.bf16_moments ? 2 : 4;
+  shape.grad_bytes = job.bf16_grads ? 2 : 4;
   shape.master = job.master;
   shape.offload_chunk = size_t(job.offload_chunk);
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, l);

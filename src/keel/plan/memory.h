@@ -16,9 +16,10 @@ struct BytesPerParam {
 };
 
 // bf16/paper: 2+2+4+8 = 16. bf16/keel: 2+4+4+8 = 18 (fp32 grads). fp32: 4+4+0+8 = 16 (the
-// working weights are the master weights). bf16 moments: 4 fewer; no master: 4 fewer.
+// working weights are the master weights). bf16 moments: 4 fewer; no master: 4 fewer; bf16
+// gradients (keel accounting): 2 fewer.
 BytesPerParam StateBytesPerParam(Precision p, Accounting a, bool bf16_moments = false,
-                                 bool master = true);
+                                 bool master = true, bool bf16_grads = false);
 BytesPerParam StateBytesPerParam(const Job& j);
 
 struct StateMemory {

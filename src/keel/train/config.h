@@ -101,6 +101,11 @@ struct OptimSection {
   // false (bf16 runs, not LoRA): no fp32 master copy; the bf16 weights take each update with
   // stochastic rounding (llm.c's master-less mode; 4 bytes per parameter fewer).
   bool master_weights = true;
+  // The gradient buffer: "fp32" or "bf16" (bf16 and fp16 runs on the CPU, not LoRA): backward
+  // computes each segment into an fp32 bucket that is added into it rounded, and a
+  // data-parallel sum travels in fp32 (4 bytes per parameter -> 2, so 14 -> 12 with bf16
+  // moments: Megatron's precision-aware optimizer's main_grads_dtype).
+  std::string grad_dtype = "fp32";
 
   bool operator==(const OptimSection&) const = default;
 };

@@ -224,6 +224,19 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
     optim.Fail("master_weights",
                "false is not for LoRA (its adapters' master is a few MB; the "
                "frozen base has none)");
+  optim.OneOf("grad_dtype", o.grad_dtype, {"fp32", "bf16"});
+  if (o.grad_dtype == "bf16") {
+    if (t.precision == "fp32")
+      optim.Fail("grad_dtype",
+                 "\"bf16\" needs train.precision = \"bf16\" or \"fp16\" (an fp32 run keeps "
+                 "fp32 gradients), got \"fp32\"");
+    if (cfg.lora.rank > 0)
+      optim.Fail("grad_dtype",
+                 "\"bf16\" is not for LoRA (its gradients are the adapters' alone, a few MB)");
+    if (t.device != "cpu")
+      optim.Fail("grad_dtype",
+                 "\"bf16\" runs on train.device = \"cpu\" only so far, got \"" + t.device + "\"");
+  }
 
   const Checker scale(prov, "loss_scale");
   const LossScaleSection& ls = cfg.loss_scale;

@@ -69,7 +69,8 @@ uint64_t ReplicaHash(TrainStep& step, int zero) {
 uint64_t GradHash(TrainStep& step) {
   // The reduced ones: a LoRA layout's frozen-norm scratch after them is each rank's own.
   const size_t n = std::min(step.store().grads_size(), step.layout().grad_trained());
-  return HashState(step.store().backend(), step.store().grads(), 4 * n);
+  return HashState(step.store().backend(), step.store().grads(),
+                   DTypeSize(step.store().grad_dtype()) * n);
 }
 
 resilience::Disagreement CompareReplicas(parallel::Comm& dp, uint64_t mine) {

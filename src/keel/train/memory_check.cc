@@ -60,6 +60,7 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
   StageBytes b;
   parallel::StateShape shape = model::StateShapeOf(m, chunks, {d.tp, 0}, dt);
   shape.moment_bytes = cfg.optim.state_dtype == "bf16" ? 2 : 4;
+  shape.grad_bytes = cfg.optim.grad_dtype == "bf16" ? 2 : 4;
   shape.master = cfg.optim.master_weights;
   if (!cfg.offload.dir.empty()) shape.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
   b.state = parallel::StateBytesPerRank(shape, d);

@@ -182,6 +182,7 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.layout = s.layout;
   spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay,
                 cfg.optim.state_dtype == "bf16"};
+  spec.hyper.bf16_grads = cfg.optim.grad_dtype == "bf16";
   spec.master = cfg.optim.master_weights;
   if (!cfg.offload.dir.empty()) {
     spec.offload_dir = cfg.offload.dir;

@@ -15,6 +15,37 @@
 namespace keel::train {
 namespace {
 
+// A sum over a group of gradients [at, at + n) of the store's buffer, started: in place when they
+// are fp32; bf16 ones (optim.grad_dtype) widened into fp32, summed there and rounded back once
+// (FinishGradSum), so that no rank adds in bf16.
+struct GradSum {
+  std::unique_ptr<parallel::Work> op;
+  Buffer wide;
+  bf16* dst = nullptr;
+  size_t n = 0;
+};
+
+GradSum StartGradSum(parallel::Comm& c, optim::ParamStore& st, size_t at, size_t n) {
+  GradSum g;
+  if (st.grad_dtype() == DType::kF32) {
+    g.op = c.AllReduceSumAsync(static_cast<float*>(st.grads()) + at, n);
+    return g;
+  }
+  g.dst = static_cast<bf16*>(st.grads()) + at;
+  g.n = n;
+  g.wide = Buffer(st.backend(), 4 * n);
+  st.backend().ToF32(g.wide.as<float>(), g.dst, n);
+  g.op = c.AllReduceSumAsync(g.wide.as<float>(), n);
+  return g;
+}
+
+// Milliseconds waited.
+double FinishGradSum(GradSum& g, const kernels::Backend& be, double timeout_s, const char* what) {
+  const double ms = parallel::WaitOrLost(*g.op, timeout_s, what);
+  if (g.dst) be.ToBf16(g.dst, g.wide.as<float>(), g.n);
+  return ms;
+}
+
 // A step's LoRA dropout key, from the seed and the step.
 uint64_t DropoutKey(uint64_t seed, int64_t step) {
   return kernels::SplitMix64(seed * 0xD1B54A32D192ED03ull + uint64_t(step) * 0x9E3779B97F4A7C15ull);
@@ -34,6 +65,7 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
 parallel::StateShape ShapeOf(const model::ParamLayout& layout, const StepSpec& spec) {
   parallel::StateShape s = model::StateShapeOf(layout, spec.dtype);
   s.moment_bytes = spec.hyper.bf16_moments ? 2 : 4;
+  s.grad_bytes = spec.hyper.bf16_grads ? 2 : 4;
   s.master = spec.master;
   s.offload_chunk = spec.offload_dir.empty() ? 0 : spec.offload_chunk;
   return s;
@@ -209,8 +241,8 @@ void TrainStep::SumTiedGrads() {
   // ZeRO 0 and 1 (the only stages pipelines take) keep every gradient: wte is whole on both.
   const model::ParamInfo& wte = layout_.Find("wte.weight");
   if (wte.grad_offset == SIZE_MAX) return;  // frozen (LoRA): no gradient
-  auto w = g_.tied->AllReduceSumAsync(store_->grads() + wte.grad_offset, wte.numel);
-  tied_ms_ = parallel::WaitOrLost(*w, spec_.comm_timeout_s, "the tied embedding's gradient sum");
+  GradSum sum = StartGradSum(*g_.tied, *store_, wte.grad_offset, wte.numel);
+  tied_ms_ = FinishGradSum(sum, be_, spec_.comm_timeout_s, "the tied embedding's gradient sum");
   tied_bytes_ = 4.0 * double(wte.numel);
 }
 
@@ -223,7 +255,7 @@ void TrainStep::SumTiedGrads() {
 void TrainStep::SumTpPartialGrads() {
   if (!g_.tp || g_.tp->size() < 2) return;
   const size_t lo = store_->grads_lo(), hi = lo + store_->grads_size();
-  std::vector<std::unique_ptr<parallel::Work>> ops;
+  std::vector<GradSum> ops;
   for (const model::ParamInfo& p : layout_.params()) {
     // A LoRA layout's frozen norms have only a scratch (past grad_trained): nothing to sum.
     if (p.grad_offset >= layout_.grad_trained()) continue;
@@ -232,11 +264,11 @@ void TrainStep::SumTpPartialGrads() {
     if (!partial) continue;
     const size_t a = std::max(lo, p.grad_offset), b = std::min(hi, p.grad_offset + p.numel);
     if (a >= b) continue;
-    ops.push_back(g_.tp->AllReduceSumAsync(store_->grads() + (a - lo), b - a));
+    ops.push_back(StartGradSum(*g_.tp, *store_, a - lo, b - a));
     tp_sum_bytes_ += 4.0 * double(b - a);
   }
-  for (auto& w : ops)
-    tp_sum_ms_ += parallel::WaitOrLost(*w, spec_.comm_timeout_s, "a tensor-parallel gradient sum");
+  for (GradSum& g : ops)
+    tp_sum_ms_ += FinishGradSum(g, be_, spec_.comm_timeout_s, "a tensor-parallel gradient sum");
 }
 
 double TrainStep::tp_wait_ms() const {

@@ -74,6 +74,7 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
   if (o.state_dtype == "bf16") tier = "bf16 moments";
   if (!o.master_weights) tier += std::string(tier.empty() ? "" : ", ") + "no fp32 master";
   if (!tier.empty()) tier = " (" + tier + ", stochastically rounded)";
+  if (o.grad_dtype == "bf16") tier += " (bf16 gradients from fp32 buckets)";
   if (const optim::OffloadTier* t = run.step->store().tier())
     tier += "; on the offload tier: " + std::to_string(t->file_bytes() / 1048576.0).substr(0, 6) +
             " MiB in " + t->dir() + (t->direct() ? " (O_DIRECT)" : " (buffered: O_DIRECT refused)");

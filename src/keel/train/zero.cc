@@ -26,6 +26,7 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       comm_(comm),
       zero_(store.dims().zero),
       dp_(store.dims().dp),
+      bf16_grads_(store.grad_dtype() == DType::kBF16),
       L_(layout.segments() - 2),
       timeout_s_(timeout_s),
       fresh_(size_t(layout.segments()), 0) {
@@ -38,7 +39,7 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       if (auto it = bias_at.find(r.at); it != bias_at.end())
         trained_biases_.push_back({it->second, r.offset, r.numel});
   }
-  if (zero_ < 2) {
+  if (zero_ < 2 && !bf16_grads_) {
     // Stages 0 and 1 hold every gradient, so the frozen ranges are flat indices; adjacent ones
     // merge into one.
     std::vector<std::pair<size_t, size_t>> frozen;
@@ -48,8 +49,9 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       else
         frozen.emplace_back(r.offset, r.offset + r.numel);
     }
-    sync_ = std::make_unique<GradSync>(comm, store.grads(), layout.grad_trained(), bucket_elems,
-                                       timeout_s, std::move(frozen));
+    sync_ =
+        std::make_unique<GradSync>(comm, static_cast<float*>(store.grads()), layout.grad_trained(),
+                                   bucket_elems, timeout_s, std::move(frozen));
   }
   // Slots 0 and 1: the embeddings and the final LayerNorm; 2 and 3: blocks by parity, so that
   // the block in use and the next one (prefetched, or still reducing) never share a buffer.
@@ -58,7 +60,7 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
   const size_t sizes[4] = {layout.segment_size(0), layout.segment_size(L_ + 1), max_block,
                            max_block};
   for (size_t n : sizes) {
-    if (zero_ >= 2) {
+    if (zero_ >= 2 || bf16_grads_) {
       auto g = std::make_unique<Slot>();
       g->buf = Buffer(store.backend(), 4 * n);
       grad_slots_.push_back(std::move(g));
@@ -156,7 +158,7 @@ void ZeroStrategy::Use(int s, model::Pass p) {
 }
 
 float* ZeroStrategy::Grads(int s) {
-  if (zero_ < 2) return store_.grads() + layout_.segment_grad_start(s);
+  if (sync_) return static_cast<float*>(store_.grads()) + layout_.segment_grad_start(s);
   Slot& slot = GradSlot(s);
   if (!fresh_[size_t(s)]) {
     Drain(slot);
@@ -167,32 +169,57 @@ float* ZeroStrategy::Grads(int s) {
 }
 
 void ZeroStrategy::GradsDone(int s) {
-  if (zero_ < 2) {
+  if (sync_) {
     if (last_micro_) sync_->Ready(layout_.segment_grad_start(s));
     return;
   }
   Slot& slot = GradSlot(s);
+  fresh_[size_t(s)] = 0;
+  if (zero_ < 2) return BucketDone(s, slot);
   const size_t a = layout_.segment_start(s), b = layout_.segment_end(s);
   std::vector<size_t> counts = Counts(a, b);
   slot.n = counts[size_t(comm_.rank())];
   slot.dst = std::clamp(a, store_.shard().lo, store_.shard().hi) - store_.grads_lo();
   slot.seg = s;
   slot.op = comm_.ReduceScatterSumAsync(slot.buf.data(), slot.buf.data(), counts, DType::kF32);
-  fresh_[size_t(s)] = 0;
   sent_bytes_ += 4.0 * double(b - a) * (dp_ - 1) / dp_;
+}
+
+void ZeroStrategy::BucketDone(int s, Slot& slot) {
+  // Stages 0 and 1 with bf16 gradients: the segment's fp32 bucket into the whole bf16 buffer,
+  // rounded once per micro-batch; on the last one, with peers, the sum travels in fp32 (this
+  // rank's bf16 part widened into the bucket) and is rounded once, when it lands (Drain).
+  const kernels::Backend& be = store_.backend();
+  const size_t a = layout_.segment_start(s), n = layout_.segment_size(s);
+  bf16* acc = static_cast<bf16*>(store_.grads()) + a;
+  if (!last_micro_ || dp_ == 1) return be.AccumulateBf16(acc, slot.buf.as<float>(), n);
+  be.AddBf16To(slot.buf.as<float>(), acc, n);
+  slot.op = comm_.AllReduceSumAsync(slot.buf.data(), n, DType::kF32);
+  slot.dst = a;
+  slot.n = n;
+  slot.seg = s;
+  sent_bytes_ += 2.0 * 4 * double(n) * (dp_ - 1) / dp_;
 }
 
 void ZeroStrategy::Drain(Slot& slot) {
   if (!slot.op) return;
-  Wait(*slot.op, "gradient reduce-scatter");
+  const bool reduced_whole = zero_ < 2;  // all-reduced bf16 buckets (BucketDone)
+  Wait(*slot.op, reduced_whole ? "gradient all-reduce" : "gradient reduce-scatter");
   slot.op.reset();
-  store_.backend().AddTo(store_.grads() + slot.dst, slot.buf.as<float>(), slot.n);
+  const kernels::Backend& be = store_.backend();
+  const float* x = slot.buf.as<float>();
+  if (reduced_whole)
+    be.ToBf16(static_cast<bf16*>(store_.grads()) + slot.dst, x, slot.n);
+  else if (bf16_grads_)
+    be.AccumulateBf16(static_cast<bf16*>(store_.grads()) + slot.dst, x, slot.n);
+  else
+    be.AddTo(static_cast<float*>(store_.grads()) + slot.dst, x, slot.n);
 }
 
 void ZeroStrategy::BeginStep() {
   wait_ms_ = 0;
   sent_bytes_ = 0;
-  store_.backend().Zero(store_.grads(), 4 * store_.grads_size());
+  store_.backend().Zero(store_.grads(), DTypeSize(store_.grad_dtype()) * store_.grads_size());
   std::fill(fresh_.begin(), fresh_.end(), 0);
   if (sync_) sync_->Begin();
 }

@@ -11,6 +11,11 @@
 //            forward and again before its backward, the next block's gather issued while the
 //            current one computes; the embeddings and final LayerNorm stay gathered for the step
 //
+// bf16 gradients (optim.grad_dtype): backward writes each segment into an fp32 slot, as at stage 2,
+// which is added into the bf16 buffer rounded once: at stages 0 and 1 every micro-batch (the last
+// one's, with peers, all-reduced in fp32 per segment first, this rank's bf16 part widened into
+// it), at 2 and 3 each reduce-scattered part. No rank sums in bf16.
+//
 // One object per run; every rank of the group calls the same methods in the same order.
 //
 //   ZeroStrategy z(store, layout, comm, bucket_elems, timeout_s);
@@ -75,8 +80,11 @@ class ZeroStrategy final : public model::ParamAccess {
   std::vector<size_t> Counts(size_t a, size_t b, size_t n = 0) const;
   void Gather(int s, Slot& slot);
   void Wait(parallel::Work& w, const char* what);
-  void Drain(Slot& slot);  // completes the slot's reduce-scatter and adds it to the grad shard
-  void Publish();          // the updated slice to whoever reads it
+  // Completes the slot's reduction and adds it to the gradients (ZeRO >= 2: the shard; stages 0
+  // and 1 with bf16 gradients: rounds the all-reduced sum into them).
+  void Drain(Slot& slot);
+  void BucketDone(int s, Slot& slot);  // stages 0 and 1, bf16 gradients: see zero.cc
+  void Publish();                      // the updated slice to whoever reads it
   void PublishBiases();
   // A compact state's trainable weights, all of them (ZeRO 1: gathered), into the working copy,
   // and in bf16 the trained ones that have an fp32 copy beside the biases (DoRA's magnitudes)
@@ -89,7 +97,9 @@ class ZeroStrategy final : public model::ParamAccess {
   optim::ParamStore& store_;
   const model::ParamLayout& layout_;
   parallel::Comm& comm_;
-  const int zero_, dp_, L_;
+  const int zero_, dp_;
+  const bool bf16_grads_;  // optim.grad_dtype = "bf16": backward writes fp32 slots (Grads)
+  const int L_;
   const double timeout_s_;
   std::unique_ptr<GradSync> sync_;  // stages 0 and 1
   bool last_micro_ = true;

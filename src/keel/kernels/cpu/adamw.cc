@@ -25,8 +25,9 @@ namespace {
 // Which weights the update reads and writes.
 enum class Weights { kMaster, kMasterAndWorking, kWorkingOnly };
 
-// The moment type and the weights are compile-time, so that no loop carries a per-element branch.
-template <typename M, Weights kW>
+// The moment and gradient types and the weights are compile-time, so that no loop carries a
+// per-element branch.
+template <typename M, typename G, Weights kW>
 void AdamWLoop(const AdamWState& s, size_t n, const AdamWParams& p) {
   KEEL_CHECK(p.step >= 1, "AdamW step counts from 1 (bias correction divides by 1 - beta^step)");
   // Bias corrections in float64: beta^step for step ~1e5 loses digits in float32.
@@ -40,13 +41,13 @@ void AdamWLoop(const AdamWState& s, size_t n, const AdamWParams& p) {
   bf16* working = s.working;
   M* m = static_cast<M*>(s.m);
   M* v = static_cast<M*>(s.v);
-  const float* grad = s.grad;
+  const G* grad = static_cast<const G*>(s.grad);
   const uint64_t key = p.round_key, index0 = p.index0;
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; ++i) {
     RoundDraws r{};
     if constexpr (kRound) r = RoundDrawsOf(key, index0 + i);
-    const float g = grad[i] * grad_scale;
+    const float g = ToFloat(grad[i]) * grad_scale;
     const float mi = beta1 * ToFloat(m[i]) + (1.0f - beta1) * g;
     const float vi = beta2 * ToFloat(v[i]) + (1.0f - beta2) * g * g;
     if constexpr (std::is_same_v<M, bf16>) {
@@ -69,18 +70,45 @@ void AdamWLoop(const AdamWState& s, size_t n, const AdamWParams& p) {
   }
 }
 
-template <Weights kW>
+template <typename G, Weights kW>
 void AdamWMoments(const AdamWState& s, size_t n, const AdamWParams& p) {
-  s.bf16_moments ? AdamWLoop<bf16, kW>(s, n, p) : AdamWLoop<float, kW>(s, n, p);
+  s.bf16_moments ? AdamWLoop<bf16, G, kW>(s, n, p) : AdamWLoop<float, G, kW>(s, n, p);
+}
+
+template <Weights kW>
+void AdamWGrads(const AdamWState& s, size_t n, const AdamWParams& p) {
+  s.bf16_grads ? AdamWMoments<bf16, kW>(s, n, p) : AdamWMoments<float, kW>(s, n, p);
+}
+
+// Σ x² of fp32 or bf16 values (widened exactly), in fixed blocks of 2^16 added in order.
+template <typename T>
+double SumSquaresOf(const T* x, size_t n) {
+  constexpr size_t kBlock = 1 << 16;
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(blocks);
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = lo; i < hi; ++i) {
+      const double v = ToFloat(x[i]);
+      s += v * v;
+    }
+    partial[b] = s;
+  }
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
 }
 
 }  // namespace
 
 void AdamWUpdate(const AdamWState& s, size_t n, const AdamWParams& p) {
   KEEL_CHECK(s.master || s.working, "AdamW: neither master nor working weights");
-  if (!s.master) return AdamWMoments<Weights::kWorkingOnly>(s, n, p);
-  if (s.working) return AdamWMoments<Weights::kMasterAndWorking>(s, n, p);
-  AdamWMoments<Weights::kMaster>(s, n, p);
+  if (!s.master) return AdamWGrads<Weights::kWorkingOnly>(s, n, p);
+  if (s.working) return AdamWGrads<Weights::kMasterAndWorking>(s, n, p);
+  AdamWGrads<Weights::kMaster>(s, n, p);
 }
 
 void AdamWUpdate(float* master, float* m, float* v, const float* grad, size_t n,
@@ -93,21 +121,7 @@ void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* 
   AdamWUpdate(AdamWState{master, working, m, v, false, grad}, n, p);
 }
 
-double SumSquares(const float* grads, size_t n) {
-  constexpr size_t kBlock = 1 << 16;
-  const size_t blocks = (n + kBlock - 1) / kBlock;
-  std::vector<double> partial(blocks);
-#pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < blocks; ++b) {
-    const size_t lo = b * kBlock, hi = std::min(n, lo + kBlock);
-    double s = 0;
-#pragma omp simd reduction(+ : s)
-    for (size_t i = lo; i < hi; ++i) s += double(grads[i]) * grads[i];
-    partial[b] = s;
-  }
-  double total = 0;
-  for (double s : partial) total += s;
-  return total;
-}
+double SumSquares(const float* x, size_t n) { return SumSquaresOf(x, n); }
+double SumSquares(const bf16* x, size_t n) { return SumSquaresOf(x, n); }
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

@@ -24,5 +24,6 @@ void AdamWUpdate(float* master, bf16* working, float* m, float* v, const float* 
 
 // Σ x² in fp64, over fixed blocks of 2^16 added in order: the same value for any thread count.
 double SumSquares(const float* x, size_t n);
+double SumSquares(const bf16* x, size_t n);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

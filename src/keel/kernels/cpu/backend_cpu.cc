@@ -70,6 +70,15 @@ class CpuImpl final : public Backend {
     cpu::AdamWUpdate(s, n, p);
   }
   double SumSquares(const float* x, size_t n) const override { return cpu::SumSquares(x, n); }
+  double SumSquares(const bf16* x, size_t n) const override { return cpu::SumSquares(x, n); }
+  void AccumulateBf16(bf16* acc, const float* x, size_t n) const override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) acc[i] = keel::ToBf16(keel::ToFloat(acc[i]) + x[i]);
+  }
+  void AddBf16To(float* x, const bf16* acc, size_t n) const override {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; ++i) x[i] += keel::ToFloat(acc[i]);
+  }
   // Here rather than core's ConvertF32ToBf16, so that it is compiled for this copy's ISA.
   void ToBf16(bf16* out, const float* in, size_t n) const override {
 #pragma omp parallel for simd schedule(static)

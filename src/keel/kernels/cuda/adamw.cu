@@ -58,13 +58,12 @@ void LaunchAdamW(const AdamWState& s, size_t n, const AdamWParams& p, float bc1,
   auto* w = reinterpret_cast<bf16d*>(s.working);
   auto* m = static_cast<M*>(s.m);
   auto* v = static_cast<M*>(s.v);
+  const auto* g = static_cast<const float*>(s.grad);
   const unsigned blocks = Blocks(n, kThreads);
   if (s.master)
-    AdamWKernel<M, true>
-        <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
+    AdamWKernel<M, true><<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, g, n, p, bc1, bc2);
   else
-    AdamWKernel<M, false>
-        <<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, s.grad, n, p, bc1, bc2);
+    AdamWKernel<M, false><<<blocks, kThreads, 0, stream>>>(s.master, w, m, v, g, n, p, bc1, bc2);
 }
 
 constexpr unsigned kSumBlocks = 1024;
@@ -111,6 +110,7 @@ __global__ void AddToKernel(float* dst, const float* src, size_t n) {
 void AdamW(const AdamWState& s, size_t n, const AdamWParams& p, cudaStream_t stream) {
   if (n == 0) return;
   KEEL_CHECK(s.master || s.working, "AdamW: neither master nor working weights");
+  KEEL_CHECK(!s.bf16_grads, "AdamW: bf16 gradients are the CPU's (optim.grad_dtype)");
   const float bc1 = float(1.0 - std::pow(double(p.beta1), p.step));
   const float bc2 = float(1.0 - std::pow(double(p.beta2), p.step));
   if (s.bf16_moments)

@@ -144,6 +144,7 @@ class Cuda final : public Backend {
   void AdamWUpdate(const AdamWState& s, size_t n, const AdamWParams& p) const override {
     cuda::AdamW(s, n, p, stream_);
   }
+  using Backend::SumSquares;  // bf16 gradients are the CPU's (optim.grad_dtype)
   double SumSquares(const float* x, size_t n) const override {
     return cuda::SumSquares(x, n, stream_);
   }
