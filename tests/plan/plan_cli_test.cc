@@ -150,6 +150,40 @@ TEST(PlanCli, StateTiersShrinkTheBytesPerParameter) {
   }
 }
 
+// The two offload tiers move the master and moments out of the accelerator's memory and charge
+// the step their traffic: a disk's reads and writes of the whole state, shared by the node's
+// ranks; the host tier's gradient and weight copies, each rank's own link (--host-gbps).
+TEST(PlanCli, OffloadTiersPriceTheirTraffic) {
+  const std::string base =
+      "plan --model gpt2 --accelerators 8 --per-node 8 --global-batch 64 --accounting keel "
+      "--zero 1 --micro-batch 2 --tp 1 --pp 1 --json --top 1 --host-gbps 40 ";
+  auto layout = [](const Result& r) { return nlohmann::json::parse(r.out)["layouts"][0]; };
+  const Result mem = Keel(base), disk = Keel(base + "--offload"),
+               host = Keel(base + "--offload-host");
+  for (const Result* r : {&mem, &disk, &host}) ASSERT_EQ(r->code, 0) << r->out;
+  const auto m = layout(mem), d = layout(disk), h = layout(host);
+  for (const auto* x : {&d, &h}) {
+    EXPECT_EQ((*x)["memory_bytes"]["master"], 0.0);
+    EXPECT_EQ((*x)["memory_bytes"]["moments"], 0.0);
+    EXPECT_GE(double((*x)["memory_bytes"]["offload_tier"]),
+              double(m["memory_bytes"]["master"]) + double(m["memory_bytes"]["moments"]));
+  }
+  EXPECT_GT(double(d["memory_bytes"]["offload_buffers"]), 0.0);
+  EXPECT_EQ(double(h["memory_bytes"]["offload_buffers"]), 0.0);      // the staging is host memory
+  const double held = double(m["memory_bytes"]["master"]) / 4;       // ZeRO 1's shard
+  EXPECT_NEAR(double(h["offload_s"]), held * (4 + 2) / 40e9, 1e-9);  // grads down, bf16 up
+  EXPECT_NEAR(double(d["offload_s"]), 2 * double(d["memory_bytes"]["offload_tier"]) * 8 / 2e9,
+              1e-9);
+  EXPECT_EQ(nlohmann::json::parse(host.out)["offload"]["host"], true);
+  for (auto [flags, want] :
+       {std::pair<const char*, const char*>{"--offload --offload-host", "two tiers"},
+        {"--offload-host --precision fp32", "--offload-host"}}) {
+    Result r = Keel(std::string("plan --model gpt2 --accelerators 1 ") + flags);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  }
+}
+
 TEST(PlanCli, HelpShowsExamples) {
   Result r = Keel("help plan");
   ASSERT_EQ(r.code, 0);

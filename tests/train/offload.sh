@@ -9,7 +9,8 @@
 #     checkpoint and ends with the uninterrupted run's weights;
 #  3. a tier disk without room is one clear line and a failed start; the checkpoint already in
 #     the run folder still verifies and resumes;
-#  4. LoRA with offload is refused with one line.
+#  4. LoRA with offload is refused with one line, and so is the host tier ([offload] host, a
+#     GPU's) on the CPU or beside a dir.
 #   tests/train/offload.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -23,12 +24,6 @@ common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set trai
 # 0.25 MiB chunks: the tiny model's 2 x 0.8 M-parameter state slices stream through 20-40 of them.
 tier=(--set offload.dir="$tmp/tier" --set offload.chunk_mib=0.25)
 source "$src/tests/train/run_lib.sh"
-
-same() {  # same NAME_A NAME_B WHAT
-  cmp -s "$tmp/$1/model.safetensors" "$tmp/$2/model.safetensors" ||
-    { echo "$3: $1 and $2 end with different weights"; exit 1; }
-  echo "$3: $1 = $2, bitwise"
-}
 
 for z in 0 1; do
   run "mem_z$z" 2 --set parallel.zero=$z
@@ -86,3 +81,5 @@ grep -q "resuming from .*step_00000030" "$tmp/mem_one.log" ||
 echo "full: the checkpoint verifies and the run resumes from it"
 
 refused lora_offload 1 "offload.dir" --set lora.rank=4 --set offload.dir="$tmp/tier"
+refused host_on_cpu 1 "offload.host" --set offload.host=true
+refused host_and_dir 1 "offload.host" --set offload.host=true --set offload.dir="$tmp/tier"

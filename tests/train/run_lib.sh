@@ -3,9 +3,12 @@
 #   tiny_4layer SHARED              training and validation tokens from the shared Brown corpus
 #                                   in $tmp, and `common` for a 4-layer tiny GPT: 20 steps, global
 #                                   batch 8 in micro-batches of 2, validation every 10 steps
+#   tiny_bf16 SHARED                training tokens in $tmp and `common` for the 2-layer tiny GPT
+#                                   in bf16: 40 steps of global batch 8 (the state tiers' tests)
 #   run NAME NP EXTRA...            trains $src/configs/test-tiny.toml as $tmp/NAME (mpirun when
 #                                   NP > 1); on failure prints the log and exits 1
 #   refused NAME NP TEXT EXTRA...   expects exit 2 and TEXT in the output (one line naming it)
+#   same NAME_A NAME_B WHAT         expects the two runs' final weights bitwise equal
 
 run() {
   local name=$1 np=$2
@@ -29,6 +32,12 @@ refused() {
   echo "$name: refused with exit 2: $(grep -m1 -- "$want" "$tmp/$name.log")"
 }
 
+same() {  # same NAME_A NAME_B WHAT
+  cmp -s "$tmp/$1/model.safetensors" "$tmp/$2/model.safetensors" ||
+    { echo "$3: $1 and $2 end with different weights"; exit 1; }
+  echo "$3: $1 = $2, bitwise"
+}
+
 tiny_4layer() {
   head -c 400000 "$1/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
   head -c 500000 "$1/brown/brown.gpt2.u16" | tail -c 100000 >"$tmp/val.u16"
@@ -36,4 +45,11 @@ tiny_4layer() {
           --set data.val="$tmp/val.u16" --set train.val_every=10 --set train.val_batches=2
           --set train.batch_size=8 --set train.micro_batch_size=2 --set model.n_layer=4
           --set optim.lr=3e-3 --set parallel.bucket_mb=0.05 --set checkpoint.every_minutes=0)
+}
+
+tiny_bf16() {
+  head -c 400000 "$1/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
+  common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=40
+          --set train.batch_size=8 --set optim.lr=3e-3 --set train.log_every=10
+          --set train.precision=bf16 --set parallel.bucket_mb=0.05 --set checkpoint.every_minutes=0)
 }

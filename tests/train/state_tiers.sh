@@ -14,17 +14,9 @@ set -euo pipefail
 keel=$1 src=$2 shared=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-head -c 400000 "$shared/brown/brown.gpt2.u16" >"$tmp/tokens.u16"
-common=(--set data.train="$tmp/tokens.u16" --set train.out_dir="$tmp" --set train.steps=40
-        --set train.batch_size=8 --set optim.lr=3e-3 --set train.log_every=10
-        --set train.precision=bf16 --set parallel.bucket_mb=0.05 --set checkpoint.every_minutes=0)
 source "$src/tests/train/run_lib.sh"
+tiny_bf16 "$shared"
 
-same() {  # same NAME_A NAME_B WHAT
-  cmp -s "$tmp/$1/model.safetensors" "$tmp/$2/model.safetensors" ||
-    { echo "$3: $1 and $2 end with different weights"; exit 1; }
-  echo "$3: $1 = $2, bitwise"
-}
 final_loss() { tail -n 1 "$tmp/$1/metrics.jsonl" | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["loss"])'; }
 
 run ref 2 --set parallel.zero=1

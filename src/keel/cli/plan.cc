@@ -26,8 +26,9 @@ struct PlanArgs {
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
   std::string lora_base, state_dtype = "fp32", grad_dtype = "fp32";
-  bool lora_dora = false, no_master = false, offload = false;
-  double offload_chunk_mib = 16, offload_gbps = 2;
+  bool lora_dora = false, no_master = false, offload = false, offload_host = false;
+  // 0: 2 for a disk, the accelerator's host link (--host-gbps) for the host tier.
+  double offload_chunk_mib = 16, offload_gbps = 0;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
   int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1;
@@ -139,13 +140,20 @@ plan::Job MakeJob(const PlanArgs& a) {
     ThrowBadInput(std::string("plan: --no-master: ") +
                   (a.lora_rank > 0 ? "not with --lora-rank (the adapters' master is small)"
                                    : "needs --precision bf16 (fp32 weights are the master)"));
-  if (a.offload) {
+  if (a.offload && a.offload_host)
+    ThrowBadInput("plan: --offload and --offload-host are two tiers: give one");
+  if (a.offload || a.offload_host) {
+    const char* flag = a.offload ? "--offload" : "--offload-host";
     if (a.lora_rank > 0)
-      ThrowBadInput("plan: --offload: not with --lora-rank (the adapters' state is small)");
-    if (!(a.offload_chunk_mib > 0) || !(a.offload_gbps > 0))
+      ThrowBadInput(std::string("plan: ") + flag +
+                    ": not with --lora-rank (the adapters' state is small)");
+    if (a.offload_host && job.precision != plan::Precision::kBf16)
+      ThrowBadInput("plan: --offload-host: needs --precision bf16 (the GPU keeps bf16 weights)");
+    if (!(a.offload_chunk_mib > 0) || !(a.offload_gbps >= 0))
       ThrowBadInput("plan: --offload-chunk-mib and --offload-gbps: expected positive numbers");
     job.offload_chunk = a.offload_chunk_mib * 1048576;
-    job.offload_bytes_per_s = a.offload_gbps * 1e9;
+    job.offload_host = a.offload_host;
+    job.offload_bytes_per_s = a.offload_gbps > 0 ? a.offload_gbps * 1e9 : 2e9;
   }
   // keel's accounting is the only one that knows LoRA's compact state: it is LoRA's default.
   job.accounting = plan::ParseAccounting(!a.accounting.empty() ? a.accounting
@@ -174,6 +182,7 @@ plan::Job MakeJob(const PlanArgs& a) {
   if (a.intra_gbps > 0) acc.intra_bytes_per_s = a.intra_gbps * 1e9;
   if (a.inter_gbps > 0) acc.inter_bytes_per_s = a.inter_gbps * 1e9;
   if (a.host_gbps > 0) acc.host_bytes_per_s = a.host_gbps * 1e9;
+  if (job.offload_host && !(a.offload_gbps > 0)) job.offload_bytes_per_s = acc.host_bytes_per_s;
   auto positive = [](const char* flag, double v, bool zero_ok) {
     if (v > 0 || (zero_ok && v == 0)) return;
     char buf[64];
@@ -263,12 +272,16 @@ void RegisterPlan(CLI::App& app) {
                 "optim.master_weights = false");
   cmd->add_flag("--offload", a.offload,
                 "AdamW's moments (and a bf16 run's master) on a disk tier, as [offload] dir");
+  cmd->add_flag("--offload-host", a.offload_host,
+                "a GPU's master and moments in pinned host memory, updated by the CPU, as "
+                "[offload] host = true");
   cmd->add_option("--offload-chunk-mib", a.offload_chunk_mib,
                   "the tier's chunk buffers, as [offload] chunk_mib")
       ->capture_default_str();
   cmd->add_option("--offload-gbps", a.offload_gbps,
-                  "the tier's bandwidth per node, GB/s read and write (keel preflight measures it)")
-      ->capture_default_str();
+                  "the tier's bandwidth, GB/s: a disk's per node, read and write (default 2; keel "
+                  "preflight measures it), or each GPU's link to the host for --offload-host "
+                  "(default: the accelerator's, as --host-gbps)");
   cmd->add_option("--global-batch", a.global_batch, "sequences per step")->capture_default_str();
   cmd->add_option("--accelerator", a.accel, "A100-80GB, H100-80GB, H200-141GB, this-cpu (measured)")
       ->capture_default_str();
@@ -318,37 +331,38 @@ void RegisterPlan(CLI::App& app) {
     const plan::Job job = MakeJob(a);
     const auto all = plan::Search(job, MakeConstraints(a));
     if (a.json) {
-      nlohmann::json out = {
-          {"model",
-           {{"name", job.model.name},
-            {"layers", job.model.layers},
-            {"hidden", job.model.hidden},
-            {"heads", job.model.heads},
-            {"vocab", job.model.vocab},
-            {"seq", job.model.seq},
-            {"params", plan::TotalParams(job.model)}}},
-          {"precision", plan::PrecisionName(job.precision)},
-          {"state_dtype", job.bf16_moments ? "bf16" : "fp32"},
-          {"master_weights", job.master},
-          {"grad_dtype", job.bf16_grads ? "bf16" : "fp32"},
-          {"offload",
-           {{"chunk_bytes", job.offload_chunk}, {"bytes_per_s", job.offload_bytes_per_s}}},
-          {"accounting", plan::AccountingName(job.accounting)},
-          {"global_batch", job.global_batch},
-          {"accelerator", job.cluster.accel.name},
-          {"accelerator_figures",
-           {{"bf16_flops", job.cluster.accel.bf16_flops},
-            {"fp32_flops", plan::PeakFlops(job.cluster.accel, true)},
-            {"memory_bytes", job.cluster.accel.memory_bytes},
-            {"memory_bytes_per_s", job.cluster.accel.hbm_bytes_per_s},
-            {"intra_bytes_per_s", job.cluster.accel.intra_bytes_per_s},
-            {"inter_bytes_per_s", job.cluster.accel.inter_bytes_per_s},
-            {"host_bytes_per_s", job.cluster.accel.host_bytes_per_s},
-            {"measured_flops", job.cluster.accel.measured_flops},
-            {"measured", job.cluster.accel.measured_note}}},
-          {"efficiency", job.efficiency},
-          {"accelerators", job.cluster.world},
-          {"layouts", nlohmann::json::array()}};
+      nlohmann::json out = {{"model",
+                             {{"name", job.model.name},
+                              {"layers", job.model.layers},
+                              {"hidden", job.model.hidden},
+                              {"heads", job.model.heads},
+                              {"vocab", job.model.vocab},
+                              {"seq", job.model.seq},
+                              {"params", plan::TotalParams(job.model)}}},
+                            {"precision", plan::PrecisionName(job.precision)},
+                            {"state_dtype", job.bf16_moments ? "bf16" : "fp32"},
+                            {"master_weights", job.master},
+                            {"grad_dtype", job.bf16_grads ? "bf16" : "fp32"},
+                            {"offload",
+                             {{"chunk_bytes", job.offload_chunk},
+                              {"bytes_per_s", job.offload_bytes_per_s},
+                              {"host", job.offload_host}}},
+                            {"accounting", plan::AccountingName(job.accounting)},
+                            {"global_batch", job.global_batch},
+                            {"accelerator", job.cluster.accel.name},
+                            {"accelerator_figures",
+                             {{"bf16_flops", job.cluster.accel.bf16_flops},
+                              {"fp32_flops", plan::PeakFlops(job.cluster.accel, true)},
+                              {"memory_bytes", job.cluster.accel.memory_bytes},
+                              {"memory_bytes_per_s", job.cluster.accel.hbm_bytes_per_s},
+                              {"intra_bytes_per_s", job.cluster.accel.intra_bytes_per_s},
+                              {"inter_bytes_per_s", job.cluster.accel.inter_bytes_per_s},
+                              {"host_bytes_per_s", job.cluster.accel.host_bytes_per_s},
+                              {"measured_flops", job.cluster.accel.measured_flops},
+                              {"measured", job.cluster.accel.measured_note}}},
+                            {"efficiency", job.efficiency},
+                            {"accelerators", job.cluster.world},
+                            {"layouts", nlohmann::json::array()}};
       // The best `top` that fit, then the `top` closest to fitting, each with its reason.
       int fit = 0, rejected = 0;
       for (const auto& e : all)

@@ -291,7 +291,16 @@ void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
       m.state.params / 1e9, m.state.grads / 1e9, m.state.master / 1e9, m.state.moments / 1e9,
       m.activations / 1e9, e.activation_row.c_str(), m.comm_buffers / 1e9, m.used() / 1e9,
       m.headroom / 1e9, m.capacity / 1e9);
-  if (m.tier > 0) {
+  if (m.tier > 0 && j.offload_host) {
+    const auto& t = e.time;
+    std::printf(
+        "offload tier ([offload] host): %.3f GB per rank in pinned host memory, updated by the "
+        "CPU\n  the update copies %.3f GB of gradients and weights per rank over PCIe at %.2f "
+        "GB/s = %.3f s, %.0f%% of the step%s\n\n",
+        m.tier / 1e9, m.tier_traffic / 1e9, j.offload_bytes_per_s / 1e9, t.offload_s,
+        100 * t.offload_s / t.step_s,
+        t.offload_s > t.compute_s ? ": copy-bound (the link's traffic exceeds the compute)" : "");
+  } else if (m.tier > 0) {
     const auto& t = e.time;
     std::printf(
         "offload tier ([offload]): %.3f GB per rank on disk, %.3f GB of chunk buffers in memory\n"

@@ -59,7 +59,8 @@ OffloadTier::OffloadTier(const std::string& dir, size_t n, std::vector<int> elem
       n_(n),
       chunk_(chunk_elems),
       chunks_((n + chunk_elems - 1) / chunk_elems),
-      eb_(std::move(elem_bytes)) {
+      eb_(std::move(elem_bytes)),
+      mem_(&mem) {
   KEEL_CHECK(chunk_ > 0 && chunk_ % 2048 == 0,
              "OffloadTier: chunk_elems must be a multiple of 2048");
   size_t per_elem = 0;
@@ -67,6 +68,18 @@ OffloadTier::OffloadTier(const std::string& dir, size_t n, std::vector<int> elem
     base_.push_back(file_bytes_);
     file_bytes_ += RoundUp(uint64_t(n) * uint64_t(b));
     per_elem += size_t(b);
+  }
+  if (dir.empty()) {
+    // host: the host tier's state lives in host memory by design (a GPU's, page-locked)
+    try {
+      host_ = static_cast<uint8_t*>(AllocHostAligned(std::max<uint64_t>(file_bytes_, 64)));
+    } catch (const std::bad_alloc&) {
+      ThrowRuntime("[offload] host: cannot allocate " + Mib(file_bytes_) +
+                   " of host memory for the optimizer state");
+    }
+    std::memset(host_, 0, file_bytes_);  // host: the moments start at zero, as in memory
+    mem.PinHost(host_, file_bytes_);
+    return;
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -101,6 +114,11 @@ OffloadTier::OffloadTier(const std::string& dir, size_t n, std::vector<int> elem
 }
 
 OffloadTier::~OffloadTier() {
+  if (host_) {
+    mem_->UnpinHost(host_);
+    std::free(host_);  // host: AllocHostAligned's block
+    return;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -212,10 +230,17 @@ void OffloadTier::Prefetch() {
 
 void OffloadTier::Stream(const std::function<void(void* const* p, size_t lo, size_t n)>& fn) {
   if (chunks_ == 0) return;
+  std::vector<void*> ptrs(eb_.size());
+  if (host_) {
+    for (size_t lo = 0; lo < n_; lo += chunk_) {
+      for (size_t r = 0; r < eb_.size(); ++r) ptrs[r] = host_ + At(int(r), lo);
+      fn(ptrs.data(), lo, std::min(chunk_, n_ - lo));
+    }
+    return;
+  }
   if (!prefetched_) Prefetch();
   prefetched_ = false;
   ++streams_;
-  std::vector<void*> ptrs(eb_.size());
   for (size_t c = 0; c < chunks_; ++c) {
     Slot& s = slots_[c % 3];
     Timer t;
@@ -244,6 +269,8 @@ void OffloadTier::Stream(const std::function<void(void* const* p, size_t lo, siz
 
 void OffloadTier::Read(int region, size_t lo, size_t n, void* dst) const {
   KEEL_CHECK(lo + n <= n_, "OffloadTier::Read past the region's end");
+  // host: the host tier's block to the caller's host memory
+  if (host_) return void(std::memcpy(dst, host_ + At(region, lo), n * size_t(eb_[size_t(region)])));
   Drain();
   const uint64_t a = At(region, lo), b = a + uint64_t(n) * uint64_t(eb_[size_t(region)]);
   auto bounce = AlignedBlock(kBounce);
@@ -259,6 +286,8 @@ void OffloadTier::Read(int region, size_t lo, size_t n, void* dst) const {
 
 void OffloadTier::Write(int region, size_t lo, size_t n, const void* src) {
   KEEL_CHECK(lo + n <= n_, "OffloadTier::Write past the region's end");
+  // host: the caller's host memory into the host tier's block
+  if (host_) return void(std::memcpy(host_ + At(region, lo), src, n * size_t(eb_[size_t(region)])));
   Drain();
   prefetched_ = false;  // what was read ahead may be what this changes
   const uint64_t a = At(region, lo), b = a + uint64_t(n) * uint64_t(eb_[size_t(region)]);

@@ -9,6 +9,11 @@
 // Read() and Write() are for everything else (checkpoints, replica checks, loading): any range,
 // through a bounce buffer, after the queued I/O has landed.
 //
+// The host tier ([offload] host, for a GPU's state: `dir` empty) keeps the same regions in one
+// block of host memory, page-locked through `mem` so that a GPU's copies to and from it run at
+// full speed: Stream hands out pointers into it, Read and Write copy, and there is no file, no
+// I/O thread and no chunk buffers.
+//
 // KEEL_OFFLOAD_CRASH_AT=S:K kills the process (SIGKILL) once the S-th Stream has written chunk K
 // back: the crash-mid-update test's fault.
 //
@@ -46,6 +51,7 @@ class OffloadTier {
   // chunk buffers come from `mem` (host-visible): parallel::OffloadBufferBytes of it. Reserves the
   // whole file up front: a disk without room for it fails here, with one line naming the folder and
   // the bytes, before the run changes anything.
+  // `dir` empty: the host tier (above), pinned through `mem`.
   OffloadTier(const std::string& dir, size_t n, std::vector<int> elem_bytes, size_t chunk_elems,
               const Memory& mem = HostMemory());
   ~OffloadTier();
@@ -55,6 +61,8 @@ class OffloadTier {
   size_t size() const { return n_; }
   size_t chunk_elems() const { return chunk_; }
   bool direct() const { return direct_; }  // O_DIRECT (false: the page cache, e.g. tmpfs)
+  bool host() const { return host_ != nullptr; }
+  // The file's bytes, or the host tier's.
   uint64_t file_bytes() const { return file_bytes_; }
   const std::string& dir() const { return dir_; }
   TierStats stats() const;
@@ -95,6 +103,8 @@ class OffloadTier {
   Slot slots_[3];
   bool prefetched_ = false;
   int streams_ = 0;  // Stream calls so far
+  const Memory* mem_;
+  uint8_t* host_ = nullptr;  // the host tier's block (AllocHostAligned), pinned through mem_
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

@@ -66,8 +66,10 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
           be, shape.master && !shape.master_offloaded() ? 4 * (state_hi_ - state_lo_) : 0)),
       grads_(Buffer::Zeroed(be, size_t(shape.grad_bytes) * grads_size_)),
       biases_(Buffer::Zeroed(be, shape.working_bytes == 2 ? 4 * shape.n_bias : 0)),
+      // The host tier's update runs on the CPU, whatever the run's backend.
       opt_(Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_), state_hi_ - state_lo_,
-           WithDtypes(hyper, shape), be, /*own_moments=*/shape.offload_chunk == 0) {
+           WithDtypes(hyper, shape), shape.offload_host ? kernels::Cpu() : be,
+           /*own_moments=*/shape.offload_chunk == 0) {
   KEEL_CHECK(shape.master || (shape.working_bytes == 2 && !compact_),
              "ParamStore: weights without a master are a bf16 run's whole state (not LoRA's)");
   KEEL_CHECK(shape.grad_bytes == 4 || !compact_,
@@ -93,19 +95,27 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
   replicas_ = Clip(compact_ ? trainable_ : ranges, state_lo_, state_hi_);
   std::erase_if(replicas_, [](const ParamRange& r) { return !r.replica; });
   if (shape.offload_chunk > 0) {
-    KEEL_CHECK(!compact_ && be.host_visible(),
-               "ParamStore: the offload tier holds a full state in host-visible memory");
+    KEEL_CHECK(!compact_ && (shape.offload_host ? shape.working_bytes == 2 && !shape.fp16
+                                                : be.host_visible()),
+               "ParamStore: the offload tier holds a full state in host-visible memory (the "
+               "host tier: a bf16 run's)");
     const size_t n = state_hi_ - state_lo_;
     std::vector<int> eb;
     if (shape.master_offloaded()) eb.push_back(4);
     eb.insert(eb.end(), 2, shape.moment_bytes);
-    tier_ = std::make_unique<OffloadTier>(offload_dir, n, eb, parallel::OffloadChunkElems(shape, n),
-                                          be);
+    tier_ = std::make_unique<OffloadTier>(shape.offload_host ? "" : offload_dir, n, eb,
+                                          parallel::OffloadChunkElems(shape, n), be);
+    if (shape.offload_host && b.offload_buffers) {
+      stage_ = Buffer(HostMemory(), b.offload_buffers);
+      be.PinHost(stage_.data(), stage_.bytes());
+    }
     // Its fresh blocks read as zeros: the moments start at zero, as in memory.
   }
 }
 
-ParamStore::~ParamStore() = default;
+ParamStore::~ParamStore() {
+  if (stage_.data()) be_->UnpinHost(stage_.data());
+}
 
 bool ParamStore::offloaded(Kind k) const {
   return tier_ && (k != Kind::kMaster || shape_.master_offloaded());
@@ -139,11 +149,16 @@ void ParamStore::VisitState(Kind k, bool write,
   if (!offloaded(k)) return fn(Resident(k), 0, n);
   const size_t piece = std::min(n, (size_t(16) << 20) / eb);
   std::vector<uint8_t> host(piece * eb);
+  // A GPU's (the host tier's): each piece goes through the device, where fn's operations run.
+  Buffer dev(*be_, be_->host_visible() ? 0 : piece * eb);
   for (size_t lo = 0; lo < n; lo += piece) {
     const size_t k_n = std::min(piece, n - lo);
     ReadState(k, lo, k_n, host.data());
-    fn(host.data(), lo, k_n);
-    if (write) WriteState(k, lo, k_n, host.data());
+    if (dev.data()) be_->FromHost(dev.data(), host.data(), k_n * eb);
+    fn(dev.data() ? dev.data() : host.data(), lo, k_n);
+    if (!write) continue;
+    if (dev.data()) be_->ToHost(host.data(), dev.data(), k_n * eb);
+    WriteState(k, lo, k_n, host.data());
   }
 }
 
@@ -198,6 +213,7 @@ void ParamStore::Update(float lr, float grad_scale) {
     if (w16) be_->Narrow(DType::kF16, w16, master(), state_hi_ - state_lo_);
     return;
   }
+  if (tier_->host()) return UpdateThroughHost(w, g, lr, grad_scale);
   // Chunk by chunk through the tier: the same elements, the same draws, the same bits.
   opt_.Begin();
   const bool tm = shape_.master_offloaded();
@@ -215,6 +231,40 @@ void ParamStore::Update(float lr, float grad_scale) {
   });
 }
 
+void ParamStore::UpdateThroughHost(bf16* w, const char* g, float lr, float grad_scale) {
+  const size_t gb = size_t(shape_.grad_bytes), chunk = tier_->chunk_elems(),
+               n_all = state_hi_ - state_lo_;
+  char* stage[2] = {stage_.as<char>(), stage_.as<char>() + gb * chunk};
+  auto* w_host = reinterpret_cast<bf16*>(stage_.as<char>() + 2 * gb * chunk);
+  const bool tm = shape_.master_offloaded();
+  // Chunk c's gradients land in stage[c % 2] on the copy stream while chunk c - 1 is updated.
+  void* copies = nullptr;
+  auto fetch = [&](size_t lo) {
+    if (lo >= n_all) return;
+    copies = be_->CopyStream();
+    be_->ToHostAsync(stage[(lo / chunk) % 2], g + gb * lo, gb * std::min(chunk, n_all - lo),
+                     copies);
+  };
+  fetch(0);
+  opt_.Begin();
+  tier_->Stream([&](void* const* p, size_t lo, size_t n) {
+    be_->WaitCopies(copies);
+    fetch(lo + n);
+    AdamW::Slice s;
+    s.master = tm ? static_cast<float*>(p[0]) : nullptr;
+    s.m = p[tm ? 1 : 0];
+    s.v = p[tm ? 2 : 1];
+    s.grads = stage[(lo / chunk) % 2];
+    s.working = w_host;
+    s.lo = lo;
+    s.n = n;
+    // Without a master the bf16 weights are what AdamW updates: read them first.
+    if (!tm) be_->ToHost(w_host, w + lo, 2 * n);
+    opt_.Apply(s, lr, grad_scale);
+    be_->FromHost(w + lo, w_host, 2 * n);
+  });
+}
+
 parallel::StateBytes ParamStore::bytes() const {
   parallel::StateBytes b;
   b.working = working_.bytes();
@@ -228,7 +278,9 @@ parallel::StateBytes ParamStore::bytes() const {
     size_t per = 0;
     for (Kind k : {Kind::kMaster, Kind::kM, Kind::kV})
       if (offloaded(k)) per += DTypeSize(state_dtype(k));
-    b.offload_buffers = parallel::OffloadBufferBytes(tier_->size(), tier_->chunk_elems(), per);
+    b.offload_buffers =
+        tier_->host() ? stage_.bytes()
+                      : parallel::OffloadBufferBytes(tier_->size(), tier_->chunk_elems(), per);
   }
   return b;
 }

@@ -30,6 +30,11 @@
 // through the tier, and everything else reads and writes them with ReadState and WriteState,
 // which serve resident state as well.
 //
+// The host tier (StateShape::offload_host: [offload] host, a GPU's bf16 run) keeps them in pinned
+// host memory instead, and AdamW runs on the CPU chunk by chunk: each chunk's gradients are
+// copied from the device into a host staging buffer while the one before is updated, and its new
+// bf16 weights are copied back after it.
+//
 //   ParamStore st(shape, dims, dp_rank, ranges, hyper);
 //   st.Update(lr, clip_scale);   // AdamW over what this rank holds
 #pragma once
@@ -97,9 +102,9 @@ class ParamStore {
   DType state_dtype(Kind k) const { return k == Kind::kMaster ? master_dtype() : moment_dtype(); }
   void ReadState(Kind k, size_t lo, size_t n, void* host);
   void WriteState(Kind k, size_t lo, size_t n, const void* host);
-  // fn(p, lo, n) over the kind's whole slice: once, on its own memory, where resident (the
-  // backend's); piece by piece in host memory where offloaded, each piece written back after fn
-  // when `write`.
+  // fn(p, lo, n) over the kind's whole slice, in the backend's memory: once, on its own memory,
+  // where resident; piece by piece where offloaded (in host memory, or a GPU's bounce buffer for
+  // the host tier), each piece written back after fn when `write`.
   void VisitState(Kind k, bool write, const std::function<void(void* p, size_t lo, size_t n)>& fn);
   // Whether the kind is on the offload tier (its pointer above is null).
   bool offloaded(Kind k) const;
@@ -149,6 +154,9 @@ class ParamStore {
   std::vector<ParamRange> replicas_;  // replica ranges in the state slice, relative to state_lo
   AdamW opt_;
   std::unique_ptr<OffloadTier> tier_;
+  Buffer stage_;  // the host tier's staging: two chunks of gradients, one of bf16 weights
+  // The host tier's update, chunk by chunk (param_store.cc).
+  void UpdateThroughHost(bf16* w, const char* g, float lr, float grad_scale);
   int Region(Kind k) const;  // the tier's region of an offloaded kind
   char* Resident(Kind k);    // a kind's memory where it is not offloaded
 };

@@ -33,7 +33,10 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
     auto blocks = [](size_t x) { return (x + 4095) / 4096 * 4096; };  // O_DIRECT's unit
     b.tier = blocks(master) + 2 * blocks(b.moments / 2);
     const size_t per = (master ? 4 : 0) + 2 * size_t(s.moment_bytes);
-    b.offload_buffers = OffloadBufferBytes(held, OffloadChunkElems(s, held), per);
+    const size_t chunk = OffloadChunkElems(s, held);
+    b.offload_buffers = !s.offload_host ? OffloadBufferBytes(held, chunk, per)
+                        : held          ? (2 * size_t(s.grad_bytes) + 2) * chunk
+                                        : 0;
     b.master -= master;
     b.moments = 0;
   }

@@ -46,6 +46,10 @@ struct StateShape {
   // Whether the master is on the tier: a bf16 run's (an fp32 run's master is its working
   // weights at ZeRO 0 and 3, and the source of the all-gather at 1 and 2).
   bool master_offloaded() const { return offload_chunk > 0 && master && working_bytes == 2; }
+  // The tier is host memory ([offload] host: a GPU's master and moments, page-locked), not a
+  // file; its chunk buffers are then the staging of the gradients (two chunks, copied from the
+  // device ahead of the update) and of the bf16 weights (one chunk, copied back).
+  bool offload_host = false;
 };
 
 // [offload]: the elements of each of the tier's chunks (a multiple of 2048, at most the state
@@ -71,8 +75,9 @@ struct StateBytes {
   // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments.
   size_t zero_buffers = 0;
   size_t quantized = 0;        // a quantized frozen base: codes and scales (compact states only)
-  size_t offload_buffers = 0;  // [offload]: the tier's chunk buffers (up to three)
-  size_t tier = 0;             // [offload]: on the tier's disk (not in total())
+  size_t offload_buffers = 0;  // [offload]: the tier's chunk buffers (up to three), or the host
+                               // tier's staging (host memory, as the disk tier's)
+  size_t tier = 0;             // [offload]: on the tier's disk, or host memory (not in total())
   size_t total() const {
     return working + biases + grads + master + moments + zero_buffers + quantized + offload_buffers;
   }

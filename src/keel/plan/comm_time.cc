@@ -97,7 +97,7 @@ double PipelineStageImbalance(const ModelSpec& m, int pp) {
   return pp * last / total;
 }
 
-StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c, double tier_bytes) {
+StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c, double tier_traffic) {
   const ModelSpec& m = job.model;
   const Accelerator& acc = job.cluster.accel;
   StepTime t;
@@ -117,9 +117,8 @@ StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c, doub
   const double dp_exposed = std::max(0.0, c.dp_s - t.compute_s * 2.0 / 3.0);
   t.exposed_comm_s = c.tp_s + c.pp_s + dp_exposed;
   // The bubble stretches the pipelined part: (m + pp - 1) / m = 1 / (1 - bubble).
-  t.offload_s = tier_bytes > 0 ? 2 * tier_bytes * std::min<double>(job.cluster.per_node, world) /
-                                     job.offload_bytes_per_s
-                               : 0;
+  const double sharing = job.offload_host ? 1 : std::min<double>(job.cluster.per_node, world);
+  t.offload_s = tier_traffic * sharing / job.offload_bytes_per_s;
   t.step_s = (t.compute_s + c.tp_s + c.pp_s) / (1 - t.bubble) + dp_exposed + t.offload_s;
   t.tokens_per_s = tokens / t.step_s;
   t.mfu = tokens * ModelFlopsPerToken(m, n) / (t.step_s * world * peak);

@@ -43,8 +43,10 @@ struct StepTime {
   double mfu = 0;
 };
 
-// `tier_bytes`: each rank's state on an offload tier (MemoryBreakdown::tier), read and written
-// once per step by the update, which waits for it: the node's ranks share the tier's bandwidth.
-StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c, double tier_bytes = 0);
+// `tier_traffic`: each rank's bytes over an offload tier's link per step
+// (MemoryBreakdown::tier_traffic), which the update waits for: a disk's bandwidth the node's ranks
+// share, the host tier's each rank's own.
+StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c,
+                      double tier_traffic = 0);
 
 }  // namespace keel::plan

@@ -99,6 +99,9 @@ struct Job {
   // together (bytes/s; `keel preflight` measures it).
   double offload_chunk = 0;
   double offload_bytes_per_s = 2e9;
+  // [offload] host: the tier is pinned host memory (a GPU's), its link each rank's PCIe at
+  // offload_bytes_per_s.
+  bool offload_host = false;
   int global_batch = 512;  // sequences per optimizer step
   Cluster cluster;
   // Fraction of peak FLOP/s that the matrix products reach; the rest of the step time model

@@ -138,9 +138,19 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   shape.grad_bytes = job.bf16_grads ? 2 : 4;
   shape.master = job.master;
   shape.offload_chunk = size_t(job.offload_chunk);
+  shape.offload_host = job.offload_host;
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, l);
   mem.state.offload = double(b.offload_buffers);
   mem.tier = double(b.tier);
+  mem.tier_traffic = 2 * mem.tier;
+  if (job.offload_host) {
+    // The staging is host memory, not the device's; the link carries each chunk's gradients
+    // down and its bf16 weights up (and down first, without a master).
+    mem.state.offload = 0;
+    const double held =
+        double(l.zero >= 1 ? parallel::Shard(shape.total, l.dp, 0).size : shape.total);
+    mem.tier_traffic = held * (shape.grad_bytes + 2 + (job.master ? 0 : 2));
+  }
   mem.state.params = double(b.working + b.biases + b.quantized);
   mem.state.grads = double(b.grads);
   mem.state.master = double(b.master);
@@ -185,6 +195,7 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
     mem.state.moments = 0;
     if (master) mem.state.master = 0;
     mem.state.offload = 3 * job.offload_chunk;
+    mem.tier_traffic = 2 * mem.tier;
   }
 
   const int micro_batches = job.global_batch / (l.dp * l.micro_batch);

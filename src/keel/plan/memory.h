@@ -58,7 +58,11 @@ struct MemoryBreakdown {
   double comm_buffers = 0;
   double headroom = 0;  // kept free: allocator fragmentation, runtime context, workspaces
   double capacity = 0;
-  double tier = 0;                 // [offload]: bytes on the tier's disk (not in used())
+  double tier = 0;  // [offload]: bytes on the tier's disk, or in host memory (not in used())
+  // The bytes the tier's link carries per rank per step: a disk's reads and writes of the state
+  // (the node's ranks share it), or the host tier's gradient and weight copies (each rank's own
+  // PCIe link).
+  double tier_traffic = 0;
   bool exact_activations = false;  // from keel's own arena (model::PlanActivations)
   double used() const { return state.total() + activations + comm_buffers; }
   bool fits() const { return used() + headroom <= capacity; }

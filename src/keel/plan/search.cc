@@ -14,7 +14,7 @@ Estimate Evaluate(const Job& job, const Layout& l) {
   e.layout = l;
   e.memory = EstimateMemory(job, l);
   e.comm = EstimateComm(job, l);
-  e.time = EstimateTime(job, l, e.comm, e.memory.tier);
+  e.time = EstimateTime(job, l, e.comm, e.memory.tier_traffic);
   e.ckpt = PlanCheckpoints(job);
   e.cost = EstimateCost(job, e.time, e.ckpt);
   e.activation_row = e.memory.exact_activations ? "keel arena (model::PlanActivations)"

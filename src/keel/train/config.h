@@ -132,10 +132,13 @@ struct LossScaleSection {
 
 // An offload tier (optim/offload_tier.h): AdamW's moments, and a bf16 run's fp32 master, in a
 // scratch file in `dir` instead of memory (12 of a bf16 run's 18 bytes per parameter), streamed
-// through three buffers of `chunk_mib` during the update. Empty `dir`: all in memory.
+// through three buffers of `chunk_mib` during the update. Empty `dir`: all in memory. `host`
+// (train.device = "cuda", bf16): the same state in pinned host memory instead of the GPU's, updated
+// by the CPU chunk by chunk as each chunk's gradients arrive.
 struct OffloadSection {
   std::string dir;
   double chunk_mib = 16;
+  bool host = false;
 
   bool operator==(const OffloadSection&) const = default;
 };

@@ -262,9 +262,24 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                  "is not for LoRA (its adapters' state is a few MB; the frozen base has none)");
   if (!cfg.offload.dir.empty() && t.device != "cpu")
     offload.Fail("dir",
-                 "is built for train.device = \"cpu\" only (the CUDA tier, pinned host "
-                 "memory, is not), got \"" +
+                 "is built for train.device = \"cpu\" only (a GPU's tier is pinned host memory: "
+                 "[offload] host = true), got \"" +
                      t.device + "\"");
+  if (cfg.offload.host) {
+    if (!cfg.offload.dir.empty())
+      offload.Fail("host",
+                   "and dir are two tiers: set one (dir: a disk, host: a GPU's host memory)");
+    if (t.device != "cuda")
+      offload.Fail("host",
+                   "is for train.device = \"cuda\" (on the CPU the state is in host memory "
+                   "already; [offload] dir moves it to a disk), got \"" +
+                       t.device + "\"");
+    if (t.precision != "bf16")
+      offload.Fail("host", "needs train.precision = \"bf16\" (the GPU keeps bf16 weights), got \"" +
+                               t.precision + "\"");
+    if (cfg.lora.rank > 0)
+      offload.Fail("host", "is not for LoRA (its adapters' state is a few MB)");
+  }
 
   const Checker parallel(prov, "parallel");
   parallel.FinitePositive("bucket_mb", cfg.parallel.bucket_mb);

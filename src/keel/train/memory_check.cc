@@ -62,7 +62,9 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
   shape.moment_bytes = cfg.optim.state_dtype == "bf16" ? 2 : 4;
   shape.grad_bytes = cfg.optim.grad_dtype == "bf16" ? 2 : 4;
   shape.master = cfg.optim.master_weights;
-  if (!cfg.offload.dir.empty()) shape.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
+  if (!cfg.offload.dir.empty() || cfg.offload.host)
+    shape.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
+  shape.offload_host = cfg.offload.host;
   b.state = parallel::StateBytesPerRank(shape, d);
   // One slot without a pipeline (PipelineSlots would list every micro-batch's units first).
   const std::vector<int> slots =

@@ -184,8 +184,9 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
                 cfg.optim.state_dtype == "bf16"};
   spec.hyper.bf16_grads = cfg.optim.grad_dtype == "bf16";
   spec.master = cfg.optim.master_weights;
-  if (!cfg.offload.dir.empty()) {
+  if (!cfg.offload.dir.empty() || cfg.offload.host) {
     spec.offload_dir = cfg.offload.dir;
+    spec.offload_host = cfg.offload.host;
     spec.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
   }
   spec.frozen = frozen;

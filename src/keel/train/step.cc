@@ -67,7 +67,8 @@ parallel::StateShape ShapeOf(const model::ParamLayout& layout, const StepSpec& s
   s.moment_bytes = spec.hyper.bf16_moments ? 2 : 4;
   s.grad_bytes = spec.hyper.bf16_grads ? 2 : 4;
   s.master = spec.master;
-  s.offload_chunk = spec.offload_dir.empty() ? 0 : spec.offload_chunk;
+  s.offload_chunk = spec.offload_dir.empty() && !spec.offload_host ? 0 : spec.offload_chunk;
+  s.offload_host = spec.offload_host;
   return s;
 }
 

@@ -55,7 +55,9 @@ struct StepSpec {
   bool master = true;
   // [offload]: the moments (and a bf16 run's master) on a disk tier in this folder, streamed in
   // chunks of about offload_chunk bytes (parallel::StateShape::offload_chunk); empty: in memory.
+  // offload_host: the host tier (a GPU's state in pinned host memory) instead, with offload_chunk.
   std::string offload_dir;
+  bool offload_host = false;
   size_t offload_chunk = 0;
 };
 

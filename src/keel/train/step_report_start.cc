@@ -77,9 +77,22 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
   if (o.grad_dtype == "bf16") tier += " (bf16 gradients from fp32 buckets)";
   if (const optim::OffloadTier* t = run.step->store().tier())
     tier += "; on the offload tier: " + std::to_string(t->file_bytes() / 1048576.0).substr(0, 6) +
-            " MiB in " + t->dir() + (t->direct() ? " (O_DIRECT)" : " (buffered: O_DIRECT refused)");
+            " MiB in " +
+            (t->host()     ? std::string("pinned host memory")
+             : t->direct() ? t->dir() + " (O_DIRECT)"
+                           : t->dir() + " (buffered: O_DIRECT refused)");
   Log("keel: memory per rank (MiB): %s; total %.1f MiB%s", kinds.c_str(),
       run.memory_bytes / 1048576.0, tier.c_str());
+  if (o.grad_dtype == "bf16" && dims.zero < 2) {
+    // The buckets are the embeddings', the head's and two blocks': a model whose vocabulary
+    // outweighs its blocks (a small GPT-2) pays more for them than the bf16 buffer saves.
+    const size_t saved = facts.memory.value("grads", size_t(0)),
+                 buckets = facts.memory.value("zero_buffers", size_t(0));
+    if (buckets > saved)
+      Log("keel: note: optim.grad_dtype = \"bf16\" costs %.1f MiB of fp32 buckets to save %.1f "
+          "MiB here (the embeddings dominate this model); fp32 gradients take less memory",
+          buckets / 1048576.0, saved / 1048576.0);
+  }
   nlohmann::json event = {
       {"event", "memory"}, {"bytes", facts.memory}, {"layout", parallel::DimsName(dims)}};
   if (run.pipelined) {

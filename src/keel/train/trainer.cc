@@ -161,7 +161,7 @@ void Finish(Run& run) {
   if (run.lead && !sum.interrupted && need_weights)
     PrintSamples(cfg, base, base_params, final_w.data());
   run.ckpt->Finish();  // after the model file: a failed last save must not cost the weights too
-  if (const optim::OffloadTier* t = run.step->store().tier(); t && run.lead) {
+  if (const optim::OffloadTier* t = run.step->store().tier(); t && !t->host() && run.lead) {
     // What the tier cost: its traffic, its bandwidth while busy, and the update's wait for it.
     const optim::TierStats st = t->stats();
     Log("keel: offload tier: read %.2f GiB, wrote %.2f GiB in %.1f s of I/O (%.2f GB/s); the "

@@ -252,10 +252,11 @@ void ZeroStrategy::PublishBiases() {
     if (p.bias_index == SIZE_MAX) continue;
     const size_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
     if (a >= e) continue;
-    if (store_.offloaded(optim::ParamStore::Kind::kMaster))  // host memory, as the tier's
-      store_.ReadState(optim::ParamStore::Kind::kMaster, a - lo, e - a,
-                       b + p.bias_index + (a - p.offset));
-    else if (store_.has_master())
+    if (store_.offloaded(optim::ParamStore::Kind::kMaster)) {  // through host memory
+      std::vector<float> host(e - a);
+      store_.ReadState(optim::ParamStore::Kind::kMaster, a - lo, e - a, host.data());
+      store_.backend().FromHost(b + p.bias_index + (a - p.offset), host.data(), 4 * (e - a));
+    } else if (store_.has_master())
       store_.backend().Copy(b + p.bias_index + (a - p.offset), store_.master() + (a - lo),
                             4 * (e - a));
     else  // the bf16 weights are the only copy: their exact widening
@@ -388,11 +389,15 @@ std::vector<float> ZeroStrategy::GatherMaster() {
                       [&](void* p, size_t lo, size_t n) { be.ToHost(full.data() + lo, p, 4 * n); });
     return full;
   }
-  // An offload tier's shard comes into memory to be sent (a host backend's: offload is CPU's).
+  // An offload tier's shard comes into memory to be sent: the host's, then a GPU's for NCCL.
   std::vector<float> shard(store_.offloaded(Kind::kMaster) ? store_.state_hi() - store_.state_lo()
                                                            : 0);
   if (!shard.empty()) store_.ReadState(Kind::kMaster, 0, shard.size(), shard.data());
-  const float* send = shard.empty() ? store_.master() : shard.data();
+  Buffer shard_dev(be, be.host_visible() ? 0 : 4 * shard.size());
+  if (shard_dev.data()) be.FromHost(shard_dev.data(), shard.data(), shard_dev.bytes());
+  const float* send = shard.empty()      ? store_.master()
+                      : shard_dev.data() ? shard_dev.as<float>()
+                                         : shard.data();
   // The group's communicator reads and writes the backend's memory (NCCL: the GPU's).
   Buffer gathered(be, be.host_visible() ? 0 : 4 * full.size());
   float* dst = be.host_visible() ? full.data() : gathered.as<float>();
