@@ -10,6 +10,8 @@
 #      (1e-3 a step for 25 steps, the last 10's mean within 1e-2),
 #      and 20 LoRA steps of a Llama on an int8 base, GPU against CPU, bf16 (and again as DoRA with
 #      dropout 0.1: the magnitudes' kernels and the masks on the GPU),
+#   4c. the GPU's offload tier ([offload] host): 20 bf16 steps of GPT-2 124M with the master and
+#      moments in pinned host memory (AdamW on the CPU) track the run with them on the GPU,
 #   5. throughput: GPT-2 124M, 350M and 774M in bf16, tokens/s and MFU against the H200's
 #      989 TFLOP/s dense bf16 peak (KEEL_PEAK_TFLOPS to change it).
 # Prints one PASS/FAIL line per check and the figures; work and logs go to build-gpu/check, and
@@ -112,13 +114,13 @@ if [[ ! -f data/brown/train/meta.json ]]; then
     --workers "$(nproc)" >"$out/prepare.log" 2>&1 || say "FAIL prepare (see $out/prepare.log)"
 fi
 model=$([[ $dev == cuda ]] && echo gpt2 || echo gpt2-tiny)
-run() {  # run NAME DEVICE PRECISION MODEL STEPS BATCH SEQ
+run() {  # run NAME DEVICE PRECISION MODEL STEPS BATCH SEQ [--set ...]
   "$bin/keel" train configs/quickstart.toml --set model.name="$4" --set train.name="$1" \
     --set train.out_dir="$out/runs" --set train.device="$2" --set train.precision="$3" \
     --set train.steps="$5" --set train.batch_size="$6" --set data.seq_len="$7" \
     --set train.val_every=0 --set train.val_batches=1 --set train.sample_count=0 \
     --set checkpoint.at_end=false --set checkpoint.every_minutes=0 \
-    --set checkpoint.save_final=false --set optim.warmup_steps=5
+    --set checkpoint.save_final=false --set optim.warmup_steps=5 "${@:8}"
 }
 rm -rf "$out/runs"
 track() {
@@ -178,6 +180,27 @@ check lora_int8 lora_track lora
 grep -h "lora int8 base" "$out/lora_int8.log" | tee -a "$report"
 check dora_int8 lora_track dora --set lora.dora=true --set lora.dropout=0.1
 grep -h "dora int8 base" "$out/dora_int8.log" | tee -a "$report"
+
+# 4c. The host tier: the same 20 bf16 steps with the optimizer state on the GPU and in pinned host
+# memory (the CPU's AdamW and the GPU's round alike but may contract differently: 2e-3 a step).
+host_tier() {
+  run host_mem "$dev" bf16 "$model" 20 4 256 &&
+    run host_tier "$dev" bf16 "$model" 20 4 256 --set offload.host=true &&
+    python3 - "$out/runs" <<'PY'
+import json, sys
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/{name}/metrics.jsonl") if '"loss"' in l]
+a, b = losses("host_mem"), losses("host_tier")
+assert len(a) == len(b) == 20, (len(a), len(b))
+worst = max(abs(x - y) for x, y in zip(a, b))
+print(f"host tier, 20 steps: last loss {a[-1]:.4f} / {b[-1]:.4f}, largest difference {worst:.2e}")
+assert worst <= 2e-3, "the host tier's losses drift from the run in GPU memory"
+PY
+}
+if [[ $dev == cuda ]]; then
+  check host_tier host_tier
+  grep -h "host tier, 20 steps" "$out/host_tier.log" | tee -a "$report"
+fi
 
 # 5. Throughput, bf16: the median step of the last 10 of 15 (B=16, T=1024; tiny models on a CPU).
 throughput() {
