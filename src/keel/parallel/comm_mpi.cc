@@ -372,7 +372,11 @@ class MpiComm final : public Comm {
     return std::make_unique<MpiWork>(engine_->SubmitP2p(args), args.stream, op, args.seq);
   }
 
-  MPI_Op SumOp(DType dtype) const { return dtype == DType::kF32 ? MPI_SUM : engine_->bf16_sum(); }
+  MPI_Op SumOp(DType dtype) const {
+    return dtype == DType::kF32   ? MPI_SUM
+           : dtype == DType::kF16 ? engine_->f16_sum()
+                                  : engine_->bf16_sum();
+  }
 
   std::shared_ptr<MpiEngine> engine_;  // keeps MPI up while this Comm lives
   MPI_Comm comm_;

@@ -95,6 +95,14 @@ void SumBf16(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
   for (int i = 0; i < *len; ++i) b[i] = ToBf16(ToFloat(a[i]) + ToFloat(b[i]));
 }
 
+// The same for fp16 (train.precision = "fp16" under tensor parallelism): added in fp32, rounded
+// to nearest even (overflow to infinity, which the loss scaler then sees).
+void SumF16(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
+  const auto* a = static_cast<const f16*>(in);
+  auto* b = static_cast<f16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = ToF16(ToFloat(a[i]) + ToFloat(b[i]));
+}
+
 void Complete(OpState& state, std::string error) {
   {
     std::lock_guard lock(state.mu);
@@ -421,7 +429,7 @@ void MpiEngine::Loop(std::shared_ptr<Queue> q, std::promise<std::string>& starte
       rc != MPI_SUCCESS)
     return started.set_value("MPI_Init_thread failed: " + MpiErrorString(rc));
   MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Op bf16_sum = MPI_OP_NULL;
+  MPI_Op bf16_sum = MPI_OP_NULL, f16_sum = MPI_OP_NULL;
   std::string err;
   if (provided < MPI_THREAD_SERIALIZED) {
     // Only this thread calls MPI, so FUNNELED would do in practice, but ask for what we use.
@@ -442,7 +450,10 @@ void MpiEngine::Loop(std::shared_ptr<Queue> q, std::promise<std::string>& starte
     tag_ub_ = has_tag_ub && tag_ub ? *tag_ub : 32767;  // 32767: the least MPI guarantees
     if (int rc = MPI_Op_create(&SumBf16, /*commute=*/1, &bf16_sum); rc != MPI_SUCCESS)
       err = "MPI_Op_create: " + MpiErrorString(rc);
+    else if (int rc2 = MPI_Op_create(&SumF16, /*commute=*/1, &f16_sum); rc2 != MPI_SUCCESS)
+      err = "MPI_Op_create: " + MpiErrorString(rc2);
     bf16_sum_ = bf16_sum;
+    f16_sum_ = f16_sum;
   }
   if (!err.empty()) {
     MPI_Finalize();
@@ -511,6 +522,7 @@ void MpiEngine::Loop(std::shared_ptr<Queue> q, std::promise<std::string>& starte
   }
   lock.unlock();
   MPI_Op_free(&bf16_sum);
+  MPI_Op_free(&f16_sum);
   MPI_Comm_free(&comm);
   MPI_Finalize();
   lock.lock();

@@ -117,6 +117,7 @@ class MpiEngine {
   int size() const { return size_; }
   MPI_Comm comm() const { return comm_; }
   MPI_Op bf16_sum() const { return bf16_sum_; }
+  MPI_Op f16_sum() const { return f16_sum_; }
   int tag_ub() const { return tag_ub_; }
 
   // Queues `run` behind every earlier operation; the handle completes when it has run.
@@ -145,7 +146,7 @@ class MpiEngine {
   int rank_ = -1;
   int size_ = 0;
   MPI_Comm comm_ = MPI_COMM_NULL;
-  MPI_Op bf16_sum_ = MPI_OP_NULL;
+  MPI_Op bf16_sum_ = MPI_OP_NULL, f16_sum_ = MPI_OP_NULL;
   int tag_ub_ = 32767;
 };
 

@@ -169,14 +169,10 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                                        ", got " + std::to_string(t.micro_batch_size));
   train.OneOf("precision", t.precision, {"bf16", "fp32", "fp16"});
   if (t.precision == "fp16") {
-    // fp16 runs on the CPU backend, whole tensors per rank, with an fp32 master and full weights.
+    // fp16 runs on the CPU backend, with an fp32 master and full weights.
     if (t.device != "cpu")
       train.Fail("precision",
                  "\"fp16\" runs on train.device = \"cpu\" only so far, got \"" + t.device + "\"");
-    if (cfg.parallel.tp > 1)
-      train.Fail("precision", "\"fp16\" with parallel.tp = " + std::to_string(cfg.parallel.tp) +
-                                  ": tensor parallelism sums bf16 or fp32 activations; expected "
-                                  "tp = 1");
     if (cfg.lora.rank > 0)
       train.Fail("precision", "\"fp16\" is not for LoRA yet (its base computes in bf16 or fp32)");
     if (cfg.loss_scale.kind == "none")

@@ -35,7 +35,9 @@ void Check(cudaError_t e, const char* what) {
 }
 #define KEEL_NCCL(call) Check((call), #call)
 
-ncclDataType_t TypeOf(DType t) { return t == DType::kF32 ? ncclFloat32 : ncclBfloat16; }
+ncclDataType_t TypeOf(DType t) {
+  return t == DType::kF32 ? ncclFloat32 : t == DType::kF16 ? ncclFloat16 : ncclBfloat16;
+}
 
 bool OnDevice(const void* p) {
   cudaPointerAttributes a{};
