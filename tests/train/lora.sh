@@ -31,7 +31,11 @@
 #     checkpoint's export is the model file's (fp32 and bf16), an int8 base stays within 1e-3 of
 #     the unquantized one's losses; with dropout 0.3 (PEFT's form), dp 2, pp 2 and tp 2 with and
 #     without sequence parallelism give one process's losses within 1e-5 and a resume is bitwise; the
-#     PEFT export of the tp 2 checkpoint (magnitudes cut as B is) is one process's within 1e-4.
+#     PEFT export of the tp 2 checkpoint (magnitudes cut as B is) is one process's within 1e-4;
+#  9. fp16 (train.precision = "fp16", the base kept as its fp16 rounding): every step's loss within
+#     1e-4 of the fp32 run's (bf16's are 1e-3 away), and on an int8 base (dequantized into fp16)
+#     within 1e-4 of fp32's int8 run; a resume is bitwise; the checkpoint's export is the model
+#     file's.
 #   tests/train/lora.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -95,6 +99,10 @@ run bf16 -- "${lora[@]}" --set train.precision=bf16
 run int8 -- "${lora[@]}" --set lora.base=int8
 run int8r -- "${lora[@]}" --set lora.base=int8 --set train.stop_at=6
 run int8r -- "${lora[@]}" --set lora.base=int8 --resume auto
+run f16 -- "${lora[@]}" --set train.precision=fp16
+run f16int8 -- "${lora[@]}" --set train.precision=fp16 --set lora.base=int8
+run f16r -- "${lora[@]}" --set train.precision=fp16 --set train.stop_at=6
+run f16r -- "${lora[@]}" --set train.precision=fp16 --resume auto
 scratch=(--set train.steps=8 --set train.batch_size=8 --set optim.lr=1e-2 --set lora.rank=4
          --set lora.targets=all)
 run rand -- "${scratch[@]}"
@@ -108,7 +116,7 @@ run randdorapp "${mpi[@]}" -- "${scratch[@]}" --set lora.dora=true --set paralle
 run randdoratp "${mpi[@]}" -- "${scratch[@]}" --set lora.dora=true --set parallel.tp=2
 grep -Eq "memory per rank.* quantized_base [0-9.]+," "$tmp/int8.log" &&
   ! grep -q quantized_base "$tmp/single.log" || { echo "memory lines:"; grep -h "memory" "$tmp"/*.log; exit 1; }
-for name in single bf16 int8 dora dorabf16; do
+for name in single bf16 int8 dora dorabf16 f16 f16int8; do
   last=$(ls -d "$tmp/$name"/checkpoints/step_* | tail -1)
   "$keel" ckpt export "$last" --out "$tmp/$name-ckpt/model.safetensors" >/dev/null
   "$keel" ckpt export "$tmp/$name/model.safetensors" --out "$tmp/$name-file/model.safetensors" >/dev/null
@@ -163,6 +171,9 @@ close("Llama (grouped-query attention), all targets, tp 2", "llamatp", losses("l
 int8 = losses("int8")
 close("int8 base, from the unquantized base", "int8", ref, limit=1e-3)
 assert losses("int8r") == int8, "the resumed int8 run's losses differ"
+close("fp16, from fp32", "f16", ref, limit=1e-4)
+close("fp16 on an int8 base, from fp32's int8 run", "f16int8", int8, limit=1e-4)
+assert losses("f16r") == losses("f16"), "the resumed fp16 run's losses differ"
 close("random base, pp 2", "randpp", losses("rand"), steps=8)
 assert losses("randq") == losses("randq1"), "the resumed int8 run from random weights differs"
 dora = losses("dora")

@@ -18,11 +18,15 @@ void Dequantized(BaseQuant q, const ParamInfo& p, DType dtype, const uint8_t* co
   const size_t group = QuantGroup(q, size_t(p.shape[1]));
   if (dtype == DType::kF32)
     return kernels::Cpu().Dequantize(y, codes, scales, p.numel, group, FormatOf(q));
-  KEEL_CHECK(dtype == DType::kBF16, "a quantized base computes in bf16 or fp32");
-  std::vector<bf16> w(p.numel);
-  kernels::Cpu().Dequantize(w.data(), codes, scales, p.numel, group, FormatOf(q));
+  auto widened = [&](auto zero) {
+    std::vector<decltype(zero)> w(p.numel);
+    kernels::Cpu().Dequantize(w.data(), codes, scales, p.numel, group, FormatOf(q));
 #pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < p.numel; ++i) y[i] = ToFloat(w[i]);
+    for (size_t i = 0; i < p.numel; ++i) y[i] = ToFloat(w[i]);
+  };
+  if (dtype == DType::kF16) return widened(f16{});
+  KEEL_CHECK(dtype == DType::kBF16, "a quantized base computes in bf16, fp16 or fp32");
+  widened(bf16{});
 }
 
 }  // namespace

@@ -173,8 +173,6 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
     if (t.device != "cpu")
       train.Fail("precision",
                  "\"fp16\" runs on train.device = \"cpu\" only so far, got \"" + t.device + "\"");
-    if (cfg.lora.rank > 0)
-      train.Fail("precision", "\"fp16\" is not for LoRA yet (its base computes in bf16 or fp32)");
     if (cfg.loss_scale.kind == "none")
       train.Fail("precision",
                  "\"fp16\" with [loss_scale] kind = \"none\": fp16's range (6e-5 to 65504) loses "
