@@ -6,7 +6,8 @@
 #     so does the offload tier ([offload] dir: the update reads the bf16 gradients chunk by chunk);
 #  3. the weights differ from the fp32-gradient run's (the buffer really is bf16), and every
 #     step's loss stays within 0.5% of its (the loss falls from 10.8 to 8.8 over the 40 steps): at one micro-batch, with gradient accumulation at
-#     ZeRO 1 and 2 (the bf16 buffer accumulates micro-batches), at tp 2, at pp 2 and in fp16;
+#     ZeRO 1 and 2 (the bf16 buffer accumulates micro-batches), at tp 2 (with and without
+#     sequence parallelism), at pp 2 and in fp16;
 #  4. fp32 runs, LoRA and an unknown dtype are refused with one line.
 #   tests/train/grad_dtype.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
@@ -64,6 +65,10 @@ done
 run tp_ref 2 --set parallel.tp=2
 run tp 2 "${bf16g[@]}" --set parallel.tp=2
 close tp tp_ref
+# Sequence parallelism: the LayerNorms' gradients are summed over the tp group, in fp32.
+run tpsp_ref 2 --set parallel.tp=2 --set parallel.sp=true
+run tpsp 2 "${bf16g[@]}" --set parallel.tp=2 --set parallel.sp=true
+close tpsp tpsp_ref
 run pp_ref 2 --set parallel.pp=2 --set train.micro_batch_size=2
 run pp 2 "${bf16g[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
 close pp pp_ref

@@ -16,16 +16,16 @@ namespace keel::train {
 namespace {
 
 // A sum over a group of gradients [at, at + n) of the store's buffer, started: in place when they
-// are fp32; bf16 ones (optim.grad_dtype) widened into fp32, summed there and rounded back once
-// (FinishGradSum), so that no rank adds in bf16.
+// are fp32; bf16 ones (optim.grad_dtype) widened into `wide` (n fp32, the caller's scratch),
+// summed there and rounded back once (FinishGradSum), so that no rank adds in bf16.
 struct GradSum {
   std::unique_ptr<parallel::Work> op;
-  Buffer wide;
+  float* wide = nullptr;
   bf16* dst = nullptr;
   size_t n = 0;
 };
 
-GradSum StartGradSum(parallel::Comm& c, optim::ParamStore& st, size_t at, size_t n) {
+GradSum StartGradSum(parallel::Comm& c, optim::ParamStore& st, size_t at, size_t n, float* wide) {
   GradSum g;
   if (st.grad_dtype() == DType::kF32) {
     g.op = c.AllReduceSumAsync(static_cast<float*>(st.grads()) + at, n);
@@ -33,16 +33,16 @@ GradSum StartGradSum(parallel::Comm& c, optim::ParamStore& st, size_t at, size_t
   }
   g.dst = static_cast<bf16*>(st.grads()) + at;
   g.n = n;
-  g.wide = Buffer(st.backend(), 4 * n);
-  st.backend().ToF32(g.wide.as<float>(), g.dst, n);
-  g.op = c.AllReduceSumAsync(g.wide.as<float>(), n);
+  g.wide = wide;
+  st.backend().ToF32(wide, g.dst, n);
+  g.op = c.AllReduceSumAsync(wide, n);
   return g;
 }
 
 // Milliseconds waited.
 double FinishGradSum(GradSum& g, const kernels::Backend& be, double timeout_s, const char* what) {
   const double ms = parallel::WaitOrLost(*g.op, timeout_s, what);
-  if (g.dst) be.ToBf16(g.dst, g.wide.as<float>(), g.n);
+  if (g.dst) be.ToBf16(g.dst, g.wide, g.n);
   return ms;
 }
 
@@ -242,7 +242,7 @@ void TrainStep::SumTiedGrads() {
   // ZeRO 0 and 1 (the only stages pipelines take) keep every gradient: wte is whole on both.
   const model::ParamInfo& wte = layout_.Find("wte.weight");
   if (wte.grad_offset == SIZE_MAX) return;  // frozen (LoRA): no gradient
-  GradSum sum = StartGradSum(*g_.tied, *store_, wte.grad_offset, wte.numel);
+  GradSum sum = StartGradSum(*g_.tied, *store_, wte.grad_offset, wte.numel, SumScratch(wte.numel));
   tied_ms_ = FinishGradSum(sum, be_, spec_.comm_timeout_s, "the tied embedding's gradient sum");
   tied_bytes_ = 4.0 * double(wte.numel);
 }
@@ -256,7 +256,7 @@ void TrainStep::SumTiedGrads() {
 void TrainStep::SumTpPartialGrads() {
   if (!g_.tp || g_.tp->size() < 2) return;
   const size_t lo = store_->grads_lo(), hi = lo + store_->grads_size();
-  std::vector<GradSum> ops;
+  std::vector<std::pair<size_t, size_t>> ranges;  // [at, n) of the store's gradients
   for (const model::ParamInfo& p : layout_.params()) {
     // A LoRA layout's frozen norms have only a scratch (past grad_trained): nothing to sum.
     if (p.grad_offset >= layout_.grad_trained()) continue;
@@ -265,11 +265,25 @@ void TrainStep::SumTpPartialGrads() {
     if (!partial) continue;
     const size_t a = std::max(lo, p.grad_offset), b = std::min(hi, p.grad_offset + p.numel);
     if (a >= b) continue;
-    ops.push_back(StartGradSum(*g_.tp, *store_, a - lo, b - a));
+    ranges.emplace_back(a - lo, b - a);
     tp_sum_bytes_ += 4.0 * double(b - a);
+  }
+  size_t total = 0;
+  for (const auto& r : ranges) total += r.second;
+  float* wide = SumScratch(total);  // each sum its own part: they run at once
+  std::vector<GradSum> ops;
+  for (const auto& [at, n] : ranges) {
+    ops.push_back(StartGradSum(*g_.tp, *store_, at, n, wide));
+    if (wide) wide += n;
   }
   for (GradSum& g : ops)
     tp_sum_ms_ += FinishGradSum(g, be_, spec_.comm_timeout_s, "a tensor-parallel gradient sum");
+}
+
+float* TrainStep::SumScratch(size_t n) {
+  if (store_->grad_dtype() == DType::kF32) return nullptr;
+  if (sum_scratch_.bytes() < 4 * n) sum_scratch_ = Buffer(be_, 4 * n);
+  return sum_scratch_.as<float>();
 }
 
 double TrainStep::tp_wait_ms() const {

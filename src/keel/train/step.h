@@ -143,6 +143,8 @@ class TrainStep {
  private:
   void SumTiedGrads();
   void SumTpPartialGrads();
+  // bf16 gradients' fp32 scratch for those sums (null for fp32 ones): kept, grown to the largest.
+  float* SumScratch(size_t n);
 
   StepSpec spec_;
   const kernels::Backend& be_;
@@ -153,6 +155,7 @@ class TrainStep {
   std::unique_ptr<ZeroStrategy> zero_;
   std::vector<std::unique_ptr<model::Transformer>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
+  Buffer sum_scratch_;
   double tied_ms_ = 0, tied_bytes_ = 0, tp_sum_ms_ = 0, tp_sum_bytes_ = 0;
   int64_t step_index_ = 0;
 };
