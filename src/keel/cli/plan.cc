@@ -153,7 +153,6 @@ plan::Job MakeJob(const PlanArgs& a) {
       ThrowBadInput("plan: --offload-chunk-mib and --offload-gbps: expected positive numbers");
     job.offload_chunk = a.offload_chunk_mib * 1048576;
     job.offload_host = a.offload_host;
-    job.offload_bytes_per_s = a.offload_gbps > 0 ? a.offload_gbps * 1e9 : 2e9;
   }
   // keel's accounting is the only one that knows LoRA's compact state: it is LoRA's default.
   job.accounting = plan::ParseAccounting(!a.accounting.empty() ? a.accounting
@@ -182,7 +181,12 @@ plan::Job MakeJob(const PlanArgs& a) {
   if (a.intra_gbps > 0) acc.intra_bytes_per_s = a.intra_gbps * 1e9;
   if (a.inter_gbps > 0) acc.inter_bytes_per_s = a.inter_gbps * 1e9;
   if (a.host_gbps > 0) acc.host_bytes_per_s = a.host_gbps * 1e9;
-  if (job.offload_host && !(a.offload_gbps > 0)) job.offload_bytes_per_s = acc.host_bytes_per_s;
+  // The tier's link: as given, else the host tier's is the accelerator's (the disk's: Job's 2
+  // GB/s).
+  if (a.offload_gbps > 0)
+    job.offload_bytes_per_s = a.offload_gbps * 1e9;
+  else if (job.offload_host)
+    job.offload_bytes_per_s = acc.host_bytes_per_s;
   auto positive = [](const char* flag, double v, bool zero_ok) {
     if (v > 0 || (zero_ok && v == 0)) return;
     char buf[64];

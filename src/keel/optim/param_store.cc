@@ -216,16 +216,11 @@ void ParamStore::Update(float lr, float grad_scale) {
   if (tier_->host()) return UpdateThroughHost(w, g, lr, grad_scale);
   // Chunk by chunk through the tier: the same elements, the same draws, the same bits.
   opt_.Begin();
-  const bool tm = shape_.master_offloaded();
   tier_->Stream([&](void* const* p, size_t lo, size_t n) {
-    AdamW::Slice s;
-    s.master = tm ? static_cast<float*>(p[0]) : master() ? master() + lo : nullptr;
+    AdamW::Slice s = TierSlice(p, lo, n);
+    if (!s.master && master()) s.master = master() + lo;
     s.working = w ? w + lo : nullptr;
-    s.m = p[tm ? 1 : 0];
-    s.v = p[tm ? 2 : 1];
     s.grads = g + gb * lo;
-    s.lo = lo;
-    s.n = n;
     opt_.Apply(s, lr, grad_scale);
     if (w16) be_->Narrow(DType::kF16, w16 + 2 * lo, s.master, n);
   });
@@ -236,7 +231,6 @@ void ParamStore::UpdateThroughHost(bf16* w, const char* g, float lr, float grad_
                n_all = state_hi_ - state_lo_;
   char* stage[2] = {stage_.as<char>(), stage_.as<char>() + gb * chunk};
   auto* w_host = reinterpret_cast<bf16*>(stage_.as<char>() + 2 * gb * chunk);
-  const bool tm = shape_.master_offloaded();
   // Chunk c's gradients land in stage[c % 2] on the copy stream while chunk c - 1 is updated.
   void* copies = nullptr;
   auto fetch = [&](size_t lo) {
@@ -250,19 +244,24 @@ void ParamStore::UpdateThroughHost(bf16* w, const char* g, float lr, float grad_
   tier_->Stream([&](void* const* p, size_t lo, size_t n) {
     be_->WaitCopies(copies);
     fetch(lo + n);
-    AdamW::Slice s;
-    s.master = tm ? static_cast<float*>(p[0]) : nullptr;
-    s.m = p[tm ? 1 : 0];
-    s.v = p[tm ? 2 : 1];
+    AdamW::Slice s = TierSlice(p, lo, n);
     s.grads = stage[(lo / chunk) % 2];
     s.working = w_host;
-    s.lo = lo;
-    s.n = n;
     // Without a master the bf16 weights are what AdamW updates: read them first.
-    if (!tm) be_->ToHost(w_host, w + lo, 2 * n);
+    if (!s.master) be_->ToHost(w_host, w + lo, 2 * n);
     opt_.Apply(s, lr, grad_scale);
     be_->FromHost(w + lo, w_host, 2 * n);
   });
+}
+
+AdamW::Slice ParamStore::TierSlice(void* const* p, size_t lo, size_t n) const {
+  AdamW::Slice s;
+  if (shape_.master_offloaded()) s.master = static_cast<float*>(p[Region(Kind::kMaster)]);
+  s.m = p[Region(Kind::kM)];
+  s.v = p[Region(Kind::kV)];
+  s.lo = lo;
+  s.n = n;
+  return s;
 }
 
 parallel::StateBytes ParamStore::bytes() const {

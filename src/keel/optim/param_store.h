@@ -157,6 +157,8 @@ class ParamStore {
   Buffer stage_;  // the host tier's staging: two chunks of gradients, one of bf16 weights
   // The host tier's update, chunk by chunk (param_store.cc).
   void UpdateThroughHost(bf16* w, const char* g, float lr, float grad_scale);
+  // A chunk of the tier as AdamW's slice: its master (null where the tier holds none) and moments.
+  AdamW::Slice TierSlice(void* const* p, size_t lo, size_t n) const;
   int Region(Kind k) const;  // the tier's region of an offloaded kind
   char* Resident(Kind k);    // a kind's memory where it is not offloaded
 };
