@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "fd_check.h"
 #include "keel/kernels/cpu/classifier.h"
@@ -72,6 +73,20 @@ TEST(Matmul, Fp32OddSizes) { CheckLinear<float>(1, 17, 33, 1e-5, 1e-4); }
 // bf16: inputs are rounded to bf16 before the reference sees them, so the only extra error is the
 // bf16 rounding of the outputs and of dinp (2^-8 relative).
 TEST(Matmul, Bf16MatchesFiniteDifferences) { CheckLinear<bf16>(6, 19, 13, 1e-2, 1e-2); }
+// fp16: the same with fp16's finer rounding (2^-11); oneDNN's fp16 product on AVX512-FP16 CPUs,
+// the widened fp32 one elsewhere.
+TEST(Matmul, Fp16MatchesFiniteDifferences) { CheckLinear<f16>(6, 19, 13, 2e-3, 2e-3); }
+
+// The probe per type: fp32 is never widened; bf16 is native where the CPU has bf16 dot products
+// and widened where it has no AVX-512 (oneDNN 2.6 has no bf16 matmul there).
+TEST(Matmul, ProbeFindsTheCpusProducts) {
+  EXPECT_FALSE(ProductsEmulated(DType::kF32));
+  if (__builtin_cpu_supports("avx512bf16")) EXPECT_FALSE(ProductsEmulated(DType::kBF16));
+  if (!__builtin_cpu_supports("avx512f")) EXPECT_TRUE(ProductsEmulated(DType::kBF16));
+  std::printf("this CPU: bf16 products %s, fp16 products %s\n",
+              ProductsEmulated(DType::kBF16) ? "widened to fp32" : "native",
+              ProductsEmulated(DType::kF16) ? "widened to fp32" : "native");
+}
 
 TEST(Matmul, AccumulateAddsIntoOutput) {
   const int M = 3, K = 4, N = 5;

@@ -48,10 +48,10 @@ class Backend : public Memory {
   // 0 where unknown. The CPU's is measured instead (monitor/machine_probe.h).
   virtual std::string name() const = 0;
   virtual double PeakFlops(DType /*t*/) const { return 0; }
-  // True once bf16 matrix products run in fp32 on widened copies (same results, slower): on a
-  // CPU where oneDNN refused a bf16 product (no AVX-512), from that product on. The trainer
-  // asks after its first bf16 step, to say so once. A GPU multiplies bf16 natively: false.
-  virtual bool Bf16ProductsEmulated() const { return false; }
+  // Whether matrix products of `t` (bf16, fp16) run in fp32 on widened copies (same results,
+  // slower): on a CPU for which oneDNN has no kernel of the type (bf16 without AVX-512, fp16
+  // without AVX512-FP16). A GPU multiplies both natively: false.
+  virtual bool ProductsEmulated(DType) const { return false; }
   // Waits for everything issued on the compute stream.
   virtual void Synchronize() const = 0;
   // An event recorded on the compute stream now, and a wait for it from the host; lets a caller

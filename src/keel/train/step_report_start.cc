@@ -41,11 +41,13 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
       facts.rank_peak.flops / 1e9, facts.threads, DTypeName(run.dtype),
       facts.rank_peak.source.c_str(), run.peak / 1e9, on_cpu ? "; kernels: " : "",
       on_cpu ? kernels::IsaName(kernels::ChosenCpuIsa()) : "");
+  const bool emulated = run.step->backend().ProductsEmulated(run.dtype);
   if (run.dtype == DType::kF16 && on_cpu)
-    Log("keel: fp16: products run in fp32 on widened copies (no fp16 matrix unit oneDNN uses "
-        "here); MFU is against the fp32 peak; the loss scale starts at %g",
+    Log("keel: fp16: products %s; MFU is against the fp32 peak; the loss scale starts at %g",
+        emulated ? "run in fp32 on widened copies (no fp16 matrix unit oneDNN uses here)"
+                 : "in fp16 through oneDNN, accumulated in fp32",
         cfg_.loss_scale.initial);
-  if (run.dtype == DType::kBF16 && run.step->backend().Bf16ProductsEmulated())
+  if (run.dtype == DType::kBF16 && emulated)
     Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
         "(slower)");
   if (dims.tp > 1)

@@ -45,7 +45,7 @@ class CpuImpl final : public Backend {
  public:
   Device device() const override { return Device::kCpu; }
   std::string name() const override { return "cpu"; }
-  bool Bf16ProductsEmulated() const override { return cpu::Bf16ProductsEmulated(); }
+  bool ProductsEmulated(DType t) const override { return cpu::ProductsEmulated(t); }
   bool host_visible() const override { return true; }
   void* Alloc(size_t bytes) const override { return HostMemory().Alloc(bytes); }
   void Free(void* p) const override { HostMemory().Free(p); }

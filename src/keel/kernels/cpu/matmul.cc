@@ -5,13 +5,14 @@
 // strides through memory descriptors, and fuses the bias and the "+= into C" we need. Creating a
 // primitive costs ~100 µs, so each distinct shape is created once and cached.
 //
-// bf16 on CPUs without AVX-512 (e.g. AVX2-only AMD EPYC, where CI runs): oneDNN 2.6 has no bf16
-// matmul there at all, not even a reference one ("could not create a primitive descriptor
-// iterator"). The first bf16 product that fails to create marks bf16 GEMM unsupported for the
-// process (one line to stderr), and from then on bf16 products widen A and B to fp32 scratch,
-// run the fp32 product and round C back to bf16 (nearest even). bf16 values are exact in fp32,
-// so this is the same math as a bf16 product with fp32 accumulation, only slower. CPUs that can
-// run bf16 keep the direct path.
+// 16-bit products where oneDNN has no kernel for them: bf16 on CPUs without AVX-512 (e.g.
+// AVX2-only AMD EPYC, where CI runs; oneDNN 2.6 has no bf16 matmul there at all, "could not
+// create a primitive descriptor iterator"), and fp16 everywhere but AVX512-FP16 and AMX-FP16
+// CPUs (Sapphire Rapids and later). A probe product per type, created once, says which; a type
+// refused there (or offered only oneDNN's reference kernel, slower than widening) widens A and B
+// to fp32 scratch, runs the fp32 product and rounds C back (nearest even). Both formats are exact
+// in fp32, so this is the same math as a 16-bit product with fp32 accumulation, only slower. A
+// single shape refused later takes the same path from then on.
 //
 // Legend: M rows of the input (B*T), K input features, N output features.
 #include "keel/kernels/cpu/matmul.h"
@@ -33,7 +34,9 @@ namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 dnnl::memory::data_type DnnlType(DType t) {
-  return t == DType::kF32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+  return t == DType::kF32   ? dnnl::memory::data_type::f32
+         : t == DType::kF16 ? dnnl::memory::data_type::f16
+                            : dnnl::memory::data_type::bf16;
 }
 
 struct Engine {
@@ -79,6 +82,9 @@ CachedGemm Create(const GemmArgs& g) {
       g.bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), attr,
                                             GetEngine().engine)
              : dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, GetEngine().engine);
+  // A 16-bit type with only the reference kernel is slower than widening it: treated as refused.
+  if (g.ab_type != DType::kF32 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
+    throw dnnl::error(dnnl_unimplemented, "only a reference 16-bit matmul");
   return {dnnl::matmul(pd), a, b, c, bias};
 }
 
@@ -96,13 +102,31 @@ void CopyRows(void* dst, size_t dst_ld, const void* src, size_t src_ld, int rows
                 row_bytes);
 }
 
-// Set once the CPU has refused a bf16 product: from then on bf16 products run in fp32.
-std::atomic<bool> bf16_unsupported{false};
+// Set once the CPU has refused a product of the type (bf16, fp16): from then on they run in fp32.
+std::atomic<bool> refused[2] = {false, false};
+std::atomic<bool>& Refused(DType t) { return refused[t == DType::kF16 ? 1 : 0]; }
 
 // Kernels print nothing (callers parse their tools' output); the trainer reports it once.
-void MarkBf16Unsupported() { bf16_unsupported.store(true); }
+void MarkRefused(DType t) { Refused(t).store(true); }
 
-// Returns false, creating nothing, if the CPU has no bf16 product for a bf16 `g`.
+bool GemmDirect(const GemmArgs& g);
+
+// The probe: one small product of the type, created (and cached) at the first product of it.
+bool Native(DType t) {
+  static std::once_flag once[2];
+  std::call_once(once[t == DType::kF16 ? 1 : 0], [t] {
+    alignas(64) static uint16_t a[64 * 64], c[64 * 64];  // zeros: the product is discarded
+    GemmArgs g;
+    g.M = g.N = g.K = 64;
+    g.A = a, g.B = a, g.C = c;
+    g.lda = g.ldb = g.ldc = 64;
+    g.ab_type = g.c_type = t;
+    GemmDirect(g);
+  });
+  return !Refused(t).load(std::memory_order_relaxed);
+}
+
+// Returns false, creating nothing, if the CPU has no product for a 16-bit `g`'s type.
 bool GemmDirect(const GemmArgs& g) {
   KEEL_CHECK(g.beta == 0.0f || g.beta == 1.0f, "Gemm: beta must be 0 or 1");
   KEEL_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "Gemm: empty product");
@@ -117,8 +141,8 @@ bool GemmDirect(const GemmArgs& g) {
       try {
         it = cache.emplace(key, Create(g)).first;
       } catch (const dnnl::error&) {
-        if (g.ab_type != DType::kBF16) throw;
-        MarkBf16Unsupported();
+        if (g.ab_type == DType::kF32) throw;
+        MarkRefused(g.ab_type);
         return false;
       }
     }
@@ -183,9 +207,9 @@ const float* WidenOperand(AlignedScratch<float>& scratch, DType t, const void* x
 
 void GemmNative(const GemmArgs& g);
 
-// A 16-bit product run in fp32: bf16 on a CPU without a bf16 product, and fp16 everywhere (no
-// oneDNN f16 product here but on AVX512-FP16). The inputs are exact in fp32, the accumulation is
-// fp32 and C is rounded to nearest even, as a native product would.
+// A 16-bit product run in fp32, on a CPU without a product of its type (above). The inputs are
+// exact in fp32, the accumulation is fp32 and C is rounded to nearest even, as a native product
+// would.
 void Gemm16ViaF32(const GemmArgs& g) {
   KEEL_CHECK(g.beta == 0.0f || g.beta == 1.0f, "Gemm: beta must be 0 or 1");
   KEEL_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "Gemm: empty product");
@@ -207,7 +231,7 @@ void Gemm16ViaF32(const GemmArgs& g) {
   NarrowRows(t, g.C, g.ldc, c, g.N, g.M, g.N);
 }
 
-// Products the CPU runs as they are (fp32 always; bf16 where oneDNN has a kernel for it).
+// Products the CPU runs as they are (fp32 always; bf16 and fp16 where oneDNN has a kernel).
 void GemmNative(const GemmArgs& g) {
   // Only fp32 products are slow enough for the copy to pay; AMX bf16 ones are not.
   if (g.ab_type != DType::kF32 || !AliasingStride(g.ldc, g.c_type) || g.M < 64) {
@@ -229,12 +253,10 @@ void GemmNative(const GemmArgs& g) {
 
 }  // namespace
 
-bool Bf16ProductsEmulated() { return bf16_unsupported.load(std::memory_order_relaxed); }
+bool ProductsEmulated(DType t) { return t != DType::kF32 && !Native(t); }
 
 void Gemm(const GemmArgs& g) {
-  if (g.ab_type == DType::kF16 ||
-      (g.ab_type == DType::kBF16 && bf16_unsupported.load(std::memory_order_relaxed)))
-    return Gemm16ViaF32(g);
+  if (ProductsEmulated(g.ab_type)) return Gemm16ViaF32(g);
   GemmNative(g);
 }
 

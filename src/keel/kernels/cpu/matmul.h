@@ -39,8 +39,9 @@ void Gemm(const GemmArgs& args);
 
 // out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N); bias may be null. If `accumulate`, the product
 // is added to what `out` holds (used to fold a residual add into the projection).
-// True once this CPU refused a bf16 product and bf16 products run in fp32 instead.
-bool Bf16ProductsEmulated();
+// Whether products of `t` (bf16, fp16) run in fp32 on widened copies: this CPU has no oneDNN
+// kernel for them (probed once per type). fp32: false.
+bool ProductsEmulated(DType t);
 
 // `alpha` scales the product (not the bias): LoRA's s·h·Bᵀ.
 template <typename T>
