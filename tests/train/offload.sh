@@ -3,8 +3,9 @@
 # in a scratch file, streamed through chunk buffers during the update):
 #  1. offload must not change the math: with chunks small enough that the update streams through
 #     many of them, runs end with the in-memory run's weights bitwise: bf16 at 2 ranks ZeRO 0
-#     and 1, tp 2 and pp 2 (master and moments on the tier), bf16 moments without a master, fp16,
-#     and fp32 (moments only);
+#     and 1, tp 2 and pp 2 (master and moments on the tier), ZeRO 3 with the weights' shard on
+#     the tier ([offload] params, with and without a master), bf16 moments without a master,
+#     fp16, and fp32 (moments only);
 #  2. a crash mid-update (SIGKILL after some chunks were written back) resumes from the last
 #     checkpoint and ends with the uninterrupted run's weights;
 #  3. a tier disk without room is one clear line and a failed start; the checkpoint already in
@@ -32,6 +33,20 @@ for z in 0 1; do
     { echo "off_z$z: no tier in the memory line"; cat "$tmp/off_z$z.log"; exit 1; }
   same "mem_z$z" "off_z$z" "bf16, ZeRO $z"
 done
+# ZeRO 3 with [offload] params: each rank's bf16 weight shard lives on the tier too, read into
+# every segment's gather and rounded into by the update (with a master, and without one, where
+# the shard is the master).
+run mem_z3 2 --set parallel.zero=3
+run off_z3 2 --set parallel.zero=3 "${tier[@]}" --set offload.params=true
+grep -q "the weights' shard with it" "$tmp/off_z3.log" ||
+  { echo "off_z3: the weights' shard is not on the tier"; cat "$tmp/off_z3.log"; exit 1; }
+same mem_z3 off_z3 "bf16, ZeRO 3, the weights' shard on the tier"
+nomaster=(--set optim.state_dtype=bf16 --set optim.master_weights=false --set parallel.zero=3)
+run mem_z3_nomaster 2 "${nomaster[@]}"
+run off_z3_nomaster 2 "${nomaster[@]}" "${tier[@]}" --set offload.params=true
+same mem_z3_nomaster off_z3_nomaster "ZeRO 3 without a master, the weights' shard on the tier"
+refused params_z1 1 "offload.params.*is for parallel.zero = 3" "${tier[@]}" \
+  --set offload.params=true --set parallel.zero=1
 # Every rank of a tensor- or pipeline-parallel layout streams its own stage's or shard's state.
 run mem_tp 2 --set parallel.tp=2
 run off_tp 2 --set parallel.tp=2 "${tier[@]}"

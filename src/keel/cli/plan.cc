@@ -26,7 +26,8 @@ struct PlanArgs {
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
   std::string lora_base, state_dtype = "fp32", grad_dtype = "fp32";
-  bool lora_dora = false, no_master = false, offload = false, offload_host = false;
+  bool lora_dora = false, no_master = false, offload = false, offload_host = false,
+       offload_params = false;
   // 0: 2 for a disk, the accelerator's host link (--host-gbps) for the host tier.
   double offload_chunk_mib = 16, offload_gbps = 0;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
@@ -154,6 +155,15 @@ plan::Job MakeJob(const PlanArgs& a) {
     job.offload_chunk = a.offload_chunk_mib * 1048576;
     job.offload_host = a.offload_host;
   }
+  if (a.offload_params) {
+    if (!a.offload)
+      ThrowBadInput("plan: --offload-params: needs --offload (the weights' shard joins its tier)");
+    if (job.precision == plan::Precision::kFp32)
+      ThrowBadInput(
+          "plan: --offload-params: needs a 16-bit --precision (an fp32 run's ZeRO 3 "
+          "shard is its master)");
+    job.offload_params = true;
+  }
   // keel's accounting is the only one that knows LoRA's compact state: it is LoRA's default.
   job.accounting = plan::ParseAccounting(!a.accounting.empty() ? a.accounting
                                          : a.lora_rank > 0     ? "keel"
@@ -279,6 +289,9 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_flag("--offload-host", a.offload_host,
                 "a GPU's master and moments in pinned host memory, updated by the CPU, as "
                 "[offload] host = true");
+  cmd->add_flag("--offload-params", a.offload_params,
+                "with --offload, at ZeRO 3: the weights' shard on the tier too, as [offload] "
+                "params = true");
   cmd->add_option("--offload-chunk-mib", a.offload_chunk_mib,
                   "the tier's chunk buffers, as [offload] chunk_mib")
       ->capture_default_str();
@@ -350,7 +363,8 @@ void RegisterPlan(CLI::App& app) {
                             {"offload",
                              {{"chunk_bytes", job.offload_chunk},
                               {"bytes_per_s", job.offload_bytes_per_s},
-                              {"host", job.offload_host}}},
+                              {"host", job.offload_host},
+                              {"params", job.offload_params}}},
                             {"accounting", plan::AccountingName(job.accounting)},
                             {"global_batch", job.global_batch},
                             {"accelerator", job.cluster.accel.name},

@@ -304,10 +304,13 @@ void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
     const auto& t = e.time;
     std::printf(
         "offload tier ([offload]): %.3f GB per rank on disk, %.3f GB of chunk buffers in memory\n"
-        "  the update reads and writes it once a step: %.3f GB per node at %.2f GB/s = %.3f s, "
+        "  the update reads and writes it once a step%s: %.3f GB per node at %.2f GB/s = %.3f s, "
         "%.0f%% of the step%s\n\n",
         m.tier / 1e9, m.state.offload / 1e9,
-        2 * m.tier * std::min(j.cluster.per_node, j.cluster.world) / 1e9,
+        j.offload_params && e.layout.zero >= 3
+            ? ", and every gather reads its part of the weights' shard (forward and backward)"
+            : "",
+        m.tier_traffic * std::min(j.cluster.per_node, j.cluster.world) / 1e9,
         j.offload_bytes_per_s / 1e9, t.offload_s, 100 * t.offload_s / t.step_s,
         t.offload_s > t.compute_s ? ": I/O-bound (the tier's traffic exceeds the compute)" : "");
   }

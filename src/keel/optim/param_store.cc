@@ -99,9 +99,12 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
                                                 : be.host_visible()),
                "ParamStore: the offload tier holds a full state in host-visible memory (the "
                "host tier: a bf16 run's)");
+    KEEL_CHECK(!shape.working_offloaded() || dims.zero >= 3,
+               "ParamStore: the working weights go to the tier at ZeRO 3 only");
     const size_t n = state_hi_ - state_lo_;
-    std::vector<int> eb;
+    std::vector<int> eb;  // the regions, in Region's order
     if (shape.master_offloaded()) eb.push_back(4);
+    if (shape.working_offloaded()) eb.push_back(2);
     eb.insert(eb.end(), 2, shape.moment_bytes);
     tier_ = std::make_unique<OffloadTier>(shape.offload_host ? "" : offload_dir, n, eb,
                                           parallel::OffloadChunkElems(shape, n), be);
@@ -118,17 +121,40 @@ ParamStore::~ParamStore() {
 }
 
 bool ParamStore::offloaded(Kind k) const {
-  return tier_ && (k != Kind::kMaster || shape_.master_offloaded());
+  if (!tier_) return false;
+  // Without a master the working weights stand for it, wherever they are.
+  if (k == Kind::kMaster)
+    return shape_.master ? shape_.master_offloaded() : shape_.working_offloaded();
+  return k != Kind::kWorking || shape_.working_offloaded();
 }
 
+// The tier's regions: the master and the working weights where it holds them, then m and v.
 int ParamStore::Region(Kind k) const {
-  return int(k) - (shape_.master_offloaded() ? 0 : 1);  // the master first where it holds one
+  const int master = shape_.master_offloaded() ? 1 : 0;
+  switch (k) {
+    case Kind::kMaster:
+      return shape_.master ? 0 : master;  // without one: the working weights' region
+    case Kind::kWorking:
+      return master;
+    case Kind::kM:
+    case Kind::kV:
+      break;
+  }
+  return master + (shape_.working_offloaded() ? 1 : 0) + (k == Kind::kV ? 1 : 0);
 }
 
 char* ParamStore::Resident(Kind k) {
-  return static_cast<char*>(k == Kind::kMaster ? master_data()
-                            : k == Kind::kM    ? adam_m()
-                                               : adam_v());
+  switch (k) {
+    case Kind::kMaster:
+      return static_cast<char*>(master_data());
+    case Kind::kWorking:
+      return static_cast<char*>(working()) + DTypeSize(dtype()) * (state_lo_ - working_lo_);
+    case Kind::kM:
+      return static_cast<char*>(adam_m());
+    case Kind::kV:
+      break;
+  }
+  return static_cast<char*>(adam_v());
 }
 
 void ParamStore::ReadState(Kind k, size_t lo, size_t n, void* host) {
@@ -163,11 +189,12 @@ void ParamStore::VisitState(Kind k, bool write,
 }
 
 void* ParamStore::master_data() {
-  if (shape_.master || state_hi_ == state_lo_) return master_.data();
+  if (shape_.master || state_hi_ == state_lo_ || offloaded(Kind::kWorking)) return master_.data();
   return static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
 }
 
 void* ParamStore::working() {
+  if (offloaded(Kind::kWorking)) return nullptr;
   // fp32 at stages 0 and 3: the forward pass reads the master (all of it, or the shard).
   return working_.bytes() ? working_.data() : master_.data();
 }
@@ -204,9 +231,11 @@ void ParamStore::Update(float lr, float grad_scale) {
                      grad_scale);
   // AdamW rounds into a bf16 copy itself; an fp16 copy is rounded from the new master after.
   bf16* w = nullptr;
-  if (dtype() == DType::kBF16) w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
-  char* w16 = dtype() == DType::kF16 ? static_cast<char*>(working()) + 2 * (state_lo_ - working_lo_)
-                                     : nullptr;
+  if (dtype() == DType::kBF16 && !offloaded(Kind::kWorking))
+    w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
+  char* w16 = dtype() == DType::kF16 && !offloaded(Kind::kWorking)
+                  ? static_cast<char*>(working()) + 2 * (state_lo_ - working_lo_)
+                  : nullptr;
   const char* g = static_cast<char*>(grads()) + gb * (state_lo_ - grads_lo_);
   if (!tier_) {
     opt_.Step(master(), w, g, lr, grad_scale);
@@ -215,14 +244,17 @@ void ParamStore::Update(float lr, float grad_scale) {
   }
   if (tier_->host()) return UpdateThroughHost(w, g, lr, grad_scale);
   // Chunk by chunk through the tier: the same elements, the same draws, the same bits.
+  const bool on_tier = offloaded(Kind::kWorking);
   opt_.Begin();
   tier_->Stream([&](void* const* p, size_t lo, size_t n) {
     AdamW::Slice s = TierSlice(p, lo, n);
     if (!s.master && master()) s.master = master() + lo;
-    s.working = w ? w + lo : nullptr;
+    char* chunk_w = on_tier ? static_cast<char*>(p[Region(Kind::kWorking)]) : nullptr;
+    if (dtype() == DType::kBF16) s.working = on_tier ? reinterpret_cast<bf16*>(chunk_w) : w + lo;
     s.grads = g + gb * lo;
     opt_.Apply(s, lr, grad_scale);
-    if (w16) be_->Narrow(DType::kF16, w16 + 2 * lo, s.master, n);
+    if (dtype() == DType::kF16)
+      be_->Narrow(DType::kF16, on_tier ? chunk_w : w16 + 2 * lo, s.master, n);
   });
 }
 
@@ -274,12 +306,10 @@ parallel::StateBytes ParamStore::bytes() const {
   b.moments = tier_ ? 0 : 2 * DTypeSize(opt_.moment_dtype()) * (state_hi_ - state_lo_);
   if (tier_) {
     b.tier = tier_->file_bytes();
-    size_t per = 0;
-    for (Kind k : {Kind::kMaster, Kind::kM, Kind::kV})
-      if (offloaded(k)) per += DTypeSize(state_dtype(k));
-    b.offload_buffers =
-        tier_->host() ? stage_.bytes()
-                      : parallel::OffloadBufferBytes(tier_->size(), tier_->chunk_elems(), per);
+    b.offload_buffers = tier_->host()
+                            ? stage_.bytes()
+                            : parallel::OffloadBufferBytes(tier_->size(), tier_->chunk_elems(),
+                                                           shape_.tier_bytes_per_elem());
   }
   return b;
 }

@@ -30,6 +30,11 @@
 // through the tier, and everything else reads and writes them with ReadState and WriteState,
 // which serve resident state as well.
 //
+// With [offload] params (StateShape::working_offloaded: ZeRO 3, a 16-bit run) the working
+// weights' shard is a region of the tier as well: the update rounds into it chunk by chunk, and
+// the ZeRO strategy reads each segment's part of it (ReadState) before gathering the segment.
+// Without a master it is the master (Kind::kMaster reads it).
+//
 // The host tier (StateShape::offload_host: [offload] host, a GPU's bf16 run) keeps them in pinned
 // host memory instead, and AdamW runs on the CPU chunk by chunk: each chunk's gradients are
 // copied from the device into a host staging buffer while the one before is updated, and its new
@@ -98,8 +103,12 @@ class ParamStore {
   // The state by kind, wherever it lives: elements [lo, lo + n) of the slice (0 is state_lo())
   // to or from host memory, in state_dtype(k). For code off the update's path: checkpoints,
   // replica checks, loading weights.
-  enum class Kind { kMaster, kM, kV };
-  DType state_dtype(Kind k) const { return k == Kind::kMaster ? master_dtype() : moment_dtype(); }
+  // kWorking: the working weights' slice [state_lo, state_hi) (ZeRO 3: the shard), in dtype();
+  // on the tier with [offload] params, where nothing else holds it.
+  enum class Kind { kMaster, kM, kV, kWorking };
+  DType state_dtype(Kind k) const {
+    return k == Kind::kMaster ? master_dtype() : k == Kind::kWorking ? dtype() : moment_dtype();
+  }
   void ReadState(Kind k, size_t lo, size_t n, void* host);
   void WriteState(Kind k, size_t lo, size_t n, const void* host);
   // fn(p, lo, n) over the kind's whole slice, in the backend's memory: once, on its own memory,
@@ -116,7 +125,8 @@ class ParamStore {
   DType grad_dtype() const { return shape_.grad_bytes == 2 ? DType::kBF16 : DType::kF32; }
   size_t grads_lo() const { return grads_lo_; }
   size_t grads_size() const { return grads_size_; }
-  // Working weights (dtype()) from flat index working_lo(); the master itself where it serves.
+  // Working weights (dtype()) from flat index working_lo(); the master itself where it serves;
+  // null where the tier holds them (offloaded(Kind::kWorking): read them with ReadState).
   void* working();
   size_t working_lo() const { return working_lo_; }
   float* biases() { return biases_.as<float>(); }  // fp32 biases (bf16 runs), compact

@@ -2,7 +2,19 @@
 
 #include <algorithm>
 
+#include "keel/core/error.h"
+
 namespace keel::parallel {
+
+StateShape WithTiers(StateShape s, const StateTiers& t) {
+  s.moment_bytes = t.moment_bytes;
+  s.grad_bytes = t.grad_bytes;
+  s.master = t.master;
+  s.offload_chunk = t.offload_chunk;
+  s.offload_host = t.offload_host;
+  s.offload_params = t.offload_params;
+  return s;
+}
 
 StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   const bool bf16 = s.working_bytes == 2;
@@ -28,13 +40,18 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   // Gradient scratch: reduce-scattered in place (ZeRO >= 2), or the fp32 buckets of bf16 ones.
   if (d.zero >= 2 || s.grad_bytes == 2) b.zero_buffers += 4 * segs;
   if (d.zero >= 3) b.zero_buffers += size_t(s.working_bytes) * segs;
+  b.zero_buffers += 4 * GradSumScratchElems(s, d);
   if (s.offload_chunk > 0) {
     const size_t master = s.master_offloaded() ? b.master : 0;
     auto blocks = [](size_t x) { return (x + 4095) / 4096 * 4096; };  // O_DIRECT's unit
     b.tier = blocks(master) + 2 * blocks(b.moments / 2);
-    const size_t per = (master ? 4 : 0) + 2 * size_t(s.moment_bytes);
+    if (s.working_offloaded()) {
+      KEEL_CHECK(d.zero >= 3 && !s.compact(), "StateBytesPerRank: [offload] params is ZeRO 3's");
+      b.tier += blocks(b.working);
+      b.working = 0;
+    }
     const size_t chunk = OffloadChunkElems(s, held);
-    b.offload_buffers = !s.offload_host ? OffloadBufferBytes(held, chunk, per)
+    b.offload_buffers = !s.offload_host ? OffloadBufferBytes(held, chunk, s.tier_bytes_per_elem())
                         : held          ? (2 * size_t(s.grad_bytes) + 2) * chunk
                                         : 0;
     b.master -= master;
@@ -43,14 +60,19 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   return b;
 }
 
+size_t GradSumScratchElems(const StateShape& s, const ParallelDims& d) {
+  // 4 MiB: the sums are a few norms (tp with sequence parallelism) or one embedding (pp), which
+  // pieces of a million elements all-reduce at full speed.
+  return s.grad_bytes == 2 && (d.tp > 1 || d.pp > 1) ? size_t(1) << 20 : 0;
+}
+
 size_t OffloadBufferBytes(size_t held, size_t chunk_elems, size_t bytes_per_elem) {
   const size_t chunks = (held + chunk_elems - 1) / chunk_elems;
   return chunks ? std::min<size_t>(3, chunks) * chunk_elems * bytes_per_elem + 4096 : 0;
 }
 
 size_t OffloadChunkElems(const StateShape& s, size_t held) {
-  return OffloadChunkElems(s.offload_chunk,
-                           (s.master_offloaded() ? 4 : 0) + 2 * size_t(s.moment_bytes), held);
+  return OffloadChunkElems(s.offload_chunk, s.tier_bytes_per_elem(), held);
 }
 
 size_t OffloadChunkElems(size_t chunk_bytes, size_t bytes_per_elem, size_t held) {

@@ -46,11 +46,35 @@ struct StateShape {
   // Whether the master is on the tier: a bf16 run's (an fp32 run's master is its working
   // weights at ZeRO 0 and 3, and the source of the all-gather at 1 and 2).
   bool master_offloaded() const { return offload_chunk > 0 && master && working_bytes == 2; }
+  // [offload] params (ZeRO 3, a 16-bit run's disk tier): the working weights' shard is on the
+  // tier too, read into the gathered segment before each all-gather, written by the update.
+  bool offload_params = false;
+  bool working_offloaded() const {
+    return offload_chunk > 0 && offload_params && working_bytes == 2 && !offload_host;
+  }
+  // The tier's bytes per element of the slice: its regions' sum.
+  size_t tier_bytes_per_elem() const {
+    return (master_offloaded() ? 4 : 0) + (working_offloaded() ? 2 : 0) + 2 * size_t(moment_bytes);
+  }
   // The tier is host memory ([offload] host: a GPU's master and moments, page-locked), not a
   // file; its chunk buffers are then the staging of the gradients (two chunks, copied from the
   // device ahead of the update) and of the bf16 weights (one chunk, copied back).
   bool offload_host = false;
 };
+
+// The run's choices that size its state beyond the model's shape (the [optim] dtypes, the
+// master, the [offload] tier): filled once from a config or a plan's job, and laid onto a model's
+// shape by WithTiers, so that the trainer, its memory check, the planner and the allocation test
+// size one state.
+struct StateTiers {
+  int moment_bytes = 4;
+  int grad_bytes = 4;
+  bool master = true;
+  size_t offload_chunk = 0;  // 0: no tier
+  bool offload_host = false;
+  bool offload_params = false;
+};
+StateShape WithTiers(StateShape s, const StateTiers& t);
 
 // [offload]: the elements of each of the tier's chunks (a multiple of 2048, at most the state
 // slice rounded up to one), for a slice of `held` elements.
@@ -72,7 +96,8 @@ struct StateBytes {
                        // without a master
   size_t moments = 0;  // AdamW m and v (fp32 or bf16), over what the master would cover
   // ZeRO >= 2, or bf16 gradients: per-segment fp32 gradient scratch (the embeddings, the final
-  // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments.
+  // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments;
+  // bf16 gradients with tp or pp: the sums' scratch (GradSumScratchElems).
   size_t zero_buffers = 0;
   size_t quantized = 0;        // a quantized frozen base: codes and scales (compact states only)
   size_t offload_buffers = 0;  // [offload]: the tier's chunk buffers (up to three), or the host
@@ -84,5 +109,11 @@ struct StateBytes {
 };
 
 StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d);
+
+// bf16 gradients (grad_bytes 2) summed over tensor-parallel ranks or between the pipeline stages
+// that share a tied embedding widen into one fp32 scratch of this many elements, a piece at a
+// time (train::TrainStep); 0 where there are no such sums (fp32 gradients, or tp = pp = 1).
+// Counted in StateBytes::zero_buffers.
+size_t GradSumScratchElems(const StateShape& s, const ParallelDims& d);
 
 }  // namespace keel::parallel

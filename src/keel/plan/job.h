@@ -102,6 +102,9 @@ struct Job {
   // [offload] host: the tier is pinned host memory (a GPU's), its link each rank's PCIe at
   // offload_bytes_per_s.
   bool offload_host = false;
+  // [offload] params: at ZeRO 3 the 16-bit weights' shard on the disk tier too, read before each
+  // segment's all-gather (forward and backward, every micro-batch).
+  bool offload_params = false;
   int global_batch = 512;  // sequences per optimizer step
   Cluster cluster;
   // Fraction of peak FLOP/s that the matrix products reach; the rest of the step time model

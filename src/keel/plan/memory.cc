@@ -121,6 +121,17 @@ double ParamsPerRank(const ModelSpec& m, int tp, int pp) {
   return std::max(z.embed + layers, z.wte + layers + z.ln_f) / tp;
 }
 
+parallel::StateTiers TiersOf(const Job& job) {
+  parallel::StateTiers t;
+  t.moment_bytes = job.bf16_moments ? 2 : 4;
+  t.grad_bytes = job.bf16_grads ? 2 : 4;
+  t.master = job.master;
+  t.offload_chunk = size_t(job.offload_chunk);
+  t.offload_host = job.offload_host;
+  t.offload_params = job.offload_params;
+  return t;
+}
+
 MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const ModelSpec& m = job.model;
   MemoryBreakdown mem;
@@ -133,16 +144,18 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const std::vector<model::StageRange> chunks = model::RankChunks(cfg, l.pp, stage, v);
   // The store's and the ZeRO strategy's buffers, by the formula they allocate with. Every
   // tensor-parallel rank holds shards of the same sizes: rank 0's stands for all.
-  parallel::StateShape shape = model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt);
-  shape.moment_bytes = job.bf16_moments ? 2 : 4;
-  shape.grad_bytes = job.bf16_grads ? 2 : 4;
-  shape.master = job.master;
-  shape.offload_chunk = size_t(job.offload_chunk);
-  shape.offload_host = job.offload_host;
+  const parallel::StateShape shape =
+      parallel::WithTiers(model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt), TiersOf(job));
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, l);
   mem.state.offload = double(b.offload_buffers);
   mem.tier = double(b.tier);
+  const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
+  // The update reads and writes the whole tier; the weights' shard is read again before each
+  // segment's gather, in the forward and the backward of every micro-batch.
   mem.tier_traffic = 2 * mem.tier;
+  if (shape.working_offloaded())
+    mem.tier_traffic +=
+        2.0 * micro_batches * 2 * double(parallel::Shard(shape.total, l.dp, 0).size);
   if (job.offload_host) {
     // The staging is host memory, not the device's; the link carries each chunk's gradients
     // down and its bf16 weights up (and down first, without a master).
@@ -160,7 +173,6 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const model::Recompute rc = l.recompute == Recompute::kNone        ? model::Recompute::kNone
                               : l.recompute == Recompute::kSelective ? model::Recompute::kAttn
                                                                      : model::Recompute::kFull;
-  const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
   const std::vector<int> slots = parallel::PipelineSlots(l.pp, stage, v, micro_batches);
   for (int c = 0; c < v; ++c)
     mem.activations +=
@@ -196,6 +208,11 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
     if (master) mem.state.master = 0;
     mem.state.offload = 3 * job.offload_chunk;
     mem.tier_traffic = 2 * mem.tier;
+    if (job.offload_params && l.zero >= 3) {
+      mem.tier += mem.state.params;
+      mem.tier_traffic += mem.state.params * (2 + 2.0 * job.global_batch / (l.dp * l.micro_batch));
+      mem.state.params = 0;
+    }
   }
 
   const int micro_batches = job.global_batch / (l.dp * l.micro_batch);

@@ -6,6 +6,7 @@
 //   auto st = keel::plan::ModelStateBytes(7.5e9, bpp, /*zero=*/3, /*dp=*/64);  // 1.875e9 total
 #pragma once
 
+#include "keel/parallel/state_bytes.h"
 #include "keel/plan/job.h"
 
 namespace keel::plan {
@@ -77,5 +78,8 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l);
 // (model::PlanActivations for each of its chunks' blocks and slots under the schedule). tp must
 // be 1.
 MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage);
+
+// The job's state dtypes, master and offload tier, as `keel train` would set them from a config.
+parallel::StateTiers TiersOf(const Job& job);
 
 }  // namespace keel::plan

@@ -139,6 +139,7 @@ struct OffloadSection {
   std::string dir;
   double chunk_mib = 16;
   bool host = false;
+  bool params = false;  // ZeRO 3: the bf16/fp16 weights' shard on the tier too
 
   bool operator==(const OffloadSection&) const = default;
 };

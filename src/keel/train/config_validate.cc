@@ -259,6 +259,19 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                  "is built for train.device = \"cpu\" only (a GPU's tier is pinned host memory: "
                  "[offload] host = true), got \"" +
                      t.device + "\"");
+  if (cfg.offload.params) {
+    if (cfg.offload.dir.empty())
+      offload.Fail("params", "needs [offload] dir (the weights' shard joins the disk tier)");
+    if (cfg.parallel.zero != 3)
+      offload.Fail("params",
+                   "is for parallel.zero = 3 (below it every rank holds whole weights), "
+                   "got zero = " +
+                       std::to_string(cfg.parallel.zero));
+    if (t.precision == "fp32")
+      offload.Fail("params",
+                   "needs train.precision = \"bf16\" or \"fp16\" (an fp32 run's "
+                   "weights are its master, which stays in memory)");
+  }
   if (cfg.offload.host) {
     if (!cfg.offload.dir.empty())
       offload.Fail("host",

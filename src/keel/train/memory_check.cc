@@ -58,14 +58,8 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
   const std::vector<model::StageRange> chunks =
       model::RankChunks(m, d.pp, stage, v, d.pp > 1 ? d.stage_layers : std::vector<int>{});
   StageBytes b;
-  parallel::StateShape shape = model::StateShapeOf(m, chunks, {d.tp, 0}, dt);
-  shape.moment_bytes = cfg.optim.state_dtype == "bf16" ? 2 : 4;
-  shape.grad_bytes = cfg.optim.grad_dtype == "bf16" ? 2 : 4;
-  shape.master = cfg.optim.master_weights;
-  if (!cfg.offload.dir.empty() || cfg.offload.host)
-    shape.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
-  shape.offload_host = cfg.offload.host;
-  b.state = parallel::StateBytesPerRank(shape, d);
+  b.state = parallel::StateBytesPerRank(
+      parallel::WithTiers(model::StateShapeOf(m, chunks, {d.tp, 0}, dt), TiersOf(cfg)), d);
   // One slot without a pipeline (PipelineSlots would list every micro-batch's units first).
   const std::vector<int> slots =
       d.pp > 1 ? parallel::PipelineSlots(d.pp, stage, int(chunks.size()), d.n_micro)
@@ -92,6 +86,18 @@ double InitialCopyBytes(const RunConfig& cfg, const model::ModelConfig& m) {
 }
 
 }  // namespace
+
+parallel::StateTiers TiersOf(const RunConfig& cfg) {
+  parallel::StateTiers t;
+  t.moment_bytes = cfg.optim.state_dtype == "bf16" ? 2 : 4;
+  t.grad_bytes = cfg.optim.grad_dtype == "bf16" ? 2 : 4;
+  t.master = cfg.optim.master_weights;
+  if (!cfg.offload.dir.empty() || cfg.offload.host)
+    t.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
+  t.offload_host = cfg.offload.host;
+  t.offload_params = cfg.offload.params;
+  return t;
+}
 
 std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
                                                            const parallel::Layout& d) {

@@ -21,9 +21,13 @@
 #include <vector>
 
 #include "keel/parallel/layout.h"
+#include "keel/parallel/state_bytes.h"
 #include "keel/train/config.h"
 
 namespace keel::train {
+
+// The state's dtypes, master and offload tier as the config sets them.
+parallel::StateTiers TiersOf(const RunConfig& cfg);
 
 // (what, bytes) per rank, largest first, for the run's model (`cfg`) on `layout` (its stages,
 // sequence parallelism and micro-batches). Throws keel::Error (bad input) for a model wider than

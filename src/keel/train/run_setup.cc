@@ -180,15 +180,10 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.seq_len = cfg.data.seq_len;
   spec.recompute = model::ParseRecompute(cfg.model.recompute);
   spec.layout = s.layout;
-  spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay,
-                cfg.optim.state_dtype == "bf16"};
-  spec.hyper.bf16_grads = cfg.optim.grad_dtype == "bf16";
-  spec.master = cfg.optim.master_weights;
-  if (!cfg.offload.dir.empty() || cfg.offload.host) {
-    spec.offload_dir = cfg.offload.dir;
-    spec.offload_host = cfg.offload.host;
-    spec.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
-  }
+  // The moments' and gradients' dtypes reach AdamW from the state's shape (optim::ParamStore).
+  spec.hyper = {cfg.optim.beta1, cfg.optim.beta2, cfg.optim.eps, cfg.optim.weight_decay};
+  spec.tiers = TiersOf(cfg);
+  spec.offload_dir = cfg.offload.dir;
   spec.frozen = frozen;
   spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
   spec.comm_timeout_s = cfg.parallel.comm_timeout_s;

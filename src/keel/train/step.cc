@@ -63,13 +63,7 @@ std::vector<optim::ParamRange> RangesOf(const model::ParamLayout& layout,
 }
 
 parallel::StateShape ShapeOf(const model::ParamLayout& layout, const StepSpec& spec) {
-  parallel::StateShape s = model::StateShapeOf(layout, spec.dtype);
-  s.moment_bytes = spec.hyper.bf16_moments ? 2 : 4;
-  s.grad_bytes = spec.hyper.bf16_grads ? 2 : 4;
-  s.master = spec.master;
-  s.offload_chunk = spec.offload_dir.empty() && !spec.offload_host ? 0 : spec.offload_chunk;
-  s.offload_host = spec.offload_host;
-  return s;
+  return parallel::WithTiers(model::StateShapeOf(layout, spec.dtype), spec.tiers);
 }
 
 // This rank's chunks: virtual stage c·p + s of p·v equal ones, for c < v.
@@ -114,6 +108,8 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
                                                spec.offload_dir);
   zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
                                          spec.comm_timeout_s);
+  sum_scratch_ =
+      Buffer(be_, 4 * parallel::GradSumScratchElems(ShapeOf(layout_, spec_), spec.layout));
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
   const auto& chunks = layout_.chunks();
   const std::vector<int> slots =
@@ -160,7 +156,7 @@ void TrainStep::SetWeights(const float* full) {
   } else {  // the bf16 weights are the only copy: rounded to nearest once, here
     std::vector<bf16> w(n);
     ConvertF32ToBf16(w.data(), mine + store_->state_lo(), n);
-    be_.FromHost(store_->master_data(), w.data(), 2 * n);
+    store_->WriteState(optim::ParamStore::Kind::kMaster, 0, n, w.data());
   }
   zero_->PublishWeights();
 }
@@ -242,8 +238,8 @@ void TrainStep::SumTiedGrads() {
   // ZeRO 0 and 1 (the only stages pipelines take) keep every gradient: wte is whole on both.
   const model::ParamInfo& wte = layout_.Find("wte.weight");
   if (wte.grad_offset == SIZE_MAX) return;  // frozen (LoRA): no gradient
-  GradSum sum = StartGradSum(*g_.tied, *store_, wte.grad_offset, wte.numel, SumScratch(wte.numel));
-  tied_ms_ = FinishGradSum(sum, be_, spec_.comm_timeout_s, "the tied embedding's gradient sum");
+  tied_ms_ =
+      SumGradRanges(*g_.tied, {{wte.grad_offset, wte.numel}}, "the tied embedding's gradient sum");
   tied_bytes_ = 4.0 * double(wte.numel);
 }
 
@@ -268,22 +264,35 @@ void TrainStep::SumTpPartialGrads() {
     ranges.emplace_back(a - lo, b - a);
     tp_sum_bytes_ += 4.0 * double(b - a);
   }
-  size_t total = 0;
-  for (const auto& r : ranges) total += r.second;
-  float* wide = SumScratch(total);  // each sum its own part: they run at once
-  std::vector<GradSum> ops;
-  for (const auto& [at, n] : ranges) {
-    ops.push_back(StartGradSum(*g_.tp, *store_, at, n, wide));
-    if (wide) wide += n;
-  }
-  for (GradSum& g : ops)
-    tp_sum_ms_ += FinishGradSum(g, be_, spec_.comm_timeout_s, "a tensor-parallel gradient sum");
+  tp_sum_ms_ += SumGradRanges(*g_.tp, ranges, "a tensor-parallel gradient sum");
 }
 
-float* TrainStep::SumScratch(size_t n) {
-  if (store_->grad_dtype() == DType::kF32) return nullptr;
-  if (sum_scratch_.bytes() < 4 * n) sum_scratch_ = Buffer(be_, 4 * n);
-  return sum_scratch_.as<float>();
+double TrainStep::SumGradRanges(parallel::Comm& c,
+                                const std::vector<std::pair<size_t, size_t>>& ranges,
+                                const char* what) {
+  const bool wide = store_->grad_dtype() != DType::kF32;
+  const size_t cap = wide ? sum_scratch_.bytes() / 4 : SIZE_MAX;
+  KEEL_CHECK(cap > 0, "TrainStep: bf16 gradient sums without their scratch");
+  std::vector<GradSum> ops;
+  size_t used = 0;
+  double ms = 0;
+  auto finish = [&] {
+    for (GradSum& g : ops) ms += FinishGradSum(g, be_, spec_.comm_timeout_s, what);
+    ops.clear();
+    used = 0;
+  };
+  for (auto [at, n] : ranges)
+    while (n > 0) {  // each piece its own part of the scratch: a round's sums run at once
+      if (used == cap) finish();
+      const size_t k = std::min(n, cap - used);
+      ops.push_back(
+          StartGradSum(c, *store_, at, k, wide ? sum_scratch_.as<float>() + used : nullptr));
+      if (wide) used += k;
+      at += k;
+      n -= k;
+    }
+  finish();
+  return ms;
 }
 
 double TrainStep::tp_wait_ms() const {

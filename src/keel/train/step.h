@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "keel/ckpt/state.h"
@@ -28,6 +29,7 @@
 #include "keel/parallel/comm.h"
 #include "keel/parallel/groups.h"
 #include "keel/parallel/layout.h"
+#include "keel/parallel/state_bytes.h"
 #include "keel/train/pipeline.h"
 #include "keel/train/zero.h"
 
@@ -50,15 +52,12 @@ struct StepSpec {
   // loss-masked data, whose rows pack whole conversations. -1: off.
   int document_eos = -1;
   uint64_t seed = 0;  // the run's ([train] seed): LoRA dropout's masks derive from it
-  // false (bf16 runs): no fp32 master, the bf16 weights updated with stochastic rounding
-  // (optim.master_weights); the moments' dtype is hyper.bf16_moments.
-  bool master = true;
-  // [offload]: the moments (and a bf16 run's master) on a disk tier in this folder, streamed in
-  // chunks of about offload_chunk bytes (parallel::StateShape::offload_chunk); empty: in memory.
-  // offload_host: the host tier (a GPU's state in pinned host memory) instead, with offload_chunk.
+  // The state's dtypes, master and tier (TiersOf(RunConfig)): tiers.master false (bf16 runs): no
+  // fp32 master, the bf16 weights updated with stochastic rounding; tiers.offload_chunk: the
+  // moments (and a bf16 run's master; with offload_params at ZeRO 3, the weights' shard) on a disk
+  // tier in offload_dir, or with offload_host in pinned host memory (a GPU's).
+  parallel::StateTiers tiers;
   std::string offload_dir;
-  bool offload_host = false;
-  size_t offload_chunk = 0;
 };
 
 // The groups a step talks to: parallel::Groups::ForStep(), or any comms of the right sizes.
@@ -143,8 +142,10 @@ class TrainStep {
  private:
   void SumTiedGrads();
   void SumTpPartialGrads();
-  // bf16 gradients' fp32 scratch for those sums (null for fp32 ones): kept, grown to the largest.
-  float* SumScratch(size_t n);
+  // Sums `ranges` ([at, n) of the store's gradients) over `c`, all at once for fp32 gradients;
+  // bf16 ones widen into sum_scratch_ and go in rounds of what it holds. Milliseconds waited.
+  double SumGradRanges(parallel::Comm& c, const std::vector<std::pair<size_t, size_t>>& ranges,
+                       const char* what);
 
   StepSpec spec_;
   const kernels::Backend& be_;
@@ -155,7 +156,7 @@ class TrainStep {
   std::unique_ptr<ZeroStrategy> zero_;
   std::vector<std::unique_ptr<model::Transformer>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
-  Buffer sum_scratch_;
+  Buffer sum_scratch_;  // parallel::GradSumScratchElems fp32 elements
   double tied_ms_ = 0, tied_bytes_ = 0, tp_sum_ms_ = 0, tp_sum_bytes_ = 0;
   int64_t step_index_ = 0;
 };

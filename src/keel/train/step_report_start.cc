@@ -82,7 +82,10 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
             " MiB in " +
             (t->host()     ? std::string("pinned host memory")
              : t->direct() ? t->dir() + " (O_DIRECT)"
-                           : t->dir() + " (buffered: O_DIRECT refused)");
+                           : t->dir() + " (buffered: O_DIRECT refused)") +
+            (run.step->store().offloaded(optim::ParamStore::Kind::kWorking)
+                 ? ", the weights' shard with it"
+                 : "");
   Log("keel: memory per rank (MiB): %s; total %.1f MiB%s", kinds.c_str(),
       run.memory_bytes / 1048576.0, tier.c_str());
   if (o.grad_dtype == "bf16" && dims.zero < 2) {

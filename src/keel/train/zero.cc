@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "keel/core/error.h"
+#include "keel/model/params.h"
 #include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
 
@@ -53,12 +54,11 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
         std::make_unique<GradSync>(comm, static_cast<float*>(store.grads()), layout.grad_trained(),
                                    bucket_elems, timeout_s, std::move(frozen));
   }
-  // Slots 0 and 1: the embeddings and the final LayerNorm; 2 and 3: blocks by parity, so that
-  // the block in use and the next one (prefetched, or still reducing) never share a buffer.
-  size_t max_block = 0;
-  for (int s = 1; s <= L_; ++s) max_block = std::max(max_block, layout.segment_size(s));
-  const size_t sizes[4] = {layout.segment_size(0), layout.segment_size(L_ + 1), max_block,
-                           max_block};
+  // Slots 0 and 1: the embeddings and the final LayerNorm (where this stage holds them); 2 and 3:
+  // blocks by parity, so that the block in use and the next one (prefetched, or still reducing)
+  // never share a buffer. Sized by the state's shape, as the planner sizes them.
+  const parallel::StateShape sh = model::StateShapeOf(layout, store.dtype());
+  const size_t sizes[4] = {sh.embed, sh.final_norm, sh.max_block, sh.max_block};
   for (size_t n : sizes) {
     if (zero_ >= 2 || bf16_grads_) {
       auto g = std::make_unique<Slot>();
@@ -106,21 +106,31 @@ void ZeroStrategy::Wait(parallel::Work& w, const char* what) {
   wait_ms_ += parallel::WaitOrLost(w, timeout_s_, what);
 }
 
-ZeroStrategy::Slot& ZeroStrategy::GradSlot(int s) {
-  return *grad_slots_[s == 0 ? 0 : s == L_ + 1 ? 1 : size_t(2 + s % 2)];
+size_t ZeroStrategy::SlotOf(int s) const {
+  return s == layout_.embed_segment() ? 0 : s == layout_.final_segment() ? 1 : size_t(2 + s % 2);
 }
-ZeroStrategy::Slot& ZeroStrategy::WeightSlot(int s) {
-  return *weight_slots_[s == 0 ? 0 : s == L_ + 1 ? 1 : size_t(2 + s % 2)];
-}
+ZeroStrategy::Slot& ZeroStrategy::GradSlot(int s) { return *grad_slots_[SlotOf(s)]; }
+ZeroStrategy::Slot& ZeroStrategy::WeightSlot(int s) { return *weight_slots_[SlotOf(s)]; }
 
 void ZeroStrategy::Gather(int s, Slot& slot) {
   if (slot.op) Wait(*slot.op, "parameter all-gather");
   const size_t a = layout_.segment_start(s), b = layout_.segment_end(s);
   const size_t lo = store_.shard().lo;
-  const auto* shard = static_cast<const char*>(store_.working());
   const size_t from = std::clamp(a, lo, store_.shard().hi) - store_.working_lo();
-  slot.op = comm_.AllGatherAsync(shard + from * ElemBytes(), slot.buf.data(), Counts(a, b),
-                                 store_.dtype());
+  const std::vector<size_t> counts = Counts(a, b);
+  const void* send;
+  if (store_.offloaded(optim::ParamStore::Kind::kWorking)) {
+    // The tier's part of the segment is read into its place in the gathered one (in place).
+    size_t at = 0;
+    for (int r = 0; r < comm_.rank(); ++r) at += counts[size_t(r)];
+    char* mine = slot.buf.as<char>() + at * ElemBytes();
+    if (const size_t n = counts[size_t(comm_.rank())])
+      store_.ReadState(optim::ParamStore::Kind::kWorking, from, n, mine);
+    send = mine;
+  } else {
+    send = static_cast<const char*>(store_.working()) + from * ElemBytes();
+  }
+  slot.op = comm_.AllGatherAsync(send, slot.buf.data(), counts, store_.dtype());
   slot.seg = s;
   sent_bytes_ += double(b - a) * ElemBytes() * (dp_ - 1) / dp_;
 }
@@ -254,7 +264,13 @@ void ZeroStrategy::PublishBiases() {
     if (a >= e) continue;
     if (store_.offloaded(optim::ParamStore::Kind::kMaster)) {  // through host memory
       std::vector<float> host(e - a);
-      store_.ReadState(optim::ParamStore::Kind::kMaster, a - lo, e - a, host.data());
+      if (store_.has_master()) {
+        store_.ReadState(optim::ParamStore::Kind::kMaster, a - lo, e - a, host.data());
+      } else {  // the tier's bf16 weights, widened exactly
+        std::vector<bf16> w(e - a);
+        store_.ReadState(optim::ParamStore::Kind::kMaster, a - lo, e - a, w.data());
+        ConvertBf16ToF32(host.data(), w.data(), w.size());
+      }
       store_.backend().FromHost(b + p.bias_index + (a - p.offset), host.data(), 4 * (e - a));
     } else if (store_.has_master())
       store_.backend().Copy(b + p.bias_index + (a - p.offset), store_.master() + (a - lo),
@@ -274,10 +290,19 @@ void ZeroStrategy::PublishWeights() {
   if (store_.compact()) return PublishCompact();
   const size_t lo = store_.state_lo();
   // Without a master the slice already holds the weights (set or loaded in place).
+  using Kind = optim::ParamStore::Kind;
   if (store_.dtype() != DType::kF32 && store_.has_master()) {
-    char* w = static_cast<char*>(store_.working()) + ElemBytes() * (lo - store_.working_lo());
-    store_.VisitState(optim::ParamStore::Kind::kMaster, false, [&](void* p, size_t l, size_t n) {
-      store_.backend().Narrow(store_.dtype(), w + ElemBytes() * l, static_cast<const float*>(p), n);
+    // Into the tier's region through host memory where it holds the working weights.
+    const bool on_tier = store_.offloaded(Kind::kWorking);
+    std::vector<char> piece;
+    char* w = on_tier
+                  ? nullptr
+                  : static_cast<char*>(store_.working()) + ElemBytes() * (lo - store_.working_lo());
+    store_.VisitState(Kind::kMaster, false, [&](void* p, size_t l, size_t n) {
+      piece.resize(on_tier ? ElemBytes() * n : 0);
+      store_.backend().Narrow(store_.dtype(), on_tier ? piece.data() : w + ElemBytes() * l,
+                              static_cast<const float*>(p), n);
+      if (on_tier) store_.WriteState(Kind::kWorking, l, n, piece.data());
     });
   }
   Publish();
@@ -374,9 +399,15 @@ std::vector<float> ZeroStrategy::GatherMaster() {
     if (zero_ < 3) {
       be.ToHost(w.data(), store_.working(), 2 * w.size());
     } else {
+      // The shard from the tier where it lives there (host memory: a CPU run's).
+      std::vector<bf16> shard;
+      if (store_.offloaded(optim::ParamStore::Kind::kWorking)) {
+        shard.resize(store_.state_hi() - store_.state_lo());
+        store_.ReadState(optim::ParamStore::Kind::kWorking, 0, shard.size(), shard.data());
+      }
       Buffer gathered(be, 2 * w.size());
-      auto op = comm_.AllGatherAsync(store_.working(), gathered.data(), Counts(0, store_.total()),
-                                     DType::kBF16);
+      auto op = comm_.AllGatherAsync(shard.empty() ? store_.working() : shard.data(),
+                                     gathered.data(), Counts(0, store_.total()), DType::kBF16);
       Wait(*op, "weight all-gather");
       be.ToHost(w.data(), gathered.data(), 2 * w.size());
     }

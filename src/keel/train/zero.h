@@ -74,6 +74,7 @@ class ZeroStrategy final : public model::ParamAccess {
 
  private:
   struct Slot;
+  size_t SlotOf(int s) const;  // 0: embeddings, 1: the final segment, 2 + parity: blocks
   Slot& GradSlot(int s);
   Slot& WeightSlot(int s);
   // Per rank: |[a,b) ∩ shard r| of `n` elements sharded over the group (0: the layout's total).
