@@ -280,15 +280,24 @@ TEST(TrainerBytes, OffloadedWeightShardIsCountedToTheByte) {
       Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 2 * dp, dp);
       job.master = master;
       job.offload_chunk = 1 << 20;
-      const MemoryBreakdown with_shard = PlannedAndAllocated(job, dp, 3);
+      const MemoryBreakdown in_memory = PlannedAndAllocated(job, dp, 3);
       job.offload_params = true;
-      const MemoryBreakdown without = PlannedAndAllocated(job, dp, 3);
+      const MemoryBreakdown on_tier = PlannedAndAllocated(job, dp, 3);
       const double held = std::ceil(TotalParams(job.model) / dp);
       // The weights' shard (2 bytes an element) moved from params to the tier, whole blocks.
-      EXPECT_EQ(with_shard.state.params - without.state.params, 2 * held);
-      EXPECT_GE(without.tier - with_shard.tier, 2 * held);
-      EXPECT_LT(without.tier - with_shard.tier, 2 * held + 4096);
-      EXPECT_GT(without.tier_traffic, with_shard.tier_traffic + 4 * held);
+      EXPECT_EQ(in_memory.state.params - on_tier.state.params, 2 * held);
+      EXPECT_GE(on_tier.tier - in_memory.tier, 2 * held);
+      EXPECT_LT(on_tier.tier - in_memory.tier, 2 * held + 4096);
+      EXPECT_GT(on_tier.tier_traffic, in_memory.tier_traffic + 4 * held);
+      // Below ZeRO 3 every rank holds whole weights: params changes nothing there.
+      Job plain = job;
+      plain.offload_params = false;
+      Layout z1;
+      z1.dp = dp;
+      z1.zero = 1;
+      z1.micro_batch = 2;
+      EXPECT_EQ(EstimateMemory(job, z1).used(), EstimateMemory(plain, z1).used());
+      EXPECT_EQ(EstimateMemory(job, z1).tier_traffic, EstimateMemory(plain, z1).tier_traffic);
     }
 }
 

@@ -162,6 +162,11 @@ plan::Job MakeJob(const PlanArgs& a) {
       ThrowBadInput(
           "plan: --offload-params: needs a 16-bit --precision (an fp32 run's ZeRO 3 "
           "shard is its master)");
+    if (a.zero != -1 && a.zero != 3)
+      ThrowBadInput(
+          "plan: --offload-params: is for --zero 3 (below it every rank holds whole "
+          "weights), got --zero " +
+          std::to_string(a.zero));
     job.offload_params = true;
   }
   // keel's accounting is the only one that knows LoRA's compact state: it is LoRA's default.

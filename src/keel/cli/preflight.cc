@@ -15,6 +15,7 @@
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/train/config.h"
+#include "keel/train/memory_check.h"
 
 namespace keel::cli {
 
@@ -114,6 +115,7 @@ void RegisterPreflight(CLI::App& app) {
                                               : "";
     c.offload_dir = cfg.offload.dir;
     c.offload_chunk = cfg.offload.chunk_mib * 1048576;
+    c.tiers = train::TiersOf(cfg);
     c.node_mtbf_hours = a.node_mtbf_hours;
     c.efficiency = a.efficiency;
     c.quick = a.quick;

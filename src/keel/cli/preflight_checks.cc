@@ -423,9 +423,11 @@ Row CheckOffload(Context& c) {
     return row;
   }
   const double n = double(plan::TotalParams(Spec(c))) / c.comm->size();
-  std::vector<int> eb = {4, 4};                  // the moments
-  if (c.dtype == DType::kBF16) eb.push_back(4);  // and the master
-  const double per = 4.0 * double(eb.size()), tier_bytes = per * n;
+  parallel::StateShape shape;
+  shape.working_bytes = c.dtype == DType::kF32 ? 4 : 2;
+  shape = parallel::WithTiers(shape, c.tiers);
+  const std::vector<int> eb = shape.tier_regions();
+  const double per = double(shape.tier_bytes_per_elem()), tier_bytes = per * n;
   const size_t cap = size_t(c.quick ? 48 : 384) << 20;
   const size_t elems = std::max<size_t>(2048, size_t(std::min(tier_bytes, double(cap)) / per));
   const size_t chunk = parallel::OffloadChunkElems(size_t(c.offload_chunk), size_t(per), elems);
@@ -451,9 +453,11 @@ Row CheckOffload(Context& c) {
     return row;
   }
   // The update reads and writes the whole tier once a step; the step's compute runs the
-  // micro-batches of the global batch (the step row measured one).
-  const double io_s = 2 * tier_bytes / slowest;
+  // micro-batches of the global batch (the step row measured one). With the weights' shard on
+  // the tier, every micro-batch's forward and backward read it again.
   const double micro = std::max(1.0, double(c.global_batch) / (c.micro_batch * c.comm->size()));
+  const double io_s =
+      (2 * tier_bytes + (shape.working_offloaded() ? 2 * micro * 2 * n : 0)) / slowest;
   const double step_s = c.step_s * micro;
   row.measured = Fmt("%.4g GB/s per rank read+write, %.0f MB streamed", slowest / 1e9,
                      4 * per * double(elems) / 1e6) +

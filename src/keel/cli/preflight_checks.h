@@ -10,6 +10,7 @@
 #include "keel/model/activations.h"
 #include "keel/model/config.h"
 #include "keel/parallel/comm.h"
+#include "keel/parallel/state_bytes.h"
 
 namespace keel::cli::preflight {
 
@@ -34,6 +35,7 @@ struct Context {
   std::string data_path;    // "" = no data check
   std::string offload_dir;  // [offload] dir; "" = no offload check
   double offload_chunk = 16 << 20;
+  parallel::StateTiers tiers;  // what the tier holds (train::TiersOf)
   double node_mtbf_hours = 6000;
   double efficiency = -1;  // not given: plan::DefaultEfficiency of this-cpu for the precision
   bool quick = false;

@@ -102,11 +102,8 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
     KEEL_CHECK(!shape.working_offloaded() || dims.zero >= 3,
                "ParamStore: the working weights go to the tier at ZeRO 3 only");
     const size_t n = state_hi_ - state_lo_;
-    std::vector<int> eb;  // the regions, in Region's order
-    if (shape.master_offloaded()) eb.push_back(4);
-    if (shape.working_offloaded()) eb.push_back(2);
-    eb.insert(eb.end(), 2, shape.moment_bytes);
-    tier_ = std::make_unique<OffloadTier>(shape.offload_host ? "" : offload_dir, n, eb,
+    tier_ = std::make_unique<OffloadTier>(shape.offload_host ? "" : offload_dir, n,
+                                          shape.tier_regions(),
                                           parallel::OffloadChunkElems(shape, n), be);
     if (shape.offload_host && b.offload_buffers) {
       stage_ = Buffer(HostMemory(), b.offload_buffers);

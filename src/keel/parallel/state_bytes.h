@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "keel/parallel/dims.h"
 
@@ -52,9 +53,19 @@ struct StateShape {
   bool working_offloaded() const {
     return offload_chunk > 0 && offload_params && working_bytes == 2 && !offload_host;
   }
-  // The tier's bytes per element of the slice: its regions' sum.
+  // The tier's regions' bytes per element, in their order in its file: the master and the
+  // working weights where it holds them, then AdamW's m and v.
+  std::vector<int> tier_regions() const {
+    std::vector<int> r;
+    if (master_offloaded()) r.push_back(4);
+    if (working_offloaded()) r.push_back(2);
+    r.insert(r.end(), 2, moment_bytes);
+    return r;
+  }
   size_t tier_bytes_per_elem() const {
-    return (master_offloaded() ? 4 : 0) + (working_offloaded() ? 2 : 0) + 2 * size_t(moment_bytes);
+    size_t b = 0;
+    for (int x : tier_regions()) b += size_t(x);
+    return b;
   }
   // The tier is host memory ([offload] host: a GPU's master and moments, page-locked), not a
   // file; its chunk buffers are then the staging of the gradients (two chunks, copied from the

@@ -144,8 +144,10 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const std::vector<model::StageRange> chunks = model::RankChunks(cfg, l.pp, stage, v);
   // The store's and the ZeRO strategy's buffers, by the formula they allocate with. Every
   // tensor-parallel rank holds shards of the same sizes: rank 0's stands for all.
+  parallel::StateTiers tiers = TiersOf(job);
+  tiers.offload_params = tiers.offload_params && l.zero >= 3;  // below it, whole weights
   const parallel::StateShape shape =
-      parallel::WithTiers(model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt), TiersOf(job));
+      parallel::WithTiers(model::StateShapeOf(cfg, chunks, {l.tp, 0}, dt), tiers);
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, l);
   mem.state.offload = double(b.offload_buffers);
   mem.tier = double(b.tier);

@@ -411,7 +411,7 @@ nlohmann::json TrainStep::MemoryBytes() const {
           {"quantized_base", b.quantized},
           {"grads", b.grads},
           {"adam_moments", b.moments},
-          {"zero_buffers", zero_->buffer_bytes()},
+          {"zero_buffers", zero_->buffer_bytes() + sum_scratch_.bytes()},
           {"offload_buffers", b.offload_buffers},
           {"activations", ActivationBytes()}};
 }

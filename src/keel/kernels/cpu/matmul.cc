@@ -12,7 +12,8 @@
 // refused there (or offered only oneDNN's reference kernel, slower than widening) widens A and B
 // to fp32 scratch, runs the fp32 product and rounds C back (nearest even). Both formats are exact
 // in fp32, so this is the same math as a 16-bit product with fp32 accumulation, only slower. A
-// single shape refused later takes the same path from then on.
+// single shape refused later (a transpose or a post-op the probe has not) widens alone, every
+// time, so that a resumed run takes the uninterrupted one's paths.
 //
 // Legend: M rows of the input (B*T), K input features, N output features.
 #include "keel/kernels/cpu/matmul.h"
@@ -21,8 +22,10 @@
 #include <cstring>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "keel/core/error.h"
 #include "keel/kernels/cpu/scratch.h"
@@ -112,26 +115,28 @@ void MarkRefused(DType t) { Refused(t).store(true); }
 bool GemmDirect(const GemmArgs& g);
 
 // The probe: one small product of the type, created (and cached) at the first product of it.
+// Only the probe decides for the whole type; a shape refused later widens alone (GemmDirect).
 bool Native(DType t) {
   static std::once_flag once[2];
   std::call_once(once[t == DType::kF16 ? 1 : 0], [t] {
-    alignas(64) static uint16_t a[64 * 64], c[64 * 64];  // zeros: the product is discarded
+    std::vector<uint16_t> a(64 * 64), c(64 * 64);  // zeros: the product is discarded
     GemmArgs g;
     g.M = g.N = g.K = 64;
-    g.A = a, g.B = a, g.C = c;
+    g.A = a.data(), g.B = a.data(), g.C = c.data();
     g.lda = g.ldb = g.ldc = 64;
     g.ab_type = g.c_type = t;
-    GemmDirect(g);
+    if (!GemmDirect(g)) MarkRefused(t);
   });
   return !Refused(t).load(std::memory_order_relaxed);
 }
 
-// Returns false, creating nothing, if the CPU has no product for a 16-bit `g`'s type.
+// Returns false, running nothing, if the CPU has no product for a 16-bit `g`'s shape; the
+// refusal is kept, so that the shape takes the same path every time.
 bool GemmDirect(const GemmArgs& g) {
   KEEL_CHECK(g.beta == 0.0f || g.beta == 1.0f, "Gemm: beta must be 0 or 1");
   KEEL_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "Gemm: empty product");
   static std::mutex mu;
-  static std::unordered_map<std::string, CachedGemm> cache;
+  static std::unordered_map<std::string, std::optional<CachedGemm>> cache;
   const CachedGemm* cg;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -142,11 +147,11 @@ bool GemmDirect(const GemmArgs& g) {
         it = cache.emplace(key, Create(g)).first;
       } catch (const dnnl::error&) {
         if (g.ab_type == DType::kF32) throw;
-        MarkRefused(g.ab_type);
-        return false;
+        it = cache.emplace(key, std::nullopt).first;
       }
     }
-    cg = &it->second;
+    if (!it->second) return false;
+    cg = &*it->second;
   }
   auto& e = GetEngine();
   dnnl::memory a(cg->a, e.engine, const_cast<void*>(g.A));
