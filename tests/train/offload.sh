@@ -4,8 +4,8 @@
 #  1. offload must not change the math: with chunks small enough that the update streams through
 #     many of them, runs end with the in-memory run's weights bitwise: bf16 at 2 ranks ZeRO 0
 #     and 1, tp 2 and pp 2 (master and moments on the tier), ZeRO 3 with the weights' shard on
-#     the tier ([offload] params, with and without a master), bf16 moments without a master,
-#     fp16, and fp32 (moments only);
+#     the tier ([offload] params, with and without a master, and fp16), bf16 moments without a
+#     master, fp16, and fp32 (moments only);
 #  2. a crash mid-update (SIGKILL after some chunks were written back) resumes from the last
 #     checkpoint and ends with the uninterrupted run's weights;
 #  3. a tier disk without room is one clear line and a failed start; the checkpoint already in
@@ -45,6 +45,10 @@ nomaster=(--set optim.state_dtype=bf16 --set optim.master_weights=false --set pa
 run mem_z3_nomaster 2 "${nomaster[@]}"
 run off_z3_nomaster 2 "${nomaster[@]}" "${tier[@]}" --set offload.params=true
 same mem_z3_nomaster off_z3_nomaster "ZeRO 3 without a master, the weights' shard on the tier"
+run mem_z3_fp16 2 --set parallel.zero=3 --set train.precision=fp16
+run off_z3_fp16 2 --set parallel.zero=3 --set train.precision=fp16 "${tier[@]}" \
+  --set offload.params=true
+same mem_z3_fp16 off_z3_fp16 "fp16, ZeRO 3, the fp16 shard rounded into the tier's chunks"
 refused params_z1 1 "offload.params.*is for parallel.zero = 3" "${tier[@]}" \
   --set offload.params=true --set parallel.zero=1
 # Every rank of a tensor- or pipeline-parallel layout streams its own stage's or shard's state.
