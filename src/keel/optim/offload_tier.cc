@@ -272,15 +272,29 @@ void OffloadTier::Read(int region, size_t lo, size_t n, void* dst) const {
   // host: the host tier's block to the caller's host memory
   if (host_) return void(std::memcpy(dst, host_ + At(region, lo), n * size_t(eb_[size_t(region)])));
   Drain();
+  ReadThrough(AlignedBlock(kBounce).get(), region, lo, n, dst);
+}
+
+uint64_t OffloadTier::ReadAsync(int region, size_t lo, size_t n, void* dst) {
+  KEEL_CHECK(lo + n <= n_, "OffloadTier::ReadAsync past the region's end");
+  if (host_) {
+    // host: the host tier's block to the caller's host memory
+    std::memcpy(dst, host_ + At(region, lo), n * size_t(eb_[size_t(region)]));
+    return 0;
+  }
+  if (!io_bounce_) io_bounce_ = AlignedBlock(kBounce);  // used by the I/O thread alone
+  return Submit([this, region, lo, n, dst] { ReadThrough(io_bounce_.get(), region, lo, n, dst); });
+}
+
+void OffloadTier::ReadThrough(uint8_t* bounce, int region, size_t lo, size_t n, void* dst) const {
   const uint64_t a = At(region, lo), b = a + uint64_t(n) * uint64_t(eb_[size_t(region)]);
-  auto bounce = AlignedBlock(kBounce);
   auto* out = static_cast<uint8_t*>(dst);
   for (uint64_t at = a / kBlock * kBlock; at < b; at += kBounce) {
     const uint64_t end = std::min<uint64_t>(at + kBounce, RoundUp(b));
-    Pread(bounce.get(), size_t(end - at), at);
+    Pread(bounce, size_t(end - at), at);
     const uint64_t from = std::max(at, a), to = std::min(end, b);
     // host: the tier's bounce buffer to the caller's host memory
-    std::memcpy(out + (from - a), bounce.get() + (from - at), size_t(to - from));
+    std::memcpy(out + (from - a), bounce + (from - at), size_t(to - from));
   }
 }
 

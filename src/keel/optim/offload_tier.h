@@ -74,6 +74,11 @@ class OffloadTier {
   // once (the checkpoint writer's); Write may not.
   void Read(int region, size_t lo, size_t n, void* dst) const;
   void Write(int region, size_t lo, size_t n, const void* src);
+  // Read on the I/O thread, behind what is queued: returns a ticket for WaitRead, which rethrows
+  // what the read threw. `dst` must stay alive and untouched until then. The host tier copies at
+  // once (ticket 0).
+  uint64_t ReadAsync(int region, size_t lo, size_t n, void* dst);
+  void WaitRead(uint64_t ticket) const { Wait(ticket); }
 
  private:
   struct Slot {
@@ -87,6 +92,8 @@ class OffloadTier {
   void ChunkIo(bool write, size_t chunk, Slot& s);
   void Pread(uint8_t* dst, size_t bytes, uint64_t at) const;
   void Pwrite(const uint8_t* src, size_t bytes, uint64_t at) const;
+  // Region r's [lo, lo + n) into dst through `bounce` (kBounce bytes, block-aligned).
+  void ReadThrough(uint8_t* bounce, int region, size_t lo, size_t n, void* dst) const;
   uint64_t At(int region, size_t elem) const {
     return base_[size_t(region)] + elem * eb_[size_t(region)];
   }
@@ -105,6 +112,7 @@ class OffloadTier {
   int streams_ = 0;  // Stream calls so far
   const Memory* mem_;
   uint8_t* host_ = nullptr;  // the host tier's block (AllocHostAligned), pinned through mem_
+  std::unique_ptr<uint8_t, void (*)(void*)> io_bounce_{nullptr, std::free};  // ReadAsync's
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

@@ -160,6 +160,11 @@ void ParamStore::ReadState(Kind k, size_t lo, size_t n, void* host) {
   be_->ToHost(host, Resident(k) + eb * lo, eb * n);
 }
 
+uint64_t ParamStore::ReadWorkingAsync(size_t lo, size_t n, void* host) {
+  KEEL_CHECK(offloaded(Kind::kWorking), "ParamStore: the working weights are not on the tier");
+  return tier_->ReadAsync(Region(Kind::kWorking), lo, n, host);
+}
+
 void ParamStore::WriteState(Kind k, size_t lo, size_t n, const void* host) {
   if (offloaded(k)) return tier_->Write(Region(k), lo, n, host);
   const size_t eb = DTypeSize(state_dtype(k));

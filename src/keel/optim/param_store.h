@@ -117,6 +117,10 @@ class ParamStore {
   void VisitState(Kind k, bool write, const std::function<void(void* p, size_t lo, size_t n)>& fn);
   // Whether the kind is on the offload tier (its pointer above is null).
   bool offloaded(Kind k) const;
+  // ReadState(Kind::kWorking, ...) on the tier's I/O thread, behind what it has queued (the
+  // weights on the tier only): a ticket for WaitState; `host` untouched until then.
+  uint64_t ReadWorkingAsync(size_t lo, size_t n, void* host);
+  void WaitState(uint64_t ticket) const { tier_->WaitRead(ticket); }
   const OffloadTier* tier() const { return tier_.get(); }
   // Gradients (grad_dtype() elements) from flat index grads_lo(): the whole layout, or the shard
   // (compact: the packed trainable ones, then the frozen norms' scratch). bf16

@@ -18,6 +18,10 @@ struct ZeroStrategy::Slot {
   int seg = -1;
   std::unique_ptr<parallel::Work> op;
   size_t dst = 0, n = 0;  // gradients: buf[0, n) adds into the shard at dst
+  // Weights on the offload tier: this rank's part is being read into buf (the ticket); the
+  // all-gather starts once it is in (StartGather).
+  bool reading = false;
+  uint64_t read = 0;
 };
 
 ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& layout,
@@ -81,6 +85,12 @@ ZeroStrategy::~ZeroStrategy() {
   for (auto* slots : {&grad_slots_, &weight_slots_})
     for (auto& s : *slots)
       if (s->op && !parallel::Settled(*s->op, since, timeout_s_)) new Buffer(std::move(s->buf));
+  // A tier read still queued writes into its slot too.
+  for (auto& s : weight_slots_)
+    if (s->reading) try {
+        store_.WaitState(s->read);
+      } catch (...) {  // the tier failed; the run is ending with that error already
+      }
 }
 
 size_t ZeroStrategy::ElemBytes() const { return store_.dtype() != DType::kF32 ? 2 : 4; }
@@ -114,25 +124,40 @@ ZeroStrategy::Slot& ZeroStrategy::WeightSlot(int s) { return *weight_slots_[Slot
 
 void ZeroStrategy::Gather(int s, Slot& slot) {
   if (slot.op) Wait(*slot.op, "parameter all-gather");
+  slot.op.reset();
+  if (slot.reading) store_.WaitState(slot.read);  // a prefetch nobody used: let it land first
+  slot.reading = false;
   const size_t a = layout_.segment_start(s), b = layout_.segment_end(s);
-  const size_t lo = store_.shard().lo;
-  const size_t from = std::clamp(a, lo, store_.shard().hi) - store_.working_lo();
-  const std::vector<size_t> counts = Counts(a, b);
-  const void* send;
-  if (store_.offloaded(optim::ParamStore::Kind::kWorking)) {
-    // The tier's part of the segment is read into its place in the gathered one (in place).
-    size_t at = 0;
-    for (int r = 0; r < comm_.rank(); ++r) at += counts[size_t(r)];
-    char* mine = slot.buf.as<char>() + at * ElemBytes();
-    if (const size_t n = counts[size_t(comm_.rank())])
-      store_.ReadState(optim::ParamStore::Kind::kWorking, from, n, mine);
-    send = mine;
-  } else {
-    send = static_cast<const char*>(store_.working()) + from * ElemBytes();
-  }
-  slot.op = comm_.AllGatherAsync(send, slot.buf.data(), counts, store_.dtype());
+  const size_t from = std::clamp(a, store_.shard().lo, store_.shard().hi) - store_.working_lo();
   slot.seg = s;
   sent_bytes_ += double(b - a) * ElemBytes() * (dp_ - 1) / dp_;
+  if (store_.offloaded(optim::ParamStore::Kind::kWorking)) {
+    // This rank's part is read into its place in the gathered segment by the tier's I/O thread,
+    // behind the compute; the in-place all-gather follows when the segment is next asked for.
+    const size_t n = Counts(a, b)[size_t(comm_.rank())];
+    char* mine = slot.buf.as<char>() + OwnAt(s) * ElemBytes();
+    slot.read = n ? store_.ReadWorkingAsync(from, n, mine) : 0;
+    slot.reading = true;
+    return;
+  }
+  slot.op = comm_.AllGatherAsync(static_cast<const char*>(store_.working()) + from * ElemBytes(),
+                                 slot.buf.data(), Counts(a, b), store_.dtype());
+}
+
+size_t ZeroStrategy::OwnAt(int s) const {
+  const std::vector<size_t> counts = Counts(layout_.segment_start(s), layout_.segment_end(s));
+  size_t at = 0;
+  for (int r = 0; r < comm_.rank(); ++r) at += counts[size_t(r)];
+  return at;
+}
+
+void ZeroStrategy::StartGather(Slot& slot) {
+  if (!slot.reading) return;
+  store_.WaitState(slot.read);
+  slot.reading = false;
+  const size_t a = layout_.segment_start(slot.seg), b = layout_.segment_end(slot.seg);
+  slot.op = comm_.AllGatherAsync(slot.buf.as<char>() + OwnAt(slot.seg) * ElemBytes(),
+                                 slot.buf.data(), Counts(a, b), store_.dtype());
 }
 
 const void* ZeroStrategy::Weights(int s) {
@@ -142,6 +167,7 @@ const void* ZeroStrategy::Weights(int s) {
   }
   Slot& slot = WeightSlot(s);
   if (slot.seg != s) Gather(s, slot);  // a caller that skipped Use
+  StartGather(slot);
   if (slot.op) {
     Wait(*slot.op, "parameter all-gather");
     slot.op.reset();
@@ -157,7 +183,9 @@ void ZeroStrategy::Use(int s, model::Pass p) {
   if (zero_ < 3) return;
   Slot& slot = WeightSlot(s);
   if (slot.seg != s) Gather(s, slot);
-  // The next block's gather runs on the comm thread while this one computes. Nothing is freed at
+  StartGather(slot);
+  // The next block's gather runs on the comm thread (with the weights on the tier: its read, on
+  // the tier's I/O thread) while this one computes. Nothing is freed at
   // Done: a block's weights stay in their slot until the block two ahead needs it, so a backward
   // that follows its forward directly reuses the last block's.
   const int next = p == model::Pass::kForward ? s + 1 : s - 1;

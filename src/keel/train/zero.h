@@ -76,6 +76,8 @@ class ZeroStrategy final : public model::ParamAccess {
   struct Slot;
   size_t SlotOf(int s) const;  // 0: embeddings, 1: the final segment, 2 + parity: blocks
   Slot& GradSlot(int s);
+  size_t OwnAt(int s) const;     // where this rank's part of segment s sits in the gathered one
+  void StartGather(Slot& slot);  // the all-gather of a slot whose tier read is queued
   Slot& WeightSlot(int s);
   // Per rank: |[a,b) ∩ shard r| of `n` elements sharded over the group (0: the layout's total).
   std::vector<size_t> Counts(size_t a, size_t b, size_t n = 0) const;
