@@ -60,7 +60,9 @@ assert abs(parts - g["wall_s"]) < 0.01 * g["wall_s"] + 1e-3, (parts, g)
 PY
 echo "kill: rank 1 killed after step $step; restarted; final weights equal the uninterrupted run's"
 
-launch silent
+# Slowed like the kill case's rank 1, so that the stop lands mid-run (at full speed the 40 steps
+# can end between the heartbeat at step 10 and the SIGSTOP: 2026-12-05, ranks had exited).
+KEEL_FAULT="slow@0:1,factor=8" launch silent
 pid=$(beat silent 1 10 pid)
 kill -STOP "$pid"
 finish silent 0
