@@ -5,6 +5,9 @@
 #                               10.77.X.(10+i)), names in /etc/hosts
 #   cluster_down PREFIX         undo everything (also slurm_down); idempotent, trap-safe
 #   cluster_link_down/up PREFIX I   take host I's link down / up
+#   cluster_link_rate PREFIX I RATE  limit host I's link to RATE (tc's units: 1gbit, 200mbit)
+#                               each way, a token bucket on both ends of its veth; RATE "off"
+#                               lifts it. CLUSTER_RATE set at cluster_up limits every host's.
 #   cluster_hostfile PREFIX FILE [SLOTS [N]]   an OpenMPI hostfile of hosts 1..N (default all)
 #   cluster_mpi_env PREFIX      export OMPI_* so that a plain mpirun (from the root namespace)
 #                               launches its daemons in the namespaces over TCP
@@ -62,6 +65,7 @@ cluster_up() {
     ip -n "$p$i" addr add "10.77.$net.$((10 + i))/24" dev eth0
     ip -n "$p$i" link set eth0 up
     lines+=$'\n'"10.77.$net.$((10 + i)) $p$i # keel-cluster:$p"
+    [[ -z ${CLUSTER_RATE:-} ]] || cluster_link_rate "$p" "$i" "$CLUSTER_RATE"
   done
   _cluster_hosts_edit "$p" "$lines"
 }
@@ -83,6 +87,35 @@ cluster_down() {
 # Its veth peer loses carrier too, so the bridge drops the host's packets both ways.
 cluster_link_down() { ip -n "$1$2" link set eth0 down; }
 cluster_link_up() { ip -n "$1$2" link set eth0 up; }
+
+# A token bucket (tbf) on the host's eth0 shapes what it sends, one on the bridge's end what it
+# receives. The bucket holds 1 ms at the rate (at least 64 KiB, above a TSO segment), and up to
+# 50 ms of packets queue behind it, as a switch's buffer would, rather than being dropped at once.
+# No added latency: these VMs' kernels are built without netem.
+cluster_link_rate() {
+  local p=$1 i=$2 rate=$3 bits burst dev ns
+  for dev in "eth0 $p$i" "$p$i-h"; do
+    read -r dev ns <<<"$dev"
+    tc ${ns:+-n "$ns"} qdisc del dev "$dev" root 2>/dev/null || true
+  done
+  [[ $rate == off ]] && return 0
+  bits=$(_cluster_rate_bits "$rate") || { echo "cluster_link_rate: '$rate': expected e.g. 1gbit, 200mbit" >&2; return 1; }
+  burst=$((bits / 8 / 1000 > 65536 ? bits / 8 / 1000 : 65536))
+  tc -n "$p$i" qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms &&
+    tc qdisc add dev "$p$i-h" root tbf rate "$rate" burst "$burst" latency 50ms
+}
+
+_cluster_rate_bits() { # 1gbit, 200mbit, 500kbit, 1000000bit -> bits/s
+  local r=${1,,} n unit
+  [[ $r =~ ^([0-9]+)(gbit|mbit|kbit|bit)$ ]] || return 1
+  n=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]}
+  case $unit in
+    gbit) echo $((n * 1000000000)) ;;
+    mbit) echo $((n * 1000000)) ;;
+    kbit) echo $((n * 1000)) ;;
+    bit) echo "$n" ;;
+  esac
+}
 
 cluster_exec() {
   local p=$1 i=$2

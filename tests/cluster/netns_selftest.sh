@@ -76,6 +76,57 @@ if [[ -n $keel ]]; then
   }
   check "mpirun keel train: 4 ranks over 2 hosts x 2 slots" mpirun_train
 
+  # A rate-limited link (cluster_link_rate): TCP between hosts 1 and 2 runs at the limit each
+  # way; keel preflight's all-reduce between a rank on each host runs under it (Open MPI's
+  # 2-rank all-reduce reaches half of it: its steps do not send both ways at once), and lifting
+  # the limit gives the link its speed back.
+  cat >"$tmp/tcp.py" <<'PY'
+import socket, sys, time
+if sys.argv[1] == "rx":
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 5555))
+    s.listen(1)
+    c, _ = s.accept()
+    n, t = 0, time.time()
+    while b := c.recv(1 << 20):
+        n += len(b)
+    print(round(n / (time.time() - t) / 1e6, 1))
+else:
+    c = socket.create_connection((sys.argv[2], 5555))
+    for _ in range(16):
+        c.sendall(b"x" * (1 << 20))
+PY
+  tcp_mb_s() { # FROM TO: MB/s of 16 MiB sent from host FROM to host TO
+    cluster_exec "$P" "$2" /usr/bin/python3 "$tmp/tcp.py" rx >"$tmp/rx.out" &
+    local rx=$!
+    sleep 0.5
+    cluster_exec "$P" "$1" /usr/bin/python3 "$tmp/tcp.py" tx "10.77.$net.$((10 + $2))"
+    wait "$rx"
+    cat "$tmp/rx.out"
+  }
+  bus_mb_s() {
+    timeout 120 mpirun --hostfile "$tmp/hosts2" -np 2 --map-by node -x OMP_NUM_THREADS=1 \
+      "$keel" preflight --quick --json 2>"$tmp/preflight.err" |
+      /usr/bin/python3 -c 'import json, sys
+rows = json.load(sys.stdin)["rows"]
+print(round([r for r in rows if r["check"] == "all-reduce"][0]["data"]["bus_bytes_per_s"] / 1e6))'
+  }
+  rate_limit() {
+    local up down limited free
+    cluster_link_rate "$P" 2 200mbit
+    up=$(tcp_mb_s 2 1) && down=$(tcp_mb_s 1 2) && limited=$(bus_mb_s) ||
+      { cat "$tmp/preflight.err"; return 1; }
+    cluster_link_rate "$P" 2 off
+    free=$(bus_mb_s) || { cat "$tmp/preflight.err"; return 1; }
+    echo "200 Mbit/s (25 MB/s): TCP $up MB/s up, $down MB/s down; all-reduce bus bandwidth" \
+      "$limited MB/s, $free MB/s unlimited"
+    awk -v u="$up" -v d="$down" 'BEGIN { exit !(u >= 20 && u <= 25.5 && d >= 20 && d <= 25.5) }' &&
+      ((limited >= 8 && limited <= 26 && free > 2 * limited))
+  }
+  check "a 200 Mbit/s link: TCP and the all-reduce run under it, and faster without it" rate_limit
+  sed -n 's/^200 Mbit/    &/p' "$tmp/check.log"
+
   # A lost link: host 2 goes down mid-run. With cluster_mpi_env's keepalive mpirun notices the
   # lost daemon (exit 205) before the ranks' own comm_timeout_s (exit 75) and returns.
   extra=(--set train.steps=100000 --set parallel.comm_timeout_s=10)
