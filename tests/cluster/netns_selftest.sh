@@ -115,8 +115,10 @@ print(round([r for r in rows if r["check"] == "all-reduce"][0]["data"]["bus_byte
   rate_limit() {
     local up down limited free
     cluster_link_rate "$P" 2 200mbit
-    up=$(tcp_mb_s 2 1) && down=$(tcp_mb_s 1 2) && limited=$(bus_mb_s) ||
-      { cat "$tmp/preflight.err"; return 1; }
+    if ! { up=$(tcp_mb_s 2 1) && down=$(tcp_mb_s 1 2) && limited=$(bus_mb_s); }; then
+      cat "$tmp/preflight.err"
+      return 1
+    fi
     cluster_link_rate "$P" 2 off
     free=$(bus_mb_s) || { cat "$tmp/preflight.err"; return 1; }
     echo "200 Mbit/s (25 MB/s): TCP $up MB/s up, $down MB/s down; all-reduce bus bandwidth" \
