@@ -232,16 +232,14 @@ void ParamStore::Update(float lr, float grad_scale) {
     return opt_.Step(master(), nullptr, static_cast<char*>(grads()) + gb * state_lo_, lr,
                      grad_scale);
   // AdamW rounds into a bf16 copy itself; an fp16 copy is rounded from the new master after.
-  bf16* w = nullptr;
-  if (dtype() == DType::kBF16 && !offloaded(Kind::kWorking))
-    w = static_cast<bf16*>(working()) + (state_lo_ - working_lo_);
-  char* w16 = dtype() == DType::kF16 && !offloaded(Kind::kWorking)
-                  ? static_cast<char*>(working()) + 2 * (state_lo_ - working_lo_)
-                  : nullptr;
+  // The copy's slice in memory: none for fp32 (the master serves), or where the tier holds it.
+  char* ws =
+      dtype() != DType::kF32 && !offloaded(Kind::kWorking) ? Resident(Kind::kWorking) : nullptr;
+  bf16* w = dtype() == DType::kBF16 ? reinterpret_cast<bf16*>(ws) : nullptr;
   const char* g = static_cast<char*>(grads()) + gb * (state_lo_ - grads_lo_);
   if (!tier_) {
     opt_.Step(master(), w, g, lr, grad_scale);
-    if (w16) be_->Narrow(DType::kF16, w16, master(), state_hi_ - state_lo_);
+    if (dtype() == DType::kF16) be_->Narrow(DType::kF16, ws, master(), state_hi_ - state_lo_);
     return;
   }
   if (tier_->host()) return UpdateThroughHost(w, g, lr, grad_scale);
@@ -251,12 +249,12 @@ void ParamStore::Update(float lr, float grad_scale) {
   tier_->Stream([&](void* const* p, size_t lo, size_t n) {
     AdamW::Slice s = TierSlice(p, lo, n);
     if (!s.master && master()) s.master = master() + lo;
-    char* chunk_w = on_tier ? static_cast<char*>(p[Region(Kind::kWorking)]) : nullptr;
-    if (dtype() == DType::kBF16) s.working = on_tier ? reinterpret_cast<bf16*>(chunk_w) : w + lo;
+    // The chunk's 16-bit weights: the tier's region, or their place in memory.
+    char* cw = on_tier ? static_cast<char*>(p[Region(Kind::kWorking)]) : ws ? ws + 2 * lo : nullptr;
+    if (dtype() == DType::kBF16) s.working = reinterpret_cast<bf16*>(cw);
     s.grads = g + gb * lo;
     opt_.Apply(s, lr, grad_scale);
-    if (dtype() == DType::kF16)
-      be_->Narrow(DType::kF16, on_tier ? chunk_w : w16 + 2 * lo, s.master, n);
+    if (dtype() == DType::kF16) be_->Narrow(DType::kF16, cw, s.master, n);
   });
 }
 

@@ -6,16 +6,6 @@
 
 namespace keel::parallel {
 
-StateShape WithTiers(StateShape s, const StateTiers& t) {
-  s.moment_bytes = t.moment_bytes;
-  s.grad_bytes = t.grad_bytes;
-  s.master = t.master;
-  s.offload_chunk = t.offload_chunk;
-  s.offload_host = t.offload_host;
-  s.offload_params = t.offload_params;
-  return s;
-}
-
 StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   const bool bf16 = s.working_bytes == 2;
   const size_t shard = Shard(s.total, d.dp, 0).size;

@@ -2,8 +2,8 @@
 // and the trainer's ZeRO strategy allocate, and what `keel plan --accounting keel` predicts. One
 // formula for both, so that the planner's figure is the trainer's allocation to the byte.
 //
-//   StateShape sh{.total = 124e6, .n_bias = 83e3, .embed = 39e6, .final_norm = 1536,
-//                 .max_block = 7e6, .working_bytes = 2};
+//   StateShape sh = model::StateShapeOf(layout, DType::kBF16);   // GPT-2 124M's
+//   sh.moment_bytes = 2;                                          // optim.state_dtype = "bf16"
 //   StateBytes b = StateBytesPerRank(sh, {.dp = 4, .zero = 3});
 #pragma once
 
@@ -14,7 +14,32 @@
 
 namespace keel::parallel {
 
-struct StateShape {
+// The run's choices that size its state beyond the model's shape (the [optim] dtypes, the
+// master, the [offload] tier): filled once from a config (train::TiersOf) or a plan's job
+// (plan::TiersOf) and laid onto a model's shape by WithTiers, so that the trainer, its memory
+// check, the planner, preflight and the allocation test size one state.
+struct StateTiers {
+  int moment_bytes = 4;  // AdamW's m and v: 4 (fp32) or 2 (optim.state_dtype = "bf16")
+  // The gradient buffer: 4 (fp32) or 2 (optim.grad_dtype = "bf16": backward's fp32 buckets are
+  // added into it, rounded). Not compact.
+  int grad_bytes = 4;
+  // false: bf16 weights without an fp32 master (optim.master_weights = false); the working
+  // copy's slice stands for it.
+  bool master = true;
+  // [offload]: AdamW's moments, and a bf16 run's fp32 master, on a disk tier instead of in
+  // memory, streamed through three buffers of about this many bytes (0: all in memory).
+  size_t offload_chunk = 0;
+  // The tier is host memory ([offload] host: a GPU's master and moments, page-locked), not a
+  // file; its chunk buffers are then the staging of the gradients (two chunks, copied from the
+  // device ahead of the update) and of the bf16 weights (one chunk, copied back).
+  bool offload_host = false;
+  // [offload] params (ZeRO 3, a 16-bit run's disk tier): the working weights' shard is on the
+  // tier too, read into the gathered segment before each all-gather, written by the update.
+  bool offload_params = false;
+};
+
+// A model's state (model::StateShapeOf) with the run's options on it.
+struct StateShape : StateTiers {
   size_t total = 0;       // parameters in the flat layout
   size_t n_bias = 0;      // matrix-product biases, kept in fp32 beside bf16 working weights
   size_t embed = 0;       // segment 0 (embeddings)
@@ -22,13 +47,6 @@ struct StateShape {
   size_t max_block = 0;   // the largest transformer block
   int working_bytes = 4;  // 4: fp32 run (the working weights are the master), 2: bf16
   bool fp16 = false;      // the 2-byte working copy is fp16 (train.precision = "fp16"), not bf16
-  int moment_bytes = 4;   // AdamW's m and v: 4 (fp32) or 2 (optim.state_dtype = "bf16")
-  // The gradient buffer: 4 (fp32) or 2 (optim.grad_dtype = "bf16": backward's fp32 buckets are
-  // added into it, rounded). Not compact.
-  int grad_bytes = 4;
-  // false: bf16 weights without an fp32 master (optim.master_weights = false); the working
-  // copy's slice stands for it.
-  bool master = true;
   // Parameters that are trained (LoRA's adapters), when fewer than `total`: a compact state
   // (optim::ParamStore), whose master weights and moments cover these only. 0: all of them.
   size_t trainable = 0;
@@ -41,15 +59,10 @@ struct StateShape {
   size_t quantized = 0;
   size_t quant_scales = 0;  // of which fp32 scales (the rest: codes)
   bool compact() const { return trainable > 0 && trainable < total; }
-  // [offload]: AdamW's moments, and a bf16 run's fp32 master, on a disk tier instead of in
-  // memory, streamed through three buffers of about this many bytes (0: all in memory).
-  size_t offload_chunk = 0;
   // Whether the master is on the tier: a bf16 run's (an fp32 run's master is its working
   // weights at ZeRO 0 and 3, and the source of the all-gather at 1 and 2).
   bool master_offloaded() const { return offload_chunk > 0 && master && working_bytes == 2; }
-  // [offload] params (ZeRO 3, a 16-bit run's disk tier): the working weights' shard is on the
-  // tier too, read into the gathered segment before each all-gather, written by the update.
-  bool offload_params = false;
+  // Whether the working weights' shard is ([offload] params on a 16-bit run's disk tier).
   bool working_offloaded() const {
     return offload_chunk > 0 && offload_params && working_bytes == 2 && !offload_host;
   }
@@ -67,25 +80,12 @@ struct StateShape {
     for (int x : tier_regions()) b += size_t(x);
     return b;
   }
-  // The tier is host memory ([offload] host: a GPU's master and moments, page-locked), not a
-  // file; its chunk buffers are then the staging of the gradients (two chunks, copied from the
-  // device ahead of the update) and of the bf16 weights (one chunk, copied back).
-  bool offload_host = false;
 };
 
-// The run's choices that size its state beyond the model's shape (the [optim] dtypes, the
-// master, the [offload] tier): filled once from a config or a plan's job, and laid onto a model's
-// shape by WithTiers, so that the trainer, its memory check, the planner and the allocation test
-// size one state.
-struct StateTiers {
-  int moment_bytes = 4;
-  int grad_bytes = 4;
-  bool master = true;
-  size_t offload_chunk = 0;  // 0: no tier
-  bool offload_host = false;
-  bool offload_params = false;
-};
-StateShape WithTiers(StateShape s, const StateTiers& t);
+inline StateShape WithTiers(StateShape s, const StateTiers& t) {
+  static_cast<StateTiers&>(s) = t;
+  return s;
+}
 
 // [offload]: the elements of each of the tier's chunks (a multiple of 2048, at most the state
 // slice rounded up to one), for a slice of `held` elements.
