@@ -203,6 +203,7 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   const BytesPerParam bpp = StateBytesPerParam(job);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   mem.state = ModelStateBytes(psi, bpp, l.zero, l.dp);
+  const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
   if (job.offload_chunk > 0) {  // the moments, and a bf16 run's master, go to disk
     const bool master = job.precision == Precision::kBf16;
     mem.tier = mem.state.moments + (master ? mem.state.master : 0);
@@ -212,12 +213,11 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
     mem.tier_traffic = 2 * mem.tier;
     if (job.offload_params && l.zero >= 3) {
       mem.tier += mem.state.params;
-      mem.tier_traffic += mem.state.params * (2 + 2.0 * job.global_batch / (l.dp * l.micro_batch));
+      mem.tier_traffic += mem.state.params * (2 + 2.0 * micro_batches);  // as KeelStageMemory
       mem.state.params = 0;
     }
   }
 
-  const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
   {
     // Korthikanti's formulas count 16-bit activations; fp32 doubles the stored values.
     const double scale = job.precision == Precision::kFp32 ? 2.0 : 1.0;
