@@ -54,6 +54,11 @@ class SilentComm final : public parallel::Comm {
                                                  DType) override {
     Fail();
   }
+  std::unique_ptr<parallel::Work> AllToAllAsync(const void*, void*,
+                                                const std::vector<size_t>&) override {
+    Fail();
+  }
+  std::unique_ptr<parallel::Work> ThenAsync(std::function<std::string()>) override { Fail(); }
   std::unique_ptr<parallel::Comm> Split(int, int) override { Fail(); }
   void Broadcast(void*, size_t, int) override { Fail(); }
   void Send(const void*, size_t, int) override { Fail(); }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -72,6 +73,18 @@ class Comm {
   // holds every rank's, in rank order. `send` may be this rank's place in `recv` (in place).
   virtual std::unique_ptr<Work> AllGatherAsync(const void* send, void* recv,
                                                const std::vector<size_t>& counts, DType dtype) = 0;
+
+  // Every rank sends counts[r] bytes to rank r (its pieces in rank order in `send`) and receives
+  // counts[rank()] bytes from each rank, in rank order, into `recv` (size() · counts[rank()]
+  // bytes): the exchange that a reduce-scatter in a compressed format is made of (wire_reduce.h).
+  virtual std::unique_ptr<Work> AllToAllAsync(const void* send, void* recv,
+                                              const std::vector<size_t>& counts) = 0;
+  // Runs `fn` after every operation issued before it and before any issued after, on the thread
+  // that runs them (the local communicator: at once, on the caller's), so that the work between
+  // two phases of a composite collective (decoding a received piece, encoding the next) does not
+  // wait for the caller. `fn` returns "" or an error message, which Wait throws. Not a collective:
+  // it involves no other rank. Host buffers only.
+  virtual std::unique_ptr<Work> ThenAsync(std::function<std::string()> fn) = 0;
 
   // A communicator over the ranks that passed the same `color`, ordered by `key` (then by rank),
   // as MPI_Comm_split. Collective over this communicator: every rank calls it, in the same order

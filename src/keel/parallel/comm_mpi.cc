@@ -218,6 +218,46 @@ class MpiComm final : public Comm {
     });
   }
 
+  std::unique_ptr<Work> AllToAllAsync(const void* send, void* recv,
+                                      const std::vector<size_t>& counts) override {
+    KEEL_CHECK(counts.size() == static_cast<size_t>(size_),
+               "AllToAll with " + std::to_string(counts.size()) + " counts over " +
+                   std::to_string(size_) + " ranks");
+    std::vector<int> sendcounts(counts.size()), sdispls(counts.size()), recvcounts(counts.size()),
+        rdispls(counts.size());
+    size_t off = 0;
+    const size_t mine = counts[size_t(rank_)];
+    for (size_t q = 0; q < counts.size(); ++q) {
+      sendcounts[q] = ToCount(counts[q], "MPI_Alltoallv");
+      sdispls[q] = ToDispl(off, "MPI_Alltoallv");
+      recvcounts[q] = ToCount(mine, "MPI_Alltoallv");
+      rdispls[q] = ToDispl(q * mine, "MPI_Alltoallv");
+      off += counts[q];
+    }
+    const size_t bytes = off + mine * counts.size();
+    return Async("MPI_Alltoallv", [=, sendcounts = std::move(sendcounts),
+                                   sdispls = std::move(sdispls), recvcounts = std::move(recvcounts),
+                                   rdispls = std::move(rdispls), comm = comm_, rank = rank_] {
+      return Check(
+          Collective(
+              comm, bytes,
+              [&](MPI_Request* r) {
+                return MPI_Ialltoallv(send, sendcounts.data(), sdispls.data(), MPI_BYTE, recv,
+                                      recvcounts.data(), rdispls.data(), MPI_BYTE, comm, r);
+              },
+              [&] {
+                return MPI_Alltoallv(send, sendcounts.data(), sdispls.data(), MPI_BYTE, recv,
+                                     recvcounts.data(), rdispls.data(), MPI_BYTE, comm);
+              }),
+          "MPI_Alltoallv", rank);
+    });
+  }
+
+  std::unique_ptr<Work> ThenAsync(std::function<std::string()> fn) override {
+    // Not tracked in the group's progress: it is local work, which no peer waits for.
+    return std::make_unique<MpiWork>(engine_->Submit(std::move(fn)), label(), "local work");
+  }
+
   std::unique_ptr<Comm> Split(int color, int key) override {
     // MPI would turn a negative color (MPI_UNDEFINED) into MPI_COMM_NULL, which no Comm can wrap.
     KEEL_CHECK(color >= 0, "Split with negative color " + std::to_string(color));

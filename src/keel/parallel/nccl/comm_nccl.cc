@@ -212,6 +212,30 @@ class NcclComm final : public Comm {
     return End();
   }
 
+  std::unique_ptr<Work> AllToAllAsync(const void* send, void* recv,
+                                      const std::vector<size_t>& counts) override {
+    if (!OnDevice(recv)) return boot_.AllToAllAsync(send, recv, counts);
+    const size_t mine = counts[size_t(rank())];
+    Begin();
+    KEEL_NCCL(ncclGroupStart());
+    size_t off = 0;
+    for (int r = 0; r < size(); ++r) {
+      const size_t n = counts[size_t(r)];
+      if (n)
+        KEEL_NCCL(ncclSend(static_cast<const char*>(send) + off, n, ncclChar, r, comm_, stream_));
+      if (mine)
+        KEEL_NCCL(ncclRecv(static_cast<char*>(recv) + size_t(r) * mine, mine, ncclChar, r, comm_,
+                           stream_));
+      off += n;
+    }
+    KEEL_NCCL(ncclGroupEnd());
+    return End();
+  }
+  // Host work, ordered with the host buffers' operations (which go through the bootstrap).
+  std::unique_ptr<Work> ThenAsync(std::function<std::string()> fn) override {
+    return boot_.ThenAsync(std::move(fn));
+  }
+
   std::unique_ptr<Comm> Split(int color, int key) override {
     std::unique_ptr<Comm> sub = boot_.Split(color, key);
     Comm& ref = *sub;
