@@ -35,9 +35,13 @@ struct Piece {
   bool operator==(const Piece&) const = default;
 };
 
+// The kind of a tensor that one rank alone holds and loads (StateView::own): a flat run of fp32
+// under a name that says whose it is, not a model tensor, never resharded.
+inline constexpr const char* kOwnKind = "own";
+
 struct TensorEntry {
   std::string name;            // the parameter registry's name, e.g. "h.0.mlp.c_fc.weight"
-  std::string kind;            // "master" | "adam_m" | "adam_v"
+  std::string kind;            // "master" | "adam_m" | "adam_v" | kOwnKind
   std::string dtype = "f32";   // the only one written so far
   std::vector<int64_t> shape;  // global shape
   std::vector<Piece> pieces;

@@ -40,6 +40,11 @@ class CheckpointReader {
             size_t lo = 0, size_t hi = 0, bool progress = false,
             const Memory& mem = HostMemory()) const;
 
+  // Reads each of `own` that the checkpoint holds under its name and size (verified as above),
+  // zeroes the others and returns how many it found: a run whose layout changed starts its own
+  // state afresh.
+  size_t LoadOwn(const std::vector<OwnBuffer>& own) const;
+
  private:
   std::string dir_;
   Manifest manifest_;

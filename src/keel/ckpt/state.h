@@ -64,6 +64,15 @@ struct FlatBuffer {
 // `tensors` are this rank's layout (a pipeline stage's part of the model); `all_tensors` the
 // whole model's, which the manifest lists (empty: the same). The ranks that hold the same
 // tensors split the writing: part `part` of `parts` (-1: the writer's rank of its world).
+// State only one rank holds, of no other rank's layout (the int8 gradient sums' error-feedback
+// residual): written whole by that rank as a one-axis tensor of kind kOwnKind under `name`,
+// which must differ between ranks, and loaded by the rank that asks for the same name and size.
+struct OwnBuffer {
+  std::string name;
+  float* data = nullptr;
+  size_t n = 0;
+};
+
 struct StateView {
   int64_t step = 0;
   size_t lo = 0, hi = 0;
@@ -73,6 +82,7 @@ struct StateView {
   nlohmann::json state = nlohmann::json::object();  // Manifest::state
   std::vector<TensorSpec> tensors;
   std::vector<FlatBuffer> buffers;
+  std::vector<OwnBuffer> own;
 };
 
 // A box of a tensor (start and count along each axis) that is also one contiguous run

@@ -427,6 +427,13 @@ void CheckpointWriter::DoCommit() {
       KEEL_CHECK(covered == e.numel(), "checkpoint pieces of " + t.name + " do not cover it");
       m.tensors.push_back(std::move(e));
     }
+  // The ranks' own state, whoever wrote it (rank 0 does not know the others' names).
+  for (auto& [key, pieces] : by_tensor) {
+    if (key.second != kOwnKind) continue;
+    uint64_t n = 0;
+    for (const Piece& p : pieces) n += p.bytes / 4;
+    m.tensors.push_back({key.first, key.second, "f32", {int64_t(n)}, pieces});
+  }
   current_.total_bytes = m.TotalBytes();
   current_.referenced_bytes = 0;  // every rank's, now that rank 0 sees them all
   for (const TensorEntry& t : m.tensors)

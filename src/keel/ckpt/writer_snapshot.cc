@@ -81,6 +81,7 @@ void CheckpointWriter::Prepare(const StateView& view) {
   for (const TensorSpec& t : view.tensors)
     if (!t.replica)
       for (const Box& b : TensorBoxesIn(t, lo, hi)) bytes += b.numel * 4 * staged;
+  for (const OwnBuffer& o : view.own) bytes += 4 * o.n;
   Post([this, bytes] {
     try {
       EnsureStaging(bytes);
@@ -144,6 +145,19 @@ void CheckpointWriter::DoSnapshot(const StateView& view) {
       }
     }
   }
+  for (const OwnBuffer& o : view.own) {
+    deferred_.push_back({-1, 0, o.n, false});
+    pieces.push_back({{"name", o.name},
+                      {"kind", kOwnKind},
+                      {"shape", {o.n}},
+                      {"offset", bytes},
+                      {"bytes", o.n * 4},
+                      {"start", {0}},
+                      {"count", {o.n}}});
+    copies.push_back({reinterpret_cast<const uint8_t*>(o.data), o.n, false});
+    bytes += o.n * 4;
+  }
+  meta_.own.clear();  // staged too; the commit finds them in the ranks' pieces
   EnsureStaging(bytes);
   // Chunks that the trainer's threads can take too (WaitSnapshot), if it gets there first.
   constexpr size_t kChunk = size_t(8) << 20;

@@ -31,6 +31,7 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   if (d.zero >= 2 || s.grad_bytes == 2) b.zero_buffers += 4 * segs;
   if (d.zero >= 3) b.zero_buffers += size_t(s.working_bytes) * segs;
   b.zero_buffers += 4 * GradSumScratchElems(s, d);
+  b.zero_buffers += 4 * GradResidualElems(s, d);
   if (s.offload_chunk > 0) {
     const size_t master = s.master_offloaded() ? b.master : 0;
     auto blocks = [](size_t x) { return (x + 4095) / 4096 * 4096; };  // O_DIRECT's unit
@@ -54,6 +55,11 @@ size_t GradSumScratchElems(const StateShape& s, const ParallelDims& d) {
   // 4 MiB: the sums are a few norms (tp with sequence parallelism) or one embedding (pp), which
   // pieces of a million elements all-reduce at full speed.
   return s.grad_bytes == 2 && (d.tp > 1 || d.pp > 1) ? size_t(1) << 20 : 0;
+}
+
+size_t GradResidualElems(const StateShape& s, const ParallelDims& d) {
+  if (s.grad_comm != GradWire::kInt8 || d.dp <= 1) return 0;
+  return s.compact() ? s.grads : s.total;
 }
 
 size_t OffloadBufferBytes(size_t held, size_t chunk_elems, size_t bytes_per_elem) {

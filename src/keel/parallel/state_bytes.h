@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/parallel/dims.h"
+#include "keel/parallel/grad_wire.h"
 
 namespace keel::parallel {
 
@@ -36,6 +37,9 @@ struct StateTiers {
   // [offload] params (ZeRO 3, a 16-bit run's disk tier): the working weights' shard is on the
   // tier too, read into the gathered segment before each all-gather, written by the update.
   bool offload_params = false;
+  // [parallel] grad_comm: the data-parallel gradient sums' wire format; int8 keeps an fp32
+  // error-feedback residual per gradient element (GradResidualElems).
+  GradWire grad_comm = GradWire::kF32;
 };
 
 // A model's state (model::StateShapeOf) with the run's options on it.
@@ -108,7 +112,8 @@ struct StateBytes {
   size_t moments = 0;  // AdamW m and v (fp32 or bf16), over what the master would cover
   // ZeRO >= 2, or bf16 gradients: per-segment fp32 gradient scratch (the embeddings, the final
   // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments;
-  // bf16 gradients with tp or pp: the sums' scratch (GradSumScratchElems).
+  // bf16 gradients with tp or pp: the sums' scratch (GradSumScratchElems); int8 gradient sums:
+  // the error-feedback residual (GradResidualElems).
   size_t zero_buffers = 0;
   size_t quantized = 0;        // a quantized frozen base: codes and scales (compact states only)
   size_t offload_buffers = 0;  // [offload]: the tier's chunk buffers (up to three), or the host
@@ -126,5 +131,10 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d);
 // time (train::TrainStep); 0 where there are no such sums (fp32 gradients, or tp = pp = 1).
 // Counted in StateBytes::zero_buffers.
 size_t GradSumScratchElems(const StateShape& s, const ParallelDims& d);
+
+// int8 gradient sums over dp > 1 ranks (grad_comm): the fp32 error-feedback residual's elements,
+// one per element of the gradients this rank sends (every trained gradient, at every ZeRO stage:
+// each rank encodes the whole before the owners sum). 0 otherwise. Counted in zero_buffers.
+size_t GradResidualElems(const StateShape& s, const ParallelDims& d);
 
 }  // namespace keel::parallel

@@ -120,6 +120,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
     bool other_model = false;  // not a bad checkpoint but the wrong run: never skipped
     std::optional<Error> error;
     std::optional<ckpt::CheckpointReader> reader;
+    size_t own_found = 0;
     Timer load;
     try {
       reader.emplace(ckpt::CheckpointReader::Open(dir));
@@ -128,6 +129,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       other_model = false;
       ckpt::CheckManifestModel(reader->manifest(), dir);
       reader->Load(view.tensors, view.buffers, view.lo, view.hi, /*progress=*/lead, *mem_);
+      own_found = reader->LoadOwn(view.own);
     } catch (const Error& e) {
       error = e;
     }
@@ -158,6 +160,11 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       ThrowRuntime("ranks resumed from different checkpoints (rank " +
                    std::to_string(comm_.rank()) + " from " + dir +
                    "): is the checkpoint folder on storage every rank sees?");
+    const int own_missing = int(comm_.AllReduceSum(double(view.own.size() - own_found)));
+    if (lead && own_missing > 0)
+      Log("keel: %d rank(s)' int8 gradient residual is not in %s (saved under another layout or "
+          "[parallel] grad_comm): those start from zero",
+          own_missing, dir.c_str());
     if (fs::path(dir).parent_path() == fs::path(root_))
       writer_->Seed(m, fs::path(dir).filename().string());
     if (lead) {

@@ -177,6 +177,8 @@ struct ParallelSection {
   int zero = 0;                   // 0: replicated; 1: optimizer state; 2: + gradients; 3: + weights
   float bucket_mb = 25.0f;        // gradient all-reduce bucket size
   float comm_timeout_s = 600.0f;  // a collective that takes longer is a hang: exit 75
+  // The data-parallel gradient sums' wire format (parallel/grad_wire.h): "fp32", "bf16", "int8".
+  std::string grad_comm = "fp32";
 
   bool operator==(const ParallelSection&) const = default;
 };

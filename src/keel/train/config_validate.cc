@@ -291,6 +291,12 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   const Checker parallel(prov, "parallel");
   parallel.FinitePositive("bucket_mb", cfg.parallel.bucket_mb);
   parallel.FinitePositive("comm_timeout_s", cfg.parallel.comm_timeout_s);
+  parallel.OneOf("grad_comm", cfg.parallel.grad_comm, {"fp32", "bf16", "int8"});
+  if (cfg.parallel.grad_comm != "fp32" && t.device == "cuda")
+    parallel.Fail("grad_comm",
+                  "\"" + cfg.parallel.grad_comm +
+                      "\" is built for CPU runs (its encoding runs on the host); on a GPU the "
+                      "gradients travel in fp32 through NCCL");
 
   const Checker ckpt(prov, "checkpoint");
   const CheckpointSection& k = cfg.checkpoint;

@@ -4,17 +4,21 @@
 
 #include "keel/core/error.h"
 #include "keel/core/timer.h"
+#include "keel/parallel/wire_reduce.h"
 
 namespace keel::train {
 
 GradSync::GradSync(parallel::Comm& comm, float* grads, size_t total, size_t bucket_elems,
-                   double timeout_s, std::vector<std::pair<size_t, size_t>> skip)
+                   double timeout_s, std::vector<std::pair<size_t, size_t>> skip,
+                   parallel::GradWire wire, float* residual)
     : comm_(comm),
       grads_(grads),
       total_(total),
       bucket_elems_(std::max<size_t>(1, bucket_elems)),
       timeout_s_(timeout_s),
-      skip_(std::move(skip)) {}
+      skip_(std::move(skip)),
+      wire_(wire),
+      residual_(residual) {}
 
 void GradSync::Begin() {
   pending_end_ = total_;
@@ -28,7 +32,8 @@ void GradSync::Issue(size_t lo, size_t hi) {
   size_t at = lo;
   auto reduce = [&](size_t a, size_t b) {
     if (a >= b) return;
-    inflight_.push_back(comm_.AllReduceSumAsync(grads_ + a, b - a));
+    inflight_.push_back(parallel::AllReduceOnWire(comm_, wire_, grads_ + a, b - a,
+                                                  residual_ ? residual_ + a : nullptr));
     reduced_ += b - a;
   };
   for (const auto& [a, b] : skip_) {

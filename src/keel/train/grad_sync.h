@@ -8,6 +8,9 @@
 // Frozen ranges (`skip`) are never reduced: their gradients are discarded before the norm, so a
 // LoRA run sends its adapters' gradients only.
 //
+// `wire` ([parallel] grad_comm): the format the sums travel in (parallel/wire_reduce.h); int8
+// keeps its error feedback in `residual` (`total` floats, indexed as `grads`).
+//
 //   GradSync sync(comm, grads, total, bucket_elems, timeout_s, frozen);
 //   sync.Begin();
 //   ... backward: sync.Ready(layout.segment_start(s)) as each segment s finishes ...
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "keel/parallel/comm.h"
+#include "keel/parallel/grad_wire.h"
 
 namespace keel::train {
 
@@ -27,7 +31,8 @@ class GradSync {
  public:
   // `skip`: sorted, disjoint [first, second) ranges of the flat buffer not to reduce.
   GradSync(parallel::Comm& comm, float* grads, size_t total, size_t bucket_elems, double timeout_s,
-           std::vector<std::pair<size_t, size_t>> skip = {});
+           std::vector<std::pair<size_t, size_t>> skip = {},
+           parallel::GradWire wire = parallel::GradWire::kF32, float* residual = nullptr);
 
   void Begin();
   void Ready(size_t offset);
@@ -44,6 +49,8 @@ class GradSync {
   size_t total_, bucket_elems_;
   double timeout_s_;
   std::vector<std::pair<size_t, size_t>> skip_;
+  parallel::GradWire wire_;
+  float* residual_;
   size_t reduced_ = 0;
   size_t pending_end_ = 0;
   std::vector<std::unique_ptr<parallel::Work>> inflight_;

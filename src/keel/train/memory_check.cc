@@ -96,6 +96,7 @@ parallel::StateTiers TiersOf(const RunConfig& cfg) {
     t.offload_chunk = size_t(cfg.offload.chunk_mib * 1048576);
   t.offload_host = cfg.offload.host;
   t.offload_params = cfg.offload.params;
+  t.grad_comm = parallel::ParseGradWire(cfg.parallel.grad_comm).value_or(parallel::GradWire::kF32);
   return t;
 }
 

@@ -107,7 +107,7 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
                                                RangesOf(layout_, spec_.frozen), hyper, be_,
                                                spec.offload_dir);
   zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
-                                         spec.comm_timeout_s);
+                                         spec.comm_timeout_s, spec.tiers.grad_comm);
   sum_scratch_ =
       Buffer(be_, 4 * parallel::GradSumScratchElems(ShapeOf(layout_, spec_), spec.layout));
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
@@ -394,6 +394,15 @@ ckpt::StateView TrainStep::StateView() {
   // The stage's data-parallel ranks split its tensors for writing (ZeRO 1+: their shards).
   v.part = comm_.rank();
   v.parts = comm_.size();
+  if (zero_->residual_elems() > 0) {
+    // Named by the rank's place in the layout: a resume under the same layout finds its own.
+    auto at = [](const parallel::Comm* c, const char* dim) {
+      const int r = c ? c->rank() : 0, n = c ? c->size() : 1;
+      return std::string(".") + dim + std::to_string(r) + "of" + std::to_string(n);
+    };
+    v.own.push_back({"grad_comm.residual" + at(&comm_, "dp") + at(g_.tp, "tp") + at(g_.pp, "pp"),
+                     zero_->residual(), zero_->residual_elems()});
+  }
   return v;
 }
 

@@ -35,6 +35,12 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
       cfg_.model.name.c_str(), DTypeName(run.dtype), run.params.total(), comm_.size(),
       facts.threads, cfg_.train.batch_size, T, dims.n_micro, dims.micro_batch);
   Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm_.size());
+  const std::string& wire = cfg_.parallel.grad_comm;
+  if (wire != "fp32")
+    Log("keel: data-parallel gradients travel in %s%s and are summed in fp32 by each piece's "
+        "owner%s",
+        wire.c_str(), wire == "int8" ? " (blocks of 256, error feedback)" : "",
+        dims.dp > 1 ? "" : " (dp = 1: nothing travels)");
   const bool on_cpu = run.step->backend().device() == kernels::Device::kCpu;
   Log("keel: MFU against a peak of %.1f GFLOP/s for rank 0's %d thread(s) in %s (%s); %.1f "
       "GFLOP/s for all ranks%s%s",

@@ -8,6 +8,7 @@
 #include "keel/model/params.h"
 #include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
+#include "keel/parallel/wire_reduce.h"
 
 namespace keel::train {
 
@@ -25,13 +26,15 @@ struct ZeroStrategy::Slot {
 };
 
 ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& layout,
-                           parallel::Comm& comm, size_t bucket_elems, double timeout_s)
+                           parallel::Comm& comm, size_t bucket_elems, double timeout_s,
+                           parallel::GradWire wire)
     : store_(store),
       layout_(layout),
       comm_(comm),
       zero_(store.dims().zero),
       dp_(store.dims().dp),
       bf16_grads_(store.grad_dtype() == DType::kBF16),
+      wire_(wire),
       L_(layout.segments() - 2),
       timeout_s_(timeout_s),
       fresh_(size_t(layout.segments()), 0) {
@@ -43,6 +46,12 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
     for (const optim::ParamRange& r : store.trainable())
       if (auto it = bias_at.find(r.at); it != bias_at.end())
         trained_biases_.push_back({it->second, r.offset, r.numel});
+  }
+  parallel::StateShape sh = model::StateShapeOf(layout, store.dtype());
+  sh.grad_comm = wire;
+  if (const size_t n = parallel::GradResidualElems(sh, store.dims())) {
+    residual_ = Buffer(store.backend(), 4 * n);
+    store.backend().Zero(residual_.data(), 4 * n);
   }
   if (zero_ < 2 && !bf16_grads_) {
     // Stages 0 and 1 hold every gradient, so the frozen ranges are flat indices; adjacent ones
@@ -56,12 +65,11 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
     }
     sync_ =
         std::make_unique<GradSync>(comm, static_cast<float*>(store.grads()), layout.grad_trained(),
-                                   bucket_elems, timeout_s, std::move(frozen));
+                                   bucket_elems, timeout_s, std::move(frozen), wire, residual());
   }
   // Slots 0 and 1: the embeddings and the final LayerNorm (where this stage holds them); 2 and 3:
   // blocks by parity, so that the block in use and the next one (prefetched, or still reducing)
   // never share a buffer. Sized by the state's shape, as the planner sizes them.
-  const parallel::StateShape sh = model::StateShapeOf(layout, store.dtype());
   const size_t sizes[4] = {sh.embed, sh.final_norm, sh.max_block, sh.max_block};
   for (size_t n : sizes) {
     if (zero_ >= 2 || bf16_grads_) {
@@ -99,7 +107,7 @@ size_t ZeroStrategy::buffer_bytes() const {
   size_t b = 0;
   for (auto* slots : {&grad_slots_, &weight_slots_})
     for (auto& s : *slots) b += s->buf.bytes();
-  return b;
+  return b + residual_.bytes();
 }
 
 std::vector<size_t> ZeroStrategy::Counts(size_t a, size_t b, size_t n) const {
@@ -219,8 +227,9 @@ void ZeroStrategy::GradsDone(int s) {
   slot.n = counts[size_t(comm_.rank())];
   slot.dst = std::clamp(a, store_.shard().lo, store_.shard().hi) - store_.grads_lo();
   slot.seg = s;
-  slot.op = comm_.ReduceScatterSumAsync(slot.buf.data(), slot.buf.data(), counts, DType::kF32);
-  sent_bytes_ += 4.0 * double(b - a) * (dp_ - 1) / dp_;
+  float* err = residual_.bytes() ? residual() + a : nullptr;
+  slot.op = parallel::ReduceScatterOnWire(comm_, wire_, slot.buf.as<float>(), counts, err);
+  sent_bytes_ += parallel::WireSentBytes(wire_, b - a, dp_, /*all_reduce=*/false);
 }
 
 void ZeroStrategy::BucketDone(int s, Slot& slot) {
@@ -232,11 +241,12 @@ void ZeroStrategy::BucketDone(int s, Slot& slot) {
   bf16* acc = static_cast<bf16*>(store_.grads()) + a;
   if (!last_micro_ || dp_ == 1) return be.AccumulateBf16(acc, slot.buf.as<float>(), n);
   be.AddBf16To(slot.buf.as<float>(), acc, n);
-  slot.op = comm_.AllReduceSumAsync(slot.buf.data(), n, DType::kF32);
+  float* err = residual_.bytes() ? residual() + a : nullptr;
+  slot.op = parallel::AllReduceOnWire(comm_, wire_, slot.buf.as<float>(), n, err);
   slot.dst = a;
   slot.n = n;
   slot.seg = s;
-  sent_bytes_ += 2.0 * 4 * double(n) * (dp_ - 1) / dp_;
+  sent_bytes_ += parallel::WireSentBytes(wire_, n, dp_, /*all_reduce=*/true);
 }
 
 void ZeroStrategy::Drain(Slot& slot) {
@@ -268,7 +278,7 @@ void ZeroStrategy::FinishBackward() {
   if (sync_) {
     sync_->Finish();
     wait_ms_ += sync_->wait_ms();
-    if (dp_ > 1) sent_bytes_ += 2.0 * 4 * double(sync_->reduced()) * (dp_ - 1) / dp_;
+    sent_bytes_ += parallel::WireSentBytes(wire_, sync_->reduced(), dp_, /*all_reduce=*/true);
     return;
   }
   for (auto& s : grad_slots_) Drain(*s);

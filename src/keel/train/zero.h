@@ -16,6 +16,9 @@
 // one's, with peers, all-reduced in fp32 per segment first, this rank's bf16 part widened into
 // it), at 2 and 3 each reduce-scattered part. No rank sums in bf16.
 //
+// The gradient sums travel in `wire` ([parallel] grad_comm; parallel/wire_reduce.h); ZeRO 3's
+// weight all-gathers always in the working dtype.
+//
 // One object per run; every rank of the group calls the same methods in the same order.
 //
 //   ZeroStrategy z(store, layout, comm, bucket_elems, timeout_s);
@@ -39,7 +42,8 @@ namespace keel::train {
 class ZeroStrategy final : public model::ParamAccess {
  public:
   ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& layout, parallel::Comm& comm,
-               size_t bucket_elems, double timeout_s);
+               size_t bucket_elems, double timeout_s,
+               parallel::GradWire wire = parallel::GradWire::kF32);
   ~ZeroStrategy() override;
 
   // After the master weights are set (init, checkpoint): the working weights from them.
@@ -58,6 +62,11 @@ class ZeroStrategy final : public model::ParamAccess {
   // this rank sent (ring algorithms: an all-reduce of n bytes sends 2n(dp-1)/dp).
   double wait_ms() const { return wait_ms_; }
   double sent_bytes() const { return sent_bytes_; }
+
+  // int8 gradient sums' error-feedback residual (parallel/grad_wire.h), this rank's own: n floats
+  // indexed as the layout's gradients; empty (n 0) without one. A checkpoint keeps it.
+  float* residual() { return residual_.as<float>(); }
+  size_t residual_elems() const { return residual_.bytes() / 4; }
 
   // The full fp32 master weights, gathered (every rank).
   std::vector<float> GatherMaster();
@@ -101,7 +110,9 @@ class ZeroStrategy final : public model::ParamAccess {
   const model::ParamLayout& layout_;
   parallel::Comm& comm_;
   const int zero_, dp_;
-  const bool bf16_grads_;  // optim.grad_dtype = "bf16": backward writes fp32 slots (Grads)
+  const bool bf16_grads_;          // optim.grad_dtype = "bf16": backward writes fp32 slots (Grads)
+  const parallel::GradWire wire_;  // [parallel] grad_comm
+  Buffer residual_;                // int8's error feedback (GradResidualElems floats)
   const int L_;
   const double timeout_s_;
   std::unique_ptr<GradSync> sync_;  // stages 0 and 1
