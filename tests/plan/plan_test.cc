@@ -171,6 +171,21 @@ TEST(Comm, ZeroThreeMovesOneAndAHalfTimesTheDataParallelBytes) {
   EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, 1.5 * base);
 }
 
+// [parallel] grad_comm: ZeRO 0's gradient all-reduce moves half the bytes in bf16 and 1.016/4 in
+// int8 (a float scale per 256); ZeRO 2's weight all-gather stays in the working dtype.
+TEST(Comm, GradientWireFormatsScaleTheGradientBytesOnly) {
+  Job job = KeelJob("7B", 64, 512);
+  job.accounting = Accounting::kKeel;  // fp32 gradients
+  Layout l = Layout::Of({64, 1, 1, 0}, 1, Recompute::kFull, false);
+  const double fp32 = EstimateComm(job, l).dp_bytes;
+  job.grad_comm = parallel::GradWire::kBF16;
+  EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, fp32 / 2);
+  job.grad_comm = parallel::GradWire::kInt8;
+  EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, fp32 * (1 + 4.0 / 256) / 4);
+  l.zero = 2;  // a reduce-scatter in int8 and the bf16 weights' all-gather
+  EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, fp32 * ((1 + 4.0 / 256) + 2) / 8);
+}
+
 // LoRA on Llama-3-8B, rank 16 on every projection: the adapters are 0.44% of the model, the data
 // parallel group reduces their fp32 gradients only, the frozen base's dW products leave the FLOPs,
 // tp cuts all but the whole factors (whose gradients the tp group sums), and the search keeps to

@@ -132,8 +132,9 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   size_t rest_sum = 0;
   for (size_t x : rest) rest_sum += x;
   EXPECT_EQ(double(rest_sum), plan.comm_buffers);
-  // The gradient slots: ZeRO 2 and 3's, and bf16 gradients' fp32 buckets.
-  EXPECT_EQ(rest.empty(), zero < 2 && spec.tiers.grad_bytes == 4);
+  // The gradient slots: ZeRO 2 and 3's, and bf16 gradients' fp32 buckets; int8's residual.
+  EXPECT_EQ(rest.empty(), zero < 2 && spec.tiers.grad_bytes == 4 &&
+                              parallel::GradResidualElems(shape, spec.layout) == 0);
 }
 
 // A job of `world` ranks, one per node, with keel's accounting (the trainer's allocations).
@@ -248,6 +249,23 @@ TEST(TrainerBytes, Bf16MomentsAndNoMasterAreCountedToTheByte) {
         if (dp == 1)  // the biases' fp32 copy beside the bf16 weights is the rest
           EXPECT_NEAR(plan.state.total() / n, t.bytes_per_param, 0.01);
       }
+}
+
+// [parallel] grad_comm = "int8": the error-feedback residual, an fp32 per gradient element on
+// every rank at every ZeRO stage (each rank encodes all it sends), counted as a comm buffer;
+// bf16 on the wire allocates nothing (its scratch lives while a sum is in flight).
+TEST(TrainerBytes, Int8GradientResidualIsCountedToTheByte) {
+  for (int dp : {1, 2})
+    for (int zero = 0; zero <= 3; ++zero) {
+      SCOPED_TRACE("dp " + std::to_string(dp) + " zero " + std::to_string(zero));
+      Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 2 * dp, dp);
+      const double base = PlannedAndAllocated(job, dp, zero).comm_buffers;
+      job.grad_comm = parallel::GradWire::kBF16;
+      EXPECT_EQ(PlannedAndAllocated(job, dp, zero).comm_buffers, base);
+      job.grad_comm = parallel::GradWire::kInt8;
+      const double n = TotalParams(job.model);
+      EXPECT_EQ(PlannedAndAllocated(job, dp, zero).comm_buffers, base + (dp > 1 ? 4 * n : 0));
+    }
 }
 
 // [offload]: the moments, and a bf16 run's master, leave memory for the tier's file; what stays

@@ -25,7 +25,7 @@ struct PlanArgs {
   std::string config, model, precision = "bf16", accounting, accel = "H100-80GB";
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
-  std::string lora_base, state_dtype = "fp32", grad_dtype = "fp32";
+  std::string lora_base, state_dtype = "fp32", grad_dtype = "fp32", grad_comm = "fp32";
   bool lora_dora = false, no_master = false, offload = false, offload_host = false,
        offload_params = false;
   // 0: 2 for a disk, the accelerator's host link (--host-gbps) for the host tier.
@@ -133,6 +133,10 @@ plan::Job MakeJob(const PlanArgs& a) {
   if (a.grad_dtype != "fp32" && a.grad_dtype != "bf16")
     ThrowBadInput("plan: --grad-dtype \"" + a.grad_dtype + "\": expected fp32 or bf16");
   job.bf16_grads = a.grad_dtype == "bf16";
+  const auto wire = parallel::ParseGradWire(a.grad_comm);
+  if (!wire)
+    ThrowBadInput("plan: --grad-comm \"" + a.grad_comm + "\": expected fp32, bf16 or int8");
+  job.grad_comm = *wire;
   if (job.bf16_grads && (job.precision != plan::Precision::kBf16 || a.lora_rank > 0))
     ThrowBadInput(std::string("plan: --grad-dtype bf16: ") +
                   (a.lora_rank > 0 ? "not with --lora-rank (the adapters' gradients are small)"
@@ -286,6 +290,10 @@ void RegisterPlan(CLI::App& app) {
                   "the gradient buffer: fp32 or bf16 (fp32 buckets added into it), as "
                   "optim.grad_dtype")
       ->capture_default_str();
+  cmd->add_option("--grad-comm", a.grad_comm,
+                  "the data-parallel gradient sums' wire format: fp32, bf16 or int8 (with error "
+                  "feedback), as [parallel] grad_comm")
+      ->capture_default_str();
   cmd->add_flag("--no-master", a.no_master,
                 "bf16 weights without an fp32 master (stochastic rounding), as "
                 "optim.master_weights = false");
@@ -365,6 +373,7 @@ void RegisterPlan(CLI::App& app) {
                             {"state_dtype", job.bf16_moments ? "bf16" : "fp32"},
                             {"master_weights", job.master},
                             {"grad_dtype", job.bf16_grads ? "bf16" : "fp32"},
+                            {"grad_comm", parallel::GradWireName(job.grad_comm)},
                             {"offload",
                              {{"chunk_bytes", job.offload_chunk},
                               {"bytes_per_s", job.offload_bytes_per_s},

@@ -39,20 +39,27 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
   const double r = Ring(l.dp);
+  // The gradients' bytes on the wire per element: [parallel] grad_comm's, where it is not fp32
+  // (int8's block scales included).
+  const double grad_wire =
+      job.grad_comm == parallel::GradWire::kF32
+          ? bpp.grads
+          : double(parallel::WireBytes(job.grad_comm, size_t(1) << 20)) / double(size_t(1) << 20);
   if (m.lora_rank > 0) {
     // LoRA (ZeRO 0/1): the adapters' fp32 gradients are all-reduced, and at ZeRO 1 their fp32
     // master shards all-gathered; the frozen base sends nothing. Under tp a rank holds its shard
     // of the cut factors and all of the whole ones, whose gradients the tp group sums first.
     const double whole = TrainableWholeUnderTp(m) / l.pp;
     const double adapters = (TrainableParams(m) / l.pp - whole) / l.tp + whole;
-    c.dp_bytes = 2 * r * adapters * 4 + (l.zero == 1 ? r * adapters * 4 : 0);
+    const double lora_wire = job.grad_comm == parallel::GradWire::kF32 ? 4 : grad_wire;
+    c.dp_bytes = 2 * r * adapters * lora_wire + (l.zero == 1 ? r * adapters * 4 : 0);
     if (l.tp > 1) c.tp_bytes += 2 * Ring(l.tp) * whole * 4;
   } else if (l.zero == 0)
-    c.dp_bytes = 2 * r * psi * bpp.grads;
+    c.dp_bytes = 2 * r * psi * grad_wire;
   else if (l.zero == 1 && job.accounting == Accounting::kKeel)
-    c.dp_bytes = 2 * r * psi * bpp.grads + r * psi * bpp.weights;
+    c.dp_bytes = 2 * r * psi * grad_wire + r * psi * bpp.weights;
   else
-    c.dp_bytes = r * psi * bpp.grads + r * psi * bpp.weights * (l.zero >= 3 ? 2 : 1);
+    c.dp_bytes = r * psi * grad_wire + r * psi * bpp.weights * (l.zero >= 3 ? 2 : 1);
 
   c.tp_intra = l.tp <= cl.per_node;
   c.dp_intra = l.tp * l.dp <= cl.per_node;

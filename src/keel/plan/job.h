@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "keel/model/config.h"
+#include "keel/parallel/grad_wire.h"
 #include "keel/parallel/layout.h"
 #include "keel/plan/hardware.h"
 
@@ -94,6 +95,9 @@ struct Job {
   bool master = true;
   // optim.grad_dtype = "bf16": the gradient buffer in bf16, fp32 buckets beside it (bf16 only).
   bool bf16_grads = false;
+  // [parallel] grad_comm: the data-parallel gradient sums' wire format (its bytes per element;
+  // int8 adds an fp32 residual per gradient element at dp > 1).
+  parallel::GradWire grad_comm = parallel::GradWire::kF32;
   // [offload]: AdamW's moments, and a bf16 run's master, on a disk tier streamed through chunk
   // buffers of this many bytes (0: in memory); the tier's bandwidth per node, read and write
   // together (bytes/s; `keel preflight` measures it).

@@ -129,6 +129,7 @@ parallel::StateTiers TiersOf(const Job& job) {
   t.offload_chunk = size_t(job.offload_chunk);
   t.offload_host = job.offload_host;
   t.offload_params = job.offload_params;
+  t.grad_comm = job.grad_comm;
   return t;
 }
 

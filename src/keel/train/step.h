@@ -126,6 +126,7 @@ class TrainStep {
   double comm_bytes() const {
     return zero_->sent_bytes() + pipe_->sent_bytes() + tied_bytes_ + tp_bytes();
   }
+  double grad_comm_bytes() const { return zero_->grad_sent_bytes(); }  // dp's gradient sums
   double dp_wait_ms() const { return zero_->wait_ms(); }
   double pp_wait_ms() const { return pipe_->wait_ms(); }
   // Of the last ForwardBackward: the forward passes' compute, waits excluded.

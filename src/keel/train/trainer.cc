@@ -260,6 +260,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     fig.times.CloseWith(fig.ms);
     extra.update({{"comm_wait_ms", step.comm_wait_ms()},
                   {"comm_bytes", step.comm_bytes()},
+                  {"grad_comm_bytes", step.grad_comm_bytes()},
                   {"compute_ms", compute_ms},
                   {"memory_bytes", run.memory_bytes}});
     if (run.scored != run.tokens_per_step) extra["scored_tokens"] = run.scored;

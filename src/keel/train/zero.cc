@@ -229,7 +229,7 @@ void ZeroStrategy::GradsDone(int s) {
   slot.seg = s;
   float* err = residual_.bytes() ? residual() + a : nullptr;
   slot.op = parallel::ReduceScatterOnWire(comm_, wire_, slot.buf.as<float>(), counts, err);
-  sent_bytes_ += parallel::WireSentBytes(wire_, b - a, dp_, /*all_reduce=*/false);
+  SentGrads(parallel::WireSentBytes(wire_, b - a, dp_, /*all_reduce=*/false));
 }
 
 void ZeroStrategy::BucketDone(int s, Slot& slot) {
@@ -246,7 +246,7 @@ void ZeroStrategy::BucketDone(int s, Slot& slot) {
   slot.dst = a;
   slot.n = n;
   slot.seg = s;
-  sent_bytes_ += parallel::WireSentBytes(wire_, n, dp_, /*all_reduce=*/true);
+  SentGrads(parallel::WireSentBytes(wire_, n, dp_, /*all_reduce=*/true));
 }
 
 void ZeroStrategy::Drain(Slot& slot) {
@@ -266,7 +266,7 @@ void ZeroStrategy::Drain(Slot& slot) {
 
 void ZeroStrategy::BeginStep() {
   wait_ms_ = 0;
-  sent_bytes_ = 0;
+  sent_bytes_ = grad_sent_bytes_ = 0;
   store_.backend().Zero(store_.grads(), DTypeSize(store_.grad_dtype()) * store_.grads_size());
   std::fill(fresh_.begin(), fresh_.end(), 0);
   if (sync_) sync_->Begin();
@@ -278,7 +278,7 @@ void ZeroStrategy::FinishBackward() {
   if (sync_) {
     sync_->Finish();
     wait_ms_ += sync_->wait_ms();
-    sent_bytes_ += parallel::WireSentBytes(wire_, sync_->reduced(), dp_, /*all_reduce=*/true);
+    SentGrads(parallel::WireSentBytes(wire_, sync_->reduced(), dp_, /*all_reduce=*/true));
     return;
   }
   for (auto& s : grad_slots_) Drain(*s);

@@ -62,6 +62,7 @@ class ZeroStrategy final : public model::ParamAccess {
   // this rank sent (ring algorithms: an all-reduce of n bytes sends 2n(dp-1)/dp).
   double wait_ms() const { return wait_ms_; }
   double sent_bytes() const { return sent_bytes_; }
+  double grad_sent_bytes() const { return grad_sent_bytes_; }  // of which the gradient sums'
 
   // int8 gradient sums' error-feedback residual (parallel/grad_wire.h), this rank's own: n floats
   // indexed as the layout's gradients; empty (n 0) without one. A checkpoint keeps it.
@@ -125,7 +126,11 @@ class ZeroStrategy final : public model::ParamAccess {
     size_t bias, master, numel;
   };
   std::vector<TrainedBias> trained_biases_;
-  double wait_ms_ = 0, sent_bytes_ = 0;
+  double wait_ms_ = 0, sent_bytes_ = 0, grad_sent_bytes_ = 0;
+  void SentGrads(double bytes) {
+    sent_bytes_ += bytes;
+    grad_sent_bytes_ += bytes;
+  }
 };
 
 }  // namespace keel::train
