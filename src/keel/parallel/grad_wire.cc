@@ -1,6 +1,7 @@
 #include "keel/parallel/grad_wire.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,28 +18,45 @@ size_t Blocks(size_t n) { return (n + kInt8Block - 1) / kInt8Block; }
 // A block holding Inf or NaN (an fp16 overflow) gets a NaN scale, so that every element of it
 // decodes to NaN and the overflow reaches the gradient norm as it would in fp32; it loses nothing,
 // so that no residual carries a NaN into later steps.
-float QuantizeBlock(const float* v, size_t m, int8_t* codes, float* lost) {
-  float amax = 0;
-  bool finite = true;
-  for (size_t i = 0; i < m; ++i) {
-    amax = std::max(amax, std::fabs(v[i]));
-    finite &= std::isfinite(v[i]);  // std::max drops a NaN
-  }
-  if (!finite) {
+// `err` (null: none) receives what rounding lost, or (`add`) has it added.
+float QuantizeBlock(const float* v, size_t m, int8_t* codes, float* err, bool add) {
+  // Written so that the compiler vectorizes both loops (the encoding runs on the communication
+  // thread, in the step's path): the largest magnitude as the largest of the magnitudes' bits
+  // (their order is the floats' for finite ones, and Inf's and NaN's bits are above every
+  // finite one's), and rounding to nearest even by adding and taking away 1.5·2^23 instead of
+  // std::nearbyint.
+  uint32_t top = 0;
+  for (size_t i = 0; i < m; ++i) top = std::max(top, std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu);
+  const float amax = std::bit_cast<float>(top);
+  if (top >= 0x7f800000u) {    // Inf or NaN
     std::memset(codes, 0, m);  // host: wire bytes
-    if (lost) std::fill(lost, lost + m, 0.0f);
+    if (err) std::fill(err, err + m, 0.0f);
     return std::nanf("");
   }
-  if (amax == 0) {
+  if (amax == 0) {             // nothing to send, nothing lost
     std::memset(codes, 0, m);  // host: wire bytes
-    if (lost) std::fill(lost, lost + m, 0.0f);
+    if (err && !add) std::fill(err, err + m, 0.0f);
     return 0;
   }
   const float scale = amax / 127.0f, inv = 127.0f / amax;
-  for (size_t i = 0; i < m; ++i) {
-    const float q = std::clamp(std::nearbyint(v[i] * inv), -127.0f, 127.0f);
-    codes[i] = int8_t(q);
-    if (lost) lost[i] = v[i] - q * scale;
+  constexpr float kRound = 12582912.0f;  // 1.5·2^23: |v·inv| <= 127 rounds to an integer
+  if (err && add) {
+    for (size_t i = 0; i < m; ++i) {
+      const float q = std::min(127.0f, std::max(-127.0f, (v[i] * inv + kRound) - kRound));
+      codes[i] = int8_t(int(q));
+      err[i] += v[i] - q * scale;
+    }
+  } else if (err) {  // may be v itself (the sender's x + err, in place)
+    for (size_t i = 0; i < m; ++i) {
+      const float q = std::min(127.0f, std::max(-127.0f, (v[i] * inv + kRound) - kRound));
+      codes[i] = int8_t(int(q));
+      err[i] = v[i] - q * scale;
+    }
+  } else {
+    for (size_t i = 0; i < m; ++i) {
+      const float q = std::min(127.0f, std::max(-127.0f, (v[i] * inv + kRound) - kRound));
+      codes[i] = int8_t(int(q));
+    }
   }
   return scale;
 }
@@ -77,17 +95,16 @@ void Encode(GradWire w, const float* x, size_t n, void* out, float* err, Feedbac
   }
   auto* scales = static_cast<float*>(out);
   auto* codes = reinterpret_cast<int8_t*>(scales + Blocks(n));
-  float v[kInt8Block], lost[kInt8Block];
+  const bool carry = err && fb == Feedback::kCarry;
   for (size_t b = 0, at = 0; at < n; ++b, at += kInt8Block) {
     const size_t m = std::min(kInt8Block, n - at);
-    const bool carry = err && fb == Feedback::kCarry;
-    for (size_t i = 0; i < m; ++i) v[i] = carry ? x[at + i] + err[at + i] : x[at + i];
-    scales[b] = QuantizeBlock(v, m, codes + at, err ? lost : nullptr);
-    if (!err) continue;
-    if (carry)
-      std::copy(lost, lost + m, err + at);
-    else
-      for (size_t i = 0; i < m; ++i) err[at + i] += lost[i];
+    float* e = err ? err + at : nullptr;
+    if (carry) {  // the residual becomes x + residual, then what rounding it loses
+      for (size_t i = 0; i < m; ++i) e[i] += x[at + i];
+      scales[b] = QuantizeBlock(e, m, codes + at, e, false);
+    } else {
+      scales[b] = QuantizeBlock(x + at, m, codes + at, e, true);
+    }
   }
 }
 
