@@ -4,14 +4,19 @@
 # each; tests/cluster/netns.sh), with each host's link limited by cluster_link_rate to each RATE
 # in turn. Prints per rate the median step, the time the step waited on the gradients' all-reduce
 # (dp_wait_ms), the bytes each rank sent, and the step's slowdown against the unlimited link, the
-# peer run in the same invocation. Needs root.
-#   bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]      (default: 8 steps; 10gbit 1gbit 200mbit)
+# peer run in the same invocation. With WIRES (e.g. WIRES="fp32 bf16 int8"), each rate runs once
+# per [parallel] grad_comm format and prints each one's step against fp32's at that rate (the
+# peer), the gradient bytes it sent, and its loss after the last step. Needs root.
+#   [WIRES="fp32 bf16 int8"] bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]
+#                                                    (default: 8 steps; 10gbit 1gbit 200mbit; fp32)
 set -euo pipefail
 keel=$(realpath "${1:-build/keel}")
 steps=${2:-8}
 shift $(($# > 2 ? 2 : $#))
 rates=("$@")
 ((${#rates[@]})) || rates=(10gbit 1gbit 200mbit)
+read -r -a wires <<<"${WIRES:-fp32}"
+[[ ${wires[0]} == fp32 ]] || wires=(fp32 "${wires[@]}")  # the peer runs first
 src=$(cd "$(dirname "$0")/.." && pwd)
 shared=$src/../shared/data
 # shellcheck source=../tests/cluster/netns.sh
@@ -25,31 +30,38 @@ cluster_mpi_env "$p"
 cluster_hostfile "$p" "$tmp/hosts" 1
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
-run() {  # NAME: the quickstart over both hosts, one rank each
+run() {  # NAME WIRE: the quickstart over both hosts, one rank each
   timeout 900 mpirun --hostfile "$tmp/hosts" -np 2 --map-by node -x OMP_NUM_THREADS=1 "$keel" train \
     "$src/configs/quickstart.toml" --set data.train="$shared/brown/brown.gpt2.u16" \
     --set data.val= --set train.val_every=0 --set train.sample_count=0 --set train.steps="$steps" \
     --set train.log_every=1 --set checkpoint.every_minutes=0 --set checkpoint.save_final=false \
-    --set train.out_dir="$tmp" --set train.name="$1" >"$tmp/$1.log" 2>&1 ||
-    { echo "$1 failed:"; tail "$tmp/$1.log"; exit 1; }
+    --set parallel.grad_comm="$2" --set train.out_dir="$tmp" --set train.name="$1" \
+    >"$tmp/$1.log" 2>&1 || { echo "$1 failed:"; tail "$tmp/$1.log"; exit 1; }
 }
-stats() {  # NAME -> "median_ms median_dp_wait_ms MB_sent_per_step" over steps 3..
+stats() {  # NAME -> "median_ms median_dp_wait_ms MB_sent MB_of_gradients last_loss" over steps 3..
   /usr/bin/python3 - "$tmp/$1/metrics.jsonl" <<'PY'
 import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"ms"' in l][2:]
-med = lambda k: statistics.median(r.get(k, 0) for r in rows)
-print(f"{med('ms'):.0f} {med('dp_wait_ms'):.0f} {med('comm_bytes') / 1e6:.1f}")
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"ms"' in l]
+med = lambda k: statistics.median(r.get(k, 0) for r in rows[2:])
+print(f"{med('ms'):.0f} {med('dp_wait_ms'):.0f} {med('comm_bytes') / 1e6:.1f} "
+      f"{med('grad_comm_bytes') / 1e6:.1f} {rows[-1]['loss']:.4f}")
 PY
 }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
-run free
-read -r base wait sent < <(stats free)
-printf '%-10s %7s ms/step, %6s ms waiting on the all-reduce, %s MB sent per rank\n' \
-  unlimited "$base" "$wait" "$sent"
-for r in "${rates[@]}"; do
-  for i in 1 2; do cluster_link_rate "$p" "$i" "$r"; done
-  run "rate_$r"
-  read -r ms wait sent < <(stats "rate_$r")
-  printf '%-10s %7s ms/step, %6s ms waiting on the all-reduce, %s MB sent per rank: %sx unlimited\n' \
-    "$r" "$ms" "$wait" "$sent" "$(awk -v a="$ms" -v b="$base" 'BEGIN { printf "%.2f", a / b }')"
+base=
+for r in unlimited "${rates[@]}"; do
+  if [[ $r != unlimited ]]; then for i in 1 2; do cluster_link_rate "$p" "$i" "$r"; done; fi
+  peer=
+  for w in "${wires[@]}"; do
+    run "${r}_$w" "$w"
+    read -r ms wait sent grads loss < <(stats "${r}_$w")
+    base=${base:-$ms}
+    peer=${peer:-$ms}
+    line=$(printf '%-10s %-5s %6s ms/step, %5s ms waiting on dp, %5s MB sent per rank (%5s of gradients), loss %s' \
+      "$r" "$w" "$ms" "$wait" "$sent" "$grads" "$loss")
+    [[ $r == unlimited && $w == fp32 ]] || line+=": $(ratio "$ms" "$base")x unlimited fp32"
+    [[ $w == fp32 ]] || line+=", $(ratio "$ms" "$peer")x fp32 at $r"
+    echo "$line"
+  done
 done
