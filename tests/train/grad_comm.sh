@@ -2,7 +2,9 @@
 # Data-parallel gradients on the wire in bf16 and int8 ([parallel] grad_comm) through `keel
 # train`, the tiny bf16 GPT over 40 steps:
 #  1. at dp 2 (ZeRO 0, 1, 2 and 3) and dp 4 (ZeRO 1 and 2), every step's loss within 0.5% of the
-#     fp32 wire's, and the weights not the fp32 wire's (the format did something);
+#     fp32 wire's, and the weights not the fp32 wire's (the format did something); so too with
+#     the other paths to the sums: bf16 gradient buffers, LoRA's adapters (the frozen base sends
+#     nothing), fp16 with loss scaling, and dp 2 x tp 2;
 #  2. grad_comm_bytes (the gradient sums' part of comm_bytes) per step: bf16 half of fp32's, int8 a quarter (plus its block scales);
 #  3. int8's error-feedback residual is saved (one tensor per rank in the manifest) and a stop at
 #     step 20 with --resume auto ends with the uninterrupted run's weights bitwise; a resume from
@@ -66,6 +68,19 @@ for z in 1 2; do
   close "int8_4_z$z" "ref4_z$z"
   bytes_ratio "int8_4_z$z" "ref4_z$z" 0.25 0.26
 done
+
+# The other paths into the sums, int8 against the same run on the fp32 wire.
+pair() {  # pair NAME NP EXTRA...
+  local name=$1 np=$2
+  shift 2
+  run "${name}_ref" "$np" "$@"
+  run "$name" "$np" "$@" --set parallel.grad_comm=int8
+  close "$name" "${name}_ref"
+}
+pair gbuf 2 --set optim.grad_dtype=bf16 --set parallel.zero=1
+pair lora 2 --set lora.rank=4 --set parallel.zero=1
+pair fp16 2 --set train.precision=fp16
+pair tp2 4 --set parallel.tp=2
 
 # The residual: one tensor per rank, and an exact resume.
 for z in 1 2; do
