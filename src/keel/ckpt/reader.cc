@@ -264,18 +264,16 @@ VerifyResult Verify(const std::string& dir, bool progress) {
   return v;
 }
 
-size_t CheckpointReader::LoadOwn(const std::vector<OwnBuffer>& own) const {
-  size_t found = 0;
+std::vector<std::string> CheckpointReader::LoadOwn(const std::vector<OwnBuffer>& own) const {
+  std::vector<std::string> missing;
   for (const OwnBuffer& o : own) {
     const TensorEntry* t = manifest_.Find(o.name, kOwnKind);
-    if (t && t->shape == std::vector<int64_t>{int64_t(o.n)}) {
+    if (t && t->shape == std::vector<int64_t>{int64_t(o.n)})
       ReadBox(*t, {0}, {int64_t(o.n)}, o.data);
-      ++found;
-    } else {
-      std::fill(o.data, o.data + o.n, 0.0f);
-    }
+    else
+      missing.push_back(o.name);
   }
-  return found;
+  return missing;
 }
 
 }  // namespace keel::ckpt

@@ -40,10 +40,10 @@ class CheckpointReader {
             size_t lo = 0, size_t hi = 0, bool progress = false,
             const Memory& mem = HostMemory()) const;
 
-  // Reads each of `own` that the checkpoint holds under its name and size (verified as above),
-  // zeroes the others and returns how many it found: a run whose layout changed starts its own
-  // state afresh.
-  size_t LoadOwn(const std::vector<OwnBuffer>& own) const;
+  // Reads each of `own` that the checkpoint holds under its name and size (verified as above) and
+  // returns the names of the others, which it leaves as they are (the caller decides: a run
+  // whose layout changed starts its own state afresh).
+  std::vector<std::string> LoadOwn(const std::vector<OwnBuffer>& own) const;
 
  private:
   std::string dir_;

@@ -40,6 +40,8 @@ struct StateTiers {
   // [parallel] grad_comm: the data-parallel gradient sums' wire format; int8 keeps an fp32
   // error-feedback residual per gradient element (GradResidualElems).
   GradWire grad_comm = GradWire::kF32;
+  // [parallel] dp_sync = "diloco": the outer loop's anchor and momentum, fp32 over the state.
+  bool diloco = false;
 };
 
 // A model's state (model::StateShapeOf) with the run's options on it.
@@ -113,7 +115,8 @@ struct StateBytes {
   // ZeRO >= 2, or bf16 gradients: per-segment fp32 gradient scratch (the embeddings, the final
   // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments;
   // bf16 gradients with tp or pp: the sums' scratch (GradSumScratchElems); int8 gradient sums:
-  // the error-feedback residual (GradResidualElems).
+  // the error-feedback residual (GradResidualElems; DiLoCo's pseudo-gradients' under diloco);
+  // DiLoCo's anchor and momentum.
   size_t zero_buffers = 0;
   size_t quantized = 0;        // a quantized frozen base: codes and scales (compact states only)
   size_t offload_buffers = 0;  // [offload]: the tier's chunk buffers (up to three), or the host

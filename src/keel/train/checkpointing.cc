@@ -120,7 +120,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
     bool other_model = false;  // not a bad checkpoint but the wrong run: never skipped
     std::optional<Error> error;
     std::optional<ckpt::CheckpointReader> reader;
-    size_t own_found = 0;
+    std::vector<std::string> own_missing;
     Timer load;
     try {
       reader.emplace(ckpt::CheckpointReader::Open(dir));
@@ -129,7 +129,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       other_model = false;
       ckpt::CheckManifestModel(reader->manifest(), dir);
       reader->Load(view.tensors, view.buffers, view.lo, view.hi, /*progress=*/lead, *mem_);
-      own_found = reader->LoadOwn(view.own);
+      own_missing = reader->LoadOwn(view.own);
     } catch (const Error& e) {
       error = e;
     }
@@ -160,11 +160,12 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       ThrowRuntime("ranks resumed from different checkpoints (rank " +
                    std::to_string(comm_.rank()) + " from " + dir +
                    "): is the checkpoint folder on storage every rank sees?");
-    const int own_missing = int(comm_.AllReduceSum(double(view.own.size() - own_found)));
-    if (lead && own_missing > 0)
-      Log("keel: %d rank(s)' int8 gradient residual is not in %s (saved under another layout or "
-          "[parallel] grad_comm): those start from zero",
-          own_missing, dir.c_str());
+    const int missing = int(comm_.AllReduceSum(double(own_missing.size())));
+    if (lead && missing > 0)
+      Log("keel: %d of the ranks' own tensors (int8 residuals, DiLoCo replicas' state) are not "
+          "in %s (saved under another layout or configuration): residuals start from zero, "
+          "replicas from the checkpoint's shared weights and moments",
+          missing, dir.c_str());
     if (fs::path(dir).parent_path() == fs::path(root_))
       writer_->Seed(m, fs::path(dir).filename().string());
     if (lead) {
@@ -178,7 +179,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
         events_->Write(
             {{"event", "restart"}, {"from", dir}, {"step", m.step}, {"tokens", m.tokens}});
     }
-    return Resumed{dir, m.step, m.tokens, m.state};
+    return Resumed{dir, m.step, m.tokens, m.state, std::move(own_missing)};
   }
   // Every rank comes here together; rank 0 says it, the others exit with the same code.
   if (!lead) throw Error(ExitCode::kBadInput, "", /*quiet=*/true);

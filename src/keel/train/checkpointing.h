@@ -37,6 +37,8 @@ struct Resumed {
   int64_t step = 0;
   uint64_t tokens = 0;
   nlohmann::json state;  // Manifest::state
+  // StateView::own tensors of this rank that the checkpoint did not hold (left as they were).
+  std::vector<std::string> own_missing;
 };
 
 struct StepDecision {

@@ -179,8 +179,22 @@ struct ParallelSection {
   float comm_timeout_s = 600.0f;  // a collective that takes longer is a hang: exit 75
   // The data-parallel gradient sums' wire format (parallel/grad_wire.h): "fp32", "bf16", "int8".
   std::string grad_comm = "fp32";
+  // How data-parallel replicas stay together: "step" (their gradients are summed every step) or
+  // "diloco" (each takes [diloco] inner_steps steps alone, then they average the change).
+  std::string dp_sync = "step";
 
   bool operator==(const ParallelSection&) const = default;
+};
+
+// DiLoCo (Douillard et al. 2023), [parallel] dp_sync = "diloco": every inner_steps steps the
+// replicas' pseudo-gradients (the weights at the round's start less their own now) are averaged
+// (in [parallel] grad_comm's format) and applied by SGD with Nesterov momentum.
+struct DilocoSection {
+  int inner_steps = 50;
+  float outer_lr = 0.7f;
+  float outer_momentum = 0.9f;
+
+  bool operator==(const DilocoSection&) const = default;
 };
 
 struct CheckpointSection {
@@ -282,6 +296,7 @@ struct RunConfig {
   OffloadSection offload;
   LoraSection lora;
   ParallelSection parallel;
+  DilocoSection diloco;
   CheckpointSection checkpoint;
   ResilienceSection resilience;
   MonitorSection monitor;

@@ -97,6 +97,7 @@ parallel::StateTiers TiersOf(const RunConfig& cfg) {
   t.offload_host = cfg.offload.host;
   t.offload_params = cfg.offload.params;
   t.grad_comm = parallel::ParseGradWire(cfg.parallel.grad_comm).value_or(parallel::GradWire::kF32);
+  t.diloco = cfg.parallel.dp_sync == "diloco";
   return t;
 }
 

@@ -188,6 +188,8 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.bucket_elems = size_t(cfg.parallel.bucket_mb * 1024 * 1024 / 4);
   spec.comm_timeout_s = cfg.parallel.comm_timeout_s;
   spec.seed = cfg.train.seed;
+  if (cfg.parallel.dp_sync == "diloco")
+    spec.diloco = {cfg.diloco.inner_steps, cfg.diloco.outer_lr, cfg.diloco.outer_momentum};
   kernels::ParseDevice(cfg.train.device, &spec.device);  // validated: "cpu" or "cuda"
   return spec;
 }
@@ -439,7 +441,7 @@ void Run::ResumeOrInit(bool init_later) {
   resumed = ckpt->Resume(state);
   if (resumed) {
     start_step = int(resumed->step);
-    step->Restored(resumed->state.at("optimizer").at("step").get<int>());
+    step->Restored(resumed->state.at("optimizer").at("step").get<int>(), resumed->own_missing);
     // The scaler goes on where it was; a checkpoint without one (or a run that adds one) starts
     // it afresh.
     const nlohmann::json ls = resumed->state.value("loss_scaler", nlohmann::json::object());

@@ -106,8 +106,14 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
   store_ = std::make_unique<optim::ParamStore>(ShapeOf(layout_, spec_), spec.layout, comm_.rank(),
                                                RangesOf(layout_, spec_.frozen), hyper, be_,
                                                spec.offload_dir);
-  zero_ = std::make_unique<ZeroStrategy>(*store_, layout_, comm_, spec.bucket_elems,
-                                         spec.comm_timeout_s, spec.tiers.grad_comm);
+  const bool diloco = spec.diloco.inner_steps > 0;
+  // Under DiLoCo the gradients stay the replica's; grad_comm is the pseudo-gradients' format.
+  zero_ = std::make_unique<ZeroStrategy>(
+      *store_, layout_, comm_, spec.bucket_elems, spec.comm_timeout_s,
+      diloco ? parallel::GradWire::kF32 : spec.tiers.grad_comm, diloco);
+  if (diloco)
+    outer_ = std::make_unique<OuterLoop>(*store_, *zero_, comm_, spec.diloco, spec.tiers.grad_comm,
+                                         spec.comm_timeout_s);
   sum_scratch_ =
       Buffer(be_, 4 * parallel::GradSumScratchElems(ShapeOf(layout_, spec_), spec.layout));
   const int pp = g_.pp ? g_.pp->size() : 1, stage = g_.pp ? g_.pp->rank() : 0;
@@ -159,6 +165,7 @@ void TrainStep::SetWeights(const float* full) {
     store_->WriteState(optim::ParamStore::Kind::kMaster, 0, n, w.data());
   }
   zero_->PublishWeights();
+  if (outer_) outer_->Start();
 }
 
 // A compact state keeps the frozen weights in the working copy only (a quantized base's matrices
@@ -211,8 +218,12 @@ void TrainStep::SetWeights(const TensorValues& values) {
   zero_->PublishWeights();
 }
 
-void TrainStep::Restored(int optimizer_step) {
+void TrainStep::Restored(int optimizer_step, const std::vector<std::string>& own_missing) {
   store_->set_step(optimizer_step);
+  if (outer_) {
+    const std::string mine = StateView().own.front().name;  // the replica's master comes first
+    outer_->Loaded(std::find(own_missing.begin(), own_missing.end(), mine) == own_missing.end());
+  }
   // bf16 working weights: the rounding of the restored master, exactly (without a master they
   // were loaded in place).
   zero_->PublishWeights();
@@ -338,11 +349,20 @@ double TrainStep::GradNorm() {
   double sq = zero_->GradSquares();
   if (g_.pp && g_.pp->size() > 1) sq = g_.pp->AllReduceSum(sq);
   if (g_.tp && g_.tp->size() > 1) sq = g_.tp->AllReduceSum(sq);
-  return std::sqrt(sq);
+  // DiLoCo: the loss's gradient is scaled for the whole group's tokens (1/dp of the replica's
+  // own mean), which the replica alone now steps on.
+  return std::sqrt(sq) * (outer_ ? comm_.size() : 1);
+}
+
+double TrainStep::JudgedNorm(double norm) {
+  if (!outer_ || comm_.size() == 1) return norm;
+  // The replicas' root mean square: a NaN or Inf anywhere reaches every rank, as a sum does.
+  return std::sqrt(comm_.AllReduceSum(norm * norm) / comm_.size());
 }
 
 void TrainStep::Apply(float lr, float grad_clip, double norm, double unscale) {
-  zero_->Update(lr, float(optim::ClipScale(norm, grad_clip) * unscale));
+  const double local = outer_ ? comm_.size() : 1;  // as in GradNorm
+  zero_->Update(lr, float(optim::ClipScale(norm, grad_clip) * unscale * local));
 }
 
 double TrainStep::Update(float lr, float grad_clip, const std::function<void()>& before_update) {
@@ -394,15 +414,30 @@ ckpt::StateView TrainStep::StateView() {
   // The stage's data-parallel ranks split its tensors for writing (ZeRO 1+: their shards).
   v.part = comm_.rank();
   v.parts = comm_.size();
-  if (zero_->residual_elems() > 0) {
-    // Named by the rank's place in the layout: a resume under the same layout finds its own.
-    auto at = [](const parallel::Comm* c, const char* dim) {
-      const int r = c ? c->rank() : 0, n = c ? c->size() : 1;
-      return std::string(".") + dim + std::to_string(r) + "of" + std::to_string(n);
+  // Named by the rank's place in the layout: a resume under the same layout finds its own.
+  auto at = [](const parallel::Comm* c, const char* dim) {
+    const int r = c ? c->rank() : 0, n = c ? c->size() : 1;
+    return std::string(".") + dim + std::to_string(r) + "of" + std::to_string(n);
+  };
+  const std::string where = at(&comm_, "dp") + at(g_.tp, "tp") + at(g_.pp, "pp");
+  if (outer_) {
+    // DiLoCo: the checkpoint's model is the replicas' common one, the anchor (so that exports,
+    // evaluations and other layouts read it); each replica's own weights, moments and outer
+    // state are its own tensors, for a resume under the same layout that goes on bitwise. The
+    // moments' shared copy is pieced from the replicas' (one part each) for the other layouts.
+    v.buffers[0] = {"master", outer_->anchor(), DType::kF32};
+    const size_t n = outer_->size();
+    auto own = [&](const char* what, void* p) {
+      v.own.push_back({std::string("diloco.") + what + where, static_cast<float*>(p), n});
     };
-    v.own.push_back({"grad_comm.residual" + at(&comm_, "dp") + at(g_.tp, "tp") + at(g_.pp, "pp"),
-                     zero_->residual(), zero_->residual_elems()});
+    own("master", store_->master_data());  // first: Restored looks for it there
+    own("adam_m", store_->adam_m());
+    own("adam_v", store_->adam_v());
+    own("momentum", outer_->momentum());
+    if (outer_->residual()) own("residual", outer_->residual());
   }
+  if (zero_->residual_elems() > 0)
+    v.own.push_back({"grad_comm.residual" + where, zero_->residual(), zero_->residual_elems()});
   return v;
 }
 
@@ -420,7 +455,8 @@ nlohmann::json TrainStep::MemoryBytes() const {
           {"quantized_base", b.quantized},
           {"grads", b.grads},
           {"adam_moments", b.moments},
-          {"zero_buffers", zero_->buffer_bytes() + sum_scratch_.bytes()},
+          {"zero_buffers",
+           zero_->buffer_bytes() + sum_scratch_.bytes() + (outer_ ? outer_->bytes() : 0)},
           {"offload_buffers", b.offload_buffers},
           {"activations", ActivationBytes()}};
 }

@@ -30,6 +30,7 @@
 #include "keel/parallel/groups.h"
 #include "keel/parallel/layout.h"
 #include "keel/parallel/state_bytes.h"
+#include "keel/train/diloco.h"
 #include "keel/train/pipeline.h"
 #include "keel/train/zero.h"
 
@@ -58,6 +59,7 @@ struct StepSpec {
   // tier in offload_dir, or with offload_host in pinned host memory (a GPU's).
   parallel::StateTiers tiers;
   std::string offload_dir;
+  DilocoSpec diloco;  // inner_steps > 0: [parallel] dp_sync = "diloco" (diloco.h)
 };
 
 // The groups a step talks to: parallel::Groups::ForStep(), or any comms of the right sizes.
@@ -88,7 +90,11 @@ class TrainStep {
   // fp32 (a 3B base's copy would be 12 GB), each tensor going straight to its working form.
   void SetWeights(const TensorValues& values);
   // After a checkpoint filled the store's master and moments: the working weights follow.
-  void Restored(int optimizer_step);
+  // `own_missing`: the names of StateView().own the checkpoint did not have (DiLoCo: a replica
+  // without its own master starts from the anchor).
+  void Restored(int optimizer_step, const std::vector<std::string>& own_missing = {});
+  // DiLoCo's outer loop; null unless [parallel] dp_sync = "diloco".
+  OuterLoop* diloco() { return outer_.get(); }
   // The whole model's fp32 master weights (ParamLayout::Gpt2), on every rank.
   std::vector<float> GatherWeights();
 
@@ -105,7 +111,10 @@ class TrainStep {
   double Update(float lr, float grad_clip, const std::function<void()>& before_update = nullptr);
   // Update in two halves, for a caller that judges the step between them (the trainer's
   // detectors): the global norm (every rank of the step gets the same), then clipping and AdamW.
+  // Under DiLoCo it is the replica's own gradient's norm (the one it clips by); JudgedNorm gives
+  // every rank the same figure for the detectors.
   double GradNorm();
+  double JudgedNorm(double norm);
   // `unscale`: 1 / the loss scale the gradients carry (`norm` is already the unscaled one).
   void Apply(float lr, float grad_clip, double norm, double unscale = 1.0);
   // Σ row losses of one micro-batch, forward only, this rank's (through the pipeline: the last
@@ -155,6 +164,7 @@ class TrainStep {
   model::ParamLayout layout_;
   std::unique_ptr<optim::ParamStore> store_;
   std::unique_ptr<ZeroStrategy> zero_;
+  std::unique_ptr<OuterLoop> outer_;
   std::vector<std::unique_ptr<model::Transformer>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
   Buffer sum_scratch_;  // parallel::GradSumScratchElems fp32 elements

@@ -28,11 +28,13 @@ StepGuards::StepGuards(Run& run, resilience::HeartbeatWriter& heartbeat)
   hosts_ = GatherHosts(run.comm);
   dp_world_ranks_ = GatherPerRank(*run.groups.dp, run.comm.rank());
   const int dp = run.layout.dp, zero = run.layout.zero;
-  sdc_on_ = rs_.sdc_every > 0 && dp > 1 && CanCompareReplicas(*run.step, zero);
+  const bool diloco = run.step->diloco() != nullptr;
+  sdc_on_ = rs_.sdc_every > 0 && dp > 1 && !diloco && CanCompareReplicas(*run.step, zero);
   if (run.lead && rs_.sdc_every > 0 && dp > 1 && !sdc_on_)
-    Log("keel: [resilience] sdc_every: ZeRO %d keeps no replica of the weights to compare; the "
-        "silent-corruption check is off",
-        zero);
+    Log("keel: [resilience] sdc_every: %s; the silent-corruption check is off",
+        diloco ? "DiLoCo's replicas differ between outer steps, by design"
+               : ("ZeRO " + std::to_string(zero) + " keeps no replica of the weights to compare")
+                     .c_str());
   const char* beat_dir = std::getenv("KEEL_HEARTBEAT_DIR");
   watchdog_.emplace(rs_.hang_timeout_s, beat_dir ? beat_dir : "", run.comm.rank(),
                     [this](const std::string& line, bool self) {
@@ -183,7 +185,7 @@ int StepGuards::RollBack(const std::string& why) {
     return -1;
   }
   const int to = int(r->step);
-  run_.step->Restored(r->state.at("optimizer").at("step").get<int>());
+  run_.step->Restored(r->state.at("optimizer").at("step").get<int>(), r->own_missing);
   const data::LoaderState then = data::LoaderStateFromJson(r->state.at("loader"));
   const int batches = int((now.position - then.position) / uint64_t(run_.cfg.train.batch_size));
   rollbacks_.Record(spike_step + 1, to, batches, why, run_.lead);

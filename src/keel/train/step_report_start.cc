@@ -36,7 +36,12 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
       facts.threads, cfg_.train.batch_size, T, dims.n_micro, dims.micro_batch);
   Log("keel: layout %s over %d rank(s)", parallel::DimsName(dims).c_str(), comm_.size());
   const std::string& wire = cfg_.parallel.grad_comm;
-  if (wire != "fp32")
+  if (cfg_.parallel.dp_sync == "diloco")
+    Log("keel: DiLoCo: the %d replica(s) train alone for %d steps, then average their change in "
+        "%s and take an outer step (SGD, lr %g, Nesterov momentum %g)",
+        dims.dp, cfg_.diloco.inner_steps, wire.c_str(), double(cfg_.diloco.outer_lr),
+        double(cfg_.diloco.outer_momentum));
+  else if (wire != "fp32")
     Log("keel: data-parallel gradients travel in %s%s and are summed in fp32 by each piece's "
         "owner%s",
         wire.c_str(), wire == "int8" ? " (blocks of 256, error feedback)" : "",

@@ -210,7 +210,8 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     const Timer optimizer_timer;
     const float lr = run.sched.At(i);
     const double scale = run.scaler ? run.scaler->scale() : 1.0;
-    const double norm = step.GradNorm() / scale;
+    const double own_norm = step.GradNorm() / scale;  // what this rank clips by
+    const double norm = step.JudgedNorm(own_norm);    // the same on every rank
     // Non-finite gradients of a finite loss under loss scaling are the scaler's overflow: the
     // step is skipped and the scale backs off; the judge does not count it as a fault.
     const bool overflow = run.scaler && std::isfinite(loss) && !std::isfinite(norm);
@@ -223,7 +224,14 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     }
     if (run.scaler) ScaleAfterStep(run, i + 1, overflow, &extra);
     const bool switching = SwitchesNow(run, i + 1);
-    Update(run, verdict.apply, lr, norm, scale, optimizer_timer, &fig.times, &extra);
+    Update(run, verdict.apply, lr, own_norm, scale, optimizer_timer, &fig.times, &extra);
+    if (OuterLoop* outer = step.diloco(); outer && outer->Due(i + 1, i + 1 == cfg.train.steps)) {
+      // DiLoCo's round ends: the replicas average how far they moved (its time is dp's).
+      const Timer outer_timer;
+      extra["diloco_wait_ms"] = outer->Step();
+      extra["diloco_bytes"] = outer->sent_bytes();
+      fig.times[Phase::kCommDp] += outer_timer.Millis();
+    }
     guards.AfterUpdate(verdict.apply, loss, norm);
     sum.steps_done = i + 1;
     sum.last_loss = loss;

@@ -27,7 +27,7 @@ struct ZeroStrategy::Slot {
 
 ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& layout,
                            parallel::Comm& comm, size_t bucket_elems, double timeout_s,
-                           parallel::GradWire wire)
+                           parallel::GradWire wire, bool local)
     : store_(store),
       layout_(layout),
       comm_(comm),
@@ -35,10 +35,12 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       dp_(store.dims().dp),
       bf16_grads_(store.grad_dtype() == DType::kBF16),
       wire_(wire),
+      local_(local),
       L_(layout.segments() - 2),
       timeout_s_(timeout_s),
       fresh_(size_t(layout.segments()), 0) {
   KEEL_CHECK(comm.size() == dp_, "ZeroStrategy: the communicator is not the data-parallel group");
+  KEEL_CHECK(!local || (zero_ == 0 && !bf16_grads_), "ZeroStrategy: local gradients are ZeRO 0's");
   if (store.compact()) {
     std::unordered_map<size_t, size_t> bias_at;  // layout offset → fp32 copy index
     for (const model::ParamInfo& p : layout.params())
@@ -216,7 +218,7 @@ float* ZeroStrategy::Grads(int s) {
 
 void ZeroStrategy::GradsDone(int s) {
   if (sync_) {
-    if (last_micro_) sync_->Ready(layout_.segment_grad_start(s));
+    if (last_micro_ && !local_) sync_->Ready(layout_.segment_grad_start(s));
     return;
   }
   Slot& slot = GradSlot(s);
@@ -276,6 +278,7 @@ void ZeroStrategy::BeginMicroBatch(bool last) { last_micro_ = last; }
 
 void ZeroStrategy::FinishBackward() {
   if (sync_) {
+    if (local_) return;
     sync_->Finish();
     wait_ms_ += sync_->wait_ms();
     SentGrads(parallel::WireSentBytes(wire_, sync_->reduced(), dp_, /*all_reduce=*/true));

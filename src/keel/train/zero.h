@@ -16,6 +16,7 @@
 // one's, with peers, all-reduced in fp32 per segment first, this rank's bf16 part widened into
 // it), at 2 and 3 each reduce-scattered part. No rank sums in bf16.
 //
+// `local` (DiLoCo's inner steps, ZeRO 0): no gradient is summed; the replica steps on its own.
 // The gradient sums travel in `wire` ([parallel] grad_comm; parallel/wire_reduce.h); ZeRO 3's
 // weight all-gathers always in the working dtype.
 //
@@ -43,7 +44,7 @@ class ZeroStrategy final : public model::ParamAccess {
  public:
   ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& layout, parallel::Comm& comm,
                size_t bucket_elems, double timeout_s,
-               parallel::GradWire wire = parallel::GradWire::kF32);
+               parallel::GradWire wire = parallel::GradWire::kF32, bool local = false);
   ~ZeroStrategy() override;
 
   // After the master weights are set (init, checkpoint): the working weights from them.
@@ -113,6 +114,7 @@ class ZeroStrategy final : public model::ParamAccess {
   const int zero_, dp_;
   const bool bf16_grads_;          // optim.grad_dtype = "bf16": backward writes fp32 slots (Grads)
   const parallel::GradWire wire_;  // [parallel] grad_comm
+  const bool local_;               // DiLoCo's inner steps: each replica keeps its own gradients
   Buffer residual_;                // int8's error feedback (GradResidualElems floats)
   const int L_;
   const double timeout_s_;

@@ -1,0 +1,63 @@
+#include "keel/train/diloco.h"
+
+#include <cstring>
+
+#include "keel/core/error.h"
+#include "keel/parallel/comm_wait.h"
+#include "keel/parallel/wire_reduce.h"
+
+namespace keel::train {
+
+OuterLoop::OuterLoop(optim::ParamStore& store, ZeroStrategy& zero, parallel::Comm& dp,
+                     DilocoSpec spec, parallel::GradWire wire, double timeout_s)
+    : store_(store),
+      zero_(zero),
+      dp_(dp),
+      spec_(spec),
+      wire_(wire),
+      timeout_s_(timeout_s),
+      n_(store.state_hi() - store.state_lo()) {
+  KEEL_CHECK(store.master_dtype() == DType::kF32 && store.master_data() && !store.compact(),
+             "OuterLoop: DiLoCo needs the whole fp32 master in memory (config validation says so)");
+  KEEL_CHECK(store.backend().host_visible(), "OuterLoop: DiLoCo runs on the CPU");
+  anchor_ = Buffer(store.backend(), 4 * n_);
+  momentum_ = Buffer(store.backend(), 4 * n_);
+  store.backend().Zero(momentum_.data(), 4 * n_);
+  if (wire == parallel::GradWire::kInt8 && dp.size() > 1) {
+    residual_ = Buffer(store.backend(), 4 * n_);
+    store.backend().Zero(residual_.data(), 4 * n_);
+  }
+}
+
+void OuterLoop::Start() { store_.backend().Copy(anchor(), store_.master_data(), 4 * n_); }
+
+void OuterLoop::Loaded(bool own_master_found) {
+  if (own_master_found) return;
+  store_.backend().Copy(store_.master_data(), anchor(), 4 * n_);
+}
+
+bool OuterLoop::Due(int steps_done, bool last) const {
+  return last || steps_done % spec_.inner_steps == 0;
+}
+
+double OuterLoop::Step() {
+  // host: the master, anchor and momentum are host memory (OuterLoop's constructor checks).
+  float* w = static_cast<float*>(store_.master_data());
+  float* a = anchor();
+  float* m = momentum();
+  for (size_t i = 0; i < n_; ++i) w[i] = a[i] - w[i];
+  sent_bytes_ = parallel::WireSentBytes(wire_, n_, dp_.size(), /*all_reduce=*/true);
+  auto op = parallel::AllReduceOnWire(dp_, wire_, w, n_, residual());
+  const double ms = parallel::WaitOrLost(*op, timeout_s_, "DiLoCo's pseudo-gradient all-reduce");
+  const float inv = 1.0f / float(dp_.size()), lr = spec_.outer_lr, mu = spec_.outer_momentum;
+  for (size_t i = 0; i < n_; ++i) {
+    const float d = w[i] * inv;
+    m[i] = mu * m[i] + d;
+    a[i] -= lr * (d + mu * m[i]);
+    w[i] = a[i];
+  }
+  zero_.PublishWeights();  // the bf16 working copy (and biases) from the new master
+  return ms;
+}
+
+}  // namespace keel::train

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# DiLoCo ([parallel] dp_sync = "diloco") through `keel train`, the tiny bf16 GPT over 40 steps:
+#  1. one replica with outer lr 1 and momentum 0 is the plain run (the outer step puts the weights
+#     back where they are, up to fp32 rounding): every step's loss within 0.01%;
+#  2. two replicas, 10 inner steps: every step's loss finite, the last within 2% of (here: below)
+#     synchronous data parallelism's at equal tokens, in fp32 and int8 pseudo-gradients; the
+#     group sends a tenth of the synchronous run's bytes (int8: a fortieth);
+#  3. a stop at step 15 (mid-round) and --resume auto end with the uninterrupted run's weights
+#     bitwise (each replica's weights, moments, outer momentum and residual are its own tensors);
+#     the checkpoint resumes as a synchronous run (its shared weights are the replicas' common
+#     ones), and a synchronous checkpoint as a DiLoCo run, which says its replicas start from it;
+#  4. ZeRO > 0, tensor parallelism and fp16 are refused with one line.
+#   tests/train/diloco.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
+set -euo pipefail
+keel=$1 src=$2 shared=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+source "$src/tests/train/run_lib.sh"
+tiny_bf16 "$shared"
+
+compare() {  # compare NAME REF LIMIT MODE: MODE every (each step within LIMIT) or last (<= REF + LIMIT)
+  /usr/bin/python3 - "$@" "$tmp" <<'PY'
+import json, math, sys
+name, ref, limit, mode, tmp = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
+def losses(n):
+    return {d["step"]: d["loss"] for d in map(json.loads, open(f"{tmp}/{n}/metrics.jsonl"))
+            if "loss" in d and "step" in d}
+r, g = losses(ref), losses(name)
+assert len(r) == 40 and r.keys() == g.keys(), (sorted(r), sorted(g))
+assert all(math.isfinite(v) for v in g.values()), g
+if mode == "every":
+    rel = max(abs(g[s] - r[s]) / r[s] for s in r)
+    print(f"{name}: largest step difference from {ref} {100 * rel:.4f}% (limit {100 * limit}%)")
+    sys.exit(rel > limit)
+rel = (g[40] - r[40]) / r[40]
+print(f"{name}: loss at step 40 {g[40]:.4f}, {ref} {r[40]:.4f} ({100 * rel:+.2f}%, limit +{100 * limit}%)")
+sys.exit(rel > limit)
+PY
+}
+bytes() {  # bytes NAME REF LO HI: everything the dp group sent over the run, NAME / REF in [LO, HI]
+  /usr/bin/python3 - "$@" "$tmp" <<'PY'
+import json, sys
+name, ref, lo, hi, tmp = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+def total(n):
+    rows = [json.loads(l) for l in open(f"{tmp}/{n}/metrics.jsonl") if '"ms"' in l]
+    return sum(r.get("grad_comm_bytes", 0) + r.get("diloco_bytes", 0) for r in rows)
+x = total(name) / total(ref)
+print(f"{name}: {total(name) / 1e6:.2f} MB sent per rank in 40 steps, {x:.4f} of {ref}'s "
+      f"(expected {lo}..{hi})")
+sys.exit(not lo <= x <= hi)
+PY
+}
+diloco=(--set parallel.dp_sync=diloco)
+
+run plain 1
+run one 1 "${diloco[@]}" --set diloco.inner_steps=5 --set diloco.outer_lr=1 --set diloco.outer_momentum=0
+compare one plain 0.0001 every
+
+run sync 2
+run d10 2 "${diloco[@]}" --set diloco.inner_steps=10
+grep -q "DiLoCo: the 2 replica(s) train alone for 10 steps" "$tmp/d10.log" ||
+  { echo "d10: the start does not say DiLoCo runs"; cat "$tmp/d10.log"; exit 1; }
+compare d10 sync 0.02 last
+bytes d10 sync 0.099 0.101
+run d10i8 2 "${diloco[@]}" --set diloco.inner_steps=10 --set parallel.grad_comm=int8
+compare d10i8 sync 0.02 last
+bytes d10i8 sync 0.025 0.026
+
+run cut 2 "${diloco[@]}" --set diloco.inner_steps=10 --set parallel.grad_comm=int8 --set train.stop_at=15
+run cut 2 "${diloco[@]}" --set diloco.inner_steps=10 --set parallel.grad_comm=int8 --resume auto
+grep -q "resuming from .*step_00000015" "$tmp/cut.log" || { echo "cut did not resume"; cat "$tmp/cut.log"; exit 1; }
+same d10i8 cut "DiLoCo stopped mid-round at 15 and resumed"
+mkdir -p "$tmp/as_sync" && cp -r "$tmp/cut/checkpoints" "$tmp/as_sync/"
+run as_sync 2 --set checkpoint.resume="$tmp/cut/checkpoints/step_00000015"
+grep -q "resuming from .*step_00000015" "$tmp/as_sync.log" ||
+  { echo "as_sync did not resume"; cat "$tmp/as_sync.log"; exit 1; }
+run from_sync 2 --set train.stop_at=15
+run from_sync 2 "${diloco[@]}" --set diloco.inner_steps=10 --resume auto
+grep -q "of the ranks' own tensors .* are not in .*replicas from the checkpoint's shared weights" \
+  "$tmp/from_sync.log" || { echo "from_sync: no line about the replicas' start"; cat "$tmp/from_sync.log"; exit 1; }
+
+refused zero1 2 "parallel.dp_sync" "${diloco[@]}" --set parallel.zero=1
+refused tp2 2 "parallel.dp_sync" "${diloco[@]}" --set parallel.tp=2
+refused fp16 2 "parallel.dp_sync" "${diloco[@]}" --set train.precision=fp16
