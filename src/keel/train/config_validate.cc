@@ -304,13 +304,13 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
     auto refuse = [&](bool when, const std::string& why) {
       if (when) parallel.Fail("dp_sync", "\"diloco\" " + why);
     };
-    refuse(cfg.parallel.zero != 0,
-           "keeps a whole replica per rank: needs parallel.zero = 0, got " +
-               std::to_string(cfg.parallel.zero));
+    refuse(cfg.parallel.zero != 0, "keeps a whole replica per rank: needs parallel.zero = 0, got " +
+                                       std::to_string(cfg.parallel.zero));
     refuse(cfg.parallel.tp > 1 || cfg.parallel.pp > 1,
            "runs data parallelism alone so far: needs parallel.tp = parallel.pp = 1");
     refuse(cfg.lora.rank > 0, "is not for LoRA yet");
-    refuse(!cfg.offload.dir.empty() || cfg.offload.host, "keeps its state in memory: not with [offload]");
+    refuse(!cfg.offload.dir.empty() || cfg.offload.host,
+           "keeps its state in memory: not with [offload]");
     refuse(!cfg.optim.master_weights || cfg.optim.state_dtype != "fp32" ||
                cfg.optim.grad_dtype != "fp32",
            "needs the fp32 master and state (optim.master_weights, state_dtype, grad_dtype)");
@@ -321,8 +321,8 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   diloco.Positive("inner_steps", cfg.diloco.inner_steps);
   diloco.FinitePositive("outer_lr", cfg.diloco.outer_lr);
   if (!(cfg.diloco.outer_momentum >= 0 && cfg.diloco.outer_momentum < 1))
-    diloco.Fail("outer_momentum", "expected a number in [0, 1), got " +
-                                      std::to_string(cfg.diloco.outer_momentum));
+    diloco.Fail("outer_momentum",
+                "expected a number in [0, 1), got " + std::to_string(cfg.diloco.outer_momentum));
 
   const Checker ckpt(prov, "checkpoint");
   const CheckpointSection& k = cfg.checkpoint;
