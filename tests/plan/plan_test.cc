@@ -186,6 +186,27 @@ TEST(Comm, GradientWireFormatsScaleTheGradientBytesOnly) {
   EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, fp32 * ((1 + 4.0 / 256) + 2) / 8);
 }
 
+// DiLoCo: one sum of the pseudo-gradients per round of inner steps; the search keeps to the
+// trainer's ZeRO 0 with data parallelism alone, and a layout outside it is one line.
+TEST(Comm, DilocoSumsOncePerRoundAndKeepsToDataParallelism) {
+  Job job = KeelJob("7B", 64, 512);
+  job.accounting = Accounting::kKeel;
+  const Layout l = Layout::Of({64, 1, 1, 0}, 1, Recompute::kFull, false);
+  const double every_step = EstimateComm(job, l).dp_bytes;
+  job.diloco_inner_steps = 50;
+  job.grad_comm = parallel::GradWire::kInt8;
+  EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, every_step * (1 + 4.0 / 256) / 4 / 50);
+  Constraints c;
+  c.micro_batch = 1;
+  c.recompute = {Recompute::kFull};
+  for (const Estimate& e : Search(job, c)) {
+    EXPECT_EQ(e.layout.zero, 0);
+    EXPECT_EQ(e.layout.tp * e.layout.pp, 1);
+  }
+  c.zero = 1;
+  EXPECT_THROW(Search(job, c), Error);
+}
+
 // LoRA on Llama-3-8B, rank 16 on every projection: the adapters are 0.44% of the model, the data
 // parallel group reduces their fp32 gradients only, the frozen base's dW products leave the FLOPs,
 // tp cuts all but the whole factors (whose gradients the tp group sums), and the search keeps to

@@ -134,7 +134,8 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   EXPECT_EQ(double(rest_sum), plan.comm_buffers);
   // The gradient slots: ZeRO 2 and 3's, and bf16 gradients' fp32 buckets; int8's residual.
   EXPECT_EQ(rest.empty(), zero < 2 && spec.tiers.grad_bytes == 4 &&
-                              parallel::GradResidualElems(shape, spec.layout) == 0);
+                              parallel::GradResidualElems(shape, spec.layout) == 0 &&
+                              !spec.tiers.diloco);
 }
 
 // A job of `world` ranks, one per node, with keel's accounting (the trainer's allocations).
@@ -156,6 +157,7 @@ train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
   spec.model = ToModelConfig(job.model);
   spec.dtype = job.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   spec.tiers = TiersOf(job);
+  spec.diloco.inner_steps = job.diloco_inner_steps;
   if (job.offload_chunk > 0) spec.offload_dir = testing::TempDir() + "keel_trainer_bytes_tier";
   spec.layout = l;  // dp, tp, pp, zero, sp, virtual_stages, micro_batch
   spec.layout.n_micro = m;
@@ -266,6 +268,20 @@ TEST(TrainerBytes, Int8GradientResidualIsCountedToTheByte) {
       const double n = TotalParams(job.model);
       EXPECT_EQ(PlannedAndAllocated(job, dp, zero).comm_buffers, base + (dp > 1 ? 4 * n : 0));
     }
+}
+
+// DiLoCo: the anchor and momentum, 8 bytes per parameter at ZeRO 0, and int8 pseudo-gradients'
+// residual, as the planner counts them.
+TEST(TrainerBytes, DilocoOuterStateIsCountedToTheByte) {
+  for (bool int8 : {false, true}) {
+    SCOPED_TRACE(int8 ? "int8" : "fp32");
+    Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 4, 2);
+    const double base = PlannedAndAllocated(job, 2, 0).comm_buffers;
+    job.diloco_inner_steps = 10;
+    if (int8) job.grad_comm = parallel::GradWire::kInt8;
+    const double n = TotalParams(job.model);
+    EXPECT_EQ(PlannedAndAllocated(job, 2, 0).comm_buffers, base + (int8 ? 12 : 8) * n);
+  }
 }
 
 // [offload]: the moments, and a bf16 run's master, leave memory for the tier's file; what stays

@@ -26,6 +26,7 @@ struct PlanArgs {
   std::string recompute = "any", sp = "any", lora_targets;
   int lora_rank = 0;
   std::string lora_base, state_dtype = "fp32", grad_dtype = "fp32", grad_comm = "fp32";
+  int diloco_inner_steps = 0;
   bool lora_dora = false, no_master = false, offload = false, offload_host = false,
        offload_params = false;
   // 0: 2 for a disk, the accelerator's host link (--host-gbps) for the host tier.
@@ -137,6 +138,10 @@ plan::Job MakeJob(const PlanArgs& a) {
   if (!wire)
     ThrowBadInput("plan: --grad-comm \"" + a.grad_comm + "\": expected fp32, bf16 or int8");
   job.grad_comm = *wire;
+  if (a.diloco_inner_steps < 0)
+    ThrowBadInput("plan: --diloco-inner-steps " + std::to_string(a.diloco_inner_steps) +
+                  ": expected >= 0 (0: synchronous)");
+  job.diloco_inner_steps = a.diloco_inner_steps;
   if (job.bf16_grads && (job.precision != plan::Precision::kBf16 || a.lora_rank > 0))
     ThrowBadInput(std::string("plan: --grad-dtype bf16: ") +
                   (a.lora_rank > 0 ? "not with --lora-rank (the adapters' gradients are small)"
@@ -294,6 +299,9 @@ void RegisterPlan(CLI::App& app) {
                   "the data-parallel gradient sums' wire format: fp32, bf16 or int8 (with error "
                   "feedback), as [parallel] grad_comm")
       ->capture_default_str();
+  cmd->add_option("--diloco-inner-steps", a.diloco_inner_steps,
+                  "DiLoCo's inner steps between the replicas' outer steps, as [parallel] dp_sync "
+                  "= \"diloco\" with [diloco] inner_steps (0: synchronous)");
   cmd->add_flag("--no-master", a.no_master,
                 "bf16 weights without an fp32 master (stochastic rounding), as "
                 "optim.master_weights = false");
@@ -374,6 +382,7 @@ void RegisterPlan(CLI::App& app) {
                             {"master_weights", job.master},
                             {"grad_dtype", job.bf16_grads ? "bf16" : "fp32"},
                             {"grad_comm", parallel::GradWireName(job.grad_comm)},
+                            {"diloco_inner_steps", job.diloco_inner_steps},
                             {"offload",
                              {{"chunk_bytes", job.offload_chunk},
                               {"bytes_per_s", job.offload_bytes_per_s},

@@ -61,6 +61,9 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   else
     c.dp_bytes = r * psi * grad_wire + r * psi * bpp.weights * (l.zero >= 3 ? 2 : 1);
 
+  // DiLoCo: one sum of the pseudo-gradients (gradient-sized, in the same format) per round.
+  if (job.diloco_inner_steps > 0) c.dp_bytes /= job.diloco_inner_steps;
+
   c.tp_intra = l.tp <= cl.per_node;
   c.dp_intra = l.tp * l.dp <= cl.per_node;
   c.pp_intra = cl.world <= cl.per_node;

@@ -98,6 +98,10 @@ struct Job {
   // [parallel] grad_comm: the data-parallel gradient sums' wire format (its bytes per element;
   // int8 adds an fp32 residual per gradient element at dp > 1).
   parallel::GradWire grad_comm = parallel::GradWire::kF32;
+  // [parallel] dp_sync = "diloco" with this many inner steps (0: synchronous): the replicas'
+  // pseudo-gradients are summed once a round (dp's bytes / inner steps a step), and each rank
+  // keeps DiLoCo's anchor and momentum (8 bytes per parameter). ZeRO 0, tp = pp = 1.
+  int diloco_inner_steps = 0;
   // [offload]: AdamW's moments, and a bf16 run's master, on a disk tier streamed through chunk
   // buffers of this many bytes (0: in memory); the tier's bandwidth per node, read and write
   // together (bytes/s; `keel preflight` measures it).

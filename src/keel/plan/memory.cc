@@ -130,6 +130,7 @@ parallel::StateTiers TiersOf(const Job& job) {
   t.offload_host = job.offload_host;
   t.offload_params = job.offload_params;
   t.grad_comm = job.grad_comm;
+  t.diloco = job.diloco_inner_steps > 0;
   return t;
 }
 

@@ -87,6 +87,10 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
     ThrowBadInput(
         "plan: a quantized LoRA base runs with tp 1 (it is not split for tensor "
         "parallelism yet)");
+  // DiLoCo: the trainer's ZeRO 0 with data parallelism alone (job.h's CheckLayout).
+  const bool diloco = job.diloco_inner_steps > 0;
+  if (diloco && (c.zero > 0 || c.tp > 1 || c.pp > 1))
+    ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = 1");
   const int v = c.virtual_stages;
   if (v < 1) ThrowBadInput("plan: --virtual-stages " + n(v) + ": expected >= 1");
   if (v > 1 && c.pp > 0 && job.model.layers % (long(c.pp) * v))
@@ -98,9 +102,9 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
 
   std::vector<Estimate> out;
   for (int tp : Candidates(c.tp, world)) {
-    if (world % tp || job.model.heads % tp || (quantized && tp > 1)) continue;
+    if (world % tp || job.model.heads % tp || (quantized && tp > 1) || (diloco && tp > 1)) continue;
     for (int pp : Candidates(c.pp, world / tp)) {
-      if ((world / tp) % pp || job.model.layers % pp) continue;
+      if ((world / tp) % pp || job.model.layers % pp || (diloco && pp > 1)) continue;
       // Interleaving needs a pipeline, whole layers per chunk, and groups of pp micro-batches.
       if (v > 1 && (pp == 1 || job.model.layers % (pp * v))) continue;
       const int dp = world / (tp * pp);
@@ -111,7 +115,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
         if (c.micro_batch > 0 && mb != c.micro_batch) continue;
         if (per_dp % mb) continue;
         if (v > 1 && (per_dp / mb) % pp) continue;
-        for (int zero = 0; zero <= (lora ? 1 : 3); ++zero) {
+        for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero) {
           if (c.zero >= 0 && zero != c.zero) continue;
           if (c.zero < 0 && zero > 0 && dp == 1) continue;  // nothing to shard over
           for (Recompute rc : rcs) {
@@ -126,7 +130,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
       }
       // An explicitly requested micro-batch that is not a power of two.
       if (c.micro_batch > 0 && (c.micro_batch & (c.micro_batch - 1)) && per_dp % c.micro_batch == 0)
-        for (int zero = 0; zero <= (lora ? 1 : 3); ++zero)
+        for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero)
           for (Recompute rc : rcs)
             for (int sp = 0; sp <= 1; ++sp) {
               if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;
