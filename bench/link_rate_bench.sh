@@ -6,8 +6,10 @@
 # (dp_wait_ms), the bytes each rank sent, and the step's slowdown against the unlimited link, the
 # peer run in the same invocation. With WIRES (e.g. WIRES="fp32 bf16 int8"), each rate runs once
 # per [parallel] grad_comm format and prints each one's step against fp32's at that rate (the
-# peer), the gradient bytes it sent, and its loss after the last step. Needs root.
-#   [WIRES="fp32 bf16 int8"] bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]
+# peer), the gradient bytes it sent, and its loss after the last step. A WIRES entry
+# diloco:H:FORMAT runs DiLoCo (dp_sync = "diloco", H inner steps, pseudo-gradients in FORMAT).
+# Steps and bytes are means over steps 3.. (DiLoCo's outer steps are rare and long). Needs root.
+#   [WIRES="fp32 bf16 int8 diloco:4:int8"] bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]
 #                                                    (default: 8 steps; 10gbit 1gbit 200mbit; fp32)
 set -euo pipefail
 keel=$(realpath "${1:-build/keel}")
@@ -31,20 +33,29 @@ cluster_hostfile "$p" "$tmp/hosts" 1
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 run() {  # NAME WIRE: the quickstart over both hosts, one rank each
+  local sync=() h w
+  if [[ $2 == diloco:* ]]; then
+    IFS=: read -r _ h w <<<"$2"
+    sync=(--set parallel.dp_sync=diloco --set diloco.inner_steps="$h" --set parallel.grad_comm="$w")
+  else
+    sync=(--set parallel.grad_comm="$2")
+  fi
   timeout 900 mpirun --hostfile "$tmp/hosts" -np 2 --map-by node -x OMP_NUM_THREADS=1 "$keel" train \
     "$src/configs/quickstart.toml" --set data.train="$shared/brown/brown.gpt2.u16" \
     --set data.val= --set train.val_every=0 --set train.sample_count=0 --set train.steps="$steps" \
     --set train.log_every=1 --set checkpoint.every_minutes=0 --set checkpoint.save_final=false \
-    --set parallel.grad_comm="$2" --set train.out_dir="$tmp" --set train.name="$1" \
+    "${sync[@]}" --set train.out_dir="$tmp" --set train.name="$1" \
     >"$tmp/$1.log" 2>&1 || { echo "$1 failed:"; tail "$tmp/$1.log"; exit 1; }
 }
-stats() {  # NAME -> "median_ms median_dp_wait_ms MB_sent MB_of_gradients last_loss" over steps 3..
+stats() {  # NAME -> "ms dp_wait_ms MB_sent MB_of_gradients last_loss", means over steps 3..
   /usr/bin/python3 - "$tmp/$1/metrics.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"ms"' in l]
-med = lambda k: statistics.median(r.get(k, 0) for r in rows[2:])
-print(f"{med('ms'):.0f} {med('dp_wait_ms'):.0f} {med('comm_bytes') / 1e6:.1f} "
-      f"{med('grad_comm_bytes') / 1e6:.1f} {rows[-1]['loss']:.4f}")
+mean = lambda f: statistics.mean(f(r) for r in rows[2:])
+grads = lambda r: r.get("grad_comm_bytes", 0) + r.get("diloco_bytes", 0)
+print(f"{mean(lambda r: r['ms']):.0f} {mean(lambda r: r.get('dp_wait_ms', 0)):.0f} "
+      f"{mean(lambda r: r['comm_bytes'] + r.get('diloco_bytes', 0)) / 1e6:.1f} "
+      f"{mean(grads) / 1e6:.1f} {rows[-1]['loss']:.4f}")
 PY
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
@@ -54,11 +65,11 @@ for r in unlimited "${rates[@]}"; do
   if [[ $r != unlimited ]]; then for i in 1 2; do cluster_link_rate "$p" "$i" "$r"; done; fi
   peer=
   for w in "${wires[@]}"; do
-    run "${r}_$w" "$w"
-    read -r ms wait sent grads loss < <(stats "${r}_$w")
+    run "${r}_${w//:/-}" "$w"
+    read -r ms wait sent grads loss < <(stats "${r}_${w//:/-}")
     base=${base:-$ms}
     peer=${peer:-$ms}
-    line=$(printf '%-10s %-5s %6s ms/step, %5s ms waiting on dp, %5s MB sent per rank (%5s of gradients), loss %s' \
+    line=$(printf '%-10s %-14s %6s ms/step, %5s ms waiting on dp, %5s MB sent per rank (%5s of gradients), loss %s' \
       "$r" "$w" "$ms" "$wait" "$sent" "$grads" "$loss")
     [[ $r == unlimited && $w == fp32 ]] || line+=": $(ratio "$ms" "$base")x unlimited fp32"
     [[ $w == fp32 ]] || line+=", $(ratio "$ms" "$peer")x fp32 at $r"

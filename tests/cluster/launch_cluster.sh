@@ -2,6 +2,9 @@
 # keel launch across "hosts" made of network namespaces (netns.sh), mpirun over TCP:
 #   kill      SIGKILL a rank on host 2 of a 2-host x 2-rank run at a random step: restarted, the
 #             final weights equal the uninterrupted run's bitwise (same layout after the restart);
+#   diloco    the same fault in a DiLoCo run (rounds of 4 steps, checkpoints every 5: mid-round):
+#             each replica resumes its own weights, moments and outer state, and the final weights
+#             equal the uninterrupted DiLoCo run's bitwise;
 #   twice     host 2's ranks killed in two starts: host 2 is excluded, the job shrinks to dp 2;
 #   flap      host 2's link goes down and comes back before the restart: restarted on the same
 #             layout, the final weights equal the uninterrupted run's bitwise;
@@ -73,6 +76,18 @@ expect kill "start 2: 4 rank(s) on $p""1, $p""2, dp 4"
 cmp "$tmp/ref/model.safetensors" "$tmp/kill/model.safetensors" ||
   { echo "kill: final weights differ from the uninterrupted run"; exit 1; }
 echo "kill: rank $rank on ${p}2 killed after step $step; restarted on the same layout; bitwise the same weights"
+
+# --- diloco: the kill in a DiLoCo run: the replica rejoins from its own checkpointed state ---
+diloco=(--set parallel.dp_sync=diloco --set diloco.inner_steps=4)
+launch dref "$tmp/hosts2" "${diloco[@]}"
+finish dref 0
+launch dkill "$tmp/hosts2" "${diloco[@]}"
+kill -KILL "$(beat dkill "$rank" "$step" pid)"
+finish dkill 0
+expect dkill "start 2: 4 rank(s) on $p""1, $p""2, dp 4"
+cmp "$tmp/dref/model.safetensors" "$tmp/dkill/model.safetensors" ||
+  { echo "diloco: final weights differ from the uninterrupted DiLoCo run"; exit 1; }
+echo "diloco: rank $rank killed after step $step; each replica resumed its own state; bitwise the same weights"
 
 # --- twice: host 2's ranks fail twice, so host 2 is excluded and the job shrinks to host 1 ---
 launch twice "$tmp/hosts2"
