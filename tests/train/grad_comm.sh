@@ -18,19 +18,6 @@ trap 'rm -rf "$tmp"' EXIT
 source "$src/tests/train/run_lib.sh"
 tiny_bf16 "$shared"
 
-close() {  # close NAME REF: every step's loss within 0.5% of REF's
-  /usr/bin/python3 - "$1" "$tmp/$2/metrics.jsonl" "$tmp/$1/metrics.jsonl" <<'PY'
-import json, sys
-def losses(path):
-    return {d["step"]: d["loss"] for d in map(json.loads, open(path)) if "loss" in d and "step" in d}
-name, ref, got = sys.argv[1], losses(sys.argv[2]), losses(sys.argv[3])
-assert len(ref) == 40 and ref.keys() == got.keys(), (sorted(ref), sorted(got))
-rel = max(abs(got[s] - ref[s]) / ref[s] for s in ref)
-print(f"{name}: loss at step 40 {got[40]:.4f}, fp32 wire {ref[40]:.4f}; "
-      f"largest step difference {100 * rel:.3f}% (limit 0.5%)")
-sys.exit(rel > 0.005)
-PY
-}
 bytes_ratio() {  # bytes_ratio NAME REF LO HI: the mean grad_comm_bytes per step, NAME / REF in [LO, HI]
   /usr/bin/python3 - "$@" "$tmp" <<'PY'
 import json, sys

@@ -9,6 +9,7 @@
 #                                   NP > 1); on failure prints the log and exits 1
 #   refused NAME NP TEXT EXTRA...   expects exit 2 and TEXT in the output (one line naming it)
 #   same NAME_A NAME_B WHAT         expects the two runs' final weights bitwise equal
+#   close NAME REF                  expects every one of the 40 steps' loss within 0.5% of REF's
 
 run() {
   local name=$1 np=$2
@@ -36,6 +37,20 @@ same() {  # same NAME_A NAME_B WHAT
   cmp -s "$tmp/$1/model.safetensors" "$tmp/$2/model.safetensors" ||
     { echo "$3: $1 and $2 end with different weights"; exit 1; }
   echo "$3: $1 = $2, bitwise"
+}
+
+close() {
+  /usr/bin/python3 - "$1" "$2" "$tmp/$2/metrics.jsonl" "$tmp/$1/metrics.jsonl" <<'PY'
+import json, sys
+def losses(path):
+    return {d["step"]: d["loss"] for d in map(json.loads, open(path)) if "loss" in d and "step" in d}
+name, ref_name, ref, got = sys.argv[1], sys.argv[2], losses(sys.argv[3]), losses(sys.argv[4])
+assert len(ref) == 40 and ref.keys() == got.keys(), (sorted(ref), sorted(got))
+rel = max(abs(got[s] - ref[s]) / ref[s] for s in ref)
+print(f"{name}: loss at step 40 {got[40]:.4f}, {ref_name} {ref[40]:.4f}; "
+      f"largest step difference {100 * rel:.3f}% (limit 0.5%)")
+sys.exit(rel > 0.005)
+PY
 }
 
 tiny_4layer() {
