@@ -64,6 +64,23 @@ TEST(WireReduce, ReduceScatterWithUnequalAndEmptyCounts) {
   }
 }
 
+// A segment that one rank owns whole (ZeRO 2's shards often cut so): every rank must choose the
+// same MPI path for the all-to-all (comm_mpi.cc's Collective: blocking from 256 KiB), though
+// what each receives differs (rank 0 all of it, the others nothing): 100,000 bf16 elements.
+TEST(WireReduce, OneOwnerTakesTheWholeSegmentOnEveryRanksPath) {
+  const int p = g_comm->size(), r = g_comm->rank();
+  std::vector<size_t> counts(static_cast<size_t>(p), 0);
+  counts[0] = 100000;
+  std::vector<float> x = Mine(counts[0]);
+  ASSERT_TRUE(ReduceScatterOnWire(*g_comm, GradWire::kBF16, x.data(), counts, nullptr)->Wait(30));
+  if (r == 0)
+    for (size_t j = 0; j < counts[0]; j += 997) {
+      float s = 0;
+      for (int q = 0; q < p; ++q) s += ToFloat(ToBf16(Grad(q, j)));
+      ASSERT_EQ(x[j], s) << "at " << j;
+    }
+}
+
 TEST(WireReduce, Int8AllReduceAgreesEverywhereAndErrorFeedbackCancelsItsBias) {
   const size_t n = 2000;
   std::vector<float> exact(n, 0.0f);

@@ -9,7 +9,8 @@
 #     bitwise (each replica's weights, moments, outer momentum and residual are its own tensors);
 #     the checkpoint resumes as a synchronous run (its shared weights are the replicas' common
 #     ones), and a synchronous checkpoint as a DiLoCo run, which says its replicas start from it;
-#  4. ZeRO > 0, tensor parallelism and fp16 are refused with one line.
+#  4. ZeRO > 0, tensor parallelism and fp16 are refused with one line, and so is a [diloco] key
+#     without dp_sync = "diloco".
 #   tests/train/diloco.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -80,5 +81,6 @@ grep -q "of the ranks' own tensors .* are not in .*replicas from the checkpoint'
   "$tmp/from_sync.log" || { echo "from_sync: no line about the replicas' start"; cat "$tmp/from_sync.log"; exit 1; }
 
 refused zero1 2 "parallel.dp_sync" "${diloco[@]}" --set parallel.zero=1
+refused stray 2 "diloco.inner_steps" --set diloco.inner_steps=5
 refused tp2 2 "parallel.dp_sync" "${diloco[@]}" --set parallel.tp=2
 refused fp16 2 "parallel.dp_sync" "${diloco[@]}" --set train.precision=fp16

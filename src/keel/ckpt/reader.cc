@@ -270,8 +270,10 @@ std::vector<std::string> CheckpointReader::LoadOwn(const std::vector<OwnBuffer>&
     const TensorEntry* t = manifest_.Find(o.name, kOwnKind);
     if (t && t->shape == std::vector<int64_t>{int64_t(o.n)})
       ReadBox(*t, {0}, {int64_t(o.n)}, o.data);
-    else
+    else {
       missing.push_back(o.name);
+      if (!o.keep_if_missing) std::fill(o.data, o.data + o.n, 0.0f);
+    }
   }
   return missing;
 }

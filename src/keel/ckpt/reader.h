@@ -41,8 +41,8 @@ class CheckpointReader {
             const Memory& mem = HostMemory()) const;
 
   // Reads each of `own` that the checkpoint holds under its name and size (verified as above) and
-  // returns the names of the others, which it leaves as they are (the caller decides: a run
-  // whose layout changed starts its own state afresh).
+  // returns the names of the others, which it zeroes unless they keep_if_missing (a run whose
+  // layout changed starts its own state afresh).
   std::vector<std::string> LoadOwn(const std::vector<OwnBuffer>& own) const;
 
  private:

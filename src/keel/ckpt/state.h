@@ -67,10 +67,13 @@ struct FlatBuffer {
 // State only one rank holds, of no other rank's layout (the int8 gradient sums' error-feedback
 // residual): written whole by that rank as a one-axis tensor of kind kOwnKind under `name`,
 // which must differ between ranks, and loaded by the rank that asks for the same name and size.
+// A save copies it when it begins (it may change before the next update). A load that does not
+// find it zeroes it, unless `keep_if_missing` (the owner fills it another way).
 struct OwnBuffer {
   std::string name;
   float* data = nullptr;
   size_t n = 0;
+  bool keep_if_missing = false;
 };
 
 struct StateView {

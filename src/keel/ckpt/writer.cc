@@ -124,6 +124,12 @@ void CheckpointWriter::Begin(StateView view) {
     status_ = kWriting;
   }
   begin_ms_ = NowMs();
+  own_copies_.resize(view.own.size());
+  for (size_t i = 0; i < view.own.size(); ++i) {
+    OwnBuffer& o = view.own[i];
+    own_copies_[i].assign(o.data, o.data + o.n);
+    o.data = own_copies_[i].data();
+  }
   Post([this, v = std::move(view)] {
     try {
       DoSnapshot(v);

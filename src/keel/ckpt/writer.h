@@ -154,11 +154,15 @@ class CheckpointWriter {
   };
   std::vector<std::function<void(size_t, size_t, void*)>> sources_;
   std::vector<Deferred> deferred_;  // by piece, in the sidecar's order
+  // StateView::own, copied by Begin on the caller's thread: a rank's own state may change before
+  // its next update (the int8 residual changes in the next backward), which the snapshot does not
+  // wait for.
+  std::vector<std::vector<float>> own_copies_;
   // Reads a deferred piece from its source in slices, widened where bf16, into `fd` (at its
   // current position) and returns its PieceHash.
   uint64_t WriteDeferred(int fd, const Deferred& d, const nlohmann::json& piece,
                          const std::string& path);
-  std::vector<Chunk> chunks_;       // the snapshot's copies, in pieces of at most 8 MiB
+  std::vector<Chunk> chunks_;  // the snapshot's copies, in pieces of at most 8 MiB
   std::atomic<size_t> next_chunk_{0}, copied_bytes_{0};
   size_t staged_bytes_ = 0;
   SaveReport current_;

@@ -234,7 +234,8 @@ class MpiComm final : public Comm {
       rdispls[q] = ToDispl(q * mine, "MPI_Alltoallv");
       off += counts[q];
     }
-    const size_t bytes = off + mine * counts.size();
+    // The same on every rank (Collective picks its path by it, and every rank must pick alike).
+    const size_t bytes = off;
     return Async("MPI_Alltoallv", [=, sendcounts = std::move(sendcounts),
                                    sdispls = std::move(sdispls), recvcounts = std::move(recvcounts),
                                    rdispls = std::move(rdispls), comm = comm_, rank = rank_] {

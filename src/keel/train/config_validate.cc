@@ -318,6 +318,13 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
     refuse(t.device == "cuda", "is built for CPU runs");
   }
   const Checker diloco(prov, "diloco");
+  if (cfg.parallel.dp_sync != "diloco" && !(cfg.diloco == DilocoSection{})) {
+    const DilocoSection d;
+    diloco.Fail(cfg.diloco.inner_steps != d.inner_steps ? "inner_steps"
+                : cfg.diloco.outer_lr != d.outer_lr     ? "outer_lr"
+                                                        : "outer_momentum",
+                "is DiLoCo's; set [parallel] dp_sync = \"diloco\" too");
+  }
   diloco.Positive("inner_steps", cfg.diloco.inner_steps);
   diloco.FinitePositive("outer_lr", cfg.diloco.outer_lr);
   if (!(cfg.diloco.outer_momentum >= 0 && cfg.diloco.outer_momentum < 1))

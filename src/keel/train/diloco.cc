@@ -1,6 +1,8 @@
 #include "keel/train/diloco.h"
 
-#include <cstring>
+#include <algorithm>
+#include <memory>
+#include <vector>
 
 #include "keel/core/error.h"
 #include "keel/parallel/comm_wait.h"
@@ -46,9 +48,24 @@ double OuterLoop::Step() {
   float* a = anchor();
   float* m = momentum();
   for (size_t i = 0; i < n_; ++i) w[i] = a[i] - w[i];
-  sent_bytes_ = parallel::WireSentBytes(wire_, n_, dp_.size(), /*all_reduce=*/true);
-  auto op = parallel::AllReduceOnWire(dp_, wire_, w, n_, residual());
-  const double ms = parallel::WaitOrLost(*op, timeout_s_, "DiLoCo's pseudo-gradient all-reduce");
+  // In pieces, two in flight: MPI counts bytes in ints, and each piece's wire buffers live while
+  // it travels (kPiece elements: at most 2 x 2 x 64 MiB of them at once in fp32).
+  constexpr size_t kPiece = size_t(1) << 24;
+  sent_bytes_ = 0;
+  double ms = 0;
+  std::vector<std::unique_ptr<parallel::Work>> flight;
+  auto wait_oldest = [&] {
+    ms += parallel::WaitOrLost(*flight.front(), timeout_s_, "DiLoCo's pseudo-gradient all-reduce");
+    flight.erase(flight.begin());
+  };
+  for (size_t at = 0; at < n_; at += kPiece) {
+    const size_t k = std::min(kPiece, n_ - at);
+    if (flight.size() == 2) wait_oldest();
+    flight.push_back(
+        parallel::AllReduceOnWire(dp_, wire_, w + at, k, residual() ? residual() + at : nullptr));
+    sent_bytes_ += parallel::WireSentBytes(wire_, k, dp_.size(), /*all_reduce=*/true);
+  }
+  while (!flight.empty()) wait_oldest();
   const float inv = 1.0f / float(dp_.size()), lr = spec_.outer_lr, mu = spec_.outer_momentum;
   for (size_t i = 0; i < n_; ++i) {
     const float d = w[i] * inv;

@@ -38,9 +38,10 @@ class GradSync {
   void Ready(size_t offset);
   void Finish();
 
-  double wait_ms() const { return wait_ms_; }  // time Finish blocked, last step
-  int buckets() const { return buckets_; }     // buckets issued, last step
-  size_t reduced() const { return reduced_; }  // elements all-reduced, last step
+  double wait_ms() const { return wait_ms_; }      // time Finish blocked, last step
+  int buckets() const { return buckets_; }         // buckets issued, last step
+  size_t reduced() const { return reduced_; }      // elements all-reduced, last step
+  bool idle() const { return inflight_.empty(); }  // no sum issued and not yet waited for
 
  private:
   void Issue(size_t lo, size_t hi);

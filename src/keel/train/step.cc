@@ -427,12 +427,14 @@ ckpt::StateView TrainStep::StateView() {
     // moments' shared copy is pieced from the replicas' (one part each) for the other layouts.
     v.buffers[0] = {"master", outer_->anchor(), DType::kF32};
     const size_t n = outer_->size();
-    auto own = [&](const char* what, void* p) {
-      v.own.push_back({std::string("diloco.") + what + where, static_cast<float*>(p), n});
+    auto own = [&](const char* what, void* p, bool keep = false) {
+      v.own.push_back({std::string("diloco.") + what + where, static_cast<float*>(p), n, keep});
     };
-    own("master", store_->master_data());  // first: Restored looks for it there
-    own("adam_m", store_->adam_m());
-    own("adam_v", store_->adam_v());
+    // First: Restored looks for it there, and starts the replica from the anchor without it.
+    own("master", store_->master_data(), /*keep=*/true);
+    // Without them the replica keeps the moments pieced from the shared ones: not zeroed.
+    own("adam_m", store_->adam_m(), true);
+    own("adam_v", store_->adam_v(), true);
     own("momentum", outer_->momentum());
     if (outer_->residual()) own("residual", outer_->residual());
   }

@@ -222,7 +222,10 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       i = verdict.resume_at - 1;
       continue;
     }
-    if (run.scaler) ScaleAfterStep(run, i + 1, overflow, &extra);
+    if (run.scaler) {
+      ScaleAfterStep(run, i + 1, overflow, &extra);
+      if (overflow || run.scaler->scale() != scale) step.strategy().ResetResidual();
+    }
     const bool switching = SwitchesNow(run, i + 1);
     Update(run, verdict.apply, lr, own_norm, scale, optimizer_timer, &fig.times, &extra);
     if (OuterLoop* outer = step.diloco(); outer && outer->Due(i + 1, i + 1 == cfg.train.steps)) {

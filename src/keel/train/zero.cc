@@ -92,9 +92,15 @@ ZeroStrategy::~ZeroStrategy() {
   // does not (a lost peer; the process is on its way to exit 75) keeps its buffer, leaked on
   // purpose, so that a late write lands in memory nobody else uses.
   const Timer since;
+  bool unsettled = sync_ && !sync_->idle();
   for (auto* slots : {&grad_slots_, &weight_slots_})
     for (auto& s : *slots)
-      if (s->op && !parallel::Settled(*s->op, since, timeout_s_)) new Buffer(std::move(s->buf));
+      if (s->op && !parallel::Settled(*s->op, since, timeout_s_)) {
+        new Buffer(std::move(s->buf));
+        unsettled = true;
+      }
+  // int8's sums write the residual until they finish (their last encoding): kept the same way.
+  if (unsettled && residual_.bytes()) new Buffer(std::move(residual_));
   // A tier read still queued writes into its slot too.
   for (auto& s : weight_slots_)
     if (s->reading) try {

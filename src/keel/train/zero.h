@@ -69,6 +69,11 @@ class ZeroStrategy final : public model::ParamAccess {
   // indexed as the layout's gradients; empty (n 0) without one. A checkpoint keeps it.
   float* residual() { return residual_.as<float>(); }
   size_t residual_elems() const { return residual_.bytes() / 4; }
+  // Forgets it: under fp16 its units are the loss scale's, so a new scale (or an overflow's
+  // skipped step, whose rounding it holds) starts it afresh.
+  void ResetResidual() {
+    if (residual_.bytes()) store_.backend().Zero(residual_.data(), residual_.bytes());
+  }
 
   // The full fp32 master weights, gathered (every rank).
   std::vector<float> GatherMaster();
