@@ -543,32 +543,28 @@ Row CheckAllReduce(Context& c) {
     return row;
   }
   const size_t floats = size_t(std::min(c.bucket_bytes, c.quick ? 4.0 * (1 << 20) : 1e12) / 4);
-  std::vector<float> buf(floats, 1.0f);
-  for (int i = 0; i < 2; ++i) c.comm->AllReduceSum(buf.data(), floats);  // warm up the links
+  std::vector<float> buf(floats, 1.0f), err(floats, 0.0f);
   const int reps = c.quick ? 3 : 10;
-  c.comm->Barrier();
-  const auto t0 = Clock::now();
-  for (int i = 0; i < reps; ++i) c.comm->AllReduceSum(buf.data(), floats);
-  const double t = c.comm->AllReduceMax(Since(t0) / reps);
-  // Bus bandwidth: what each rank sends in a ring all-reduce, 2(n-1)/n of the buffer.
-  const double bus = 2.0 * (n - 1) / n * double(floats) * 4 / t;
-  // [parallel] grad_comm: the same bucket summed as the run will, encoding and decoding included.
-  const parallel::GradWire wire = c.tiers.grad_comm;
-  double wire_t = t;
-  if (wire != parallel::GradWire::kF32) {
-    std::vector<float> err(wire == parallel::GradWire::kInt8 ? floats : 0, 0.0f);
+  // The slowest rank's seconds per sum of the bucket in `wire`, encoding and decoding included,
+  // after two to warm up the links.
+  auto timed = [&](parallel::GradWire wire) {
     auto sum = [&] {
       std::fill(buf.begin(), buf.end(), 1.0f);
-      (void)parallel::AllReduceOnWire(*c.comm, wire, buf.data(), floats,
-                                      err.empty() ? nullptr : err.data())
-          ->Wait(-1);
+      (void)parallel::AllReduceOnWire(*c.comm, wire, buf.data(), floats, err.data())->Wait(-1);
     };
     sum();
+    sum();
     c.comm->Barrier();
-    const auto w0 = Clock::now();
+    const auto t0 = Clock::now();
     for (int i = 0; i < reps; ++i) sum();
-    wire_t = c.comm->AllReduceMax(Since(w0) / reps);
-  }
+    return c.comm->AllReduceMax(Since(t0) / reps);
+  };
+  const double t = timed(parallel::GradWire::kF32);
+  // Bus bandwidth: what each rank sends in a ring all-reduce, 2(n-1)/n of the buffer.
+  const double bus = 2.0 * (n - 1) / n * double(floats) * 4 / t;
+  // [parallel] grad_comm: the same bucket summed as the run will sum it.
+  const parallel::GradWire wire = c.tiers.grad_comm;
+  const double wire_t = wire == parallel::GradWire::kF32 ? t : timed(wire);
   // The share of a step: all gradients at that rate, against the measured step times the
   // micro-batches per rank (or the matmul rate, if the step failed).
   const plan::ModelSpec spec = Spec(c);

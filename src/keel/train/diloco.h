@@ -17,7 +17,7 @@
 //
 //   OuterLoop outer(store, zero, dp, {50, 0.7f, 0.9f}, GradWire::kInt8, timeout_s);
 //   outer.Start();                           // after the weights are set or loaded
-//   ... each step: if (outer.Due(step_done)) wait_ms += outer.Step(); ...
+//   ... after each update: if (outer.Due(steps_done, last)) wait_ms += outer.Step(); ...
 #pragma once
 
 #include <cstddef>
@@ -58,7 +58,6 @@ class OuterLoop {
   size_t size() const { return n_; }
   size_t bytes() const { return anchor_.bytes() + momentum_.bytes() + residual_.bytes(); }
   double sent_bytes() const { return sent_bytes_; }  // by the last outer step
-  const DilocoSpec& spec() const { return spec_; }
 
  private:
   optim::ParamStore& store_;

@@ -221,7 +221,7 @@ void TrainStep::SetWeights(const TensorValues& values) {
 void TrainStep::Restored(int optimizer_step, const std::vector<std::string>& own_missing) {
   store_->set_step(optimizer_step);
   if (outer_) {
-    const std::string mine = StateView().own.front().name;  // the replica's master comes first
+    const std::string mine = OwnName("diloco.master");
     outer_->Loaded(std::find(own_missing.begin(), own_missing.end(), mine) == own_missing.end());
   }
   // bf16 working weights: the rounding of the restored master, exactly (without a master they
@@ -414,12 +414,6 @@ ckpt::StateView TrainStep::StateView() {
   // The stage's data-parallel ranks split its tensors for writing (ZeRO 1+: their shards).
   v.part = comm_.rank();
   v.parts = comm_.size();
-  // Named by the rank's place in the layout: a resume under the same layout finds its own.
-  auto at = [](const parallel::Comm* c, const char* dim) {
-    const int r = c ? c->rank() : 0, n = c ? c->size() : 1;
-    return std::string(".") + dim + std::to_string(r) + "of" + std::to_string(n);
-  };
-  const std::string where = at(&comm_, "dp") + at(g_.tp, "tp") + at(g_.pp, "pp");
   if (outer_) {
     // DiLoCo: the checkpoint's model is the replicas' common one, the anchor (so that exports,
     // evaluations and other layouts read it); each replica's own weights, moments and outer
@@ -428,9 +422,9 @@ ckpt::StateView TrainStep::StateView() {
     v.buffers[0] = {"master", outer_->anchor(), DType::kF32};
     const size_t n = outer_->size();
     auto own = [&](const char* what, void* p, bool keep = false) {
-      v.own.push_back({std::string("diloco.") + what + where, static_cast<float*>(p), n, keep});
+      v.own.push_back({OwnName(std::string("diloco.") + what), static_cast<float*>(p), n, keep});
     };
-    // First: Restored looks for it there, and starts the replica from the anchor without it.
+    // Without it Restored starts the replica from the anchor.
     own("master", store_->master_data(), /*keep=*/true);
     // Without them the replica keeps the moments pieced from the shared ones: not zeroed.
     own("adam_m", store_->adam_m(), true);
@@ -439,8 +433,16 @@ ckpt::StateView TrainStep::StateView() {
     if (outer_->residual()) own("residual", outer_->residual());
   }
   if (zero_->residual_elems() > 0)
-    v.own.push_back({"grad_comm.residual" + where, zero_->residual(), zero_->residual_elems()});
+    v.own.push_back({OwnName("grad_comm.residual"), zero_->residual(), zero_->residual_elems()});
   return v;
+}
+
+std::string TrainStep::OwnName(const std::string& what) const {
+  auto at = [](const parallel::Comm* c, const char* dim) {
+    const int r = c ? c->rank() : 0, n = c ? c->size() : 1;
+    return std::string(".") + dim + std::to_string(r) + "of" + std::to_string(n);
+  };
+  return what + at(&comm_, "dp") + at(g_.tp, "tp") + at(g_.pp, "pp");
 }
 
 size_t TrainStep::ActivationBytes() const {

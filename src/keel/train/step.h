@@ -165,6 +165,9 @@ class TrainStep {
   std::unique_ptr<optim::ParamStore> store_;
   std::unique_ptr<ZeroStrategy> zero_;
   std::unique_ptr<OuterLoop> outer_;
+  // The name of this rank's own checkpoint tensor `what` (StateView::own): by its place in the
+  // layout, so that a resume under the same layout finds its own.
+  std::string OwnName(const std::string& what) const;
   std::vector<std::unique_ptr<model::Transformer>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
   Buffer sum_scratch_;  // parallel::GradSumScratchElems fp32 elements
