@@ -15,6 +15,12 @@ std::string StepDirName(int64_t step) {
   return buf;
 }
 
+std::string RankFile(int rank, const char* ext) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank_%05d.%s", rank, ext);
+  return buf;
+}
+
 std::optional<int64_t> ParseStepDirName(const std::string& name) {
   if (name.size() < 6 || name.compare(0, 5, "step_") != 0) return std::nullopt;
   const std::string digits = name.substr(5);

@@ -11,6 +11,8 @@ namespace keel::ckpt {
 
 // "step_00000020"
 std::string StepDirName(int64_t step);
+// A rank's file in a checkpoint: "rank_00003.bin" (its bytes), "rank_00003.json" (its pieces).
+std::string RankFile(int rank, const char* ext);
 // The step of "step_00000020" (nullopt for anything else, "step_00000020.tmp" included).
 std::optional<int64_t> ParseStepDirName(const std::string& name);
 

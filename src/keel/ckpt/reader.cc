@@ -110,6 +110,17 @@ CheckpointReader CheckpointReader::Open(const std::string& dir) {
     ThrowBadInput(dir + "/manifest.json: xxh3 " + HashHex(got) + " does not match COMMIT (" +
                   commit + "): the manifest was changed or corrupted");
   r.manifest_ = ManifestFromJsonText(text, dir + "/manifest.json");
+  r.read_ = [dir](const std::string& file, uint64_t offset, uint64_t bytes, void* dst) {
+    ReadAt(dir + "/" + file, offset, bytes, dst);
+  };
+  return r;
+}
+
+CheckpointReader CheckpointReader::FromSource(std::string name, Manifest m, ReadFn read) {
+  CheckpointReader r;
+  r.dir_ = std::move(name);
+  r.manifest_ = std::move(m);
+  r.read_ = std::move(read);
   return r;
 }
 
@@ -132,7 +143,7 @@ void CheckpointReader::ReadBox(const TensorEntry& t, const std::vector<int64_t>&
     if (!overlaps) continue;
     const std::string path = dir_ + "/" + p.file;
     tmp.resize(p.bytes / 4);
-    ReadAt(path, p.offset, p.bytes, tmp.data());
+    read_(p.file, p.offset, p.bytes, tmp.data());
     const uint64_t h =
         PieceHash(tmp.data(), p.bytes, t.name, t.kind, p.start, p.count, manifest_.version);
     if (h != p.xxh3)

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,13 @@ class CheckpointReader {
   // Trusts a folder only with a COMMIT that holds the hash of its manifest.json. Throws
   // keel::Error (bad input) with one line naming the file and what is wrong.
   static CheckpointReader Open(const std::string& dir);
+  // Reads `bytes` at `offset` of the checkpoint's `file` (a piece's) into `dst`; throws naming
+  // what it could not read.
+  using ReadFn =
+      std::function<void(const std::string& file, uint64_t offset, uint64_t bytes, void* dst)>;
+  // A checkpoint whose files are not in a folder (a tier-0 copy in holders' memory): `name` stands
+  // for the folder in messages. Every piece is verified as from a folder.
+  static CheckpointReader FromSource(std::string name, Manifest m, ReadFn read);
 
   const Manifest& manifest() const { return manifest_; }
   const std::string& dir() const { return dir_; }
@@ -48,6 +56,7 @@ class CheckpointReader {
  private:
   std::string dir_;
   Manifest manifest_;
+  ReadFn read_;
 };
 
 struct BadPiece {

@@ -18,6 +18,7 @@
 #include "keel/ckpt/checkpoint_dir.h"
 #include "keel/ckpt/fault.h"
 #include "keel/ckpt/manifest.h"
+#include "keel/ckpt/manifest_build.h"
 #include "keel/ckpt/retention.h"
 #include "keel/ckpt/writer_internal.h"
 #include "keel/core/error.h"
@@ -30,12 +31,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-std::string RankFile(int rank, const char* ext) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "rank_%05d.%s", rank, ext);
-  return buf;
-}
 
 double NowMs() {
   return std::chrono::duration<double, std::milli>(
@@ -112,7 +107,7 @@ void CheckpointWriter::Post(std::function<void()> task) {
   cv_.notify_all();
 }
 
-void CheckpointWriter::Begin(StateView view) {
+void CheckpointWriter::Begin(StateView view, std::optional<PeerTarget> peer) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     KEEL_CHECK(!in_flight_, "CheckpointWriter::Begin with a save in flight");
@@ -130,9 +125,10 @@ void CheckpointWriter::Begin(StateView view) {
     own_copies_[i].assign(o.data, o.data + o.n);
     o.data = own_copies_[i].data();
   }
-  Post([this, v = std::move(view)] {
+  Post([this, v = std::move(view), peer = std::move(peer)] {
     try {
       DoSnapshot(v);
+      if (peer) current_.path = "peer:" + StepDirName(v.step);
     } catch (const std::exception& e) {
       Fail(e.what());
     }
@@ -143,7 +139,10 @@ void CheckpointWriter::Begin(StateView view) {
     cv_.notify_all();
     if (status() != kFailed) {
       try {
-        DoWrite();
+        if (peer)
+          DoSend(*peer);
+        else
+          DoWrite();
       } catch (const std::exception& e) {
         Fail(e.what());
       }
@@ -231,8 +230,9 @@ void CheckpointWriter::Fail(const std::string& what) {
 void CheckpointWriter::Commit() {
   Post([this] {
     try {
-      if (rank_ == 0) DoCommit();
-      prev_ = std::move(next_prev_);  // what the next save may reference
+      const bool peer = current_.path.rfind("peer:", 0) == 0;  // nothing to commit
+      if (rank_ == 0 && !peer) DoCommit();
+      if (!peer) prev_ = std::move(next_prev_);  // what the next save may reference
     } catch (const std::exception& e) {
       current_.error = e.what();
       DoAbort();
@@ -404,42 +404,56 @@ void CheckpointWriter::DoWrite() {
   status_ = kWritten;
 }
 
+void CheckpointWriter::DoSend(const PeerTarget& t) {
+  Timer timer;
+  const auto cpu0 = ThreadCpuMs();
+  for (const Deferred& d : deferred_)
+    if (d.source >= 0)
+      throw Error(ExitCode::kRuntime,
+                  "a tier-0 copy needs the state in memory, and part of it is on an offload tier");
+  json pieces = json::parse(pieces_json_);
+  const uint8_t* base = staging_.get();
+  uint64_t total = 0;
+  for (json& p : pieces) {
+    const uint64_t n = p["bytes"].get<uint64_t>(), off = p["offset"].get<uint64_t>();
+    p["file"] = RankFile(rank_, "bin");
+    p["xxh3"] = HashHex(
+        PieceHash(base + off, n, p["name"].get<std::string>(), p["kind"].get<std::string>(),
+                  p["start"].get<std::vector<int64_t>>(), p["count"].get<std::vector<int64_t>>()));
+    total = std::max(total, off + n);
+  }
+  // The sidecar goes after the bytes it describes, and a holder replaces an item only once it
+  // arrived whole: a send cut off leaves the previous step's files as they were.
+  const std::string prefix = t.run + "/" + StepDirName(meta_.step) + "/";
+  const std::string side = pieces.dump();
+  const std::string skeleton = rank_ == 0 ? ToJsonText(SkeletonManifest(meta_, world_)) : "";
+  for (const peer::Address& a : t.holders) {
+    const peer::Client c(a, 30);
+    c.Put(prefix + RankFile(rank_, "bin"), base, total, t.rate_mbit);
+    c.Put(prefix + RankFile(rank_, "json"), side.data(), side.size());
+    if (rank_ == 0) c.Put(prefix + "manifest.json", skeleton.data(), skeleton.size());
+    current_.holders.push_back(a.host);
+  }
+  current_.write_ms = timer.Millis();
+  const auto [user, sys] = ThreadCpuMs();
+  current_.user_ms += user - cpu0.first;
+  current_.sys_ms += sys - cpu0.second;
+  std::lock_guard<std::mutex> lock(mu_);
+  status_ = kWritten;
+}
+
 void CheckpointWriter::DoCommit() {
   const std::string tmp = current_.path;
   const std::string name = StepDirName(meta_.step);
   const std::string final_dir = root_ + "/" + name;
   // Gather every rank's pieces into the global description, tensor by tensor, kind by kind.
-  std::map<std::pair<std::string, std::string>, std::vector<Piece>> by_tensor;
+  std::vector<std::pair<std::string, json>> sidecars;
   for (int r = 0; r < world_; ++r) {
     const std::string side = tmp + "/" + RankFile(r, "json");
-    json pieces = json::parse(ReadWholeFile(side));
-    for (const json& p : pieces) {
-      Piece piece{p["file"],  p["offset"], p["bytes"],
-                  p["start"], p["count"],  ParseHexHash(p["xxh3"], side)};
-      by_tensor[{p["name"], p["kind"]}].push_back(std::move(piece));
-    }
+    sidecars.emplace_back(side, json::parse(ReadWholeFile(side)));
   }
-  Manifest m;
-  m.step = meta_.step;
-  m.tokens = meta_.tokens;
-  m.state = meta_.state;
-  // The trainer states the layout; a writer used alone (tools, tests) says how many ranks wrote.
-  if (!m.state.contains("layout")) m.state["layout"]["dp"] = world_;
-  for (const TensorSpec& t : meta_.all_tensors.empty() ? meta_.tensors : meta_.all_tensors)
-    for (const FlatBuffer& b : meta_.buffers) {
-      TensorEntry e{t.name, b.kind, "f32", t.shape, by_tensor[{t.name, b.kind}]};
-      uint64_t covered = 0;
-      for (const Piece& p : e.pieces) covered += p.bytes / 4;
-      KEEL_CHECK(covered == e.numel(), "checkpoint pieces of " + t.name + " do not cover it");
-      m.tensors.push_back(std::move(e));
-    }
-  // The ranks' own state, whoever wrote it (rank 0 does not know the others' names).
-  for (auto& [key, pieces] : by_tensor) {
-    if (key.second != kOwnKind) continue;
-    uint64_t n = 0;
-    for (const Piece& p : pieces) n += p.bytes / 4;
-    m.tensors.push_back({key.first, key.second, "f32", {int64_t(n)}, pieces});
-  }
+  Manifest m = SkeletonManifest(meta_, world_);
+  AddRankPieces(m, sidecars);
   current_.total_bytes = m.TotalBytes();
   current_.referenced_bytes = 0;  // every rank's, now that rank 0 sees them all
   for (const TensorEntry& t : m.tensors)
@@ -473,6 +487,7 @@ void CheckpointWriter::DoCommit() {
 void CheckpointWriter::DoAbort() {
   std::error_code ec;
   const std::string tmp = current_.path;
+  if (tmp.rfind("peer:", 0) == 0) return;  // the holders keep the previous complete copy
   if (rank_ == 0) {
     fs::remove_all(tmp, ec);
   } else {

@@ -26,11 +26,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "keel/ckpt/manifest.h"
+#include "keel/ckpt/peer_client.h"
 #include "keel/ckpt/state.h"
 #include "keel/core/memory.h"
 
@@ -41,12 +43,20 @@ struct Retention {
   int keep_every = 0;  // and every one whose step is a multiple of M (0 = none)
 };
 
+// Where a tier-0 copy goes instead of the shared folder: holders' memory (peer_client.h).
+struct PeerTarget {
+  std::string run;                     // the run's name in the holders
+  std::vector<peer::Address> holders;  // this host's, then the buddy host's
+  double rate_mbit = 0;                // 0: as fast as the link goes
+};
+
 // One finished save, for the log, events.jsonl and metrics.
 struct SaveReport {
   int64_t step = 0;
-  std::string path;               // the committed folder, or the .tmp one when it failed
-  uint64_t bytes = 0;             // this rank's bytes
-  uint64_t total_bytes = 0;       // every rank's (known to rank 0 after the commit)
+  std::vector<std::string> holders;  // a tier-0 copy's (empty: the shared folder's save)
+  std::string path;                  // the committed folder, or the .tmp one when it failed
+  uint64_t bytes = 0;                // this rank's bytes
+  uint64_t total_bytes = 0;          // every rank's (known to rank 0 after the commit)
   uint64_t referenced_bytes = 0;  // this rank's unchanged bytes, referenced in an older checkpoint
   double snapshot_ms = 0;         // the copy the step waited for
   double write_ms = 0;            // write + fsync of this rank's file
@@ -84,7 +94,9 @@ class CheckpointWriter {
   void Seed(const Manifest& m, const std::string& dir_name);
   // Starts a save of `view` (its buffers must stay alive, and unchanged until WaitSnapshot).
   // Only one save may be in flight: the caller waits for or skips behind the previous one.
-  void Begin(StateView view);
+  // With `peer`, the save is a tier-0 copy: the same snapshot, sent to holders instead of written
+  // (no commit; complete when every rank's part is in, which a restart checks).
+  void Begin(StateView view, std::optional<PeerTarget> peer = std::nullopt);
   // Blocks until the snapshot of the current save is taken; returns the milliseconds blocked.
   double WaitSnapshot();
   // This rank's part of the save in flight: writing, written (also when idle), or failed.
@@ -110,6 +122,7 @@ class CheckpointWriter {
   void DoSnapshot(const StateView& view);
   void CopyChunks();  // takes chunks until none is left
   void DoWrite();
+  void DoSend(const PeerTarget& t);
   void ReleaseSources();
   void DoCommit();
   void DoAbort();

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   keel::cli::RegisterPlan(app);
   keel::cli::RegisterPreflight(app);
   keel::cli::RegisterLaunch(app);
+  keel::cli::RegisterHolder(app);
   keel::cli::RegisterDashboard(app);
   auto* ckpt = app.add_subcommand(
       "ckpt", "Checkpoints and model files: list, verify, inspect, export, import");

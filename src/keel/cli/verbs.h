@@ -15,6 +15,8 @@ void RegisterPlan(CLI::App& app);
 void RegisterPreflight(CLI::App& app);
 // keel launch (the supervisor) and keel health (its per-host check); launch.cc.
 void RegisterLaunch(CLI::App& app);
+// keel holder: a host's tier-0 checkpoint holder, which keel launch starts (holder.cc).
+void RegisterHolder(CLI::App& app);
 // keel dashboard (a live page for runs) and keel report (the same, one offline HTML file).
 void RegisterDashboard(CLI::App& app);
 

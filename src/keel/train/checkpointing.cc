@@ -47,7 +47,21 @@ Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::stri
           ckpt::Retention{cfg.checkpoint.keep_last, cfg.checkpoint.keep_every},
           cfg.checkpoint.writer_nice, cfg.checkpoint.direct_io, state_memory)),
       mem_(&state_memory),
-      last_save_(std::chrono::steady_clock::now()) {}
+      last_save_(std::chrono::steady_clock::now()) {
+  if (cfg.checkpoint.peer_every > 0) {
+    peer_ = PeerTierFromEnv(run_dir_);
+    if (!peer_)
+      ThrowBadInput(std::string("[checkpoint] peer_every: tier-0 copies go to the holders that "
+                                "keel launch starts on each host ($") +
+                    kPeerHoldersEnv + " is not set): run under keel launch, or set peer_every = 0");
+  }
+}
+
+std::vector<Checkpointer::Candidate> Checkpointer::Folders(const std::vector<std::string>& dirs) {
+  std::vector<Candidate> out;
+  for (const std::string& d : dirs) out.push_back({d});
+  return out;
+}
 
 Checkpointer::~Checkpointer() = default;
 
@@ -67,12 +81,25 @@ void Checkpointer::CheckResumeRequest() const {
 
 std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
   const std::string& how = cfg_.checkpoint.resume;
-  if (how.empty()) return std::nullopt;
   const bool lead = comm_.rank() == 0;
+  // A fresh start drops what the holders keep of an earlier run in this folder, which a later
+  // restart would otherwise take for this one's.
+  if (peer_ && lead && how.empty()) TrimPeerCopies(*peer_, -1);
+  if (how.empty()) return std::nullopt;
   // "auto", or a checkpoints folder: newest first, skipping what does not verify. A step folder:
   // that one or an error.
-  const std::vector<std::string> candidates = ResumeCandidates(how, root_);
+  std::vector<Candidate> candidates = Folders(ResumeCandidates(how, root_));
   const bool search = how == "auto" || !ckpt::ParseStepDirName(fs::path(how).filename().string());
+  if (how == "auto" && peer_) {
+    // Rank 0 asks the holders; every rank then tries the same copy (or none).
+    const auto newest =
+        candidates.empty()
+            ? std::nullopt
+            : ckpt::ParseStepDirName(fs::path(candidates[0].name).filename().string());
+    const int64_t step = int64_t(comm_.AllReduceMax(lead ? double(NewestPeerCopy(*peer_)) : -1.0));
+    if (step >= 0 && step >= newest.value_or(-1))
+      candidates.insert(candidates.begin(), {"peer:" + ckpt::StepDirName(step), step, true});
+  }
   if (search) {
     const std::string root = how == "auto" ? root_ : ckpt::CheckpointRoot(how);
     // Saves cut short are never loaded; say so, since they may be newer than what is resumed.
@@ -87,6 +114,7 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
     if (candidates.empty()) {
       if (how != "auto") ThrowBadInput("[checkpoint] resume: " + how + ": no step_N folder in it");
       if (lead) {
+        if (peer_) TrimPeerCopies(*peer_, -1);
         Log("keel: --resume auto: no checkpoint in %s; starting from step 0", root.c_str());
         if (events_) events_->Write({{"event", "resume_none"}, {"root", root}});
       }
@@ -99,16 +127,16 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
 std::optional<Resumed> Checkpointer::RollBack(const ckpt::StateView& view, int64_t max_step) {
   Complete();  // a save in flight commits (or fails) first: it may be the one to return to
   Report();
-  std::vector<std::string> candidates;
+  std::vector<Candidate> candidates;
   auto dirs = ckpt::ListStepDirs(root_);
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
-    if (it->step <= max_step) candidates.push_back(it->path);
+    if (it->step <= max_step) candidates.push_back({it->path});
   if (candidates.empty()) return std::nullopt;
   return LoadFirst(view, candidates, /*search=*/true, root_);
 }
 
 std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
-                                               const std::vector<std::string>& candidates,
+                                               const std::vector<Candidate>& candidates,
                                                bool search, const std::string& where) {
   const bool lead = comm_.rank() == 0;
   // Each rank reads and verifies its pieces of a candidate; the verdicts are reduced, so that all
@@ -116,14 +144,17 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
   // candidate that the others loaded would leave their collectives out of step for good).
   enum Verdict { kLoaded = 0, kSkip = 1, kFatal = 2 };
   std::string first_bad;  // "DIR: rank R: reason" of the newest candidate refused, for the end
-  for (const std::string& dir : candidates) {
+  for (const Candidate& cand : candidates) {
+    const std::string& dir = cand.name;
     bool other_model = false;  // not a bad checkpoint but the wrong run: never skipped
     std::optional<Error> error;
     std::optional<ckpt::CheckpointReader> reader;
     std::vector<std::string> own_missing;
+    PeerRead read;
     Timer load;
     try {
-      reader.emplace(ckpt::CheckpointReader::Open(dir));
+      reader.emplace(cand.peer ? OpenPeerCopy(*peer_, cand.step, &read)
+                               : ckpt::CheckpointReader::Open(dir));
       other_model = true;
       ckpt::CheckSameModel(reader->manifest(), cfg_.ResolvedModel(), dir);
       other_model = false;
@@ -133,7 +164,8 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
     } catch (const Error& e) {
       error = e;
     }
-    const int mine = !error ? kLoaded : (!search || other_model) ? kFatal : kSkip;
+    // A tier-0 copy that cannot be read whole is skipped like a folder that does not verify.
+    const int mine = !error ? kLoaded : (!search || other_model) && !cand.peer ? kFatal : kSkip;
     const int verdict = int(comm_.AllReduceMax(double(mine)));
     if (verdict == kFatal) {
       if (mine == kFatal) throw *error;
@@ -166,18 +198,50 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
           "in %s (saved under another layout or configuration): residuals start from zero, "
           "replicas from the checkpoint's shared weights and moments",
           missing, dir.c_str());
-    if (fs::path(dir).parent_path() == fs::path(root_))
+    if (!cand.peer && fs::path(dir).parent_path() == fs::path(root_))
       writer_->Seed(m, fs::path(dir).filename().string());
+    if (peer_ && lead) TrimPeerCopies(*peer_, m.step);
+    const double load_ms = load.Millis();
+    if (cand.peer) {
+      double files[2] = {double(read.from_own_host), double(read.from_other_hosts)};
+      comm_.AllReduceSum(files, 2);
+      if (!read.hosts.empty()) {
+        std::string hosts;
+        for (const std::string& h : read.hosts) hosts += (hosts.empty() ? "" : ", ") + h;
+        Log("keel: rank %d read its part of the tier-0 copy from %s", comm_.rank(), hosts.c_str());
+      }
+      if (lead) {
+        Log("keel: resuming from the tier-0 copy of step %lld in the holders' memory (%llu "
+            "tokens); %.0f file(s) read from the ranks' own hosts, %.0f from other hosts (the "
+            "buddies'), %.1f MiB verified in %.0f ms",
+            static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens), files[0],
+            files[1], m.TotalBytes() / 1048576.0, load_ms);
+        if (events_)
+          events_->Write({{"event", "restart"},
+                          {"tier", "peer"},
+                          {"from", dir},
+                          {"step", m.step},
+                          {"tokens", m.tokens},
+                          {"files_from_own_host", files[0]},
+                          {"files_from_other_hosts", files[1]},
+                          {"load_ms", load_ms}});
+      }
+      return Resumed{dir, m.step, m.tokens, m.state, std::move(own_missing)};
+    }
     if (lead) {
       const json layout = m.state.value("layout", json::object());
       const int saved_by = layout.value("dp", 1) * layout.value("tp", 1) * layout.value("pp", 1);
       Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s)); read and "
           "verified %.1f MiB in %.0f ms",
           dir.c_str(), static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens),
-          saved_by, m.TotalBytes() / 1048576.0, load.Millis());
+          saved_by, m.TotalBytes() / 1048576.0, load_ms);
       if (events_)
-        events_->Write(
-            {{"event", "restart"}, {"from", dir}, {"step", m.step}, {"tokens", m.tokens}});
+        events_->Write({{"event", "restart"},
+                        {"tier", "shared"},
+                        {"from", dir},
+                        {"step", m.step},
+                        {"tokens", m.tokens},
+                        {"load_ms", load_ms}});
     }
     return Resumed{dir, m.step, m.tokens, m.state, std::move(own_missing)};
   }
@@ -190,7 +254,8 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
 
 void Checkpointer::Prepare(const ckpt::StateView& view) {
   const auto& c = cfg_.checkpoint;
-  if (c.every_steps > 0 || c.every_minutes > 0 || c.at_end || c.on_signal) writer_->Prepare(view);
+  if (c.every_steps > 0 || c.every_minutes > 0 || c.at_end || c.on_signal || c.peer_every > 0)
+    writer_->Prepare(view);
 }
 
 double Checkpointer::BeforeUpdate() {
@@ -213,7 +278,7 @@ double Checkpointer::NoteStep(double step_ms) {
   return lost;
 }
 
-void Checkpointer::Begin(const ckpt::StateView& view) {
+void Checkpointer::Begin(const ckpt::StateView& view, std::optional<ckpt::PeerTarget> peer) {
   if (save_state_ == kCommitting) {
     writer_->Drain();  // rank 0's commit of the previous save: small files and fsyncs
     save_state_ = kNone;
@@ -223,7 +288,7 @@ void Checkpointer::Begin(const ckpt::StateView& view) {
   pending_lost_ms_ = 0;
   pending_overlapped_ = 0;
   last_save_ = std::chrono::steady_clock::now();
-  writer_->Begin(view);
+  writer_->Begin(view, std::move(peer));
   save_state_ = kWriting;
 }
 
@@ -292,6 +357,18 @@ StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_re
       }
       d.blocked_ms = t.Millis();
     }
+  } else if (peer_ && c.peer_every > 0 && step_done % c.peer_every == 0 && !last_step && !d.stop) {
+    // Tier 0 never waits: a copy still on its way (or a shared save) takes this one's turn.
+    if (save_state_ == kWriting) {
+      if (comm_.rank() == 0 && events_)
+        events_->Write({{"event", "checkpoint_skipped"}, {"step", step_done}, {"tier", "peer"}});
+    } else {
+      Timer t;
+      Begin(make_view(), peer_->Target(c.peer_rate_mbit));
+      pending_blocked_ms_ += t.Millis();
+      d.saved = true;
+      d.blocked_ms = t.Millis();
+    }
   }
   Report();
   return d;
@@ -303,8 +380,42 @@ void Checkpointer::Finish() {
   if (last_failed_) ThrowRuntime("the last checkpoint failed: " + last_error_);
 }
 
+void Checkpointer::ReportPeer(const ckpt::SaveReport& r) {
+  if (!r.error.empty()) {
+    // The holders keep the previous complete copy; the shared checkpoints are untouched.
+    Log("keel: tier-0 copy of step %lld failed: %s; training goes on",
+        static_cast<long long>(r.step), r.error.c_str());
+    if (events_)
+      events_->Write(
+          {{"event", "checkpoint_failed"}, {"step", r.step}, {"tier", "peer"}, {"error", r.error}});
+    return;
+  }
+  if (comm_.rank() != 0) return;
+  std::string to;
+  for (const std::string& h : r.holders) to += (to.empty() ? "" : ", ") + h;
+  Log("keel: tier-0 copy of step %lld: this rank's %.1f MiB to the holders on %s in %.0f ms, the "
+      "step was blocked %.1f ms",
+      static_cast<long long>(r.step), r.bytes / 1048576.0, to.c_str(), r.total_ms,
+      pending_blocked_ms_);
+  if (events_)
+    events_->Write({{"event", "checkpoint"},
+                    {"tier", "peer"},
+                    {"step", r.step},
+                    {"bytes", r.bytes},
+                    {"holders", r.holders},
+                    {"blocked_ms", pending_blocked_ms_},
+                    {"overlapped_steps", pending_overlapped_},
+                    {"steps_lost_ms", pending_lost_ms_},
+                    {"send_ms", r.write_ms},
+                    {"total_ms", r.total_ms}});
+}
+
 void Checkpointer::Report() {
   for (const ckpt::SaveReport& r : writer_->TakeReports()) {
+    if (r.path.rfind("peer:", 0) == 0) {
+      ReportPeer(r);
+      continue;
+    }
     last_failed_ = !r.error.empty();
     last_error_ = r.error;
     if (!r.error.empty()) {

@@ -1,6 +1,8 @@
 // The trainer's side of checkpoints: when to save (every N steps, every M minutes, at the end, on
 // a signal), the ranks' agreement on every decision, the asynchronous writer's progress, resume,
-// and the log lines and events.jsonl records of all of it.
+// and the log lines and events.jsonl records of all of it. Under `keel launch` with [checkpoint]
+// peer_every, tier-0 copies go to holders' memory between the shared saves (peer_tier.h), and
+// "auto" resumes from the newest of either.
 //
 // Every rank calls the same methods at the same steps: decisions go through one small all-reduce
 // per step, so no rank saves, commits or stops alone (which would hang the next collective).
@@ -29,6 +31,7 @@
 #include "keel/monitor/jsonl.h"
 #include "keel/parallel/comm.h"
 #include "keel/train/config.h"
+#include "keel/train/peer_tier.h"
 
 namespace keel::train {
 
@@ -97,15 +100,23 @@ class Checkpointer {
   void set_on_commit(std::function<void()> f) { on_commit_ = std::move(f); }
 
  private:
-  void Begin(const ckpt::StateView& view);
+  void Begin(const ckpt::StateView& view, std::optional<ckpt::PeerTarget> peer = std::nullopt);
+  // A checkpoint to resume from: a folder, or a tier-0 copy in the holders ("peer:step_N").
+  struct Candidate {
+    std::string name;
+    int64_t step = -1;  // a tier-0 copy's
+    bool peer = false;
+  };
+  static std::vector<Candidate> Folders(const std::vector<std::string>& dirs);
   // The first of `candidates` that loads and verifies; with `search`, skipping (and saying so)
   // those that do not.
   std::optional<Resumed> LoadFirst(const ckpt::StateView& view,
-                                   const std::vector<std::string>& candidates, bool search,
+                                   const std::vector<Candidate>& candidates, bool search,
                                    const std::string& where);
   // Waits until every rank's part is written or failed, then commits or aborts it everywhere.
   void Complete();
   void Report();
+  void ReportPeer(const ckpt::SaveReport& r);
 
   const RunConfig& cfg_;
   parallel::Comm& comm_;
@@ -113,6 +124,7 @@ class Checkpointer {
   monitor::JsonlWriter* events_;
   std::function<void()> on_commit_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
+  std::optional<PeerTier> peer_;  // where tier-0 copies go ([checkpoint] peer_every)
   const Memory* mem_;
   std::chrono::steady_clock::time_point last_save_;
   int save_state_ = 0;             // none, writing (not yet agreed), committing

@@ -123,7 +123,9 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"if_busy", &c.checkpoint.if_busy},
         {"resume", &c.checkpoint.resume},
         {"writer_nice", &c.checkpoint.writer_nice},
-        {"direct_io", &c.checkpoint.direct_io}}},
+        {"direct_io", &c.checkpoint.direct_io},
+        {"peer_every", &c.checkpoint.peer_every},
+        {"peer_rate_mbit", &c.checkpoint.peer_rate_mbit}}},
       {"resilience",
        {{"stop_on_nonfinite", &c.resilience.stop_on_nonfinite},
         {"max_skips", &c.resilience.max_skips},
@@ -175,7 +177,9 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"health_min_free_gb", &c.launch.health_min_free_gb},
         {"health_min_gflops", &c.launch.health_min_gflops},
         {"stop_grace_s", &c.launch.stop_grace_s},
-        {"regrow_minutes", &c.launch.regrow_minutes}}},
+        {"regrow_minutes", &c.launch.regrow_minutes},
+        {"holder_port", &c.launch.holder_port},
+        {"holder_memory_gb", &c.launch.holder_memory_gb}}},
   };
 }
 

@@ -210,6 +210,8 @@ struct CheckpointSection {
   std::string resume;            // "" = fresh run | "auto" | a checkpoint folder
   int writer_nice = 0;           // the writer thread's nice (0..19): its CPU time vs the step's
   bool direct_io = true;         // write with O_DIRECT where the file system takes it
+  int peer_every = 0;            // tier 0: a copy in holders' memory every N steps (keel launch)
+  double peer_rate_mbit = 0;     // its send's pace per rank; 0 = as fast as the link goes
 
   bool operator==(const CheckpointSection&) const = default;
 };
@@ -256,7 +258,9 @@ struct LaunchSection {
   double health_min_free_gb = 1;     // free disk in the checkpoint folder, per host
   double health_min_gflops = 0;      // 0: the matrix product's rate is reported, not judged
   double stop_grace_s = 300;         // after asking the job to save and stop, kill it after this
-  double regrow_minutes = 10;  // re-check excluded hosts this often while shrunk (0 = at restarts)
+  double regrow_minutes = 10;   // re-check excluded hosts this often while shrunk (0 = at restarts)
+  int holder_port = 29790;      // tier-0 holders listen here on each host ([checkpoint] peer_every)
+  double holder_memory_gb = 0;  // what a holder keeps at most; 0 = no limit
 
   bool operator==(const LaunchSection&) const = default;
 };

@@ -338,6 +338,12 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   ckpt.Positive("keep_last", k.keep_last);
   ckpt.NonNegative("keep_every", k.keep_every);
   ckpt.OneOf("if_busy", k.if_busy, {"wait", "skip"});
+  ckpt.NonNegative("peer_every", k.peer_every);
+  ckpt.FiniteNonNegative("peer_rate_mbit", k.peer_rate_mbit);
+  if (k.peer_every > 0 && !cfg.offload.dir.empty())
+    ckpt.Fail("peer_every",
+              "tier-0 copies are sent from memory, and [offload] dir keeps part of "
+              "the state on disk; set peer_every = 0 or drop the offload tier");
   if (k.writer_nice < 0 || k.writer_nice > 19)
     ckpt.Fail("writer_nice",
               "expected a nice value 0..19 (19: the writer runs when the step's "
@@ -412,8 +418,12 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                                {"heartbeat_timeout_s", l.heartbeat_timeout_s},
                                {"health_min_free_gb", l.health_min_free_gb},
                                {"health_min_gflops", l.health_min_gflops},
-                               {"regrow_minutes", l.regrow_minutes}})
+                               {"regrow_minutes", l.regrow_minutes},
+                               {"holder_memory_gb", l.holder_memory_gb}})
     launch.FiniteNonNegative(key, v);
+  if (l.holder_port < 1 || l.holder_port > 65535)
+    launch.Fail("holder_port",
+                "expected a TCP port, 1 to 65535, got " + std::to_string(l.holder_port));
   for (const auto& [key, v] : {std::pair{"heartbeat_s", l.heartbeat_s},
                                {"health_timeout_s", l.health_timeout_s},
                                {"stop_grace_s", l.stop_grace_s}})

@@ -1,0 +1,87 @@
+#include "keel/ckpt/peer_client.h"
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include "keel/ckpt/manifest.h"
+#include "keel/ckpt/peer_socket.h"
+#include "keel/core/error.h"
+
+namespace keel::ckpt::peer {
+namespace {
+
+// "OK ..." → what follows; "ERR msg" → throws naming the holder.
+std::string Expect(Socket& s, const std::string& request) {
+  const std::string line = s.RecvLine();
+  if (line.rfind("OK", 0) == 0) return line.size() > 3 ? line.substr(3) : "";
+  throw Error(ExitCode::kRuntime, "tier-0 holder " + s.peer() + ": " + request + ": " +
+                                      (line.rfind("ERR ", 0) == 0 ? line.substr(4) : line));
+}
+
+}  // namespace
+
+std::vector<Address> ParseAddresses(const std::string& list, const std::string& what) {
+  std::vector<Address> out;
+  std::istringstream in(list);
+  for (std::string e; std::getline(in, e, ',');) {
+    const size_t colon = e.rfind(':');
+    int port = 0;
+    try {
+      port = colon == std::string::npos ? 0 : std::stoi(e.substr(colon + 1));
+    } catch (const std::exception&) {
+      port = 0;
+    }
+    if (colon == 0 || port <= 0 || port > 65535)
+      ThrowBadInput(what + ": \"" + e + "\": expected HOST:PORT");
+    out.push_back({e.substr(0, colon), port});
+  }
+  if (out.empty()) ThrowBadInput(what + ": empty: expected HOST:PORT[,HOST:PORT...]");
+  return out;
+}
+
+void Client::Put(const std::string& key, const void* data, size_t n, double rate_mbit) const {
+  Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
+  s.SendLine("PUT " + key + " " + std::to_string(n) + " " + HashHex(Hash(data, n)));
+  const auto* p = static_cast<const uint8_t*>(data);
+  constexpr size_t kSlice = size_t(1) << 20;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t done = 0; done < n;) {
+    const size_t k = std::min(kSlice, n - done);
+    s.SendAll(p + done, k);
+    done += k;
+    if (rate_mbit > 0)
+      std::this_thread::sleep_until(
+          t0 + std::chrono::duration<double>(double(done) * 8 / (rate_mbit * 1e6)));
+  }
+  Expect(s, "PUT " + key);
+}
+
+std::vector<Item> Client::List(const std::string& prefix) const {
+  Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
+  s.SendLine("LIST " + prefix);
+  const int count = std::stoi(Expect(s, "LIST"));
+  std::vector<Item> out(size_t(std::max(0, count)));
+  for (Item& i : out) {
+    std::istringstream line(s.RecvLine());
+    std::string hex;
+    line >> i.key >> i.bytes >> hex;
+    i.xxh3 = ParseHexHash(hex, "tier-0 holder " + a_.Name());
+  }
+  return out;
+}
+
+void Client::Get(const std::string& key, uint64_t offset, uint64_t n, void* dst) const {
+  Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
+  s.SendLine("GET " + key + " " + std::to_string(offset) + " " + std::to_string(n));
+  Expect(s, "GET " + key);
+  s.RecvAll(dst, n);
+}
+
+int Client::Trim(const std::string& run, int64_t max_step) const {
+  Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
+  s.SendLine("TRIM " + run + " " + std::to_string(max_step));
+  return std::stoi(Expect(s, "TRIM"));
+}
+
+}  // namespace keel::ckpt::peer

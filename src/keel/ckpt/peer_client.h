@@ -1,0 +1,53 @@
+// Tier-0 checkpoints: the client side of a holder (peer_holder.h), a process per host that keeps
+// ranks' checkpoint files in its memory and outlives the trainer. Items are named
+// "RUN/step_NNNNNNNN/FILE" (FILE: rank_RRRRR.bin, its sidecar rank_RRRRR.json, or rank 0's
+// manifest.json without pieces); the holder keeps the newest two steps of each RUN and FILE.
+//
+//   peer::Client c({"node2", 29790});
+//   c.Put("3f2a.../step_00000012/rank_00002.bin", bytes, n);
+//   for (const peer::Item& i : c.List("3f2a.../")) ...
+//   c.Get("3f2a.../step_00000012/rank_00002.bin", offset, n, dst);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace keel::ckpt::peer {
+
+struct Address {
+  std::string host;
+  int port = 0;
+  std::string Name() const { return host + ":" + std::to_string(port); }
+};
+
+// "h1:29790,h2:29790" in order. Throws keel::Error (bad input) naming `what` and the entry.
+std::vector<Address> ParseAddresses(const std::string& list, const std::string& what);
+
+struct Item {
+  std::string key;
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+// One request per connection; each throws keel::Error (runtime) naming the holder when it is
+// unreachable, times out, or answers with an error.
+class Client {
+ public:
+  explicit Client(Address a, double timeout_s = 10) : a_(std::move(a)), timeout_s_(timeout_s) {}
+  // Stores `n` bytes under `key`, replacing what was there once all of them arrived and their xxh3
+  // matched. `rate_mbit` > 0 paces the send to that rate (so that it yields the link to gradient
+  // traffic).
+  void Put(const std::string& key, const void* data, size_t n, double rate_mbit = 0) const;
+  std::vector<Item> List(const std::string& prefix) const;
+  void Get(const std::string& key, uint64_t offset, uint64_t n, void* dst) const;
+  // Drops the items of `run` whose step is above `max_step` (a timeline a restart left behind).
+  int Trim(const std::string& run, int64_t max_step) const;
+  const Address& address() const { return a_; }
+
+ private:
+  Address a_;
+  double timeout_s_;
+};
+
+}  // namespace keel::ckpt::peer

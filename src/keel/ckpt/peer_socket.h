@@ -1,0 +1,41 @@
+// Blocking TCP with deadlines, for tier-0 checkpoints (peer_client.h, peer_holder.h): a line of
+// text then raw bytes, both ways. Every call throws keel::Error (runtime) naming the peer and what
+// failed; a deadline that passes is a failure, so a holder on a host that vanished costs at most
+// the timeout, never a hang.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace keel::ckpt::peer {
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+  Socket(Socket&& o) noexcept : fd_(o.fd_), peer_(std::move(o.peer_)) { o.fd_ = -1; }
+  Socket& operator=(Socket&& o) noexcept;
+  ~Socket();
+
+  // Connects to host:port within `timeout_s`; every later call on it has the same deadline per
+  // transfer.
+  static Socket Connect(const std::string& host, int port, double timeout_s);
+  void SendAll(const void* p, size_t n);
+  void SendLine(const std::string& line) { SendAll((line + "\n").data(), line.size() + 1); }
+  void RecvAll(void* p, size_t n);
+  // Up to '\n' (not included); lines longer than 4 KiB are refused.
+  std::string RecvLine();
+  void SetTimeout(double seconds);
+  int fd() const { return fd_; }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  int fd_ = -1;
+  std::string peer_;
+};
+
+// Listens on bind_addr:port (a name or an address); throws naming them when it cannot.
+int Listen(const std::string& bind_addr, int port);
+
+}  // namespace keel::ckpt::peer

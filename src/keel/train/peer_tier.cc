@@ -1,0 +1,198 @@
+#include "keel/train/peer_tier.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/manifest_build.h"
+#include "keel/core/error.h"
+#include "keel/core/host.h"
+
+namespace keel::train {
+namespace {
+
+using ckpt::RankFile;
+using ckpt::peer::Address;
+using ckpt::peer::Client;
+using ckpt::peer::Item;
+
+std::string Short(const std::string& h) { return h.substr(0, h.find('.')); }
+
+// Every reachable holder's items of the run, by step and file: the holders (ring indexes) that
+// keep each.
+using Where = std::map<int64_t, std::map<std::string, std::vector<int>>>;
+Where Inventory(const PeerTier& t) {
+  Where w;
+  for (int h = 0; h < int(t.ring.size()); ++h) {
+    std::vector<Item> items;
+    try {
+      items = Client(t.ring[size_t(h)], 5).List(t.run + "/");
+    } catch (const Error&) {
+      continue;  // a host that is gone took its copies with it
+    }
+    for (const Item& i : items) {
+      const size_t a = i.key.find('/'), b = i.key.find('/', a + 1);
+      if (b == std::string::npos) continue;
+      const auto step = ckpt::ParseStepDirName(i.key.substr(a + 1, b - a - 1));
+      if (step) w[*step][i.key.substr(b + 1)].push_back(h);
+    }
+  }
+  return w;
+}
+
+// The holders of `file` in the order a rank of host `self` reads them: its own, the buddy's, the
+// rest in ring order.
+std::vector<int> Preferred(std::vector<int> holders, int self, int n) {
+  auto rank_of = [&](int h) { return (h - self + n) % n; };
+  std::sort(holders.begin(), holders.end(), [&](int a, int b) { return rank_of(a) < rank_of(b); });
+  return holders;
+}
+
+std::string Fetch(const PeerTier& t, const std::vector<int>& holders, const std::string& key) {
+  std::string last;
+  for (int h : Preferred(holders, t.self, int(t.ring.size()))) {
+    try {
+      const Client c(t.ring[size_t(h)], 10);
+      for (const Item& i : c.List(key)) {
+        if (i.key != key) continue;
+        std::string bytes(i.bytes, '\0');
+        c.Get(key, 0, i.bytes, bytes.data());
+        return bytes;
+      }
+      last = t.ring[size_t(h)].Name() + " no longer holds it";
+    } catch (const Error& e) {
+      last = e.what();
+    }
+  }
+  ThrowBadInput("tier-0 copy: " + key + ": no holder could give it (" + last + ")");
+}
+
+int WorldOf(const ckpt::Manifest& m) {
+  const nlohmann::json l = m.state.value("layout", nlohmann::json::object());
+  return l.value("dp", 1) * l.value("tp", 1) * l.value("pp", 1);
+}
+
+}  // namespace
+
+ckpt::PeerTarget PeerTier::Target(double rate_mbit) const {
+  ckpt::PeerTarget p;
+  p.run = run;
+  p.rate_mbit = rate_mbit;
+  p.holders.push_back(ring[size_t(self)]);
+  if (ring.size() > 1) p.holders.push_back(ring[size_t(self + 1) % ring.size()]);
+  return p;
+}
+
+std::optional<PeerTier> PeerTierFromEnv(const std::string& run_dir) {
+  const char* env = std::getenv(kPeerHoldersEnv);
+  if (!env || !*env) return std::nullopt;
+  PeerTier t;
+  t.ring = ckpt::peer::ParseAddresses(env, std::string("$") + kPeerHoldersEnv);
+  const std::string here = Short(HostName());
+  t.self = -1;
+  for (size_t i = 0; i < t.ring.size(); ++i)
+    if (Short(t.ring[i].host) == here) t.self = int(i);
+  // One host's run (the local launcher) names its holder by address, not by host name.
+  if (t.self < 0 && t.ring.size() == 1) t.self = 0;
+  if (t.self < 0)
+    ThrowBadInput(std::string("$") + kPeerHoldersEnv + ": " + env + ": this host (" + here +
+                  ") is not in it");
+  std::error_code ec;
+  const auto abs = std::filesystem::weakly_canonical(run_dir, ec);
+  const std::string path = ec ? run_dir : abs.string();
+  t.run = ckpt::HashHex(ckpt::Hash(path.data(), path.size()));
+  return t;
+}
+
+int64_t NewestPeerCopy(const PeerTier& t) {
+  const Where w = Inventory(t);
+  for (auto it = w.rbegin(); it != w.rend(); ++it) {
+    const auto manifest = it->second.find("manifest.json");
+    if (manifest == it->second.end()) continue;
+    const std::string prefix = t.run + "/" + ckpt::StepDirName(it->first) + "/";
+    int world = 0;
+    try {
+      const std::string text = Fetch(t, manifest->second, prefix + "manifest.json");
+      world = WorldOf(ckpt::ManifestFromJsonText(text, prefix + "manifest.json"));
+    } catch (const Error&) {
+      continue;
+    }
+    bool whole = world > 0;
+    for (int r = 0; r < world && whole; ++r)
+      whole = it->second.count(RankFile(r, "bin")) && it->second.count(RankFile(r, "json"));
+    if (whole) return it->first;
+  }
+  return -1;
+}
+
+ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* read) {
+  const Where all = Inventory(t);
+  const auto at = all.find(step);
+  const std::string name = "peer:" + ckpt::StepDirName(step);
+  if (at == all.end()) ThrowBadInput(name + ": no holder keeps it any more");
+  const auto files = at->second;
+  const std::string prefix = t.run + "/" + ckpt::StepDirName(step) + "/";
+  auto holders_of = [&](const std::string& f) {
+    const auto it = files.find(f);
+    if (it == files.end()) ThrowBadInput(name + ": " + f + ": no holder keeps it");
+    return it->second;
+  };
+  ckpt::Manifest m = ckpt::ManifestFromJsonText(
+      Fetch(t, holders_of("manifest.json"), prefix + "manifest.json"), name + "/manifest.json");
+  std::vector<std::pair<std::string, nlohmann::json>> sidecars;
+  for (int r = 0; r < WorldOf(m); ++r) {
+    const std::string side = RankFile(r, "json");
+    const auto j = nlohmann::json::parse(Fetch(t, holders_of(side), prefix + side), nullptr, false);
+    if (!j.is_array()) ThrowBadInput(name + "/" + side + ": expected a JSON array of pieces");
+    sidecars.emplace_back(name + "/" + side, j);
+  }
+  ckpt::AddRankPieces(m, sidecars);
+  // Which holder each file is read from, decided at its first piece and kept (a holder that
+  // fails mid-way hands the file to the next).
+  auto chosen = std::make_shared<std::map<std::string, int>>();
+  auto mu = std::make_shared<std::mutex>();
+  auto source = [t, files, prefix, name, chosen, mu, read](const std::string& file, uint64_t offset,
+                                                           uint64_t bytes, void* dst) {
+    const auto it = files.find(file);
+    if (it == files.end()) ThrowBadInput(name + "/" + file + ": no holder keeps it");
+    std::string last;
+    for (int h : Preferred(it->second, t.self, int(t.ring.size()))) {
+      {
+        std::lock_guard<std::mutex> lock(*mu);
+        const auto c = chosen->find(file);
+        if (c != chosen->end() && c->second != h) continue;
+      }
+      try {
+        Client(t.ring[size_t(h)], 10).Get(prefix + file, offset, bytes, dst);
+        std::lock_guard<std::mutex> lock(*mu);
+        if (chosen->emplace(file, h).second && read) {
+          (h == t.self ? read->from_own_host : read->from_other_hosts)++;
+          const std::string host = t.ring[size_t(h)].host;
+          if (std::find(read->hosts.begin(), read->hosts.end(), host) == read->hosts.end())
+            read->hosts.push_back(host);
+        }
+        return;
+      } catch (const Error& e) {
+        last = e.what();
+        std::lock_guard<std::mutex> lock(*mu);
+        chosen->erase(file);
+      }
+    }
+    ThrowBadInput(name + "/" + file + ": no holder could give bytes [" + std::to_string(offset) +
+                  ", " + std::to_string(offset + bytes) + ") (" + last + ")");
+  };
+  return ckpt::CheckpointReader::FromSource(name, std::move(m), source);
+}
+
+void TrimPeerCopies(const PeerTier& t, int64_t step) {
+  for (const Address& a : t.ring) try {
+      Client(a, 5).Trim(t.run, step);
+    } catch (const Error&) {
+    }
+}
+
+}  // namespace keel::train
