@@ -5,6 +5,8 @@
 #                               10.77.X.(10+i)), names in /etc/hosts
 #   cluster_down PREFIX         undo everything (also slurm_down); idempotent, trap-safe
 #   cluster_link_down/up PREFIX I   take host I's link down / up
+#   cluster_kill PREFIX I       SIGKILL every process on host I (in its namespace), as when the
+#                               host dies: ranks, MPI daemons, tier-0 holder
 #   cluster_link_rate PREFIX I RATE  limit host I's link to RATE (tc's units: 1gbit, 200mbit)
 #                               each way, a token bucket on both ends of its veth; RATE "off"
 #                               lifts it. CLUSTER_RATE set at cluster_up limits every host's.
@@ -87,6 +89,13 @@ cluster_down() {
 # Its veth peer loses carrier too, so the bridge drops the host's packets both ways.
 cluster_link_down() { ip -n "$1$2" link set eth0 down; }
 cluster_link_up() { ip -n "$1$2" link set eth0 up; }
+
+cluster_kill() {
+  local pids
+  pids=$(ip netns pids "$1$2")
+  # shellcheck disable=SC2086 # a list of pids
+  [[ -z $pids ]] || kill -9 $pids 2>/dev/null || true
+}
 
 # A token bucket (tbf) on the host's eth0 shapes what it sends, one on the bridge's end what it
 # receives. The bucket holds 1 ms at the rate (at least 64 KiB, above a TSO segment), and up to

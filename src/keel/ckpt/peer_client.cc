@@ -84,4 +84,10 @@ int Client::Trim(const std::string& run, int64_t max_step) const {
   return std::stoi(Expect(s, "TRIM"));
 }
 
+void Client::Quit() const {
+  Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
+  s.SendLine("QUIT -");
+  Expect(s, "QUIT");
+}
+
 }  // namespace keel::ckpt::peer

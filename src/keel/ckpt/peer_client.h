@@ -43,6 +43,8 @@ class Client {
   void Get(const std::string& key, uint64_t offset, uint64_t n, void* dst) const;
   // Drops the items of `run` whose step is above `max_step` (a timeline a restart left behind).
   int Trim(const std::string& run, int64_t max_step) const;
+  // Asks the holder to exit (what it holds is dropped).
+  void Quit() const;
   const Address& address() const { return a_; }
 
  private:

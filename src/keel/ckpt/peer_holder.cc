@@ -118,7 +118,7 @@ class Store {
   uint64_t total_ = 0;
 };
 
-void Serve(Store& store, Socket s) {
+void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
   s.SetTimeout(60);
   try {
     for (;;) {
@@ -167,8 +167,12 @@ void Serve(Store& store, Socket s) {
         int64_t max_step = 0;
         in >> max_step;
         s.SendLine("OK " + std::to_string(store.Trim(key, max_step)));
+      } else if (verb == "QUIT") {
+        s.SendLine("OK");
+        quit = true;
+        return;
       } else {
-        s.SendLine("ERR unknown request \"" + verb + "\" (expected PUT, GET, LIST or TRIM)");
+        s.SendLine("ERR unknown request \"" + verb + "\" (expected PUT, GET, LIST, TRIM or QUIT)");
         return;
       }
     }
@@ -181,15 +185,25 @@ void Serve(Store& store, Socket s) {
 
 void RunHolder(const HolderOptions& o, const std::atomic<bool>& stop,
                const std::function<void()>& on_listening) {
-  const int fd = Listen(o.bind, o.port);
+  // A holder that was asked to quit may still hold the port for a moment.
+  int fd = -1;
+  for (int tries = 0; fd < 0; ++tries) {
+    try {
+      fd = Listen(o.bind, o.port);
+    } catch (const Error&) {
+      if (tries >= 50) throw;
+      ::usleep(200000);
+    }
+  }
   if (on_listening) on_listening();
   auto store = std::make_shared<Store>(o);
-  while (!stop.load()) {
+  auto quit = std::make_shared<std::atomic<bool>>(false);
+  while (!stop.load() && !quit->load()) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 200) <= 0) continue;
     const int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) continue;
-    std::thread([store, c] { Serve(*store, Socket(c, "client")); }).detach();
+    std::thread([store, quit, c] { Serve(*store, Socket(c, "client"), *quit); }).detach();
   }
   ::close(fd);
 }

@@ -425,7 +425,9 @@ void CheckpointWriter::DoSend(const PeerTarget& t) {
   // The sidecar goes after the bytes it describes, and a holder replaces an item only once it
   // arrived whole: a send cut off leaves the previous step's files as they were.
   const std::string prefix = t.run + "/" + StepDirName(meta_.step) + "/";
-  const std::string side = pieces.dump();
+  // The sidecar names the host that wrote it, so that a restore can tell its own copy (on that
+  // host's holder) from the buddy's.
+  const std::string side = json{{"host", t.holders.at(0).host}, {"pieces", pieces}}.dump();
   const std::string skeleton = rank_ == 0 ? ToJsonText(SkeletonManifest(meta_, world_)) : "";
   for (const peer::Address& a : t.holders) {
     const peer::Client c(a, 30);

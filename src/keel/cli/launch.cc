@@ -151,6 +151,10 @@ void RegisterLaunch(CLI::App& app) {
     if (!config.empty()) spec.train_command.push_back(std::filesystem::absolute(config).string());
     for (const auto& s : overrides)
       spec.train_command.insert(spec.train_command.end(), {"--set", s});
+    spec.holders.on = cfg.checkpoint.peer_every > 0;
+    spec.holders.port = l.holder_port;
+    spec.holders.memory_gb = l.holder_memory_gb;
+    spec.holders.keel = self;
     spec.health_command = {self,
                            "health",
                            "--dir",

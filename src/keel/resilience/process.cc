@@ -7,12 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "keel/core/error.h"
@@ -110,6 +112,10 @@ bool Child::Poll(int* status) {
   if (r == pid_) {
     done_ = true;
     *status = status_;
+  } else if (r < 0 && errno == ECHILD) {
+    // Reaped already (KillDescendants reaps whatever ended): gone, its status unknown.
+    done_ = true;
+    status_ = *status = 0;
   }
   return done_;
 }
@@ -157,8 +163,9 @@ void BecomeSubreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
 namespace {
 
-// Every live descendant of this process (zombies are reaped, not listed).
-std::vector<pid_t> Descendants() {
+// Every live descendant of this process (zombies are reaped, not listed), but those `keep` is true
+// for, their descendants and their ancestors.
+std::vector<pid_t> Descendants(const std::function<bool(pid_t)>& keep) {
   while (::waitpid(-1, nullptr, WNOHANG) > 0) {
   }
   std::multimap<pid_t, pid_t> children;  // ppid -> pid
@@ -177,28 +184,43 @@ std::vector<pid_t> Descendants() {
     if (rest >> state >> ppid && state != 'Z') children.emplace(ppid, pid_t(std::stol(name)));
   }
   std::vector<pid_t> todo = {::getpid()}, found;
+  std::map<pid_t, pid_t> parent;
+  std::set<pid_t> spared;
   while (!todo.empty()) {
     const pid_t p = todo.back();
     todo.pop_back();
     auto [lo, hi] = children.equal_range(p);
     for (auto it = lo; it != hi; ++it) {
+      parent[it->second] = p;
+      if (keep && keep(it->second)) {
+        for (pid_t a = p; parent.count(a); a = parent[a]) spared.insert(a);
+        continue;  // nor its descendants
+      }
       found.push_back(it->second);
       todo.push_back(it->second);
     }
   }
+  std::erase_if(found, [&](pid_t p) { return spared.count(p) > 0; });
   return found;
 }
 
 }  // namespace
 
-int KillDescendants(double grace_s) {
+std::vector<std::string> CommandLineOf(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> out;
+  for (std::string arg; std::getline(in, arg, '\0');) out.push_back(arg);
+  return out;
+}
+
+int KillDescendants(double grace_s, const std::function<bool(pid_t)>& keep) {
   // Remote daemons and launcher agents finish on their own shortly after the launcher: give
   // them `grace_s` before counting what is left as left behind.
-  for (double t = 0; t < grace_s && !Descendants().empty(); t += 0.05) ::usleep(50000);
+  for (double t = 0; t < grace_s && !Descendants(keep).empty(); t += 0.05) ::usleep(50000);
   int killed = 0;
   // Orphans reparent to us as their parents die, so a few passes catch whole trees.
   for (int pass = 0; pass < 5; ++pass) {
-    const std::vector<pid_t> found = Descendants();
+    const std::vector<pid_t> found = Descendants(keep);
     if (found.empty()) break;
     for (pid_t p : found) ::kill(p, SIGKILL);
     killed += int(found.size());

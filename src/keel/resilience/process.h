@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -63,8 +64,12 @@ int ExitCodeOf(int status);
 // find what a killed job left behind.
 void BecomeSubreaper();
 // Waits up to `grace_s` for this process's descendants to end, then SIGKILLs what is left and
-// returns how many that was.
-int KillDescendants(double grace_s);
+// returns how many that was. A process for which `keep` is true is left alone with its
+// descendants and its ancestors (tier-0 holders outlive the job, and so must the launcher daemon
+// that runs one, which daemonized and answers to this process now).
+int KillDescendants(double grace_s, const std::function<bool(pid_t)>& keep = {});
+// The command line of a process, its arguments split; empty when it is gone.
+std::vector<std::string> CommandLineOf(pid_t pid);
 // Runs argv to completion within `timeout_s`, capturing its output; false on timeout (the group is
 // killed). `status` is waitpid's.
 bool RunCaptured(const std::vector<std::string>& argv, double timeout_s, std::string* output,

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "keel/ckpt/peer_client.h"
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
 #include "keel/resilience/build_id.h"
@@ -145,6 +146,7 @@ std::string Supervisor::History() const {
 }
 
 int Supervisor::Finish(int code, const std::string& outcome) {
+  StopHolders();
   const Goodput g = Account(attempts_, wall_start_, UnixNow());
   nlohmann::json summary = g.ToJson();
   summary["outcome"] = outcome;
@@ -214,6 +216,88 @@ std::vector<std::string> Supervisor::TrainCommand(const Placement& place) const 
   return cmd;
 }
 
+void Supervisor::EnsureHolders(const Placement& place) {
+  const HolderSpec& hs = spec_.holders;
+  const bool local = spec_.launcher == Launcher::kLocal;
+  std::string list;
+  std::vector<std::pair<std::string, ckpt::peer::Address>> started;
+  for (const std::string& host : place.hosts) {
+    const ckpt::peer::Address a{local ? "127.0.0.1" : host, hs.port};
+    list += (list.empty() ? "" : ",") + a.Name();
+    auto& child = holders_[host];
+    int status = 0;
+    bool answers = false;
+    std::string why = "ended";
+    if (child && !child->Poll(&status)) {
+      try {
+        ckpt::peer::Client(a, 2).List("");
+        answers = true;
+      } catch (const Error&) {
+        // Its launcher lives on while the holder is gone (a host that died under it): replaced.
+        child->Signal(SIGKILL);
+        why = "does not answer";
+      }
+    }
+    if (answers) continue;
+    if (child) {
+      Say("the tier-0 holder on %s %s: starting a new one (what it held is gone)", host.c_str(),
+          why.c_str());
+      Event({{"event", "holder_lost"}, {"host", host}, {"why", why}});
+    }
+    char gb[32];
+    std::snprintf(gb, sizeof gb, "%g", hs.memory_gb);
+    const std::vector<std::string> argv = {
+        hs.keel, "holder", "--bind", a.host, "--port", std::to_string(hs.port), "--max-gb", gb};
+    JobLine line = Line(place);
+    std::erase(line.env, std::string("KEEL_PEER_HOLDERS"));  // not set yet, and not its business
+    child = std::make_unique<Child>(OnHostArgv(line, host, argv),
+                                    spec_.run_dir + "/logs/holder_" + ShortHost(host) + ".log",
+                                    /*echo=*/false);
+    started.emplace_back(host, a);
+  }
+  // A holder that does not answer costs tier 0 on that host, not the job: the ranks report their
+  // failed copies and the shared checkpoints go on.
+  for (const auto& [host, a] : started) {
+    std::string problem;
+    for (double t0 = UnixNow();;) {
+      try {
+        ckpt::peer::Client(a, 1).List("");
+        problem.clear();
+        break;
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+      int status = 0;
+      if (holders_[host]->Poll(&status) || UnixNow() - t0 > spec_.policy.health_timeout_s) break;
+      ::usleep(100000);
+    }
+    if (!problem.empty())
+      Say("the tier-0 holder on %s does not answer: %s", host.c_str(), problem.c_str());
+    Event({{"event", "holder_start"},
+           {"host", host},
+           {"address", a.Name()},
+           {"ok", problem.empty()}});
+  }
+  ::setenv("KEEL_PEER_HOLDERS", list.c_str(), 1);
+}
+
+void Supervisor::StopHolders() {
+  // Asked rather than killed: a holder on another host answers to a launcher daemon that may take
+  // a while to notice that its launcher is gone, and the next run may want the port.
+  for (auto& [host, child] : holders_) {
+    int status = 0;
+    if (!child || child->Poll(&status)) continue;
+    try {
+      ckpt::peer::Client(
+          {spec_.launcher == Launcher::kLocal ? "127.0.0.1" : host, spec_.holders.port}, 2)
+          .Quit();
+    } catch (const Error&) {
+    }
+    child->Wait(2, &status);
+  }
+  holders_.clear();
+}
+
 std::optional<Supervisor::Start> Supervisor::StartJob(int attempt) {
   HealthCheck(false);
   Start s;
@@ -227,6 +311,7 @@ std::optional<Supervisor::Start> Supervisor::StartJob(int attempt) {
     return std::nullopt;
   }
   const std::vector<std::string> cmd = TrainCommand(place);
+  if (spec_.holders.on) EnsureHolders(place);
   std::string where;
   for (const auto& h : place.hosts) where += (where.empty() ? "" : ", ") + h;
   Say("start %d: %d rank(s) on %s, dp %d%s%s", attempt, place.ranks, where.c_str(), place.dp,

@@ -29,6 +29,15 @@ struct LaunchPolicy {
   double regrow_minutes = 10;
 };
 
+// Tier-0 checkpoint holders ([checkpoint] peer_every): one `keel holder` per host of the job,
+// started before it and kept across restarts (restarted where one died with its host).
+struct HolderSpec {
+  bool on = false;
+  int port = 29790;
+  double memory_gb = 0;  // 0: no limit
+  std::string keel;      // the binary
+};
+
 struct SupervisorSpec {
   Launcher launcher = Launcher::kLocal;
   std::vector<Host> hosts;
@@ -41,6 +50,7 @@ struct SupervisorSpec {
   std::vector<std::string> health_command;  // keel health --json ...
   std::vector<std::string> launcher_args;
   LaunchPolicy policy;
+  HolderSpec holders;
 };
 
 // Runs the job to its end; returns the supervisor's exit code: 0 finished (or stopped on

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <future>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -85,6 +86,7 @@ class Supervisor {
     l.ranks = p.ranks;
     l.launcher_args = spec_.launcher_args;
     l.env = {"KEEL_HEARTBEAT_DIR", "KEEL_RUN_LOCK_HOLDER"};
+    if (spec_.holders.on) l.env.push_back("KEEL_PEER_HOLDERS");
     for (const char* v : {"OMP_NUM_THREADS", "KEEL_BUILD_TAG", "KEEL_CKPT_CRASH_AT"})
       if (std::getenv(v)) l.env.push_back(v);
     return l;
@@ -103,6 +105,9 @@ class Supervisor {
   void Announce();
   std::optional<Start> StartJob(int attempt);
   std::vector<std::string> TrainCommand(const Placement& place) const;
+  // Tier 0: a live holder on every host of `place`, and $KEEL_PEER_HOLDERS naming them in order.
+  void EnsureHolders(const Placement& place);
+  void StopHolders();
   // Watch: until the launcher ends, reacting to a stop request, silent ranks, a launcher that
   // outlives its ranks, and an excluded host coming back.
   Watch WatchJob(Start& s, const StopScope& stop);
@@ -134,6 +139,7 @@ class Supervisor {
   std::vector<std::string> history_;  // one line per failure
   std::vector<double> failure_times_;
   int consecutive_ = 0;  // failures since the last start that made progress
+  std::map<std::string, std::unique_ptr<Child>> holders_;  // by host
   double wall_start_ = UnixNow();
 };
 

@@ -43,7 +43,13 @@ Supervisor::Ending Supervisor::Collect(Start& s, Watch& w) {
   if (w.regrow_check) w.regrow_check->wait();
   Attempt& a = s.a;
   a.end = UnixNow();
-  const int left = KillDescendants(w.killed ? 0.5 : 3.0);
+  const int left = KillDescendants(w.killed ? 0.5 : 3.0, [this](pid_t p) {
+    for (const auto& [host, child] : holders_)
+      if (child && child->pid() == p) return true;
+    const std::vector<std::string> argv = CommandLineOf(p);
+    return spec_.holders.on && argv.size() > 1 && argv[0] == spec_.holders.keel &&
+           argv[1] == "holder";
+  });
   s.job->Drain();
   Ending e;
   e.beats = ReadHeartbeats(beat_dir_);

@@ -203,17 +203,18 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
     if (peer_ && lead) TrimPeerCopies(*peer_, m.step);
     const double load_ms = load.Millis();
     if (cand.peer) {
-      double files[2] = {double(read.from_own_host), double(read.from_other_hosts)};
+      double files[2] = {double(read.own_copies), double(read.buddy_copies)};
       comm_.AllReduceSum(files, 2);
-      if (!read.hosts.empty()) {
-        std::string hosts;
-        for (const std::string& h : read.hosts) hosts += (hosts.empty() ? "" : ", ") + h;
-        Log("keel: rank %d read its part of the tier-0 copy from %s", comm_.rank(), hosts.c_str());
+      if (!read.buddy_files.empty()) {
+        std::string list;
+        for (const std::string& f : read.buddy_files) list += (list.empty() ? "" : ", ") + f;
+        Log("keel: rank %d read the buddy's copy of %s (the writer's host lost its own)",
+            comm_.rank(), list.c_str());
       }
       if (lead) {
         Log("keel: resuming from the tier-0 copy of step %lld in the holders' memory (%llu "
-            "tokens); %.0f file(s) read from the ranks' own hosts, %.0f from other hosts (the "
-            "buddies'), %.1f MiB verified in %.0f ms",
+            "tokens); files read by the ranks: %.0f from the writer's own host's copy, %.0f from "
+            "the buddy's; %.1f MiB verified in %.0f ms",
             static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens), files[0],
             files[1], m.TotalBytes() / 1048576.0, load_ms);
         if (events_)
@@ -222,8 +223,8 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
                           {"from", dir},
                           {"step", m.step},
                           {"tokens", m.tokens},
-                          {"files_from_own_host", files[0]},
-                          {"files_from_other_hosts", files[1]},
+                          {"files_from_own_copies", files[0]},
+                          {"files_from_buddy_copies", files[1]},
                           {"load_ms", load_ms}});
       }
       return Resumed{dir, m.step, m.tokens, m.state, std::move(own_missing)};

@@ -44,11 +44,12 @@ Where Inventory(const PeerTier& t) {
   return w;
 }
 
-// The holders of `file` in the order a rank of host `self` reads them: its own, the buddy's, the
-// rest in ring order.
-std::vector<int> Preferred(std::vector<int> holders, int self, int n) {
-  auto rank_of = [&](int h) { return (h - self + n) % n; };
-  std::sort(holders.begin(), holders.end(), [&](int a, int b) { return rank_of(a) < rank_of(b); });
+// The holders of a file in the order a rank of host `self` reads them: the holder `first` (the
+// writer's host's, the copy that is there unless that host was lost), then by distance along the
+// ring from this host (its own first).
+std::vector<int> Preferred(std::vector<int> holders, int self, int n, int first = -1) {
+  auto order = [&](int h) { return h == first ? -1 : (h - self + n) % n; };
+  std::sort(holders.begin(), holders.end(), [&](int a, int b) { return order(a) < order(b); });
   return holders;
 }
 
@@ -144,23 +145,31 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
   ckpt::Manifest m = ckpt::ManifestFromJsonText(
       Fetch(t, holders_of("manifest.json"), prefix + "manifest.json"), name + "/manifest.json");
   std::vector<std::pair<std::string, nlohmann::json>> sidecars;
+  std::map<std::string, std::string> writer;  // file -> the host that wrote it
   for (int r = 0; r < WorldOf(m); ++r) {
     const std::string side = RankFile(r, "json");
     const auto j = nlohmann::json::parse(Fetch(t, holders_of(side), prefix + side), nullptr, false);
-    if (!j.is_array()) ThrowBadInput(name + "/" + side + ": expected a JSON array of pieces");
-    sidecars.emplace_back(name + "/" + side, j);
+    if (!j.is_object() || !j.contains("pieces") || !j["pieces"].is_array() || !j.contains("host") ||
+        !j["host"].is_string())
+      ThrowBadInput(name + "/" + side + ": expected {\"host\": ..., \"pieces\": [...]}");
+    sidecars.emplace_back(name + "/" + side, j["pieces"]);
+    writer[RankFile(r, "bin")] = j["host"];
   }
   ckpt::AddRankPieces(m, sidecars);
   // Which holder each file is read from, decided at its first piece and kept (a holder that
   // fails mid-way hands the file to the next).
   auto chosen = std::make_shared<std::map<std::string, int>>();
   auto mu = std::make_shared<std::mutex>();
-  auto source = [t, files, prefix, name, chosen, mu, read](const std::string& file, uint64_t offset,
-                                                           uint64_t bytes, void* dst) {
+  auto source = [t, files, prefix, name, chosen, mu, read, writer](
+                    const std::string& file, uint64_t offset, uint64_t bytes, void* dst) {
     const auto it = files.find(file);
     if (it == files.end()) ThrowBadInput(name + "/" + file + ": no holder keeps it");
+    const auto w = writer.find(file);
+    int first = -1;
+    for (int h = 0; h < int(t.ring.size()) && w != writer.end(); ++h)
+      if (Short(t.ring[size_t(h)].host) == Short(w->second)) first = h;
     std::string last;
-    for (int h : Preferred(it->second, t.self, int(t.ring.size()))) {
+    for (int h : Preferred(it->second, t.self, int(t.ring.size()), first)) {
       {
         std::lock_guard<std::mutex> lock(*mu);
         const auto c = chosen->find(file);
@@ -170,10 +179,12 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
         Client(t.ring[size_t(h)], 10).Get(prefix + file, offset, bytes, dst);
         std::lock_guard<std::mutex> lock(*mu);
         if (chosen->emplace(file, h).second && read) {
-          (h == t.self ? read->from_own_host : read->from_other_hosts)++;
-          const std::string host = t.ring[size_t(h)].host;
-          if (std::find(read->hosts.begin(), read->hosts.end(), host) == read->hosts.end())
-            read->hosts.push_back(host);
+          if (h == first) {
+            ++read->own_copies;
+          } else {
+            ++read->buddy_copies;
+            read->buddy_files.push_back(file + " from " + t.ring[size_t(h)].host);
+          }
         }
         return;
       } catch (const Error& e) {

@@ -36,10 +36,11 @@ std::optional<PeerTier> PeerTierFromEnv(const std::string& run_dir);
 // files, somewhere); -1 if none. Holders that do not answer are skipped.
 int64_t NewestPeerCopy(const PeerTier& t);
 
-// Which holders served the files of a tier-0 restore.
+// Which copies served the files of a tier-0 restore: the one on the holder of the host that wrote
+// the file, or the buddy's (another host's).
 struct PeerRead {
-  int from_own_host = 0, from_other_hosts = 0;  // files, by where they were read first
-  std::vector<std::string> hosts;               // every holder read from
+  int own_copies = 0, buddy_copies = 0;  // files, by the copy read
+  std::vector<std::string> buddy_files;  // "rank_00002.bin from kl1"
 };
 
 // A reader over the copy of `step`: each file from this host's holder when it has it, else the
