@@ -21,7 +21,7 @@ tmp=$(mktemp -d)
 cleanup() {
   cluster_down "$p" >/dev/null 2>&1 || true
   pkill -KILL -f "$tmp" 2>/dev/null || true
-  [[ -n ${KEEP_TMP:-} ]] || rm -rf "$tmp"; echo "tmp=$tmp"
+  if [[ -n ${KEEP_TMP:-} ]]; then echo "kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
 cluster_down "$p" >/dev/null 2>&1 || true
