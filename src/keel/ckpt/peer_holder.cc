@@ -2,6 +2,7 @@
 // it holds by shared_ptr, so a slow reader never blocks a PUT of the next save.
 #include "keel/ckpt/peer_holder.h"
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -184,7 +185,7 @@ void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
 }  // namespace
 
 void RunHolder(const HolderOptions& o, const std::atomic<bool>& stop,
-               const std::function<void()>& on_listening) {
+               const std::function<void(int port)>& on_listening) {
   // A holder that was asked to quit may still hold the port for a moment.
   int fd = -1;
   for (int tries = 0; fd < 0; ++tries) {
@@ -195,7 +196,10 @@ void RunHolder(const HolderOptions& o, const std::atomic<bool>& stop,
       ::usleep(200000);
     }
   }
-  if (on_listening) on_listening();
+  sockaddr_in bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  if (on_listening) on_listening(ntohs(bound.sin_port));
   auto store = std::make_shared<Store>(o);
   auto quit = std::make_shared<std::atomic<bool>>(false);
   while (!stop.load() && !quit->load()) {

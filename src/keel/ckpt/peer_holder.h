@@ -17,14 +17,14 @@ namespace keel::ckpt::peer {
 
 struct HolderOptions {
   std::string bind = "127.0.0.1";
-  int port = 29790;
+  int port = 29790;        // 0: any free port (on_listening says which)
   uint64_t max_bytes = 0;  // 0: no limit; a PUT past it is refused (the sender reports it)
   int keep = 2;            // steps kept per run and file
 };
 
-// Serves until `stop` is set (checked five times a second). `on_listening` runs once the socket
-// listens. Throws keel::Error when it cannot listen.
+// Serves until `stop` is set (checked five times a second) or a client asks it to quit.
+// `on_listening` gets the port once the socket listens. Throws keel::Error when it cannot listen.
 void RunHolder(const HolderOptions& o, const std::atomic<bool>& stop,
-               const std::function<void()>& on_listening = {});
+               const std::function<void(int port)>& on_listening = {});
 
 }  // namespace keel::ckpt::peer

@@ -29,16 +29,17 @@ void RegisterHolder(CLI::App& app) {
       "files, and stops on\nSIGTERM or when the process that started it ends.\n\nExample:\n"
       "  keel holder --bind node2 --port 29790 --max-gb 64\n");
   cmd->callback([] {
-    if (o.port < 1 || o.port > 65535)
-      ThrowBadInput("keel holder --port: expected 1 to 65535, got " + std::to_string(o.port));
+    if (o.port < 0 || o.port > 65535)
+      ThrowBadInput("keel holder --port: expected 1 to 65535 (0: any free port), got " +
+                    std::to_string(o.port));
     if (!(max_gb >= 0 && max_gb < 1e9))
       ThrowBadInput("keel holder --max-gb: expected a number >= 0");
     o.max_bytes = uint64_t(max_gb * 1e9);
     // Started by mpirun's daemon or by keel launch itself: it must not outlive them.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     std::atomic<bool> stop{false};
-    ckpt::peer::RunHolder(o, stop, [] {
-      std::printf("keel holder: listening on %s:%d\n", o.bind.c_str(), o.port);
+    ckpt::peer::RunHolder(o, stop, [](int port) {
+      std::printf("keel holder: listening on %s:%d\n", o.bind.c_str(), port);
       std::fflush(stdout);
     });
   });

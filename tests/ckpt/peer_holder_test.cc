@@ -1,0 +1,196 @@
+// Tier-0 holders (ckpt/peer_holder.h) and their client: items arrive whole and checked, the newest
+// two steps of each run's file stay, a full holder refuses, and a save sent by N ranks' writers
+// reads back through the ordinary reader, verified, from the holder's memory.
+#include "keel/ckpt/peer_holder.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "keel/ckpt/checkpoint_dir.h"
+#include "keel/ckpt/manifest_build.h"
+#include "keel/ckpt/peer_client.h"
+#include "keel/ckpt/peer_socket.h"
+#include "keel/ckpt/reader.h"
+#include "keel/ckpt/writer.h"
+#include "keel/core/error.h"
+
+namespace keel::ckpt {
+namespace {
+
+// A holder on a free loopback port, in a thread, for the test's lifetime.
+struct Holder {
+  explicit Holder(uint64_t max_bytes = 0) {
+    std::promise<int> port;
+    auto listening = port.get_future();
+    thread = std::thread([&, max_bytes] {
+      peer::HolderOptions o;
+      o.port = 0;
+      o.max_bytes = max_bytes;
+      peer::RunHolder(o, stop, [&](int p) { port.set_value(p); });
+    });
+    address = {"127.0.0.1", listening.get()};
+  }
+  ~Holder() {
+    stop = true;
+    thread.join();
+  }
+  peer::Client client() const { return peer::Client(address, 5); }
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  peer::Address address;
+};
+
+std::vector<std::string> Keys(const peer::Client& c, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const peer::Item& i : c.List(prefix)) out.push_back(i.key);
+  return out;
+}
+
+TEST(PeerHolder, KeepsWhatArrivesWholeAndGivesBackAnyRange) {
+  Holder h;
+  const peer::Client c = h.client();
+  const std::string bytes = "0123456789abcdef";
+  c.Put("run/step_00000003/rank_00000.bin", bytes.data(), bytes.size());
+  const std::vector<peer::Item> items = c.List("run/");
+  ASSERT_EQ(items.size(), 1u);
+  EXPECT_EQ(items[0].bytes, bytes.size());
+  EXPECT_EQ(items[0].xxh3, Hash(bytes.data(), bytes.size()));
+  char got[5] = {};
+  c.Get("run/step_00000003/rank_00000.bin", 10, 4, got);
+  EXPECT_STREQ(got, "abcd");
+  EXPECT_THROW(c.Get("run/step_00000003/rank_00000.bin", 10, 7, got), Error);  // past the end
+  EXPECT_THROW(c.Get("run/step_00000003/rank_00001.bin", 0, 1, got), Error);   // not held
+  // Bytes whose hash does not match what the sender says are refused, and replace nothing.
+  peer::Socket s = peer::Socket::Connect("127.0.0.1", h.address.port, 5);
+  s.SendLine("PUT run/step_00000003/rank_00000.bin 4 " + HashHex(Hash("abcd", 4)));
+  s.SendAll("abce", 4);
+  EXPECT_EQ(s.RecvLine().rfind("ERR run/step_00000003/rank_00000.bin: xxh3", 0), 0u);
+  c.Get("run/step_00000003/rank_00000.bin", 0, 4, got);
+  EXPECT_STREQ(got, "0123");
+}
+
+TEST(PeerHolder, KeepsTheNewestTwoStepsOfEachFileAndTrimsALeftTimeline) {
+  Holder h;
+  const peer::Client c = h.client();
+  for (int step : {3, 6, 9})
+    for (const char* file : {"rank_00000.bin", "rank_00001.bin"})
+      c.Put("run/" + StepDirName(step) + "/" + file, "x", 1);
+  c.Put("other/step_00000003/rank_00000.bin", "y", 1);
+  EXPECT_EQ(Keys(c, "run/"), (std::vector<std::string>{
+                                 "run/step_00000006/rank_00000.bin",
+                                 "run/step_00000006/rank_00001.bin",
+                                 "run/step_00000009/rank_00000.bin",
+                                 "run/step_00000009/rank_00001.bin",
+                             }));
+  EXPECT_EQ(c.Trim("run", 6), 2);  // step 9 is after the restart's step 6
+  EXPECT_EQ(Keys(c, "run/").size(), 2u);
+  EXPECT_EQ(Keys(c, "other/").size(), 1u);  // another run's files are not touched
+  EXPECT_EQ(c.Trim("run", -1), 2);
+  EXPECT_TRUE(Keys(c, "run/").empty());
+}
+
+TEST(PeerHolder, AFullHolderRefusesAndKeepsWhatItHas) {
+  Holder h(/*max_bytes=*/10);
+  const peer::Client c = h.client();
+  c.Put("run/step_00000001/rank_00000.bin", "12345678", 8);
+  try {
+    c.Put("run/step_00000001/rank_00001.bin", "12345678", 8);
+    FAIL() << "a PUT past max_bytes was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("full: holds 8 of its 10 bytes"), std::string::npos)
+        << e.what();
+  }
+  c.Put("run/step_00000001/rank_00000.bin", "abcdefghij", 10);  // a replacement fits
+  EXPECT_EQ(c.List("run/").at(0).bytes, 10u);
+}
+
+TEST(PeerHolder, AnUnreachableHolderIsAnErrorNamingIt) {
+  int port = 0;
+  {
+    Holder h;
+    port = h.address.port;
+  }
+  try {
+    peer::Client({"127.0.0.1", port}, 1).List("");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos);
+  }
+  EXPECT_THROW(peer::ParseAddresses("h1:29790,h2", "$KEEL_PEER_HOLDERS"), Error);
+  EXPECT_EQ(peer::ParseAddresses("h1:1,h2:2", "x").at(1).Name(), "h2:2");
+}
+
+TEST(PeerHolder, ASaveSentByThreeRanksReadsBackThroughTheReader) {
+  Holder h;
+  std::vector<TensorSpec> specs = {{"wte", {13, 7}, 0}, {"bias", {5}, 91}};
+  std::vector<float> master(96), m(96);
+  for (size_t i = 0; i < master.size(); ++i) master[i] = 0.5f * float(i), m[i] = -float(i);
+  const int world = 3;
+  PeerTarget to{"run", {h.address}, 0};
+  for (int r = 0; r < world; ++r) {
+    CheckpointWriter w("/nonexistent-root", r, world, {});
+    StateView v;
+    v.step = 12;
+    v.tokens = 1200;
+    v.state = {{"layout", {{"dp", world}}}, {"loader", {{"position", 48}}}};
+    v.tensors = specs;
+    v.buffers = {{"master", master.data()}, {"adam_m", m.data()}};
+    w.Begin(v, to);
+    ASSERT_EQ(w.WaitWritten(), CheckpointWriter::kWritten);
+    w.Commit();
+    w.Drain();
+    for (const SaveReport& rep : w.TakeReports()) {
+      EXPECT_EQ(rep.error, "");
+      EXPECT_EQ(rep.holders, std::vector<std::string>{"127.0.0.1"});
+    }
+  }
+  const peer::Client c = h.client();
+  ASSERT_EQ(c.List("run/step_00000012/").size(), size_t(2 * world + 1));  // + the manifest
+  auto fetch = [&](const std::string& name) {
+    const uint64_t n = c.List("run/step_00000012/" + name).at(0).bytes;
+    std::string s(n, '\0');
+    c.Get("run/step_00000012/" + name, 0, n, s.data());
+    return s;
+  };
+  Manifest mf = ManifestFromJsonText(fetch("manifest.json"), "manifest.json");
+  std::vector<std::pair<std::string, nlohmann::json>> sides;
+  for (int r = 0; r < world; ++r) {
+    const auto j = nlohmann::json::parse(fetch(RankFile(r, "json")));
+    EXPECT_EQ(j["host"], "127.0.0.1");
+    sides.emplace_back(RankFile(r, "json"), j["pieces"]);
+  }
+  // Without one rank's pieces the manifest does not cover its tensors: refused, naming one.
+  Manifest partial = mf;
+  EXPECT_THROW(AddRankPieces(partial, {sides[0], sides[2]}), Error);
+  AddRankPieces(mf, sides);
+  EXPECT_EQ(mf.step, 12);
+  EXPECT_EQ(mf.state["loader"]["position"], 48);
+  int reads = 0;
+  auto reader = CheckpointReader::FromSource(
+      "peer:step_00000012", mf, [&](const std::string& file, uint64_t off, uint64_t n, void* dst) {
+        ++reads;
+        c.Get("run/step_00000012/" + file, off, n, dst);
+      });
+  std::vector<float> back(96, 0.0f), back_m(96, 0.0f);
+  reader.Load(specs, {{"master", back.data()}, {"adam_m", back_m.data()}});
+  EXPECT_EQ(back, master);
+  EXPECT_EQ(back_m, m);
+  EXPECT_GT(reads, 0);
+  // A byte changed in the holder is caught by the piece's hash, naming the copy.
+  const std::string file0 = fetch(RankFile(0, "bin"));
+  std::string bad = file0;
+  bad[5] ^= 1;
+  c.Put("run/step_00000012/" + RankFile(0, "bin"), bad.data(), bad.size());
+  try {
+    reader.Load(specs, {{"master", back.data()}});
+    FAIL() << "a corrupted copy loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("peer:step_00000012/rank_00000.bin"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace keel::ckpt
