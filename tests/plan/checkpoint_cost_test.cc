@@ -65,6 +65,32 @@ TEST(CheckpointPlan, FractionsAndGoodputByHand) {
   EXPECT_NEAR(c.goodput, 0.94537, 1e-5);  // by hand: 1 − 60/3240.06 − 3120.03/86400
 }
 
+TEST(CheckpointPlan, TierZeroCopiesByHand) {
+  Job job = HandJob();
+  const double state = 12 * TotalParams(job.model);
+  job.cluster.accel.inter_bytes_per_s = state / 2 / 8 / 20;  // a node's half in 20 s over 8 NICs
+  const CheckpointPlan c = PlanCheckpoints(job);
+  ASSERT_TRUE(c.peer);
+  EXPECT_NEAR(c.peer_send_s, 20, 1e-9);
+  EXPECT_NEAR(c.peer_restart_s, 300 + 20, 1e-9);
+  const double tau = DalyInterval(60, 86400);
+  EXPECT_NEAR(c.peer_interval_s, tau, 1e-6);
+  // Both copies lost: the buddy fails within the window around a failure, p = window / 48 h.
+  const double p = (tau + 60 + 20 + 320) / (48 * 3600.0);
+  EXPECT_NEAR(c.peer_uncovered_mtbf_s, 86400 / p, 1e-3);
+  const double shared = DalyInterval(60, 86400 / p);
+  EXPECT_NEAR(c.peer_shared_interval_s, shared, 1e-3);
+  EXPECT_GT(c.peer_shared_interval_s, 5 * c.peer_interval_s);
+  EXPECT_NEAR(c.peer_lost_fraction,
+              ((tau + 60) / 2 + 20 + 320) / 86400 + ((shared + 60) / 2 + 600 + 900) / (86400 / p),
+              1e-12);
+  // A failure costs the buddy's read rather than the shared write lag and read: more goodput.
+  EXPECT_GT(c.peer_goodput, c.goodput + 0.005);  // 95.3% against 94.5%
+  // One node: no buddy, no tier-0 figures.
+  job.cluster.world = 8;
+  EXPECT_FALSE(PlanCheckpoints(job).peer);
+}
+
 TEST(CheckpointPlan, SlowStorageSetsTheInterval) {
   Job job = HandJob();
   job.run.storage_bytes_per_s = 12 * TotalParams(job.model) / 10000;  // 10000 s per write

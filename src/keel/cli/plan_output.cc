@@ -90,7 +90,16 @@ nlohmann::json CheckpointJson(const plan::CheckpointPlan& c) {
           {"interval_s", c.interval_s},
           {"save_fraction", c.save_fraction},
           {"lost_fraction", c.lost_fraction},
-          {"goodput", c.goodput}};
+          {"goodput", c.goodput},
+          {"peer", c.peer ? nlohmann::json{{"send_s", c.peer_send_s},
+                                           {"restart_s", c.peer_restart_s},
+                                           {"interval_s", c.peer_interval_s},
+                                           {"uncovered_mtbf_s", c.peer_uncovered_mtbf_s},
+                                           {"shared_interval_s", c.peer_shared_interval_s},
+                                           {"save_fraction", c.peer_save_fraction},
+                                           {"lost_fraction", c.peer_lost_fraction},
+                                           {"goodput", c.peer_goodput}}
+                          : nlohmann::json()}};
 }
 
 void PrintHeader(const plan::Job& j) {
@@ -186,6 +195,12 @@ void PrintRun(const plan::Job& j, const plan::Estimate& e, bool explain) {
         Duration(c.job_mtbf_s).c_str(), c.nodes, j.run.node_mtbf_hours,
         Duration(c.interval_s).c_str(), Duration(c.young_s).c_str(), 100 * c.save_fraction,
         100 * c.lost_fraction, 100 * c.goodput);
+    if (c.peer)
+      std::printf(
+          "  with tier-0 copies in a buddy node's memory ([checkpoint] peer_every under keel "
+          "launch): a copy every %s (%s to the buddy), the shared save every %s; goodput %.1f%%\n",
+          Duration(c.peer_interval_s).c_str(), Duration(c.peer_send_s).c_str(),
+          Duration(c.peer_shared_interval_s).c_str(), 100 * c.peer_goodput);
     std::printf(
         "cost (rank 1): %.3g tokens%s, %.3g FLOPs, %.4g accelerator-hours at %.1f%% MFU, %.1f "
         "days on %d accelerators",

@@ -43,6 +43,23 @@ CheckpointPlan PlanCheckpoints(const Job& job) {
   c.save_fraction = delta / (c.interval_s + delta);
   c.lost_fraction = ((c.interval_s + delta) / 2 + lag + c.restart_s) / m;
   c.goodput = std::max(0.0, 1 - c.save_fraction - c.lost_fraction);
+
+  c.peer = c.nodes >= 2 && cl.accel.inter_bytes_per_s > 0;
+  if (!c.peer) return c;
+  const double node_share = c.state_bytes / c.nodes;
+  const double nic = cl.accel.inter_bytes_per_s * std::min(cl.per_node, cl.world);
+  c.peer_send_s = node_share / nic;
+  c.peer_restart_s = run.restart_s + node_share / nic;
+  c.peer_interval_s = std::max(DalyInterval(delta, m), c.peer_send_s);
+  const double window = c.peer_interval_s + delta + c.peer_send_s + c.peer_restart_s;
+  c.peer_uncovered_mtbf_s = m / std::min(1.0, window / (run.node_mtbf_hours * 3600));
+  c.peer_shared_interval_s = std::max(DalyInterval(delta, c.peer_uncovered_mtbf_s), lag);
+  c.peer_save_fraction =
+      delta / (c.peer_interval_s + delta) + delta / (c.peer_shared_interval_s + delta);
+  c.peer_lost_fraction =
+      ((c.peer_interval_s + delta) / 2 + c.peer_send_s + c.peer_restart_s) / m +
+      ((c.peer_shared_interval_s + delta) / 2 + lag + c.restart_s) / c.peer_uncovered_mtbf_s;
+  c.peer_goodput = std::max(0.0, 1 - c.peer_save_fraction - c.peer_lost_fraction);
   return c;
 }
 

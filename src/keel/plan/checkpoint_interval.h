@@ -42,6 +42,21 @@ struct CheckpointPlan {
   // committed while it is being written), plus the restart: ((τ + δ)/2 + lag + restart) / M.
   double lost_fraction = 0;
   double goodput = 0;  // 1 − save − lost, not below 0
+
+  // With tier-0 copies in a buddy node's memory ([checkpoint] peer_every; 2 nodes or more): the
+  // same snapshot, sent to the next node over its NICs; a failed node's ranks restart from the
+  // buddy's copy. The shared save then only covers what tier 0 cannot: a node and its buddy lost
+  // within one tier-0 period (and the restart), whose mean time is M / p, p that window over the
+  // node MTBF.
+  bool peer = false;           // nodes >= 2
+  double peer_send_s = 0;      // one node's share of the state to its buddy, at its NICs' rate
+  double peer_restart_s = 0;   // restart_s of the job + reading a node's share back
+  double peer_interval_s = 0;  // Daly's with δ and M, or the send time
+  double peer_uncovered_mtbf_s = 0;   // M / p
+  double peer_shared_interval_s = 0;  // Daly's with δ and M / p
+  double peer_save_fraction = 0;      // both tiers' snapshots
+  double peer_lost_fraction = 0;
+  double peer_goodput = 0;
 };
 
 CheckpointPlan PlanCheckpoints(const Job& job);
