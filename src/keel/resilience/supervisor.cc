@@ -250,7 +250,10 @@ void Supervisor::EnsureHolders(const Placement& place) {
         hs.keel, "holder", "--bind", a.host, "--port", std::to_string(hs.port), "--max-gb", gb};
     JobLine line = Line(place);
     std::erase(line.env, std::string("KEEL_PEER_HOLDERS"));  // not set yet, and not its business
-    child = std::make_unique<Child>(OnHostArgv(line, host, argv),
+    std::vector<std::string> run = OnHostArgv(line, host, argv);
+    // A Slurm step holds its CPUs until it ends: the holder's must let the job's steps share them.
+    if (spec_.launcher == Launcher::kSlurm) run.insert(run.begin() + 1, "--overlap");
+    child = std::make_unique<Child>(run,
                                     spec_.run_dir + "/logs/holder_" + ShortHost(host) + ".log",
                                     /*echo=*/false);
     started.emplace_back(host, a);
