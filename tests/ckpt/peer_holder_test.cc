@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -21,13 +23,14 @@ namespace {
 
 // A holder on a free loopback port, in a thread, for the test's lifetime.
 struct Holder {
-  explicit Holder(uint64_t max_bytes = 0) {
+  explicit Holder(uint64_t max_bytes = 0, std::string spill = "") {
     std::promise<int> port;
     auto listening = port.get_future();
-    thread = std::thread([&, max_bytes] {
+    thread = std::thread([&, max_bytes, spill] {
       peer::HolderOptions o;
       o.port = 0;
       o.max_bytes = max_bytes;
+      o.spill_dir = spill;
       peer::RunHolder(o, stop, [&](int p) { port.set_value(p); });
     });
     address = {"127.0.0.1", listening.get()};
@@ -104,6 +107,46 @@ TEST(PeerHolder, AFullHolderRefusesAndKeepsWhatItHas) {
   }
   c.Put("run/step_00000001/rank_00000.bin", "abcdefghij", 10);  // a replacement fits
   EXPECT_EQ(c.List("run/").at(0).bytes, 10u);
+}
+
+TEST(PeerHolder, AHolderStartedAgainTakesBackWhatItSpilledAndDropsWhatDoesNotVerify) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("keel_spill_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    Holder h(0, dir.string());
+    const peer::Client c = h.client();
+    for (int step : {3, 6, 9}) c.Put("run/" + StepDirName(step) + "/rank_00000.bin", "abc", 3);
+    c.Put("run/step_00000009/rank_00001.bin", "defg", 4);
+    c.Put("run/step_00000009/rank_00001.bin", "DEFG", 4);  // replaced: one file stays
+    for (const peer::Item& i : c.List("")) EXPECT_FALSE(i.from_disk) << i.key;
+  }
+  // Step 3 went with retention, on disk too; the replaced file's older version as well.
+  EXPECT_FALSE(fs::exists(dir / "run/step_00000003"));
+  int files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 3);
+  // A torn or changed file is not taken back.
+  const fs::path six = dir / "run/step_00000006";
+  const fs::path f = fs::directory_iterator(six)->path();
+  std::ofstream(f, std::ios::trunc) << "abX";
+  std::ofstream(six / "rank_00000.bin.0123456789abcdef.tmp") << "partial";
+  {
+    Holder h(0, dir.string());
+    const peer::Client c = h.client();
+    const std::vector<peer::Item> items = c.List("run/");
+    ASSERT_EQ(items.size(), 2u);
+    for (const peer::Item& i : items) EXPECT_TRUE(i.from_disk) << i.key;
+    EXPECT_EQ(items[0].key, "run/step_00000009/rank_00000.bin");
+    char got[5] = {};
+    c.Get("run/step_00000009/rank_00001.bin", 0, 4, got);
+    EXPECT_STREQ(got, "DEFG");
+    EXPECT_EQ(c.Trim("run", -1), 2);  // a fresh run's trim empties the folder too
+  }
+  files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 0);
+  fs::remove_all(dir);
 }
 
 TEST(PeerHolder, AnUnreachableHolderIsAnErrorNamingIt) {

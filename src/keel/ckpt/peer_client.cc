@@ -64,9 +64,10 @@ std::vector<Item> Client::List(const std::string& prefix) const {
   std::vector<Item> out(size_t(std::max(0, count)));
   for (Item& i : out) {
     std::istringstream line(s.RecvLine());
-    std::string hex;
-    line >> i.key >> i.bytes >> hex;
+    std::string hex, where;
+    line >> i.key >> i.bytes >> hex >> where;
     i.xxh3 = ParseHexHash(hex, "tier-0 holder " + a_.Name());
+    i.from_disk = where == "disk";
   }
   return out;
 }

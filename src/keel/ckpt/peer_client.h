@@ -28,6 +28,7 @@ struct Item {
   std::string key;
   uint64_t bytes = 0;
   uint64_t xxh3 = 0;
+  bool from_disk = false;  // the holder found it in its spill folder at start (peer_spill.h)
 };
 
 // One request per connection; each throws keel::Error (runtime) naming the holder when it is

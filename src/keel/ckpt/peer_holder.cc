@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include "keel/ckpt/checkpoint_dir.h"
 #include "keel/ckpt/manifest.h"
 #include "keel/ckpt/peer_socket.h"
+#include "keel/ckpt/peer_spill.h"
 #include "keel/core/error.h"
 
 namespace keel::ckpt::peer {
@@ -25,6 +27,7 @@ namespace {
 struct Held {
   std::string bytes;
   uint64_t xxh3 = 0;
+  bool from_disk = false;  // loaded from the spill folder when the holder started
 };
 
 // "RUN/step_N/FILE" → {RUN, N, FILE}; step -1 when the key is not of that form (kept as is).
@@ -46,7 +49,38 @@ KeyParts Split(const std::string& key) {
 
 class Store {
  public:
-  explicit Store(const HolderOptions& o) : o_(o) {}
+  explicit Store(const HolderOptions& o) : o_(o) {
+    if (o.spill_dir.empty()) return;
+    spill_ = std::make_unique<Spill>(o.spill_dir);
+    int n = 0;
+    for (SpilledItem& s : spill_->Load()) {
+      auto h = std::make_shared<Held>();
+      h->bytes = std::move(s.bytes);
+      h->xxh3 = s.xxh3;
+      h->from_disk = true;
+      total_ += h->bytes.size();
+      items_[s.key] = std::move(h);
+      Retain(Split(s.key));
+      ++n;
+    }
+    if (n > 0) std::printf("keel holder: %d cop(ies) found in %s\n", n, o.spill_dir.c_str());
+  }
+
+  // After a PUT was answered: the item to the spill folder too, if it is still the one held.
+  void SpillItem(const std::string& key, const std::shared_ptr<const Held>& h) {
+    if (!spill_) return;
+    spill_->Write(key, h->bytes, h->xxh3);
+    std::shared_ptr<const Held> now;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = items_.find(key);
+      if (it != items_.end()) now = it->second;
+    }
+    if (!now)
+      spill_->Remove(key);  // dropped meanwhile (retention, a trim)
+    else if (now != h)
+      spill_->Write(key, now->bytes, now->xxh3);  // replaced meanwhile: the newer one stays
+  }
 
   std::string Put(const std::string& key, std::shared_ptr<const Held> h) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -74,7 +108,7 @@ class Store {
     for (auto it = items_.lower_bound(prefix);
          it != items_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it, ++n)
       body << it->first << " " << it->second->bytes.size() << " " << HashHex(it->second->xxh3)
-           << "\n";
+           << (it->second->from_disk ? " disk" : " memory") << "\n";
     return "OK " + std::to_string(n) + "\n" + body.str();
   }
 
@@ -104,6 +138,7 @@ class Store {
     for (auto it = items_.begin(); it != items_.end();) {
       if (drop(Split(it->first))) {
         total_ -= it->second->bytes.size();
+        if (spill_) spill_->Remove(it->first);
         it = items_.erase(it);
         ++n;
       } else {
@@ -117,6 +152,7 @@ class Store {
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<const Held>> items_;
   uint64_t total_ = 0;
+  std::unique_ptr<Spill> spill_;
 };
 
 void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
@@ -147,7 +183,9 @@ void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
                      hex + " (corrupted in transit)");
           continue;
         }
-        s.SendLine(store.Put(key, std::move(h)));
+        const std::string reply = store.Put(key, h);
+        s.SendLine(reply);
+        if (reply == "OK") store.SpillItem(key, h);
       } else if (verb == "GET") {
         uint64_t off = 0, n = 0;
         in >> off >> n;

@@ -20,6 +20,7 @@ struct HolderOptions {
   int port = 29790;        // 0: any free port (on_listening says which)
   uint64_t max_bytes = 0;  // 0: no limit; a PUT past it is refused (the sender reports it)
   int keep = 2;            // steps kept per run and file
+  std::string spill_dir;  // also on this host's disk, and loaded from there at start (peer_spill.h)
 };
 
 // Serves until `stop` is set (checked five times a second) or a client asks it to quit.

@@ -21,13 +21,16 @@ void RegisterHolder(CLI::App& app) {
   cmd->add_option("--bind", o.bind, "address or host name to listen on")->capture_default_str();
   cmd->add_option("--port", o.port, "TCP port")->capture_default_str();
   cmd->add_option("--max-gb", max_gb, "refuse copies past this many GB held (0: no limit)");
+  cmd->add_option("--spill", o.spill_dir,
+                  "also keep every copy in this folder on the host's disk, and start with what it "
+                  "holds (a holder restarted on a host that survived)");
   cmd->footer(
       "\nkeel launch starts one per host when [checkpoint] peer_every is set ([launch] "
       "holder_port,\nholder_memory_gb). It outlives the training job's processes, not the host: "
       "a restart loads\neach rank's part from its own host's holder or from the buddy's (the next "
       "host's), else from\nthe shared checkpoint. It keeps the newest two copies of each rank's "
       "files, and stops on\nSIGTERM or when the process that started it ends.\n\nExample:\n"
-      "  keel holder --bind node2 --port 29790 --max-gb 64\n");
+      "  keel holder --bind node2 --port 29790 --max-gb 64 --spill /local/nvme/keel-holder\n");
   cmd->callback([] {
     if (o.port < 0 || o.port > 65535)
       ThrowBadInput("keel holder --port: expected 1 to 65535 (0: any free port), got " +

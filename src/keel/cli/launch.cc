@@ -154,6 +154,7 @@ void RegisterLaunch(CLI::App& app) {
     spec.holders.on = cfg.checkpoint.peer_every > 0;
     spec.holders.port = l.holder_port;
     spec.holders.memory_gb = l.holder_memory_gb;
+    spec.holders.spill_dir = l.holder_spill_dir;
     spec.holders.keel = self;
     spec.health_command = {self,
                            "health",

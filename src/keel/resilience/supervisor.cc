@@ -246,15 +246,20 @@ void Supervisor::EnsureHolders(const Placement& place) {
     }
     char gb[32];
     std::snprintf(gb, sizeof gb, "%g", hs.memory_gb);
-    const std::vector<std::string> argv = {
+    std::vector<std::string> argv = {
         hs.keel, "holder", "--bind", a.host, "--port", std::to_string(hs.port), "--max-gb", gb};
+    if (!hs.spill_dir.empty()) {
+      std::string dir = hs.spill_dir;
+      for (size_t at; (at = dir.find("{host}")) != std::string::npos;)
+        dir.replace(at, 6, ShortHost(host));
+      argv.insert(argv.end(), {"--spill", dir});
+    }
     JobLine line = Line(place);
     std::erase(line.env, std::string("KEEL_PEER_HOLDERS"));  // not set yet, and not its business
     std::vector<std::string> run = OnHostArgv(line, host, argv);
     // A Slurm step holds its CPUs until it ends: the holder's must let the job's steps share them.
     if (spec_.launcher == Launcher::kSlurm) run.insert(run.begin() + 1, "--overlap");
-    child = std::make_unique<Child>(run,
-                                    spec_.run_dir + "/logs/holder_" + ShortHost(host) + ".log",
+    child = std::make_unique<Child>(run, spec_.run_dir + "/logs/holder_" + ShortHost(host) + ".log",
                                     /*echo=*/false);
     started.emplace_back(host, a);
   }

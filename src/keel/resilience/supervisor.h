@@ -34,8 +34,9 @@ struct LaunchPolicy {
 struct HolderSpec {
   bool on = false;
   int port = 29790;
-  double memory_gb = 0;  // 0: no limit
-  std::string keel;      // the binary
+  double memory_gb = 0;   // 0: no limit
+  std::string spill_dir;  // "" none; "{host}" in it becomes each host's name
+  std::string keel;       // the binary
 };
 
 struct SupervisorSpec {

@@ -203,8 +203,9 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
     if (peer_ && lead) TrimPeerCopies(*peer_, m.step);
     const double load_ms = load.Millis();
     if (cand.peer) {
-      double files[2] = {double(read.own_copies), double(read.buddy_copies)};
-      comm_.AllReduceSum(files, 2);
+      double files[3] = {double(read.own_copies), double(read.buddy_copies),
+                         double(read.from_local_disk)};
+      comm_.AllReduceSum(files, 3);
       if (!read.buddy_files.empty()) {
         std::string list;
         for (const std::string& f : read.buddy_files) list += (list.empty() ? "" : ", ") + f;
@@ -214,9 +215,9 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       if (lead) {
         Log("keel: resuming from the tier-0 copy of step %lld in the holders' memory (%llu "
             "tokens); files read by the ranks: %.0f from the writer's own host's copy, %.0f from "
-            "the buddy's; %.1f MiB verified in %.0f ms",
+            "the buddy's (%.0f reloaded from a holder's local disk); %.1f MiB verified in %.0f ms",
             static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens), files[0],
-            files[1], m.TotalBytes() / 1048576.0, load_ms);
+            files[1], files[2], m.TotalBytes() / 1048576.0, load_ms);
         if (events_)
           events_->Write({{"event", "restart"},
                           {"tier", "peer"},
@@ -225,6 +226,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
                           {"tokens", m.tokens},
                           {"files_from_own_copies", files[0]},
                           {"files_from_buddy_copies", files[1]},
+                          {"files_from_local_disk", files[2]},
                           {"load_ms", load_ms}});
       }
       return Resumed{dir, m.step, m.tokens, m.state, std::move(own_missing)};

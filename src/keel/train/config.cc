@@ -179,7 +179,8 @@ std::vector<Section> BindSections(RunConfig& c) {
         {"stop_grace_s", &c.launch.stop_grace_s},
         {"regrow_minutes", &c.launch.regrow_minutes},
         {"holder_port", &c.launch.holder_port},
-        {"holder_memory_gb", &c.launch.holder_memory_gb}}},
+        {"holder_memory_gb", &c.launch.holder_memory_gb},
+        {"holder_spill_dir", &c.launch.holder_spill_dir}}},
   };
 }
 

@@ -261,6 +261,7 @@ struct LaunchSection {
   double regrow_minutes = 10;   // re-check excluded hosts this often while shrunk (0 = at restarts)
   int holder_port = 29790;      // tier-0 holders listen here on each host ([checkpoint] peer_every)
   double holder_memory_gb = 0;  // what a holder keeps at most; 0 = no limit
+  std::string holder_spill_dir;  // holders also keep their copies here on each host's disk
 
   bool operator==(const LaunchSection&) const = default;
 };

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "keel/ckpt/checkpoint_dir.h"
 #include "keel/ckpt/manifest_build.h"
@@ -25,7 +26,9 @@ std::string Short(const std::string& h) { return h.substr(0, h.find('.')); }
 // Every reachable holder's items of the run, by step and file: the holders (ring indexes) that
 // keep each.
 using Where = std::map<int64_t, std::map<std::string, std::vector<int>>>;
-Where Inventory(const PeerTier& t) {
+// (step, file, holder) of the copies a holder found on its host's disk when it started.
+using OnDisk = std::set<std::tuple<int64_t, std::string, int>>;
+Where Inventory(const PeerTier& t, OnDisk* disk = nullptr) {
   Where w;
   for (int h = 0; h < int(t.ring.size()); ++h) {
     std::vector<Item> items;
@@ -38,7 +41,9 @@ Where Inventory(const PeerTier& t) {
       const size_t a = i.key.find('/'), b = i.key.find('/', a + 1);
       if (b == std::string::npos) continue;
       const auto step = ckpt::ParseStepDirName(i.key.substr(a + 1, b - a - 1));
-      if (step) w[*step][i.key.substr(b + 1)].push_back(h);
+      if (!step) continue;
+      w[*step][i.key.substr(b + 1)].push_back(h);
+      if (disk && i.from_disk) disk->insert({*step, i.key.substr(b + 1), h});
     }
   }
   return w;
@@ -131,7 +136,8 @@ int64_t NewestPeerCopy(const PeerTier& t) {
 }
 
 ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* read) {
-  const Where all = Inventory(t);
+  OnDisk disk;
+  const Where all = Inventory(t, &disk);
   const auto at = all.find(step);
   const std::string name = "peer:" + ckpt::StepDirName(step);
   if (at == all.end()) ThrowBadInput(name + ": no holder keeps it any more");
@@ -160,7 +166,7 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
   // fails mid-way hands the file to the next).
   auto chosen = std::make_shared<std::map<std::string, int>>();
   auto mu = std::make_shared<std::mutex>();
-  auto source = [t, files, prefix, name, chosen, mu, read, writer](
+  auto source = [t, files, prefix, name, chosen, mu, read, writer, disk, step](
                     const std::string& file, uint64_t offset, uint64_t bytes, void* dst) {
     const auto it = files.find(file);
     if (it == files.end()) ThrowBadInput(name + "/" + file + ": no holder keeps it");
@@ -179,6 +185,7 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
         Client(t.ring[size_t(h)], 10).Get(prefix + file, offset, bytes, dst);
         std::lock_guard<std::mutex> lock(*mu);
         if (chosen->emplace(file, h).second && read) {
+          if (disk.count({step, file, h})) ++read->from_local_disk;
           if (h == first) {
             ++read->own_copies;
           } else {

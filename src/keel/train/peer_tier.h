@@ -40,6 +40,7 @@ int64_t NewestPeerCopy(const PeerTier& t);
 // the file, or the buddy's (another host's).
 struct PeerRead {
   int own_copies = 0, buddy_copies = 0;  // files, by the copy read
+  int from_local_disk = 0;  // of those, files a restarted holder reloaded from its host's disk
   std::vector<std::string> buddy_files;  // "rank_00002.bin from kl1"
 };
 
