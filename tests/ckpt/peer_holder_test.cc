@@ -72,6 +72,15 @@ TEST(PeerHolder, KeepsWhatArrivesWholeAndGivesBackAnyRange) {
   EXPECT_EQ(s.RecvLine().rfind("ERR run/step_00000003/rank_00000.bin: xxh3", 0), 0u);
   c.Get("run/step_00000003/rank_00000.bin", 0, 4, got);
   EXPECT_STREQ(got, "0123");
+  // Lengths and keys that do not parse are refused with a line, and the holder goes on.
+  peer::Socket bad = peer::Socket::Connect("127.0.0.1", h.address.port, 5);
+  bad.SendLine("PUT run/x -1 0000000000000000");
+  EXPECT_EQ(bad.RecvLine().rfind("ERR PUT run/x: length \"-1\"", 0), 0u);
+  EXPECT_THROW(c.Put("../escape", "a", 1), Error);
+  peer::Socket trim = peer::Socket::Connect("127.0.0.1", h.address.port, 5);
+  trim.SendLine("TRIM run abc");
+  EXPECT_EQ(trim.RecvLine().rfind("ERR TRIM run: step", 0), 0u);
+  EXPECT_EQ(c.List("run/").size(), 1u);  // an unreadable TRIM wiped nothing
 }
 
 TEST(PeerHolder, KeepsTheNewestTwoStepsOfEachFileAndTrimsALeftTimeline) {
@@ -87,6 +96,8 @@ TEST(PeerHolder, KeepsTheNewestTwoStepsOfEachFileAndTrimsALeftTimeline) {
                                  "run/step_00000009/rank_00000.bin",
                                  "run/step_00000009/rank_00001.bin",
                              }));
+  // An older step than one held is refused: the newer one is a timeline a restart left behind.
+  EXPECT_THROW(c.Put("run/step_00000005/rank_00000.bin", "z", 1), Error);
   EXPECT_EQ(c.Trim("run", 6), 2);  // step 9 is after the restart's step 6
   EXPECT_EQ(Keys(c, "run/").size(), 2u);
   EXPECT_EQ(Keys(c, "other/").size(), 1u);  // another run's files are not touched

@@ -1,5 +1,6 @@
 #include "keel/ckpt/peer_client.h"
 
+#include <charconv>
 #include <chrono>
 #include <sstream>
 #include <thread>
@@ -10,6 +11,15 @@
 
 namespace keel::ckpt::peer {
 namespace {
+
+int Count(const std::string& s, const Socket& from) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size())
+    throw Error(ExitCode::kRuntime, "tier-0 holder " + from.peer() + ": expected a count, got \"" +
+                                        s + "\" (not keel's holder?)");
+  return v;
+}
 
 // "OK ..." → what follows; "ERR msg" → throws naming the holder.
 std::string Expect(Socket& s, const std::string& request) {
@@ -60,12 +70,15 @@ void Client::Put(const std::string& key, const void* data, size_t n, double rate
 std::vector<Item> Client::List(const std::string& prefix) const {
   Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
   s.SendLine("LIST " + prefix);
-  const int count = std::stoi(Expect(s, "LIST"));
+  const int count = Count(Expect(s, "LIST"), s);
   std::vector<Item> out(size_t(std::max(0, count)));
   for (Item& i : out) {
     std::istringstream line(s.RecvLine());
     std::string hex, where;
-    line >> i.key >> i.bytes >> hex >> where;
+    if (!(line >> i.key >> i.bytes >> hex >> where))
+      throw Error(ExitCode::kRuntime, "tier-0 holder " + a_.Name() +
+                                          ": a LIST line that does not "
+                                          "parse (not keel's holder?)");
     i.xxh3 = ParseHexHash(hex, "tier-0 holder " + a_.Name());
     i.from_disk = where == "disk";
   }
@@ -82,7 +95,7 @@ void Client::Get(const std::string& key, uint64_t offset, uint64_t n, void* dst)
 int Client::Trim(const std::string& run, int64_t max_step) const {
   Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
   s.SendLine("TRIM " + run + " " + std::to_string(max_step));
-  return std::stoi(Expect(s, "TRIM"));
+  return Count(Expect(s, "TRIM"), s);
 }
 
 void Client::Quit() const {

@@ -1,5 +1,6 @@
-// One thread per connection; the store is a map under one mutex, and a GET copies out of an item
-// it holds by shared_ptr, so a slow reader never blocks a PUT of the next save.
+// One thread per connection; the store is a map under one mutex, held only for bookkeeping: a GET
+// copies out of an item it holds by shared_ptr, and the spill folder's writes and removals happen
+// outside it, so neither a slow reader nor the disk stalls a PUT of the next save.
 #include "keel/ckpt/peer_holder.h"
 
 #include <netinet/in.h>
@@ -7,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -47,23 +50,93 @@ KeyParts Split(const std::string& key) {
   return k;
 }
 
+// A key a client may use: "RUN/step_N/FILE" and the like, never a path out of the spill folder.
+bool SafeKey(const std::string& k) {
+  if (k.size() > 512 || k.find("..") != std::string::npos || (!k.empty() && k[0] == '/'))
+    return false;
+  for (char c : k)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '/' &&
+        c != '-')
+      return false;
+  return true;
+}
+
+template <class T>
+bool ParseNumber(const std::string& s, T* v) {
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *v);
+  return ec == std::errc() && end == s.data() + s.size();
+}
+
 class Store {
  public:
   explicit Store(const HolderOptions& o) : o_(o) {
     if (o.spill_dir.empty()) return;
     spill_ = std::make_unique<Spill>(o.spill_dir);
     int n = 0;
+    std::vector<std::string> dropped;
     for (SpilledItem& s : spill_->Load()) {
       auto h = std::make_shared<Held>();
       h->bytes = std::move(s.bytes);
       h->xxh3 = s.xxh3;
       h->from_disk = true;
-      total_ += h->bytes.size();
+      const auto it = items_.find(s.key);
+      total_ += h->bytes.size() - (it == items_.end() ? 0 : it->second->bytes.size());
       items_[s.key] = std::move(h);
-      Retain(Split(s.key));
+      Retain(Split(s.key), &dropped);
       ++n;
     }
+    Unspill(dropped);
     if (n > 0) std::printf("keel holder: %d cop(ies) found in %s\n", n, o.spill_dir.c_str());
+  }
+
+  // Before an item's bytes are received: "OK" and `n` bytes counted against the cap, or why not.
+  // A step older than one this holder keeps of the same file is refused: the newer one belongs to
+  // a timeline a restart left behind, and the sender trims it when its copy fails.
+  std::string Reserve(const std::string& key, uint64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const KeyParts k = Split(key);
+    uint64_t freed = 0;
+    std::set<int64_t> steps = {k.step};
+    for (const auto& [other, h] : items_) {
+      const KeyParts p = Split(other);
+      if (k.step < 0 || p.run != k.run || p.file != k.file) continue;
+      if (p.step > k.step)
+        return "ERR " + key + ": this holder keeps step " + std::to_string(p.step) +
+               " of the file, newer than this one (a timeline a restart left behind)";
+      steps.insert(p.step);
+    }
+    // What retention drops once this one is in: the same key's old bytes, the oldest steps.
+    for (const auto& [other, h] : items_) {
+      const KeyParts p = Split(other);
+      const bool old_step = k.step >= 0 && p.run == k.run && p.file == k.file &&
+                            int(steps.size()) > o_.keep &&
+                            p.step < *std::next(steps.rbegin(), o_.keep - 1);
+      if (other == key || old_step) freed += h->bytes.size();
+    }
+    if (o_.max_bytes > 0 && total_ + reserved_ + n > o_.max_bytes + freed)
+      return "ERR full: holds " + std::to_string(total_ + reserved_) + " of its " +
+             std::to_string(o_.max_bytes) + " bytes";
+    reserved_ += n;
+    return "OK";
+  }
+  void Unreserve(uint64_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ -= n;
+  }
+
+  // The reserved item, received whole and checked.
+  void Put(const std::string& key, const std::shared_ptr<const Held>& h) {
+    std::vector<std::string> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reserved_ -= h->bytes.size();
+      auto it = items_.find(key);
+      total_ -= it == items_.end() ? 0 : it->second->bytes.size();
+      total_ += h->bytes.size();
+      items_[key] = h;
+      Retain(Split(key), &dropped);
+    }
+    Unspill(dropped);
   }
 
   // After a PUT was answered: the item to the spill folder too, if it is still the one held.
@@ -80,19 +153,6 @@ class Store {
       spill_->Remove(key);  // dropped meanwhile (retention, a trim)
     else if (now != h)
       spill_->Write(key, now->bytes, now->xxh3);  // replaced meanwhile: the newer one stays
-  }
-
-  std::string Put(const std::string& key, std::shared_ptr<const Held> h) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = items_.find(key);
-    const uint64_t old = it == items_.end() ? 0 : it->second->bytes.size();
-    if (o_.max_bytes > 0 && total_ - old + h->bytes.size() > o_.max_bytes)
-      return "ERR full: holds " + std::to_string(total_) + " of its " +
-             std::to_string(o_.max_bytes) + " bytes";
-    total_ += h->bytes.size() - old;
-    items_[key] = std::move(h);
-    Retain(Split(key));
-    return "OK";
   }
 
   std::shared_ptr<const Held> Find(const std::string& key) {
@@ -113,13 +173,18 @@ class Store {
   }
 
   int Trim(const std::string& run, int64_t max_step) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return Erase([&](const KeyParts& k) { return k.run == run && k.step > max_step; });
+    std::vector<std::string> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Erase([&](const KeyParts& k) { return k.run == run && k.step > max_step; }, &dropped);
+    }
+    Unspill(dropped);
+    return int(dropped.size());
   }
 
  private:
   // Of `k`'s run and file, only the newest o_.keep steps stay.
-  void Retain(const KeyParts& k) {
+  void Retain(const KeyParts& k, std::vector<std::string>* dropped) {
     if (k.step < 0) return;
     std::set<int64_t> steps;
     for (const auto& [key, h] : items_) {
@@ -128,32 +193,73 @@ class Store {
     }
     if (int(steps.size()) <= o_.keep) return;
     const int64_t oldest_kept = *std::next(steps.rbegin(), o_.keep - 1);
-    Erase([&](const KeyParts& p) {
-      return p.run == k.run && p.file == k.file && p.step < oldest_kept;
-    });
+    Erase(
+        [&](const KeyParts& p) {
+          return p.run == k.run && p.file == k.file && p.step < oldest_kept;
+        },
+        dropped);
   }
   template <class F>
-  int Erase(F drop) {
-    int n = 0;
+  void Erase(F drop, std::vector<std::string>* dropped) {
     for (auto it = items_.begin(); it != items_.end();) {
       if (drop(Split(it->first))) {
         total_ -= it->second->bytes.size();
-        if (spill_) spill_->Remove(it->first);
+        dropped->push_back(it->first);
         it = items_.erase(it);
-        ++n;
       } else {
         ++it;
       }
     }
-    return n;
+  }
+  // Outside mu_: a spill write of gigabytes holds the spill folder's lock, and the store must go
+  // on answering meanwhile.
+  void Unspill(const std::vector<std::string>& keys) {
+    if (spill_)
+      for (const std::string& k : keys) spill_->Remove(k);
   }
 
   const HolderOptions o_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<const Held>> items_;
-  uint64_t total_ = 0;
+  uint64_t total_ = 0, reserved_ = 0;
   std::unique_ptr<Spill> spill_;
 };
+
+// Receives a PUT's `n` bytes (after its header) into the store, or discards them and says why.
+void ServePut(Store& store, Socket& s, const std::string& key, uint64_t n, const std::string& hex) {
+  std::string refused = SafeKey(key) ? store.Reserve(key, n) : "ERR \"" + key + "\": not a key";
+  if (refused != "OK") {
+    // The sender does not wait for a reply before its bytes: take them, so that it reads the
+    // reason rather than a reset connection.
+    std::vector<char> sink(size_t(1) << 20);
+    for (uint64_t left = n; left > 0;) {
+      const size_t k = size_t(std::min<uint64_t>(left, sink.size()));
+      s.RecvAll(sink.data(), k);
+      left -= k;
+    }
+    s.SendLine(refused);
+    return;
+  }
+  std::shared_ptr<Held> h;
+  try {
+    h = std::make_shared<Held>();
+    h->bytes.resize(n);
+    s.RecvAll(h->bytes.data(), n);
+  } catch (...) {
+    store.Unreserve(n);
+    throw;
+  }
+  h->xxh3 = Hash(h->bytes.data(), n);
+  if (HashHex(h->xxh3) != hex) {
+    store.Unreserve(n);
+    s.SendLine("ERR " + key + ": xxh3 " + HashHex(h->xxh3) + " of the bytes received, the sender " +
+               "says " + hex + " (corrupted in transit)");
+    return;
+  }
+  store.Put(key, h);
+  s.SendLine("OK");
+  store.SpillItem(key, h);
+}
 
 void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
   s.SetTimeout(60);
@@ -166,46 +272,34 @@ void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
         return;  // the client closed the connection
       }
       std::istringstream in(line);
-      std::string verb, key;
-      in >> verb >> key;
+      std::string verb, key, a, b;
+      in >> verb >> key >> a >> b;
+      uint64_t x = 0, y = 0;
+      int64_t step = 0;
       if (verb == "PUT") {
-        uint64_t n = 0;
-        std::string hex;
-        in >> n >> hex;
-        auto h = std::make_shared<Held>();
-        h->bytes.resize(n);
-        s.RecvAll(h->bytes.data(), n);
-        h->xxh3 = Hash(h->bytes.data(), n);
-        if (HashHex(h->xxh3) != hex) {
-          s.SendLine("ERR " + key + ": xxh3 " + HashHex(h->xxh3) +
-                     " of the bytes received, the "
-                     "sender says " +
-                     hex + " (corrupted in transit)");
-          continue;
-        }
-        const std::string reply = store.Put(key, h);
-        s.SendLine(reply);
-        if (reply == "OK") store.SpillItem(key, h);
+        // A length that does not parse leaves the rest of the stream meaningless: close.
+        if (!ParseNumber(a, &x) || x > (uint64_t(1) << 42))
+          return s.SendLine("ERR PUT " + key + ": length \"" + a + "\" is not a byte count");
+        ServePut(store, s, key, x, b);
       } else if (verb == "GET") {
-        uint64_t off = 0, n = 0;
-        in >> off >> n;
-        const auto h = store.Find(key);
+        const auto h = ParseNumber(a, &x) && ParseNumber(b, &y) ? store.Find(key) : nullptr;
         if (!h) {
           s.SendLine("ERR " + key + ": not held");
-        } else if (off + n > h->bytes.size() || off + n < off) {
-          s.SendLine("ERR " + key + ": bytes [" + std::to_string(off) + ", " +
-                     std::to_string(off + n) + ") past its " + std::to_string(h->bytes.size()));
+        } else if (x + y > h->bytes.size() || x + y < x) {
+          s.SendLine("ERR " + key + ": bytes [" + std::to_string(x) + ", " + std::to_string(x + y) +
+                     ") past its " + std::to_string(h->bytes.size()));
         } else {
-          s.SendLine("OK " + std::to_string(n));
-          s.SendAll(h->bytes.data() + off, n);
+          s.SendLine("OK " + std::to_string(y));
+          s.SendAll(h->bytes.data() + x, y);
         }
       } else if (verb == "LIST") {
         const std::string reply = store.List(key);
         s.SendAll(reply.data(), reply.size());
       } else if (verb == "TRIM") {
-        int64_t max_step = 0;
-        in >> max_step;
-        s.SendLine("OK " + std::to_string(store.Trim(key, max_step)));
+        if (!ParseNumber(a, &step))
+          s.SendLine("ERR TRIM " + key + ": step \"" + a + "\" is not a number");
+        else
+          s.SendLine("OK " + std::to_string(store.Trim(key, step)));
       } else if (verb == "QUIT") {
         s.SendLine("OK");
         quit = true;
@@ -215,8 +309,13 @@ void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
         return;
       }
     }
-  } catch (const Error&) {
-    // A client that vanished mid-transfer: what it sent is dropped, nothing else changes.
+  } catch (const std::exception& e) {
+    // A client that vanished mid-transfer, or an item this host has no memory or disk for: what
+    // it sent is dropped, nothing held changes, and the holder goes on serving the others.
+    try {
+      s.SendLine(std::string("ERR ") + e.what());
+    } catch (const std::exception&) {
+    }
   }
 }
 
@@ -244,7 +343,10 @@ void RunHolder(const HolderOptions& o, const std::atomic<bool>& stop,
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 200) <= 0) continue;
     const int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (c < 0) continue;
+    if (c < 0) {
+      ::usleep(100000);  // out of descriptors (EMFILE): let connections end rather than spin
+      continue;
+    }
     std::thread([store, quit, c] { Serve(*store, Socket(c, "client"), *quit); }).detach();
   }
   ::close(fd);

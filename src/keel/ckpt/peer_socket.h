@@ -1,7 +1,8 @@
-// Blocking TCP with deadlines, for tier-0 checkpoints (peer_client.h, peer_holder.h): a line of
+// Blocking TCP with timeouts, for tier-0 checkpoints (peer_client.h, peer_holder.h): a line of
 // text then raw bytes, both ways. Every call throws keel::Error (runtime) naming the peer and what
-// failed; a deadline that passes is a failure, so a holder on a host that vanished costs at most
-// the timeout, never a hang.
+// failed. The timeout bounds each wait for the peer (connect, and every send or receive that makes
+// no progress), not a whole transfer: a holder on a host that vanished costs one timeout, a slow
+// one as long as it keeps moving bytes.
 #pragma once
 
 #include <cstddef>
@@ -18,8 +19,7 @@ class Socket {
   Socket& operator=(Socket&& o) noexcept;
   ~Socket();
 
-  // Connects to host:port within `timeout_s`; every later call on it has the same deadline per
-  // transfer.
+  // Connects to host:port within `timeout_s`, which then bounds every wait on the socket.
   static Socket Connect(const std::string& host, int port, double timeout_s);
   void SendAll(const void* p, size_t n);
   void SendLine(const std::string& line) { SendAll((line + "\n").data(), line.size() + 1); }

@@ -47,12 +47,13 @@ std::vector<SpilledItem> Spill::Load() {
   return out;
 }
 
-void Spill::Write(const std::string& key, const std::string& bytes, uint64_t xxh3) {
+void Spill::Write(const std::string& key, const std::string& bytes, uint64_t xxh3) try {
   std::lock_guard<std::mutex> lock(mu_);
   const fs::path path = fs::path(dir_) / (key + "." + HashHex(xxh3));
   fs::create_directories(path.parent_path());
   WriteFileAtomic(path.string(), bytes);
-  // The versions it replaces.
+  // Only after the new file is in place: a crash in between leaves two versions, which Load
+  // takes in turn (the later one replaces the earlier), never none.
   const std::string stem = path.filename().string().substr(0, path.filename().string().size() - 16);
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(path.parent_path(), ec)) {
@@ -60,6 +61,10 @@ void Spill::Write(const std::string& key, const std::string& bytes, uint64_t xxh
     if (n != path.filename().string() && n.size() == stem.size() + 16 && n.rfind(stem, 0) == 0)
       fs::remove(e.path(), ec);
   }
+} catch (const std::exception& e) {
+  // A full or failing local disk costs this tier, not the copy in memory that was answered OK.
+  std::fprintf(stderr, "keel holder: cannot spill %s to %s: %s\n", key.c_str(), dir_.c_str(),
+               e.what());
 }
 
 void Spill::Remove(const std::string& key) {
@@ -71,7 +76,7 @@ void Spill::Remove(const std::string& key) {
     const std::string n = e.path().filename().string();
     if (n.size() == stem.size() + 16 && n.rfind(stem, 0) == 0) fs::remove(e.path(), ec);
   }
-  // An emptied step folder goes too.
+  // remove() of a folder fails unless it is empty, which is the point: the step's last file.
   fs::remove(base.parent_path(), ec);
 }
 

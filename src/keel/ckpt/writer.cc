@@ -128,10 +128,11 @@ void CheckpointWriter::Begin(StateView view, std::optional<PeerTarget> peer) {
   Post([this, v = std::move(view), peer = std::move(peer)] {
     try {
       DoSnapshot(v);
-      if (peer) current_.path = "peer:" + StepDirName(v.step);
     } catch (const std::exception& e) {
       Fail(e.what());
     }
+    // Also when the snapshot failed: the report must say it was a tier-0 copy.
+    if (peer) current_.path = "peer:" + StepDirName(v.step);
     {
       std::lock_guard<std::mutex> lock(mu_);
       snapshot_done_ = true;

@@ -113,9 +113,10 @@ bool Child::Poll(int* status) {
     done_ = true;
     *status = status_;
   } else if (r < 0 && errno == ECHILD) {
-    // Reaped already (KillDescendants reaps whatever ended): gone, its status unknown.
+    // Reaped already (KillDescendants reaps whatever ended): gone, its status unknown, which is
+    // never taken for a clean exit.
     done_ = true;
-    status_ = *status = 0;
+    status_ = *status = 255 << 8;
   }
   return done_;
 }

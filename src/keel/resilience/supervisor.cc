@@ -263,8 +263,8 @@ void Supervisor::EnsureHolders(const Placement& place) {
                                     /*echo=*/false);
     started.emplace_back(host, a);
   }
-  // A holder that does not answer costs tier 0 on that host, not the job: the ranks report their
-  // failed copies and the shared checkpoints go on.
+  // A holder that does not answer costs tier-0 copies (a copy fails on every rank while one of its
+  // holders is missing), not the job: the ranks report them and the shared checkpoints go on.
   for (const auto& [host, a] : started) {
     std::string problem;
     for (double t0 = UnixNow();;) {

@@ -91,14 +91,22 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
   std::vector<Candidate> candidates = Folders(ResumeCandidates(how, root_));
   const bool search = how == "auto" || !ckpt::ParseStepDirName(fs::path(how).filename().string());
   if (how == "auto" && peer_) {
-    // Rank 0 asks the holders; every rank then tries the same copy (or none).
+    // Rank 0 asks the holders; every rank then tries the same copies, newest first (the holders
+    // keep two), before the shared checkpoints they are at least as new as.
     const auto newest =
         candidates.empty()
             ? std::nullopt
             : ckpt::ParseStepDirName(fs::path(candidates[0].name).filename().string());
-    const int64_t step = int64_t(comm_.AllReduceMax(lead ? double(NewestPeerCopy(*peer_)) : -1.0));
-    if (step >= 0 && step >= newest.value_or(-1))
-      candidates.insert(candidates.begin(), {"peer:" + ckpt::StepDirName(step), step, true});
+    double steps[2] = {-1, -1};
+    if (lead) {
+      const std::vector<int64_t> whole = WholePeerCopies(*peer_);
+      for (size_t i = 0; i < whole.size() && i < 2; ++i) steps[i] = double(whole[i]);
+    }
+    comm_.AllReduceMax(steps, 2);
+    for (int i = 1; i >= 0; --i)
+      if (steps[i] >= 0 && int64_t(steps[i]) >= newest.value_or(-1))
+        candidates.insert(candidates.begin(), {"peer:" + ckpt::StepDirName(int64_t(steps[i])),
+                                               int64_t(steps[i]), true});
   }
   if (search) {
     const std::string root = how == "auto" ? root_ : ckpt::CheckpointRoot(how);
@@ -163,6 +171,10 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       own_missing = reader->LoadOwn(view.own);
     } catch (const Error& e) {
       error = e;
+    } catch (const std::exception& e) {
+      // Out of memory, a malformed sidecar's types: this rank's verdict, never an exception that
+      // leaves the others waiting in the all-reduce below.
+      error = Error(ExitCode::kBadInput, dir + ": " + e.what());
     }
     // A tier-0 copy that cannot be read whole is skipped like a folder that does not verify.
     const int mine = !error ? kLoaded : (!search || other_model) && !cand.peer ? kFatal : kSkip;
@@ -290,9 +302,19 @@ void Checkpointer::Begin(const ckpt::StateView& view, std::optional<ckpt::PeerTa
   pending_blocked_ms_ = 0;
   pending_lost_ms_ = 0;
   pending_overlapped_ = 0;
-  last_save_ = std::chrono::steady_clock::now();
+  // every_minutes times the shared saves: a tier-0 copy does not stand in for one.
+  if (!peer) last_save_ = std::chrono::steady_clock::now();
+  pending_peer_ = peer.has_value();
+  pending_step_ = view.step;
   writer_->Begin(view, std::move(peer));
   save_state_ = kWriting;
+}
+
+void Checkpointer::Abort() {
+  writer_->Abort();
+  // A tier-0 copy that some rank could not place leaves the holders with files of that step for
+  // some ranks only; retention would then keep them at the expense of the previous whole copy.
+  if (pending_peer_ && comm_.rank() == 0) TrimPeerCopies(*peer_, pending_step_ - 1);
 }
 
 void Checkpointer::Complete() {
@@ -301,7 +323,7 @@ void Checkpointer::Complete() {
   } else if (save_state_ == kWriting) {
     const int worst = int(comm_.AllReduceMax(double(writer_->WaitWritten())));
     if (worst == ckpt::CheckpointWriter::kFailed)
-      writer_->Abort();
+      Abort();
     else
       writer_->Commit();
     writer_->Drain();
@@ -330,7 +352,7 @@ StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_re
   const int worst = int(v[2]);
   if (save_state_ == kWriting && worst != ckpt::CheckpointWriter::kWriting) {
     if (worst == ckpt::CheckpointWriter::kFailed)
-      writer_->Abort();
+      Abort();
     else
       writer_->Commit();
     save_state_ = kCommitting;
@@ -339,7 +361,8 @@ StepDecision Checkpointer::AfterStep(int step_done, bool last_step, bool stop_re
   const bool trigger =
       final_save || (c.every_steps > 0 && step_done % c.every_steps == 0) || v[1] > 0;
   if (trigger) {
-    if (save_state_ == kWriting && c.if_busy == "skip" && !final_save) {
+    // if_busy = "skip" yields to a shared save in flight, never to a tier-0 copy.
+    if (save_state_ == kWriting && c.if_busy == "skip" && !final_save && !pending_peer_) {
       if (comm_.rank() == 0) {
         Log("keel: step %d: checkpoint skipped, the previous one is still being written",
             step_done);

@@ -117,6 +117,7 @@ class Checkpointer {
   void Complete();
   void Report();
   void ReportPeer(const ckpt::SaveReport& r);
+  void Abort();  // the save in flight, on every rank
 
   const RunConfig& cfg_;
   parallel::Comm& comm_;
@@ -125,6 +126,8 @@ class Checkpointer {
   std::function<void()> on_commit_;
   std::unique_ptr<ckpt::CheckpointWriter> writer_;
   std::optional<PeerTier> peer_;  // where tier-0 copies go ([checkpoint] peer_every)
+  bool pending_peer_ = false;     // the save in flight is a tier-0 copy
+  int64_t pending_step_ = 0;
   const Memory* mem_;
   std::chrono::steady_clock::time_point last_save_;
   int save_state_ = 0;             // none, writing (not yet agreed), committing

@@ -1,5 +1,10 @@
 #include "keel/train/peer_tier.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -22,6 +27,45 @@ using ckpt::peer::Client;
 using ckpt::peer::Item;
 
 std::string Short(const std::string& h) { return h.substr(0, h.find('.')); }
+
+bool IsAddress(const std::string& h) {
+  in_addr a{};
+  return ::inet_pton(AF_INET, h.c_str(), &a) == 1;
+}
+
+// This host's place in `ring`: its name (whole, else the part before the first dot when only one
+// entry has it), else an entry that resolves to one of this host's addresses (hostfiles that list
+// addresses). -1 if none.
+int ThisHostIn(const std::vector<Address>& ring) {
+  const std::string name = HostName();
+  int shorts = 0, by_short = -1;
+  for (size_t i = 0; i < ring.size(); ++i) {
+    if (ring[i].host == name) return int(i);
+    if (!IsAddress(ring[i].host) && Short(ring[i].host) == Short(name)) ++shorts, by_short = int(i);
+  }
+  if (shorts == 1) return by_short;
+  std::set<uint32_t> mine;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i; i = i->ifa_next)
+      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET)
+        mine.insert(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr);
+    ::freeifaddrs(ifs);
+  }
+  for (size_t i = 0; i < ring.size(); ++i) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    if (::getaddrinfo(ring[i].host.c_str(), nullptr, &hints, &res) != 0) continue;
+    bool here = false;
+    for (addrinfo* r = res; r && !here; r = r->ai_next)
+      here = mine.count(reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr.s_addr) > 0;
+    ::freeaddrinfo(res);
+    // Loopback names every host: only a ring of one may be found by it.
+    if (here && (ring.size() == 1 || !IsAddress(ring[i].host) || ring[i].host.rfind("127.", 0)))
+      return int(i);
+  }
+  return -1;
+}
 
 // Every reachable holder's items of the run, by step and file: the holders (ring indexes) that
 // keep each.
@@ -70,7 +114,7 @@ std::string Fetch(const PeerTier& t, const std::vector<int>& holders, const std:
         return bytes;
       }
       last = t.ring[size_t(h)].Name() + " no longer holds it";
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       last = e.what();
     }
   }
@@ -98,15 +142,12 @@ std::optional<PeerTier> PeerTierFromEnv(const std::string& run_dir) {
   if (!env || !*env) return std::nullopt;
   PeerTier t;
   t.ring = ckpt::peer::ParseAddresses(env, std::string("$") + kPeerHoldersEnv);
-  const std::string here = Short(HostName());
-  t.self = -1;
-  for (size_t i = 0; i < t.ring.size(); ++i)
-    if (Short(t.ring[i].host) == here) t.self = int(i);
+  t.self = ThisHostIn(t.ring);
   // One host's run (the local launcher) names its holder by address, not by host name.
   if (t.self < 0 && t.ring.size() == 1) t.self = 0;
   if (t.self < 0)
-    ThrowBadInput(std::string("$") + kPeerHoldersEnv + ": " + env + ": this host (" + here +
-                  ") is not in it");
+    ThrowBadInput(std::string("$") + kPeerHoldersEnv + ": " + env + ": this host (" + HostName() +
+                  ") is not in it, by name or by address");
   std::error_code ec;
   const auto abs = std::filesystem::weakly_canonical(run_dir, ec);
   const std::string path = ec ? run_dir : abs.string();
@@ -114,7 +155,8 @@ std::optional<PeerTier> PeerTierFromEnv(const std::string& run_dir) {
   return t;
 }
 
-int64_t NewestPeerCopy(const PeerTier& t) {
+std::vector<int64_t> WholePeerCopies(const PeerTier& t) {
+  std::vector<int64_t> out;
   const Where w = Inventory(t);
   for (auto it = w.rbegin(); it != w.rend(); ++it) {
     const auto manifest = it->second.find("manifest.json");
@@ -124,15 +166,15 @@ int64_t NewestPeerCopy(const PeerTier& t) {
     try {
       const std::string text = Fetch(t, manifest->second, prefix + "manifest.json");
       world = WorldOf(ckpt::ManifestFromJsonText(text, prefix + "manifest.json"));
-    } catch (const Error&) {
-      continue;
+    } catch (const std::exception&) {
+      continue;  // not whole where it matters: another holder's copy, or the next step
     }
     bool whole = world > 0;
     for (int r = 0; r < world && whole; ++r)
       whole = it->second.count(RankFile(r, "bin")) && it->second.count(RankFile(r, "json"));
-    if (whole) return it->first;
+    if (whole) out.push_back(it->first);
   }
-  return -1;
+  return out;
 }
 
 ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* read) {
@@ -173,7 +215,7 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
     const auto w = writer.find(file);
     int first = -1;
     for (int h = 0; h < int(t.ring.size()) && w != writer.end(); ++h)
-      if (Short(t.ring[size_t(h)].host) == Short(w->second)) first = h;
+      if (t.ring[size_t(h)].host == w->second) first = h;
     std::string last;
     for (int h : Preferred(it->second, t.self, int(t.ring.size()), first)) {
       {

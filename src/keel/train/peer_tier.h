@@ -4,7 +4,7 @@
 //
 //   std::optional<PeerTier> t = PeerTierFromEnv(run_dir);   // KEEL_PEER_HOLDERS, from keel launch
 //   ckpt::PeerTarget to = t->Target(rate_mbit);              // for CheckpointWriter::Begin
-//   int64_t s = NewestPeerCopy(*t);                          // -1: none complete
+//   int64_t s = WholePeerCopies(*t).at(0);                   // the newest whole copy
 //   PeerRead read;
 //   ckpt::CheckpointReader r = OpenPeerCopy(*t, s, &read);   // throws when a file is gone
 #pragma once
@@ -32,9 +32,9 @@ struct PeerTier {
 // not set. Throws keel::Error (bad input) when the list is malformed or leaves this host out.
 std::optional<PeerTier> PeerTierFromEnv(const std::string& run_dir);
 
-// The newest step whose copy the reachable holders keep whole (the manifest and every rank's
-// files, somewhere); -1 if none. Holders that do not answer are skipped.
-int64_t NewestPeerCopy(const PeerTier& t);
+// The steps whose copies the reachable holders keep whole (the manifest and every rank's files,
+// somewhere), newest first. Holders that do not answer are skipped.
+std::vector<int64_t> WholePeerCopies(const PeerTier& t);
 
 // Which copies served the files of a tier-0 restore: the one on the holder of the host that wrote
 // the file, or the buddy's (another host's).
