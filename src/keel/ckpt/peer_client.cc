@@ -5,6 +5,7 @@
 #include <sstream>
 #include <thread>
 
+#include "keel/ckpt/checkpoint_dir.h"
 #include "keel/ckpt/manifest.h"
 #include "keel/ckpt/peer_socket.h"
 #include "keel/core/error.h"
@@ -30,6 +31,16 @@ std::string Expect(Socket& s, const std::string& request) {
 }
 
 }  // namespace
+
+std::string Key::str() const { return run + "/" + StepDirName(step) + "/" + file; }
+
+std::optional<Key> ParseKey(const std::string& name) {
+  const size_t a = name.find('/'), b = a == std::string::npos ? a : name.find('/', a + 1);
+  if (b == std::string::npos) return std::nullopt;
+  const auto step = ParseStepDirName(name.substr(a + 1, b - a - 1));
+  if (!step) return std::nullopt;
+  return Key{name.substr(0, a), *step, name.substr(b + 1)};
+}
 
 std::vector<Address> ParseAddresses(const std::string& list, const std::string& what) {
   std::vector<Address> out;

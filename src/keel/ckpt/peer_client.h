@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,16 @@ struct Address {
 
 // "h1:29790,h2:29790" in order. Throws keel::Error (bad input) naming `what` and the entry.
 std::vector<Address> ParseAddresses(const std::string& list, const std::string& what);
+
+// An item's name in a holder: "RUN/step_NNNNNNNN/FILE".
+struct Key {
+  std::string run;
+  int64_t step = -1;
+  std::string file;
+  std::string str() const;
+};
+// nullopt for a name of another form.
+std::optional<Key> ParseKey(const std::string& name);
 
 struct Item {
   std::string key;

@@ -18,8 +18,8 @@
 #include <sstream>
 #include <thread>
 
-#include "keel/ckpt/checkpoint_dir.h"
 #include "keel/ckpt/manifest.h"
+#include "keel/ckpt/peer_client.h"
 #include "keel/ckpt/peer_socket.h"
 #include "keel/ckpt/peer_spill.h"
 #include "keel/core/error.h"
@@ -33,22 +33,9 @@ struct Held {
   bool from_disk = false;  // loaded from the spill folder when the holder started
 };
 
-// "RUN/step_N/FILE" → {RUN, N, FILE}; step -1 when the key is not of that form (kept as is).
-struct KeyParts {
-  std::string run, file;
-  int64_t step = -1;
-};
-KeyParts Split(const std::string& key) {
-  KeyParts k;
-  const size_t a = key.find('/'), b = a == std::string::npos ? a : key.find('/', a + 1);
-  if (b == std::string::npos) return k;
-  const auto step = ParseStepDirName(key.substr(a + 1, b - a - 1));
-  if (!step) return k;
-  k.run = key.substr(0, a);
-  k.file = key.substr(b + 1);
-  k.step = *step;
-  return k;
-}
+// Step -1: a name not of the "RUN/step_N/FILE" form, kept as it is (no retention).
+using KeyParts = Key;
+KeyParts Split(const std::string& key) { return ParseKey(key).value_or(Key{}); }
 
 // A key a client may use: "RUN/step_N/FILE" and the like, never a path out of the spill folder.
 bool SafeKey(const std::string& k) {

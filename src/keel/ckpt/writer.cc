@@ -425,16 +425,16 @@ void CheckpointWriter::DoSend(const PeerTarget& t) {
   }
   // The sidecar goes after the bytes it describes, and a holder replaces an item only once it
   // arrived whole: a send cut off leaves the previous step's files as they were.
-  const std::string prefix = t.run + "/" + StepDirName(meta_.step) + "/";
+  auto key = [&](const std::string& file) { return peer::Key{t.run, meta_.step, file}.str(); };
   // The sidecar names the host that wrote it, so that a restore can tell its own copy (on that
   // host's holder) from the buddy's.
   const std::string side = json{{"host", t.holders.at(0).host}, {"pieces", pieces}}.dump();
   const std::string skeleton = rank_ == 0 ? ToJsonText(SkeletonManifest(meta_, world_)) : "";
   for (const peer::Address& a : t.holders) {
     const peer::Client c(a, 30);
-    c.Put(prefix + RankFile(rank_, "bin"), base, total, t.rate_mbit);
-    c.Put(prefix + RankFile(rank_, "json"), side.data(), side.size());
-    if (rank_ == 0) c.Put(prefix + "manifest.json", skeleton.data(), skeleton.size());
+    c.Put(key(RankFile(rank_, "bin")), base, total, t.rate_mbit);
+    c.Put(key(RankFile(rank_, "json")), side.data(), side.size());
+    if (rank_ == 0) c.Put(key("manifest.json"), skeleton.data(), skeleton.size());
     current_.holders.push_back(a.host);
   }
   current_.write_ms = timer.Millis();

@@ -216,13 +216,17 @@ std::vector<std::string> Supervisor::TrainCommand(const Placement& place) const 
   return cmd;
 }
 
+ckpt::peer::Address Supervisor::HolderAddress(const std::string& host) const {
+  // The local launcher's holder listens on loopback only.
+  return {spec_.launcher == Launcher::kLocal ? "127.0.0.1" : host, spec_.holders.port};
+}
+
 void Supervisor::EnsureHolders(const Placement& place) {
   const HolderSpec& hs = spec_.holders;
-  const bool local = spec_.launcher == Launcher::kLocal;
   std::string list;
   std::vector<std::pair<std::string, ckpt::peer::Address>> started;
   for (const std::string& host : place.hosts) {
-    const ckpt::peer::Address a{local ? "127.0.0.1" : host, hs.port};
+    const ckpt::peer::Address a = HolderAddress(host);
     list += (list.empty() ? "" : ",") + a.Name();
     auto& child = holders_[host];
     int status = 0;
@@ -296,9 +300,7 @@ void Supervisor::StopHolders() {
     int status = 0;
     if (!child || child->Poll(&status)) continue;
     try {
-      ckpt::peer::Client(
-          {spec_.launcher == Launcher::kLocal ? "127.0.0.1" : host, spec_.holders.port}, 2)
-          .Quit();
+      ckpt::peer::Client(HolderAddress(host), 2).Quit();
     } catch (const Error&) {
     }
     child->Wait(2, &status);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/ckpt/peer_client.h"
 #include "keel/core/folder_lock.h"
 #include "keel/core/stop_signal.h"
 #include "keel/monitor/jsonl.h"
@@ -108,6 +109,7 @@ class Supervisor {
   // Tier 0: a live holder on every host of `place`, and $KEEL_PEER_HOLDERS naming them in order.
   void EnsureHolders(const Placement& place);
   void StopHolders();
+  ckpt::peer::Address HolderAddress(const std::string& host) const;
   // Watch: until the launcher ends, reacting to a stop request, silent ranks, a launcher that
   // outlives its ranks, and an excluded host coming back.
   Watch WatchJob(Start& s, const StopScope& stop);

@@ -214,6 +214,10 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       writer_->Seed(m, fs::path(dir).filename().string());
     if (peer_ && lead) TrimPeerCopies(*peer_, m.step);
     const double load_ms = load.Millis();
+    json event = {{"event", "restart"}, {"tier", cand.peer ? "peer" : "shared"},
+                  {"from", dir},        {"step", m.step},
+                  {"tokens", m.tokens}, {"load_ms", load_ms}};
+    std::string where_from = dir;
     if (cand.peer) {
       double files[3] = {double(read.own_copies), double(read.buddy_copies),
                          double(read.from_local_disk)};
@@ -224,39 +228,26 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
         Log("keel: rank %d read the buddy's copy of %s (the writer's host lost its own)",
             comm_.rank(), list.c_str());
       }
-      if (lead) {
-        Log("keel: resuming from the tier-0 copy of step %lld in the holders' memory (%llu "
-            "tokens); files read by the ranks: %.0f from the writer's own host's copy, %.0f from "
-            "the buddy's (%.0f reloaded from a holder's local disk); %.1f MiB verified in %.0f ms",
-            static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens), files[0],
-            files[1], files[2], m.TotalBytes() / 1048576.0, load_ms);
-        if (events_)
-          events_->Write({{"event", "restart"},
-                          {"tier", "peer"},
-                          {"from", dir},
-                          {"step", m.step},
-                          {"tokens", m.tokens},
-                          {"files_from_own_copies", files[0]},
-                          {"files_from_buddy_copies", files[1]},
-                          {"files_from_local_disk", files[2]},
-                          {"load_ms", load_ms}});
-      }
-      return Resumed{dir, m.step, m.tokens, m.state, std::move(own_missing)};
+      event["files_from_own_copies"] = files[0];
+      event["files_from_buddy_copies"] = files[1];
+      event["files_from_local_disk"] = files[2];
+      char how_read[200];
+      std::snprintf(
+          how_read, sizeof how_read,
+          "the tier-0 copy in the holders' memory; files read by the ranks: %.0f from the "
+          "writer's own host's copy, %.0f from the buddy's, %.0f reloaded from a local "
+          "disk",
+          files[0], files[1], files[2]);
+      where_from = how_read;
     }
     if (lead) {
       const json layout = m.state.value("layout", json::object());
       const int saved_by = layout.value("dp", 1) * layout.value("tp", 1) * layout.value("pp", 1);
       Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s)); read and "
           "verified %.1f MiB in %.0f ms",
-          dir.c_str(), static_cast<long long>(m.step), static_cast<unsigned long long>(m.tokens),
-          saved_by, m.TotalBytes() / 1048576.0, load_ms);
-      if (events_)
-        events_->Write({{"event", "restart"},
-                        {"tier", "shared"},
-                        {"from", dir},
-                        {"step", m.step},
-                        {"tokens", m.tokens},
-                        {"load_ms", load_ms}});
+          where_from.c_str(), static_cast<long long>(m.step),
+          static_cast<unsigned long long>(m.tokens), saved_by, m.TotalBytes() / 1048576.0, load_ms);
+      if (events_) events_->Write(event);
     }
     return Resumed{dir, m.step, m.tokens, m.state, std::move(own_missing)};
   }

@@ -68,8 +68,12 @@ int ThisHostIn(const std::vector<Address>& ring) {
 }
 
 // Every reachable holder's items of the run, by step and file: the holders (ring indexes) that
-// keep each.
-using Where = std::map<int64_t, std::map<std::string, std::vector<int>>>;
+// keep each, and its size.
+struct Copies {
+  std::vector<int> holders;
+  uint64_t bytes = 0;
+};
+using Where = std::map<int64_t, std::map<std::string, Copies>>;
 // (step, file, holder) of the copies a holder found on its host's disk when it started.
 using OnDisk = std::set<std::tuple<int64_t, std::string, int>>;
 Where Inventory(const PeerTier& t, OnDisk* disk = nullptr) {
@@ -82,12 +86,12 @@ Where Inventory(const PeerTier& t, OnDisk* disk = nullptr) {
       continue;  // a host that is gone took its copies with it
     }
     for (const Item& i : items) {
-      const size_t a = i.key.find('/'), b = i.key.find('/', a + 1);
-      if (b == std::string::npos) continue;
-      const auto step = ckpt::ParseStepDirName(i.key.substr(a + 1, b - a - 1));
-      if (!step) continue;
-      w[*step][i.key.substr(b + 1)].push_back(h);
-      if (disk && i.from_disk) disk->insert({*step, i.key.substr(b + 1), h});
+      const std::optional<ckpt::peer::Key> k = ckpt::peer::ParseKey(i.key);
+      if (!k) continue;
+      Copies& c = w[k->step][k->file];
+      c.holders.push_back(h);
+      c.bytes = i.bytes;
+      if (disk && i.from_disk) disk->insert({k->step, k->file, h});
     }
   }
   return w;
@@ -102,18 +106,14 @@ std::vector<int> Preferred(std::vector<int> holders, int self, int n, int first 
   return holders;
 }
 
-std::string Fetch(const PeerTier& t, const std::vector<int>& holders, const std::string& key) {
+// A small item whole (a manifest, a sidecar), from the first holder that gives it.
+std::string Fetch(const PeerTier& t, const Copies& copies, const std::string& key) {
   std::string last;
-  for (int h : Preferred(holders, t.self, int(t.ring.size()))) {
+  for (int h : Preferred(copies.holders, t.self, int(t.ring.size()))) {
     try {
-      const Client c(t.ring[size_t(h)], 10);
-      for (const Item& i : c.List(key)) {
-        if (i.key != key) continue;
-        std::string bytes(i.bytes, '\0');
-        c.Get(key, 0, i.bytes, bytes.data());
-        return bytes;
-      }
-      last = t.ring[size_t(h)].Name() + " no longer holds it";
+      std::string bytes(copies.bytes, '\0');
+      Client(t.ring[size_t(h)], 10).Get(key, 0, copies.bytes, bytes.data());
+      return bytes;
     } catch (const std::exception& e) {
       last = e.what();
     }
@@ -161,7 +161,7 @@ std::vector<int64_t> WholePeerCopies(const PeerTier& t) {
   for (auto it = w.rbegin(); it != w.rend(); ++it) {
     const auto manifest = it->second.find("manifest.json");
     if (manifest == it->second.end()) continue;
-    const std::string prefix = t.run + "/" + ckpt::StepDirName(it->first) + "/";
+    const std::string prefix = ckpt::peer::Key{t.run, it->first, ""}.str();
     int world = 0;
     try {
       const std::string text = Fetch(t, manifest->second, prefix + "manifest.json");
@@ -184,7 +184,7 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
   const std::string name = "peer:" + ckpt::StepDirName(step);
   if (at == all.end()) ThrowBadInput(name + ": no holder keeps it any more");
   const auto files = at->second;
-  const std::string prefix = t.run + "/" + ckpt::StepDirName(step) + "/";
+  const std::string prefix = ckpt::peer::Key{t.run, step, ""}.str();  // + FILE
   auto holders_of = [&](const std::string& f) {
     const auto it = files.find(f);
     if (it == files.end()) ThrowBadInput(name + ": " + f + ": no holder keeps it");
@@ -217,7 +217,7 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
     for (int h = 0; h < int(t.ring.size()) && w != writer.end(); ++h)
       if (t.ring[size_t(h)].host == w->second) first = h;
     std::string last;
-    for (int h : Preferred(it->second, t.self, int(t.ring.size()), first)) {
+    for (int h : Preferred(it->second.holders, t.self, int(t.ring.size()), first)) {
       {
         std::lock_guard<std::mutex> lock(*mu);
         const auto c = chosen->find(file);
