@@ -5,7 +5,9 @@
 // micro-batches (the same slice of it), within 1e-5 relative to the tensor's largest value. Run by
 // ctest as `mpirun -np 2` (pp 2, pp 2 interleaved with 2 chunks per rank at ZeRO 1, uneven
 // stages, tp 2, tp 2 + sp) and `-np 4` (pp 4, dp 2 x pp 2 with ZeRO 1 plain and interleaved,
-// tp 2 x pp 2 and dp 2 x tp 2 at ZeRO 1, both also with sp), for a GPT-2 and a Llama. Also: the
+// tp 2 x pp 2 and dp 2 x tp 2 at ZeRO 1, both also with sp), and context parallelism (cp 2 at ZeRO
+// 0 and 1; cp 4, cp 2 x dp 2, cp 2 x tp 2 with and without sp, cp 2 x pp 2), for a GPT-2 and a
+// Llama with grouped-query attention. Also: the
 // whole model's weights gathered from the stages and shards are the ones set.
 //
 // Not named *_test.cc: that would glob it into the single-process train_test binary.
@@ -24,7 +26,8 @@ namespace {
 
 using namespace keel;
 
-constexpr int kB = 2, kT = 32, kMicro = 4;
+// 40 tokens: context parallelism at cp 4 cuts them into chunks of 5.
+constexpr int kB = 2, kT = 40, kMicro = 4;
 
 // Micro-batch k of data-parallel rank r: tokens and next-token targets, a pure function of both.
 void Batch(int r, int k, int vocab, int32_t* tokens, int32_t* targets) {
@@ -136,6 +139,15 @@ int main() {
     if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0}, 1, {}, true);
     if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/2, /*zero=*/0}, 1, {}, true);
     if (n == 4) bad += Check(m, *world, {/*dp=*/2, /*tp=*/2, /*pp=*/1, /*zero=*/1}, 1, {}, true);
+    // Context parallelism: the cp ranks' gradients of their chunks summed like replicas'.
+    if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/1, /*zero=*/0, /*cp=*/2});
+    if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/1, /*zero=*/1, /*cp=*/2});
+    if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/1, /*zero=*/1, /*cp=*/4});
+    if (n == 4) bad += Check(m, *world, {/*dp=*/2, /*tp=*/1, /*pp=*/1, /*zero=*/1, /*cp=*/2});
+    if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0, /*cp=*/2});
+    if (n == 4)
+      bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0, /*cp=*/2}, 1, {}, true);
+    if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/1, /*cp=*/2});
   }
   const bool failed = world->AllReduceMax(double(bad)) > 0;
   if (world->rank() == 0) std::printf(failed ? "FAILED\n" : "all gradients match\n");

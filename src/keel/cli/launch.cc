@@ -133,12 +133,12 @@ void RegisterLaunch(CLI::App& app) {
                                cfg.monitor.metrics_token);  // in use?
     spec.layout.tp = cfg.parallel.tp;
     spec.layout.pp = cfg.parallel.pp;
+    spec.layout.cp = cfg.parallel.cp;
     spec.layout.batch = cfg.train.batch_size;
     // The layout at full size is the trainer's to judge (one message, from the ranks); the
     // supervisor only needs its per-rank micro-batch, kept when the job shrinks.
-    const int dp =
-        std::max(1, cfg.parallel.dp > 0 ? cfg.parallel.dp
-                                        : ranks / std::max(1, spec.layout.tp * spec.layout.pp));
+    const int dp = std::max(
+        1, cfg.parallel.dp > 0 ? cfg.parallel.dp : ranks / std::max(1, spec.layout.model()));
     spec.set_micro = cfg.train.micro_batch_size == 0;
     spec.layout.micro = cfg.train.micro_batch_size > 0 ? cfg.train.micro_batch_size
                                                        : std::max(1, cfg.train.batch_size / dp);

@@ -61,8 +61,10 @@ struct ActivationPlan {
 // takes a LayerNorm output all-gathered for the next product (again in backward, instead of
 // keeping it), a projection's partial sum before its reduce-scatter, and the final LayerNorm's
 // output for the classifier.
+// `cp` (context parallelism): T is this rank's rows of each sequence (1/cp of it); the "cp_*"
+// buffers hold one layer's attention over the whole sequence (context_parallel.h).
 ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype,
                                Recompute recompute, const StageRange* stage = nullptr,
-                               int slots = 1, int tp = 1, bool sp = false);
+                               int slots = 1, int tp = 1, bool sp = false, int cp = 1);
 
 }  // namespace keel::model

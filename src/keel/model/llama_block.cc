@@ -84,15 +84,14 @@ LlamaActs<T> Acts(Transformer::Impl& m, int l, int slot) {
 
 template <typename T>
 void AttentionSublayer(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& a) {
-  const int C = m.cfg.n_embd, hs = m.cfg.head_size();
+  const int C = m.cfg.n_embd;
   KEEL_PROFILED("layernorm",
                 m.be->RmsNormForward(a.ln1, a.ln1_rstd, a.in, p.ln1, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   AdaptedForward(m, a.qkv, x, m.Mat(p.qkv), nullptr, C, m.QKVl, p.qkv_lora);
-  KEEL_PROFILED("rope", m.be->RopeForward(a.qkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
-  KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, m.Cl, m.NHl,
-                                                        m.NKVl, m.doc_start));
+  KEEL_PROFILED("rope", m.Rope(a.qkv, /*backward=*/false));
+  KEEL_PROFILED("attention_fwd", m.Attend(a.atty, a.lse, a.qkv));
 }
 
 template <typename T>
@@ -123,7 +122,7 @@ void LlamaBlockForward(Transformer::Impl& m, int l, int slot, bool attn_only) {
 
 template <typename T>
 void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
-  const int BT = m.B * m.T, C = m.cfg.n_embd, hs = m.cfg.head_size();
+  const int BT = m.B * m.T, C = m.cfg.n_embd;
   const LlamaParams<T> p = Params<T>(m, l, true);
   const LlamaActs<T> a = Acts<T>(m, l, slot);
   if (m.recompute == Recompute::kFull)
@@ -146,9 +145,8 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
                 m.be->RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   AdaptedBackward(m, dtmp, p.d_o, nullptr, x, a.atty, m.Mat(p.o), m.Cl, C, p.o_lora);
-  KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
-                                                         m.Cl, m.NHl, m.NKVl, m.doc_start));
-  KEEL_PROFILED("rope", m.be->RopeBackward(dqkv, m.B, m.T, m.NHl, m.NKVl, hs, m.cfg.rope_theta));
+  KEEL_PROFILED("attention_bwd", m.AttendBackward(dqkv, dtmp, a.qkv, a.atty, a.lse));
+  KEEL_PROFILED("rope", m.Rope(dqkv, /*backward=*/true));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   AdaptedBackward<T>(m, dtmp, p.d_qkv, nullptr, dqkv, x, m.Mat(p.qkv), C, m.QKVl, p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));

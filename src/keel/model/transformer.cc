@@ -119,8 +119,7 @@ void AttentionSublayerForward(Transformer::Impl& m, const BlockParams<T>& p,
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   internal::AdaptedForward(m, a.qkv, x, m.Mat(p.qkvw), p.qkvb, C, 3 * Cl, p.qkv_lora);
-  KEEL_PROFILED("attention_fwd", m.be->AttentionForward(a.atty, a.lse, a.qkv, m.B, m.T, Cl, m.NHl,
-                                                        m.NHl, m.doc_start));
+  KEEL_PROFILED("attention_fwd", m.Attend(a.atty, a.lse, a.qkv));
 }
 
 template <typename T>
@@ -163,8 +162,7 @@ void BlockBackward(Transformer::Impl& m, const BlockParams<T>& p, const BlockAct
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   internal::AdaptedBackward(m, dtmp, p.d_projw, p.d_projb, x, a.atty, m.Mat(p.projw), Cl, C,
                             p.proj_lora);
-  KEEL_PROFILED("attention_bwd", m.be->AttentionBackward(dqkv, dtmp, a.qkv, a.atty, a.lse, m.B, m.T,
-                                                         Cl, m.NHl, m.NHl, m.doc_start));
+  KEEL_PROFILED("attention_bwd", m.AttendBackward(dqkv, dtmp, a.qkv, a.atty, a.lse));
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   internal::AdaptedBackward<T>(m, dtmp, p.d_qkvw, p.d_qkvb, dqkv, x, m.Mat(p.qkvw), C, 3 * Cl,
                                p.qkv_lora);
@@ -210,9 +208,11 @@ void StageForward(Transformer::Impl& m, int slot, const int32_t* tokens) {
     // (GPT-2's; Llama's are rotary, inside attention).
     T* emb = m.sp ? m.Act<T>("gathered") : m.Resid<T>(slot, 0);
     const T* wpe = m.lead && !m.cfg.llama() ? m.At(e, 0, m.layout.Find("wpe.weight")) : nullptr;
-    KEEL_PROFILED("encoder",
-                  m.be->EncoderForward(emb, tokens, m.At(e, 0, m.layout.Find("wte.weight")), wpe,
-                                       m.B, m.T, C, m.v0, m.v0 + m.Vl));
+    const T* wte = m.At(e, 0, m.layout.Find("wte.weight"));
+    KEEL_PROFILED("encoder", m.ForPositions([&](size_t row, int b, int t, int pos0) {
+      m.be->EncoderForward(emb + row * C, tokens + row, wte, wpe ? wpe + size_t(pos0) * C : nullptr,
+                           b, t, C, m.v0, m.v0 + m.Vl);
+    }));
     KEEL_PROFILED("tp_comm", m.SumRows(emb, m.Resid<T>(slot, 0)));
   }
   for (int l = m.stage.l0; l < m.stage.l1; ++l) {
@@ -344,8 +344,10 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
     float* dwpe = m.cfg.llama() ? nullptr : m.GradAt(ge, m.layout.Find("wpe.weight"), e);
     // LoRA's frozen embeddings have no gradient: the scatter-add is skipped.
     if (dwte)
-      KEEL_PROFILED("encoder",
-                    m.be->EncoderBackward(dwte, dwpe, x, tokens, m.B, m.T, C, m.v0, m.v0 + m.Vl));
+      KEEL_PROFILED("encoder", m.ForPositions([&](size_t row, int b, int t, int pos0) {
+        m.be->EncoderBackward(dwte, dwpe ? dwpe + size_t(pos0) * C : nullptr, x + row * C,
+                              tokens + row, b, t, C, m.v0, m.v0 + m.Vl);
+      }));
   } else {
     m.be->Copy(din, dres, sizeof(T) * m.R * C);
   }
@@ -377,12 +379,14 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Reco
 
 Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
                          ParamAccess* params, const ParamLayout& layout, const StageRange& stage,
-                         int slots, const TensorParallel& tp, const kernels::Backend& be) {
+                         int slots, const LayerGroups& groups, const kernels::Backend& be) {
   Validate(cfg);
-  if (T > cfg.block_size)
-    ThrowBadInput("[data] seq_len: " + std::to_string(T) + " is longer than the model's context " +
-                  "(block_size " + std::to_string(cfg.block_size) + ")");
-  impl_ = std::make_unique<Impl>(be, cfg, dtype, B, T, recompute, layout, stage, slots, tp);
+  const long whole_T = long(T) * (groups.cp ? groups.cp->size() : 1);
+  if (whole_T > cfg.block_size)
+    ThrowBadInput("[data] seq_len: " + std::to_string(whole_T) +
+                  " is longer than the model's context (block_size " +
+                  std::to_string(cfg.block_size) + ")");
+  impl_ = std::make_unique<Impl>(be, cfg, dtype, B, T, recompute, layout, stage, slots, groups);
   if (params == nullptr) {
     impl_->dense = std::make_unique<DenseParams>(impl_->layout, dtype, be);
     params = impl_->dense.get();
@@ -402,7 +406,12 @@ int Transformer::slots() const { return impl_->slots; }
 double Transformer::tp_wait_ms() const { return impl_->tp_ms; }
 double Transformer::tp_bytes() const { return impl_->tp_bytes; }
 double Transformer::head_ms() const { return impl_->head_ms; }
-void Transformer::ResetStepStats() { impl_->tp_ms = impl_->tp_bytes = impl_->head_ms = 0; }
+double Transformer::cp_wait_ms() const { return impl_->cp_stats.wait_ms; }
+double Transformer::cp_bytes() const { return impl_->cp_stats.bytes; }
+void Transformer::ResetStepStats() {
+  impl_->tp_ms = impl_->tp_bytes = impl_->head_ms = 0;
+  impl_->cp_stats = {};
+}
 
 DenseParams& Transformer::Dense() const {
   KEEL_CHECK(impl_->dense != nullptr, "Transformer: parameters are held by its ParamAccess");
@@ -416,7 +425,14 @@ bf16* Transformer::working_bf16() {
 void Transformer::ZeroGrads() { impl_->be->Zero(grads(), Dense().grads.bytes()); }
 void Transformer::SyncWorking() { Dense().SyncWorking(); }
 
-void Transformer::SetDocumentMask(int eos_id) { impl_->doc_eos = eos_id; }
+void Transformer::SetDocumentMask(int eos_id) {
+  // A chunk's documents may start in another rank's chunks.
+  if (eos_id >= 0 && impl_->cp > 1)
+    ThrowBadInput("[parallel] cp=" + std::to_string(impl_->cp) +
+                  ": document masking (loss-masked data) does not split over context-parallel "
+                  "ranks yet; set parallel.cp=1");
+  impl_->doc_eos = eos_id;
+}
 void Transformer::SetFrozen(const std::vector<bool>& frozen) { impl_->frozen = frozen; }
 void Transformer::SetDropout(int slot, uint64_t key, uint64_t row0) {
   impl_->slot_dropout.at(size_t(slot)) = {true, key, row0};

@@ -27,7 +27,8 @@ namespace keel::model {
 
 class DenseParams;
 
-// The tensor-parallel group a model's shards compute with (the layout's TpShard says which shard
+// The groups a model's layers talk to.
+// `tp`: the tensor-parallel group its shards compute with (the layout's TpShard says which shard
 // this rank holds): one all-reduce after each row-parallel projection in forward and one after
 // each column-parallel product in backward (Megatron-LM's f and g), an all-reduce of the
 // vocabulary-parallel embedding, and an all-gather of per-row statistics in the vocabulary-
@@ -37,10 +38,14 @@ class DenseParams;
 // a reduce-scatter after each row-parallel one replace the all-reduces (and the reverse in
 // backward). The LayerNorms' gradients then cover this rank's rows: the caller sums them over the
 // group (NormParam).
-struct TensorParallel {
-  parallel::Comm* comm = nullptr;  // null: no tensor parallelism
+// `cp` (context parallelism, context_parallel.h): the model's T rows per sequence are this rank's
+// two chunks of a cp·T-token sequence (parallel/zigzag.h); the positions (GPT-2's learned ones,
+// Llama's rotary ones) are those chunks', and attention gathers the other ranks' keys and values.
+struct LayerGroups {
+  parallel::Comm* tp = nullptr;  // null: no tensor parallelism
   double timeout_s = 600;
   bool sequence = false;
+  parallel::Comm* cp = nullptr;  // null or one rank: whole sequences
 };
 
 class Transformer {
@@ -59,7 +64,7 @@ class Transformer {
   // out as `layout` (the rank's: ParamLayout::Stage over all its chunks, its tp shard).
   Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Recompute recompute,
               ParamAccess* params, const ParamLayout& layout, const StageRange& chunk, int slots,
-              const TensorParallel& tp = {}, const kernels::Backend& be = kernels::Cpu());
+              const LayerGroups& groups = {}, const kernels::Backend& be = kernels::Cpu());
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -133,6 +138,9 @@ class Transformer {
   // classifier and loss of StageBackward (the last stage's head), those waits excluded.
   double tp_wait_ms() const;
   double tp_bytes() const;
+  // The same for the context-parallel group's key and value collectives.
+  double cp_wait_ms() const;
+  double cp_bytes() const;
   double head_ms() const;
   void ResetStepStats();
 

@@ -16,10 +16,12 @@
 #include "keel/core/memory.h"
 #include "keel/kernels/backend.h"
 #include "keel/kernels/profile.h"
+#include "keel/model/context_parallel.h"
 #include "keel/model/quantize.h"
 #include "keel/model/transformer.h"
 #include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
+#include "keel/parallel/zigzag.h"
 
 namespace keel::model {
 
@@ -119,13 +121,16 @@ struct Transformer::Impl {
   std::unique_ptr<DenseParams> dense;  // when the model owns its parameters
   ParamAccess* acc = nullptr;
   // Tensor parallelism: tp ranks, this one's shard, its heads and channels, its vocabulary rows.
-  TensorParallel tpg;
+  LayerGroups tpg;
   // This rank's query heads and their channels, key/value heads, fused q, k, v columns, MLP hidden
   // units, vocabulary rows and the first of them.
   int tp, tp_rank, NHl, Cl, NKVl, QKVl, Fl, Vl, v0;
   bool lead;  // tp rank 0: adds the replicated biases (and without sp the residual) into sums
   bool sp;    // sequence parallelism: R of the B·T rows from row0
   int R, row0;
+  // Context parallelism: cp ranks hold two chunks each of every sequence (parallel/zigzag.h).
+  int cp, cp_rank;
+  CpStats cp_stats;
   double tp_ms = 0, tp_bytes = 0;
   double head_ms = 0;  // the fused classifier and loss in backward, its tp waits excluded
   // Document masking (Transformer::SetDocumentMask): rows split after each doc_eos token; the
@@ -147,7 +152,7 @@ struct Transformer::Impl {
   int slot = 0;  // the micro-batch slot of the pass now running (DoRA's kept buffers)
 
   Impl(const kernels::Backend& backend, const ModelConfig& c, DType d, int b, int t, Recompute r,
-       const ParamLayout& lay, const StageRange& st, int sl, const TensorParallel& tpar)
+       const ParamLayout& lay, const StageRange& st, int sl, const LayerGroups& tpar)
       : be(&backend),
         cfg(c),
         dtype(d),
@@ -162,7 +167,7 @@ struct Transformer::Impl {
         // classifier's too, on the last rank) are final only then.
         finishes_embed(lay.embed_segment() >= 0 && st.l0 == lay.chunks().front().l0),
         plan(PlanActivations(c, b, t, d, r, &st, sl, lay.tp().size,
-                             tpar.sequence && lay.tp().size > 1)),
+                             tpar.sequence && lay.tp().size > 1, tpar.cp ? tpar.cp->size() : 1)),
         arena(Buffer::Zeroed(backend, plan.total_bytes)),
         tokens(backend, backend.host_visible() ? 0 : 4 * size_t(b) * t),
         targets(backend, backend.host_visible() ? 0 : 4 * size_t(b) * t),
@@ -179,13 +184,16 @@ struct Transformer::Impl {
         lead(tp_rank == 0),
         sp(tpar.sequence && tp > 1),
         R(sp ? b * t / tp : b * t),
-        row0(sp ? tp_rank * R : 0) {
+        row0(sp ? tp_rank * R : 0),
+        cp(tpar.cp ? tpar.cp->size() : 1),
+        cp_rank(tpar.cp ? tpar.cp->rank() : 0) {
+    KEEL_CHECK(cp == 1 || t % 2 == 0, "Transformer: context parallelism holds two chunks per row");
     KEEL_CHECK(!sp || (b * t) % tp == 0, "Transformer: sequence parallelism needs tp | B·T");
     KEEL_CHECK(c.lora_base == BaseQuant::kNone || c.lora_base == lay.base_quant(),
                "Transformer: the layout's quantized base is not the config's");
     KEEL_CHECK(tp == 1 || backend.host_visible(),
                "Transformer: tensor parallelism runs on the CPU backend only so far");
-    KEEL_CHECK(tp == 1 || (tpg.comm && tpg.comm->size() == tp && tpg.comm->rank() == tp_rank),
+    KEEL_CHECK(tp == 1 || (tpg.tp && tpg.tp->size() == tp && tpg.tp->rank() == tp_rank),
                "Transformer: the tensor-parallel group does not match the layout's shard");
   }
 
@@ -194,7 +202,7 @@ struct Transformer::Impl {
   void TpSum(void* data, size_t n, std::optional<DType> t = std::nullopt) {
     if (tp == 1) return;
     const DType d = t.value_or(dtype);
-    auto w = tpg.comm->AllReduceSumAsync(data, n, d);
+    auto w = tpg.tp->AllReduceSumAsync(data, n, d);
     tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a tensor-parallel all-reduce");
     tp_bytes += double(n * DTypeSize(d));
   }
@@ -202,7 +210,7 @@ struct Transformer::Impl {
   // Sequence parallelism: every rank's R rows of `mine` → all B·T rows in `all`, in rank order.
   void GatherRows(const void* mine, void* all) {
     const size_t n = size_t(R) * cfg.n_embd;
-    auto w = tpg.comm->AllGatherAsync(mine, all, std::vector<size_t>(size_t(tp), n), dtype);
+    auto w = tpg.tp->AllGatherAsync(mine, all, std::vector<size_t>(size_t(tp), n), dtype);
     tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a sequence-parallel all-gather");
     tp_bytes += double(n * DTypeSize(dtype));
   }
@@ -220,7 +228,7 @@ struct Transformer::Impl {
   void SumRows(void* all, void* mine) {
     if (!sp) return TpSum(all, size_t(B) * T * cfg.n_embd);
     const size_t n = size_t(R) * cfg.n_embd;
-    auto w = tpg.comm->ReduceScatterSumAsync(all, mine, std::vector<size_t>(size_t(tp), n), dtype);
+    auto w = tpg.tp->ReduceScatterSumAsync(all, mine, std::vector<size_t>(size_t(tp), n), dtype);
     tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "a sequence-parallel reduce-scatter");
     tp_bytes += double(n * size_t(tp) * DTypeSize(dtype));
   }
@@ -231,7 +239,7 @@ struct Transformer::Impl {
     float* all = mine + 2 * size_t(rows);
     be->Copy(mine, lse, 4 * size_t(rows));
     be->Copy(mine + rows, target_logit, 4 * size_t(rows));
-    auto w = tpg.comm->AllGatherAsync(mine, all, 2 * size_t(rows));
+    auto w = tpg.tp->AllGatherAsync(mine, all, 2 * size_t(rows));
     tp_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "the vocabulary-parallel loss's all-gather");
     tp_bytes += 8.0 * rows;
     for (int r = 0; r < rows; ++r) {
@@ -261,6 +269,50 @@ struct Transformer::Impl {
   template <typename U>
   U* Resid(int slot, int copy) const {
     return Act<U>("resid", copy, slot);
+  }
+
+  // Attention over this rank's heads: causal over the micro-batch's rows, or under context
+  // parallelism over the whole sequences whose chunks they are (context_parallel.h).
+  template <typename U>
+  CpBuffers<U> CpBufs() const {
+    return {Act<U>("cp_kv_local"), Act<U>("cp_kv_all"),   Act<U>("cp_qkv"),
+            Act<U>("cp_out"),      Act<U>("cp_dout"),     Act<U>("cp_dqkv"),
+            Act<float>("cp_lse"),  Act<int32_t>("cp_doc")};
+  }
+  template <typename U>
+  void Attend(U* out, float* lse, const U* qkv) {
+    if (cp == 1) return be->AttentionForward(out, lse, qkv, B, T, Cl, NHl, NKVl, doc_start);
+    CpAttentionForward(*be, *tpg.cp, tpg.timeout_s, {B, T, Cl, NHl, NKVl}, CpBufs<U>(), out, lse,
+                       qkv, &cp_stats);
+  }
+  template <typename U>
+  void AttendBackward(U* dqkv, const U* dout, const U* qkv, const U* out, const float* lse) {
+    if (cp == 1)
+      return be->AttentionBackward(dqkv, dout, qkv, out, lse, B, T, Cl, NHl, NKVl, doc_start);
+    CpAttentionBackward(*be, *tpg.cp, tpg.timeout_s, {B, T, Cl, NHl, NKVl}, CpBufs<U>(), dqkv, dout,
+                        qkv, out, lse, &cp_stats);
+  }
+  // `fn(row, n, pos0)` for each run of a micro-batch's rows whose positions are consecutive: the
+  // B rows whole (positions from 0), or under context parallelism each row's two chunks.
+  template <typename Fn>
+  void ForPositions(Fn&& fn) const {
+    if (cp == 1) return fn(0, B, T, 0);
+    const int L = T / 2;
+    for (int b = 0; b < B; ++b)
+      for (int c = 0; c < 2; ++c)
+        fn(size_t(b) * T + size_t(c) * L, 1, L, parallel::ZigzagPosition(cp, cp_rank, T, c * L));
+  }
+  // Llama's rotary positions of qkv's q and k heads, in place (or their backward).
+  template <typename U>
+  void Rope(U* qkv, bool backward) const {
+    const int hs = Cl / NHl;
+    ForPositions([&](size_t row, int b, int t, int pos0) {
+      U* x = qkv + row * size_t(QKVl);
+      if (backward)
+        be->RopeBackward(x, b, t, NHl, NKVl, hs, cfg.rope_theta, pos0);
+      else
+        be->RopeForward(x, b, t, NHl, NKVl, hs, cfg.rope_theta, pos0);
+    });
   }
 
   // A matrix product's weight (fused products: `n` elements of adjacent tensors from `p` on) in

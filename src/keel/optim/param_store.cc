@@ -57,7 +57,7 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       dims_(dims),
       compact_(shape.compact()),
       trainable_(compact_ ? Packed(ranges) : ranges),
-      shard_(parallel::Shard(state_total(), dims.dp, dp_rank)),
+      shard_(parallel::Shard(state_total(), dims.replicas(), dp_rank)),
       state_lo_(dims.zero >= 1 ? shard_.lo : 0),
       state_hi_(dims.zero >= 1 ? shard_.hi : state_total()),
       grads_lo_(dims.zero >= 2 ? shard_.lo : 0),

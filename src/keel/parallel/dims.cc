@@ -7,13 +7,14 @@ namespace keel::parallel {
 RankCoords Coords(const ParallelDims& d, int rank) {
   RankCoords c;
   c.tp = rank % d.tp;
-  c.dp = (rank / d.tp) % d.dp;
-  c.pp = rank / (d.tp * d.dp);
+  c.cp = (rank / d.tp) % d.cp;
+  c.dp = (rank / (d.tp * d.cp)) % d.dp;
+  c.pp = rank / (d.tp * d.cp * d.dp);
   return c;
 }
 
 int RankOf(const ParallelDims& d, const RankCoords& c) {
-  return (c.pp * d.dp + c.dp) * d.tp + c.tp;
+  return ((c.pp * d.dp + c.dp) * d.cp + c.cp) * d.tp + c.tp;
 }
 
 ShardRange Shard(size_t total, int dp, int r) {
@@ -26,7 +27,8 @@ ShardRange Shard(size_t total, int dp, int r) {
 
 std::string DimsName(const ParallelDims& d) {
   return "dp=" + std::to_string(d.dp) + " tp=" + std::to_string(d.tp) +
-         " pp=" + std::to_string(d.pp) + " zero=" + std::to_string(d.zero);
+         " pp=" + std::to_string(d.pp) + " zero=" + std::to_string(d.zero) +
+         (d.cp > 1 ? " cp=" + std::to_string(d.cp) : "");
 }
 
 }  // namespace keel::parallel

@@ -14,12 +14,14 @@ Groups MakeGroups(Comm& world, const Layout& d, bool nccl) {
     group->set_label(std::string(kind) + "#" + std::to_string(color));
     return group;
   };
-  g.tp = split("tp", c.pp * d.dp + c.dp, c.tp);
-  g.dp = split("dp", c.pp * d.tp + c.tp, c.dp);
-  g.pp = split("pp", c.dp * d.tp + c.tp, c.pp);
+  const int replica = ReplicaOf(d, c);
+  g.tp = split("tp", c.pp * d.replicas() + replica, c.tp);
+  g.dp = split("dp", c.pp * d.tp + c.tp, replica);
+  g.pp = split("pp", replica * d.tp + c.tp, c.pp);
   // Colors past every pipeline's put each middle stage in a group of its own.
   const bool end = c.pp == 0 || c.pp == d.pp - 1;
-  g.tied = split("tied", end ? c.dp * d.tp + c.tp : d.world() + world.rank(), c.pp);
+  g.tied = split("tied", end ? replica * d.tp + c.tp : d.world() + world.rank(), c.pp);
+  g.cp = split("cp", (c.pp * d.dp + c.dp) * d.tp + c.tp, c.cp);
   if (nccl) {  // created in one order on every rank
     g.nccl_dp = MakeNcclComm(*g.dp);
     g.nccl_pp = MakeNcclComm(*g.pp);
@@ -32,7 +34,7 @@ StepGroups Groups::ForStep() const {
   auto pick = [](const std::unique_ptr<Comm>& nccl, const std::unique_ptr<Comm>& split) {
     return nccl ? nccl.get() : split.get();
   };
-  return {pick(nccl_dp, dp), pick(nccl_pp, pp), pick(nccl_tied, tied), tp.get()};
+  return {pick(nccl_dp, dp), pick(nccl_pp, pp), pick(nccl_tied, tied), tp.get(), cp.get()};
 }
 
 }  // namespace keel::parallel

@@ -4,7 +4,9 @@
 //   tp    the ranks sharing one model's layers as tensor-parallel shards (same dp and pp),
 //         neighbours in rank order: the f/g all-reduces of every block;
 //   dp    the ranks holding the same parameters (same tp and pp coordinates): gradient
-//         reduction and ZeRO;
+//         reduction and ZeRO; with context parallelism, the cp peers too (dims.h: replicas());
+//   cp    the ranks holding the parts of the same sequences (same dp, tp and pp): keys and
+//         values in every layer's attention (model/context_parallel.h);
 //   pp    the stages of this rank's pipeline, in stage order (same dp and tp): activations and
 //         their gradients, point to point;
 //   tied  the first and last stage of this pipeline: the tied embedding's gradient is summed
@@ -19,7 +21,7 @@
 // `nccl`.
 //
 //   Groups g = MakeGroups(*world, layout, /*nccl=*/false);
-//   g.dp->size() == layout.dp; g.pp->rank() == g.at.pp
+//   g.dp->size() == layout.replicas(); g.pp->rank() == g.at.pp
 //   train::TrainStep step(spec, g.ForStep());
 #pragma once
 
@@ -37,11 +39,12 @@ struct StepGroups {
   Comm* pp = nullptr;
   Comm* tied = nullptr;
   Comm* tp = nullptr;
+  Comm* cp = nullptr;  // null or size 1: whole sequences
 };
 
 struct Groups {
   RankCoords at;
-  std::unique_ptr<Comm> tp, dp, pp, tied;
+  std::unique_ptr<Comm> tp, dp, pp, tied, cp;
   // With nccl: over the ranks of dp, pp and tied, which they borrow; declared after them, so
   // that they go first.
   std::unique_ptr<Comm> nccl_dp, nccl_pp, nccl_tied;

@@ -31,13 +31,15 @@ void Layout::Validate(const LayoutInputs& in, const std::string& prefix) const {
 
 void Layout::ValidateRanks(const LayoutInputs& in, const std::string& prefix) const {
   // tp and pp first: a derived dp is only meaningful once they are.
-  for (auto [name, v] : {std::pair{"tp", tp}, std::pair{"pp", pp}, std::pair{"dp", dp}})
+  for (auto [name, v] :
+       {std::pair{"tp", tp}, std::pair{"pp", pp}, std::pair{"cp", cp}, std::pair{"dp", dp}})
     if (v < 1) ThrowBadInput(prefix + name + "=" + S(v) + ": expected an integer >= 1");
   if (zero < 0 || zero > 3) ThrowBadInput(prefix + "zero=" + S(zero) + ": expected 0, 1, 2 or 3");
-  const long ranks = long(tp) * pp * dp;
+  const long ranks = long(tp) * pp * cp * dp;
   if (in.world && ranks != in.world)
-    ThrowBadInput(prefix + "tp=" + S(tp) + " x pp=" + S(pp) + " x dp=" + S(dp) + " = " + S(ranks) +
-                  " does not match the " + S(in.world) + " ranks launched");
+    ThrowBadInput(prefix + "tp=" + S(tp) + " x pp=" + S(pp) + (cp > 1 ? " x cp=" + S(cp) : "") +
+                  " x dp=" + S(dp) + " = " + S(ranks) + " does not match the " + S(in.world) +
+                  " ranks launched");
   if (in.n_head && in.n_head % tp != 0)
     ThrowBadInput(prefix + "tp=" + S(tp) + " does not divide model.n_head=" + S(in.n_head) +
                   " (each rank holds whole heads)");
@@ -77,10 +79,16 @@ void Layout::ValidateSchedule(const LayoutInputs& in, const std::string& prefix)
     ThrowBadInput(prefix +
                   "sp=true splits the sequence over the tensor-parallel group: it needs "
                   "tp > 1 (got tp=1)");
-  if (sp && in.seq_len && (long(micro_batch) * in.seq_len) % tp != 0)
+  // Context parallelism: 2·cp chunks per sequence (parallel/zigzag.h).
+  if (cp > 1 && in.seq_len && in.seq_len % (2L * cp) != 0)
+    ThrowBadInput(prefix + "cp=" + S(cp) + " cuts each sequence into 2 x cp = " + S(2L * cp) +
+                  " chunks: data.seq_len=" + S(in.seq_len) + " is not divisible by " + S(2L * cp));
+  const long local_T = in.seq_len / cp;
+  if (sp && in.seq_len && (long(micro_batch) * local_T) % tp != 0)
     ThrowBadInput(prefix + "sp=true splits each micro-batch's " + S(micro_batch) + " x " +
-                  S(in.seq_len) + " tokens over tp=" + S(tp) +
-                  " ranks: they must divide evenly (train.micro_batch_size x data.seq_len)");
+                  S(local_T) + " tokens over tp=" + S(tp) +
+                  " ranks: they must divide evenly (train.micro_batch_size x data.seq_len" +
+                  (cp > 1 ? " / cp" : "") + ")");
   const int v = virtual_stages;
   if (v < 1) ThrowBadInput(prefix + "virtual_stages=" + S(v) + ": expected an integer >= 1");
   if (v > 1 && pp == 1)

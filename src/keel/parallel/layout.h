@@ -31,12 +31,13 @@ struct LayoutInputs {
   long ffn_hidden = 0;    // must be divisible by tp
   long padded_vocab = 0;  // must be divisible by tp
   long global_batch = 0;  // sequences per step: divisible by dp x micro_batch
-  long seq_len = 0;       // tokens per sequence: with sp, micro_batch x seq_len divisible by tp
+  long seq_len = 0;       // tokens per sequence: divisible by 2 x cp; with sp, micro_batch x
+                          // seq_len / cp divisible by tp
 };
 
 struct Layout : ParallelDims {
-  // ParallelDims: dp, tp, pp, zero. The context-parallel size (cp) joins them there: it moves
-  // ranks (Coords) like they do.
+  // ParallelDims: dp, tp, pp, zero, cp (context parallelism: parallel/zigzag.h splits each
+  // sequence over cp ranks).
   bool sp = false;                // sequence parallelism: the residual stream split over tp
   int virtual_stages = 1;         // model chunks per pipeline rank (> 1: interleaved 1F1B)
   std::vector<int> stage_layers;  // blocks per pipeline stage (virtual_stages 1); empty: equal

@@ -8,9 +8,9 @@ namespace keel::parallel {
 
 StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   const bool bf16 = s.working_bytes == 2;
-  const size_t shard = Shard(s.total, d.dp, 0).size;
+  const size_t shard = Shard(s.total, d.replicas(), 0).size;
   const size_t state = s.compact() ? s.trainable : s.total;
-  const size_t held = d.zero >= 1 ? Shard(state, d.dp, 0).size : state;  // master and moments
+  const size_t held = d.zero >= 1 ? Shard(state, d.replicas(), 0).size : state;  // master, moments
   const size_t segs = s.embed + s.final_norm + 2 * s.max_block;
   StateBytes b;
   b.master = s.master ? 4 * held : 0;
@@ -59,7 +59,7 @@ size_t GradSumScratchElems(const StateShape& s, const ParallelDims& d) {
 }
 
 size_t GradResidualElems(const StateShape& s, const ParallelDims& d) {
-  if (s.grad_comm != GradWire::kInt8 || d.dp <= 1) return 0;
+  if (s.grad_comm != GradWire::kInt8 || d.replicas() <= 1) return 0;
   return s.compact() ? s.grads : s.total;
 }
 

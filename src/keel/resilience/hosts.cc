@@ -53,7 +53,7 @@ void MarkSpares(std::vector<Host>& hosts, const std::string& spares) {
 }
 
 int FitRanks(int available, const LayoutRule& rule) {
-  const int model = rule.tp * rule.pp;
+  const int model = rule.model();
   for (int r = available - available % model; r > 0; r -= model) {
     const int dp = r / model;
     const int per = dp * (rule.micro > 0 ? rule.micro : 1);
@@ -71,7 +71,7 @@ Placement Place(const std::vector<Host>& hosts, int want_hosts, int ranks_per_ho
       if (h.spare == spares && !h.excluded && !h.unhealthy && int(p.hosts.size()) < want_hosts)
         p.hosts.push_back(h.name);
   p.ranks = FitRanks(int(p.hosts.size()) * ranks_per_host, rule);
-  p.dp = p.ranks / (rule.tp * rule.pp);
+  p.dp = p.ranks / rule.model();
   // Fewer ranks than the hosts hold: drop the hosts the ranks do not reach.
   const size_t need = size_t((p.ranks + ranks_per_host - 1) / ranks_per_host);
   if (p.hosts.size() > need) p.hosts.resize(need);

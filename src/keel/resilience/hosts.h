@@ -30,6 +30,8 @@ void MarkSpares(std::vector<Host>& hosts, const std::string& spares);
 // over dp x micro-batch.
 struct LayoutRule {
   int tp = 1, pp = 1;
+  int cp = 1;
+  int model() const { return tp * pp * cp; }  // the ranks of one data-parallel replica
   int batch = 1;
   int micro = 0;  // per-rank micro-batch; 0: none fixed (then the batch must split over dp)
 };

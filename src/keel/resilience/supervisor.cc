@@ -207,7 +207,7 @@ void Supervisor::Announce() {
 std::vector<std::string> Supervisor::TrainCommand(const Placement& place) const {
   std::vector<std::string> cmd = spec_.train_command;
   cmd.insert(cmd.end(), {"--resume", "auto"});
-  const int full_dp = full_ranks_ / (spec_.layout.tp * spec_.layout.pp);
+  const int full_dp = full_ranks_ / spec_.layout.model();
   if (place.dp != full_dp && spec_.set_dp)
     cmd.insert(cmd.end(), {"--set", "parallel.dp=" + std::to_string(place.dp)});
   if (spec_.set_micro)

@@ -99,6 +99,7 @@ std::vector<Section> BindSections(RunConfig& c) {
        {{"dp", &c.parallel.dp},
         {"tp", &c.parallel.tp},
         {"pp", &c.parallel.pp},
+        {"cp", &c.parallel.cp},
         {"sp", &c.parallel.sp},
         {"virtual_stages", &c.parallel.virtual_stages},
         {"pp_layers", &c.parallel.pp_layers},

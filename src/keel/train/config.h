@@ -168,7 +168,7 @@ struct LoraSection {
 struct ParallelSection {
   // The layout (parallel/layout.h): data-parallel replicas, tensor-parallel shards, pipeline
   // stages, ZeRO stage over the data-parallel group. Checked at start by ResolveLayout.
-  int dp = 0;  // 0 = the ranks launched / (tp x pp)
+  int dp = 0;  // 0 = the ranks launched / (tp x pp x cp)
   int tp = 1;
   int pp = 1;
   bool sp = false;                // sequence parallelism over the tp group (tp > 1)
@@ -182,6 +182,7 @@ struct ParallelSection {
   // How data-parallel replicas stay together: "step" (their gradients are summed every step) or
   // "diloco" (each takes [diloco] inner_steps steps alone, then they average the change).
   std::string dp_sync = "step";
+  int cp = 1;  // context parallelism: each sequence over cp ranks (parallel/zigzag.h)
 
   bool operator==(const ParallelSection&) const = default;
 };

@@ -298,6 +298,17 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                       "\" is built for CPU runs (its encoding runs on the host); on a GPU the "
                       "gradients travel in fp32 through NCCL");
 
+  if (cfg.parallel.cp > 1) {
+    // What context parallelism's first version composes with, each one line here.
+    auto refuse = [&](bool when, const std::string& why) {
+      if (when) parallel.Fail("cp", "= " + std::to_string(cfg.parallel.cp) + " " + why);
+    };
+    refuse(t.device == "cuda", "runs on train.device = \"cpu\" only so far");
+    refuse(cfg.parallel.dp_sync == "diloco",
+           "is not for DiLoCo yet (its replicas would be the cp ranks' parts)");
+    refuse(cfg.lora.dropout > 0,
+           "is not for LoRA dropout yet (its masks are drawn per position of a whole row)");
+  }
   parallel.OneOf("dp_sync", cfg.parallel.dp_sync, {"step", "diloco"});
   if (cfg.parallel.dp_sync == "diloco") {
     // What DiLoCo's first version composes with; each is one line here rather than a wrong run.

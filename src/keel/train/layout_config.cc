@@ -80,13 +80,13 @@ parallel::Layout ResolveLayout(const RunConfig& cfg, int world) {
   const ParallelSection& p = cfg.parallel;
   if (p.dp < 0)
     ThrowBadInput(prefix + "dp=" + s(p.dp) +
-                  ": expected an integer >= 1, or 0 for the ranks launched / (tp x pp)");
+                  ": expected an integer >= 1, or 0 for the ranks launched / (tp x pp x cp)");
   parallel::Layout l;
-  l.dp = p.dp, l.tp = p.tp, l.pp = p.pp, l.zero = p.zero;
-  // dp = 0: whatever tp x pp leaves of the ranks. A remainder (6 ranks, tp=4) is not rounded
-  // away: dp = 1 then fails ValidateRanks's "does not match the 6 ranks launched".
-  if (l.dp == 0 && l.tp >= 1 && l.pp >= 1)
-    l.dp = static_cast<int>(std::max<long>(1, world / (long(l.tp) * l.pp)));
+  l.dp = p.dp, l.tp = p.tp, l.pp = p.pp, l.zero = p.zero, l.cp = p.cp;
+  // dp = 0: whatever tp x pp x cp leaves of the ranks. A remainder (6 ranks, tp=4) is not
+  // rounded away: dp = 1 then fails ValidateRanks's "does not match the 6 ranks launched".
+  if (l.dp == 0 && l.tp >= 1 && l.pp >= 1 && l.cp >= 1)
+    l.dp = static_cast<int>(std::max<long>(1, world / (long(l.tp) * l.pp * l.cp)));
   l.sp = p.sp;
   l.virtual_stages = p.virtual_stages;
   // The micro-batches, here only: train.micro_batch_size sequences (0: the rank's whole share of
@@ -116,9 +116,9 @@ parallel::Layout ResolveLayout(const RunConfig& cfg, int world) {
   if (uneven) l.stage_layers = StageLayers(cfg, m, l.pp);
   const bool derived = p.dp == 0;
   CheckBatchSplit(cfg, l.dp,
-                  !derived           ? "parallel.dp"
-                  : l.tp * l.pp == 1 ? "ranks"
-                                     : "data-parallel ranks");
+                  !derived                  ? "parallel.dp"
+                  : l.tp * l.pp * l.cp == 1 ? "ranks"
+                                            : "data-parallel ranks");
   l.ValidateSchedule(in, prefix);
   return l;
 }

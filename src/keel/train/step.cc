@@ -10,6 +10,7 @@
 #include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
 #include "keel/parallel/pipeline_schedule.h"
+#include "keel/parallel/zigzag.h"
 #include "keel/train/freeze.h"
 
 namespace keel::train {
@@ -98,6 +99,10 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
           {groups.tp ? groups.tp->size() : 1, groups.tp ? groups.tp->rank() : 0})) {
   KEEL_CHECK(!g_.pp || g_.pp->size() == spec.layout.pp, "TrainStep: pp group size != layout.pp");
   KEEL_CHECK(layout_.tp().size == spec.layout.tp, "TrainStep: tp group size != layout.tp");
+  KEEL_CHECK(spec.layout.cp == (g_.cp ? g_.cp->size() : 1),
+             "TrainStep: cp group size != layout.cp");
+  KEEL_CHECK(spec.layout.cp == 1 || spec.model.lora_dropout == 0,
+             "TrainStep: LoRA dropout's masks are a whole sequence's");
   // LoRA trains its adapters only, whoever builds the step (the trainer passes the same).
   if (spec_.model.lora_rank > 0 && spec_.frozen.empty())
     spec_.frozen = FrozenParams("", model::ParamLayout::Whole(spec_.model));
@@ -123,9 +128,9 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
   std::vector<model::Transformer*> ptrs;
   for (size_t c = 0; c < chunks.size(); ++c) {
     models_.push_back(std::make_unique<model::Transformer>(
-        spec.model, spec.dtype, spec.layout.micro_batch, spec.seq_len, spec.recompute, zero_.get(),
-        layout_, chunks[c], slots[c],
-        model::TensorParallel{g_.tp, spec.comm_timeout_s, spec.layout.sp}, be_));
+        spec.model, spec.dtype, spec.layout.micro_batch, spec.seq_len / spec.layout.cp,
+        spec.recompute, zero_.get(), layout_, chunks[c], slots[c],
+        model::LayerGroups{g_.tp, spec.comm_timeout_s, spec.layout.sp, g_.cp}, be_));
     models_.back()->SetDocumentMask(spec.document_eos);
     models_.back()->SetFrozen(spec_.frozen);
     ptrs.push_back(models_.back().get());
@@ -324,6 +329,18 @@ double TrainStep::tp_bytes() const {
   return b;
 }
 
+double TrainStep::cp_wait_ms() const {
+  double ms = 0;
+  for (const auto& m : models_) ms += m->cp_wait_ms();
+  return ms;
+}
+
+double TrainStep::cp_bytes() const {
+  double b = 0;
+  for (const auto& m : models_) b += m->cp_bytes();
+  return b;
+}
+
 double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                                   double* data_ms) {
   for (auto& m : models_) m->ResetStepStats();
@@ -336,8 +353,22 @@ double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dlos
                       uint64_t(comm_.rank()) * uint64_t(n_micro) * rows, rows);
   }
   zero_->BeginStep();
+  // Context parallelism: the loader's whole sequences, this rank's two chunks of each kept.
+  const int cp = spec_.layout.cp;
+  NextBatch mine = next;
+  if (cp > 1) {
+    const int B = spec_.layout.micro_batch, T = spec_.seq_len, rank = g_.cp->rank();
+    whole_tokens_.resize(size_t(B) * T);
+    whole_targets_.resize(size_t(B) * T);
+    mine = [&, B, T, rank](int32_t* tokens, int32_t* targets) {
+      const double r = next(whole_tokens_.data(), whole_targets_.data());
+      parallel::ZigzagSlice(whole_tokens_.data(), tokens, B, T, cp, rank);
+      parallel::ZigzagSlice(whole_targets_.data(), targets, B, T, cp, rank);
+      return r;
+    };
+  }
   double loss = pipe_->Run(
-      n_micro, next, dloss, [&](int k) { zero_->BeginMicroBatch(k == n_micro - 1); }, data_ms);
+      n_micro, mine, dloss, [&](int k) { zero_->BeginMicroBatch(k == n_micro - 1); }, data_ms);
   zero_->FinishBackward();
   SumTiedGrads();
   SumTpPartialGrads();

@@ -144,6 +144,10 @@ class TrainStep {
   // The fused classifier and loss (a part of the backward pass), in the last micro-batch step.
   double head_ms() const;
   double tp_bytes() const;
+  // The context-parallel group's key and value collectives (the all-gather variant's waits are
+  // all exposed) and their bytes.
+  double cp_wait_ms() const;
+  double cp_bytes() const;
   double tied_wait_ms() const { return tied_ms_; }
   // The fraction of this stage's schedule spent waiting for other stages (the measured bubble).
   double bubble() const { return pipe_->bubble(); }
@@ -173,6 +177,7 @@ class TrainStep {
   Buffer sum_scratch_;  // parallel::GradSumScratchElems fp32 elements
   double tied_ms_ = 0, tied_bytes_ = 0, tp_sum_ms_ = 0, tp_sum_bytes_ = 0;
   int64_t step_index_ = 0;
+  std::vector<int32_t> whole_tokens_, whole_targets_;  // a micro-batch's sequences, under cp
 };
 
 }  // namespace keel::train

@@ -27,7 +27,7 @@ StepGuards::StepGuards(Run& run, resilience::HeartbeatWriter& heartbeat)
   if (run.resumed) Restore(run.resumed->state);
   hosts_ = GatherHosts(run.comm);
   dp_world_ranks_ = GatherPerRank(*run.groups.dp, run.comm.rank());
-  const int dp = run.layout.dp, zero = run.layout.zero;
+  const int dp = run.layout.replicas(), zero = run.layout.zero;
   const bool diloco = run.step->diloco() != nullptr;
   sdc_on_ = rs_.sdc_every > 0 && dp > 1 && !diloco && CanCompareReplicas(*run.step, zero);
   if (run.lead && rs_.sdc_every > 0 && dp > 1 && !sdc_on_)

@@ -32,7 +32,7 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       layout_(layout),
       comm_(comm),
       zero_(store.dims().zero),
-      dp_(store.dims().dp),
+      dp_(store.dims().replicas()),
       bf16_grads_(store.grad_dtype() == DType::kBF16),
       wire_(wire),
       local_(local),

@@ -297,6 +297,13 @@ inline V16 FiniteOrZero(V16 m) {
   return m == neg_inf ? Splat(0.0f) : m;
 }
 
+// The first key any of a query tile's rows [i0, i0 + nq) sees.
+inline int FirstKey(const int32_t* doc_start, int i0, int nq) {
+  int first = doc_start[i0];
+  for (int r = 1; r < nq; ++r) first = std::min(first, int(doc_start[i0 + r]));
+  return first;
+}
+
 }  // namespace
 
 namespace {
@@ -321,8 +328,8 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
   std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
   std::fill(l, l + kTile, 0.0f);
 
-  // Key tiles wholly before the tile's first document start hold nothing any of its rows sees.
-  const int kt_lo = doc_start ? doc_start[i0] / kTile : 0;
+  // Key tiles wholly before every row's document start hold nothing any of its rows sees.
+  const int kt_lo = doc_start ? FirstKey(doc_start, i0, nq) / kTile : 0;
   for (int kt = kt_lo; kt <= qt; ++kt) {
     const float* Kj = K + size_t(kt) * kTile * hsp;
     const float* Vj = V + size_t(kt) * kTile * hsp;
@@ -488,7 +495,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
         for (int qt = kt; qt < ntiles; ++qt) {
           const int i0 = qt * kTile;
           // Every row of the query tile starts its document after this key tile: nothing to add.
-          if (ds && ds[i0] >= (kt + 1) * kTile) continue;
+          if (ds && FirstKey(ds, i0, std::min(kTile, T_ - i0)) >= (kt + 1) * kTile) continue;
           const bool diag = qt == kt;
           const Tri rows_keys = diag ? Tri::kColsFromRow : Tri::kFull;
           Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false,

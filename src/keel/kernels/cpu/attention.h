@@ -9,7 +9,8 @@
 // where score_ij = q_i·k_j / √hs for j ≤ i.
 // Backward overwrites dqkv. Statistics and accumulation are fp32 in both precisions.
 // doc_start (B·T int32, may be null): document masking for rows that pack several documents;
-// query (b, i) sees keys j with doc_start[b·T + i] ≤ j ≤ i only. Non-decreasing in i, at most i.
+// query (b, i) sees keys j with doc_start[b·T + i] ≤ j ≤ i only; doc_start[b·T + i] ≤ i, in any
+// order (context parallelism's stand-in rows see themselves alone, between rows that see all).
 #pragma once
 
 #include <cstdint>
