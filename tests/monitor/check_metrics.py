@@ -3,7 +3,8 @@ import json
 import re
 import sys
 
-PHASES = ["data_ms", "forward_ms", "head_ms", "backward_ms", "dp_wait_ms", "tp_wait_ms", "pp_wait_ms",
+PHASES = ["data_ms", "forward_ms", "head_ms", "backward_ms", "dp_wait_ms", "tp_wait_ms", "cp_wait_ms",
+          "pp_wait_ms",
           "tied_wait_ms", "sync_wait_ms", "optim_ms", "ckpt_ms", "checks_ms", "val_ms", "other_ms"]
 d = sys.argv[1]
 ok = True

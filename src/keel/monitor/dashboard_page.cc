@@ -43,12 +43,13 @@ const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"
 const ALT_COLORS = ["#ff7f0e", "#17becf", "#bcbd22", "#e377c2", "#8c564b", "#7f7f7f", "#2ca02c"];
 const PHASES = [["data_ms", "data"], ["forward_ms", "forward"], ["head_ms", "head"],
   ["backward_ms", "backward"],
-  ["dp_wait_ms", "dp wait"], ["tp_wait_ms", "tp wait"], ["pp_wait_ms", "pp wait"],
+  ["dp_wait_ms", "dp wait"], ["tp_wait_ms", "tp wait"], ["cp_wait_ms", "cp wait"],
+  ["pp_wait_ms", "pp wait"],
   ["tied_wait_ms", "tied wait"], ["sync_wait_ms", "sync wait"], ["optim_ms", "optimizer"],
   ["ckpt_ms", "checkpoint"], ["checks_ms", "checks"], ["val_ms", "validation"],
   ["other_ms", "other"]];
-const PHASE_COLORS = ["#bbbbbb", "#4e79a7", "#d37295", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-  "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac", "#17becf", "#7f7f7f"];
+const PHASE_COLORS = ["#bbbbbb", "#4e79a7", "#d37295", "#f28e2b", "#e15759", "#76b7b2", "#86bcb6",
+  "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac", "#17becf", "#7f7f7f"];
 const EVENT_COLORS = { checkpoint: "#2ca02c", start: "#1f77b4", rollback: "#ff7f0e",
   alert: "#d62728", restart: "#d62728", failure: "#d62728" };
 const params = new URLSearchParams(location.search);

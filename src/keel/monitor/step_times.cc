@@ -14,10 +14,11 @@ constexpr PhaseNames kNames[kPhases] = {
     {"data_ms", "data", "data"},           {"forward_ms", "forward", "fwd"},
     {"head_ms", "head", "head"},           {"backward_ms", "backward", "bwd"},
     {"dp_wait_ms", "dp_wait", "dp"},       {"tp_wait_ms", "tp_wait", "tp"},
-    {"pp_wait_ms", "pp_wait", "pp"},       {"tied_wait_ms", "tied_wait", "tied"},
-    {"sync_wait_ms", "sync_wait", "sync"}, {"optim_ms", "optimizer", "opt"},
-    {"ckpt_ms", "checkpoint", "ckpt"},     {"checks_ms", "checks", "chk"},
-    {"val_ms", "validation", "val"},       {"other_ms", "other", "other"},
+    {"cp_wait_ms", "cp_wait", "cp"},       {"pp_wait_ms", "pp_wait", "pp"},
+    {"tied_wait_ms", "tied_wait", "tied"}, {"sync_wait_ms", "sync_wait", "sync"},
+    {"optim_ms", "optimizer", "opt"},      {"ckpt_ms", "checkpoint", "ckpt"},
+    {"checks_ms", "checks", "chk"},        {"val_ms", "validation", "val"},
+    {"other_ms", "other", "other"},
 };
 
 }  // namespace

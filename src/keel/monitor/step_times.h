@@ -22,6 +22,7 @@ enum class Phase {
   kBackward,    // the rest of backward compute and gradient accumulation, waits excluded
   kCommDp,      // exposed data-parallel communication (gradient reduce, ZeRO gathers)
   kCommTp,      // exposed tensor-parallel communication
+  kCommCp,      // exposed context-parallel communication (keys, values and their gradients)
   kCommPp,      // waiting for a pipeline neighbour (the bubble)
   kCommTied,    // the tied embedding's gradient sum across pipeline stages
   kSync,        // at the step's end, waiting for the slowest rank (the save/stop agreement)

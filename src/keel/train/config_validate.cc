@@ -301,7 +301,7 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   if (cfg.parallel.cp > 1) {
     // What context parallelism's first version composes with, each one line here.
     auto refuse = [&](bool when, const std::string& why) {
-      if (when) parallel.Fail("cp", "= " + std::to_string(cfg.parallel.cp) + " " + why);
+      if (when) parallel.Fail("cp", std::to_string(cfg.parallel.cp) + " " + why);
     };
     refuse(t.device == "cuda", "runs on train.device = \"cpu\" only so far");
     refuse(cfg.parallel.dp_sync == "diloco",

@@ -136,7 +136,7 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     ptrs.push_back(models_.back().get());
   }
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
-  pipe_->set_wait_clock([this] { return zero_->wait_ms() + tp_wait_ms(); });
+  pipe_->set_wait_clock([this] { return zero_->wait_ms() + tp_wait_ms() + cp_wait_ms(); });
 }
 
 TrainStep::~TrainStep() {
@@ -354,16 +354,14 @@ double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dlos
   }
   zero_->BeginStep();
   // Context parallelism: the loader's whole sequences, this rank's two chunks of each kept.
-  const int cp = spec_.layout.cp;
   NextBatch mine = next;
-  if (cp > 1) {
-    const int B = spec_.layout.micro_batch, T = spec_.seq_len, rank = g_.cp->rank();
-    whole_tokens_.resize(size_t(B) * T);
-    whole_targets_.resize(size_t(B) * T);
-    mine = [&, B, T, rank](int32_t* tokens, int32_t* targets) {
+  if (spec_.layout.cp > 1) {
+    const size_t n = size_t(spec_.layout.micro_batch) * size_t(spec_.seq_len);
+    whole_tokens_.resize(n);
+    whole_targets_.resize(n);
+    mine = [&](int32_t* tokens, int32_t* targets) {
       const double r = next(whole_tokens_.data(), whole_targets_.data());
-      parallel::ZigzagSlice(whole_tokens_.data(), tokens, B, T, cp, rank);
-      parallel::ZigzagSlice(whole_targets_.data(), targets, B, T, cp, rank);
+      KeepMine(whole_tokens_.data(), whole_targets_.data(), tokens, targets);
       return r;
     };
   }
@@ -403,7 +401,21 @@ double TrainStep::Update(float lr, float grad_clip, const std::function<void()>&
   return norm;
 }
 
+void TrainStep::KeepMine(const int32_t* tokens, const int32_t* targets, int32_t* my_tokens,
+                         int32_t* my_targets) const {
+  const int B = spec_.layout.micro_batch, T = spec_.seq_len, cp = spec_.layout.cp;
+  parallel::ZigzagSlice(tokens, my_tokens, B, T, cp, g_.cp->rank());
+  parallel::ZigzagSlice(targets, my_targets, B, T, cp, g_.cp->rank());
+}
+
 double TrainStep::Forward(const int32_t* tokens, const int32_t* targets) {
+  std::vector<int32_t> mine;
+  if (spec_.layout.cp > 1) {  // this rank's chunks; the cp ranks' sums add up to the batch's
+    const size_t n = size_t(spec_.layout.micro_batch) * size_t(spec_.seq_len / spec_.layout.cp);
+    mine.resize(2 * n);
+    KeepMine(tokens, targets, mine.data(), mine.data() + n);
+    tokens = mine.data(), targets = mine.data() + n;
+  }
   const double loss = pipe_->Forward(tokens, targets);
   return layout_.tp().rank == 0 ? loss : 0.0;  // the tp ranks computed the same one
 }

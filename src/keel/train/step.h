@@ -119,7 +119,8 @@ class TrainStep {
   void Apply(float lr, float grad_clip, double norm, double unscale = 1.0);
   // Σ row losses of one micro-batch, forward only, this rank's (through the pipeline: the last
   // stage returns it, the others 0; of a tensor-parallel group, tp rank 0), so that the sum over
-  // the world counts each once.
+  // the world counts each once. Under context parallelism, of this rank's chunks of the batch's
+  // whole sequences (the cp ranks' add up).
   double Forward(const int32_t* tokens, const int32_t* targets);
 
   // The checkpointed state of this rank: master weights and AdamW moments over what it holds.
@@ -131,9 +132,9 @@ class TrainStep {
   // (dp: gradient reduction and ZeRO; tp: the layers' all-reduces, none overlapped; pp: activations
   // and gradients between stages, i.e. the bubble; tied: the embedding's gradient sum) and bytes
   // sent.
-  double comm_wait_ms() const { return zero_->wait_ms() + tied_ms_ + tp_wait_ms(); }
+  double comm_wait_ms() const { return zero_->wait_ms() + tied_ms_ + tp_wait_ms() + cp_wait_ms(); }
   double comm_bytes() const {
-    return zero_->sent_bytes() + pipe_->sent_bytes() + tied_bytes_ + tp_bytes();
+    return zero_->sent_bytes() + pipe_->sent_bytes() + tied_bytes_ + tp_bytes() + cp_bytes();
   }
   double grad_comm_bytes() const { return zero_->grad_sent_bytes(); }  // dp's gradient sums
   double dp_wait_ms() const { return zero_->wait_ms(); }
@@ -154,6 +155,9 @@ class TrainStep {
   bool last_stage() const { return layout_.holds_last(); }
 
  private:
+  // Context parallelism: this rank's chunks (parallel/zigzag.h) of a micro-batch's sequences.
+  void KeepMine(const int32_t* tokens, const int32_t* targets, int32_t* my_tokens,
+                int32_t* my_targets) const;
   void SumTiedGrads();
   void SumTpPartialGrads();
   // Sums `ranges` ([at, n) of the store's gradients) over `c`, all at once for fp32 gradients;

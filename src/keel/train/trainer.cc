@@ -55,6 +55,7 @@ double ForwardBackward(Run& run, StepGuards& guards, monitor::StepTimes* times,
   (*times)[Phase::kHead] = step.head_ms();
   (*times)[Phase::kCommDp] = step.dp_wait_ms();
   (*times)[Phase::kCommTp] = step.tp_wait_ms();
+  (*times)[Phase::kCommCp] = step.cp_wait_ms();
   (*times)[Phase::kCommPp] = step.pp_wait_ms();
   (*times)[Phase::kCommTied] = step.tied_wait_ms();
   const double backward_wait_ms = step.comm_wait_ms() + step.pp_wait_ms();
