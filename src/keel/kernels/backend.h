@@ -79,17 +79,22 @@ class Backend : public Memory {
   // Causal attention over qkv (B,T, C + 2·C·NKV/NH) into out (B,T,C); lse (B,NH,T) for backward.
   // doc_start (B·T, host memory; null: none): document masking, query (b, i) sees keys from
   // doc_start[b·T + i] to i (cpu/attention.h).
+  // key_end (B·T, host memory; null: none): query (b, i) also sees keys before key_end[b·T + i]
+  // only (context parallelism's ring blocks).
   template <typename T>
   void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV = 0,
-                        const int32_t* doc_start = nullptr) const {
-    AttentionForwardOp(DTypeOf<T>(), out, lse, qkv, B, T_, C, NH, NKV ? NKV : NH, doc_start);
+                        const int32_t* doc_start = nullptr,
+                        const int32_t* key_end = nullptr) const {
+    AttentionForwardOp(DTypeOf<T>(), out, lse, qkv, B, T_, C, NH, NKV ? NKV : NH, doc_start,
+                       key_end);
   }
   template <typename T>
   void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse,
                          int B, int T_, int C, int NH, int NKV = 0,
-                         const int32_t* doc_start = nullptr) const {
+                         const int32_t* doc_start = nullptr,
+                         const int32_t* key_end = nullptr) const {
     AttentionBackwardOp(DTypeOf<T>(), dqkv, dout, qkv, out, lse, B, T_, C, NH, NKV ? NKV : NH,
-                        doc_start);
+                        doc_start, key_end);
   }
   template <typename T>
   void LayerNormForward(T* out, float* mean, float* rstd, const T* inp, const T* weight,
@@ -252,10 +257,12 @@ class Backend : public Memory {
                                 const void* inp, const void* weight, int M, int K, int N,
                                 float alpha, bool accumulate) const = 0;
   virtual void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T,
-                                  int C, int NH, int NKV, const int32_t* doc_start) const = 0;
+                                  int C, int NH, int NKV, const int32_t* doc_start,
+                                  const int32_t* key_end) const = 0;
   virtual void AttentionBackwardOp(DType t, void* dqkv, const void* dout, const void* qkv,
                                    const void* out, const float* lse, int B, int T, int C, int NH,
-                                   int NKV, const int32_t* doc_start) const = 0;
+                                   int NKV, const int32_t* doc_start,
+                                   const int32_t* key_end) const = 0;
   virtual void LayerNormForwardOp(DType t, void* out, float* mean, float* rstd, const void* inp,
                                   const void* weight, const void* bias, int N, int C) const = 0;
   virtual void LayerNormBackwardOp(DType t, void* dinp, float* dweight, float* dbias,

@@ -33,7 +33,7 @@ const ActivationBuffer& ActivationPlan::Find(const std::string& name) const {
 
 ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype,
                                Recompute recompute, const StageRange* stage, int slots, int tp,
-                               bool sp, int cp) {
+                               bool sp, int cp, CpComm cp_comm) {
   ActivationPlan plan;
   const StageRange st = stage ? *stage : WholeModel(cfg);
   const size_t L = st.layers(), C = cfg.n_embd, BT = size_t(B) * T;
@@ -88,19 +88,11 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
   add("dqkv", 1, t, BT * QKV);
   add("dfch_gelu", 1, t, BT * F);
   add("dfch", 1, t, BT * FC);
-  // Context parallelism: one layer's attention over the whole sequence (cp·B·T rows), the keys
-  // and values of every rank (KV2 columns each), and this rank's (context_parallel.h).
-  if (cp > 1) {
-    const size_t W = size_t(cp) * BT, KV2 = QKV - Cl;
-    add("cp_kv_local", 1, t, BT * KV2);
-    add("cp_kv_all", 1, t, W * KV2);
-    add("cp_qkv", 1, t, W * QKV);
-    add("cp_out", 1, t, W * Cl);
-    add("cp_dout", 1, t, W * Cl);
-    add("cp_dqkv", 1, t, W * QKV);
-    add("cp_lse", 1, f, W * NH);
-    add("cp_doc", 1, 4, W);
-  }
+  // Context parallelism: one layer's attention blocks and the keys and values in flight
+  // (context_parallel.h).
+  if (cp > 1)
+    for (const CpBufferSize& b : CpBufferSizes(cp_comm, cp, BT, QKV, Cl, NH, t))
+      add(b.name, 1, b.elem_bytes, b.elems);
   // LoRA: x·Aᵀ and its gradient for one product at a time (recomputed in backward); with
   // dropout also the masked input and its gradient (the widest input: C, or the rank's columns
   // of the attention output or of the MLP's hidden units).

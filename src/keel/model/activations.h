@@ -16,6 +16,7 @@
 
 #include "keel/core/dtype.h"
 #include "keel/model/config.h"
+#include "keel/model/context_parallel.h"
 #include "keel/model/params.h"
 
 namespace keel::model {
@@ -62,9 +63,11 @@ struct ActivationPlan {
 // keeping it), a projection's partial sum before its reduce-scatter, and the final LayerNorm's
 // output for the classifier.
 // `cp` (context parallelism): T is this rank's rows of each sequence (1/cp of it); the "cp_*"
-// buffers hold one layer's attention over the whole sequence (context_parallel.h).
+// buffers hold one layer's attention blocks by `cp_comm`'s way (context_parallel.h:
+// CpBufferSizes).
 ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype,
                                Recompute recompute, const StageRange* stage = nullptr,
-                               int slots = 1, int tp = 1, bool sp = false, int cp = 1);
+                               int slots = 1, int tp = 1, bool sp = false, int cp = 1,
+                               CpComm cp_comm = CpComm::kRing);
 
 }  // namespace keel::model

@@ -1,31 +1,40 @@
 // Context parallelism's attention (parallel.cp): each rank holds two chunks of every sequence
 // (parallel/zigzag.h) and computes attention for their queries against the keys and values of
-// the whole sequence, which it gathers from the cp group once per layer (Llama 3's all-gather
-// variant: Dubey et al. 2024, section 3.3.2). Backward gathers them again rather than keeping
-// them (the memory cp exists to save), and the keys' and values' gradients, partial sums over
-// each rank's queries, are reduce-scattered back to the ranks that hold those positions.
+// the whole sequence, in one of two ways ([parallel] cp_comm):
 //
-// The kernel is keel's flash attention over the whole sequence, unchanged: the positions other
-// ranks' queries hold are stand-in rows (query zero, output gradient zero) whose document starts
-// at themselves, so they see one key, cost one diagonal tile per 64 rows, and add exact zeros to
-// the key and value gradients. A real row's arithmetic is the single-rank kernel's, tile for
-// tile: the forward is bitwise the one-process forward; only the gradient sums over cp ranks
-// change order.
+//   ring       (Liu et al. 2023; Megatron-LM's p2p) the keys and values travel around the cp
+//              ring, one rank's pair of chunks per step, each sent on while this rank computes
+//              its queries against them; the blocks' outputs are merged by their log-sum-exps.
+//              Backward sends the keys and values around again, with their gradients (fp32)
+//              accumulating as they go, home after cp steps. Buffers of 2·T rows: O(T/cp).
+//   allgather  (Llama 3, Dubey et al. 2024, section 3.3.2) every rank's keys and values gathered
+//              once per layer; backward gathers them again and reduce-scatters their gradients.
+//              One kernel call over the whole sequence; buffers of the whole sequence's rows.
 //
-// Buffers: the activation plan's shared "cp_*" ones (activations.h), one layer at a time: the
-// whole sequence's q, k, v, output, its gradient, the statistics, the gathered keys and values.
-// They are the price of this variant: cp·B·T·(2·qkv + 2·C + 2·kv) elements beside activations
-// that are 1/cp of one rank's.
+// Both run keel's flash attention kernel unchanged, over stand-in rows: the ring's block puts
+// the visiting keys first and this rank's queries after them, each query row seeing the prefix
+// of keys at positions before its own (key_end); the all-gather's puts every row at its position,
+// other ranks' rows seeing themselves alone (doc_start), at one diagonal tile per 64 rows. A
+// stand-in row adds exact zeros to the gradients. The all-gather forward is bitwise the one-
+// process forward; the ring's merge and both variants' gradient sums over ranks change rounding.
 //
-//   CpAttentionForward(be, cp, shape, buffers, out, lse, qkv);   // collective over cp.comm
+// Neither keeps the gathered keys and values for backward: they travel again (the memory that cp
+// exists to save).
+//
+//   CpAttentionForward(be, comm, CpComm::kRing, 600, shape, buffers, out, lse, qkv, &stats);
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "keel/kernels/backend.h"
 #include "keel/parallel/comm.h"
+#include "keel/parallel/zigzag.h"
 
 namespace keel::model {
+
+using parallel::CpComm;  // parallel/zigzag.h: [parallel] cp_comm
 
 // This rank's attention: B sequences of T local rows (two chunks each), its query channels C,
 // query heads NH, key/value heads NKV (tensor parallelism: its shard's).
@@ -33,35 +42,51 @@ struct CpShape {
   int B = 1, T = 2, C = 0, NH = 1, NKV = 1;
 };
 
-// The whole sequence's stand-ins (cp·T rows each), in the run's dtype unless named.
+// The buffers one layer's attention uses, shared by all layers (the activation plan's "cp_*":
+// CpBufferSizes). A block's rows W: 2·T (ring) or cp·T (allgather). E: the run's dtype.
 template <typename E>
 struct CpBuffers {
-  E* kv_local;   // (B, T, 2·kv): this rank's keys and values; backward: their gradients
-  E* kv_all;     // (cp, B, T, 2·kv): every rank's, by rank; backward: the gradients by owner
-  E* qkv;        // (B, cp·T, qkv)
-  E* out;        // (B, cp·T, C)
-  E* dout;       // (B, cp·T, C)
-  E* dqkv;       // (B, cp·T, qkv)
-  float* lse;    // (B, NH, cp·T)
-  int32_t* doc;  // (B, cp·T): 0 on this rank's rows, a row's own position elsewhere
+  E* kv[2];       // ring: the keys and values held now and the next (B, T, 2·kv) each;
+                  // allgather: this rank's (B, T, 2·kv), then every rank's (cp, B, T, 2·kv)
+  float* dkv[2];  // ring: their gradients travelling with them (fp32); allgather: unused
+  E* qkv;         // (B, W, qkv)
+  E* out;         // (B, W, C)
+  E* dout;        // (B, W, C)
+  E* dqkv;        // (B, W, qkv)
+  float* lse;     // (B, NH, W)
+  int32_t* doc;   // (B, W): each row's first key
+  int32_t* end;   // (B, W): ring: one past each row's last key
+  float* acc;     // (B, T, C): ring: the merged output (forward), the queries' gradient (backward)
 };
 
+struct CpBufferSize {
+  const char* name;
+  size_t elem_bytes, elems;
+};
+// The buffers of `comm` for cp ranks, `rows` (= B·T) local rows, `qkv` fused columns of which `C`
+// are the queries', NH heads, elements of `elem` bytes.
+std::vector<CpBufferSize> CpBufferSizes(CpComm comm, int cp, size_t rows, size_t qkv, size_t C,
+                                        size_t NH, size_t elem);
+
 struct CpStats {
-  double wait_ms = 0;  // waited on the cp group's collectives (none overlaps compute yet)
+  double wait_ms = 0;  // waited on the cp group's transfers (the ring's: only what compute did
+                       // not cover)
   double bytes = 0;    // sent into them
 };
 
-// out (B, T, C) and lse (B, NH, T) of this rank's rows; qkv (B, T, qkv) after RoPE.
+// out (B, T, C) and lse (B, NH, T) of this rank's rows; qkv (B, T, qkv) after RoPE. Collective
+// over `cp`.
 template <typename E>
-void CpAttentionForward(const kernels::Backend& be, parallel::Comm& cp, double timeout_s,
-                        const CpShape& s, const CpBuffers<E>& buf, E* out, float* lse, const E* qkv,
-                        CpStats* stats);
+void CpAttentionForward(const kernels::Backend& be, parallel::Comm& cp, CpComm comm,
+                        double timeout_s, const CpShape& s, const CpBuffers<E>& buf, E* out,
+                        float* lse, const E* qkv, CpStats* stats);
 
 // dqkv (B, T, qkv) overwritten: the queries' gradients and this rank's positions' keys' and
 // values' gradients summed over the cp group.
 template <typename E>
-void CpAttentionBackward(const kernels::Backend& be, parallel::Comm& cp, double timeout_s,
-                         const CpShape& s, const CpBuffers<E>& buf, E* dqkv, const E* dout,
-                         const E* qkv, const E* out, const float* lse, CpStats* stats);
+void CpAttentionBackward(const kernels::Backend& be, parallel::Comm& cp, CpComm comm,
+                         double timeout_s, const CpShape& s, const CpBuffers<E>& buf, E* dqkv,
+                         const E* dout, const E* qkv, const E* out, const float* lse,
+                         CpStats* stats);
 
 }  // namespace keel::model

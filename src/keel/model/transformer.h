@@ -19,6 +19,7 @@
 #include "keel/kernels/backend.h"
 #include "keel/model/activations.h"
 #include "keel/model/config.h"
+#include "keel/model/context_parallel.h"
 #include "keel/model/param_access.h"
 #include "keel/model/params.h"
 #include "keel/parallel/comm.h"
@@ -46,6 +47,7 @@ struct LayerGroups {
   double timeout_s = 600;
   bool sequence = false;
   parallel::Comm* cp = nullptr;  // null or one rank: whole sequences
+  CpComm cp_comm = CpComm::kRing;
 };
 
 class Transformer {

@@ -167,7 +167,8 @@ struct Transformer::Impl {
         // classifier's too, on the last rank) are final only then.
         finishes_embed(lay.embed_segment() >= 0 && st.l0 == lay.chunks().front().l0),
         plan(PlanActivations(c, b, t, d, r, &st, sl, lay.tp().size,
-                             tpar.sequence && lay.tp().size > 1, tpar.cp ? tpar.cp->size() : 1)),
+                             tpar.sequence && lay.tp().size > 1, tpar.cp ? tpar.cp->size() : 1,
+                             tpar.cp_comm)),
         arena(Buffer::Zeroed(backend, plan.total_bytes)),
         tokens(backend, backend.host_visible() ? 0 : 4 * size_t(b) * t),
         targets(backend, backend.host_visible() ? 0 : 4 * size_t(b) * t),
@@ -275,22 +276,37 @@ struct Transformer::Impl {
   // parallelism over the whole sequences whose chunks they are (context_parallel.h).
   template <typename U>
   CpBuffers<U> CpBufs() const {
-    return {Act<U>("cp_kv_local"), Act<U>("cp_kv_all"),   Act<U>("cp_qkv"),
-            Act<U>("cp_out"),      Act<U>("cp_dout"),     Act<U>("cp_dqkv"),
-            Act<float>("cp_lse"),  Act<int32_t>("cp_doc")};
+    auto find = [&](const char* name) -> char* {
+      for (const ActivationBuffer& b : plan.buffers)
+        if (b.name == name) return arena.as<char>() + b.offset;
+      return nullptr;  // not this variant's
+    };
+    const size_t kv = size_t(B) * T * size_t(QKVl - Cl);
+    U* k = reinterpret_cast<U*>(find("cp_kv"));
+    float* dk = reinterpret_cast<float*>(find("cp_dkv"));
+    return {{k, k + kv},
+            {dk, dk ? dk + kv : nullptr},
+            reinterpret_cast<U*>(find("cp_qkv")),
+            reinterpret_cast<U*>(find("cp_out")),
+            reinterpret_cast<U*>(find("cp_dout")),
+            reinterpret_cast<U*>(find("cp_dqkv")),
+            reinterpret_cast<float*>(find("cp_lse")),
+            reinterpret_cast<int32_t*>(find("cp_doc")),
+            reinterpret_cast<int32_t*>(find("cp_end")),
+            reinterpret_cast<float*>(find("cp_acc"))};
   }
   template <typename U>
   void Attend(U* out, float* lse, const U* qkv) {
     if (cp == 1) return be->AttentionForward(out, lse, qkv, B, T, Cl, NHl, NKVl, doc_start);
-    CpAttentionForward(*be, *tpg.cp, tpg.timeout_s, {B, T, Cl, NHl, NKVl}, CpBufs<U>(), out, lse,
-                       qkv, &cp_stats);
+    CpAttentionForward(*be, *tpg.cp, tpg.cp_comm, tpg.timeout_s, {B, T, Cl, NHl, NKVl}, CpBufs<U>(),
+                       out, lse, qkv, &cp_stats);
   }
   template <typename U>
   void AttendBackward(U* dqkv, const U* dout, const U* qkv, const U* out, const float* lse) {
     if (cp == 1)
       return be->AttentionBackward(dqkv, dout, qkv, out, lse, B, T, Cl, NHl, NKVl, doc_start);
-    CpAttentionBackward(*be, *tpg.cp, tpg.timeout_s, {B, T, Cl, NHl, NKVl}, CpBufs<U>(), dqkv, dout,
-                        qkv, out, lse, &cp_stats);
+    CpAttentionBackward(*be, *tpg.cp, tpg.cp_comm, tpg.timeout_s, {B, T, Cl, NHl, NKVl},
+                        CpBufs<U>(), dqkv, dout, qkv, out, lse, &cp_stats);
   }
   // `fn(row, n, pos0)` for each run of a micro-batch's rows whose positions are consecutive: the
   // B rows whole (positions from 0), or under context parallelism each row's two chunks.

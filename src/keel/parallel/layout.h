@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "keel/parallel/dims.h"
+#include "keel/parallel/zigzag.h"
 
 namespace keel::parallel {
 
@@ -38,11 +39,12 @@ struct LayoutInputs {
 struct Layout : ParallelDims {
   // ParallelDims: dp, tp, pp, zero, cp (context parallelism: parallel/zigzag.h splits each
   // sequence over cp ranks).
-  bool sp = false;                // sequence parallelism: the residual stream split over tp
-  int virtual_stages = 1;         // model chunks per pipeline rank (> 1: interleaved 1F1B)
-  std::vector<int> stage_layers;  // blocks per pipeline stage (virtual_stages 1); empty: equal
-  int micro_batch = 1;            // sequences per micro-batch per data-parallel rank
-  int n_micro = 1;                // micro-batches per step (gradient accumulation)
+  bool sp = false;                 // sequence parallelism: the residual stream split over tp
+  CpComm cp_comm = CpComm::kRing;  // context parallelism's keys and values (zigzag.h)
+  int virtual_stages = 1;          // model chunks per pipeline rank (> 1: interleaved 1F1B)
+  std::vector<int> stage_layers;   // blocks per pipeline stage (virtual_stages 1); empty: equal
+  int micro_batch = 1;             // sequences per micro-batch per data-parallel rank
+  int n_micro = 1;                 // micro-batches per step (gradient accumulation)
 
   // Every rule, in this order: ValidateRanks, the global batch over dp x micro_batch,
   // ValidateSchedule. Throws keel::Error (bad input, exit 2) with one line naming the keys and

@@ -13,6 +13,11 @@
 
 namespace keel::parallel {
 
+// How the keys and values of the other ranks' chunks reach a rank's attention
+// (model/context_parallel.h): around a ring of cp ranks, one rank's at a time, or all gathered.
+enum class CpComm { kRing, kAllGather };
+inline const char* CpCommName(CpComm c) { return c == CpComm::kRing ? "ring" : "allgather"; }
+
 // The position in the whole sequence of local row t (0 <= t < local_T = T / cp).
 inline int ZigzagPosition(int cp, int rank, int local_T, int t) {
   const int L = local_T / 2;

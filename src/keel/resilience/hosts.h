@@ -30,10 +30,10 @@ void MarkSpares(std::vector<Host>& hosts, const std::string& spares);
 // over dp x micro-batch.
 struct LayoutRule {
   int tp = 1, pp = 1;
-  int cp = 1;
-  int model() const { return tp * pp * cp; }  // the ranks of one data-parallel replica
   int batch = 1;
   int micro = 0;  // per-rank micro-batch; 0: none fixed (then the batch must split over dp)
+  int cp = 1;
+  int model() const { return tp * pp * cp; }  // the ranks of one data-parallel replica
 };
 // The largest rank count <= `available` that the layout takes; 0 if none.
 int FitRanks(int available, const LayoutRule& rule);

@@ -183,6 +183,7 @@ struct ParallelSection {
   // "diloco" (each takes [diloco] inner_steps steps alone, then they average the change).
   std::string dp_sync = "step";
   int cp = 1;  // context parallelism: each sequence over cp ranks (parallel/zigzag.h)
+  std::string cp_comm = "ring";  // how keys and values travel: "ring" or "allgather"
 
   bool operator==(const ParallelSection&) const = default;
 };

@@ -298,6 +298,7 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
                       "\" is built for CPU runs (its encoding runs on the host); on a GPU the "
                       "gradients travel in fp32 through NCCL");
 
+  parallel.OneOf("cp_comm", cfg.parallel.cp_comm, {"ring", "allgather"});
   if (cfg.parallel.cp > 1) {
     // What context parallelism's first version composes with, each one line here.
     auto refuse = [&](bool when, const std::string& why) {

@@ -88,6 +88,7 @@ parallel::Layout ResolveLayout(const RunConfig& cfg, int world) {
   if (l.dp == 0 && l.tp >= 1 && l.pp >= 1 && l.cp >= 1)
     l.dp = static_cast<int>(std::max<long>(1, world / (long(l.tp) * l.pp * l.cp)));
   l.sp = p.sp;
+  l.cp_comm = p.cp_comm == "allgather" ? parallel::CpComm::kAllGather : parallel::CpComm::kRing;
   l.virtual_stages = p.virtual_stages;
   // The micro-batches, here only: train.micro_batch_size sequences (0: the rank's whole share of
   // train.batch_size), as many as the share holds. A dp < 1 fails ValidateRanks.

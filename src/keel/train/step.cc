@@ -130,7 +130,8 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     models_.push_back(std::make_unique<model::Transformer>(
         spec.model, spec.dtype, spec.layout.micro_batch, spec.seq_len / spec.layout.cp,
         spec.recompute, zero_.get(), layout_, chunks[c], slots[c],
-        model::LayerGroups{g_.tp, spec.comm_timeout_s, spec.layout.sp, g_.cp}, be_));
+        model::LayerGroups{g_.tp, spec.comm_timeout_s, spec.layout.sp, g_.cp, spec.layout.cp_comm},
+        be_));
     models_.back()->SetDocumentMask(spec.document_eos);
     models_.back()->SetFrozen(spec_.frozen);
     ptrs.push_back(models_.back().get());

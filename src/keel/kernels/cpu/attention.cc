@@ -297,12 +297,39 @@ inline V16 FiniteOrZero(V16 m) {
   return m == neg_inf ? Splat(0.0f) : m;
 }
 
-// The first key any of a query tile's rows [i0, i0 + nq) sees.
-inline int FirstKey(const int32_t* doc_start, int i0, int nq) {
-  int first = doc_start[i0];
-  for (int r = 1; r < nq; ++r) first = std::min(first, int(doc_start[i0 + r]));
-  return first;
-}
+// Key windows past the causal mask (attention.h): query row i sees keys from doc_start[i] (or 0)
+// up to key_end[i] (exclusive; or i + 1). Each is this batch row's, or null.
+struct Window {
+  const int32_t* doc_start = nullptr;
+  const int32_t* key_end = nullptr;
+  bool any() const { return doc_start || key_end; }
+  // The first key any of a query tile's rows [i0, i0 + nq) sees, and one past the last.
+  int First(int i0, int nq) const {
+    if (!doc_start) return 0;
+    int first = doc_start[i0];
+    for (int r = 1; r < nq; ++r) first = std::min(first, int(doc_start[i0 + r]));
+    return first;
+  }
+  int End(int i0, int nq) const {
+    if (!key_end) return i0 + nq;
+    int end = key_end[i0];
+    for (int r = 1; r < nq; ++r) end = std::max(end, int(key_end[i0 + r]));
+    return std::min(end, i0 + nq);
+  }
+  // -inf (scores; the probabilities that follow are then 0) where rows r < nq of the query tile
+  // at i0 do not see keys of the key tile at j0.
+  void Mask(float* St, int i0, int nq, int j0) const {
+    if (doc_start) MaskBeforeDocument(St, doc_start, i0, nq, j0);
+    if (!key_end) return;
+    const float kNegInf = -std::numeric_limits<float>::infinity();
+    for (int r = 0; r < nq; ++r)
+      for (int j = std::max(0, key_end[i0 + r] - j0); j < kTile; ++j) St[j * kTile + r] = kNegInf;
+  }
+  Window Row(int b, int T_) const {
+    return {doc_start ? doc_start + size_t(b) * T_ : nullptr,
+            key_end ? key_end + size_t(b) * T_ : nullptr};
+  }
+};
 
 }  // namespace
 
@@ -310,10 +337,10 @@ namespace {
 
 // Forward for one query tile of one head, given that head's Q (pre-scaled), K and V in fp32
 // scratch up to the end of this tile. Writes out and lse for rows [i0, i0 + nq).
-// doc_start: this batch row's (T_), or null.
+// win: this batch row's key windows.
 template <typename T>
 void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const float* V, int qt,
-                      int T_, int C, int hsp, int hs, float* work, const int32_t* doc_start) {
+                      int T_, int C, int hsp, int hs, float* work, const Window& win) {
   const int i0 = qt * kTile, nq = std::min(kTile, T_ - i0);
   float* Qt = work;                      // (hsp, kTile)
   float* Ot = Qt + size_t(hsp) * kTile;  // (hsp, kTile)
@@ -328,9 +355,9 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
   std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
   std::fill(l, l + kTile, 0.0f);
 
-  // Key tiles wholly before every row's document start hold nothing any of its rows sees.
-  const int kt_lo = doc_start ? FirstKey(doc_start, i0, nq) / kTile : 0;
-  for (int kt = kt_lo; kt <= qt; ++kt) {
+  // Key tiles wholly outside every row's window hold nothing any of its rows sees.
+  const int kt_lo = win.First(i0, nq) / kTile, kt_hi = (win.End(i0, nq) - 1) / kTile;
+  for (int kt = kt_lo; kt <= kt_hi; ++kt) {
     const float* Kj = K + size_t(kt) * kTile * hsp;
     const float* Vj = V + size_t(kt) * kTile * hsp;
     const bool diag = kt == qt;
@@ -338,12 +365,12 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
          diag ? Tri::kColsFromRow : Tri::kFull);
     // Padded keys of the last tile sit above the diagonal of it, so the mask covers them too.
     if (diag) FillAboveDiagonal(St);
-    if (doc_start) MaskBeforeDocument(St, doc_start, i0, nq, kt * kTile);
+    win.Mask(St, i0, nq, kt * kTile);
     // Online softmax, 16 query rows at a time.
     for (int r = 0; r < kTile; r += kLanes) {
       V16 m_old = Load(m + r), m_new = m_old;
       for (ptrdiff_t j = 0; j < kTile; ++j) m_new = Max(m_new, Load(St + j * kTile + r));
-      const V16 m_sub = doc_start ? FiniteOrZero(m_new) : m_new;
+      const V16 m_sub = win.any() ? FiniteOrZero(m_new) : m_new;
       V16 sum{};
       for (ptrdiff_t j = 0; j < kTile; ++j) {
         V16 p = Exp(Load(St + j * kTile + r) - m_sub);
@@ -374,7 +401,8 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
 
 template <typename T>
 void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV,
-                      const int32_t* doc_start) {
+                      const int32_t* doc_start, const int32_t* key_end) {
+  const Window win{doc_start, key_end};
   const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), KV = NKV > 0 ? NKV : NH;
   const size_t stride = size_t(C) + 2 * size_t(KV) * hs;
   const int ntiles = (T_ + kTile - 1) / kTile;
@@ -407,7 +435,7 @@ void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, in
     float* w = scratch.Take(work);
     for (int qt = qt_hi; qt >= qt_lo; --qt)
       ForwardQueryTile(out + size_t(b) * T_ * C + size_t(h) * hs, lse + size_t(bh) * T_, Q, K, V,
-                       qt, T_, C, hsp, hs, w, doc_start ? doc_start + size_t(b) * T_ : nullptr);
+                       qt, T_, C, hsp, hs, w, win.Row(b, T_));
   }
 }
 
@@ -415,7 +443,8 @@ void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, in
 // after another, so that the key/value gradients sum over the group in a fixed order.
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B,
-                       int T_, int C, int NH, int NKV, const int32_t* doc_start) {
+                       int T_, int C, int NH, int NKV, const int32_t* doc_start,
+                       const int32_t* key_end) {
   const int hs = C / NH, hsp = RoundUpTo(hs, kLanes), KV = NKV > 0 ? NKV : NH, G = NH / KV;
   const size_t stride = size_t(C) + 2 * size_t(KV) * hs;
   const int ntiles = (T_ + kTile - 1) / kTile, Tp = ntiles * kTile;
@@ -427,7 +456,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
     const T* base = qkv + size_t(b) * T_ * stride;
     const T* k_base = base + C + size_t(kvh) * hs;
     const T* v_base = k_base + size_t(KV) * hs;
-    const int32_t* ds = doc_start ? doc_start + size_t(b) * T_ : nullptr;
+    const Window win = Window{doc_start, key_end}.Row(b, T_);
     T* dbase = dqkv + size_t(b) * T_ * stride;
     T* dk_base = dbase + C + size_t(kvh) * hs;
     T* dv_base = dk_base + size_t(KV) * hs;
@@ -494,14 +523,16 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
         const size_t j0 = size_t(kt) * kTile * hsp;
         for (int qt = kt; qt < ntiles; ++qt) {
           const int i0 = qt * kTile;
-          // Every row of the query tile starts its document after this key tile: nothing to add.
-          if (ds && FirstKey(ds, i0, std::min(kTile, T_ - i0)) >= (kt + 1) * kTile) continue;
+          // Every row of the query tile sees nothing of this key tile: nothing to add.
+          const int nq = std::min(kTile, T_ - i0);
+          if (win.any() && (win.First(i0, nq) >= (kt + 1) * kTile || win.End(i0, nq) <= kt * kTile))
+            continue;
           const bool diag = qt == kt;
           const Tri rows_keys = diag ? Tri::kColsFromRow : Tri::kFull;
           Gemm(Pt, kTile, K + j0, hsp, 1, Qt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false,
                rows_keys);
           if (diag) FillAboveDiagonal(Pt);
-          if (ds) MaskBeforeDocument(Pt, ds, i0, std::min(kTile, T_ - i0), kt * kTile);
+          win.Mask(Pt, i0, nq, kt * kTile);
           Gemm(dSt, kTile, V + j0, hsp, 1, dOt + size_t(i0) * hsp, kTile, kTile, kTile, hsp, false,
                rows_keys);
           if (diag) FillAboveDiagonal(dSt, 0.0f);  // P is 0 there; 0·dP must not be 0·NaN
@@ -541,17 +572,14 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
   }
 }
 
-template void AttentionForward<float>(float*, float*, const float*, int, int, int, int, int,
-                                      const int32_t*);
-template void AttentionForward<bf16>(bf16*, float*, const bf16*, int, int, int, int, int,
-                                     const int32_t*);
-template void AttentionForward<f16>(f16*, float*, const f16*, int, int, int, int, int,
-                                    const int32_t*);
-template void AttentionBackward<float>(float*, const float*, const float*, const float*,
-                                       const float*, int, int, int, int, int, const int32_t*);
-template void AttentionBackward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, const float*,
-                                      int, int, int, int, int, const int32_t*);
-template void AttentionBackward<f16>(f16*, const f16*, const f16*, const f16*, const float*, int,
-                                     int, int, int, int, const int32_t*);
+#define KEEL_ATTENTION_INSTANTIATE(T)                                                              \
+  template void AttentionForward<T>(T*, float*, const T*, int, int, int, int, int, const int32_t*, \
+                                    const int32_t*);                                               \
+  template void AttentionBackward<T>(T*, const T*, const T*, const T*, const float*, int, int,     \
+                                     int, int, int, const int32_t*, const int32_t*);
+KEEL_ATTENTION_INSTANTIATE(float)
+KEEL_ATTENTION_INSTANTIATE(bf16)
+KEEL_ATTENTION_INSTANTIATE(f16)
+#undef KEEL_ATTENTION_INSTANTIATE
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

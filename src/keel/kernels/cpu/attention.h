@@ -11,6 +11,8 @@
 // doc_start (B·T int32, may be null): document masking for rows that pack several documents;
 // query (b, i) sees keys j with doc_start[b·T + i] ≤ j ≤ i only; doc_start[b·T + i] ≤ i, in any
 // order (context parallelism's stand-in rows see themselves alone, between rows that see all).
+// key_end (B·T int32, may be null): query (b, i) also sees keys j < key_end[b·T + i] only (the
+// ring's blocks: queries after the keys they see). Every row must see at least one key.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +24,11 @@ namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 
 template <typename T>
 void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, int NH, int NKV = 0,
-                      const int32_t* doc_start = nullptr);
+                      const int32_t* doc_start = nullptr, const int32_t* key_end = nullptr);
 
 template <typename T>
 void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const float* lse, int B,
-                       int T_, int C, int NH, int NKV = 0, const int32_t* doc_start = nullptr);
+                       int T_, int C, int NH, int NKV = 0, const int32_t* doc_start = nullptr,
+                       const int32_t* key_end = nullptr);
 
 }  // namespace keel::kernels::cpu::inline KEEL_ISA_NS

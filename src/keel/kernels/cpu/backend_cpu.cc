@@ -115,19 +115,20 @@ class CpuImpl final : public Backend {
     });
   }
   void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T, int C,
-                          int NH, int NKV, const int32_t* doc_start) const override {
+                          int NH, int NKV, const int32_t* doc_start,
+                          const int32_t* key_end) const override {
     Typed(t, [&](auto z) {
       using U = decltype(z);
-      cpu::AttentionForward<U>(P<U>(out), lse, P<U>(qkv), B, T, C, NH, NKV, doc_start);
+      cpu::AttentionForward<U>(P<U>(out), lse, P<U>(qkv), B, T, C, NH, NKV, doc_start, key_end);
     });
   }
   void AttentionBackwardOp(DType t, void* dqkv, const void* dout, const void* qkv, const void* out,
                            const float* lse, int B, int T, int C, int NH, int NKV,
-                           const int32_t* doc_start) const override {
+                           const int32_t* doc_start, const int32_t* key_end) const override {
     Typed(t, [&](auto z) {
       using U = decltype(z);
       cpu::AttentionBackward<U>(P<U>(dqkv), P<U>(dout), P<U>(qkv), P<U>(out), lse, B, T, C, NH, NKV,
-                                doc_start);
+                                doc_start, key_end);
     });
   }
   void LayerNormForwardOp(DType t, void* out, float* mean, float* rstd, const void* inp,

@@ -170,20 +170,21 @@ class Cuda final : public Backend {
                          stream_);
   }
   void AttentionForwardOp(DType t, void* out, float* lse, const void* qkv, int B, int T, int C,
-                          int NH, int NKV, const int32_t* doc_start) const override {
-    RefuseDocumentMask(doc_start);
+                          int NH, int NKV, const int32_t* doc_start,
+                          const int32_t* key_end) const override {
+    RefuseDocumentMask(doc_start || key_end);
     cuda::AttentionForward(t, out, lse, qkv, B, T, C, NH, NKV, stream_);
   }
   void AttentionBackwardOp(DType t, void* dqkv, const void* dout, const void* qkv, const void* out,
                            const float* lse, int B, int T, int C, int NH, int NKV,
-                           const int32_t* doc_start) const override {
-    RefuseDocumentMask(doc_start);
+                           const int32_t* doc_start, const int32_t* key_end) const override {
+    RefuseDocumentMask(doc_start || key_end);
     cuda::AttentionBackward(t, dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, stream_);
   }
   // The CUDA kernels have no document mask yet: a packed chat run would silently attend across
   // conversations.
-  static void RefuseDocumentMask(const int32_t* doc_start) {
-    if (doc_start)
+  static void RefuseDocumentMask(bool masked) {
+    if (masked)
       ThrowBadInput(
           "document masking (loss-masked data packed by conversation) runs on the CPU backend "
           "only so far; train on the CPU, or prepare the data with --format text");
