@@ -110,11 +110,11 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
   const std::vector<int> slots = parallel::PipelineSlots(pp, stage, v, spec.layout.n_micro);
   double arenas = 0;
   for (int c = 0; c < v; ++c) {
-    const size_t a =
-        model::PlanActivations(spec.model, spec.layout.micro_batch, spec.seq_len, spec.dtype,
-                               spec.recompute, &chunks[size_t(c)], slots[size_t(c)], tp.size,
-                               spec.layout.sp && tp.size > 1)
-            .total_bytes;
+    const size_t a = model::PlanActivations(
+                         spec.model, spec.layout.micro_batch, spec.seq_len / spec.layout.cp,
+                         spec.dtype, spec.recompute, &chunks[size_t(c)], slots[size_t(c)], tp.size,
+                         spec.layout.sp && tp.size > 1, spec.layout.cp, spec.layout.cp_comm)
+                         .total_bytes;
     want.push_back(Round64(double(a)));
     arenas += double(a);
   }
@@ -220,6 +220,46 @@ TEST(TrainerBytes, PlannerStateAndArenaEqualTheTrainersAllocations) {
         EXPECT_EQ(plan.state.moments, 8 * (zero >= 1 ? shard : n));
         EXPECT_EQ(plan.state.grads, 4 * (zero >= 2 ? shard : n));
       }
+}
+
+// Context parallelism: the planner's arena is the trainer's to the byte for both ways of moving the
+// keys and values, the state is sharded over dp x cp ranks, and the arena less the cp buffers
+// (context_parallel.h's, named in CpBufferSizes) is 1/cp of one rank's (to the 64-byte rounding
+// of each buffer).
+TEST(TrainerBytes, ContextParallelArenaIsThePlannersAndAFractionOfOneRanks) {
+  for (parallel::CpComm way : {parallel::CpComm::kRing, parallel::CpComm::kAllGather})
+    for (int cp : {2, 4})
+      for (int dp : {1, 2})
+        for (int zero : {0, 1, 3}) {
+          SCOPED_TRACE(std::string(parallel::CpCommName(way)) + " cp " + std::to_string(cp) +
+                       " dp " + std::to_string(dp) + " zero " + std::to_string(zero));
+          const Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 2 * dp, dp * cp);
+          Layout l;
+          l.dp = dp, l.cp = cp, l.zero = zero, l.micro_batch = 2, l.cp_comm = way;
+          const MemoryBreakdown plan = EstimateMemory(job, l);
+          ASSERT_TRUE(plan.exact_activations);
+          SilentComm grads(dp * cp - 1, dp * cp), parts(cp - 1, cp);
+          ExpectAllocations(SpecOf(job, l, 1),
+                            train::StepGroups{&grads, nullptr, nullptr, nullptr, &parts}, plan,
+                            zero);
+          const double n = TotalParams(job.model), shard = std::ceil(n / (dp * cp));
+          EXPECT_EQ(plan.state.moments, 8 * (zero >= 1 ? shard : n));
+
+          Layout one = l;
+          one.cp = 1;
+          const double whole = EstimateMemory(job, one).activations;
+          const model::ModelConfig m = ToModelConfig(job.model);
+          const model::ActivationPlan arena =
+              model::PlanActivations(m, 2, m.block_size / cp, DType::kBF16, model::Recompute::kNone,
+                                     nullptr, 1, 1, false, cp, way);
+          double cp_bytes = 0;
+          for (const model::ActivationBuffer& b : arena.buffers)
+            if (b.name.rfind("cp_", 0) == 0) cp_bytes += double(b.bytes());
+          EXPECT_GT(cp_bytes, 0);
+          EXPECT_EQ(double(arena.total_bytes), plan.activations);
+          EXPECT_LE(plan.activations - cp_bytes, whole / cp + 64.0 * double(arena.buffers.size()));
+          EXPECT_GT(plan.activations - cp_bytes, whole / cp - 64.0 * double(arena.buffers.size()));
+        }
 }
 
 // The smaller state tiers (optim.state_dtype = "bf16", optim.master_weights = false,

@@ -20,6 +20,7 @@
 #include "keel/model/transformer.h"
 #include "keel/parallel/comm.h"
 #include "keel/parallel/groups.h"
+#include "keel/plan/comm_time.h"
 #include "keel/train/step.h"
 
 namespace {
@@ -41,9 +42,11 @@ void Batch(int r, int k, int vocab, int32_t* tokens, int32_t* targets) {
 }
 
 int Check(const std::string& name, parallel::Comm& world, const parallel::ParallelDims& dims,
-          int v = 1, std::vector<int> stage_layers = {}, bool sp = false) {
+          int v = 1, std::vector<int> stage_layers = {}, bool sp = false,
+          parallel::CpComm way = parallel::CpComm::kRing) {
   parallel::Layout layout;
   static_cast<parallel::ParallelDims&>(layout) = dims;
+  layout.cp_comm = way;
   layout.sp = sp;
   layout.virtual_stages = v;
   layout.stage_layers = stage_layers;
@@ -87,6 +90,23 @@ int Check(const std::string& name, parallel::Comm& world, const parallel::Parall
       dloss);
 
   int bad = 0;
+  // Context parallelism: the keys and values this rank sent are what the planner prices.
+  if (dims.cp > 1) {
+    plan::Job job;
+    job.model = plan::SpecOf(name, cfg, kT);
+    job.precision = plan::Precision::kFp32;
+    job.global_batch = kB * kMicro * dims.dp;
+    job.cluster.world = world.size();
+    plan::Layout pl;
+    static_cast<parallel::Layout&>(pl) = layout;
+    const double planned = plan::EstimateComm(job, pl).cp_bytes;
+    if (st.cp_bytes() != planned) {
+      std::printf("%s %s rank %d: sent %.0f bytes of keys and values, the planner says %.0f\n",
+                  name.c_str(), parallel::DimsName(dims).c_str(), world.rank(), st.cp_bytes(),
+                  planned);
+      ++bad;
+    }
+  }
   // ZeRO 0 and 1 (fp32 gradients): every gradient of the rank's tensors.
   const float* grads = static_cast<const float*>(st.store().grads());
   std::vector<float> shards(st.layout().total());
@@ -142,6 +162,12 @@ int main() {
     // Context parallelism: the cp ranks' gradients of their chunks summed like replicas'.
     if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/1, /*zero=*/0, /*cp=*/2});
     if (n == 2) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/1, /*zero=*/1, /*cp=*/2});
+    if (n == 2)
+      bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/1, /*zero=*/0, /*cp=*/2}, 1, {}, false,
+                   parallel::CpComm::kAllGather);
+    if (n == 4)
+      bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0, /*cp=*/2}, 1, {}, false,
+                   parallel::CpComm::kAllGather);
     if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/1, /*zero=*/1, /*cp=*/4});
     if (n == 4) bad += Check(m, *world, {/*dp=*/2, /*tp=*/1, /*pp=*/1, /*zero=*/1, /*cp=*/2});
     if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0, /*cp=*/2});

@@ -33,7 +33,8 @@ struct PlanArgs {
   double offload_chunk_mib = 16, offload_gbps = 0;
   int layers = 0, hidden = 0, heads = 0, vocab = 0, seq = 0;
   int global_batch = 512, world = 8, per_node = 8, top = 10;
-  int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1;
+  int tp = -1, pp = -1, dp = -1, zero = -1, micro_batch = -1, virtual_stages = 1, cp = -1;
+  std::string cp_comm = "ring";
   double tflops = 0, fp32_tflops = 0, memory_gb = 0, hbm_gbps = 0, intra_gbps = 0, inter_gbps = 0;
   double efficiency = -1;  // not given: plan::DefaultEfficiency for the accelerator and precision
   double node_mtbf_hours = 6000, storage_gbps = 0, restart_minutes = 10, price_per_hour = 0;
@@ -232,10 +233,13 @@ plan::Job MakeJob(const PlanArgs& a) {
 }
 
 plan::Constraints MakeConstraints(const PlanArgs& a) {
-  plan::Constraints c{a.tp, a.pp, a.dp, a.zero, a.micro_batch, -1, a.virtual_stages, {}};
+  plan::Constraints c{a.tp, a.pp, a.dp, a.zero, a.micro_batch, -1, a.virtual_stages, {}, a.cp};
   // -1 is "not given"; anything else below 1 (below 0 for ZeRO) is a mistake, not "any".
-  const std::pair<const char*, int> fixed[] = {
-      {"--tp", a.tp}, {"--pp", a.pp}, {"--dp", a.dp}, {"--micro-batch", a.micro_batch}};
+  const std::pair<const char*, int> fixed[] = {{"--tp", a.tp},
+                                               {"--pp", a.pp},
+                                               {"--dp", a.dp},
+                                               {"--micro-batch", a.micro_batch},
+                                               {"--cp", a.cp}};
   for (const auto& [flag, v] : fixed)
     if (v != -1 && v < 1)
       ThrowBadInput(std::string("plan: ") + flag + " " + std::to_string(v) + ": expected >= 1");
@@ -248,6 +252,10 @@ plan::Constraints MakeConstraints(const PlanArgs& a) {
   else if (a.sp != "any")
     ThrowBadInput("plan: --sp: expected on, off or any, got \"" + a.sp + "\"");
   if (a.recompute != "any") c.recompute = {plan::ParseRecompute(a.recompute)};
+  if (a.cp_comm == "allgather")
+    c.cp_comm = parallel::CpComm::kAllGather;
+  else if (a.cp_comm != "ring")
+    ThrowBadInput("plan: --cp-comm: expected ring or allgather, got \"" + a.cp_comm + "\"");
   return c;
 }
 
@@ -339,6 +347,11 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_option("--virtual-stages", a.virtual_stages,
                   "interleaved 1F1B: model chunks per pipeline rank (default 1)");
   cmd->add_option("--dp", a.dp, "fix data parallelism");
+  cmd->add_option("--cp", a.cp,
+                  "fix context parallelism (default: searched from 8192-token sequences on)");
+  cmd->add_option("--cp-comm", a.cp_comm,
+                  "context parallelism's keys and values: ring or allgather")
+      ->capture_default_str();
   cmd->add_option("--zero", a.zero, "fix the ZeRO stage (0-3)");
   cmd->add_option("--micro-batch", a.micro_batch, "fix sequences per micro-batch");
   cmd->add_option("--recompute", a.recompute, "none, selective, full or any")

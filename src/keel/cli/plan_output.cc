@@ -21,41 +21,47 @@ nlohmann::json CostJson(const plan::RunCost& c);
 nlohmann::json EstimateJson(const plan::Estimate& e) {
   const auto& l = e.layout;
   const auto& m = e.memory;
-  return {
-      {"tp", l.tp},
-      {"pp", l.pp},
-      {"dp", l.dp},
-      {"zero", l.zero},
-      {"micro_batch", l.micro_batch},
-      {"recompute", plan::RecomputeName(l.recompute)},
-      {"sp", l.sp},
-      {"virtual_stages", l.virtual_stages},
-      {"fits", e.fits},
-      {"reason", e.reason},
-      {"memory_bytes",
-       {{"params", m.state.params},
-        {"grads", m.state.grads},
-        {"master", m.state.master},
-        {"moments", m.state.moments},
-        {"offload_buffers", m.state.offload},
-        {"offload_tier", m.tier},
-        {"activations", m.activations},
-        {"comm_buffers", m.comm_buffers},
-        {"headroom", m.headroom},
-        {"used", m.used()},
-        {"capacity", m.capacity}}},
-      {"activation_row", e.activation_row},
-      {"comm_bytes", {{"tp", e.comm.tp_bytes}, {"pp", e.comm.pp_bytes}, {"dp", e.comm.dp_bytes}}},
-      {"comm_s", {{"tp", e.comm.tp_s}, {"pp", e.comm.pp_s}, {"dp", e.comm.dp_s}}},
-      {"micro_batches", e.time.micro_batches},
-      {"bubble", e.time.bubble},
-      {"compute_s", e.time.compute_s},
-      {"exposed_comm_s", e.time.exposed_comm_s},
-      {"offload_s", e.time.offload_s},
-      {"step_s", e.time.step_s},
-      {"tokens_per_s", e.time.tokens_per_s},
-      {"mfu", e.time.mfu},
-      {"cost", CostJson(e.cost)}};
+  return {{"tp", l.tp},
+          {"pp", l.pp},
+          {"dp", l.dp},
+          {"zero", l.zero},
+          {"micro_batch", l.micro_batch},
+          {"recompute", plan::RecomputeName(l.recompute)},
+          {"sp", l.sp},
+          {"virtual_stages", l.virtual_stages},
+          {"cp", l.cp},
+          {"cp_comm", parallel::CpCommName(l.cp_comm)},
+          {"fits", e.fits},
+          {"reason", e.reason},
+          {"memory_bytes",
+           {{"params", m.state.params},
+            {"grads", m.state.grads},
+            {"master", m.state.master},
+            {"moments", m.state.moments},
+            {"offload_buffers", m.state.offload},
+            {"offload_tier", m.tier},
+            {"activations", m.activations},
+            {"comm_buffers", m.comm_buffers},
+            {"headroom", m.headroom},
+            {"used", m.used()},
+            {"capacity", m.capacity}}},
+          {"activation_row", e.activation_row},
+          {"comm_bytes",
+           {{"tp", e.comm.tp_bytes},
+            {"pp", e.comm.pp_bytes},
+            {"dp", e.comm.dp_bytes},
+            {"cp", e.comm.cp_bytes}}},
+          {"comm_s",
+           {{"tp", e.comm.tp_s}, {"pp", e.comm.pp_s}, {"dp", e.comm.dp_s}, {"cp", e.comm.cp_s}}},
+          {"micro_batches", e.time.micro_batches},
+          {"bubble", e.time.bubble},
+          {"compute_s", e.time.compute_s},
+          {"exposed_comm_s", e.time.exposed_comm_s},
+          {"offload_s", e.time.offload_s},
+          {"step_s", e.time.step_s},
+          {"tokens_per_s", e.time.tokens_per_s},
+          {"mfu", e.time.mfu},
+          {"cost", CostJson(e.cost)}};
 }
 
 namespace {
@@ -260,7 +266,9 @@ void PrintGroups(const plan::Layout& l) {
       "ZeRO 2's, plus an all-gather of each block's weights before its forward and its backward "
       "(ZeRO 3)"};
   if (l.dp > 1)
-    std::printf("  dp    %d ranks each (same tp, pp): %s\n", l.dp, kZero[std::clamp(l.zero, 0, 3)]);
+    std::printf("  dp    %d ranks each (same tp, pp%s): %s\n", l.dp,
+                l.cp > 1 ? "; with the cp ranks, the gradient group" : "",
+                kZero[std::clamp(l.zero, 0, 3)]);
   if (l.pp > 1) {
     std::printf(
         "  pp    %d stages each (same dp, tp): %s; send/recv of one (micro-batch x seq%s x "
@@ -288,7 +296,17 @@ void PrintGroups(const plan::Layout& l) {
           "gradients all-reduced once per step\n",
           l.tp);
   }
-  if (l.dp * l.pp * l.tp == 1) std::printf("  none: one rank\n");
+  if (l.cp > 1)
+    std::printf(
+        "  cp    %d ranks each (same dp, tp, pp): each holds 2 of the sequence's %d chunks "
+        "(head and tail); per block %s\n",
+        l.cp, 2 * l.cp,
+        l.cp_comm == parallel::CpComm::kRing
+            ? "the keys and values go around the ring, one rank's per step beside the attention "
+              "of the ones before, again in backward with their fp32 gradients"
+            : "an all-gather of the keys and values (again in backward) and a reduce-scatter of "
+              "their gradients");
+  if (l.dp * l.pp * l.tp * l.cp == 1) std::printf("  none: one rank\n");
   std::printf("\n");
 }
 
@@ -335,6 +353,11 @@ void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
               link(e.comm.tp_intra));
   std::printf("  pp  %10.3f GB  %8.4f s (%s)\n", e.comm.pp_bytes / 1e9, e.comm.pp_s,
               link(e.comm.pp_intra));
+  if (e.layout.cp > 1)
+    std::printf(
+        "  cp  %10.3f GB  %8.4f s (%s%s)\n", e.comm.cp_bytes / 1e9, e.comm.cp_s,
+        link(e.comm.cp_intra),
+        e.layout.cp_comm == parallel::CpComm::kRing ? ", overlaps the attention blocks" : "");
   std::printf("  dp  %10.3f GB  %8.4f s (%s, overlaps backward)\n\n", e.comm.dp_bytes / 1e9,
               e.comm.dp_s, link(e.comm.dp_intra));
   PrintGroups(e.layout);
@@ -349,21 +372,21 @@ void PrintExplain(const plan::Job& j, const plan::Estimate& e) {
 
 void PrintTable(const plan::Job& j, const std::vector<plan::Estimate>& all, int top) {
   // days and cost: the whole run (token budget) with the expected failure overhead.
-  std::printf("%4s %4s %4s %5s %4s %4s %5s %-9s %3s %8s %8s %11s %6s %6s %7s %8s\n", "rank", "tp",
-              "pp", "dp", "zero", "mb", "m", "recompute", "sp", "mem GB", "step s", "tokens/s",
-              "MFU", "bubble", "days", "cost");
+  std::printf("%4s %4s %4s %3s %5s %4s %4s %5s %-9s %3s %8s %8s %11s %6s %6s %7s %8s\n", "rank",
+              "tp", "pp", "cp", "dp", "zero", "mb", "m", "recompute", "sp", "mem GB", "step s",
+              "tokens/s", "MFU", "bubble", "days", "cost");
   int shown = 0, fit = 0;
   for (const auto& e : all) fit += e.fits;
   for (const auto& e : all) {
     if (!e.fits || shown >= top) break;
     const auto& l = e.layout;
     const auto& k = e.cost;
-    std::printf("%4d %4d %4d %5d %4d %4d %5d %-9s %3s %8.2f %8.3f %11.0f %5.1f%% %6.3f %7.4g %8s\n",
-                ++shown, l.tp, l.pp, l.dp, l.zero, l.micro_batch, e.time.micro_batches,
-                plan::RecomputeName(l.recompute), l.sp ? "on" : "off", e.memory.used() / 1e9,
-                e.time.step_s, e.time.tokens_per_s, 100 * e.time.mfu, e.time.bubble,
-                k.wall_days + k.failure_days,
-                k.money > 0 ? Money(k.money + k.failure_money).c_str() : "-");
+    std::printf(
+        "%4d %4d %4d %3d %5d %4d %4d %5d %-9s %3s %8.2f %8.3f %11.0f %5.1f%% %6.3f %7.4g %8s\n",
+        ++shown, l.tp, l.pp, l.cp, l.dp, l.zero, l.micro_batch, e.time.micro_batches,
+        plan::RecomputeName(l.recompute), l.sp ? "on" : "off", e.memory.used() / 1e9, e.time.step_s,
+        e.time.tokens_per_s, 100 * e.time.mfu, e.time.bubble, k.wall_days + k.failure_days,
+        k.money > 0 ? Money(k.money + k.failure_money).c_str() : "-");
   }
   std::printf("\n%d of %zu layouts fit", fit, all.size());
   if (fit < int(all.size())) {

@@ -38,7 +38,8 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   // gradients) and adds the all-gather.
   const BytesPerParam bpp = StateBytesPerParam(job.precision, job.accounting);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
-  const double r = Ring(l.dp);
+  // Context parallelism's ranks hold the same parameters: the gradient group is dp x cp.
+  const double r = Ring(l.replicas());
   // The gradients' bytes on the wire per element: [parallel] grad_comm's, where it is not fp32
   // (int8's block scales included).
   const double grad_wire =
@@ -64,8 +65,22 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   // DiLoCo: one sum of the pseudo-gradients (gradient-sized, in the same format) per round.
   if (job.diloco_inner_steps > 0) c.dp_bytes /= job.diloco_inner_steps;
 
+  // Context parallelism, per layer and micro-batch: this rank's keys and values (B·s/cp rows of
+  // 2·kv_heads/tp heads) go to the cp - 1 others forward, again in backward (and in a recomputed
+  // forward), where the ring also sends their fp32 gradients cp times and the all-gather
+  // reduce-scatters them (cp - 1) in the activations' dtype.
+  if (l.cp > 1) {
+    const double kv = double(l.micro_batch) * (double(m.seq) / l.cp) * 2.0 *
+                      (m.kv_heads > 0 ? m.kv_heads : m.heads) * (double(m.hidden) / m.heads) / l.tp;
+    const double passes = 2 + (l.recompute == Recompute::kNone ? 0 : 1);
+    const double per_layer = l.cp_comm == parallel::CpComm::kRing
+                                 ? passes * (l.cp - 1) * kv * act_elem + l.cp * kv * 4
+                                 : (passes + 1) * (l.cp - 1) * kv * act_elem;
+    c.cp_bytes = per_layer * (m.layers / l.pp) * micro_batches;
+  }
   c.tp_intra = l.tp <= cl.per_node;
-  c.dp_intra = l.tp * l.dp <= cl.per_node;
+  c.cp_intra = l.tp * l.cp <= cl.per_node;
+  c.dp_intra = l.tp * l.cp * l.dp <= cl.per_node;
   c.pp_intra = cl.world <= cl.per_node;
   auto bw = [&](bool intra) {
     return intra ? cl.accel.intra_bytes_per_s : cl.accel.inter_bytes_per_s;
@@ -73,6 +88,7 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
   c.tp_s = c.tp_bytes / bw(c.tp_intra);
   c.pp_s = c.pp_bytes / bw(c.pp_intra);
   c.dp_s = c.dp_bytes / bw(c.dp_intra);
+  c.cp_s = c.cp_bytes / bw(c.cp_intra);
   return c;
 }
 
@@ -125,11 +141,18 @@ StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c, doub
   // tp and pp transfers sit on the critical path; the dp traffic overlaps backward (about 2/3 of
   // the compute) and only its excess is exposed.
   const double dp_exposed = std::max(0.0, c.dp_s - t.compute_s * 2.0 / 3.0);
-  t.exposed_comm_s = c.tp_s + c.pp_s + dp_exposed;
+  // The ring's transfers overlap the attention blocks (12·L·h·s FLOPs per token, forward and
+  // backward); the all-gather waits before its one kernel call.
+  const double attn_s = tokens * 12.0 * m.layers * m.hidden * m.seq / world /
+                        (peak * job.efficiency) * PipelineStageImbalance(m, l.pp);
+  const double cp_exposed =
+      l.cp_comm == parallel::CpComm::kRing ? std::max(0.0, c.cp_s - attn_s) : c.cp_s;
+  t.exposed_comm_s = c.tp_s + c.pp_s + cp_exposed + dp_exposed;
   // The bubble stretches the pipelined part: (m + pp - 1) / m = 1 / (1 - bubble).
   const double sharing = job.offload_host ? 1 : std::min<double>(job.cluster.per_node, world);
   t.offload_s = tier_traffic * sharing / job.offload_bytes_per_s;
-  t.step_s = (t.compute_s + c.tp_s + c.pp_s) / (1 - t.bubble) + dp_exposed + t.offload_s;
+  t.step_s =
+      (t.compute_s + c.tp_s + c.pp_s + cp_exposed) / (1 - t.bubble) + dp_exposed + t.offload_s;
   t.tokens_per_s = tokens / t.step_s;
   t.mfu = tokens * ModelFlopsPerToken(m, n) / (t.step_s * world * peak);
   return t;

@@ -13,6 +13,11 @@ struct CommVolume {
   double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;
   double tp_s = 0, pp_s = 0, dp_s = 0;
   bool tp_intra = true, pp_intra = true, dp_intra = true;  // inside one node?
+  // Context parallelism: the keys and values (and their gradients) of every layer's attention,
+  // bytes as the trainer counts them (model/context_parallel.h); EstimateTime counts what the
+  // ring's blocks do not cover (and all of the all-gather's).
+  double cp_bytes = 0, cp_s = 0;
+  bool cp_intra = true;
 };
 
 CommVolume EstimateComm(const Job& job, const Layout& l);

@@ -124,10 +124,10 @@ void CheckLayout(const Job& job, const Layout& l) {
   // further, and a quantized base is not split for tensor parallelism.
   if (job.model.lora_rank > 0 && l.zero > 1)
     ThrowBadInput("plan: LoRA runs with ZeRO 0 or 1 (got zero " + std::to_string(l.zero) + ")");
-  if (job.diloco_inner_steps > 0 && (l.zero > 0 || l.tp > 1 || l.pp > 1))
-    ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = 1 (got zero " +
+  if (job.diloco_inner_steps > 0 && (l.zero > 0 || l.tp > 1 || l.pp > 1 || l.cp > 1))
+    ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = cp = 1 (got zero " +
                   std::to_string(l.zero) + ", tp " + std::to_string(l.tp) + ", pp " +
-                  std::to_string(l.pp) + ")");
+                  std::to_string(l.pp) + ", cp " + std::to_string(l.cp) + ")");
   if (job.model.lora_base != model::BaseQuant::kNone && l.tp > 1)
     ThrowBadInput("plan: a quantized LoRA base runs with tp 1 (got tp " + std::to_string(l.tp) +
                   ")");
@@ -142,7 +142,8 @@ void CheckLayout(const Job& job, const Layout& l) {
               .n_kv_head = job.model.kv_heads,
               .ffn_hidden = job.model.ffn,
               .padded_vocab = 0,
-              .global_batch = job.global_batch},
+              .global_batch = job.global_batch,
+              .seq_len = job.model.seq},
              "plan: ");
 }
 

@@ -180,8 +180,8 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   const std::vector<int> slots = parallel::PipelineSlots(l.pp, stage, v, micro_batches);
   for (int c = 0; c < v; ++c)
     mem.activations +=
-        double(model::PlanActivations(cfg, l.micro_batch, m.seq, dt, rc, &chunks[size_t(c)],
-                                      slots[size_t(c)], l.tp, l.sp && l.tp > 1)
+        double(model::PlanActivations(cfg, l.micro_batch, m.seq / l.cp, dt, rc, &chunks[size_t(c)],
+                                      slots[size_t(c)], l.tp, l.sp && l.tp > 1, l.cp, l.cp_comm)
                    .total_bytes);
   mem.exact_activations = true;
   return mem;
@@ -204,7 +204,7 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   mem.headroom = std::max(1e9, 0.05 * mem.capacity);
   const BytesPerParam bpp = StateBytesPerParam(job);
   const double psi = ParamsPerRank(m, l.tp, l.pp);
-  mem.state = ModelStateBytes(psi, bpp, l.zero, l.dp);
+  mem.state = ModelStateBytes(psi, bpp, l.zero, l.replicas());
   const int micro_batches = job.global_batch / (l.dp * l.micro_batch);
   if (job.offload_chunk > 0) {  // the moments, and a bf16 run's master, go to disk
     const bool master = job.precision == Precision::kBf16;
@@ -221,15 +221,17 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   }
 
   {
-    // Korthikanti's formulas count 16-bit activations; fp32 doubles the stored values.
+    // Korthikanti's formulas count 16-bit activations; fp32 doubles the stored values. Context
+    // parallelism keeps s/cp rows of each sequence.
     const double scale = job.precision == Precision::kFp32 ? 2.0 : 1.0;
-    const double per_layer = scale * LayerActivationBytes(m.seq, l.micro_batch, m.hidden, m.heads,
-                                                          l.tp, l.sp, l.recompute);
+    const double s = double(m.seq) / l.cp;
+    const double per_layer =
+        scale * LayerActivationBytes(s, l.micro_batch, m.hidden, m.heads, l.tp, l.sp, l.recompute);
     const int stage_layers = m.layers / l.pp;
     // 1F1B: the first stage holds min(pp, m) micro-batches in flight (Section 4.2.3: L layers'
     // worth at pp ranks); the last stage holds one, plus the fp32 logits split over tp.
     const double first = per_layer * stage_layers * std::min(l.pp, micro_batches);
-    const double logits = 4.0 * m.seq * l.micro_batch * m.vocab / l.tp;
+    const double logits = 4.0 * s * l.micro_batch * m.vocab / l.tp;
     const double last = per_layer * stage_layers + logits;
     mem.activations = l.pp == 1 ? first + logits : std::max(first, last);
   }

@@ -34,7 +34,8 @@ std::string LayoutName(const Layout& l) {
          " dp=" + std::to_string(l.dp) + " zero=" + std::to_string(l.zero) +
          " mb=" + std::to_string(l.micro_batch) + " recompute=" + RecomputeName(l.recompute) +
          " sp=" + (l.sp ? "on" : "off") +
-         (l.virtual_stages > 1 ? " v=" + std::to_string(l.virtual_stages) : "");
+         (l.virtual_stages > 1 ? " v=" + std::to_string(l.virtual_stages) : "") +
+         (l.cp > 1 ? " cp=" + std::to_string(l.cp) + " " + parallel::CpCommName(l.cp_comm) : "");
 }
 
 namespace {
@@ -62,14 +63,20 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
   if (c.pp > 0 && job.model.layers % c.pp)
     ThrowBadInput("plan: layers " + n(job.model.layers) + " % pp " + n(c.pp) + " = " +
                   n(job.model.layers % c.pp) + ": pp must divide the number of layers");
-  if (c.tp > 0 && c.pp > 0 && c.dp > 0 && long(c.tp) * c.pp * c.dp != world)
-    ThrowBadInput("plan: world " + n(world) + " != tp " + n(c.tp) + " x pp " + n(c.pp) + " x dp " +
-                  n(c.dp) + " = " + n(long(c.tp) * c.pp * c.dp));
+  const int cp_fixed = c.cp > 0 ? c.cp : 1;
+  if (c.cp > 0 && job.model.seq % (2 * c.cp))
+    ThrowBadInput("plan: cp " + n(c.cp) + " cuts each sequence into 2 x cp = " + n(2 * c.cp) +
+                  " chunks: the sequence length " + n(job.model.seq) + " is not divisible by " +
+                  n(2 * c.cp));
+  if (c.tp > 0 && c.pp > 0 && c.dp > 0 && long(c.tp) * c.pp * c.dp * cp_fixed != world)
+    ThrowBadInput("plan: world " + n(world) + " != tp " + n(c.tp) + " x pp " + n(c.pp) +
+                  (c.cp > 0 ? " x cp " + n(c.cp) : "") + " x dp " + n(c.dp) + " = " +
+                  n(long(c.tp) * c.pp * c.dp * cp_fixed));
   const long fixed_split =
-      long(c.tp > 0 ? c.tp : 1) * (c.pp > 0 ? c.pp : 1) * (c.dp > 0 ? c.dp : 1);
+      long(c.tp > 0 ? c.tp : 1) * (c.pp > 0 ? c.pp : 1) * (c.dp > 0 ? c.dp : 1) * cp_fixed;
   if (world % fixed_split)
-    ThrowBadInput("plan: world " + n(world) +
-                  " is not divisible by tp x pp x dp = " + n(fixed_split));
+    ThrowBadInput("plan: world " + n(world) + " is not divisible by tp x pp x dp" +
+                  (c.cp > 0 ? " x cp" : "") + " = " + n(fixed_split));
   const long batch_unit = long(c.dp > 0 ? c.dp : 1) * (c.micro_batch > 0 ? c.micro_batch : 1);
   if (job.global_batch % batch_unit)
     ThrowBadInput("plan: global batch " + n(job.global_batch) + " is not divisible by dp " +
@@ -89,8 +96,8 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
         "parallelism yet)");
   // DiLoCo: the trainer's ZeRO 0 with data parallelism alone (job.h's CheckLayout).
   const bool diloco = job.diloco_inner_steps > 0;
-  if (diloco && (c.zero > 0 || c.tp > 1 || c.pp > 1))
-    ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = 1");
+  if (diloco && (c.zero > 0 || c.tp > 1 || c.pp > 1 || c.cp > 1))
+    ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = cp = 1");
   const int v = c.virtual_stages;
   if (v < 1) ThrowBadInput("plan: --virtual-stages " + n(v) + ": expected >= 1");
   if (v > 1 && c.pp > 0 && job.model.layers % (long(c.pp) * v))
@@ -100,45 +107,60 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
   std::vector<Recompute> rcs = c.recompute;
   if (rcs.empty()) rcs = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
 
+  // Context parallelism splits each sequence over cp ranks, in 2·cp chunks: searched for long
+  // sequences (or as asked); the other dimensions share what it leaves of the world.
+  std::vector<int> cps;
+  for (int cp : Candidates(c.cp, world))
+    if (world % cp == 0 && job.model.seq % (2 * cp) == 0 && !(diloco && cp > 1) &&
+        (cp == 1 || c.cp > 0 || job.model.seq >= kCpSearchFrom))
+      cps.push_back(cp);
   std::vector<Estimate> out;
-  for (int tp : Candidates(c.tp, world)) {
-    if (world % tp || job.model.heads % tp || (quantized && tp > 1) || (diloco && tp > 1)) continue;
-    for (int pp : Candidates(c.pp, world / tp)) {
-      if ((world / tp) % pp || job.model.layers % pp || (diloco && pp > 1)) continue;
-      // Interleaving needs a pipeline, whole layers per chunk, and groups of pp micro-batches.
-      if (v > 1 && (pp == 1 || job.model.layers % (pp * v))) continue;
-      const int dp = world / (tp * pp);
-      if (c.dp > 0 && dp != c.dp) continue;
-      if (job.global_batch % dp) continue;
-      const int per_dp = job.global_batch / dp;
-      for (int mb = 1; mb <= per_dp; mb *= 2) {
-        if (c.micro_batch > 0 && mb != c.micro_batch) continue;
-        if (per_dp % mb) continue;
-        if (v > 1 && (per_dp / mb) % pp) continue;
-        for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero) {
-          if (c.zero >= 0 && zero != c.zero) continue;
-          if (c.zero < 0 && zero > 0 && dp == 1) continue;  // nothing to shard over
-          for (Recompute rc : rcs) {
-            for (int sp = 0; sp <= 1; ++sp) {
-              if (c.sp >= 0 && sp != c.sp) continue;
-              if (c.sp < 0 && sp && tp == 1) continue;  // sp means nothing without tp
-              const Layout l = Layout::Of({dp, tp, pp, zero}, mb, rc, sp == 1, v);
-              out.push_back(Evaluate(job, l));
+  for (int cp : cps) {
+    const int world_cp = world / cp;
+    auto of = [&](int dp, int tp, int pp, int zero, int mb, Recompute rc, bool sp) {
+      Layout l = Layout::Of({dp, tp, pp, zero, cp}, mb, rc, sp, v);
+      l.cp_comm = c.cp_comm;
+      return Evaluate(job, l);
+    };
+    for (int tp : Candidates(c.tp, world_cp)) {
+      if (world_cp % tp || job.model.heads % tp || (quantized && tp > 1) || (diloco && tp > 1))
+        continue;
+      for (int pp : Candidates(c.pp, world_cp / tp)) {
+        if ((world_cp / tp) % pp || job.model.layers % pp || (diloco && pp > 1)) continue;
+        // Interleaving needs a pipeline, whole layers per chunk, and groups of pp micro-batches.
+        if (v > 1 && (pp == 1 || job.model.layers % (pp * v))) continue;
+        const int dp = world_cp / (tp * pp);
+        if (c.dp > 0 && dp != c.dp) continue;
+        if (job.global_batch % dp) continue;
+        const int per_dp = job.global_batch / dp;
+        for (int mb = 1; mb <= per_dp; mb *= 2) {
+          if (c.micro_batch > 0 && mb != c.micro_batch) continue;
+          if (per_dp % mb) continue;
+          if (v > 1 && (per_dp / mb) % pp) continue;
+          for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero) {
+            if (c.zero >= 0 && zero != c.zero) continue;
+            if (c.zero < 0 && zero > 0 && dp == 1) continue;  // nothing to shard over
+            for (Recompute rc : rcs) {
+              for (int sp = 0; sp <= 1; ++sp) {
+                if (c.sp >= 0 && sp != c.sp) continue;
+                if (c.sp < 0 && sp && tp == 1) continue;  // sp means nothing without tp
+                out.push_back(of(dp, tp, pp, zero, mb, rc, sp == 1));
+              }
             }
           }
         }
+        // An explicitly requested micro-batch that is not a power of two.
+        if (c.micro_batch > 0 && (c.micro_batch & (c.micro_batch - 1)) &&
+            per_dp % c.micro_batch == 0)
+          for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero)
+            for (Recompute rc : rcs)
+              for (int sp = 0; sp <= 1; ++sp) {
+                if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;
+                if ((c.zero < 0 && zero > 0 && dp == 1) || (c.sp < 0 && sp && tp == 1)) continue;
+                if (v > 1 && (per_dp / c.micro_batch) % pp) continue;
+                out.push_back(of(dp, tp, pp, zero, c.micro_batch, rc, sp == 1));
+              }
       }
-      // An explicitly requested micro-batch that is not a power of two.
-      if (c.micro_batch > 0 && (c.micro_batch & (c.micro_batch - 1)) && per_dp % c.micro_batch == 0)
-        for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero)
-          for (Recompute rc : rcs)
-            for (int sp = 0; sp <= 1; ++sp) {
-              if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;
-              if ((c.zero < 0 && zero > 0 && dp == 1) || (c.sp < 0 && sp && tp == 1)) continue;
-              if (v > 1 && (per_dp / c.micro_batch) % pp) continue;
-              out.push_back(
-                  Evaluate(job, Layout::Of({dp, tp, pp, zero}, c.micro_batch, rc, sp == 1, v)));
-            }
     }
   }
   if (out.empty())

@@ -37,7 +37,12 @@ struct Constraints {
   int sp = -1;             // 0 or 1
   int virtual_stages = 1;  // interleaved 1F1B chunks per pipeline rank (layouts with pp > 1)
   std::vector<Recompute> recompute;
+  // Context parallelism: -1 searches cp > 1 for sequences of kCpSearchFrom tokens and more.
+  int cp = -1;
+  parallel::CpComm cp_comm = parallel::CpComm::kRing;
 };
+
+inline constexpr int kCpSearchFrom = 8192;
 
 // All valid layouts within the constraints: fitting ones first, fastest (tokens/s) first, then
 // the rejected ones by how far over memory they are. Throws bad input, one line with the

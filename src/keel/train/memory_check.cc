@@ -65,9 +65,9 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
       d.pp > 1 ? parallel::PipelineSlots(d.pp, stage, int(chunks.size()), d.n_micro)
                : std::vector<int>{1};
   for (size_t c = 0; c < chunks.size(); ++c)
-    b.arena += double(model::PlanActivations(m, d.micro_batch, cfg.data.seq_len, dt,
+    b.arena += double(model::PlanActivations(m, d.micro_batch, cfg.data.seq_len / d.cp, dt,
                                              model::ParseRecompute(cfg.model.recompute), &chunks[c],
-                                             slots[c], d.tp, d.sp)
+                                             slots[c], d.tp, d.sp, d.cp, d.cp_comm)
                           .total_bytes);
   return b;
 }
