@@ -8,6 +8,9 @@
 //   mpirun -np 2 build/bench_train_step gpt2 4 256 bf16 10 2 none 3    # dp 2, ZeRO-3
 //   mpirun -np 2 build/bench_train_step gpt2 1 256 bf16 5 2 none 0 8 2  # pp 2, 8 micro-batches
 //   mpirun -np 2 build/bench_train_step gpt2 1 256 bf16 5 2 none 0 8 1 1 equal 2 1  # tp 2 + sp
+//                          [cp=1] [cp_comm=ring|allgather]   (context parallelism; a T past the
+//                          model's block_size raises it: GPT-2's learned positions grow)
+//   mpirun -np 2 build/bench_train_step gpt2-mini 1 8192 bf16 2 1 none 0 1 1 1 equal 1 0 2 ring
 #include <omp.h>
 
 #include <algorithm>
@@ -24,6 +27,7 @@
 #include "keel/model/params.h"
 #include "keel/monitor/flops.h"
 #include "keel/monitor/machine_probe.h"
+#include "keel/monitor/memory_usage.h"
 #include "keel/parallel/comm.h"
 #include "keel/parallel/groups.h"
 #include "keel/train/step.h"
@@ -50,6 +54,7 @@ int main(int argc, char** argv) {
     cfg = {6, 6, 384, 50257, 1024};
   else
     cfg = model::NamedConfig(name);
+  cfg.block_size = std::max(cfg.block_size, T);
 
   auto comm = parallel::CreateComm();
   train::StepSpec spec;
@@ -66,7 +71,10 @@ int main(int argc, char** argv) {
   if (balanced) layout.stage_layers = model::BalancedStageLayers(cfg, T, pp);
   const int tp = argc > 13 ? std::atoi(argv[13]) : 1;
   layout.sp = argc > 14 && std::atoi(argv[14]) != 0;
-  layout.dp = comm->size() / (pp * tp), layout.tp = tp, layout.pp = pp;
+  layout.cp = argc > 15 ? std::atoi(argv[15]) : 1;
+  layout.cp_comm = argc > 16 && std::string(argv[16]) == "allgather" ? parallel::CpComm::kAllGather
+                                                                     : parallel::CpComm::kRing;
+  layout.dp = comm->size() / (pp * tp * layout.cp), layout.tp = tp, layout.pp = pp;
   layout.zero = argc > 8 ? std::atoi(argv[8]) : 0;
   const parallel::Groups g = parallel::MakeGroups(*comm, layout);
   train::TrainStep st(spec, g.ForStep());
@@ -89,7 +97,7 @@ int main(int argc, char** argv) {
     return 0.0;
   };
   double total_s = 0, wait_ms = 0, sent = 0, pp_wait_ms = 0, bubble = 0, dp_wait_ms = 0,
-         tp_wait_ms = 0;
+         tp_wait_ms = 0, cp_wait_ms = 0, cp_bytes = 0;
   for (int s = 0; s < warmup + steps; ++s) {
     if (s == warmup) kernels::ProfileReset(true);
     comm->Barrier();
@@ -104,6 +112,8 @@ int main(int argc, char** argv) {
       wait_ms += st.comm_wait_ms();
       dp_wait_ms += st.dp_wait_ms();
       tp_wait_ms += st.tp_wait_ms();
+      cp_wait_ms += st.cp_wait_ms();
+      cp_bytes += st.cp_bytes();
       pp_wait_ms += st.pp_wait_ms();
       bubble += st.last_stage() ? st.bubble() : 0;
       sent += st.comm_bytes();
@@ -113,6 +123,8 @@ int main(int argc, char** argv) {
   pp_wait_ms = comm->AllReduceMax(pp_wait_ms);
   dp_wait_ms = comm->AllReduceMax(dp_wait_ms);
   tp_wait_ms = comm->AllReduceMax(tp_wait_ms);
+  cp_wait_ms = comm->AllReduceMax(cp_wait_ms);
+  const double peak_rss = comm->AllReduceMax(monitor::ReadRss().peak);
   bubble = comm->AllReduceMax(bubble);  // the last stage's
   const double tok_s = double(B) * T * m * steps * layout.dp / total_s;
   const double params = double(model::MatmulParams(cfg));
@@ -143,6 +155,11 @@ int main(int argc, char** argv) {
       {"pp_wait_ms", pp_wait_ms / steps},
       {"dp_wait_ms", dp_wait_ms / steps},
       {"tp_wait_ms", tp_wait_ms / steps},
+      {"cp", layout.cp},
+      {"cp_comm", parallel::CpCommName(layout.cp_comm)},
+      {"cp_wait_ms", cp_wait_ms / steps},
+      {"cp_bytes", cp_bytes / steps},
+      {"peak_rss_mib", peak_rss / 1048576.0},
       {"bubble", bubble / steps},
       {"comm_bytes", sent / steps},
       {"params", whole.total()},

@@ -2,8 +2,8 @@
 # Context parallelism (parallel.cp) against one process at the same tokens: 136-token sequences
 # (chunks of 34 at cp 2 and of 17 at cp 4, so that chunks end inside the kernel's 64-row tiles),
 # 20 steps of the tiny GPT, batch 8 in micro-batches of 2:
-#   the ring at cp 2, cp 4, cp 2 x tp 2 (+ sp), cp 2 x dp 2 at ZeRO 3, cp 2 x pp 2, the all-gather
-#   at cp 2 and 4, a Llama with grouped-query attention at cp 2 both ways: every step's loss
+#   the ring at cp 2, cp 4, cp 2 x tp 2 (+ sp), cp 2 x dp 2 at ZeRO 3, cp 2 x pp 2, with recompute
+#   "attn", the all-gather at cp 2 and 4 and with recompute "full", a Llama with grouped-query attention at cp 2 both ways: every step's loss
 #   within 1e-5 relative (fp32), the final weights within 1e-3; bf16 at cp 2 within 1e-2 of one
 #   bf16 process;
 #   a cp 2 run's checkpoint resumed at cp 1 and at cp 4 (ZeRO 1: the optimizer state resharded)
@@ -29,6 +29,8 @@ run cp2tp2 4 --set parallel.cp=2 --set parallel.tp=2
 run cp2tp2sp 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sp=true
 run cp2dp2z3 4 --set parallel.cp=2 --set parallel.zero=3
 run cp2pp2 4 --set parallel.cp=2 --set parallel.pp=2
+run cp2attn 2 --set parallel.cp=2 --set model.recompute=attn
+run cp2full 2 --set parallel.cp=2 --set model.recompute=full --set parallel.cp_comm=allgather
 run llama-ref 1 "${llama[@]}"
 run llama-cp2 2 "${llama[@]}" --set parallel.cp=2
 run llama-cp2ag 2 "${llama[@]}" --set parallel.cp=2 --set parallel.cp_comm=allgather
@@ -54,7 +56,8 @@ sys.path.insert(0, os.environ["KEEL_TEST_DIR"])
 import run_outputs as ro
 d = sys.argv[1]
 ok = True
-for name in ["cp2", "cp4", "cp2ag", "cp4ag", "cp2tp2", "cp2tp2sp", "cp2dp2z3", "cp2pp2"]:
+for name in ["cp2", "cp4", "cp2ag", "cp4ag", "cp2tp2", "cp2tp2sp", "cp2dp2z3", "cp2pp2", "cp2attn",
+             "cp2full"]:
     ok = ro.check(d, name, "ref", 1e-5, 1e-3) and ok
 for name in ["llama-cp2", "llama-cp2ag"]:
     ok = ro.check(d, name, "llama-ref", 1e-5, 1e-3) and ok

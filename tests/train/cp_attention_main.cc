@@ -81,19 +81,7 @@ int Check(parallel::Comm& cp, model::CpComm comm, int NKV, double grad_limit) {
       if (std::string(b.name) == name) return held.emplace_back(b.elems * b.elem_bytes).data();
     return nullptr;
   };
-  const size_t kv = size_t(kB) * Tl * KV2;
-  E* k = reinterpret_cast<E*>(get("cp_kv"));
-  float* dk = reinterpret_cast<float*>(get("cp_dkv"));
-  const model::CpBuffers<E> buf{{k, k + kv},
-                                {dk, dk ? dk + kv : nullptr},
-                                reinterpret_cast<E*>(get("cp_qkv")),
-                                reinterpret_cast<E*>(get("cp_out")),
-                                reinterpret_cast<E*>(get("cp_dout")),
-                                reinterpret_cast<E*>(get("cp_dqkv")),
-                                reinterpret_cast<float*>(get("cp_lse")),
-                                reinterpret_cast<int32_t*>(get("cp_doc")),
-                                reinterpret_cast<int32_t*>(get("cp_end")),
-                                reinterpret_cast<float*>(get("cp_acc"))};
+  const model::CpBuffers<E> buf = model::CpBuffersAt<E>(get, size_t(kB) * Tl * KV2);
   const model::CpShape shape{kB, Tl, C, kNH, NKV};
   const std::vector<E> my_qkv = Mine(qkv, S, T, n, rank), my_dout = Mine(dout, C, T, n, rank);
   std::vector<E> my_out(size_t(kB) * Tl * C), my_dqkv(my_qkv.size());

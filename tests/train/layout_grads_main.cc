@@ -6,7 +6,8 @@
 // ctest as `mpirun -np 2` (pp 2, pp 2 interleaved with 2 chunks per rank at ZeRO 1, uneven
 // stages, tp 2, tp 2 + sp) and `-np 4` (pp 4, dp 2 x pp 2 with ZeRO 1 plain and interleaved,
 // tp 2 x pp 2 and dp 2 x tp 2 at ZeRO 1, both also with sp), and context parallelism (cp 2 at ZeRO
-// 0 and 1; cp 4, cp 2 x dp 2, cp 2 x tp 2 with and without sp, cp 2 x pp 2), for a GPT-2 and a
+// 0 and 1, the all-gather too; cp 4, cp 2 x dp 2, cp 2 x tp 2 with and without sp (all-gather
+// too), cp 2 x pp 2 plain and interleaved), for a GPT-2 and a
 // Llama with grouped-query attention. Also: the
 // whole model's weights gathered from the stages and shards are the ones set.
 //
@@ -174,6 +175,7 @@ int main() {
     if (n == 4)
       bad += Check(m, *world, {/*dp=*/1, /*tp=*/2, /*pp=*/1, /*zero=*/0, /*cp=*/2}, 1, {}, true);
     if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/1, /*cp=*/2});
+    if (n == 4) bad += Check(m, *world, {/*dp=*/1, /*tp=*/1, /*pp=*/2, /*zero=*/1, /*cp=*/2}, 2);
   }
   const bool failed = world->AllReduceMax(double(bad)) > 0;
   if (world->rank() == 0) std::printf(failed ? "FAILED\n" : "all gradients match\n");

@@ -59,6 +59,24 @@ struct CpBuffers {
   float* acc;     // (B, T, C): ring: the merged output (forward), the queries' gradient (backward)
 };
 
+// The buffers where `find(name)` places CpBufferSizes' (null: not this variant's); `kv` elements
+// of keys and values per rank (B·T·2·kv).
+template <typename E, typename Find>
+CpBuffers<E> CpBuffersAt(Find&& find, size_t kv) {
+  E* k = reinterpret_cast<E*>(find("cp_kv"));
+  float* dk = reinterpret_cast<float*>(find("cp_dkv"));
+  return {{k, k + kv},
+          {dk, dk ? dk + kv : nullptr},
+          reinterpret_cast<E*>(find("cp_qkv")),
+          reinterpret_cast<E*>(find("cp_out")),
+          reinterpret_cast<E*>(find("cp_dout")),
+          reinterpret_cast<E*>(find("cp_dqkv")),
+          reinterpret_cast<float*>(find("cp_lse")),
+          reinterpret_cast<int32_t*>(find("cp_doc")),
+          reinterpret_cast<int32_t*>(find("cp_end")),
+          reinterpret_cast<float*>(find("cp_acc"))};
+}
+
 struct CpBufferSize {
   const char* name;
   size_t elem_bytes, elems;

@@ -281,19 +281,7 @@ struct Transformer::Impl {
         if (b.name == name) return arena.as<char>() + b.offset;
       return nullptr;  // not this variant's
     };
-    const size_t kv = size_t(B) * T * size_t(QKVl - Cl);
-    U* k = reinterpret_cast<U*>(find("cp_kv"));
-    float* dk = reinterpret_cast<float*>(find("cp_dkv"));
-    return {{k, k + kv},
-            {dk, dk ? dk + kv : nullptr},
-            reinterpret_cast<U*>(find("cp_qkv")),
-            reinterpret_cast<U*>(find("cp_out")),
-            reinterpret_cast<U*>(find("cp_dout")),
-            reinterpret_cast<U*>(find("cp_dqkv")),
-            reinterpret_cast<float*>(find("cp_lse")),
-            reinterpret_cast<int32_t*>(find("cp_doc")),
-            reinterpret_cast<int32_t*>(find("cp_end")),
-            reinterpret_cast<float*>(find("cp_acc"))};
+    return CpBuffersAt<U>(find, size_t(B) * T * size_t(QKVl - Cl));
   }
   template <typename U>
   void Attend(U* out, float* lse, const U* qkv) {
