@@ -6,6 +6,8 @@
 #   "attn", the all-gather at cp 2 and 4 and with recompute "full", a Llama with grouped-query attention at cp 2 both ways: every step's loss
 #   within 1e-5 relative (fp32), the final weights within 1e-3; bf16 at cp 2 within 1e-2 of one
 #   bf16 process;
+#   loss-masked chat data packed with document masking (documents beginning in other ranks'
+#   chunks) at cp 2 (ring) and cp 4 (all-gather) within 1e-5 of one process;
 #   a cp 2 run's checkpoint resumed at cp 1 and at cp 4 (ZeRO 1: the optimizer state resharded)
 #   continues the reference's curve within 1e-5;
 #   the keys' and values' exchange shows in metrics.jsonl (cp_wait_ms) and nowhere without cp;
@@ -44,6 +46,14 @@ for to in 1 4; do
   run "resume$to" "$to" --set parallel.cp="$to" --set parallel.zero=1 --resume auto
 done
 
+# Loss-masked chat data, packed (document masking): documents begin in other ranks' chunks.
+"$keel" data prepare "$src/examples/chat/arithmetic.jsonl" --format chat --out "$tmp/chat" \
+  >"$tmp/prepare.log"
+chat=(--set data.train="$tmp/chat/train" --set data.seq_len=64 --set model.n_layer=2)
+run chat-ref 1 "${chat[@]}"
+run chat-cp2 2 "${chat[@]}" --set parallel.cp=2
+run chat-cp4ag 4 "${chat[@]}" --set parallel.cp=4 --set parallel.cp_comm=allgather
+
 refused bad-seq 2 "not divisible by 4" --set parallel.cp=2 --set data.seq_len=130
 refused bad-ranks 4 "does not match the 4 ranks" --set parallel.cp=3
 refused bad-comm 2 "expected one of" --set parallel.cp=2 --set parallel.cp_comm=ulysses
@@ -62,6 +72,8 @@ for name in ["cp2", "cp4", "cp2ag", "cp4ag", "cp2tp2", "cp2tp2sp", "cp2dp2z3", "
 for name in ["llama-cp2", "llama-cp2ag"]:
     ok = ro.check(d, name, "llama-ref", 1e-5, 1e-3) and ok
 ok = ro.check(d, "bf16-cp2", "bf16-ref", 1e-2) and ok
+for name in ["chat-cp2", "chat-cp4ag"]:
+    ok = ro.check(d, name, "chat-ref", 1e-5, 1e-3) and ok
 for to in (1, 4):
     ok = ro.check(d, f"resume{to}", "ref", 1e-5, 1e-3, first=10) and ok
 for name, want in [("cp2", True), ("cp4ag", True), ("ref", False)]:

@@ -6,6 +6,8 @@
 // in the same order), the q, k, v gradients within 2e-6 of the largest: the key and value
 // gradients are partial sums per rank added over the group, another order than the one kernel's,
 // and at cp 4 (296 rows) that rounding alone reaches 1.0e-6 of the largest. bf16 within 1e-2.
+// Both ways of moving keys and values (ring: forward within 1e-6, blocks merged), and with packed
+// documents (document masking) that begin in other ranks' chunks.
 //
 // Not named *_test.cc: that would glob it into the single-process train_test binary.
 #include <algorithm>
@@ -60,18 +62,27 @@ double Relative(const std::vector<E>& got, const std::vector<E>& want) {
   return diff / scale;
 }
 
+// `docs`: packed documents of 29 tokens (the first 11 of the second sequence a document of its
+// own), so that a row's document often begins in another rank's chunk.
 template <typename E>
-int Check(parallel::Comm& cp, model::CpComm comm, int NKV, double grad_limit) {
+int Check(parallel::Comm& cp, model::CpComm comm, int NKV, double grad_limit, bool docs = false) {
   const kernels::Backend& be = kernels::Cpu();
   const int n = cp.size(), rank = cp.rank(), T = 2 * n * kL, Tl = T / n;
   const int C = kNH * kHs, KV2 = 2 * NKV * kHs, S = C + KV2;
   const std::vector<E> qkv = Random<E>(size_t(kB) * T * S, 1),
                        dout = Random<E>(size_t(kB) * T * C, 2);
+  std::vector<int32_t> starts(size_t(kB) * T);
+  for (int b = 0; b < kB; ++b)
+    for (int p = 0; p < T; ++p) {
+      const int q = b == 1 ? p - 11 : p;
+      starts[size_t(b) * T + p] = q < 0 ? 0 : q / 29 * 29 + (b == 1 ? 11 : 0);
+    }
+  const int32_t* whole_docs = docs ? starts.data() : nullptr;
   std::vector<E> out(size_t(kB) * T * C), dqkv(qkv.size());
   std::vector<float> lse(size_t(kB) * kNH * T);
-  be.AttentionForward(out.data(), lse.data(), qkv.data(), kB, T, C, kNH, NKV);
+  be.AttentionForward(out.data(), lse.data(), qkv.data(), kB, T, C, kNH, NKV, whole_docs);
   be.AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), kB, T, C, kNH,
-                       NKV);
+                       NKV, whole_docs);
 
   // The buffers the activation plan would hold, by their sizes there.
   std::vector<std::vector<char>> held;
@@ -82,7 +93,8 @@ int Check(parallel::Comm& cp, model::CpComm comm, int NKV, double grad_limit) {
     return nullptr;
   };
   const model::CpBuffers<E> buf = model::CpBuffersAt<E>(get, size_t(kB) * Tl * KV2);
-  const model::CpShape shape{kB, Tl, C, kNH, NKV};
+  const std::vector<int32_t> my_docs = Mine(starts, 1, T, n, rank);
+  const model::CpShape shape{kB, Tl, C, kNH, NKV, docs ? my_docs.data() : nullptr};
   const std::vector<E> my_qkv = Mine(qkv, S, T, n, rank), my_dout = Mine(dout, C, T, n, rank);
   std::vector<E> my_out(size_t(kB) * Tl * C), my_dqkv(my_qkv.size());
   std::vector<float> my_lse(size_t(kB) * kNH * Tl);
@@ -107,9 +119,10 @@ int Check(parallel::Comm& cp, model::CpComm comm, int NKV, double grad_limit) {
   const bool ok = (exact ? e_out == 0 && e_lse == 0 : e_out <= fwd_limit && e_lse <= fwd_limit) &&
                   e_grad <= grad_limit;
   std::printf(
-      "cp %d %s rank %d %s NKV %d: out %.1e, lse %.1e (limit %s), dqkv %.1e (limit %g), %.0f "
+      "cp %d %s rank %d %s NKV %d%s: out %.1e, lse %.1e (limit %s), dqkv %.1e (limit %g), %.0f "
       "bytes sent %s\n",
-      n, parallel::CpCommName(comm), rank, DTypeName(DTypeOf<E>()), NKV, e_out, e_lse,
+      n, parallel::CpCommName(comm), rank, DTypeName(DTypeOf<E>()), NKV, docs ? " documents" : "",
+      e_out, e_lse,
       exact               ? "0"
       : fwd_limit == 1e-6 ? "1e-6"
                           : "1e-2",
@@ -124,6 +137,7 @@ int main() {
   int bad = 0;
   for (auto comm : {keel::model::CpComm::kRing, keel::model::CpComm::kAllGather}) {
     for (int nkv : {4, 2, 1}) bad += Check<float>(*world, comm, nkv, 2e-6);
+    bad += Check<float>(*world, comm, 2, 2e-6, /*docs=*/true);
     bad += Check<keel::bf16>(*world, comm, 2, 1e-2);
   }
   const bool failed = world->AllReduceMax(double(bad)) > 0;

@@ -54,6 +54,7 @@ constexpr int kTagKv = 30001, kTagDkv = 30002;
 // Row sizes: the fused q, k, v columns (S), the query channels (C), the keys' and values' (KV2).
 struct Geometry {
   int cp, rank, B, T, NH, NKV, C, KV2, S;
+  const int32_t* doc_start;
   Geometry(const parallel::Comm& comm, const CpShape& s)
       : cp(comm.size()),
         rank(comm.rank()),
@@ -63,8 +64,11 @@ struct Geometry {
         NKV(s.NKV),
         C(s.C),
         KV2(2 * s.NKV * (s.C / s.NH)),
-        S(s.C + 2 * s.NKV * (s.C / s.NH)) {}
+        S(s.C + 2 * s.NKV * (s.C / s.NH)),
+        doc_start(s.doc_start) {}
   size_t Local(int b, int t) const { return size_t(b) * T + size_t(t); }
+  // Where this rank's row's document begins (0: no document masking).
+  int Doc(int b, int t) const { return doc_start ? doc_start[Local(b, t)] : 0; }
   int Pos(int q, int t) const { return parallel::ZigzagPosition(cp, q, T, t); }
   size_t kv_elems() const { return size_t(B) * T * KV2; }
 };
@@ -120,7 +124,7 @@ void GatherWhole(parallel::Comm& comm, double timeout_s, const Geometry& g, cons
           Put(row, qkv + g.Local(b, t) * g.S, g.C);
         else
           Zero(row, g.C);
-        buf.doc[size_t(b) * W + p] = q == g.rank ? 0 : p;
+        buf.doc[size_t(b) * W + p] = q == g.rank ? g.Doc(b, t) : p;
       }
 }
 
@@ -171,12 +175,20 @@ void AllGatherBackward(const kernels::Backend& be, parallel::Comm& cp, double ti
 // ---- ring: a block of W = 2·T rows, the visiting rank's keys [0, T), this rank's queries after
 // ----
 
-// How many of rank v's keys this rank's row at position p sees: a prefix of v's rows, as v's
-// first chunk precedes its second.
-int Visible(const Geometry& g, int v, int p) {
+// Which of rank v's keys this rank's row at position p, whose document begins at position d,
+// sees: rows [first, end) of v's, as v's first chunk precedes its second (the keys before any
+// position are a prefix of v's rows). first >= end: none.
+struct Seen {
+  int first, end;
+  bool any() const { return end > first; }
+};
+Seen Visible(const Geometry& g, int v, int p, int d) {
   const int L = g.T / 2;
-  auto part = [&](int chunk) { return std::clamp(p - chunk * L + 1, 0, L); };
-  return part(v) + part(2 * g.cp - 1 - v);
+  auto before = [&](int pos) {  // v's keys at positions < pos
+    auto part = [&](int chunk) { return std::clamp(pos - chunk * L, 0, L); };
+    return part(v) + part(2 * g.cp - 1 - v);
+  };
+  return {before(d), before(p + 1)};
 }
 
 // The block's constant rows: this rank's queries (keys and values zero) after the visiting rows
@@ -204,10 +216,10 @@ void RingVisit(const Geometry& g, const CpBuffers<E>& buf, const E* kv, int v) {
   for (int b = 0; b < g.B; ++b)
     for (int t = 0; t < g.T; ++t) {
       Put(buf.qkv + (size_t(b) * W + t) * g.S + g.C, kv + g.Local(b, t) * g.KV2, g.KV2);
-      const int seen = Visible(g, v, g.Pos(g.rank, t));
+      const Seen seen = Visible(g, v, g.Pos(g.rank, t), g.Doc(b, t));
       const size_t at = size_t(b) * W + g.T + t;
-      buf.doc[at] = seen > 0 ? 0 : g.T + t;
-      buf.end[at] = seen > 0 ? seen : g.T + t + 1;
+      buf.doc[at] = seen.any() ? seen.first : g.T + t;
+      buf.end[at] = seen.any() ? seen.end : g.T + t + 1;
     }
 }
 
@@ -247,7 +259,7 @@ void RingForward(const kernels::Backend& be, parallel::Comm& cp, double timeout_
     // Merge the block into the rows' running output by the two log-sum-exps.
     for (int b = 0; b < g.B; ++b)
       for (int t = 0; t < g.T; ++t) {
-        if (Visible(g, v, g.Pos(g.rank, t)) == 0) continue;
+        if (!Visible(g, v, g.Pos(g.rank, t), g.Doc(b, t)).any()) continue;
         for (int h = 0; h < g.NH; ++h) {
           float& l = lse[(size_t(b) * g.NH + h) * g.T + t];
           const float lb = buf.lse[(size_t(b) * g.NH + h) * W + g.T + t];

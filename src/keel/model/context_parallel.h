@@ -37,9 +37,11 @@ namespace keel::model {
 using parallel::CpComm;  // parallel/zigzag.h: [parallel] cp_comm
 
 // This rank's attention: B sequences of T local rows (two chunks each), its query channels C,
-// query heads NH, key/value heads NKV (tensor parallelism: its shard's).
+// query heads NH, key/value heads NKV (tensor parallelism: its shard's). doc_start (B·T, may be
+// null): document masking, the position in its whole sequence where each row's document begins.
 struct CpShape {
   int B = 1, T = 2, C = 0, NH = 1, NKV = 1;
+  const int32_t* doc_start = nullptr;
 };
 
 // The buffers one layer's attention uses, shared by all layers (the activation plan's "cp_*":

@@ -425,14 +425,7 @@ bf16* Transformer::working_bf16() {
 void Transformer::ZeroGrads() { impl_->be->Zero(grads(), Dense().grads.bytes()); }
 void Transformer::SyncWorking() { Dense().SyncWorking(); }
 
-void Transformer::SetDocumentMask(int eos_id) {
-  // A chunk's documents may start in another rank's chunks.
-  if (eos_id >= 0 && impl_->cp > 1)
-    ThrowBadInput("[parallel] cp=" + std::to_string(impl_->cp) +
-                  ": document masking (loss-masked data) does not split over context-parallel "
-                  "ranks yet; set parallel.cp=1");
-  impl_->doc_eos = eos_id;
-}
+void Transformer::SetDocumentMask(int eos_id) { impl_->doc_eos = eos_id; }
 void Transformer::SetFrozen(const std::vector<bool>& frozen) { impl_->frozen = frozen; }
 void Transformer::SetDropout(int slot, uint64_t key, uint64_t row0) {
   impl_->slot_dropout.at(size_t(slot)) = {true, key, row0};

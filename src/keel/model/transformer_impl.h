@@ -286,14 +286,14 @@ struct Transformer::Impl {
   template <typename U>
   void Attend(U* out, float* lse, const U* qkv) {
     if (cp == 1) return be->AttentionForward(out, lse, qkv, B, T, Cl, NHl, NKVl, doc_start);
-    CpAttentionForward(*be, *tpg.cp, tpg.cp_comm, tpg.timeout_s, {B, T, Cl, NHl, NKVl}, CpBufs<U>(),
-                       out, lse, qkv, &cp_stats);
+    CpAttentionForward(*be, *tpg.cp, tpg.cp_comm, tpg.timeout_s, {B, T, Cl, NHl, NKVl, doc_start},
+                       CpBufs<U>(), out, lse, qkv, &cp_stats);
   }
   template <typename U>
   void AttendBackward(U* dqkv, const U* dout, const U* qkv, const U* out, const float* lse) {
     if (cp == 1)
       return be->AttentionBackward(dqkv, dout, qkv, out, lse, B, T, Cl, NHl, NKVl, doc_start);
-    CpAttentionBackward(*be, *tpg.cp, tpg.cp_comm, tpg.timeout_s, {B, T, Cl, NHl, NKVl},
+    CpAttentionBackward(*be, *tpg.cp, tpg.cp_comm, tpg.timeout_s, {B, T, Cl, NHl, NKVl, doc_start},
                         CpBufs<U>(), dqkv, dout, qkv, out, lse, &cp_stats);
   }
   // `fn(row, n, pos0)` for each run of a micro-batch's rows whose positions are consecutive: the
@@ -360,19 +360,37 @@ struct Transformer::Impl {
   }
 
   // The micro-batch's document starts from its host token ids: position t's document begins
-  // after the last doc_eos before t.
+  // after the last doc_eos before t. Under context parallelism a row's document may begin in
+  // another rank's chunks: the cp group's tokens are gathered (B·T ids each) and each row gets
+  // the position, in its whole sequence, where its document begins.
   void NoteDocuments(const int32_t* host_tokens) {
     doc_start = nullptr;
     if (doc_eos < 0) return;
     KEEL_CHECK(host_tokens, "Transformer: document masking needs the micro-batch's tokens");
     doc_start_buf.resize(size_t(B) * T);
+    const size_t n = size_t(B) * T;
+    std::vector<int32_t> all(n * size_t(cp));
+    if (cp > 1) {  // ids travel as 4-byte words: an all-gather moves them untouched
+      auto w = tpg.cp->AllGatherAsync(reinterpret_cast<const float*>(host_tokens),
+                                      reinterpret_cast<float*>(all.data()), n);
+      cp_stats.wait_ms += parallel::WaitOrLost(*w, tpg.timeout_s, "the documents' token ids");
+    }
+    const int W = cp * T;  // positions per whole sequence
+    std::vector<int32_t> whole(static_cast<size_t>(W)), starts(static_cast<size_t>(W));
     for (int b = 0; b < B; ++b) {
+      for (int q = 0; q < cp; ++q)
+        for (int t = 0; t < T; ++t)
+          whole[size_t(parallel::ZigzagPosition(cp, q, T, t))] =
+              cp > 1 ? all[size_t(q) * n + size_t(b) * T + size_t(t)]
+                     : host_tokens[size_t(b) * T + size_t(t)];
       int32_t start = 0;
-      for (int t = 0; t < T; ++t) {
-        const size_t i = size_t(b) * T + size_t(t);
-        doc_start_buf[i] = start;
-        if (host_tokens[i] == doc_eos) start = t + 1;
+      for (int p = 0; p < W; ++p) {
+        starts[size_t(p)] = start;
+        if (whole[size_t(p)] == doc_eos) start = p + 1;
       }
+      for (int t = 0; t < T; ++t)
+        doc_start_buf[size_t(b) * T + size_t(t)] =
+            starts[size_t(parallel::ZigzagPosition(cp, cp_rank, T, t))];
     }
     doc_start = doc_start_buf.data();
   }
