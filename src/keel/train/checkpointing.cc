@@ -242,7 +242,8 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
     }
     if (lead) {
       const json layout = m.state.value("layout", json::object());
-      const int saved_by = layout.value("dp", 1) * layout.value("tp", 1) * layout.value("pp", 1);
+      const int saved_by = layout.value("dp", 1) * layout.value("tp", 1) * layout.value("pp", 1) *
+                           layout.value("cp", 1);
       Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s)); read and "
           "verified %.1f MiB in %.0f ms",
           where_from.c_str(), static_cast<long long>(m.step),

@@ -123,7 +123,7 @@ std::string Fetch(const PeerTier& t, const Copies& copies, const std::string& ke
 
 int WorldOf(const ckpt::Manifest& m) {
   const nlohmann::json l = m.state.value("layout", nlohmann::json::object());
-  return l.value("dp", 1) * l.value("tp", 1) * l.value("pp", 1);
+  return l.value("dp", 1) * l.value("tp", 1) * l.value("pp", 1) * l.value("cp", 1);
 }
 
 }  // namespace

@@ -269,6 +269,18 @@ nlohmann::json ScalerJson(const optim::LossScaler* s) {
           {"steps_at_minimum", st.steps_at_minimum}};
 }
 
+namespace {
+
+// The layout a checkpoint was saved by; cp only where there is one, so that other manifests keep
+// the keys they always had (the tier-0 restore counts the rank files by it: peer_tier.cc).
+nlohmann::json LayoutJson(const parallel::ParallelDims& dims) {
+  nlohmann::json l = {{"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp}, {"zero", dims.zero}};
+  if (dims.cp > 1) l["cp"] = dims.cp;
+  return l;
+}
+
+}  // namespace
+
 nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
                           const parallel::ParallelDims& dims, int step_done,
                           const data::LoaderState& loader, int optimizer_step,
@@ -277,7 +289,7 @@ nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
           {"model", ckpt::ModelConfigToJson(mcfg)},
           {"loader", data::ToJson(loader)},
           {"optimizer", {{"kind", "adamw"}, {"step", optimizer_step}}},
-          {"layout", {{"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp}, {"zero", dims.zero}}},
+          {"layout", LayoutJson(dims)},
           {"scheduler",
            {{"kind", cfg.optim.schedule},
             {"position", step_done},
