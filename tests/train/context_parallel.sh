@@ -61,7 +61,7 @@ refused bad-diloco 2 "not for DiLoCo" --set parallel.cp=2 --set parallel.dp_sync
   --set parallel.dp=1
 
 KEEL_TEST_DIR="$src/tests/train" /usr/bin/python3 - "$tmp" <<'PY'
-import os, sys
+import json, os, sys
 sys.path.insert(0, os.environ["KEEL_TEST_DIR"])
 import run_outputs as ro
 d = sys.argv[1]
@@ -76,6 +76,9 @@ for name in ["chat-cp2", "chat-cp4ag"]:
     ok = ro.check(d, name, "chat-ref", 1e-5, 1e-3) and ok
 for to in (1, 4):
     ok = ro.check(d, f"resume{to}", "ref", 1e-5, 1e-3, first=10) and ok
+layout = json.load(open(f"{d}/ckpt/checkpoints/step_00000010/manifest.json"))["state"]["layout"]
+print(f"ckpt: manifest layout {layout}")
+ok = ok and layout == {"dp": 1, "tp": 1, "pp": 1, "zero": 1, "cp": 2}
 for name, want in [("cp2", True), ("cp4ag", True), ("ref", False)]:
     waits = [w for w in ro.metric(d, name, "cp_wait_ms") if w is not None]
     has = len(waits) == 20 and all(w > 0 for w in waits)
