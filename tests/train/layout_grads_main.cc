@@ -117,8 +117,9 @@ int Check(const std::string& name, parallel::Comm& world, const parallel::Parall
     const float* got = grads + p.offset;
     double scale = 1e-12, worst = 0;
     for (size_t i = 0; i < p.numel; ++i) scale = std::max(scale, double(std::fabs(want[i])));
-    for (size_t i = 0; i < p.numel; ++i)
-      worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
+    for (size_t i = 0; i < p.numel; ++i)  // a NaN is the worst (std::max would pass it by)
+      worst =
+          std::isfinite(got[i]) ? std::max(worst, std::fabs(double(got[i]) - want[i])) : INFINITY;
     if (worst / scale > 1e-5) {
       std::printf("%s %s v=%d%s rank %d (stage %d): %s gradient differs by %.2e relative\n",
                   name.c_str(), parallel::DimsName(dims).c_str(), v, sp ? " sp" : "", world.rank(),

@@ -265,10 +265,9 @@ void PrintGroups(const plan::Layout& l) {
       "weights (ZeRO 2)",
       "ZeRO 2's, plus an all-gather of each block's weights before its forward and its backward "
       "(ZeRO 3)"};
-  if (l.dp > 1)
-    std::printf("  dp    %d ranks each (same tp, pp%s): %s\n", l.dp,
-                l.cp > 1 ? "; with the cp ranks, the gradient group" : "",
-                kZero[std::clamp(l.zero, 0, 3)]);
+  if (l.replicas() > 1)
+    std::printf("  dp    %d ranks each (same tp, pp%s): %s\n", l.replicas(),
+                l.cp > 1 ? "; dp x cp, the gradient group" : "", kZero[std::clamp(l.zero, 0, 3)]);
   if (l.pp > 1) {
     std::printf(
         "  pp    %d stages each (same dp, tp): %s; send/recv of one (micro-batch x seq%s x "

@@ -50,6 +50,7 @@ void Zero(E* dst, size_t n) {
 
 // Tags of the ring's two streams between neighbours (Comm::SendAsync: matched in issue order).
 constexpr int kTagKv = 30001, kTagDkv = 30002;
+constexpr float kNever = std::numeric_limits<float>::infinity();  // a statistic: probability 0
 
 // Row sizes: the fused q, k, v columns (S), the query channels (C), the keys' and values' (KV2).
 struct Geometry {
@@ -308,6 +309,16 @@ void RingBackward(const kernels::Backend& be, parallel::Comm& cp, double timeout
     std::unique_ptr<parallel::Work> incoming;
     if (s > 0) incoming = receive(d);
     RingVisit(g, buf, buf.kv[cur], v);
+    // A row that sees none of v's keys sees its stand-in key (score 0) against its final
+    // statistic: exp(0 - lse) overflows where lse < -88, and inf·0 is NaN. A statistic of +inf
+    // makes its probability 0 in this block, and the real one comes back where it sees keys.
+    for (int b = 0; b < g.B; ++b)
+      for (int t = 0; t < g.T; ++t) {
+        const bool sees = Visible(g, v, g.Pos(g.rank, t), g.Doc(b, t)).any();
+        for (int h = 0; h < g.NH; ++h)
+          buf.lse[(size_t(b) * g.NH + h) * W + g.T + t] =
+              sees ? lse[(size_t(b) * g.NH + h) * g.T + t] : kNever;
+      }
     be.AttentionBackward(buf.dqkv, buf.dout, buf.qkv, buf.out, buf.lse, g.B, W, g.C, g.NH, g.NKV,
                          buf.doc, buf.end);
     for (int b = 0; b < g.B; ++b)

@@ -13,7 +13,7 @@
 //
 //   ParallelDims d{/*dp=*/4, /*tp=*/1, /*pp=*/1, /*zero=*/3};
 //   RankCoords c = Coords(d, rank);                                  // c.dp, c.tp, c.pp, c.cp
-//   ShardRange s = Shard(total_params, d.dp, c.dp);                  // this rank's ZeRO slice
+//   ShardRange s = Shard(total_params, d.replicas(), ReplicaOf(d, c)); // this rank's ZeRO slice
 #pragma once
 
 #include <cstddef>

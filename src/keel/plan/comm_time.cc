@@ -141,9 +141,9 @@ StepTime EstimateTime(const Job& job, const Layout& l, const CommVolume& c, doub
   // tp and pp transfers sit on the critical path; the dp traffic overlaps backward (about 2/3 of
   // the compute) and only its excess is exposed.
   const double dp_exposed = std::max(0.0, c.dp_s - t.compute_s * 2.0 / 3.0);
-  // The ring's transfers overlap the attention blocks (12·L·h·s FLOPs per token, forward and
-  // backward); the all-gather waits before its one kernel call.
-  const double attn_s = tokens * 12.0 * m.layers * m.hidden * m.seq / world /
+  // The ring's transfers overlap the attention blocks (12·L·h·s FLOPs per token forward and
+  // backward, of which the causal mask leaves half); the all-gather waits before its one call.
+  const double attn_s = tokens * 6.0 * m.layers * m.hidden * m.seq / world /
                         (peak * job.efficiency) * PipelineStageImbalance(m, l.pp);
   const double cp_exposed =
       l.cp_comm == parallel::CpComm::kRing ? std::max(0.0, c.cp_s - attn_s) : c.cp_s;

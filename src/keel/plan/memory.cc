@@ -159,13 +159,13 @@ MemoryBreakdown KeelStageMemory(const Job& job, const Layout& l, int stage) {
   mem.tier_traffic = 2 * mem.tier;
   if (shape.working_offloaded())
     mem.tier_traffic +=
-        2.0 * micro_batches * 2 * double(parallel::Shard(shape.total, l.dp, 0).size);
+        2.0 * micro_batches * 2 * double(parallel::Shard(shape.total, l.replicas(), 0).size);
   if (job.offload_host) {
     // The staging is host memory, not the device's; the link carries each chunk's gradients
     // down and its bf16 weights up (and down first, without a master).
     mem.state.offload = 0;
     const double held =
-        double(l.zero >= 1 ? parallel::Shard(shape.total, l.dp, 0).size : shape.total);
+        double(l.zero >= 1 ? parallel::Shard(shape.total, l.replicas(), 0).size : shape.total);
     mem.tier_traffic = held * (shape.grad_bytes + 2 + (job.master ? 0 : 2));
   }
   mem.state.params = double(b.working + b.biases + b.quantized);
@@ -239,9 +239,9 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
   // Gradient buckets for the dp all-reduce / reduce-scatter: two 25M-parameter buckets in flight
   // (PyTorch DDP's default size), never more than the gradients themselves.
   // (keel all-reduces in place; its ZeRO buffers are counted above.)
-  if (l.dp > 1) mem.comm_buffers += 2 * std::min(psi, 25e6) * bpp.grads;
+  if (l.replicas() > 1) mem.comm_buffers += 2 * std::min(psi, 25e6) * bpp.grads;
   // ZeRO-3 gathers each layer's weights before use and prefetches the next: two layers' worth.
-  if (l.zero >= 3 && l.dp > 1) {
+  if (l.zero >= 3 && l.replicas() > 1) {
     const double per_layer_params = psi / std::max(1, m.layers / l.pp);
     mem.comm_buffers += 2 * per_layer_params * bpp.weights;
   }

@@ -111,7 +111,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
   // sequences (or as asked); the other dimensions share what it leaves of the world.
   std::vector<int> cps;
   for (int cp : Candidates(c.cp, world))
-    if (world % cp == 0 && job.model.seq % (2 * cp) == 0 && !(diloco && cp > 1) &&
+    if (world % cp == 0 && (cp == 1 || job.model.seq % (2 * cp) == 0) && !(diloco && cp > 1) &&
         (cp == 1 || c.cp > 0 || job.model.seq >= kCpSearchFrom))
       cps.push_back(cp);
   std::vector<Estimate> out;
@@ -139,7 +139,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
           if (v > 1 && (per_dp / mb) % pp) continue;
           for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero) {
             if (c.zero >= 0 && zero != c.zero) continue;
-            if (c.zero < 0 && zero > 0 && dp == 1) continue;  // nothing to shard over
+            if (c.zero < 0 && zero > 0 && dp * cp == 1) continue;  // nothing to shard over
             for (Recompute rc : rcs) {
               for (int sp = 0; sp <= 1; ++sp) {
                 if (c.sp >= 0 && sp != c.sp) continue;
@@ -156,7 +156,8 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
             for (Recompute rc : rcs)
               for (int sp = 0; sp <= 1; ++sp) {
                 if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;
-                if ((c.zero < 0 && zero > 0 && dp == 1) || (c.sp < 0 && sp && tp == 1)) continue;
+                if ((c.zero < 0 && zero > 0 && dp * cp == 1) || (c.sp < 0 && sp && tp == 1))
+                  continue;
                 if (v > 1 && (per_dp / c.micro_batch) % pp) continue;
                 out.push_back(of(dp, tp, pp, zero, c.micro_batch, rc, sp == 1));
               }

@@ -86,6 +86,7 @@ Supervisor::Supervisor(const SupervisorSpec& spec) : spec_(spec), hosts_(spec.ho
                   " ranks of the hosts (" + std::to_string(want_hosts_) + " x " +
                   std::to_string(spec_.ranks_per_host) + "): tp " +
                   std::to_string(spec_.layout.tp) + " x pp " + std::to_string(spec_.layout.pp) +
+                  " x cp " + std::to_string(spec_.layout.cp) +
                   " must divide it and [train] batch_size " + std::to_string(spec_.layout.batch) +
                   " must split into micro-batches of " + std::to_string(spec_.layout.micro) +
                   " over the data-parallel ranks; change --np ([launch] ranks_per_host) or the "
@@ -315,9 +316,9 @@ std::optional<Supervisor::Start> Supervisor::StartJob(int attempt) {
   s.place = Place(hosts_, want_hosts_, spec_.ranks_per_host, spec_.layout);
   const Placement& place = s.place;
   if (place.ranks == 0) {
-    Say("no usable host is left for the layout (tp %d x pp %d); giving up after %zu "
+    Say("no usable host is left for the layout (tp %d x pp %d x cp %d); giving up after %zu "
         "failure(s):\n%s",
-        spec_.layout.tp, spec_.layout.pp, history_.size(), History().c_str());
+        spec_.layout.tp, spec_.layout.pp, spec_.layout.cp, history_.size(), History().c_str());
     return std::nullopt;
   }
   const std::vector<std::string> cmd = TrainCommand(place);
