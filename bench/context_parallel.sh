@@ -11,14 +11,14 @@
 # memory check's verdict on a llama-120m at 128k tokens by cp (keel plan, keel's exact arena).
 #
 #   bench/context_parallel.sh                      # LENS="8192 16384 32768" CPS="1 2 4"
-#   LENS=4096 CPS="1 2" bench/context_parallel.sh  # smoke
+#   LENS=4096 CPS="1 2" COMPARE="" bench/context_parallel.sh  # smoke
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-$root/build}
 model=${MODEL:-gpt2-mini}
 lens=${LENS:-8192 16384 32768}
 cps=${CPS:-1 2 4}
-compare=${COMPARE:-4096 32768}
+compare=${COMPARE-4096 32768}  # COMPARE="" skips the ring vs all-gather runs
 out=$build/context_parallel.jsonl
 : >"$out"
 cores=$(nproc)
