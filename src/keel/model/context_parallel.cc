@@ -224,6 +224,13 @@ void RingVisit(const Geometry& g, const CpBuffers<E>& buf, const E* kv, int v) {
     }
 }
 
+// Whether this rank's row (b, t) sees any of the keys RingVisit put in the block: a row that sees
+// none has its window on its own stand-in row, past the visiting ones.
+template <typename E>
+bool Sees(const Geometry& g, const CpBuffers<E>& buf, int b, int t) {
+  return buf.doc[size_t(b) * 2 * g.T + g.T + t] < g.T;
+}
+
 // The ring's transfers of one step: what this rank holds goes on to the next rank, what the
 // previous one holds comes in. Posted before the step's compute, waited for after it.
 struct RingStep {
@@ -260,7 +267,7 @@ void RingForward(const kernels::Backend& be, parallel::Comm& cp, double timeout_
     // Merge the block into the rows' running output by the two log-sum-exps.
     for (int b = 0; b < g.B; ++b)
       for (int t = 0; t < g.T; ++t) {
-        if (!Visible(g, v, g.Pos(g.rank, t), g.Doc(b, t)).any()) continue;
+        if (!Sees(g, buf, b, t)) continue;
         for (int h = 0; h < g.NH; ++h) {
           float& l = lse[(size_t(b) * g.NH + h) * g.T + t];
           const float lb = buf.lse[(size_t(b) * g.NH + h) * W + g.T + t];
@@ -314,7 +321,7 @@ void RingBackward(const kernels::Backend& be, parallel::Comm& cp, double timeout
     // makes its probability 0 in this block, and the real one comes back where it sees keys.
     for (int b = 0; b < g.B; ++b)
       for (int t = 0; t < g.T; ++t) {
-        const bool sees = Visible(g, v, g.Pos(g.rank, t), g.Doc(b, t)).any();
+        const bool sees = Sees(g, buf, b, t);
         for (int h = 0; h < g.NH; ++h)
           buf.lse[(size_t(b) * g.NH + h) * W + g.T + t] =
               sees ? lse[(size_t(b) * g.NH + h) * g.T + t] : kNever;
