@@ -1,8 +1,8 @@
 // Causal multi-head self-attention on the CPU, flash-style (see attention.h for the contract).
 //
 // Legend: B batch, T time, C channels, NH heads, hs = C/NH head size, hsp = hs rounded up to a
-// multiple of 16 (scratch rows are zero-padded so every inner loop runs on whole vectors).
-// Tiles: kTile = 64 query rows (r, i0 + r) × 64 key rows (j, j0 + j). S scores, P
+// multiple of the vector width (scratch rows are zero-padded so every inner loop runs on whole
+// vectors). Tiles: kTile = 64 query rows (r, i0 + r) × 64 key rows (j, j0 + j). S scores, P
 // probabilities, O output accumulator, D_i = Σ_d dout_i·out_i, m running max, l running sum.
 // A trailing `t` marks a transposed scratch layout: St[j][r], Qt[d][r], Ot[d][r]. Holding the
 // query index innermost lets the softmax statistics (one per query row) be plain vector ops.
@@ -34,84 +34,86 @@ namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 
 constexpr int kTile = 64;
-constexpr int kLanes = 16;
 constexpr size_t kTileArea = size_t(kTile) * kTile;
 
-// GCC/Clang vector extensions: 16 floats, lowered to one zmm register with AVX-512 and split
-// into narrower registers elsewhere, so that one code path serves every target.
-using V16 = float __attribute__((vector_size(64)));
-using V16i = int32_t __attribute__((vector_size(64)));
-
+// GCC/Clang vector extensions as wide as this copy's registers: one zmm (16 floats), one ymm (8)
+// or one xmm (4), so that one code path serves every target. Not 16 floats everywhere: GCC 12
+// lowers a 64-byte vector on AVX2 into xmm pieces shuffled through the stack, which left the AVX2
+// copy's attention at 7-10% of its roofline (GPT-2 124M fp32: 339 ms forward, 666 ms backward).
 #if defined(KEEL_ISA_AVX512)
-inline V16 Load(const float* p) { return _mm512_loadu_ps(p); }
-inline void Store(float* p, V16 v) { _mm512_storeu_ps(p, v); }
+constexpr int kLanes = 16;
+#elif defined(KEEL_ISA_AVX2)
+constexpr int kLanes = 8;
 #else
-inline V16 Load(const float* p) {
-  V16 v;
+constexpr int kLanes = 4;
+#endif
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+using VecI = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline Vec Load(const float* p) {
+  Vec v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void Store(float* p, V16 v) { std::memcpy(p, &v, sizeof v); }
-#endif
-// Not V16{} + x: adding 0 is not the identity for -0, so that would cost an add per broadcast.
-inline V16 Splat(float x) {
+inline void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+// Not Vec{} + x: adding 0 is not the identity for -0, so that would cost an add per broadcast.
+inline Vec Splat(float x) {
 #if defined(KEEL_ISA_AVX512)
   return _mm512_set1_ps(x);
+#elif defined(KEEL_ISA_AVX2)
+  return _mm256_set1_ps(x);
 #else
-  V16 v;
-  for (int i = 0; i < kLanes; ++i) v[i] = x;
-  return v;
+  return _mm_set1_ps(x);
 #endif
 }
-inline V16 Max(V16 a, V16 b) { return a > b ? a : b; }
+inline Vec Max(Vec a, Vec b) { return a > b ? a : b; }
 
 // a·b + c, fused where the target has it. Written out because -std=c++20 (not gnu++20) turns off
 // the compiler's own contraction.
-inline V16 Fma(V16 a, V16 b, V16 c) {
+inline Vec Fma(Vec a, Vec b, Vec c) {
 #if defined(KEEL_ISA_AVX512)
   return _mm512_fmadd_ps(a, b, c);
 #elif defined(KEEL_ISA_AVX2)
-  // V16 is a pair of ymm registers here; each half is fused by name. Through a union, not
-  // __builtin_shufflevector: GCC 12 sends the shuffled halves through the stack, which made the
-  // AVX2 copy's attention 4x slower than plain a * b + c (65 → 261 ms forward, quickstart step).
-  union Halves {
-    V16 v;
-    __m256 h[2];
-  };
-  Halves x{a}, y{b}, z{c}, r;
-  r.h[0] = _mm256_fmadd_ps(x.h[0], y.h[0], z.h[0]);
-  r.h[1] = _mm256_fmadd_ps(x.h[1], y.h[1], z.h[1]);
-  return r.v;
+  return _mm256_fmadd_ps(a, b, c);
 #else
   return a * b + c;
 #endif
 }
 
+// GemmBlock's widest block: its 4 × NV accumulators, NV vectors of B and a broadcast must fit the
+// register file (32 zmm; 16 ymm or xmm), or the block spills. On AVX2, NV = 3 (all 16 registers)
+// ran GPT-2 124M's attention 10% faster than NV = 2.
+#if defined(KEEL_ISA_AVX512)
+constexpr int kMaxNV = 4;
+#else
+constexpr int kMaxNV = 3;
+#endif
+
 // e^x, about 2 ulp (Cephes' polynomial after x = n·ln2 + r). Inputs below -87, -inf included, give
 // 0: softmax only exponentiates s − max ≤ 0 (or s − lse), where e^-87 ≈ 1.6e-38 is nothing.
-inline V16 Exp(V16 x) {
-  const V16 lo = Splat(-87.0f);
-  V16 xc = x < lo ? lo : x;
+inline Vec Exp(Vec x) {
+  const Vec lo = Splat(-87.0f);
+  Vec xc = x < lo ? lo : x;
   xc = xc > Splat(88.0f) ? Splat(88.0f) : xc;
   // Adding 1.5·2^23 rounds x·log2(e) to an integer n and leaves n in the low mantissa bits.
   const float kMagic = 12582912.0f;
-  V16 t = Fma(xc, Splat(1.44269504088896341f), Splat(kMagic));
-  V16 n = t - kMagic;
-  V16 r = Fma(n, Splat(-0.693359375f), xc);
+  Vec t = Fma(xc, Splat(1.44269504088896341f), Splat(kMagic));
+  Vec n = t - kMagic;
+  Vec r = Fma(n, Splat(-0.693359375f), xc);
   r = Fma(n, Splat(2.12194440e-4f), r);
-  V16 p = Splat(1.9875691500e-4f);
+  Vec p = Splat(1.9875691500e-4f);
   p = Fma(p, r, Splat(1.3981999507e-3f));
   p = Fma(p, r, Splat(8.3334519073e-3f));
   p = Fma(p, r, Splat(4.1665795894e-2f));
   p = Fma(p, r, Splat(1.6666665459e-1f));
   p = Fma(p, r, Splat(5.0000001201e-1f));
   p = Fma(p, r * r, r + 1.0f);
-  V16i two_n = (((V16i)t - 0x4B400000) + 127) << 23;  // n ∈ [-126, 127]: a normal 2^n
-  V16 y = p * (V16)two_n;
-  return x < lo ? V16{} : y;
+  VecI two_n = (((VecI)t - 0x4B400000) + 127) << 23;  // n ∈ [-126, 127]: a normal 2^n
+  Vec y = p * (Vec)two_n;
+  return x < lo ? Vec{} : y;
 }
 
-// C[m][n] = (or +=) Σ_k A(m, k)·B[k][n] for a block of 4 rows and NV·16 columns. A(m, k) =
+// C[m][n] = (or +=) Σ_k A(m, k)·B[k][n] for a block of 4 rows and NV vectors of columns. A(m, k) =
 // a[m·a_rs + k·a_cs] is read one scalar at a time and broadcast, so any A layout (including a
 // transposed view) is as fast; B and C rows are contiguous. The k order is fixed, which keeps
 // every result independent of how work is split.
@@ -119,20 +121,20 @@ template <int NV>
 inline void GemmBlock(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_cs,
                       const float* b, ptrdiff_t ldb, int K, bool accumulate) {
   // Unrolled by hand-held pragmas so that acc lives in 4·NV registers, not on the stack.
-  V16 acc[4][NV];
+  Vec acc[4][NV];
 #pragma GCC unroll 4
   for (ptrdiff_t i = 0; i < 4; ++i)
 #pragma GCC unroll 4
     for (ptrdiff_t v = 0; v < NV; ++v)
-      acc[i][v] = accumulate ? Load(c + i * ldc + v * kLanes) : V16{};
+      acc[i][v] = accumulate ? Load(c + i * ldc + v * kLanes) : Vec{};
   for (ptrdiff_t k = 0; k < K; ++k) {
-    V16 bv[NV];
+    Vec bv[NV];
 #pragma GCC unroll 4
     for (ptrdiff_t v = 0; v < NV; ++v) bv[v] = Load(b + k * ldb + v * kLanes);
     const float* ak = a + k * a_cs;
 #pragma GCC unroll 4
     for (ptrdiff_t i = 0; i < 4; ++i) {
-      V16 ai = Splat(ak[i * a_rs]);
+      Vec ai = Splat(ak[i * a_rs]);
 #pragma GCC unroll 4
       for (ptrdiff_t v = 0; v < NV; ++v) acc[i][v] = Fma(ai, bv[v], acc[i][v]);
     }
@@ -156,13 +158,13 @@ enum class Tri {
   kKToCol,       // B[k][n] = 0 for k > n (columns queries, k keys: the forward's O += V·P)
 };
 
-// Small matrix product on padded scratch: M % 4 == 0 and N % 16 == 0 (callers pad with zeros).
+// Small matrix product on padded scratch: M % 4 == 0 and N % kLanes == 0 (callers pad with zeros).
 // A triangular `tri` needs a diagonal tile's two kTile-long dimensions: kColsFromRow M = N,
 // kKFromRow and kKToRow M = K, kKToCol N = K (the third is hsp).
 void Gemm(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_cs, const float* b,
           ptrdiff_t ldb, int M, int N, int K, bool accumulate, Tri tri = Tri::kFull) {
   if (tri == Tri::kKToCol) {
-    // Keys [k0, k0 + 16) feed query columns [k0, N) only; each column still sums keys in order.
+    // Keys [k0, k0 + kLanes) feed query columns [k0, N) only; each column still sums keys in order.
     for (int k0 = 0; k0 < K; k0 += kLanes)
       Gemm(c + k0, ldc, a + k0 * a_cs, a_rs, a_cs, b + k0 * ldb + k0, ldb, M, N - k0,
            std::min(kLanes, K - k0), accumulate || k0 > 0);
@@ -177,8 +179,8 @@ void Gemm(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_c
     const float* am = a + size_t(m) * a_rs + k0 * a_cs;
     const float* bk = b + k0 * ldb;
     const int nk = k1 - k0;
-    for (; n + 4 * kLanes <= N; n += 4 * kLanes)
-      GemmBlock<4>(cm + n, ldc, am, a_rs, a_cs, bk + n, ldb, nk, accumulate);
+    for (; n + kMaxNV * kLanes <= N; n += kMaxNV * kLanes)
+      GemmBlock<kMaxNV>(cm + n, ldc, am, a_rs, a_cs, bk + n, ldb, nk, accumulate);
     switch ((N - n) / kLanes) {
       case 3:
         GemmBlock<3>(cm + n, ldc, am, a_rs, a_cs, bk + n, ldb, nk, accumulate);
@@ -208,7 +210,8 @@ class Scratch {
     used_ += RoundUp(floats);
     return p;
   }
-  static size_t RoundUp(size_t floats) { return (floats + kLanes - 1) / kLanes * kLanes; }
+  // Whole cache lines, whatever the vector width.
+  static size_t RoundUp(size_t floats) { return (floats + 15) / 16 * 16; }
 
  private:
   AlignedScratch<float> buffer_;
@@ -292,8 +295,8 @@ inline void MaskBeforeDocument(float* St, const int32_t* doc_start, int i0, int 
 
 // Under document masking a key tile can hide every key from some query rows, leaving their
 // running max at -inf; the exponentials then subtract 0 instead (giving 0, not NaN).
-inline V16 FiniteOrZero(V16 m) {
-  const V16 neg_inf = Splat(-std::numeric_limits<float>::infinity());
+inline Vec FiniteOrZero(Vec m) {
+  const Vec neg_inf = Splat(-std::numeric_limits<float>::infinity());
   return m == neg_inf ? Splat(0.0f) : m;
 }
 
@@ -366,18 +369,18 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
     // Padded keys of the last tile sit above the diagonal of it, so the mask covers them too.
     if (diag) FillAboveDiagonal(St);
     win.Mask(St, i0, nq, kt * kTile);
-    // Online softmax, 16 query rows at a time.
+    // Online softmax, a vector of query rows at a time.
     for (int r = 0; r < kTile; r += kLanes) {
-      V16 m_old = Load(m + r), m_new = m_old;
+      Vec m_old = Load(m + r), m_new = m_old;
       for (ptrdiff_t j = 0; j < kTile; ++j) m_new = Max(m_new, Load(St + j * kTile + r));
-      const V16 m_sub = win.any() ? FiniteOrZero(m_new) : m_new;
-      V16 sum{};
+      const Vec m_sub = win.any() ? FiniteOrZero(m_new) : m_new;
+      Vec sum{};
       for (ptrdiff_t j = 0; j < kTile; ++j) {
-        V16 p = Exp(Load(St + j * kTile + r) - m_sub);
+        Vec p = Exp(Load(St + j * kTile + r) - m_sub);
         Store(St + j * kTile + r, p);
         sum += p;
       }
-      V16 alpha = Exp(m_old - m_sub);  // 0 on the first tile, where m_old = -inf
+      Vec alpha = Exp(m_old - m_sub);  // 0 on the first tile, where m_old = -inf
       Store(l + r, Fma(Load(l + r), alpha, sum));
       Store(m + r, m_new);
       if (kt > kt_lo)
@@ -497,7 +500,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
         float* g = dO + size_t(i) * hsp;
         LoadRow(g, do_base + size_t(i) * C, hs, hsp);
         LoadRow(row, o_base + size_t(i) * C, hs, hsp);
-        V16 acc{};
+        Vec acc{};
         for (int d = 0; d < hsp; d += kLanes) acc = Fma(Load(g + d), Load(row + d), acc);
         float sum = 0.0f;
         for (int k = 0; k < kLanes; ++k) sum += acc[k];
@@ -540,7 +543,7 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
             for (int r = 0; r < kTile; r += kLanes) {
               float* pp = Pt + j * kTile + r;
               float* ds = dSt + j * kTile + r;
-              V16 p = Exp(Load(pp) - Load(L + i0 + r));
+              Vec p = Exp(Load(pp) - Load(L + i0 + r));
               Store(pp, p);
               Store(ds, p * (Load(ds) - Load(D + i0 + r)));
             }
