@@ -81,8 +81,12 @@ TEST(Matmul, Fp16MatchesFiniteDifferences) { CheckLinear<f16>(6, 19, 13, 2e-3, 2
 // and widened where it has no AVX-512 (oneDNN 2.6 has no bf16 matmul there).
 TEST(Matmul, ProbeFindsTheCpusProducts) {
   EXPECT_FALSE(ProductsEmulated(DType::kF32));
-  if (__builtin_cpu_supports("avx512bf16")) EXPECT_FALSE(ProductsEmulated(DType::kBF16));
-  if (!__builtin_cpu_supports("avx512f")) EXPECT_TRUE(ProductsEmulated(DType::kBF16));
+  if (__builtin_cpu_supports("avx512bf16")) {
+    EXPECT_FALSE(ProductsEmulated(DType::kBF16));
+  }
+  if (!__builtin_cpu_supports("avx512f")) {
+    EXPECT_TRUE(ProductsEmulated(DType::kBF16));
+  }
   std::printf("this CPU: bf16 products %s, fp16 products %s\n",
               ProductsEmulated(DType::kBF16) ? "widened to fp32" : "native",
               ProductsEmulated(DType::kF16) ? "widened to fp32" : "native");
