@@ -41,7 +41,7 @@ for r in "${runs[@]}"; do
   env=() expect=$want
   [[ $name == *-avx2 ]] && env=(KEEL_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2) expect=avx2
   floor=$(awk -v c="$class" -v n="$name" '!/^#/ && $1 == c && $2 == n { print $3 }' "$floors")
-  best=0 isa=? line=
+  best=0 isa='?' line=
   for ((a = 1; a <= attempts; a++)); do
     line=$(env "${env[@]}" "$bin" "$model" "$B" "$T" "$dt" "$steps" "$warmup" | tail -1)
     read -r mfu tok isa <<<"$(/usr/bin/python3 -c 'import json,sys; j=json.loads(sys.argv[1]); print(j["mfu"], j["tokens_per_s"], j.get("isa", "?"))' "$line")"
