@@ -11,6 +11,7 @@
 #include "keel/core/log.h"
 #include "keel/core/stats.h"
 #include "keel/core/timer.h"
+#include "keel/train/saved_layout.h"
 
 namespace keel::train {
 namespace fs = std::filesystem;
@@ -241,9 +242,7 @@ std::optional<Resumed> Checkpointer::LoadFirst(const ckpt::StateView& view,
       where_from = how_read;
     }
     if (lead) {
-      const json layout = m.state.value("layout", json::object());
-      const int saved_by = layout.value("dp", 1) * layout.value("tp", 1) * layout.value("pp", 1) *
-                           layout.value("cp", 1);
+      const int saved_by = RanksThatSaved(m.state);
       Log("keel: resuming from %s (step %lld, %llu tokens, saved by %d rank(s)); read and "
           "verified %.1f MiB in %.0f ms",
           where_from.c_str(), static_cast<long long>(m.step),

@@ -17,6 +17,7 @@
 #include "keel/ckpt/manifest_build.h"
 #include "keel/core/error.h"
 #include "keel/core/host.h"
+#include "keel/train/saved_layout.h"
 
 namespace keel::train {
 namespace {
@@ -121,11 +122,6 @@ std::string Fetch(const PeerTier& t, const Copies& copies, const std::string& ke
   ThrowBadInput("tier-0 copy: " + key + ": no holder could give it (" + last + ")");
 }
 
-int WorldOf(const ckpt::Manifest& m) {
-  const nlohmann::json l = m.state.value("layout", nlohmann::json::object());
-  return l.value("dp", 1) * l.value("tp", 1) * l.value("pp", 1) * l.value("cp", 1);
-}
-
 }  // namespace
 
 ckpt::PeerTarget PeerTier::Target(double rate_mbit) const {
@@ -165,7 +161,7 @@ std::vector<int64_t> WholePeerCopies(const PeerTier& t) {
     int world = 0;
     try {
       const std::string text = Fetch(t, manifest->second, prefix + "manifest.json");
-      world = WorldOf(ckpt::ManifestFromJsonText(text, prefix + "manifest.json"));
+      world = RanksThatSaved(ckpt::ManifestFromJsonText(text, prefix + "manifest.json").state);
     } catch (const std::exception&) {
       continue;  // not whole where it matters: another holder's copy, or the next step
     }
@@ -194,7 +190,7 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
       Fetch(t, holders_of("manifest.json"), prefix + "manifest.json"), name + "/manifest.json");
   std::vector<std::pair<std::string, nlohmann::json>> sidecars;
   std::map<std::string, std::string> writer;  // file -> the host that wrote it
-  for (int r = 0; r < WorldOf(m); ++r) {
+  for (int r = 0; r < RanksThatSaved(m.state); ++r) {
     const std::string side = RankFile(r, "json");
     const auto j = nlohmann::json::parse(Fetch(t, holders_of(side), prefix + side), nullptr, false);
     if (!j.is_object() || !j.contains("pieces") || !j["pieces"].is_array() || !j.contains("host") ||

@@ -26,6 +26,7 @@
 #include "keel/train/freeze.h"
 #include "keel/train/memory_check.h"
 #include "keel/train/rank_agreement.h"
+#include "keel/train/saved_layout.h"
 
 namespace keel::train {
 namespace {
@@ -268,18 +269,6 @@ nlohmann::json ScalerJson(const optim::LossScaler* s) {
           {"hysteresis_tracker", st.hysteresis_tracker},
           {"steps_at_minimum", st.steps_at_minimum}};
 }
-
-namespace {
-
-// The layout a checkpoint was saved by; cp only where there is one, so that other manifests keep
-// the keys they always had (the tier-0 restore counts the rank files by it: peer_tier.cc).
-nlohmann::json LayoutJson(const parallel::ParallelDims& dims) {
-  nlohmann::json l = {{"dp", dims.dp}, {"tp", dims.tp}, {"pp", dims.pp}, {"zero", dims.zero}};
-  if (dims.cp > 1) l["cp"] = dims.cp;
-  return l;
-}
-
-}  // namespace
 
 nlohmann::json SavedState(const RunConfig& cfg, const model::ModelConfig& mcfg,
                           const parallel::ParallelDims& dims, int step_done,
