@@ -29,7 +29,7 @@ if [ ${#targets[@]} -eq 0 ]; then
            prepare_jsonl dashboard_http hf_llama)
 fi
 
-CC=clang CXX=clang++ cmake -G Ninja -S . -B build-fuzz -DKEEL_FUZZ=ON \
+CC=clang CXX=clang++ cmake -G Ninja -S . -B build-fuzz -DKEEL_FUZZ=ON -DKEEL_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_BUILD_TESTS=OFF -DKEEL_BUILD_BENCH=OFF >/dev/null
 ninja -C build-fuzz -j "${KEEL_FUZZ_JOBS:-1}" $(printf 'fuzz_%s ' "${targets[@]}")
 

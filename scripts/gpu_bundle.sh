@@ -17,9 +17,13 @@ out=$b/bundle
 tgz=$b/keel-gpu-bundle.tgz
 rm -rf "$out" "$tgz"
 mkdir -p "$out/lib"
-cp "$b/keel" "$b/kernels_test" "$b/model_test" "$b/dump_model" "$out/"
-strip --strip-unneeded "$out/keel" "$out/kernels_test" "$out/model_test" "$out/dump_model"
-for lib in $(ldd "$out/keel" "$out/kernels_test" "$out/model_test" "$out/dump_model" | awk '/=> \// {print $3}' | sort -u); do
+# The CUDA backend and NCCL are plugins (core/plugin.h), found beside the executables.
+bins=("$out/keel" "$out/kernels_test" "$out/model_test" "$out/dump_model" "$out/libkeel_cuda.so"
+      "$out/libkeel_nccl.so")
+cp "$b/keel" "$b/kernels_test" "$b/model_test" "$b/dump_model" "$b/libkeel_cuda.so" \
+  "$b/libkeel_nccl.so" "$out/"
+strip --strip-unneeded "${bins[@]}"
+for lib in $(ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u); do
   case $(basename "$lib") in
     libc.so* | libm.so* | libpthread* | libdl.so* | librt.so* | ld-linux* | libstdc++* | libgcc_s*) ;;
     libcuda.so* | libcublas* | libnccl*) ;;

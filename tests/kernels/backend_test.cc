@@ -457,20 +457,26 @@ TEST(Backend, DeviceNames) {
   EXPECT_STREQ(DeviceName(Device::kCuda), "cuda");
 }
 
-// Asking for a GPU that is not there is bad input naming the key, not a crash.
+// Asking for a GPU that is not there is bad input naming the key and what is missing, not a
+// crash. With the plugin built, it loads in this test binary (every keel symbol it needs is here)
+// and it is the driver or the GPU that is missing.
 TEST(Backend, CudaWithoutGpuIsBadInput) {
   std::string why;
   if (Gpu(&why)) GTEST_SKIP() << "a GPU is visible here";
-  if (!CudaBuilt()) {
-    try {
-      Get(Device::kCuda);
-      FAIL() << "Get(kCuda) returned without CUDA built in";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kBadInput);
-      EXPECT_NE(std::string(e.what()).find("[train] device"), std::string::npos) << e.what();
-    }
-  } else {
-    EXPECT_NE(why.find("no GPU"), std::string::npos) << why;
+  try {
+    Get(Device::kCuda);
+    FAIL() << "Get(kCuda) returned without a GPU";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.code(), ExitCode::kBadInput) << msg;
+    EXPECT_EQ(msg.rfind("[train] device = \"cuda\": ", 0), 0u) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    if (CudaBuilt())
+      EXPECT_TRUE(msg.find("no GPU") != std::string::npos ||
+                  msg.find("no usable NVIDIA driver") != std::string::npos)
+          << msg;
+    else
+      EXPECT_NE(msg.find("no libkeel_cuda.so"), std::string::npos) << msg;
   }
 }
 

@@ -267,5 +267,26 @@ TEST(CreateComm, KeelCommOverridesAndIsValidated) {
   }
 }
 
+// The NCCL communicator is the plugin libkeel_nccl.so (core/plugin.h). Where it is built it loads
+// in this binary (every keel symbol it needs is here) and runs: on one GPU it is a communicator of
+// one; without a GPU its first NCCL or CUDA call fails as a keel::Error that says which, not as a
+// load failure or a crash. Without the plugin: one line naming the missing file.
+TEST(NcclPlugin, LoadsWhereBuilt) {
+  auto local = MakeLocalComm();
+  try {
+    auto nccl = MakeNcclComm(*local);
+    EXPECT_TRUE(NcclBuilt());
+    EXPECT_EQ(nccl->size(), 1);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (NcclBuilt()) {
+      EXPECT_TRUE(msg.rfind("NCCL: ", 0) == 0 || msg.rfind("CUDA: ", 0) == 0) << msg;
+    } else {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput) << msg;
+      EXPECT_NE(msg.find("no libkeel_nccl.so"), std::string::npos) << msg;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace keel::parallel

@@ -41,13 +41,18 @@ void RegisterHealth(CLI::App& app) {
       "Prints one JSON line; exit 0 when the host is fit to run a job, 1 otherwise.\n"
       "keel launch runs it on every host (through mpirun or srun) before each start.\n"
       "Example:\n"
-      "  keel health --dir runs/big/checkpoints --min-free-gb 50");
+      "  keel health --dir runs/big/checkpoints --min-free-gb 50\n"
+      "  keel health --device cuda      # loads the CUDA plugin; one line and exit 2 if it cannot");
   static resilience::HealthOptions o;
   cmd->add_option("--dir", o.disk_dir, "the checkpoint folder whose free space is checked");
   cmd->add_option("--min-free-gb", o.min_free_disk_gb, "free disk needed there (GB)");
   cmd->add_option("--min-free-mem-gb", o.min_free_mem_gb, "free memory needed (GB; 0 = any)");
   cmd->add_option("--min-gflops", o.min_gflops, "slowest acceptable fp32 product (0 = any)");
+  static std::string device = "cpu";
+  cmd->add_option("--device", device, "where the product runs: cpu or cuda (loads the plugin)");
   cmd->callback([] {
+    if (!kernels::ParseDevice(device, &o.device))
+      ThrowBadInput("keel health --device: expected cpu or cuda, got \"" + device + "\"");
     CheckRange("keel health --min-free-gb", o.min_free_disk_gb, 0, 1e9);
     CheckRange("keel health --min-free-mem-gb", o.min_free_mem_gb, 0, 1e9);
     CheckRange("keel health --min-gflops", o.min_gflops, 0, 1e12);
@@ -163,7 +168,9 @@ void RegisterLaunch(CLI::App& app) {
                            "--min-free-gb",
                            std::to_string(l.health_min_free_gb),
                            "--min-gflops",
-                           std::to_string(l.health_min_gflops)};
+                           std::to_string(l.health_min_gflops),
+                           "--device",
+                           cfg.train.device};  // a GPU run checks each host's GPU
     spec.launcher_args = resilience::SplitArgs(l.launcher_args);
     resilience::LaunchPolicy& p = spec.policy;
     p.max_restarts = l.max_restarts;

@@ -1,10 +1,8 @@
 #include "keel/kernels/backend.h"
 
 #include "keel/core/error.h"
+#include "keel/core/plugin.h"
 #include "keel/kernels/cpu_isa.h"
-#ifdef KEEL_HAVE_CUDA
-#include "keel/kernels/cuda/backend_cuda.h"
-#endif
 
 namespace keel::kernels {
 
@@ -20,13 +18,7 @@ bool ParseDevice(const std::string& s, Device* out) {
   return true;
 }
 
-bool CudaBuilt() {
-#ifdef KEEL_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
+bool CudaBuilt() { return !PluginPath("cuda").empty(); }
 
 void Backend::ToF16(f16*, const float*, size_t) const {
   ThrowRuntime(name() + " backend: no fp16 (train.precision = \"fp16\" runs on the CPU)");
@@ -47,13 +39,10 @@ const Backend& Cpu() { return CpuBackendFor(ChosenCpuIsa()); }
 
 const Backend& Get(Device d) {
   if (d == Device::kCpu) return Cpu();
-#ifdef KEEL_HAVE_CUDA
-  return cuda::CudaBackend();
-#else
-  ThrowBadInput(
-      "[train] device = \"cuda\": this keel was built without the CUDA backend (configure with "
-      "-DKEEL_CUDA=ON; see README, GPUs)");
-#endif
+  // The CUDA backend is a plugin (core/plugin.h), loaded here the first time a GPU is asked for.
+  auto backend =
+      PluginEntry<const Backend* (*)()>("cuda", "keel_cuda_backend", "[train] device = \"cuda\"");
+  return *backend();
 }
 
 }  // namespace keel::kernels

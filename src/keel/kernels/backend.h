@@ -2,8 +2,8 @@
 // size of ggml's backend interface: the memory of core/memory.h (allocate, zero, copy within and
 // across host↔device), a stream to order work on, and the kernel operations of both model
 // families, forward and backward as pairs. The CPU backend (cpu/) is keel's oneDNN and OpenMP
-// kernels over host memory; the CUDA backend (cuda/, built where nvcc is) is cuBLASLt and keel's
-// own kernels over device memory.
+// kernels over host memory; the CUDA backend (cuda/, built where nvcc is, as the run-time loaded
+// libkeel_cuda.so) is cuBLASLt and keel's own kernels over device memory.
 //
 // Every pointer an operation takes lives in the backend's memory, except where a comment says
 // host. Operations are ordered on the backend's compute stream: on the CPU they have finished on
@@ -32,13 +32,14 @@ const char* DeviceName(Device d);
 // "cpu" or "cuda"; false for anything else.
 bool ParseDevice(const std::string& s, Device* out);
 
-// The backend of `d`: the process-wide CPU one, or the CUDA one on this process's GPU. Throws
-// BadInput when `d` is not built into this keel or has no device here.
+// The backend of `d`: the process-wide CPU one, or the CUDA one on this process's GPU, from the
+// plugin libkeel_cuda.so (core/plugin.h) loaded on first use. Throws BadInput, one line naming
+// what is missing, when the plugin, a CUDA library, the driver or a GPU is not there.
 const class Backend& Get(Device d);
 // The CPU backend, for what runs on the host whatever the run's device: the models' defaults,
 // inference, and commands that time this CPU (keel plan --accelerator this-cpu, preflight).
 const class Backend& Cpu();
-// Whether this keel was built with the CUDA backend (and NCCL).
+// Whether this keel was built with the CUDA backend (and NCCL): its plugin file is in place.
 bool CudaBuilt();
 
 class Backend : public Memory {

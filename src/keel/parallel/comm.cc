@@ -6,6 +6,7 @@
 #include <string>
 
 #include "keel/core/error.h"
+#include "keel/core/plugin.h"
 #include "keel/parallel/comm_wait.h"
 
 namespace keel::parallel {
@@ -63,13 +64,12 @@ std::unique_ptr<Comm> CreateComm() {
   return MakeLocalComm();
 }
 
-#ifdef KEEL_HAVE_NCCL
-bool NcclBuilt() { return true; }
-#else
-bool NcclBuilt() { return false; }
-std::unique_ptr<Comm> MakeNcclComm(Comm& /*bootstrap*/) {
-  ThrowBadInput("NCCL: this keel was built without CUDA and NCCL (configure with -DKEEL_CUDA=ON)");
+bool NcclBuilt() { return !PluginPath("nccl").empty(); }
+
+std::unique_ptr<Comm> MakeNcclComm(Comm& bootstrap) {
+  // The NCCL communicator is the plugin libkeel_nccl.so (core/plugin.h).
+  auto make = PluginEntry<Comm* (*)(Comm*)>("nccl", "keel_nccl_comm", "NCCL");
+  return std::unique_ptr<Comm>(make(&bootstrap));
 }
-#endif
 
 }  // namespace keel::parallel

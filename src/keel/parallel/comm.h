@@ -130,8 +130,9 @@ std::unique_ptr<Comm> MakeMpiComm();
 // The environment variable KEEL_COMM=local|mpi overrides the choice.
 std::unique_ptr<Comm> CreateComm();
 // NCCL over the ranks of `bootstrap` (which must outlive it): device buffers through NCCL, host
-// buffers through `bootstrap`. Collective over `bootstrap`. Throws where keel was built without
-// CUDA (NcclBuilt() false).
+// buffers through `bootstrap`. Collective over `bootstrap`. Loads the plugin libkeel_nccl.so
+// (core/plugin.h); throws BadInput where it is missing or cannot load (NcclBuilt() false: keel was
+// built without CUDA).
 std::unique_ptr<Comm> MakeNcclComm(Comm& bootstrap);
 bool NcclBuilt();
 

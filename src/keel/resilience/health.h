@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "keel/kernels/backend.h"
+
 namespace keel::resilience {
 
 struct HealthOptions {
@@ -13,9 +15,10 @@ struct HealthOptions {
   double min_free_disk_gb = 1;  // below this the host fails
   double min_free_mem_gb = 0;   // 0: no memory floor
   double min_gflops = 0;        // 0: the product's rate is reported, not judged
+  kernels::Device device = kernels::Device::kCpu;  // where the product runs
 };
 
-// Runs the checks here and returns {"host", "ok", "problems": [...], "matmul_gflops",
+// Runs the checks here and returns {"host", "ok", "problems": [...], "device", "matmul_gflops",
 // "matmul_max_error", "free_mem_gb", "free_disk_gb", "build", "seconds"}.
 nlohmann::json CheckThisHost(const HealthOptions& o);
 

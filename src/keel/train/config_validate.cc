@@ -181,8 +181,9 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   train.OneOf("device", t.device, {"cpu", "cuda"});
   if (t.device == "cuda" && !kernels::CudaBuilt())
     train.Fail("device",
-               "\"cuda\", but this keel was built without the CUDA backend (configure with "
-               "-DKEEL_CUDA=ON); expected \"cpu\"");
+               "\"cuda\", but this keel has no CUDA backend (no libkeel_cuda.so beside it: build "
+               "where the CUDA toolkit and NCCL are installed, -DKEEL_CUDA=ON to insist); "
+               "expected \"cpu\"");
   if (t.device == "cuda" && cfg.parallel.tp > 1)
     train.Fail("device",
                "\"cuda\" with parallel.tp = " + std::to_string(cfg.parallel.tp) +

@@ -54,8 +54,18 @@ class Cuda final : public Backend {
  public:
   Cuda() {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
-      ThrowBadInput("[train] device = \"cuda\": no GPU is visible to this process");
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    // The runtime reports a missing driver (no libcuda.so.1) and a driver older than itself the
+    // same way; both are the machine's, not keel's.
+    if (e == cudaErrorInsufficientDriver)
+      ThrowBadInput(
+          "[train] device = \"cuda\": no usable NVIDIA driver (libcuda.so.1 missing or older "
+          "than CUDA " +
+          std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 100 / 10) +
+          ")");
+    if (e != cudaSuccess || n == 0)
+      ThrowBadInput(std::string("[train] device = \"cuda\": no GPU is visible to this process (") +
+                    (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
     // One GPU per rank: the launcher's local rank picks it (OpenMPI, Slurm), else the first.
     int local = 0;
     for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"})
@@ -281,3 +291,9 @@ const Backend& CudaBackend() {
 }
 
 }  // namespace keel::kernels::cuda
+
+// The plugin's entry points (core/plugin.h): kernels::Get(Device::kCuda) calls the first.
+extern "C" const keel::kernels::Backend* keel_cuda_backend() {
+  return &keel::kernels::cuda::CudaBackend();
+}
+extern "C" const char* keel_plugin_interface() { return KEEL_PLUGIN_INTERFACE; }

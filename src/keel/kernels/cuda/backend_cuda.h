@@ -9,7 +9,8 @@
 
 namespace keel::kernels::cuda {
 
-// Throws BadInput when no GPU is visible to this process.
+// Throws BadInput when no GPU is visible to this process. Reached from keel through the plugin
+// entry point keel_cuda_backend() (kernels::Get).
 const Backend& CudaBackend();
 
 }  // namespace keel::kernels::cuda

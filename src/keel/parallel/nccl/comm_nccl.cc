@@ -335,8 +335,11 @@ class NcclComm final : public Comm {
 
 }  // namespace
 
-std::unique_ptr<Comm> MakeNcclComm(Comm& bootstrap) {
-  return std::make_unique<NcclComm>(bootstrap, nullptr);
-}
-
 }  // namespace keel::parallel
+
+// The plugin's entry points (core/plugin.h): parallel::MakeNcclComm calls the first and owns
+// what it returns.
+extern "C" keel::parallel::Comm* keel_nccl_comm(keel::parallel::Comm* bootstrap) {
+  return new keel::parallel::NcclComm(*bootstrap, nullptr);
+}
+extern "C" const char* keel_plugin_interface() { return KEEL_PLUGIN_INTERFACE; }
