@@ -240,9 +240,10 @@ TEST(Config, OutOfRangeValues) {
 }
 
 TEST(Config, BadEnumListsAllowedValues) {
-  std::string msg = LoadError("enum.toml", "[train]\nprecision = \"fp8\"\n");
-  EXPECT_NE(msg.find("enum.toml: [train] precision: expected one of bf16, fp32, fp16; got \"fp8\""),
-            std::string::npos)
+  std::string msg = LoadError("enum.toml", "[train]\nprecision = \"fp4\"\n");
+  EXPECT_NE(
+      msg.find("enum.toml: [train] precision: expected one of bf16, fp32, fp16, fp8; got \"fp4\""),
+      std::string::npos)
       << msg;
   msg = BadInputMessage([] { LoadConfig("", {"model.recompute=some"}); });
   EXPECT_NE(msg.find("--set model.recompute: expected one of none, attn, full"), std::string::npos)

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "keel/core/dtype.h"
+#include "keel/core/fp8.h"
 #include "keel/core/memory.h"
 #include "keel/kernels/op_args.h"
 
@@ -185,6 +186,19 @@ class Backend : public Memory {
     DequantizeOp(DTypeOf<T>(), out, codes, scales, n, group, f);
   }
 
+  // fp8 emulation (core/fp8.h). AbsMax: the largest |x| of n elements (NaN where one is NaN).
+  // Fp8Round: out = RoundFp8(in·scale, f) / scale elementwise (out may be in), the tensor as an
+  // fp8 product sees it; with power-of-two scales a bf16 product of two such tensors, accumulated
+  // in fp32, is the fp8 product.
+  template <typename T>
+  float AbsMax(const T* x, size_t n) const {
+    return AbsMaxOp(DTypeOf<T>(), x, n);
+  }
+  template <typename T>
+  void Fp8Round(T* out, const T* in, size_t n, float scale, Fp8Format f) const {
+    Fp8RoundOp(DTypeOf<T>(), out, in, n, scale, f);
+  }
+
   // out[r·cols + c] (+= with `accumulate`) x[r·cols + c]·m.scale where DropoutMask `m` keeps
   // element (r, c), else 0 (+ 0): LoRA dropout's forward (x → out), and its backward (the
   // gradient through it, accumulated into the input's).
@@ -295,6 +309,9 @@ class Backend : public Memory {
                                   int C, int V) const = 0;
   virtual void DequantizeOp(DType t, void* out, const uint8_t* codes, const float* scales, size_t n,
                             size_t group, QuantFormat f) const = 0;
+  virtual float AbsMaxOp(DType t, const void* x, size_t n) const = 0;
+  virtual void Fp8RoundOp(DType t, void* out, const void* in, size_t n, float scale,
+                          Fp8Format f) const = 0;
   virtual void DropoutOp(DType t, void* out, const void* x, int rows, int cols,
                          const DropoutMask& m, bool accumulate) const = 0;
   virtual void DoraNormOp(DType t, float* scale, float* inv_norm, const float* magnitude,

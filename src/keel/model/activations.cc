@@ -104,6 +104,13 @@ ActivationPlan PlanActivations(const ModelConfig& cfg, int B, int T, DType dtype
       add("lora_dx", 1, t, BT * std::max({C, Cl, F}));
     }
   }
+  // fp8 block products (fp8_products.h): one product's input, weight and output gradient as the
+  // fp8 product sees them, at a time (each the widest of the block's four).
+  if (cfg.fp8) {
+    add("fp8_x", 1, t, BT * std::max({C, Cl, F}));
+    add("fp8_w", 1, t, std::max({QKV * C, C * Cl, FC * C, C * F}));
+    add("fp8_dy", 1, t, BT * std::max({QKV, C, FC}));
+  }
   // DoRA: each adapted product's z = x·Wᵀ + s·(x·Aᵀ)·Bᵀ (its magnitude's gradient reads it) and
   // its row scales and inverse norms, kept as long as the product's output: the attention
   // sublayer's (q, k, v) as its other buffers, the rest as the MLP's (recompute "attn" does not

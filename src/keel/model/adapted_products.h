@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "keel/model/fp8_products.h"
 #include "keel/model/transformer_impl.h"
 
 namespace keel::model::internal {
@@ -40,6 +41,9 @@ struct LoraPair {
 template <typename T>
 LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, float* g, int s) {
   LoraPair<T> a;
+  // The product's place, with or without an adapter: its fp8 state is found by it.
+  a.layer = l;
+  while (kLoraTargets[a.k] != t) ++a.k;
   if (m.cfg.lora_rank == 0 || !(m.cfg.lora_targets & t)) return a;
   const std::string mod = "h." + std::to_string(l) + "." + LoraModule(m.cfg.llama(), t);
   const ParamInfo& A = m.layout.Find(mod + ".lora_A.weight");
@@ -49,9 +53,7 @@ LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, fl
   a.in = A.shape[1], a.out = B.shape[0];  // this rank's shard's (ParamLayout::Stage's TpCut)
   a.tag = uint64_t(l) * 16 + t;
   a.col0 = A.tp_axis == 1 ? uint32_t(m.tp_rank * a.in) : 0;
-  while (kLoraTargets[a.k] != t) ++a.k;
   a.row_parallel = t == kLoraProj || t == kLoraFcProj;
-  a.layer = l;
   if (m.cfg.lora_dora) {
     const ParamInfo& M = m.layout.Find(mod + ".lora_magnitude_vector");
     // fp32 in every precision: bf16 runs read it from the fp32 copy biases have.
@@ -62,6 +64,14 @@ LoraPair<T> Lora(const Transformer::Impl& m, int l, LoraTarget t, const T* w, fl
     a.dmag = m.WeightGrad(g, M, s);
   }
   return a;
+}
+
+// The fp8 state of the product `a` belongs to (fp8_products.h), or null where it runs in the
+// working dtype.
+template <typename T>
+Fp8Product* Fp8Of(Transformer::Impl& m, const LoraPair<T>& a) {
+  if constexpr (!std::is_same_v<T, bf16>) return nullptr;
+  return Fp8Of(m, a.layer, a.k, a.A != nullptr);
 }
 
 // The dropout mask of adapter `a` in the pass now running: the slot's key mixed with the
@@ -183,7 +193,12 @@ void AdaptedForward(Transformer::Impl& m, T* out, const T* x, const T* weight, c
                   m.be->DoraScale(out, z, g, masked ? nullptr : bias, m.B * m.T, N, masked));
     return;
   }
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(out, x, weight, bias, m.B * m.T, K, N));
+  const T *xs = x, *ws = weight;
+  if (Fp8Product* f = Fp8Of(m, a)) {
+    KEEL_PROFILED("fp8", xs = Fp8View(m, f->x, x, size_t(m.B) * m.T * K, "fp8_x"));
+    KEEL_PROFILED("fp8", ws = Fp8View(m, f->w, weight, size_t(N) * K, "fp8_w"));
+  }
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(out, xs, ws, bias, m.B * m.T, K, N));
   LoraForward(m, out, x, a);
 }
 
@@ -242,9 +257,13 @@ void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T
   } else {
     m.be->Zero(out, sizeof(T) * BT * C);
   }
-  KEEL_PROFILED("matmul_fwd",
-                m.be->MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
-                                    /*accumulate=*/true));
+  const T *xs = inp, *ws = weight;
+  if (Fp8Product* f = Fp8Of(m, lora)) {  // tp = 1 (the config refuses fp8 with tp)
+    KEEL_PROFILED("fp8", xs = Fp8View(m, f->x, inp, size_t(BT) * K, "fp8_x"));
+    KEEL_PROFILED("fp8", ws = Fp8View(m, f->w, weight, size_t(C) * K, "fp8_w"));
+  }
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(sum, xs, ws, m.lead ? bias : nullptr, BT, K, C,
+                                                  /*accumulate=*/true));
   LoraForward(m, sum, inp, lora);
   KEEL_PROFILED("tp_comm", m.SumRows(sum, out));
 }
@@ -283,7 +302,18 @@ void AdaptedBackward(Transformer::Impl& m, T* dx, float* dW, float* db, const T*
   KEEL_CHECK(!a.mag || (!dW && !db), "Transformer: DoRA's base is frozen");
   const int BT = m.B * m.T;
   const T* dz = DoraBackward(m, dout, a);
-  if (!DoraMasked(m, a)) {
+  if (Fp8Product* f = Fp8Of(m, a)) {
+    // The bias gradient from the unrounded ∂out; the products from the fp8 views, x and W as
+    // the forward saw them (the same scale: its amax, or the step's delayed scale).
+    if (db)
+      KEEL_PROFILED("matmul_bwd",
+                    m.be->MatmulBackward<T>(nullptr, nullptr, db, dz, x, W, BT, K, N));
+    const T *dys = nullptr, *xs = nullptr, *ws = nullptr;
+    KEEL_PROFILED("fp8", dys = Fp8View(m, f->dy, dz, size_t(BT) * N, "fp8_dy"));
+    KEEL_PROFILED("fp8", xs = Fp8View(m, f->x, x, size_t(BT) * K, "fp8_x"));
+    KEEL_PROFILED("fp8", ws = Fp8View(m, f->w, W, size_t(N) * K, "fp8_w"));
+    KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, nullptr, dys, xs, ws, BT, K, N));
+  } else if (!DoraMasked(m, a)) {
     KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, db, dz, x, W, BT, K, N));
   } else {
     KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, db, dout, x, W, BT, K, N));

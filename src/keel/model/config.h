@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "keel/core/fp8.h"
+
 namespace keel::model {
 
 enum class Family { kGpt2, kLlama };
@@ -57,6 +59,12 @@ struct ModelConfig {
   // every precision) that starts at ‖W‖ (of W as the products see it: dequantized where the base
   // is quantized), so that a fresh adapter is the base model (bf16 runs: up to ‖bf16(W)‖ / ‖W‖).
   bool lora_dora = false;
+  // fp8 block products (train.precision = "fp8"; model/fp8_products.h): in blocks 1 … n_layer − 2
+  // each product's input and weight are scaled to E4M3 and, in backward, its output gradient to
+  // E5M2, by `fp8_recipe`; the first and last blocks, the embeddings and the classifier stay in
+  // the working dtype (bf16). A training setting, not a ShapeKeys key.
+  bool fp8 = false;
+  Fp8Recipe fp8_recipe;
 
   bool llama() const { return family == Family::kLlama; }
   // GPT-2 ties the classifier to the token embedding; Llama has its own lm_head.

@@ -29,6 +29,7 @@
 
 #include "keel/core/timer.h"
 #include "keel/model/adapted_products.h"
+#include "keel/model/fp8_products.h"
 #include "keel/model/transformer_impl.h"
 
 namespace keel::model {
@@ -392,8 +393,22 @@ Transformer::Transformer(const ModelConfig& cfg, DType dtype, int B, int T, Reco
     params = impl_->dense.get();
   }
   impl_->acc = params;
+  internal::Fp8Setup(*impl_);
 }
 Transformer::~Transformer() = default;
+
+std::vector<float> Transformer::Fp8StepAmax() const { return internal::Fp8StepAmax(*impl_); }
+std::vector<std::string> Transformer::Fp8EndStep(const std::vector<float>& amax) {
+  return internal::Fp8EndStep(*impl_, amax);
+}
+int Transformer::fp8_blocks() const {
+  const Impl& m = *impl_;
+  if (!m.fp8.on) return 0;
+  int n = 0;
+  for (int l = m.stage.l0; l < m.stage.l1; ++l)
+    n += l != 0 && l != m.cfg.n_layer - 1 && !m.fp8.bf16_block[size_t(l - m.stage.l0)];
+  return n;
+}
 
 const ModelConfig& Transformer::config() const { return impl_->cfg; }
 const ParamLayout& Transformer::layout() const { return impl_->layout; }

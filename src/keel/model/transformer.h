@@ -14,6 +14,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "keel/core/dtype.h"
 #include "keel/kernels/backend.h"
@@ -102,6 +104,14 @@ class Transformer {
   // StageForward; without it (evaluation, Forward, ForwardLogits) no dropout is applied.
   void SetDropout(int slot, uint64_t key, uint64_t row0);
   void ClearDropout();
+
+  // fp8 block products (ModelConfig::fp8): the step's amax of each of the stage's fp8 tensors, in
+  // a fixed order, for the ranks that share them to reduce (max); then the step judged with the
+  // reduced values, one line per block that falls back to bf16 from the next step on (a
+  // non-finite amax, a spike: Fp8Tracker). fp8_blocks: the stage's blocks still in fp8.
+  std::vector<float> Fp8StepAmax() const;
+  std::vector<std::string> Fp8EndStep(const std::vector<float>& amax);
+  int fp8_blocks() const;
 
   // tokens, targets: (B,T) int32. Adds dloss·∂(Σ row losses)/∂θ into the gradients; returns
   // Σ losses.

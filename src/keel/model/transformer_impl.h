@@ -17,6 +17,7 @@
 #include "keel/kernels/backend.h"
 #include "keel/kernels/profile.h"
 #include "keel/model/context_parallel.h"
+#include "keel/model/fp8_state.h"
 #include "keel/model/quantize.h"
 #include "keel/model/transformer.h"
 #include "keel/model/working_copy.h"
@@ -141,6 +142,7 @@ struct Transformer::Impl {
   // Frozen parameters (Transformer::SetFrozen), by ParamInfo::stream: their matrix products'
   // weight gradients are not computed.
   std::vector<bool> frozen;
+  internal::Fp8State fp8;  // fp8 block products (ModelConfig::fp8, fp8_products.h)
   // LoRA dropout (Transformer::SetDropout): each slot's, and the pass now running's (`on` false:
   // none, as in evaluation).
   struct Dropout {

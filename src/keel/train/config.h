@@ -67,8 +67,13 @@ struct TrainSection {
   int steps = 100;
   int batch_size = 8;        // global batch, in sequences, over all ranks and micro-batches
   int micro_batch_size = 0;  // sequences per rank per forward/backward; 0 = batch_size / ranks
-  std::string precision = "bf16";  // "bf16" | "fp32" | "fp16" (with loss scaling)
-  std::string device = "cpu";      // "cpu" | "cuda": the backend the state and kernels live on
+  // "bf16" | "fp32" | "fp16" (with loss scaling) | "fp8" (bf16 with fp8 block products:
+  // model/fp8_products.h, emulated on the CPU)
+  std::string precision = "bf16";
+  std::string fp8_recipe = "current";  // "current" | "delayed" (core/fp8.h, Fp8Recipe)
+  int fp8_amax_history = 16;           // steps of amax kept: delayed scales, spike tests
+  float fp8_spike = 64;                // a block's amax above this × the history's: bf16 (0: off)
+  std::string device = "cpu";          // "cpu" | "cuda": the backend the state and kernels live on
   uint64_t seed = 1337;
   int val_every = 50;   // steps between validation passes; 0 = only at the end
   int val_batches = 8;  // validation windows: the split's first val_batches × batch_size (0: all)

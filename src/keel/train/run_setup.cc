@@ -95,6 +95,10 @@ Setup Validate(const RunConfig& cfg, int world) {
   Setup s;
   s.layout = ResolveLayout(cfg, world);
   s.mcfg = cfg.ResolvedModel();
+  // fp8 block products are a training setting the model carries (ModelConfig::fp8).
+  s.mcfg.fp8 = cfg.train.precision == "fp8";
+  s.mcfg.fp8_recipe = {cfg.train.fp8_recipe == "delayed", cfg.train.fp8_amax_history,
+                       double(cfg.train.fp8_spike)};
   const TrainSection& t = cfg.train;
   s.dtype = t.precision == "fp32"   ? DType::kF32
             : t.precision == "fp16" ? DType::kF16
@@ -353,6 +357,11 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   size_t n_frozen = 0;
   for (size_t i = 0; i < frozen.size(); ++i)
     if (frozen[i]) n_frozen += params.params()[i].numel;
+  if (lead && mcfg.fp8)
+    Log("fp8 block products (E4M3 inputs and weights, E5M2 gradients; emulated on the CPU): "
+        "blocks 1-%d of %d, %s scaling%s",
+        mcfg.n_layer - 2, mcfg.n_layer, cfg.train.fp8_recipe.c_str(),
+        mcfg.n_layer < 3 ? " (none: the first and last blocks stay in bf16)" : "");
   if (lead && mcfg.lora_rank > 0)
     Log("keel: LoRA rank %d%s, alpha %g on %s: %zu adapter parameters trained, %zu frozen",
         mcfg.lora_rank, mcfg.lora_dora ? " (DoRA)" : "", double(mcfg.lora_alpha),

@@ -140,6 +140,26 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
   pipe_->set_wait_clock([this] { return zero_->wait_ms() + tp_wait_ms() + cp_wait_ms(); });
 }
 
+std::vector<std::string> TrainStep::Fp8EndStep() {
+  std::vector<std::string> lines;
+  if (!spec_.model.fp8) return lines;
+  for (auto& m : models_) {
+    std::vector<float> amax = m->Fp8StepAmax();
+    std::vector<double> wide(amax.begin(), amax.end());
+    if (!wide.empty()) g_.dp->AllReduceMax(wide.data(), wide.size());
+    for (size_t i = 0; i < amax.size(); ++i) amax[i] = float(wide[i]);
+    for (std::string& line : m->Fp8EndStep(amax)) lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
+int TrainStep::fp8_blocks() {
+  double n = 0;
+  for (auto& m : models_) n += m->fp8_blocks();
+  if (g_.pp && g_.pp->size() > 1) n = g_.pp->AllReduceSum(n);
+  return int(n);
+}
+
 TrainStep::~TrainStep() {
   // Transfers in flight write into the models' arenas. If one does not end (a lost peer; the
   // process is on its way to exit 75), the arenas are leaked on purpose rather than freed under

@@ -123,6 +123,13 @@ class TrainStep {
   // whole sequences (the cp ranks' add up).
   double Forward(const int32_t* tokens, const int32_t* targets);
 
+  // fp8 runs (ModelConfig::fp8): the step's amax of every fp8 tensor reduced (max) over the
+  // data-parallel group, so that the replicas judge alike, and judged; one line per block that
+  // falls back to bf16 from the next step on (this stage's). fp8_blocks: the blocks still in fp8,
+  // over every stage.
+  std::vector<std::string> Fp8EndStep();
+  int fp8_blocks();
+
   // The checkpointed state of this rank: master weights and AdamW moments over what it holds.
   ckpt::StateView StateView();
   // What this rank allocated, by kind (the figures `keel plan --accounting keel` predicts).

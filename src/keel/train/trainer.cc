@@ -99,6 +99,20 @@ void ScaleAfterStep(Run& run, int step, bool overflow, nlohmann::json* extra) {
   }
 }
 
+// fp8 runs: the step's amaxes judged (TrainStep::Fp8EndStep). A block that falls back runs in
+// bf16 from the next step on, with a line and an event; the step's metrics count the blocks left.
+void Fp8AfterStep(Run& run, int step, nlohmann::json* extra) {
+  if (!run.mcfg.fp8) return;
+  // Rank 0 says what its stage's blocks did (the replicas judged the same amaxes); other stages'
+  // fallbacks show in the count.
+  for (const std::string& why : run.step->Fp8EndStep()) {
+    if (!run.lead) continue;
+    Log("keel: step %d: fp8 %s; the block runs in bf16 from here on", step, why.c_str());
+    run.events.Write({{"event", "fp8_fallback"}, {"step", step}, {"why", why}});
+  }
+  (*extra)["fp8_blocks"] = run.step->fp8_blocks();
+}
+
 // Whether an fp16 run switches to bf16 after step `step` ([loss_scale] switch_after overflows in a
 // row at the minimum scale): every rank sees the same scaler, so all decide alike.
 bool SwitchesNow(Run& run, int step) {
@@ -229,6 +243,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     }
     const bool switching = SwitchesNow(run, i + 1);
     Update(run, verdict.apply, lr, own_norm, scale, optimizer_timer, &fig.times, &extra);
+    Fp8AfterStep(run, i + 1, &extra);
     if (OuterLoop* outer = step.diloco(); outer && outer->Due(i + 1, i + 1 == cfg.train.steps)) {
       // DiLoCo's round ends: the replicas average how far they moved (its time is dp's).
       const Timer outer_timer;

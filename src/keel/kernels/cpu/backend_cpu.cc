@@ -7,6 +7,7 @@
 #include "keel/kernels/cpu/dora.h"
 #include "keel/kernels/cpu/dropout.h"
 #include "keel/kernels/cpu/encoder.h"
+#include "keel/kernels/cpu/fp8.h"
 #include "keel/kernels/cpu/gelu.h"
 #include "keel/kernels/cpu/layernorm.h"
 #include "keel/kernels/cpu/matmul.h"
@@ -179,6 +180,21 @@ class CpuImpl final : public Backend {
     Typed(t, [&](auto z) {
       using T = decltype(z);
       cpu::Dequantize<T>(P<T>(out), codes, scales, n, group, f);
+    });
+  }
+  float AbsMaxOp(DType t, const void* x, size_t n) const override {
+    float m = 0;
+    Typed(t, [&](auto z) {
+      using T = decltype(z);
+      m = cpu::AbsMax<T>(P<T>(x), n);
+    });
+    return m;
+  }
+  void Fp8RoundOp(DType t, void* out, const void* in, size_t n, float scale,
+                  Fp8Format f) const override {
+    Typed(t, [&](auto z) {
+      using T = decltype(z);
+      cpu::Fp8Round<T>(P<T>(out), P<T>(in), n, scale, f);
     });
   }
   void DropoutOp(DType t, void* out, const void* x, int rows, int cols, const DropoutMask& m,

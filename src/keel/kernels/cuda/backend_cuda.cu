@@ -13,6 +13,7 @@
 #include "keel/kernels/cuda/dora.cuh"
 #include "keel/kernels/cuda/dropout.cuh"
 #include "keel/kernels/cuda/encoder.cuh"
+#include "keel/kernels/cuda/fp8.cuh"
 #include "keel/kernels/cuda/gelu.cuh"
 #include "keel/kernels/cuda/layernorm.cuh"
 #include "keel/kernels/cuda/matmul.cuh"
@@ -222,6 +223,13 @@ class Cuda final : public Backend {
   void GeluBackwardOp(DType t, void* dinp, const void* inp, const void* dout,
                       size_t n) const override {
     cuda::GeluBackward(t, dinp, inp, dout, n, stream_);
+  }
+  float AbsMaxOp(DType t, const void* x, size_t n) const override {
+    return cuda::AbsMax(t, x, n, stream_);
+  }
+  void Fp8RoundOp(DType t, void* out, const void* in, size_t n, float scale,
+                  Fp8Format f) const override {
+    cuda::Fp8Round(t, out, in, n, scale, f, stream_);
   }
   void DequantizeOp(DType t, void* out, const uint8_t* codes, const float* scales, size_t n,
                     size_t group, QuantFormat f) const override {
