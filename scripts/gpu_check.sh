@@ -12,8 +12,12 @@
 #      dropout 0.1: the magnitudes' kernels and the masks on the GPU),
 #   4c. the GPU's offload tier ([offload] host): 20 bf16 steps of GPT-2 124M with the master and
 #      moments in pinned host memory (AdamW on the CPU) track the run with them on the GPU,
-#   5. throughput: GPT-2 124M, 350M and 774M in bf16, tokens/s and MFU against the H200's
-#      989 TFLOP/s dense bf16 peak (KEEL_PEAK_TFLOPS to change it).
+#   4d. fp8: 20 steps of GPT-2 124M in fp8, the GPU's emulation against the CPU's and the GPU's
+#      native fp8 products (cuBLASLt) against its emulation (2e-2 a step); kernels_test
+#      CudaAgainstCpu.Fp8 holds the rounding, the amax and one native product to the CPU's,
+#   5. throughput: GPT-2 124M, 350M and 774M in bf16 and 350M in fp8 (its ratio to bf16; target
+#      1.2x), tokens/s and MFU against the H200's 989 TFLOP/s dense bf16 peak (KEEL_PEAK_TFLOPS
+#      to change it).
 # Prints one PASS/FAIL line per check and the figures; work and logs go to build-gpu/check, and
 # where OUT is set (the device tool) the report and every log come back as $OUT/gpu_check.txt and
 # $OUT/gpu_check_logs.txt. Exits non-zero if any check failed.
@@ -203,13 +207,39 @@ if [[ $dev == cuda ]]; then
   grep -h "host tier, 20 steps" "$out/host_tier.log" | tee -a "$report"
 fi
 
-# 5. Throughput, bf16: the median step of the last 10 of 15 (B=16, T=1024; tiny models on a CPU).
+# 4d. fp8 (train.precision = "fp8"): 20 steps of the GPU's emulation (KEEL_FP8_EMULATE=1: the
+# CPU's rounding, bf16 products) track the CPU's emulated run as bf16 runs do (2e-2 a step), and
+# the GPU's native fp8 products (cuBLASLt, E4M3 x E4M3 and E5M2 x E4M3) track its emulation
+# (2e-2: the same roundings, sums in another order).
+fp8_numerics() {
+  run fp8_cpu cpu fp8 "$model" 20 4 256 && KEEL_FP8_EMULATE=1 run fp8_emul "$dev" fp8 "$model" 20 4 256 &&
+    run fp8_native "$dev" fp8 "$model" 20 4 256 && python3 - "$out/runs" <<'PY'
+import json, sys
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/{name}/metrics.jsonl") if '"loss"' in l]
+cpu, emul, native = losses("fp8_cpu"), losses("fp8_emul"), losses("fp8_native")
+assert len(cpu) == len(emul) == len(native) == 20, (len(cpu), len(emul), len(native))
+a = max(abs(x - y) for x, y in zip(cpu, emul))
+b = max(abs(x - y) for x, y in zip(emul, native))
+print(f"fp8, 20 steps: last loss CPU {cpu[-1]:.4f}, GPU emulated {emul[-1]:.4f}, GPU native "
+      f"{native[-1]:.4f}; largest step difference CPU/emulated {a:.2e}, emulated/native {b:.2e}")
+assert a <= 2e-2 and b <= 2e-2, "fp8 on the GPU drifts from the CPU's emulation"
+PY
+}
+if [[ $dev == cuda ]]; then
+  check fp8_numerics fp8_numerics
+  grep -h "fp8, 20 steps" "$out/fp8_numerics.log" | tee -a "$report"
+fi
+
+# 5. Throughput: the median step of the last 10 of 15 (B=16, T=1024; tiny models on a CPU), bf16
+# unless a fifth argument names the precision (fp8: GPT-2 350M against its bf16 run, target 1.2x).
 throughput() {
-  local name=$1 m=$2 batch=$3 seq=$4
-  run "tp_$name" "$dev" bf16 "$m" 15 "$batch" "$seq" || return 1
-  python3 - "$out/runs/tp_$name/metrics.jsonl" "$m" "$seq" "$peak_tflops" <<'PY' | tee -a "$report"
+  local name=$1 m=$2 batch=$3 seq=$4 prec=${5:-bf16}
+  run "tp_$name" "$dev" "$prec" "$m" 15 "$batch" "$seq" || return 1
+  python3 - "$out/runs/tp_$name/metrics.jsonl" "$m" "$seq" "$peak_tflops" "$prec" <<'PY' | tee -a "$report"
 import json, statistics, sys
 path, model, T, peak = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+prec = sys.argv[5]
 rows = [json.loads(l) for l in open(path) if '"tokens_per_s"' in l]
 tok_s = statistics.median(r["tokens_per_s"] for r in rows[5:])
 L, C = {"gpt2": (12, 768), "gpt2-medium": (24, 1024), "gpt2-large": (36, 1280),
@@ -217,14 +247,23 @@ L, C = {"gpt2": (12, 768), "gpt2-medium": (24, 1024), "gpt2-large": (36, 1280),
 N = 12 * L * C * C + 50304 * C              # weights of the matrix products, classifier included
 flops_per_token = 6 * N + 12 * L * C * T    # llm.c's count: matrix products and attention
 mfu = tok_s * flops_per_token / (peak * 1e12)
-print(f"throughput {model:12s} bf16, T={T}: {tok_s:12.0f} tokens/s, "
-      f"MFU {100 * mfu:5.1f}% of {peak:.0f} TFLOP/s")
+print(f"throughput {model:12s} {prec}, T={T}: {tok_s:12.0f} tokens/s, "
+      f"MFU {100 * mfu:5.1f}% of {peak:.0f} TFLOP/s (bf16's)")
 PY
 }
 if [[ $dev == cuda ]]; then
   check throughput_124m throughput 124m gpt2 16 1024
   check throughput_350m throughput 350m gpt2-medium 16 1024
   check throughput_774m throughput 774m gpt2-large 16 1024
+  check throughput_350m_fp8 throughput 350m_fp8 gpt2-medium 16 1024 fp8
+  python3 - "$out/runs" <<'PY' | tee -a "$report"
+import json, statistics, sys
+def tok_s(name):
+    rows = [json.loads(l) for l in open(f"{sys.argv[1]}/{name}/metrics.jsonl") if '"tokens_per_s"' in l]
+    return statistics.median(r["tokens_per_s"] for r in rows[5:])
+bf16, fp8 = tok_s("tp_350m"), tok_s("tp_350m_fp8")
+print(f"fp8 / bf16 at GPT-2 350M: {fp8 / bf16:.2f}x (target 1.2x)")
+PY
 else
   check throughput_tiny throughput tiny gpt2-tiny 4 64
 fi

@@ -261,6 +261,58 @@ TEST_P(CudaAgainstCpu, Activations) {
   });
 }
 
+// fp8: the emulation's rounding in both formats and the largest magnitude; and in bf16 the fp8
+// products, native where the GPU has fp8 tensor cores (NativeFp8), against the CPU's emulation
+// (rounded operands, then the bf16 product).
+TEST_P(CudaAgainstCpu, Fp8) {
+  const int M = 64, K = 96, N = 48;
+  const size_t n = 1001;
+  Compare("fp8 rounding, amax", [&](Dev& d) -> Outputs {
+    const void* x = d.Up(Random(n, 41, 300.0f));
+    void* e4 = d.Up(std::vector<float>(n));
+    void* e5 = d.Up(std::vector<float>(n));
+    float amax = 0;
+    WithType(GetParam(), [&](auto z) {
+      using T = decltype(z);
+      const Backend& be = d.be();
+      be.Fp8Round(static_cast<T*>(e4), static_cast<const T*>(x), n, 0.5f, Fp8Format::kE4M3);
+      be.Fp8Round(static_cast<T*>(e5), static_cast<const T*>(x), n, 64.0f, Fp8Format::kE5M2);
+      amax = be.AbsMax(static_cast<const T*>(x), n);
+    });
+    return {d.Down(e4, n), d.Down(e5, n), {amax}};
+  });
+  if (GetParam() != DType::kBF16) return;
+  Compare("fp8 products", [&](Dev& d) -> Outputs {
+    const Backend& be = d.be();
+    auto* x = static_cast<bf16*>(d.Up(Random(size_t(M) * K, 42, 3.0f)));
+    auto* w = static_cast<bf16*>(d.Up(Random(size_t(N) * K, 43, 0.1f)));
+    auto* dy = static_cast<bf16*>(d.Up(Random(size_t(M) * N, 44, 1e-3f)));
+    auto* y = static_cast<bf16*>(d.Up(std::vector<float>(size_t(M) * N)));
+    auto* dx = static_cast<bf16*>(d.Up(std::vector<float>(size_t(M) * K)));
+    std::vector<float> zeros(size_t(N) * K);
+    Buffer dw(be, zeros.size() * sizeof(float));
+    be.FromHost(dw.data(), zeros.data(), dw.bytes());
+    const float sx = Fp8Scale(3.0f, Fp8Format::kE4M3), sw = Fp8Scale(0.1f, Fp8Format::kE4M3),
+                sdy = Fp8Scale(1e-3f, Fp8Format::kE5M2);
+    if (be.NativeFp8(M, K, N)) {
+      be.MatmulFp8Forward(y, x, w, nullptr, M, K, N, sx, sw, false);
+      be.MatmulFp8Backward(dx, dw.as<float>(), dy, x, w, M, K, N, sdy, sx, sw);
+    } else {
+      auto* xq = static_cast<bf16*>(d.Up(std::vector<float>(size_t(M) * K)));
+      auto* wq = static_cast<bf16*>(d.Up(std::vector<float>(size_t(N) * K)));
+      auto* dyq = static_cast<bf16*>(d.Up(std::vector<float>(size_t(M) * N)));
+      be.Fp8Round(xq, x, size_t(M) * K, sx, Fp8Format::kE4M3);
+      be.Fp8Round(wq, w, size_t(N) * K, sw, Fp8Format::kE4M3);
+      be.Fp8Round(dyq, dy, size_t(M) * N, sdy, Fp8Format::kE5M2);
+      be.MatmulForward(y, xq, wq, nullptr, M, K, N);
+      be.MatmulBackward(dx, dw.as<float>(), nullptr, dyq, xq, wq, M, K, N);
+    }
+    std::vector<float> dw_host(zeros.size());
+    be.ToHost(dw_host.data(), dw.data(), dw.bytes());
+    return {d.Down(y, size_t(M) * N), d.Down(dx, size_t(M) * K), dw_host};
+  });
+}
+
 TEST_P(CudaAgainstCpu, Dequantize) {
   const size_t n = 64 * 37;
   std::vector<int32_t> packed(n / 4);  // n bytes of codes, uploaded as ints

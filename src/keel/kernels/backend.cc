@@ -32,6 +32,15 @@ namespace {
 }  // namespace
 
 double Backend::SumSquares(const bf16*, size_t) const { NoBf16Grads(name()); }
+
+void Backend::MatmulFp8Forward(bf16*, const bf16*, const bf16*, const float*, int, int, int, float,
+                               float, bool) const {
+  ThrowRuntime(name() + " backend: no native fp8 products (NativeFp8 is false: emulate)");
+}
+void Backend::MatmulFp8Backward(bf16*, float*, const bf16*, const bf16*, const bf16*, int, int, int,
+                                float, float, float) const {
+  ThrowRuntime(name() + " backend: no native fp8 products (NativeFp8 is false: emulate)");
+}
 void Backend::AccumulateBf16(bf16*, const float*, size_t) const { NoBf16Grads(name()); }
 void Backend::AddBf16To(float*, const bf16*, size_t) const { NoBf16Grads(name()); }
 

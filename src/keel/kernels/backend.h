@@ -190,6 +190,17 @@ class Backend : public Memory {
   // Fp8Round: out = RoundFp8(in·scale, f) / scale elementwise (out may be in), the tensor as an
   // fp8 product sees it; with power-of-two scales a bf16 product of two such tensors, accumulated
   // in fp32, is the fp8 product.
+  // fp8 products on fp8 hardware (a GPU with fp8 tensor cores, for these shapes): x and w rounded
+  // to E4M3 and dout to E5M2 at the given scales, multiplied with fp32 accumulation, bf16 in and
+  // out. Forward: out = x·wᵀ + bias (+= out with `accumulate`); Backward: dinp = dout·w
+  // (overwritten), dweight += doutᵀ·x (may be null). Where NativeFp8 is false the caller emulates
+  // them with Fp8Round and the bf16 product (model/fp8_products.h), as the CPU does.
+  virtual bool NativeFp8(int /*M*/, int /*K*/, int /*N*/) const { return false; }
+  virtual void MatmulFp8Forward(bf16* out, const bf16* x, const bf16* w, const float* bias, int M,
+                                int K, int N, float sx, float sw, bool accumulate) const;
+  virtual void MatmulFp8Backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* x,
+                                 const bf16* w, int M, int K, int N, float sdy, float sx,
+                                 float sw) const;
   template <typename T>
   float AbsMax(const T* x, size_t n) const {
     return AbsMaxOp(DTypeOf<T>(), x, n);

@@ -193,12 +193,9 @@ void AdaptedForward(Transformer::Impl& m, T* out, const T* x, const T* weight, c
                   m.be->DoraScale(out, z, g, masked ? nullptr : bias, m.B * m.T, N, masked));
     return;
   }
-  const T *xs = x, *ws = weight;
-  if (Fp8Product* f = Fp8Of(m, a)) {
-    KEEL_PROFILED("fp8", xs = Fp8View(m, f->x, x, size_t(m.B) * m.T * K, "fp8_x"));
-    KEEL_PROFILED("fp8", ws = Fp8View(m, f->w, weight, size_t(N) * K, "fp8_w"));
-  }
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(out, xs, ws, bias, m.B * m.T, K, N));
+  if (Fp8Product* f = Fp8Of(m, a))
+    return Fp8Forward(m, *f, out, x, weight, bias, m.B * m.T, K, N, false);
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(out, x, weight, bias, m.B * m.T, K, N));
   LoraForward(m, out, x, a);
 }
 
@@ -257,14 +254,14 @@ void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T
   } else {
     m.be->Zero(out, sizeof(T) * BT * C);
   }
-  const T *xs = inp, *ws = weight;
-  if (Fp8Product* f = Fp8Of(m, lora)) {  // tp = 1 (the config refuses fp8 with tp)
-    KEEL_PROFILED("fp8", xs = Fp8View(m, f->x, inp, size_t(BT) * K, "fp8_x"));
-    KEEL_PROFILED("fp8", ws = Fp8View(m, f->w, weight, size_t(C) * K, "fp8_w"));
+  if (Fp8Product* f = Fp8Of(m, lora)) {  // tp = 1: the config refuses fp8 with tp
+    Fp8Forward(m, *f, sum, inp, weight, m.lead ? bias : nullptr, BT, K, C, /*accumulate=*/true);
+  } else {
+    KEEL_PROFILED("matmul_fwd",
+                  m.be->MatmulForward(sum, inp, weight, m.lead ? bias : nullptr, BT, K, C,
+                                      /*accumulate=*/true));
+    LoraForward(m, sum, inp, lora);
   }
-  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(sum, xs, ws, m.lead ? bias : nullptr, BT, K, C,
-                                                  /*accumulate=*/true));
-  LoraForward(m, sum, inp, lora);
   KEEL_PROFILED("tp_comm", m.SumRows(sum, out));
 }
 
@@ -303,16 +300,7 @@ void AdaptedBackward(Transformer::Impl& m, T* dx, float* dW, float* db, const T*
   const int BT = m.B * m.T;
   const T* dz = DoraBackward(m, dout, a);
   if (Fp8Product* f = Fp8Of(m, a)) {
-    // The bias gradient from the unrounded ∂out; the products from the fp8 views, x and W as
-    // the forward saw them (the same scale: its amax, or the step's delayed scale).
-    if (db)
-      KEEL_PROFILED("matmul_bwd",
-                    m.be->MatmulBackward<T>(nullptr, nullptr, db, dz, x, W, BT, K, N));
-    const T *dys = nullptr, *xs = nullptr, *ws = nullptr;
-    KEEL_PROFILED("fp8", dys = Fp8View(m, f->dy, dz, size_t(BT) * N, "fp8_dy"));
-    KEEL_PROFILED("fp8", xs = Fp8View(m, f->x, x, size_t(BT) * K, "fp8_x"));
-    KEEL_PROFILED("fp8", ws = Fp8View(m, f->w, W, size_t(N) * K, "fp8_w"));
-    KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, nullptr, dys, xs, ws, BT, K, N));
+    Fp8Backward(m, *f, dx, dW, db, dz, x, W, BT, K, N);
   } else if (!DoraMasked(m, a)) {
     KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, db, dz, x, W, BT, K, N));
   } else {

@@ -1,15 +1,17 @@
 // fp8 block products (ModelConfig::fp8; core/fp8.h) on the Transformer internals. A product
 // out = x·Wᵀ of blocks 1 … n_layer − 2 multiplies what fp8 tensor cores would see: x and W each
-// rounded to E4M3 at its tracker's scale, and in backward ∂out rounded to E5M2, then the working
-// dtype's product (Backend::Fp8Round: with power-of-two scales the rounded tensors are exact in
-// bf16, so a bf16 product with fp32 accumulation is the fp8 product; on the CPU this is the
-// emulation, slow by the rounding passes). The bias gradient comes from the unrounded ∂out, as
-// Transformer Engine's fused cast does. Adapted (LoRA) products stay in the working dtype.
-// Used by adapted_products.h's product paths. Internal to model/.
+// rounded to E4M3 at its tracker's scale, and in backward ∂out rounded to E5M2. On fp8 hardware
+// (Backend::NativeFp8) the backend quantizes and multiplies (cuBLASLt); elsewhere the product is
+// emulated: Backend::Fp8Round writes the rounded tensors, exact in bf16 with power-of-two scales,
+// into activation buffers, and the bf16 product with fp32 accumulation is the fp8 product (on the
+// CPU, slower by the rounding passes). The bias gradient comes from the unrounded ∂out, as
+// Transformer Engine's fused cast does. Adapted (LoRA) products stay in the working dtype. Used by
+// adapted_products.h's product paths. Internal to model/.
 #pragma once
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "keel/model/transformer_impl.h"
@@ -44,6 +46,53 @@ const T* Fp8View(Transformer::Impl& m, Fp8Tracker& t, const T* x, size_t n, cons
   m.be->Fp8Round(out, x, n, scale, t.format());
   if (m.fp8.views_left > 0) Fp8Record(m, t, x, out, n, scale, amax);
   return out;
+}
+
+// out (M, N) = x (M, K)·wᵀ + bias (+= out with `accumulate`) as product `f`'s fp8 product: on
+// fp8 hardware (Backend::NativeFp8) the backend's, else emulated through the views above.
+template <typename T>
+void Fp8Forward(Transformer::Impl& m, Fp8Product& f, T* out, const T* x, const T* w,
+                const float* bias, int M, int K, int N, bool accumulate) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (m.be->NativeFp8(M, K, N)) {
+      float sx = 0, sw = 0;
+      KEEL_PROFILED("fp8", sx = f.x.Scale(m.be->AbsMax(x, size_t(M) * K)));
+      KEEL_PROFILED("fp8", sw = f.w.Scale(m.be->AbsMax(w, size_t(N) * K)));
+      KEEL_PROFILED("matmul_fwd",
+                    m.be->MatmulFp8Forward(out, x, w, bias, M, K, N, sx, sw, accumulate));
+      return;
+    }
+  }
+  const T *xs = nullptr, *ws = nullptr;
+  KEEL_PROFILED("fp8", xs = Fp8View(m, f.x, x, size_t(M) * K, "fp8_x"));
+  KEEL_PROFILED("fp8", ws = Fp8View(m, f.w, w, size_t(N) * K, "fp8_w"));
+  KEEL_PROFILED("matmul_fwd", m.be->MatmulForward(out, xs, ws, bias, M, K, N, accumulate));
+}
+
+// Its backward: dx (M, K) written, dW (N, K) and db (N) accumulated (null: not wanted). The bias
+// gradient comes from the unrounded dout; x and w are rounded as the forward rounded them (their
+// scale again: the same amax, or the step's delayed scale).
+template <typename T>
+void Fp8Backward(Transformer::Impl& m, Fp8Product& f, T* dx, float* dW, float* db, const T* dout,
+                 const T* x, const T* w, int M, int K, int N) {
+  if (db)
+    KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward<T>(nullptr, nullptr, db, dout, x, w, M, K, N));
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (m.be->NativeFp8(M, K, N)) {
+      float sdy = 0, sx = 0, sw = 0;
+      KEEL_PROFILED("fp8", sdy = f.dy.Scale(m.be->AbsMax(dout, size_t(M) * N)));
+      KEEL_PROFILED("fp8", sx = f.x.Scale(m.be->AbsMax(x, size_t(M) * K)));
+      KEEL_PROFILED("fp8", sw = f.w.Scale(m.be->AbsMax(w, size_t(N) * K)));
+      KEEL_PROFILED("matmul_bwd",
+                    m.be->MatmulFp8Backward(dx, dW, dout, x, w, M, K, N, sdy, sx, sw));
+      return;
+    }
+  }
+  const T *dys = nullptr, *xs = nullptr, *ws = nullptr;
+  KEEL_PROFILED("fp8", dys = Fp8View(m, f.dy, dout, size_t(M) * N, "fp8_dy"));
+  KEEL_PROFILED("fp8", xs = Fp8View(m, f.x, x, size_t(M) * K, "fp8_x"));
+  KEEL_PROFILED("fp8", ws = Fp8View(m, f.w, w, size_t(N) * K, "fp8_w"));
+  KEEL_PROFILED("matmul_bwd", m.be->MatmulBackward(dx, dW, nullptr, dys, xs, ws, M, K, N));
 }
 
 }  // namespace keel::model::internal

@@ -68,7 +68,7 @@ struct TrainSection {
   int batch_size = 8;        // global batch, in sequences, over all ranks and micro-batches
   int micro_batch_size = 0;  // sequences per rank per forward/backward; 0 = batch_size / ranks
   // "bf16" | "fp32" | "fp16" (with loss scaling) | "fp8" (bf16 with fp8 block products:
-  // model/fp8_products.h, emulated on the CPU)
+  // model/fp8_products.h; emulated where the backend has no fp8 products, as on the CPU)
   std::string precision = "bf16";
   std::string fp8_recipe = "current";  // "current" | "delayed" (core/fp8.h, Fp8Recipe)
   int fp8_amax_history = 16;           // steps of amax kept: delayed scales, spike tests

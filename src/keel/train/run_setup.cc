@@ -358,9 +358,10 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   for (size_t i = 0; i < frozen.size(); ++i)
     if (frozen[i]) n_frozen += params.params()[i].numel;
   if (lead && mcfg.fp8)
-    Log("fp8 block products (E4M3 inputs and weights, E5M2 gradients; emulated on the CPU): "
-        "blocks 1-%d of %d, %s scaling%s",
-        mcfg.n_layer - 2, mcfg.n_layer, cfg.train.fp8_recipe.c_str(),
+    Log("fp8 block products (E4M3 inputs and weights, E5M2 gradients; %s): blocks 1-%d of %d, "
+        "%s scaling%s",
+        step->backend().NativeFp8(16, 16, 16) ? "fp8 tensor cores" : "emulated", mcfg.n_layer - 2,
+        mcfg.n_layer, cfg.train.fp8_recipe.c_str(),
         mcfg.n_layer < 3 ? " (none: the first and last blocks stay in bf16)" : "");
   if (lead && mcfg.lora_rank > 0)
     Log("keel: LoRA rank %d%s, alpha %g on %s: %zu adapter parameters trained, %zu frozen",

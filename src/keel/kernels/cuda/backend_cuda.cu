@@ -79,6 +79,8 @@ class Cuda final : public Backend {
     cudaDeviceProp prop{};
     KEEL_CUDA(cudaGetDeviceProperties(&prop, device_));
     name_ = prop.name;
+    const char* emulate = std::getenv("KEEL_FP8_EMULATE");
+    fp8_ = prop.major * 10 + prop.minor >= 89 && !(emulate && std::string(emulate) == "1");
   }
   Device device() const override { return Device::kCuda; }
   std::string name() const override { return name_; }
@@ -224,6 +226,20 @@ class Cuda final : public Backend {
                       size_t n) const override {
     cuda::GeluBackward(t, dinp, inp, dout, n, stream_);
   }
+  // fp8 tensor cores: Ada and Hopper (compute capability 8.9 and up), shapes in multiples of 16
+  // (cuBLASLt's fp8 alignment). KEEL_FP8_EMULATE=1 takes the emulation instead (the device check
+  // compares the two).
+  bool NativeFp8(int M, int K, int N) const override {
+    return fp8_ && M % 16 == 0 && K % 16 == 0 && N % 16 == 0;
+  }
+  void MatmulFp8Forward(bf16* out, const bf16* x, const bf16* w, const float* bias, int M, int K,
+                        int N, float sx, float sw, bool accumulate) const override {
+    cuda::MatmulFp8Forward(out, x, w, bias, M, K, N, sx, sw, accumulate, stream_);
+  }
+  void MatmulFp8Backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* x, const bf16* w,
+                         int M, int K, int N, float sdy, float sx, float sw) const override {
+    cuda::MatmulFp8Backward(dinp, dweight, dout, x, w, M, K, N, sdy, sx, sw, stream_);
+  }
   float AbsMaxOp(DType t, const void* x, size_t n) const override {
     return cuda::AbsMax(t, x, n, stream_);
   }
@@ -284,6 +300,7 @@ class Cuda final : public Backend {
  private:
   int device_ = 0;
   std::string name_;
+  bool fp8_ = false;  // native fp8 products (NativeFp8)
   // The compute stream every operation and Memory call is issued on: the legacy default stream,
   // which the synchronous copies (FromHost, ToHost) also use, so they wait for the kernels before
   // them; and which the NCCL communicator's collectives wait for (parallel/nccl/comm_nccl.cc).

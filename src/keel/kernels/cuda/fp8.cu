@@ -1,11 +1,19 @@
-// fp8 emulation (contracts: Backend::AbsMax, Backend::Fp8Round): the CPU's rounding (cpu/fp8.cc)
-// one thread per element, and the largest magnitude as per-block partials (scratch slot 9) that
-// the host finishes, NaN kept apart because fmaxf drops it.
+// fp8 on the GPU. Emulation (contracts: Backend::AbsMax, Backend::Fp8Round): the CPU's rounding
+// (cpu/fp8.cc) one thread per element, and the largest magnitude as per-block partials (scratch
+// slot 9) that the host finishes, NaN kept apart because fmaxf drops it. Native products
+// (Backend::MatmulFp8*): bf16 operands quantized by CUDA's own conversion (round to nearest even,
+// __NV_SATFINITE: the emulation's numbers) into fp8 bytes, row-major or transposed, in scratch
+// slots 10-13, their dequantization scales in slot 14, then cuBLASLt (matmul.cu, GemmFp8). The
+// transposes are a plain strided write, not yet a tiled one.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "keel/kernels/cuda/fp8.cuh"
+#include "keel/kernels/cuda/matmul.cuh"
 
 namespace keel::kernels::cuda {
 namespace {
@@ -60,7 +68,69 @@ __global__ void AbsMaxPartials(float* partial, const T* x, size_t n) {
   }
 }
 
+// out = fp8(in·scale) (rows×cols), or its transpose (cols×rows).
+__global__ void QuantizeKernel(uint8_t* out, const bf16d* in, int rows, int cols, float scale,
+                               bool e5m2, bool transpose) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(rows) * cols) return;
+  const size_t r = i / size_t(cols), c = i % size_t(cols);
+  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fmul_rn(__bfloat162float(in[i]), scale),
+                                                     __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+  out[transpose ? c * size_t(rows) + r : i] = q;
+}
+
+// rows×cols of `in` as fp8 bytes in scratch `slot`.
+uint8_t* Quantize(int slot, const bf16* in, int rows, int cols, float scale, bool e5m2,
+                  bool transpose, cudaStream_t stream) {
+  const size_t n = size_t(rows) * cols;
+  auto* out = static_cast<uint8_t*>(Scratch(slot, n, stream));
+  if (n)
+    QuantizeKernel<<<Blocks(n, kThreads), kThreads, 0, stream>>>(
+        out, reinterpret_cast<const bf16d*>(in), rows, cols, scale, e5m2, transpose);
+  KEEL_CUDA(cudaGetLastError());
+  return out;
+}
+
+// The dequantization scales 1/s of `scales` in device memory (slot 14): the products read them
+// when they run, in stream order after this copy.
+const float* Descales(std::initializer_list<float> scales, cudaStream_t stream) {
+  float host[4] = {};
+  int i = 0;
+  for (float s : scales) host[i++] = 1.0f / s;
+  auto* d = static_cast<float*>(Scratch(14, sizeof host, stream));
+  KEEL_CUDA(cudaMemcpyAsync(d, host, sizeof host, cudaMemcpyHostToDevice, stream));
+  // The host array is gone on return: wait until it has been read.
+  KEEL_CUDA(cudaStreamSynchronize(stream));
+  return d;
+}
+
 }  // namespace
+
+void MatmulFp8Forward(bf16* out, const bf16* x, const bf16* w, const float* bias, int M, int K,
+                      int N, float sx, float sw, bool accumulate, cudaStream_t stream) {
+  const uint8_t* xq = Quantize(10, x, M, K, sx, false, false, stream);
+  const uint8_t* wq = Quantize(11, w, N, K, sw, false, false, stream);
+  const float* d = Descales({sx, sw}, stream);
+  GemmFp8(M, N, K, xq, false, wq, false, d, d + 1, out, false, accumulate ? 1.0f : 0.0f, stream);
+  if (bias) AddBias(DType::kBF16, out, bias, M, N, stream);
+}
+
+void MatmulFp8Backward(bf16* dinp, float* dweight, const bf16* dout, const bf16* x, const bf16* w,
+                       int M, int K, int N, float sdy, float sx, float sw, cudaStream_t stream) {
+  const float* d = Descales({sdy, sx, sw}, stream);
+  if (dinp) {
+    // dinp (M,K) = dout (M,N)·wᵀᵀ: w's transpose (K,N) puts the sum's N innermost.
+    const uint8_t* dq = Quantize(10, dout, M, N, sdy, true, false, stream);
+    const uint8_t* wt = Quantize(11, w, N, K, sw, false, true, stream);
+    GemmFp8(M, K, N, dq, true, wt, false, d, d + 2, dinp, false, 0.0f, stream);
+  }
+  if (dweight) {
+    // dweight (N,K) += doutᵀ (N,M)·xᵀᵀ: both transposed, M innermost.
+    const uint8_t* dt = Quantize(12, dout, M, N, sdy, true, true, stream);
+    const uint8_t* xt = Quantize(13, x, M, K, sx, false, true, stream);
+    GemmFp8(N, K, M, dt, true, xt, false, d, d + 1, dweight, true, 1.0f, stream);
+  }
+}
 
 float AbsMax(DType t, const void* x, size_t n, cudaStream_t stream) {
   if (n == 0) return 0;

@@ -107,6 +107,47 @@ const Plan& PlanFor(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int
   return plans.emplace(key, p).first->second;
 }
 
+// The fp8 products' plans (GemmFp8), apart: their types and scale pointers differ.
+const Plan& PlanFp8(int M, int N, int K, bool p_e5m2, bool q_e5m2, bool c_fp32, const float* dp,
+                    const float* dq) {
+  using Key = std::tuple<int, int, int, bool, bool, bool, const float*, const float*>;
+  static std::map<Key, Plan> plans;
+  const Key key{M, N, K, p_e5m2, q_e5m2, c_fp32, dp, dq};
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  const cudaDataType pt = p_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+  const cudaDataType qt = q_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+  const cudaDataType ct = c_fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  Plan p;
+  KEEL_CUDA(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Column-major: cuBLASLt's A is Q (transposed: its K×N view), its B is P; fp8 takes only this.
+  const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+  KEEL_CUDA(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  KEEL_CUDA(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  // The scales multiply the product: D = (1/s_q)·(1/s_p)·(Q·P) in cuBLASLt's terms.
+  KEEL_CUDA(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dq, sizeof dq));
+  KEEL_CUDA(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dp, sizeof dp));
+  p.lb = MakeLayout(qt, N, K, K);  // our Q: as Plan's B (cuBLASLt's A)
+  p.la = MakeLayout(pt, M, K, K);  // our P
+  p.lc = MakeLayout(ct, M, N, N);
+  cublasLtMatmulPreference_t pref;
+  KEEL_CUDA(cublasLtMatmulPreferenceCreate(&pref));
+  KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &kWorkspace, sizeof kWorkspace));
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  KEEL_CUDA(cublasLtMatmulAlgoGetHeuristic(Handle(), p.desc, p.lb, p.la, p.lc, p.lc, pref, 1, &heur,
+                                           &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0)
+    ThrowRuntime("cuBLASLt: no fp8 algorithm for a " + std::to_string(M) + "x" + std::to_string(N) +
+                 "x" + std::to_string(K) + " product");
+  p.algo = heur.algo;
+  return plans.emplace(key, p).first->second;
+}
+
 constexpr unsigned kThreads = 256;
 
 template <typename T>
@@ -133,6 +174,8 @@ __global__ void AddColumnPartials(float* dbias, const float* partial, int N) {
   dbias[c] += s;
 }
 
+}  // namespace
+
 // out (M,N) += bias (N) fp32.
 void AddBias(DType t, void* out, const float* bias, int M, int N, cudaStream_t stream) {
   KEEL_TYPED_LAUNCH(
@@ -153,14 +196,22 @@ void AddColumnSums(DType t, float* dbias, const void* d, int M, int N, cudaStrea
   KEEL_CUDA(cudaGetLastError());
 }
 
-}  // namespace
-
 void Gemm(bool ta, bool tb, int M, int N, int K, const void* A, int lda, const void* B, int ldb,
           void* C, int ldc, DType ab, bool c_fp32, float alpha, float beta, cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   const Plan& p =
       PlanFor(ta, tb, M, N, K, lda, ldb, ldc, ab, c_fp32, Alignment(A), Alignment(B), Alignment(C));
   KEEL_CUDA(cublasLtMatmul(Handle(), p.desc, &alpha, B, p.lb, A, p.la, &beta, C, p.lc, C, p.lc,
+                           &p.algo, Scratch(0, kWorkspace, stream), kWorkspace, stream));
+}
+
+void GemmFp8(int M, int N, int K, const void* P, bool p_e5m2, const void* Q, bool q_e5m2,
+             const float* dp, const float* dq, void* C, bool c_fp32, float beta,
+             cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  const Plan& p = PlanFp8(M, N, K, p_e5m2, q_e5m2, c_fp32, dp, dq);
+  const float alpha = 1.0f;
+  KEEL_CUDA(cublasLtMatmul(Handle(), p.desc, &alpha, Q, p.lb, P, p.la, &beta, C, p.lc, C, p.lc,
                            &p.algo, Scratch(0, kWorkspace, stream), kWorkspace, stream));
 }
 
