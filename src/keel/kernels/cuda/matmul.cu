@@ -60,6 +60,32 @@ cublasLtMatrixLayout_t MakeLayout(cudaDataType t, int rows, int cols, int ld) {
   return d;
 }
 
+// p.algo: cuBLASLt's first choice for p's descriptors within kWorkspace, given the operands'
+// alignments (cuBLASLt's A, B, C and D; 0: its default, 256 bytes).
+void ChooseAlgo(Plan& p, int M, int N, int K, const char* what, uint32_t align_a = 0,
+                uint32_t align_b = 0, uint32_t align_c = 0) {
+  cublasLtMatmulPreference_t pref;
+  KEEL_CUDA(cublasLtMatmulPreferenceCreate(&pref));
+  KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &kWorkspace, sizeof kWorkspace));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+  for (const auto& [attr, bytes] : aligns)
+    if (bytes) KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
+  cublasLtMatmulHeuristicResult_t heur;
+  int found = 0;
+  KEEL_CUDA(cublasLtMatmulAlgoGetHeuristic(Handle(), p.desc, p.lb, p.la, p.lc, p.lc, pref, 1, &heur,
+                                           &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0)
+    ThrowRuntime(std::string("cuBLASLt: no ") + what + "algorithm for a " + std::to_string(M) +
+                 "x" + std::to_string(N) + "x" + std::to_string(K) + " product");
+  p.algo = heur.algo;
+}
+
 const Plan& PlanFor(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int ldc, DType ab,
                     bool c_fp32, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
   using Key = std::tuple<bool, bool, int, int, int, int, int, int, int, bool, bool, uint32_t,
@@ -83,27 +109,8 @@ const Plan& PlanFor(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int
   p.lb = MakeLayout(abt, tb ? N : K, tb ? K : N, ldb);
   p.la = MakeLayout(abt, ta ? K : M, ta ? M : K, lda);
   p.lc = MakeLayout(ct, M, N, ldc);
-  cublasLtMatmulPreference_t pref;
-  KEEL_CUDA(cublasLtMatmulPreferenceCreate(&pref));
-  KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &kWorkspace, sizeof kWorkspace));
   // cuBLASLt's A is our B, its B our A; C and D are our C.
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
-  for (const auto& [attr, bytes] : aligns)
-    KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof bytes));
-  cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
-  KEEL_CUDA(cublasLtMatmulAlgoGetHeuristic(Handle(), p.desc, p.lb, p.la, p.lc, p.lc, pref, 1, &heur,
-                                           &found));
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (found == 0)
-    ThrowRuntime("cuBLASLt: no algorithm for a " + std::to_string(M) + "x" + std::to_string(N) +
-                 "x" + std::to_string(K) + " product");
-  p.algo = heur.algo;
+  ChooseAlgo(p, M, N, K, "", align_b, align_a, align_c);
   return plans.emplace(key, p).first->second;
 }
 
@@ -132,19 +139,7 @@ const Plan& PlanFp8(int M, int N, int K, bool p_e5m2, bool q_e5m2, bool c_fp32, 
   p.lb = MakeLayout(qt, N, K, K);  // our Q: as Plan's B (cuBLASLt's A)
   p.la = MakeLayout(pt, M, K, K);  // our P
   p.lc = MakeLayout(ct, M, N, N);
-  cublasLtMatmulPreference_t pref;
-  KEEL_CUDA(cublasLtMatmulPreferenceCreate(&pref));
-  KEEL_CUDA(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &kWorkspace, sizeof kWorkspace));
-  cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
-  KEEL_CUDA(cublasLtMatmulAlgoGetHeuristic(Handle(), p.desc, p.lb, p.la, p.lc, p.lc, pref, 1, &heur,
-                                           &found));
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (found == 0)
-    ThrowRuntime("cuBLASLt: no fp8 algorithm for a " + std::to_string(M) + "x" + std::to_string(N) +
-                 "x" + std::to_string(K) + " product");
-  p.algo = heur.algo;
+  ChooseAlgo(p, M, N, K, "fp8 ");
   return plans.emplace(key, p).first->second;
 }
 
