@@ -30,7 +30,8 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 
 CC=clang CXX=clang++ cmake -G Ninja -S . -B build-fuzz -DKEEL_FUZZ=ON -DKEEL_CUDA=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_BUILD_TESTS=OFF -DKEEL_BUILD_BENCH=OFF >/dev/null
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
+  -DKEEL_BUILD_TESTS=OFF -DKEEL_BUILD_BENCH=OFF >/dev/null
 ninja -C build-fuzz -j "${KEEL_FUZZ_JOBS:-1}" $(printf 'fuzz_%s ' "${targets[@]}")
 
 if [ "$mode" = long ]; then
