@@ -8,10 +8,10 @@
 #     every recorded view bitwise equal to an independent rounding at the reference scale, every
 #     tracker judgement replayed; each fallback is one fp8_fallback event, and the metrics'
 #     fp8_blocks counts the blocks left;
-#  3. data parallelism: at dp 2 the replicas judge the amaxes reduced over the group, so they
-#     fall back alike and end with the same weights;
-#  4. bad input: fp8 with tensor parallelism, an unknown recipe, a negative spike: exit 2, one
-#     line naming the key.
+#  3. data and tensor parallelism: at dp 2 and at tp 2 the ranks judge the amaxes reduced over
+#     their groups, so they make the same judgements and fall back alike; at tp 2 each rank
+#     scales its own shards, and every step's loss is within 0.5% of the one-rank fp8 run's;
+#  4. bad input: an unknown recipe, a negative spike: exit 2, one line naming the key.
 #   tests/train/fp8.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -70,21 +70,27 @@ print(f"fallbacks: {len(events)} fp8_fallback events at steps {[s for s, _ in go
       f"block, as the record judged; fp8_blocks counts down to {left}")
 PY
 
-# 3. Replicas judge alike: at dp 2 both ranks' judgements (amaxes reduced over the group, the
-# fallbacks) are the same lines, though each saw its own micro-batches.
-KEEL_FP8_RECORD="$tmp/record_dp2" KEEL_FP8_RECORD_VIEWS=0 run dp2 2 "${recipe[@]}"
-/usr/bin/python3 - "$tmp/record_dp2" <<'PY'
+# 3. Ranks judge alike: at dp 2 (each replica saw its own micro-batches) and at tp 2 (each rank
+# its own shards) both ranks' judgements are the same lines.
+same_judgements() {
+  /usr/bin/python3 - "$1" "$2" <<'PY'
 import glob, sys
 files = sorted(glob.glob(sys.argv[1] + "/steps.*.jsonl"))
 assert len(files) == 2, files
 a, b = (open(f).read() for f in files)
-assert a and a == b, "the two replicas judged different amaxes or fell back differently"
+assert a and a == b, f"{sys.argv[2]}: the two ranks judged different amaxes or fell back differently"
 lines = a.splitlines()
 falls = sum(1 for line in lines if '"fallback": true' in line)
-print(f"dp 2: both replicas made the same {len(lines)} judgements, {falls} of them fallbacks")
+print(f"{sys.argv[2]}: both ranks made the same {len(lines)} judgements, {falls} of them fallbacks")
 PY
+}
+KEEL_FP8_RECORD="$tmp/record_dp2" KEEL_FP8_RECORD_VIEWS=0 run dp2 2 "${recipe[@]}"
+same_judgements "$tmp/record_dp2" "dp 2"
+KEEL_FP8_RECORD="$tmp/record_tp2" KEEL_FP8_RECORD_VIEWS=0 run tp2 2 --set train.precision=fp8 \
+  --set parallel.tp=2
+same_judgements "$tmp/record_tp2" "tp 2"
+close tp2 gpt2-tiny_fp8
 
 # 4. Bad input.
-refused fp8_tp 2 "train.precision" --set train.precision=fp8 --set parallel.tp=2
 refused fp8_recipe 1 "train.fp8_recipe" --set train.precision=fp8 --set train.fp8_recipe=sometimes
 refused fp8_spike 1 "train.fp8_spike" --set train.precision=fp8 --set train.fp8_spike=-1

@@ -254,7 +254,7 @@ void RowParallelForward(Transformer::Impl& m, T* out, const T* residual, const T
   } else {
     m.be->Zero(out, sizeof(T) * BT * C);
   }
-  if (Fp8Product* f = Fp8Of(m, lora)) {  // tp = 1: the config refuses fp8 with tp
+  if (Fp8Product* f = Fp8Of(m, lora)) {  // each rank's partial product on its own shards' scales
     Fp8Forward(m, *f, sum, inp, weight, m.lead ? bias : nullptr, BT, K, C, /*accumulate=*/true);
   } else {
     KEEL_PROFILED("matmul_fwd",

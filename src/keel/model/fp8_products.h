@@ -5,8 +5,11 @@
 // emulated: Backend::Fp8Round writes the rounded tensors, exact in bf16 with power-of-two scales,
 // into activation buffers, and the bf16 product with fp32 accumulation is the fp8 product (on the
 // CPU, slower by the rounding passes). The bias gradient comes from the unrounded ∂out, as
-// Transformer Engine's fused cast does. Adapted (LoRA) products stay in the working dtype. Used by
-// adapted_products.h's product paths. Internal to model/.
+// Transformer Engine's fused cast does. Adapted (LoRA) products stay in the working dtype. Under
+// tensor parallelism each rank scales the tensors it holds (a weight's shard, a row-parallel
+// input's columns): every partial product is an fp8 product of its own, and the step's judgement
+// (TrainStep::Fp8EndStep) reduces the amaxes over the group, so delayed scales and fallbacks are
+// shared. Used by adapted_products.h's product paths. Internal to model/.
 #pragma once
 
 #include <cstddef>

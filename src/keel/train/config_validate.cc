@@ -171,10 +171,6 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   train.OneOf("fp8_recipe", t.fp8_recipe, {"current", "delayed"});
   train.Positive("fp8_amax_history", t.fp8_amax_history);
   train.FiniteNonNegative("fp8_spike", t.fp8_spike);
-  if (t.precision == "fp8" && cfg.parallel.tp > 1)
-    train.Fail("precision", "\"fp8\" with parallel.tp = " + std::to_string(cfg.parallel.tp) +
-                                ": the amax of a tensor-parallel shard is not reduced over the "
-                                "group yet; expected tp = 1");
   if (t.precision == "fp16") {
     // fp16 runs on the CPU backend, with an fp32 master and full weights.
     if (t.device != "cpu")

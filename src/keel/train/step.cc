@@ -145,8 +145,11 @@ std::vector<std::string> TrainStep::Fp8EndStep() {
   if (!spec_.model.fp8) return lines;
   for (auto& m : models_) {
     std::vector<float> amax = m->Fp8StepAmax();
+    // Over the replicas and the tensor-parallel shards: every rank holding these blocks judges
+    // the same figures, so they fall back together and keep one delayed scale per tensor.
     std::vector<double> wide(amax.begin(), amax.end());
     if (!wide.empty()) g_.dp->AllReduceMax(wide.data(), wide.size());
+    if (!wide.empty() && g_.tp && g_.tp->size() > 1) g_.tp->AllReduceMax(wide.data(), wide.size());
     for (size_t i = 0; i < amax.size(); ++i) amax[i] = float(wide[i]);
     for (std::string& line : m->Fp8EndStep(amax)) lines.push_back(std::move(line));
   }

@@ -124,9 +124,9 @@ class TrainStep {
   double Forward(const int32_t* tokens, const int32_t* targets);
 
   // fp8 runs (ModelConfig::fp8): the step's amax of every fp8 tensor reduced (max) over the
-  // data-parallel group, so that the replicas judge alike, and judged; one line per block that
-  // falls back to bf16 from the next step on (this stage's). fp8_blocks: the blocks still in fp8,
-  // over every stage.
+  // data-parallel and tensor-parallel groups, so that the ranks judge alike, and judged; one line
+  // per block that falls back to bf16 from the next step on (this stage's). fp8_blocks: the blocks
+  // still in fp8, over every stage.
   std::vector<std::string> Fp8EndStep();
   int fp8_blocks();
 
