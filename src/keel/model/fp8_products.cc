@@ -21,7 +21,9 @@ void Fp8Setup(Transformer::Impl& m) {
   f.bf16_block.assign(size_t(blocks), 0);
   const char* dir = std::getenv("KEEL_FP8_RECORD");
   if (dir == nullptr || *dir == '\0') return;
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) ThrowBadInput("KEEL_FP8_RECORD: cannot create " + std::string(dir) + ": " + ec.message());
   const std::string base = std::string(dir) + "/";
   // One recorder per process and stage piece: a chunk's file names its first block.
   const std::string tag = std::to_string(::getpid()) + "." + std::to_string(m.stage.l0);
