@@ -88,10 +88,22 @@ TEST(Fp8Tracker, DelayedScalingUsesTheHistory) {
   EXPECT_EQ(t.Scale(0.5f), 512.0f);  // 448 / 0.5 = 1.75·2^9
 }
 
+TEST(Fp8Tracker, ValidationDoesNotObserveAndZeroHistoriesScaleAsCurrent) {
+  Fp8Tracker t(kE4M3, Fp8Recipe{.delayed = true, .history = 4, .spike = 0});
+  EXPECT_EQ(t.Scale(5.0f, /*observe=*/false), 64.0f);  // its own amax: no history yet
+  EXPECT_EQ(t.step_amax(), 0.0f);
+  EXPECT_EQ(t.EndStep(0.0f), "");    // an all-zero step (zero gradients)
+  EXPECT_EQ(t.Scale(2.0f), 128.0f);  // the history's largest is 0: scales by its own amax
+}
+
 TEST(Fp8Tracker, NonFiniteAndSpikesAreReasons) {
   Fp8Tracker t(kE5M2, Fp8Recipe{.delayed = false, .history = 2, .spike = 10});
+  t.Scale(2.0f);
   t.Scale(NAN);
-  EXPECT_EQ(t.EndStep(1.0f), "amax is not finite");  // seen in the step, whatever the reduction
+  t.Scale(3.0f);
+  EXPECT_EQ(t.step_amax(), INFINITY);  // what the ranks' max reduction carries to every rank
+  EXPECT_EQ(t.EndStep(t.step_amax()), "amax is not finite");
+  EXPECT_EQ(t.history_max(), 0.0f);  // nothing non-finite joins the history
   EXPECT_EQ(t.EndStep(INFINITY), "amax is not finite");
   EXPECT_EQ(t.EndStep(1.0f), "");
   EXPECT_EQ(t.EndStep(2.0f), "");             // history now full: {1, 2}

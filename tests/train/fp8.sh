@@ -8,9 +8,10 @@
 #     every recorded view bitwise equal to an independent rounding at the reference scale, every
 #     tracker judgement replayed; each fallback is one fp8_fallback event, and the metrics'
 #     fp8_blocks counts the blocks left;
-#  3. data and tensor parallelism: at dp 2 and at tp 2 the ranks judge the amaxes reduced over
-#     their groups, so they make the same judgements and fall back alike; at tp 2 each rank
-#     scales its own shards, and every step's loss is within 0.5% of the one-rank fp8 run's;
+#  3. data, tensor and context parallelism: at dp 2, tp 2 and cp 2 the ranks judge the amaxes
+#     reduced over their groups, so they make the same judgements and fall back alike (each saw
+#     other micro-batches, shards or tokens); at tp 2 and cp 2 every step's loss is within 0.5%
+#     of the one-rank fp8 run's;
 #  4. bad input: an unknown recipe, a negative spike: exit 2, one line naming the key.
 #   tests/train/fp8.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
@@ -70,8 +71,8 @@ print(f"fallbacks: {len(events)} fp8_fallback events at steps {[s for s, _ in go
       f"block, as the record judged; fp8_blocks counts down to {left}")
 PY
 
-# 3. Ranks judge alike: at dp 2 (each replica saw its own micro-batches) and at tp 2 (each rank
-# its own shards) both ranks' judgements are the same lines.
+# 3. Ranks judge alike: at dp 2 (each replica saw its own micro-batches), tp 2 (its own shards)
+# and cp 2 (its own chunks of the sequences) both ranks' judgements are the same lines.
 same_judgements() {
   /usr/bin/python3 - "$1" "$2" <<'PY'
 import glob, sys
@@ -90,6 +91,10 @@ KEEL_FP8_RECORD="$tmp/record_tp2" KEEL_FP8_RECORD_VIEWS=0 run tp2 2 --set train.
   --set parallel.tp=2
 same_judgements "$tmp/record_tp2" "tp 2"
 close tp2 gpt2-tiny_fp8
+KEEL_FP8_RECORD="$tmp/record_cp2" KEEL_FP8_RECORD_VIEWS=0 run cp2 2 --set train.precision=fp8 \
+  --set parallel.cp=2
+same_judgements "$tmp/record_cp2" "cp 2"
+close cp2 gpt2-tiny_fp8
 
 # 4. Bad input.
 refused fp8_recipe 1 "train.fp8_recipe" --set train.precision=fp8 --set train.fp8_recipe=sometimes

@@ -88,19 +88,19 @@ float Fp8Tracker::history_max() const {
   return history_.empty() ? 0.0f : *std::max_element(history_.begin(), history_.end());
 }
 
-float Fp8Tracker::Scale(float amax) {
-  if (!std::isfinite(amax))
-    step_nonfinite_ = true;
-  else
-    step_amax_ = std::max(step_amax_, amax);
-  if (recipe_.delayed && !history_.empty()) return Fp8Scale(history_max(), format_);
-  return Fp8Scale(amax, format_);
+float Fp8Tracker::Scale(float amax, bool observe) {
+  // A NaN or infinity makes the step's amax +inf, which survives the ranks' max reduction, so
+  // every rank that shares the tensor judges the overflow.
+  if (observe) step_amax_ = std::isfinite(amax) ? std::max(step_amax_, amax) : INFINITY;
+  // An all-zero history (zero gradients) says nothing about scale: this use's own amax does.
+  const float h = recipe_.delayed ? history_max() : 0.0f;
+  return Fp8Scale(h > 0 ? h : amax, format_);
 }
 
 std::string Fp8Tracker::EndStep(float amax) {
   std::string why;
   const float hmax = history_max();
-  if (!std::isfinite(amax) || step_nonfinite_) {
+  if (!std::isfinite(amax)) {
     why = "amax is not finite";
   } else if (recipe_.spike > 0 && int(history_.size()) >= recipe_.history && hmax > 0 &&
              double(amax) > recipe_.spike * hmax) {
@@ -114,7 +114,6 @@ std::string Fp8Tracker::EndStep(float amax) {
     while (int(history_.size()) > std::max(1, recipe_.history)) history_.pop_front();
   }
   step_amax_ = 0;
-  step_nonfinite_ = false;
   return why;
 }
 

@@ -42,7 +42,7 @@ float Fp8Scale(float amax, Fp8Format f);
 //   current: each use scales by its own amax (Transformer Engine's current scaling).
 //   delayed: each step scales by the largest amax of the last `history` steps, known before the
 //            step (TE's delayed scaling, "max" algorithm); the step's own amax joins the history
-//            when the step ends. A first step with an empty history runs as current.
+//            when the step ends. A history that is empty or all zero scales as current.
 // EndStep judges the step: a non-finite amax, or (after `history` steps) one above `spike` times
 // the history's largest, is a reason to run the product's layer in bf16 from then on.
 struct Fp8Recipe {
@@ -55,12 +55,14 @@ class Fp8Tracker {
  public:
   Fp8Tracker(Fp8Format f, const Fp8Recipe& r) : format_(f), recipe_(r) {}
 
-  // The scale for a use of the tensor whose amax is `amax`, which also joins the step's.
-  float Scale(float amax);
+  // The scale for a use of the tensor whose amax is `amax`, which also joins the step's unless
+  // `observe` is false (a validation pass: it neither judges nor moves the training's scales).
+  float Scale(float amax, bool observe = true);
   // Closes the step with its amax (reduced over the ranks that share the tensor, or the step's
-  // own: step_amax()); "" when fp8 may go on, else why not ("amax inf", "amax 3.1e+05 is 120x
-  // the last 16 steps' largest").
+  // own: step_amax()); "" when fp8 may go on, else why not ("amax is not finite", "amax 3.1e+05
+  // is 120x the last 16 steps' largest (2581)").
   std::string EndStep(float amax);
+  // The largest amax of the step's uses so far; +inf once one was NaN or infinite.
   float step_amax() const { return step_amax_; }
   // The largest amax in the history (0 when empty).
   float history_max() const;
@@ -71,7 +73,6 @@ class Fp8Tracker {
   Fp8Recipe recipe_;
   std::deque<float> history_;
   float step_amax_ = 0;
-  bool step_nonfinite_ = false;
 };
 
 }  // namespace keel

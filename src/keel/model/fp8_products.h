@@ -44,7 +44,7 @@ void Fp8Record(Transformer::Impl& m, const Fp8Tracker& t, const void* in, const 
 template <typename T>
 const T* Fp8View(Transformer::Impl& m, Fp8Tracker& t, const T* x, size_t n, const char* buf) {
   const float amax = m.be->AbsMax(x, n);
-  const float scale = t.Scale(amax);
+  const float scale = t.Scale(amax, m.fp8.observe);
   T* out = m.Act<T>(buf);
   m.be->Fp8Round(out, x, n, scale, t.format());
   if (m.fp8.views_left > 0) Fp8Record(m, t, x, out, n, scale, amax);
@@ -59,8 +59,8 @@ void Fp8Forward(Transformer::Impl& m, Fp8Product& f, T* out, const T* x, const T
   if constexpr (std::is_same_v<T, bf16>) {
     if (m.be->NativeFp8(M, K, N)) {
       float sx = 0, sw = 0;
-      KEEL_PROFILED("fp8", sx = f.x.Scale(m.be->AbsMax(x, size_t(M) * K)));
-      KEEL_PROFILED("fp8", sw = f.w.Scale(m.be->AbsMax(w, size_t(N) * K)));
+      KEEL_PROFILED("fp8", sx = f.x.Scale(m.be->AbsMax(x, size_t(M) * K), m.fp8.observe));
+      KEEL_PROFILED("fp8", sw = f.w.Scale(m.be->AbsMax(w, size_t(N) * K), m.fp8.observe));
       KEEL_PROFILED("matmul_fwd",
                     m.be->MatmulFp8Forward(out, x, w, bias, M, K, N, sx, sw, accumulate));
       return;
@@ -83,9 +83,9 @@ void Fp8Backward(Transformer::Impl& m, Fp8Product& f, T* dx, float* dW, float* d
   if constexpr (std::is_same_v<T, bf16>) {
     if (m.be->NativeFp8(M, K, N)) {
       float sdy = 0, sx = 0, sw = 0;
-      KEEL_PROFILED("fp8", sdy = f.dy.Scale(m.be->AbsMax(dout, size_t(M) * N)));
-      KEEL_PROFILED("fp8", sx = f.x.Scale(m.be->AbsMax(x, size_t(M) * K)));
-      KEEL_PROFILED("fp8", sw = f.w.Scale(m.be->AbsMax(w, size_t(N) * K)));
+      KEEL_PROFILED("fp8", sdy = f.dy.Scale(m.be->AbsMax(dout, size_t(M) * N), m.fp8.observe));
+      KEEL_PROFILED("fp8", sx = f.x.Scale(m.be->AbsMax(x, size_t(M) * K), m.fp8.observe));
+      KEEL_PROFILED("fp8", sw = f.w.Scale(m.be->AbsMax(w, size_t(N) * K), m.fp8.observe));
       KEEL_PROFILED("matmul_bwd",
                     m.be->MatmulFp8Backward(dx, dW, dout, x, w, M, K, N, sdy, sx, sw));
       return;

@@ -34,6 +34,7 @@ struct Fp8State {
   std::vector<Fp8Product> products;  // local block i's product k at 4·i + k
   std::vector<char> bf16_block;      // local block i has fallen back
   int step = 0;                      // steps ended (EndStep), for the record
+  bool observe = true;               // training passes: uses join the step's amax (SetFp8Observe)
   // KEEL_FP8_RECORD=DIR: the first KEEL_FP8_RECORD_VIEWS (default 48) fp8 views of each rank,
   // with what went in and came out, to DIR/views.<rank>.bin, and every step's judgement of each
   // tensor to DIR/steps.<rank>.jsonl.

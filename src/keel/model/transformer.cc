@@ -401,6 +401,7 @@ std::vector<float> Transformer::Fp8StepAmax() const { return internal::Fp8StepAm
 std::vector<std::string> Transformer::Fp8EndStep(const std::vector<float>& amax) {
   return internal::Fp8EndStep(*impl_, amax);
 }
+void Transformer::SetFp8Observe(bool on) { impl_->fp8.observe = on; }
 int Transformer::fp8_blocks() const {
   const Impl& m = *impl_;
   if (!m.fp8.on) return 0;

@@ -112,6 +112,9 @@ class Transformer {
   std::vector<float> Fp8StepAmax() const;
   std::vector<std::string> Fp8EndStep(const std::vector<float>& amax);
   int fp8_blocks() const;
+  // Whether the passes from here on are training's, whose amaxes the step judges (true, the
+  // default), or validation's, which use the scales without moving them.
+  void SetFp8Observe(bool on);
 
   // tokens, targets: (B,T) int32. Adds dloss·∂(Σ row losses)/∂θ into the gradients; returns
   // Σ losses.

@@ -145,8 +145,9 @@ std::vector<std::string> TrainStep::Fp8EndStep() {
   if (!spec_.model.fp8) return lines;
   for (auto& m : models_) {
     std::vector<float> amax = m->Fp8StepAmax();
-    // Over the replicas and the tensor-parallel shards: every rank holding these blocks judges
-    // the same figures, so they fall back together and keep one delayed scale per tensor.
+    // Over the replicas (the dp group spans dp × cp: parallel/groups.cc) and the tensor-parallel
+    // shards: every rank holding these blocks judges the same figures, so they fall back
+    // together and keep one delayed scale per tensor.
     std::vector<double> wide(amax.begin(), amax.end());
     if (!wide.empty()) g_.dp->AllReduceMax(wide.data(), wide.size());
     if (!wide.empty() && g_.tp && g_.tp->size() > 1) g_.tp->AllReduceMax(wide.data(), wide.size());
@@ -367,7 +368,10 @@ double TrainStep::cp_bytes() const {
 
 double TrainStep::ForwardBackward(int n_micro, const NextBatch& next, float dloss,
                                   double* data_ms) {
-  for (auto& m : models_) m->ResetStepStats();
+  for (auto& m : models_) {
+    m->ResetStepStats();
+    m->SetFp8Observe(true);
+  }
   tp_sum_ms_ = tp_sum_bytes_ = 0;
   if (spec_.model.lora_dropout > 0) {
     // This rank's micro-batches are rows [r·n·b, (r + 1)·n·b) of the step's global batch (the
@@ -433,6 +437,8 @@ void TrainStep::KeepMine(const int32_t* tokens, const int32_t* targets, int32_t*
 }
 
 double TrainStep::Forward(const int32_t* tokens, const int32_t* targets) {
+  // A validation pass: fp8 products use the training's scales and leave its amaxes alone.
+  for (auto& m : models_) m->SetFp8Observe(false);
   std::vector<int32_t> mine;
   if (spec_.layout.cp > 1) {  // this rank's chunks; the cp ranks' sums add up to the batch's
     const size_t n = size_t(spec_.layout.micro_batch) * size_t(spec_.seq_len / spec_.layout.cp);

@@ -71,7 +71,7 @@ void Typed(DType t, F&& f) {
 // workspace, 1-3 and 8 the classifier's logits, statistics, fp32 dx and bf16 gradient tile, 4 Σ
 // x²'s partials, 5 attention's row dots, 6 the norms' weight-gradient partials, 7 the bias
 // gradients' partials, 9 the fp8 amax partials, 10-13 fp8 operands, 14 their dequantization
-// scales.
+// scales, 15 an fp8 weight gradient that cannot be written in place.
 void* Scratch(int slot, size_t bytes, cudaStream_t stream);
 
 }  // namespace keel::kernels::cuda

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "keel/kernels/cuda/adamw.cuh"
 #include "keel/kernels/cuda/fp8.cuh"
 #include "keel/kernels/cuda/matmul.cuh"
 
@@ -125,10 +126,19 @@ void MatmulFp8Backward(bf16* dinp, float* dweight, const bf16* dout, const bf16*
     GemmFp8(M, K, N, dq, true, wt, false, d, d + 2, dinp, false, 0.0f, stream);
   }
   if (dweight) {
-    // dweight (N,K) += doutᵀ (N,M)·xᵀᵀ: both transposed, M innermost.
+    // dweight (N,K) += doutᵀ (N,M)·xᵀᵀ: both transposed, M innermost. A weight's gradient may
+    // start at any element of the flat layout; fp8 outputs must be 16-byte aligned, so an
+    // unaligned one is summed into scratch (slot 15) and added.
     const uint8_t* dt = Quantize(12, dout, M, N, sdy, true, true, stream);
     const uint8_t* xt = Quantize(13, x, M, K, sx, false, true, stream);
-    GemmFp8(N, K, M, dt, true, xt, false, d, d + 1, dweight, true, 1.0f, stream);
+    if (reinterpret_cast<uintptr_t>(dweight) % 16 == 0) {
+      GemmFp8(N, K, M, dt, true, xt, false, d, d + 1, dweight, true, 1.0f, stream);
+    } else {
+      const size_t n = size_t(N) * K;
+      auto* part = static_cast<float*>(Scratch(15, sizeof(float) * n, stream));
+      GemmFp8(N, K, M, dt, true, xt, false, d, d + 1, part, true, 0.0f, stream);
+      AddTo(dweight, part, n, stream);
+    }
   }
 }
 

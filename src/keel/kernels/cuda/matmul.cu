@@ -116,10 +116,10 @@ const Plan& PlanFor(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int
 
 // The fp8 products' plans (GemmFp8), apart: their types and scale pointers differ.
 const Plan& PlanFp8(int M, int N, int K, bool p_e5m2, bool q_e5m2, bool c_fp32, const float* dp,
-                    const float* dq) {
-  using Key = std::tuple<int, int, int, bool, bool, bool, const float*, const float*>;
+                    const float* dq, uint32_t align_c) {
+  using Key = std::tuple<int, int, int, bool, bool, bool, const float*, const float*, uint32_t>;
   static std::map<Key, Plan> plans;
-  const Key key{M, N, K, p_e5m2, q_e5m2, c_fp32, dp, dq};
+  const Key key{M, N, K, p_e5m2, q_e5m2, c_fp32, dp, dq, align_c};
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   const cudaDataType pt = p_e5m2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
@@ -139,7 +139,8 @@ const Plan& PlanFp8(int M, int N, int K, bool p_e5m2, bool q_e5m2, bool c_fp32, 
   p.lb = MakeLayout(qt, N, K, K);  // our Q: as Plan's B (cuBLASLt's A)
   p.la = MakeLayout(pt, M, K, K);  // our P
   p.lc = MakeLayout(ct, M, N, N);
-  ChooseAlgo(p, M, N, K, "fp8 ");
+  // P and Q are scratch (256-byte aligned); C is wherever the caller's output is.
+  ChooseAlgo(p, M, N, K, "fp8 ", 256, 256, align_c);
   return plans.emplace(key, p).first->second;
 }
 
@@ -204,7 +205,8 @@ void GemmFp8(int M, int N, int K, const void* P, bool p_e5m2, const void* Q, boo
              const float* dp, const float* dq, void* C, bool c_fp32, float beta,
              cudaStream_t stream) {
   if (M == 0 || N == 0) return;
-  const Plan& p = PlanFp8(M, N, K, p_e5m2, q_e5m2, c_fp32, dp, dq);
+  if (Alignment(C) < 16) ThrowRuntime("cuBLASLt fp8: the output must be 16-byte aligned");
+  const Plan& p = PlanFp8(M, N, K, p_e5m2, q_e5m2, c_fp32, dp, dq, Alignment(C));
   const float alpha = 1.0f;
   KEEL_CUDA(cublasLtMatmul(Handle(), p.desc, &alpha, Q, p.lb, P, p.la, &beta, C, p.lc, C, p.lc,
                            &p.algo, Scratch(0, kWorkspace, stream), kWorkspace, stream));
