@@ -35,6 +35,7 @@ TEST(MachineProbe, PeakRatesArePositiveAndPlausiblePerThread) {
     EXPECT_EQ(r.fma_bits, 256);
     EXPECT_GT(r.fp32_fma, 8e9);
     EXPECT_LT(r.fp32_fma, 200e9);
+    EXPECT_EQ(r.fp32_fma256, r.fp32_fma);
     EXPECT_EQ(r.bf16(), 0);
     return;
   }
@@ -43,6 +44,10 @@ TEST(MachineProbe, PeakRatesArePositiveAndPlausiblePerThread) {
   EXPECT_EQ(r.fma_bits, 512);
   EXPECT_GT(r.fp32_fma, 16e9);
   EXPECT_LT(r.fp32_fma, 400e9);
+  // The same FMAs on ymm: half the zmm rate where a core has two 512-bit FMA ports (Xeons), about
+  // the zmm rate where 512-bit FMAs are split in two (AMD Zen 4). Never more than 1.3x the zmm.
+  EXPECT_GT(r.fp32_fma256, 0.3 * r.fp32_fma);
+  EXPECT_LT(r.fp32_fma256, 1.3 * r.fp32_fma);
   // vdpbf16ps runs at half the FMA rate on some CPUs (Sapphire Rapids) and full on others.
   if (__builtin_cpu_supports("avx512bf16")) {
     EXPECT_GT(r.bf16_dpbf16, 0.25 * r.fp32_fma);

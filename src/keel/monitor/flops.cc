@@ -54,19 +54,23 @@ double TrainFlopsPerToken(double matmul_params, int n_layer, int n_embd, int seq
   return 6.0 * matmul_params + 12.0 * n_layer * n_embd * double(seq_len);
 }
 
-Peak MachinePeak(DType dtype, int threads, double override_gflops) {
+Peak MachinePeak(DType dtype, int threads, double override_gflops, PeakScope scope) {
   if (override_gflops > 0) return {override_gflops * 1e9, "[monitor] peak_gflops"};
   const std::string dir = CacheDir(), path = dir.empty() ? "" : dir + "/peak_flops.json";
   const std::string key = CpuModel() + " | threads " + std::to_string(threads);
   nlohmann::json cache = path.empty() ? nlohmann::json::object() : ReadCache(path);
   const nlohmann::json* entry = nullptr;
-  if (auto it = cache.find(key);
-      it != cache.end() && it->is_object() && it->value("fp32", 0.0) > 0 && it->contains("bf16"))
+  if (auto it = cache.find(key); it != cache.end() && it->is_object() &&
+                                 it->value("fp32", 0.0) > 0 && it->contains("bf16") &&
+                                 it->contains("fp32_256"))
     entry = &*it;
   std::string source = "measured on this CPU, cached in " + path;
   if (!entry) {
     const PeakRates r = MeasurePeakRates(threads, 0.1, 3);
-    cache[key] = {{"fp32", r.fp32_fma}, {"bf16", r.bf16()}, {"fma_bits", r.fma_bits}};
+    cache[key] = {{"fp32", r.fp32_fma},
+                  {"fp32_256", r.fp32_fma256},
+                  {"bf16", r.bf16()},
+                  {"fma_bits", r.fma_bits}};
     entry = &cache[key];
     if (!path.empty()) WriteCache(dir, path, cache);
     source = path.empty() ? "measured on this CPU now (no cache folder)"
@@ -74,6 +78,11 @@ Peak MachinePeak(DType dtype, int threads, double override_gflops) {
   }
   const double fp32 = entry->value("fp32", 0.0), bf16 = entry->value("bf16", 0.0);
   if (fp32 <= 0) return {0, "this CPU has no FMA loop keel can time; set [monitor] peak_gflops"};
+  if (scope == PeakScope::kAvx2) {
+    const double fp32_256 = entry->value("fp32_256", 0.0);
+    if (fp32_256 <= 0) return {0, "this CPU has no AVX2 FMA loop keel can time"};
+    return {fp32_256, source + " (AVX2 FMA)"};
+  }
   // fp16 products run in fp32 here (kernels/cpu/matmul.cc): the fp32 peak is theirs.
   return {dtype != DType::kBF16 || bf16 <= 0 ? fp32 : bf16, source};
 }

@@ -165,13 +165,14 @@ PeakRates MeasurePeakRates(int threads, double seconds, int reps) {
   PeakRates r;
   if (!__builtin_cpu_supports("avx512f")) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-      r.fp32_fma = Measure(FmaLoop256, threads, seconds, reps);
+      r.fp32_fma = r.fp32_fma256 = Measure(FmaLoop256, threads, seconds, reps);
       r.fma_bits = 256;
     }
     return r;  // no AVX-512: no vdpbf16ps and no AMX either
   }
   r.fp32_fma = Measure(FmaLoop, threads, seconds, reps);
   r.fma_bits = 512;
+  r.fp32_fma256 = Measure(FmaLoop256, threads, seconds, reps);
   if (__builtin_cpu_supports("avx512bf16"))
     r.bf16_dpbf16 = Measure(DpbfLoop, threads, seconds, reps);
   unsigned a, b, c, d;
