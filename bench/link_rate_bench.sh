@@ -7,8 +7,10 @@
 # peer run in the same invocation. With WIRES (e.g. WIRES="fp32 bf16 int8"), each rate runs once
 # per [parallel] grad_comm format and prints each one's step against fp32's at that rate (the
 # peer), the gradient bytes it sent, and its loss after the last step. A WIRES entry
-# diloco:H:FORMAT runs DiLoCo (dp_sync = "diloco", H inner steps, pseudo-gradients in FORMAT).
-# Steps and bytes are means over steps 3.. (DiLoCo's outer steps are rare and long). Needs root.
+# diloco:H:FORMAT runs DiLoCo (dp_sync = "diloco", H inner steps, pseudo-gradients in FORMAT);
+# diloco:H:FORMAT:F:TAU streaming DiLoCo (F fragments, each landing TAU inner steps after its send).
+# Steps and bytes are means over steps 3 to the last but one (DiLoCo's outer steps are rare and
+# long; its last step ends every round at once, a cost paid once per run, not per step). Needs root.
 #   [WIRES="fp32 bf16 int8 diloco:4:int8"] bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]
 #                                                    (default: 8 steps; 10gbit 1gbit 200mbit; fp32)
 set -euo pipefail
@@ -33,10 +35,11 @@ cluster_hostfile "$p" "$tmp/hosts" 1
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 run() {  # NAME WIRE: the quickstart over both hosts, one rank each
-  local sync=() h w
+  local sync=() h w f t
   if [[ $2 == diloco:* ]]; then
-    IFS=: read -r _ h w <<<"$2"
-    sync=(--set parallel.dp_sync=diloco --set diloco.inner_steps="$h" --set parallel.grad_comm="$w")
+    IFS=: read -r _ h w f t <<<"$2"
+    sync=(--set parallel.dp_sync=diloco --set diloco.inner_steps="$h" --set parallel.grad_comm="$w"
+          --set diloco.fragments="${f:-1}" --set diloco.overlap_steps="${t:-0}")
   else
     sync=(--set parallel.grad_comm="$2")
   fi
@@ -47,11 +50,11 @@ run() {  # NAME WIRE: the quickstart over both hosts, one rank each
     "${sync[@]}" --set train.out_dir="$tmp" --set train.name="$1" \
     >"$tmp/$1.log" 2>&1 || { echo "$1 failed:"; tail "$tmp/$1.log"; exit 1; }
 }
-stats() {  # NAME -> "ms dp_wait_ms MB_sent MB_of_gradients last_loss", means over steps 3..
+stats() {  # NAME -> "ms dp_wait_ms MB_sent MB_of_gradients last_loss", means over steps 3..N-1
   /usr/bin/python3 - "$tmp/$1/metrics.jsonl" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"ms"' in l]
-mean = lambda f: statistics.mean(f(r) for r in rows[2:])
+mean = lambda f: statistics.mean(f(r) for r in rows[2:-1])
 grads = lambda r: r.get("grad_comm_bytes", 0) + r.get("diloco_bytes", 0)
 print(f"{mean(lambda r: r['ms']):.0f} {mean(lambda r: r.get('dp_wait_ms', 0)):.0f} "
       f"{mean(lambda r: r['comm_bytes'] + r.get('diloco_bytes', 0)) / 1e6:.1f} "

@@ -158,6 +158,7 @@ train::StepSpec SpecOf(const Job& job, const Layout& l, int m) {
   spec.dtype = job.precision == Precision::kBf16 ? DType::kBF16 : DType::kF32;
   spec.tiers = TiersOf(job);
   spec.diloco.inner_steps = job.diloco_inner_steps;
+  if (job.diloco_streaming) spec.diloco.fragments = 2;
   if (job.offload_chunk > 0) spec.offload_dir = testing::TempDir() + "keel_trainer_bytes_tier";
   spec.layout = l;  // dp, tp, pp, zero, sp, virtual_stages, micro_batch
   spec.layout.n_micro = m;
@@ -310,18 +311,21 @@ TEST(TrainerBytes, Int8GradientResidualIsCountedToTheByte) {
     }
 }
 
-// DiLoCo: the anchor and momentum, 8 bytes per parameter at ZeRO 0, and int8 pseudo-gradients'
-// residual, as the planner counts them.
+// DiLoCo: the anchor and momentum, 8 bytes per parameter at ZeRO 0, int8 pseudo-gradients'
+// residual, and streaming's sends and averages (8 more), as the planner counts them.
 TEST(TrainerBytes, DilocoOuterStateIsCountedToTheByte) {
-  for (bool int8 : {false, true}) {
-    SCOPED_TRACE(int8 ? "int8" : "fp32");
-    Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 4, 2);
-    const double base = PlannedAndAllocated(job, 2, 0).comm_buffers;
-    job.diloco_inner_steps = 10;
-    if (int8) job.grad_comm = parallel::GradWire::kInt8;
-    const double n = TotalParams(job.model);
-    EXPECT_EQ(PlannedAndAllocated(job, 2, 0).comm_buffers, base + (int8 ? 12 : 8) * n);
-  }
+  for (bool int8 : {false, true})
+    for (bool streaming : {false, true}) {
+      SCOPED_TRACE(std::string(int8 ? "int8" : "fp32") + (streaming ? ", streaming" : ""));
+      Job job = KeelJob(NamedModel("gpt2-tiny"), Precision::kBf16, 4, 2);
+      const double base = PlannedAndAllocated(job, 2, 0).comm_buffers;
+      job.diloco_inner_steps = 10;
+      job.diloco_streaming = streaming;
+      if (int8) job.grad_comm = parallel::GradWire::kInt8;
+      const double n = TotalParams(job.model);
+      EXPECT_EQ(PlannedAndAllocated(job, 2, 0).comm_buffers,
+                base + ((int8 ? 12 : 8) + (streaming ? 8 : 0)) * n);
+    }
 }
 
 // [offload]: the moments, and a bf16 run's master, leave memory for the tier's file; what stays

@@ -9,8 +9,14 @@
 #     bitwise (each replica's weights, moments, outer momentum and residual are its own tensors);
 #     the checkpoint resumes as a synchronous run (its shared weights are the replicas' common
 #     ones), and a synchronous checkpoint as a DiLoCo run, which says its replicas start from it;
-#  4. ZeRO > 0, tensor parallelism and fp16 are refused with one line, and so is a [diloco] key
-#     without dp_sync = "diloco".
+#  4. streaming DiLoCo ([diloco] fragments, overlap_steps): one replica with outer lr 1 and
+#     momentum 0 is again the plain run (the overlap's own progress is kept, not lost); two
+#     replicas in 2 fragments train within 2% of synchronous, with and without 3 steps of
+#     overlap, sending 4.5 of the classic run's 4 rounds (seven half-rounds and the last step's
+#     whole one); a stop at step 16, with a fragment in flight, resumes bitwise, and a resume
+#     with another overlap says it lacks the sends of its schedule (and lands none);
+#  5. ZeRO > 0, tensor parallelism and fp16 are refused with one line, and so is a [diloco] key
+#     without dp_sync = "diloco", fragments beyond inner_steps and an overlap of a whole round.
 #   tests/train/diloco.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -80,7 +86,34 @@ run from_sync 2 "${diloco[@]}" --set diloco.inner_steps=10 --resume auto
 grep -q "of the ranks' own tensors .* are not in .*replicas from the checkpoint's shared weights" \
   "$tmp/from_sync.log" || { echo "from_sync: no line about the replicas' start"; cat "$tmp/from_sync.log"; exit 1; }
 
+stream=("${diloco[@]}" --set diloco.inner_steps=10 --set diloco.fragments=2)
+run one_s 1 "${stream[@]}" --set diloco.overlap_steps=3 --set diloco.outer_lr=1 \
+  --set diloco.outer_momentum=0
+compare one_s plain 0.0001 every
+run s10 2 "${stream[@]}"
+grep -q "streaming DiLoCo: 2 fragment(s), rounds staggered by 5 step(s)" "$tmp/s10.log" ||
+  { echo "s10: the start does not say DiLoCo streams"; cat "$tmp/s10.log"; exit 1; }
+compare s10 sync 0.02 last
+bytes s10 d10 1.12 1.13
+run s10o 2 "${stream[@]}" --set diloco.overlap_steps=3
+compare s10o sync 0.02 last
+bytes s10o d10 1.12 1.13
+run scut 2 "${stream[@]}" --set diloco.overlap_steps=3 --set train.stop_at=16
+run scut 2 "${stream[@]}" --set diloco.overlap_steps=3 --resume auto
+grep -q "resuming from .*step_00000016" "$tmp/scut.log" || { echo "scut did not resume"; cat "$tmp/scut.log"; exit 1; }
+same s10o scut "streaming DiLoCo stopped at 16 with a fragment in flight and resumed"
+# Resumed with another overlap, the flight saved under the old schedule is not landed.
+mkdir -p "$tmp/resched" && cp -r "$tmp/scut/checkpoints" "$tmp/resched/"
+run resched 2 "${stream[@]}" --set diloco.overlap_steps=2 \
+  --set checkpoint.resume="$tmp/scut/checkpoints/step_00000016"
+grep -q "no fragments in flight for this schedule (h10f2t2): fragment(s) 0 (sent at step 15) are dropped" \
+  "$tmp/resched.log" || { echo "resched: the start does not say what it drops"; cat "$tmp/resched.log"; exit 1; }
+
 refused zero1 2 "parallel.dp_sync" "${diloco[@]}" --set parallel.zero=1
 refused stray 2 "diloco.inner_steps" --set diloco.inner_steps=5
 refused tp2 2 "parallel.dp_sync" "${diloco[@]}" --set parallel.tp=2
 refused fp16 2 "parallel.dp_sync" "${diloco[@]}" --set train.precision=fp16
+refused frag 2 "diloco.fragments" "${diloco[@]}" --set diloco.inner_steps=4 --set diloco.fragments=5
+refused overlap 2 "diloco.overlap_steps" "${diloco[@]}" --set diloco.inner_steps=4 \
+  --set diloco.overlap_steps=4
+refused stray_f 2 "diloco.fragments" --set diloco.fragments=2

@@ -27,6 +27,8 @@ struct PlanArgs {
   int lora_rank = 0;
   std::string lora_base, state_dtype = "fp32", grad_dtype = "fp32", grad_comm = "fp32";
   int diloco_inner_steps = 0;
+  int diloco_fragments = 1;
+  int diloco_overlap_steps = 0;
   bool lora_dora = false, no_master = false, offload = false, offload_host = false,
        offload_params = false;
   // 0: 2 for a disk, the accelerator's host link (--host-gbps) for the host tier.
@@ -143,6 +145,19 @@ plan::Job MakeJob(const PlanArgs& a) {
     ThrowBadInput("plan: --diloco-inner-steps " + std::to_string(a.diloco_inner_steps) +
                   ": expected >= 0 (0: synchronous)");
   job.diloco_inner_steps = a.diloco_inner_steps;
+  if (a.diloco_fragments != 1 || a.diloco_overlap_steps != 0) {
+    const int h = a.diloco_inner_steps;
+    if (h <= 0)
+      ThrowBadInput(
+          "plan: --diloco-fragments and --diloco-overlap-steps need --diloco-inner-steps");
+    if (a.diloco_fragments < 1 || a.diloco_fragments > h)
+      ThrowBadInput("plan: --diloco-fragments " + std::to_string(a.diloco_fragments) +
+                    ": expected an integer in [1, " + std::to_string(h) + "]");
+    if (a.diloco_overlap_steps < 0 || a.diloco_overlap_steps >= h)
+      ThrowBadInput("plan: --diloco-overlap-steps " + std::to_string(a.diloco_overlap_steps) +
+                    ": expected an integer in [0, " + std::to_string(h) + ")");
+    job.diloco_streaming = true;
+  }
   if (job.bf16_grads && (job.precision != plan::Precision::kBf16 || a.lora_rank > 0))
     ThrowBadInput(std::string("plan: --grad-dtype bf16: ") +
                   (a.lora_rank > 0 ? "not with --lora-rank (the adapters' gradients are small)"
@@ -310,6 +325,12 @@ void RegisterPlan(CLI::App& app) {
   cmd->add_option("--diloco-inner-steps", a.diloco_inner_steps,
                   "DiLoCo's inner steps between the replicas' outer steps, as [parallel] dp_sync "
                   "= \"diloco\" with [diloco] inner_steps (0: synchronous)");
+  cmd->add_option("--diloco-fragments", a.diloco_fragments,
+                  "streaming DiLoCo's fragments, as [diloco] fragments")
+      ->capture_default_str();
+  cmd->add_option("--diloco-overlap-steps", a.diloco_overlap_steps,
+                  "streaming DiLoCo's overlap, as [diloco] overlap_steps")
+      ->capture_default_str();
   cmd->add_flag("--no-master", a.no_master,
                 "bf16 weights without an fp32 master (stochastic rounding), as "
                 "optim.master_weights = false");
@@ -396,6 +417,7 @@ void RegisterPlan(CLI::App& app) {
                             {"grad_dtype", job.bf16_grads ? "bf16" : "fp32"},
                             {"grad_comm", parallel::GradWireName(job.grad_comm)},
                             {"diloco_inner_steps", job.diloco_inner_steps},
+                            {"diloco_streaming", job.diloco_streaming},
                             {"offload",
                              {{"chunk_bytes", job.offload_chunk},
                               {"bytes_per_s", job.offload_bytes_per_s},

@@ -32,7 +32,7 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   if (d.zero >= 3) b.zero_buffers += size_t(s.working_bytes) * segs;
   b.zero_buffers += 4 * GradSumScratchElems(s, d);
   b.zero_buffers += 4 * GradResidualElems(s, d);
-  if (s.diloco) b.zero_buffers += 2 * 4 * held;
+  if (s.diloco) b.zero_buffers += (s.diloco_streaming ? 4 : 2) * 4 * held;
   if (s.offload_chunk > 0) {
     const size_t master = s.master_offloaded() ? b.master : 0;
     auto blocks = [](size_t x) { return (x + 4095) / 4096 * 4096; };  // O_DIRECT's unit

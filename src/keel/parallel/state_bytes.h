@@ -40,8 +40,10 @@ struct StateTiers {
   // [parallel] grad_comm: the data-parallel gradient sums' wire format; int8 keeps an fp32
   // error-feedback residual per gradient element (GradResidualElems).
   GradWire grad_comm = GradWire::kF32;
-  // [parallel] dp_sync = "diloco": the outer loop's anchor and momentum, fp32 over the state.
+  // [parallel] dp_sync = "diloco": the outer loop's anchor and momentum, fp32 over the state;
+  // streaming (fragments or overlap): its sends and averages too.
   bool diloco = false;
+  bool diloco_streaming = false;
 };
 
 // A model's state (model::StateShapeOf) with the run's options on it.

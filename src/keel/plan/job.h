@@ -102,6 +102,9 @@ struct Job {
   // pseudo-gradients are summed once a round (dp's bytes / inner steps a step), and each rank
   // keeps DiLoCo's anchor and momentum (8 bytes per parameter). ZeRO 0, tp = pp = 1.
   int diloco_inner_steps = 0;
+  // Streaming DiLoCo ([diloco] fragments > 1 or overlap_steps > 0): 8 more bytes per parameter
+  // for the fragments' sends and averages (train/diloco.h).
+  bool diloco_streaming = false;
   // [offload]: AdamW's moments, and a bf16 run's master, on a disk tier streamed through chunk
   // buffers of this many bytes (0: in memory); the tier's bandwidth per node, read and write
   // together (bytes/s; `keel preflight` measures it).

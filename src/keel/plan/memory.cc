@@ -131,6 +131,7 @@ parallel::StateTiers TiersOf(const Job& job) {
   t.offload_params = job.offload_params;
   t.grad_comm = job.grad_comm;
   t.diloco = job.diloco_inner_steps > 0;
+  t.diloco_streaming = t.diloco && job.diloco_streaming;
   return t;
 }
 

@@ -200,6 +200,10 @@ struct DilocoSection {
   int inner_steps = 50;
   float outer_lr = 0.7f;
   float outer_momentum = 0.9f;
+  // Streaming DiLoCo (train/diloco.h): the weights in `fragments` staggered slices, each slice's
+  // average landing `overlap_steps` inner steps after it was sent.
+  int fragments = 1;
+  int overlap_steps = 0;
 
   bool operator==(const DilocoSection&) const = default;
 };

@@ -336,9 +336,11 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   const Checker diloco(prov, "diloco");
   if (cfg.parallel.dp_sync != "diloco" && !(cfg.diloco == DilocoSection{})) {
     const DilocoSection d;
-    diloco.Fail(cfg.diloco.inner_steps != d.inner_steps ? "inner_steps"
-                : cfg.diloco.outer_lr != d.outer_lr     ? "outer_lr"
-                                                        : "outer_momentum",
+    diloco.Fail(cfg.diloco.inner_steps != d.inner_steps         ? "inner_steps"
+                : cfg.diloco.outer_lr != d.outer_lr             ? "outer_lr"
+                : cfg.diloco.outer_momentum != d.outer_momentum ? "outer_momentum"
+                : cfg.diloco.fragments != d.fragments           ? "fragments"
+                                                                : "overlap_steps",
                 "is DiLoCo's; set [parallel] dp_sync = \"diloco\" too");
   }
   diloco.Positive("inner_steps", cfg.diloco.inner_steps);
@@ -346,6 +348,17 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   if (!(cfg.diloco.outer_momentum >= 0 && cfg.diloco.outer_momentum < 1))
     diloco.Fail("outer_momentum",
                 "expected a number in [0, 1), got " + std::to_string(cfg.diloco.outer_momentum));
+  if (cfg.diloco.inner_steps > 0 &&
+      !(cfg.diloco.fragments >= 1 && cfg.diloco.fragments <= cfg.diloco.inner_steps))
+    diloco.Fail("fragments", "expected an integer in [1, inner_steps = " +
+                                 std::to_string(cfg.diloco.inner_steps) + "], got " +
+                                 std::to_string(cfg.diloco.fragments));
+  if (cfg.diloco.inner_steps > 0 &&
+      !(cfg.diloco.overlap_steps >= 0 && cfg.diloco.overlap_steps < cfg.diloco.inner_steps))
+    diloco.Fail("overlap_steps", "expected an integer in [0, inner_steps = " +
+                                     std::to_string(cfg.diloco.inner_steps) + "), got " +
+                                     std::to_string(cfg.diloco.overlap_steps) +
+                                     " (a fragment lands before its next round ends)");
 
   const Checker ckpt(prov, "checkpoint");
   const CheckpointSection& k = cfg.checkpoint;

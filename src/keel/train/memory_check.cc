@@ -98,6 +98,7 @@ parallel::StateTiers TiersOf(const RunConfig& cfg) {
   t.offload_params = cfg.offload.params;
   t.grad_comm = parallel::ParseGradWire(cfg.parallel.grad_comm).value_or(parallel::GradWire::kF32);
   t.diloco = cfg.parallel.dp_sync == "diloco";
+  t.diloco_streaming = t.diloco && (cfg.diloco.fragments > 1 || cfg.diloco.overlap_steps > 0);
   return t;
 }
 

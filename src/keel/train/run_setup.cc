@@ -194,7 +194,8 @@ StepSpec SpecFor(const RunConfig& cfg, const Setup& s, const std::vector<bool>& 
   spec.comm_timeout_s = cfg.parallel.comm_timeout_s;
   spec.seed = cfg.train.seed;
   if (cfg.parallel.dp_sync == "diloco")
-    spec.diloco = {cfg.diloco.inner_steps, cfg.diloco.outer_lr, cfg.diloco.outer_momentum};
+    spec.diloco = {cfg.diloco.inner_steps, cfg.diloco.outer_lr, cfg.diloco.outer_momentum,
+                   cfg.diloco.fragments, cfg.diloco.overlap_steps};
   kernels::ParseDevice(cfg.train.device, &spec.device);  // validated: "cpu" or "cuda"
   return spec;
 }
@@ -452,7 +453,8 @@ void Run::ResumeOrInit(bool init_later) {
   resumed = ckpt->Resume(state);
   if (resumed) {
     start_step = int(resumed->step);
-    step->Restored(resumed->state.at("optimizer").at("step").get<int>(), resumed->own_missing);
+    step->Restored(resumed->state.at("optimizer").at("step").get<int>(), start_step,
+                   resumed->own_missing);
     // The scaler goes on where it was; a checkpoint without one (or a run that adds one) starts
     // it afresh.
     const nlohmann::json ls = resumed->state.value("loss_scaler", nlohmann::json::object());
@@ -543,6 +545,9 @@ double Run::Validate() {
 }
 
 ckpt::StateView Run::SaveView(int step_done, const nlohmann::json& guards_state) {
+  // Streaming DiLoCo's fragments in flight are saved arrived (not landed): the view's buffers are
+  // copied from here on.
+  if (OuterLoop* outer = step->diloco()) outer->Settle();
   ckpt::StateView v = state;
   v.step = step_done;
   v.tokens = uint64_t(step_done) * uint64_t(tokens_per_step);

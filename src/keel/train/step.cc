@@ -248,11 +248,17 @@ void TrainStep::SetWeights(const TensorValues& values) {
   zero_->PublishWeights();
 }
 
-void TrainStep::Restored(int optimizer_step, const std::vector<std::string>& own_missing) {
+void TrainStep::Restored(int optimizer_step, int step_done,
+                         const std::vector<std::string>& own_missing) {
   store_->set_step(optimizer_step);
   if (outer_) {
-    const std::string mine = OwnName("diloco.master");
-    outer_->Loaded(std::find(own_missing.begin(), own_missing.end(), mine) == own_missing.end());
+    auto found = [&](const char* what) {
+      const std::string mine = OwnName(std::string("diloco.") + what);
+      return std::find(own_missing.begin(), own_missing.end(), mine) == own_missing.end();
+    };
+    const std::string tag = "." + outer_->InFlightTag();
+    outer_->Loaded(step_done, found("master"),
+                   found(("sends" + tag).c_str()) && found(("arrived" + tag).c_str()));
   }
   // bf16 working weights: the rounding of the restored master, exactly (without a master they
   // were loaded in place).
@@ -504,6 +510,13 @@ ckpt::StateView TrainStep::StateView() {
     own("adam_v", store_->adam_v(), true);
     own("momentum", outer_->momentum());
     if (outer_->residual()) own("residual", outer_->residual());
+    if (spec_.diloco.overlap_steps > 0) {
+      // The fragments in flight: each replica's sends and the averages to land (Run::SaveView
+      // waits for them to arrive first).
+      const std::string tag = "." + outer_->InFlightTag();
+      own(("sends" + tag).c_str(), outer_->sends(), true);
+      own(("arrived" + tag).c_str(), outer_->arrived(), true);
+    }
   }
   if (zero_->residual_elems() > 0)
     v.own.push_back({OwnName("grad_comm.residual"), zero_->residual(), zero_->residual_elems()});

@@ -92,7 +92,8 @@ class TrainStep {
   // After a checkpoint filled the store's master and moments: the working weights follow.
   // `own_missing`: the names of StateView().own the checkpoint did not have (DiLoCo: a replica
   // without its own master starts from the anchor).
-  void Restored(int optimizer_step, const std::vector<std::string>& own_missing = {});
+  void Restored(int optimizer_step, int step_done,
+                const std::vector<std::string>& own_missing = {});
   // DiLoCo's outer loop; null unless [parallel] dp_sync = "diloco".
   OuterLoop* diloco() { return outer_.get(); }
   // The whole model's fp32 master weights (ParamLayout::Gpt2), on every rank.

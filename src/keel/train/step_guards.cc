@@ -185,7 +185,7 @@ int StepGuards::RollBack(const std::string& why) {
     return -1;
   }
   const int to = int(r->step);
-  run_.step->Restored(r->state.at("optimizer").at("step").get<int>(), r->own_missing);
+  run_.step->Restored(r->state.at("optimizer").at("step").get<int>(), to, r->own_missing);
   const data::LoaderState then = data::LoaderStateFromJson(r->state.at("loader"));
   const int batches = int((now.position - then.position) / uint64_t(run_.cfg.train.batch_size));
   rollbacks_.Record(spike_step + 1, to, batches, why, run_.lead);

@@ -41,6 +41,12 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
         "%s and take an outer step (SGD, lr %g, Nesterov momentum %g)",
         dims.dp, cfg_.diloco.inner_steps, wire.c_str(), double(cfg_.diloco.outer_lr),
         double(cfg_.diloco.outer_momentum));
+  if (cfg_.parallel.dp_sync == "diloco" &&
+      (cfg_.diloco.fragments > 1 || cfg_.diloco.overlap_steps > 0))
+    Log("keel: streaming DiLoCo: %d fragment(s), rounds staggered by %d step(s); each fragment's "
+        "average travels point-to-point and lands %d inner step(s) after it was sent",
+        cfg_.diloco.fragments, cfg_.diloco.inner_steps / cfg_.diloco.fragments,
+        cfg_.diloco.overlap_steps);
   else if (wire != "fp32")
     Log("keel: data-parallel gradients travel in %s%s and are summed in fp32 by each piece's "
         "owner%s",

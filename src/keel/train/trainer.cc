@@ -244,12 +244,15 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     const bool switching = SwitchesNow(run, i + 1);
     Update(run, verdict.apply, lr, own_norm, scale, optimizer_timer, &fig.times, &extra);
     Fp8AfterStep(run, i + 1, &extra);
-    if (OuterLoop* outer = step.diloco(); outer && outer->Due(i + 1, i + 1 == cfg.train.steps)) {
-      // DiLoCo's round ends: the replicas average how far they moved (its time is dp's).
+    if (OuterLoop* outer = step.diloco()) {
+      // DiLoCo's rounds (or fragments' rounds) end, land or travel (its time is dp's).
       const Timer outer_timer;
-      extra["diloco_wait_ms"] = outer->Step();
-      extra["diloco_bytes"] = outer->sent_bytes();
-      fig.times[Phase::kCommDp] += outer_timer.Millis();
+      double wait_ms = 0;
+      if (outer->Advance(i + 1, i + 1 == cfg.train.steps, &wait_ms)) {
+        extra["diloco_wait_ms"] = wait_ms;
+        extra["diloco_bytes"] = outer->sent_bytes();
+        fig.times[Phase::kCommDp] += outer_timer.Millis();
+      }
     }
     guards.AfterUpdate(verdict.apply, loss, norm);
     sum.steps_done = i + 1;
