@@ -188,5 +188,37 @@ TEST(Quantize, TheQuantizedForwardIsWithinItsBoundOfTheBf16One) {
   }
 }
 
+// A tensor-parallel shard cut by columns (int8: part of every row) quantized with its rows' amax
+// over both shards has the whole matrix's codes and scales; with its own, it would not (the
+// matrix's rows have their largest values on either side).
+TEST(Quantize, AColumnShardWithTheWholeRowsAmaxQuantizesAsTheWholeMatrix) {
+  const size_t rows = 14, cols = 256, half = cols / 2;
+  std::vector<float> w = Matrix(rows, cols, 11);
+  for (size_t r = 0; r < rows; ++r) w[r * cols + (r % 2 ? 3 : half + 3)] = 4.0f;  // row maxima
+  std::vector<uint8_t> codes(rows * cols);
+  std::vector<float> scales(rows);
+  Quantize(BaseQuant::kInt8, w.data(), rows, cols, codes.data(), scales.data());
+  std::vector<float> amax(rows, 0.0f);
+  std::vector<std::vector<float>> shards(2, std::vector<float>(rows * half));
+  for (size_t s = 0; s < 2; ++s) {
+    for (size_t r = 0; r < rows; ++r)
+      std::copy_n(w.data() + r * cols + s * half, half, shards[s].data() + r * half);
+    std::vector<float> mine(rows);
+    GroupAbsMax(BaseQuant::kInt8, shards[s].data(), rows, half, mine.data());
+    for (size_t r = 0; r < rows; ++r) amax[r] = std::max(amax[r], mine[r]);
+  }
+  for (size_t s = 0; s < 2; ++s) {
+    std::vector<uint8_t> c(rows * half), own_c(rows * half);
+    std::vector<float> sc(rows), own_sc(rows);
+    Quantize(BaseQuant::kInt8, shards[s].data(), rows, half, c.data(), sc.data(), amax.data());
+    Quantize(BaseQuant::kInt8, shards[s].data(), rows, half, own_c.data(), own_sc.data());
+    EXPECT_EQ(sc, scales) << "shard " << s;
+    EXPECT_NE(own_sc, scales) << "shard " << s << ": its own row maxima are the whole rows'";
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t i = 0; i < half; ++i)
+        ASSERT_EQ(c[r * half + i], codes[r * cols + s * half + i]) << r << "," << s * half + i;
+  }
+}
+
 }  // namespace
 }  // namespace keel::model

@@ -5,6 +5,7 @@
 #include "keel/core/error.h"
 #include "keel/model/activations.h"
 #include "keel/model/params.h"
+#include "keel/model/quantize.h"
 #include "keel/plan/comm_time.h"
 #include "keel/plan/memory.h"
 #include "keel/plan/search.h"
@@ -245,11 +246,23 @@ TEST(Lora, AdaptersAloneAreReducedAndTheFrozenBaseSkipsItsWeightGradients) {
   }
   EXPECT_TRUE(split);
   EXPECT_THROW(Search(job, Constraints{.zero = 2}), Error);
+  // A quantized base is cut as the unquantized one is (int8 rows cut by columns take the whole
+  // row's scale); nf4 where each rank's rows are whole groups of 64.
   job.model.lora_base = model::BaseQuant::kInt8;
-  for (const Estimate& e : Search(job, Constraints{})) EXPECT_EQ(e.layout.tp, 1);
-  Constraints tp2;
-  tp2.tp = 2;
-  EXPECT_THROW(Search(job, tp2), Error);
+  split = false;
+  for (const Estimate& e : Search(job, Constraints{})) split = split || e.layout.tp > 1;
+  EXPECT_TRUE(split);
+  Job gpt2 = job;
+  gpt2.model = NamedModel("gpt2");
+  gpt2.model.lora_rank = 16;
+  gpt2.model.lora_base = model::BaseQuant::kNf4;
+  Constraints tp;
+  tp.tp = 4;  // c_proj's 768 columns: 192 a rank
+  EXPECT_NO_THROW(Search(gpt2, tp));
+  tp.tp = 8;  // 96 a rank
+  EXPECT_THROW(Search(gpt2, tp), Error);
+  EXPECT_NE(model::TpQuantProblem(ToModelConfig(gpt2.model), 8).find("h.0.attn.c_proj.weight"),
+            std::string::npos);
 }
 
 TEST(Search, RanksFittingLayoutsFirstAndRejectsWithReason) {

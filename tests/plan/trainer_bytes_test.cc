@@ -543,16 +543,18 @@ TEST(TrainerBytes, EveryTensorParallelRankEqualsThePlannersFigure) {
 
 // LoRA under tp 2: each rank holds its shard of the cut adapter factors and the whole ones (the
 // planner's compact state, to the byte, on every tp rank), fewer than all the adapters; with
-// DoRA, its magnitudes cut or whole as B is.
+// DoRA, its magnitudes cut or whole as B is; an int8 base's codes and scales, its shards'.
 TEST(TrainerBytes, LoraUnderTensorParallelismEqualsThePlanners) {
   for (const char* name : {"gpt2-mini", "llama-tiny"})
     for (int dp : {1, 2})
       for (int zero : {0, 1})
-        for (bool dora : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant) {
+          const bool dora = variant == 1, int8 = variant == 2;
           ModelSpec m = NamedModel(name);
           m.lora_rank = 4;
           m.lora_targets = model::kLoraQkv | model::kLoraProj | model::kLoraFc | model::kLoraFcProj;
           m.lora_dora = dora;
+          if (int8) m.lora_base = model::BaseQuant::kInt8;
           const Job job = KeelJob(m, Precision::kBf16, 2 * dp, 2 * dp);
           Layout l;
           l.dp = dp;
@@ -566,7 +568,7 @@ TEST(TrainerBytes, LoraUnderTensorParallelismEqualsThePlanners) {
           for (int r = 0; r < 2; ++r) {
             SCOPED_TRACE(std::string(name) + " dp " + std::to_string(dp) + " zero " +
                          std::to_string(zero) + " tp rank " + std::to_string(r) +
-                         (dora ? " DoRA" : ""));
+                         (dora ? " DoRA" : "") + (int8 ? " int8 base" : ""));
             SilentComm dp_comm(dp - 1, dp), tp_comm(r, 2);
             ExpectAllocations(SpecOf(job, l, 1),
                               train::StepGroups{&dp_comm, nullptr, nullptr, &tp_comm}, plan, zero);

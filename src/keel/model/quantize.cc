@@ -52,14 +52,33 @@ bool QuantizedParam(BaseQuant q, const ParamInfo& p) {
          !IsLoraParam(p.name);
 }
 
-void Quantize(BaseQuant q, const float* w, size_t rows, size_t cols, uint8_t* codes,
-              float* scales) {
+std::string TpQuantProblem(const ModelConfig& cfg, int tp) {
+  if (cfg.lora_base != BaseQuant::kNf4 || tp <= 1) return "";
+  const ParamLayout whole = ParamLayout::Whole(cfg);
+  for (const ParamInfo& p : whole.params()) {
+    if (!QuantizedParam(cfg.lora_base, p)) continue;
+    const int cols = p.shape[1] / (TpAxis(cfg, p.name) == 1 ? tp : 1);
+    if (cols % int(kNf4Group) != 0)
+      return p.name + "'s rows are " + std::to_string(cols) + " weights on each of " +
+             std::to_string(tp) + " tensor-parallel ranks, not whole groups of 64";
+  }
+  return "";
+}
+
+void GroupAbsMax(BaseQuant q, const float* w, size_t rows, size_t cols, float* amax) {
+  const size_t group = QuantGroup(q, cols), n = rows * cols;
+#pragma omp parallel for schedule(static)
+  for (size_t g = 0; g < n / group; ++g) amax[g] = MaxAbs(w + g * group, group);
+}
+
+void Quantize(BaseQuant q, const float* w, size_t rows, size_t cols, uint8_t* codes, float* scales,
+              const float* group_amax) {
   const size_t n = rows * cols;
   if (q == BaseQuant::kInt8) {
 #pragma omp parallel for schedule(static)
     for (size_t r = 0; r < rows; ++r) {
       const float* x = w + r * cols;
-      const float s = MaxAbs(x, cols) / 127.0f;
+      const float s = (group_amax ? group_amax[r] : MaxAbs(x, cols)) / 127.0f;
       scales[r] = s;
       auto* c = reinterpret_cast<int8_t*>(codes) + r * cols;
       for (size_t i = 0; i < cols; ++i)
@@ -72,7 +91,7 @@ void Quantize(BaseQuant q, const float* w, size_t rows, size_t cols, uint8_t* co
 #pragma omp parallel for schedule(static)
   for (size_t g = 0; g < n / kNf4Group; ++g) {
     const float* x = w + g * kNf4Group;
-    const float s = MaxAbs(x, kNf4Group);
+    const float s = group_amax ? group_amax[g] : MaxAbs(x, kNf4Group);
     scales[g] = s;
     uint8_t* c = codes + g * kNf4Group / 2;
     for (size_t i = 0; i < kNf4Group; i += 2) {

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "keel/kernels/op_args.h"
 #include "keel/model/config.h"
@@ -41,7 +42,17 @@ double QuantErrorBound(BaseQuant q, double amax);
 bool QuantizedParam(BaseQuant q, const ParamInfo& p);
 
 // rows × cols fp32 values → codes (QuantCodeBytes(q, rows·cols) bytes) and scales
-// (rows·cols / QuantGroup(q, cols)). nf4 needs rows·cols to be a multiple of 64.
-void Quantize(BaseQuant q, const float* w, size_t rows, size_t cols, uint8_t* codes, float* scales);
+// (rows·cols / QuantGroup(q, cols)). nf4 needs rows·cols to be a multiple of 64. `group_amax`
+// (one per scale; null: each group's own) is each group's largest magnitude where the group is
+// wider than `w`: a tensor-parallel shard cut by columns holds part of each int8 row, whose scale
+// is the whole row's (the max over the tp ranks of GroupAbsMax).
+void Quantize(BaseQuant q, const float* w, size_t rows, size_t cols, uint8_t* codes, float* scales,
+              const float* group_amax = nullptr);
+// Why cfg's quantized base cannot be cut for tensor parallelism `tp`, or "": a shard must
+// quantize the groups one process does. int8 always can (a row cut by columns takes the whole
+// row's scale: TrainStep::SetWeights); nf4's rows on each rank must be whole groups of 64.
+std::string TpQuantProblem(const ModelConfig& cfg, int tp);
+// Each of Quantize's groups' largest magnitude (rows·cols / QuantGroup(q, cols) of them).
+void GroupAbsMax(BaseQuant q, const float* w, size_t rows, size_t cols, float* amax);
 
 }  // namespace keel::model

@@ -32,8 +32,9 @@ void Dequantized(BaseQuant q, const ParamInfo& p, DType dtype, const uint8_t* co
 }  // namespace
 
 void WriteTensor(BaseQuant q, DType dtype, const ParamInfo& p, const float* x, void* working,
-                 uint8_t* codes, float* scales) {
-  if (p.quantized()) return Quantize(q, x, size_t(p.shape[0]), size_t(p.shape[1]), codes, scales);
+                 uint8_t* codes, float* scales, const float* group_amax) {
+  if (p.quantized())
+    return Quantize(q, x, size_t(p.shape[0]), size_t(p.shape[1]), codes, scales, group_amax);
   if (dtype != DType::kF32) {
     ConvertFromF32(dtype, working, x, p.numel);
   } else {

@@ -15,9 +15,9 @@ namespace keel::model {
 // Tensor p's values (p.numel floats at `x`) in the form the model reads: into `working` (its
 // place in the working copy: p.numel elements of `dtype`), or, quantized, into `codes` and
 // `scales` (its own: QuantCodeBytes and numel / QuantGroup of them). What WriteWorking does for
-// each tensor, for callers that hold one tensor at a time.
+// each tensor, for callers that hold one tensor at a time. `group_amax`: Quantize's.
 void WriteTensor(BaseQuant q, DType dtype, const ParamInfo& p, const float* x, void* working,
-                 uint8_t* codes, float* scales);
+                 uint8_t* codes, float* scales, const float* group_amax = nullptr);
 // `from`: layout.total() floats. `working`: layout.work_total() elements of `dtype`; `codes`,
 // `scales`: the layout's quantized base (null when it has none).
 void WriteWorking(const ParamLayout& layout, DType dtype, const float* from, void* working,

@@ -2,6 +2,7 @@
 #include "keel/plan/job.h"
 
 #include "keel/core/error.h"
+#include "keel/model/quantize.h"
 
 namespace keel::plan {
 
@@ -121,16 +122,15 @@ void CheckLayout(const Job& job, const Layout& l) {
   if (l.micro_batch < 1)
     ThrowBadInput("plan: micro-batch " + std::to_string(l.micro_batch) + ": expected >= 1");
   // The trainer's refusals (train/run_setup.cc): the adapters' state is too small to shard
-  // further, and a quantized base is not split for tensor parallelism.
+  // further, and an nf4 base whose shards' rows are not whole groups.
   if (job.model.lora_rank > 0 && l.zero > 1)
     ThrowBadInput("plan: LoRA runs with ZeRO 0 or 1 (got zero " + std::to_string(l.zero) + ")");
   if (job.diloco_inner_steps > 0 && (l.zero > 0 || l.tp > 1 || l.pp > 1 || l.cp > 1))
     ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = cp = 1 (got zero " +
                   std::to_string(l.zero) + ", tp " + std::to_string(l.tp) + ", pp " +
                   std::to_string(l.pp) + ", cp " + std::to_string(l.cp) + ")");
-  if (job.model.lora_base != model::BaseQuant::kNone && l.tp > 1)
-    ThrowBadInput("plan: a quantized LoRA base runs with tp 1 (got tp " + std::to_string(l.tp) +
-                  ")");
+  if (const std::string why = model::TpQuantProblem(ToModelConfig(job.model), l.tp); !why.empty())
+    ThrowBadInput("plan: --lora-base nf4: " + why);
 
   // The checks the trainer makes too, in one place, over the micro-batches the planner counts.
   // The planner's vocabulary is not padded, and it has no sequence length of its own.

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "keel/core/error.h"
+#include "keel/model/quantize.h"
 
 namespace keel::plan {
 
@@ -83,17 +84,17 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
                   n(c.dp > 0 ? c.dp : 1) + " x micro-batch " +
                   n(c.micro_batch > 0 ? c.micro_batch : 1) + " = " + n(batch_unit));
   if (c.zero > 3) ThrowBadInput("plan: zero stage " + n(c.zero) + " not in 0..3");
-  // LoRA: the trainer's ZeRO 0/1, and tp 1 under a quantized base (job.h's CheckLayout).
+  // LoRA: the trainer's ZeRO 0/1, and no tp an nf4 base's groups cannot be cut by (job.h's
+  // CheckLayout).
   const bool lora = job.model.lora_rank > 0;
-  const bool quantized = job.model.lora_base != model::BaseQuant::kNone;
+  const model::ModelConfig mcfg = ToModelConfig(job.model);
+  auto tp_cuts_base = [&](int tp) { return !model::TpQuantProblem(mcfg, tp).empty(); };
   if (lora && c.zero > 1)
     ThrowBadInput(
         "plan: LoRA runs with ZeRO 0 or 1 (the adapters' state is too small to shard "
         "further)");
-  if (quantized && c.tp > 1)
-    ThrowBadInput(
-        "plan: a quantized LoRA base runs with tp 1 (it is not split for tensor "
-        "parallelism yet)");
+  if (c.tp > 1 && tp_cuts_base(c.tp))
+    ThrowBadInput("plan: --lora-base nf4: " + model::TpQuantProblem(mcfg, c.tp));
   // DiLoCo: the trainer's ZeRO 0 with data parallelism alone (job.h's CheckLayout).
   const bool diloco = job.diloco_inner_steps > 0;
   if (diloco && (c.zero > 0 || c.tp > 1 || c.pp > 1 || c.cp > 1))
@@ -123,8 +124,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
       return Evaluate(job, l);
     };
     for (int tp : Candidates(c.tp, world_cp)) {
-      if (world_cp % tp || job.model.heads % tp || (quantized && tp > 1) || (diloco && tp > 1))
-        continue;
+      if (world_cp % tp || job.model.heads % tp || tp_cuts_base(tp) || (diloco && tp > 1)) continue;
       for (int pp : Candidates(c.pp, world_cp / tp)) {
         if ((world_cp / tp) % pp || job.model.layers % pp || (diloco && pp > 1)) continue;
         // Interleaving needs a pipeline, whole layers per chunk, and groups of pp micro-batches.

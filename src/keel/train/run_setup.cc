@@ -18,6 +18,7 @@
 #include "keel/core/log.h"
 #include "keel/core/validate.h"
 #include "keel/kernels/cpu_isa.h"
+#include "keel/model/quantize.h"
 #include "keel/monitor/flops.h"
 #include "keel/parallel/comm_wait.h"
 #include "keel/parallel/pipeline_schedule.h"
@@ -105,12 +106,9 @@ Setup Validate(const RunConfig& cfg, int world) {
                                     : DType::kBF16;
   if (cfg.data.train.empty() && cfg.data.sources.empty())
     ThrowBadInput("[data] train: expected a dataset path (or [[data.sources]]), got nothing");
-  // Quantized per row or per 64 weights of the whole matrix: a shard cut by input columns would
-  // quantize other groups than one process does.
-  if (s.mcfg.lora_base != model::BaseQuant::kNone && s.layout.tp > 1)
-    ThrowBadInput("[lora] base = \"" + cfg.lora.base +
-                  "\": a quantized base is not split for tensor parallelism yet; use parallel.tp "
-                  "= 1 (dp, pp and ZeRO 1 work) or base = \"none\"");
+  if (const std::string why = model::TpQuantProblem(s.mcfg, s.layout.tp); !why.empty())
+    ThrowBadInput("[lora] base = \"" + cfg.lora.base + "\": " + why +
+                  " (parallel.tp); use base = \"int8\" or a smaller tp");
   // A LoRA run's state is its adapters' (optim::ParamStore's compact state): nothing to shard
   // further, and the frozen base is every rank's working copy.
   if (s.mcfg.lora_rank > 0 && s.layout.zero >= 2)

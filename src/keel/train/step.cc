@@ -225,8 +225,19 @@ void TrainStep::SetWeights(const TensorValues& values) {
       wd = static_cast<char*>(store_->working()) + p.work_offset * wb;
       w.resize(host ? 0 : p.numel * wb);
     }
+    // A shard cut by columns holds part of each int8 row: the row's scale is over every shard.
+    std::vector<float> amax;
+    if (p.quantized() && p.tp_axis == 1 && q == model::BaseQuant::kInt8 && g_.tp &&
+        g_.tp->size() > 1) {
+      const size_t rows = size_t(p.shape[0]), cols = size_t(p.shape[1]);
+      amax.resize(rows);
+      model::GroupAbsMax(q, x, rows, cols, amax.data());
+      std::vector<double> wide(amax.begin(), amax.end());
+      g_.tp->AllReduceMax(wide.data(), wide.size());
+      std::copy(wide.begin(), wide.end(), amax.begin());
+    }
     model::WriteTensor(q, spec_.dtype, p, x, host ? wd : w.data(), host ? cd : codes.data(),
-                       host ? sd : scales.data());
+                       host ? sd : scales.data(), amax.empty() ? nullptr : amax.data());
     if (!host && p.quantized()) {
       be_.FromHost(cd, codes.data(), codes.size());
       be_.FromHost(sd, scales.data(), 4 * scales.size());
