@@ -12,6 +12,8 @@
 #     reduced over their groups, so they make the same judgements and fall back alike (each saw
 #     other micro-batches, shards or tokens); at tp 2 and cp 2 every step's loss is within 0.5%
 #     of the one-rank fp8 run's;
+#  2b. a stop and resume (delayed recipe, a block fallen back before the stop) ends bitwise as the
+#     uninterrupted run: the trackers' histories and fallbacks are in the checkpoint;
 #  4. bad input: an unknown recipe, a negative spike: exit 2, one line naming the key.
 #   tests/train/fp8.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
@@ -70,6 +72,15 @@ for step, d in metrics.items():
 print(f"fallbacks: {len(events)} fp8_fallback events at steps {[s for s, _ in got]}, one per "
       f"block, as the record judged; fp8_blocks counts down to {left}")
 PY
+
+# 2b. A resume goes on with the trackers' histories and the blocks' fallbacks (an own checkpoint
+# tensor): stopped at step 10, after a block fell back and with delayed scales in use, and
+# resumed, the run ends with the uninterrupted (recorded) run's weights, bitwise.
+run resumed 1 "${recipe[@]}" --set train.stop_at=10
+run resumed 1 "${recipe[@]}" --resume auto
+grep -q "resuming from .*step_00000010" "$tmp/resumed.log" || { cat "$tmp/resumed.log"; exit 1; }
+! grep -q "tracker state" "$tmp/resumed.log" || { echo "resumed: trackers started afresh"; exit 1; }
+same recorded resumed "fp8 (delayed, a block fallen back) stopped at 10 and resumed"
 
 # 3. Ranks judge alike: at dp 2 (each replica saw its own micro-batches), tp 2 (its own shards)
 # and cp 2 (its own chunks of the sequences) both ranks' judgements are the same lines.

@@ -97,6 +97,12 @@ float Fp8Tracker::Scale(float amax, bool observe) {
   return Fp8Scale(h > 0 ? h : amax, format_);
 }
 
+void Fp8Tracker::Restore(const std::vector<float>& history) {
+  history_.assign(history.begin(), history.end());
+  while (int(history_.size()) > std::max(1, recipe_.history)) history_.pop_front();
+  step_amax_ = 0;
+}
+
 std::string Fp8Tracker::EndStep(float amax) {
   std::string why;
   const float hmax = history_max();

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <vector>
 
 namespace keel {
 
@@ -67,6 +68,10 @@ class Fp8Tracker {
   // The largest amax in the history (0 when empty).
   float history_max() const;
   Fp8Format format() const { return format_; }
+  // The amax history, oldest first (a checkpoint's), and a history put back: the delayed
+  // scales and the spike test go on where they were.
+  std::vector<float> history() const { return {history_.begin(), history_.end()}; }
+  void Restore(const std::vector<float>& history);
 
  private:
   Fp8Format format_;

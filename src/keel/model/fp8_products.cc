@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -80,6 +81,41 @@ std::vector<std::string> Fp8EndStep(Transformer::Impl& m, const std::vector<floa
   }
   if (f.steps) std::fflush(f.steps.get());
   return lines;
+}
+
+namespace {
+size_t HistorySlots(const Transformer::Impl& m) {
+  return size_t(std::max(1, m.cfg.fp8_recipe.history));
+}
+}  // namespace
+
+size_t Fp8StateFloats(const Transformer::Impl& m) {
+  if (!m.fp8.on) return 0;
+  return m.fp8.bf16_block.size() + m.fp8.products.size() * 3 * (1 + HistorySlots(m));
+}
+
+void Fp8SaveState(const Transformer::Impl& m, float* out) {
+  const Fp8State& f = m.fp8;
+  for (char b : f.bf16_block) *out++ = b ? 1.0f : 0.0f;
+  const size_t slots = HistorySlots(m);
+  for (const Fp8Product& p : f.products)
+    for (const Fp8Tracker* t : {&p.x, &p.w, &p.dy}) {
+      const std::vector<float> h = t->history();
+      *out++ = float(h.size());
+      for (size_t i = 0; i < slots; ++i) *out++ = i < h.size() ? h[i] : 0.0f;
+    }
+}
+
+void Fp8LoadState(Transformer::Impl& m, const float* in) {
+  Fp8State& f = m.fp8;
+  for (char& b : f.bf16_block) b = *in++ != 0.0f;
+  const size_t slots = HistorySlots(m);
+  for (Fp8Product& p : f.products)
+    for (int t = 0; t < 3; ++t) {
+      const size_t n = std::min(slots, size_t(*in++));
+      p.tensor(t).Restore(std::vector<float>(in, in + n));
+      in += slots;
+    }
 }
 
 void Fp8Record(Transformer::Impl& m, const Fp8Tracker& t, const void* in, const void* out, size_t n,

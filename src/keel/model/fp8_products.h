@@ -36,6 +36,13 @@ Fp8Product* Fp8Of(Transformer::Impl& m, int layer, int k, bool adapted);
 std::vector<float> Fp8StepAmax(const Transformer::Impl& m);
 std::vector<std::string> Fp8EndStep(Transformer::Impl& m, const std::vector<float>& amax);
 
+// The stage's fp8 state as Fp8StateFloats floats, for a checkpoint: per block its fallback
+// flag, then per tracker (3 per product) its history's length and the history, padded to the
+// recipe's length. Fp8LoadState puts back what Fp8SaveState wrote.
+size_t Fp8StateFloats(const Transformer::Impl& m);
+void Fp8SaveState(const Transformer::Impl& m, float* out);
+void Fp8LoadState(Transformer::Impl& m, const float* in);
+
 // Appends a view to the record (Fp8State): the tensor in, what came out, its scale and amax.
 void Fp8Record(Transformer::Impl& m, const Fp8Tracker& t, const void* in, const void* out, size_t n,
                float scale, float amax);

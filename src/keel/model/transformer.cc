@@ -402,6 +402,9 @@ std::vector<std::string> Transformer::Fp8EndStep(const std::vector<float>& amax)
   return internal::Fp8EndStep(*impl_, amax);
 }
 void Transformer::SetFp8Observe(bool on) { impl_->fp8.observe = on; }
+size_t Transformer::Fp8StateFloats() const { return internal::Fp8StateFloats(*impl_); }
+void Transformer::Fp8SaveState(float* out) const { internal::Fp8SaveState(*impl_, out); }
+void Transformer::Fp8LoadState(const float* in) { internal::Fp8LoadState(*impl_, in); }
 int Transformer::fp8_blocks() const {
   const Impl& m = *impl_;
   if (!m.fp8.on) return 0;

@@ -112,6 +112,11 @@ class Transformer {
   std::vector<float> Fp8StepAmax() const;
   std::vector<std::string> Fp8EndStep(const std::vector<float>& amax);
   int fp8_blocks() const;
+  // The trackers' histories and the blocks' fallbacks as Fp8StateFloats floats (0 without fp8),
+  // for a checkpoint; Fp8LoadState puts back what Fp8SaveState wrote.
+  size_t Fp8StateFloats() const;
+  void Fp8SaveState(float* out) const;
+  void Fp8LoadState(const float* in);
   // Whether the passes from here on are training's, whose amaxes the step judges (true, the
   // default), or validation's, which use the scales without moving them.
   void SetFp8Observe(bool on);

@@ -543,9 +543,9 @@ double Run::Validate() {
 }
 
 ckpt::StateView Run::SaveView(int step_done, const nlohmann::json& guards_state) {
-  // Streaming DiLoCo's fragments in flight are saved arrived (not landed): the view's buffers are
+  // What the view's buffers hold for streaming DiLoCo and fp8 is brought up to date: they are
   // copied from here on.
-  if (OuterLoop* outer = step->diloco()) outer->Settle();
+  step->BeforeSave();
   ckpt::StateView v = state;
   v.step = step_done;
   v.tokens = uint64_t(step_done) * uint64_t(tokens_per_step);

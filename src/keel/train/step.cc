@@ -5,6 +5,7 @@
 
 #include "keel/ckpt/checkpoint_model.h"
 #include "keel/core/error.h"
+#include "keel/core/log.h"
 #include "keel/kernels/op_args.h"
 #include "keel/model/quantize.h"
 #include "keel/model/working_copy.h"
@@ -136,6 +137,9 @@ TrainStep::TrainStep(const StepSpec& spec, const StepGroups& groups)
     models_.back()->SetFrozen(spec_.frozen);
     ptrs.push_back(models_.back().get());
   }
+  size_t fp8_floats = 0;
+  for (auto& m : models_) fp8_floats += m->Fp8StateFloats();
+  fp8_saved_.assign(fp8_floats, 0.0f);
   pipe_ = std::make_unique<Pipeline>(ptrs, pp > 1 ? g_.pp : nullptr, spec.comm_timeout_s);
   pipe_->set_wait_clock([this] { return zero_->wait_ms() + tp_wait_ms() + cp_wait_ms(); });
 }
@@ -259,9 +263,37 @@ void TrainStep::SetWeights(const TensorValues& values) {
   zero_->PublishWeights();
 }
 
+void TrainStep::BeforeSave() {
+  if (outer_) outer_->Settle();
+  float* at = fp8_saved_.data();
+  for (auto& m : models_) {
+    m->Fp8SaveState(at);
+    at += m->Fp8StateFloats();
+  }
+}
+
+std::string TrainStep::Fp8OwnName() const {
+  return OwnName("fp8.trackers.n" + std::to_string(fp8_saved_.size()));
+}
+
 void TrainStep::Restored(int optimizer_step, int step_done,
                          const std::vector<std::string>& own_missing) {
   store_->set_step(optimizer_step);
+  if (!fp8_saved_.empty()) {
+    // Found: the scales, spike tests and fallbacks go on where they were. Else (another layout,
+    // a run that was not fp8) the trackers start afresh, which the start says.
+    if (std::find(own_missing.begin(), own_missing.end(), Fp8OwnName()) == own_missing.end()) {
+      const float* at = fp8_saved_.data();
+      for (auto& m : models_) {
+        m->Fp8LoadState(at);
+        at += m->Fp8StateFloats();
+      }
+    } else if (comm_.rank() == 0 && (!g_.tp || g_.tp->rank() == 0) &&
+               (!g_.pp || g_.pp->rank() == 0)) {
+      Log("keel: fp8: the checkpoint holds no tracker state for this layout: the amax "
+          "histories start afresh (scales as the recipe's first steps)");
+    }
+  }
   if (outer_) {
     auto found = [&](const char* what) {
       const std::string mine = OwnName(std::string("diloco.") + what);
@@ -531,6 +563,9 @@ ckpt::StateView TrainStep::StateView() {
   }
   if (zero_->residual_elems() > 0)
     v.own.push_back({OwnName("grad_comm.residual"), zero_->residual(), zero_->residual_elems()});
+  // Kept when missing: Restored says the trackers start afresh.
+  if (!fp8_saved_.empty())
+    v.own.push_back({Fp8OwnName(), fp8_saved_.data(), fp8_saved_.size(), /*keep=*/true});
   return v;
 }
 

@@ -94,6 +94,9 @@ class TrainStep {
   // without its own master starts from the anchor).
   void Restored(int optimizer_step, int step_done,
                 const std::vector<std::string>& own_missing = {});
+  // Before a checkpoint copies StateView's buffers: streaming DiLoCo's fragments in flight
+  // arrive, and the fp8 trackers' state is written where StateView().own points.
+  void BeforeSave();
   // DiLoCo's outer loop; null unless [parallel] dp_sync = "diloco".
   OuterLoop* diloco() { return outer_.get(); }
   // The whole model's fp32 master weights (ParamLayout::Gpt2), on every rank.
@@ -181,6 +184,9 @@ class TrainStep {
   std::unique_ptr<optim::ParamStore> store_;
   std::unique_ptr<ZeroStrategy> zero_;
   std::unique_ptr<OuterLoop> outer_;
+  // fp8's trackers and fallbacks, every model's in turn (an own checkpoint tensor; BeforeSave).
+  std::vector<float> fp8_saved_;
+  std::string Fp8OwnName() const;  // "fp8.trackers.n<floats>" by OwnName
   // The name of this rank's own checkpoint tensor `what` (StateView::own): by its place in the
   // layout, so that a resume under the same layout finds its own.
   std::string OwnName(const std::string& what) const;
