@@ -187,8 +187,9 @@ TEST(Comm, GradientWireFormatsScaleTheGradientBytesOnly) {
   EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, fp32 * ((1 + 4.0 / 256) + 2) / 8);
 }
 
-// DiLoCo: one sum of the pseudo-gradients per round of inner steps; the search keeps to the
-// trainer's ZeRO 0 with data parallelism alone, and a layout outside it is one line.
+// DiLoCo: one sum of the pseudo-gradients per round of inner steps (streaming: dp/2 times the
+// bytes, point-to-point); the search keeps to the trainer's ZeRO 0 with data parallelism alone,
+// and a layout outside it is one line.
 TEST(Comm, DilocoSumsOncePerRoundAndKeepsToDataParallelism) {
   Job job = KeelJob("7B", 64, 512);
   job.accounting = Accounting::kKeel;
@@ -197,6 +198,15 @@ TEST(Comm, DilocoSumsOncePerRoundAndKeepsToDataParallelism) {
   job.diloco_inner_steps = 50;
   job.grad_comm = parallel::GradWire::kInt8;
   EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, every_step * (1 + 4.0 / 256) / 4 / 50);
+  // Streaming: point-to-point, dp - 1 copies of each fragment instead of the ring's 2(dp - 1)/dp.
+  job.diloco_streaming = true;
+  EXPECT_DOUBLE_EQ(EstimateComm(job, l).dp_bytes, every_step * (1 + 4.0 / 256) / 4 / 50 * 32);
+  const Layout two = Layout::Of({2, 1, 1, 0}, 1, Recompute::kFull, false);
+  job.diloco_streaming = false;
+  const double ring_two = EstimateComm(job, two).dp_bytes;
+  job.diloco_streaming = true;
+  EXPECT_DOUBLE_EQ(EstimateComm(job, two).dp_bytes, ring_two);  // the same bytes at dp 2
+  job.diloco_streaming = false;
   Constraints c;
   c.micro_batch = 1;
   c.recompute = {Recompute::kFull};
@@ -211,7 +221,7 @@ TEST(Comm, DilocoSumsOncePerRoundAndKeepsToDataParallelism) {
 // LoRA on Llama-3-8B, rank 16 on every projection: the adapters are 0.44% of the model, the data
 // parallel group reduces their fp32 gradients only, the frozen base's dW products leave the FLOPs,
 // tp cuts all but the whole factors (whose gradients the tp group sums), and the search keeps to
-// the trainer's ZeRO 0/1, and to tp 1 under a quantized base.
+// the trainer's ZeRO 0/1, and to the tp an nf4 base's groups allow.
 TEST(Lora, AdaptersAloneAreReducedAndTheFrozenBaseSkipsItsWeightGradients) {
   Job job = KeelJob("llama3-8b", 8, 64);
   job.accounting = Accounting::kKeel;

@@ -63,7 +63,12 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
     c.dp_bytes = r * psi * grad_wire + r * psi * bpp.weights * (l.zero >= 3 ? 2 : 1);
 
   // DiLoCo: one sum of the pseudo-gradients (gradient-sized, in the same format) per round.
-  if (job.diloco_inner_steps > 0) c.dp_bytes /= job.diloco_inner_steps;
+  // Streaming's exchange is point-to-point (train/diloco.h): each replica sends its fragment to
+  // every other one, dp - 1 copies where the ring sends 2(dp - 1)/dp: dp/2 times its bytes.
+  if (job.diloco_inner_steps > 0) {
+    c.dp_bytes /= job.diloco_inner_steps;
+    if (job.diloco_streaming && l.dp > 2) c.dp_bytes *= l.dp / 2.0;
+  }
 
   // Context parallelism, per layer and micro-batch: this rank's keys and values (B·s/cp rows of
   // 2·kv_heads/tp heads) go to the cp - 1 others forward, again in backward (and in a recomputed
