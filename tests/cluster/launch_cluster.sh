@@ -2,9 +2,11 @@
 # keel launch across "hosts" made of network namespaces (netns.sh), mpirun over TCP:
 #   kill      SIGKILL a rank on host 2 of a 2-host x 2-rank run at a random step: restarted, the
 #             final weights equal the uninterrupted run's bitwise (same layout after the restart);
-#   diloco    the same fault in a DiLoCo run (rounds of 4 steps, checkpoints every 5: mid-round):
-#             each replica resumes its own weights, moments and outer state, and the final weights
-#             equal the uninterrupted DiLoCo run's bitwise;
+#   diloco    the same fault in a streaming DiLoCo run (rounds of 4 steps in 2 fragments, each
+#             landing a step after its send; checkpoints every 5: mid-round, and the one at step
+#             10 with a fragment in flight): each replica resumes its own weights, moments, outer
+#             state and what was in flight, and the final weights equal the uninterrupted run's
+#             bitwise (tests/train/diloco.sh resumes from a flight deterministically);
 #   twice     host 2's ranks killed in two starts: host 2 is excluded, the job shrinks to dp 2;
 #   flap      host 2's link goes down and comes back before the restart: restarted on the same
 #             layout, the final weights equal the uninterrupted run's bitwise;
@@ -77,8 +79,9 @@ cmp "$tmp/ref/model.safetensors" "$tmp/kill/model.safetensors" ||
   { echo "kill: final weights differ from the uninterrupted run"; exit 1; }
 echo "kill: rank $rank on ${p}2 killed after step $step; restarted on the same layout; bitwise the same weights"
 
-# --- diloco: the kill in a DiLoCo run: the replica rejoins from its own checkpointed state ---
-diloco=(--set parallel.dp_sync=diloco --set diloco.inner_steps=4)
+# --- diloco: the kill in a streaming DiLoCo run: the replica rejoins from its own state ---
+diloco=(--set parallel.dp_sync=diloco --set diloco.inner_steps=4 --set diloco.fragments=2
+        --set diloco.overlap_steps=1)
 launch dref "$tmp/hosts2" "${diloco[@]}"
 finish dref 0
 launch dkill "$tmp/hosts2" "${diloco[@]}"
