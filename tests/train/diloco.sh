@@ -13,7 +13,8 @@
 #     momentum 0 is again the plain run (the overlap's own progress is kept, not lost); two
 #     replicas in 2 fragments train within 2% of synchronous, with and without 3 steps of
 #     overlap, sending 4.5 of the classic run's 4 rounds (seven half-rounds and the last step's
-#     whole one); a stop at step 16, with a fragment in flight, resumes bitwise, and a resume
+#     whole one); a stop at step 16, with a fragment in flight, resumes bitwise (and at dp 4 in
+#     int8 with 3 fragments and 2 steps of overlap), and a resume
 #     with another overlap says it lacks the sends of its schedule (and lands none);
 #  5. ZeRO > 0, tensor parallelism and fp16 are refused with one line, and so is a [diloco] key
 #     without dp_sync = "diloco", fragments beyond inner_steps and an overlap of a whole round.
@@ -102,6 +103,14 @@ run scut 2 "${stream[@]}" --set diloco.overlap_steps=3 --set train.stop_at=16
 run scut 2 "${stream[@]}" --set diloco.overlap_steps=3 --resume auto
 grep -q "resuming from .*step_00000016" "$tmp/scut.log" || { echo "scut did not resume"; cat "$tmp/scut.log"; exit 1; }
 same s10o scut "streaming DiLoCo stopped at 16 with a fragment in flight and resumed"
+# Four replicas (every one sends to three), int8 fragments with their residuals, 3 fragments and
+# 2 steps of overlap: a stop at 14 (fragment 0 in flight since 14) resumes bitwise.
+s4=("${diloco[@]}" --set diloco.inner_steps=6 --set diloco.fragments=3 --set diloco.overlap_steps=2
+    --set parallel.grad_comm=int8)
+run s4 4 "${s4[@]}"
+run s4cut 4 "${s4[@]}" --set train.stop_at=14
+run s4cut 4 "${s4[@]}" --resume auto
+same s4 s4cut "streaming DiLoCo at dp 4 in int8, stopped at 14 with a fragment in flight"
 # Resumed with another overlap, the flight saved under the old schedule is not landed.
 mkdir -p "$tmp/resched" && cp -r "$tmp/scut/checkpoints" "$tmp/resched/"
 run resched 2 "${stream[@]}" --set diloco.overlap_steps=2 \
