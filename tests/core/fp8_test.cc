@@ -112,5 +112,23 @@ TEST(Fp8Tracker, NonFiniteAndSpikesAreReasons) {
   EXPECT_NE(why.find("amax 200 is 11x the last 2 steps' largest (19)"), std::string::npos) << why;
 }
 
+// A checkpoint's history put back: the delayed scale and the spike test go on as if the steps
+// had run here; a longer one than the recipe keeps keeps its newest.
+TEST(Fp8Tracker, RestoredHistoryScalesAndJudgesAsTheOriginal) {
+  const Fp8Recipe r{.delayed = true, .history = 2, .spike = 4};
+  Fp8Tracker a(kE4M3, r), b(kE4M3, r);
+  for (float amax : {1.0f, 8.0f, 0.5f}) EXPECT_EQ(a.EndStep(amax), "");
+  EXPECT_EQ(a.history(), (std::vector<float>{8.0f, 0.5f}));
+  b.Restore(a.history());
+  EXPECT_EQ(b.Scale(0.25f), a.Scale(0.25f));  // 32: the history's 8
+  const std::string why = b.EndStep(40.0f);   // 5x the history's 8: a spike, as for the original
+  EXPECT_NE(why, "");
+  EXPECT_EQ(why, a.EndStep(40.0f));
+  EXPECT_NE(b.EndStep(1000.0f), "");
+  Fp8Tracker c(kE4M3, r);
+  c.Restore({1.0f, 2.0f, 3.0f});
+  EXPECT_EQ(c.history(), (std::vector<float>{2.0f, 3.0f}));
+}
+
 }  // namespace
 }  // namespace keel
