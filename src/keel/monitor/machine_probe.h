@@ -15,8 +15,8 @@ namespace keel::monitor {
 // exact on a quiet machine). A path the CPU lacks reads 0.
 struct PeakRates {
   double fp32_fma = 0;  // vfmadd231ps zmm: 32 FLOP each (ymm without AVX-512: 16 FLOP each)
-  double fp32_fma256 =
-      0;  // vfmadd231ps ymm: the rate of code held to AVX2 (fp32_fma without AVX-512)
+  // vfmadd231ps ymm: the rate of code held to AVX2 (fp32_fma itself without AVX-512).
+  double fp32_fma256 = 0;
   double bf16_dpbf16 = 0;  // vdpbf16ps zmm: 64 FLOP each
   double amx_bf16 = 0;     // tdpbf16ps: 16·16·32·2 FLOP each
   int fma_bits = 0;        // the register width fp32_fma was measured on: 512, 256, or 0 (none)

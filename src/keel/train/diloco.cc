@@ -225,7 +225,7 @@ double OuterLoop::Land(Flight& f) {
     // The weights at the send were before − sent[i]: what the replica made of them since stays.
     w[i] = keep_progress ? a[i] + (w[i] - (before - sent[i])) : a[i];
   }
-  zero_.PublishWeights();
+  zero_.PublishWeights(lo, hi);  // the fragment's bf16 working weights, not the whole model's
   return ms;
 }
 

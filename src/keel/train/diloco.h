@@ -24,8 +24,8 @@
 // all-reduce would wait behind. Each replica sends dp−1 copies of its fragment: a ring
 // all-reduce's bytes (2·(dp−1)/dp copies) at dp = 2, dp/2 times them beyond. The run's last step
 // lands what is in flight and ends every fragment's round at once (the classic outer step).
-// Checkpoints keep what is in flight (each replica's encoded send and the arrived average), so a
-// run stopped with fragments in flight resumes bitwise.
+// Checkpoints keep what is in flight (each replica's fp32 pseudo-gradient as sent and the arrived
+// average), so a run stopped with fragments in flight resumes bitwise.
 //
 // The anchor and momentum (8 bytes per parameter; streaming: 8 more for the sends and averages) are
 // counted by StateBytesPerRank (StateTiers::diloco). CPU runs only (config refuses the rest): the

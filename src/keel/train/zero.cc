@@ -355,6 +355,21 @@ void ZeroStrategy::PublishWeights() {
   Publish();
 }
 
+void ZeroStrategy::PublishWeights(size_t lo, size_t hi) {
+  using Kind = optim::ParamStore::Kind;
+  if (zero_ != 0 || store_.compact() || !store_.has_master() || store_.offloaded(Kind::kMaster) ||
+      store_.offloaded(Kind::kWorking))
+    return PublishWeights();
+  if (store_.dtype() != DType::kF32) {
+    // State element l sits at working element state_lo + l (PublishWeights' VisitState places).
+    char* w = static_cast<char*>(store_.working()) +
+              ElemBytes() * (store_.state_lo() + lo - store_.working_lo());
+    store_.backend().Narrow(store_.dtype(), w, static_cast<const float*>(store_.master_data()) + lo,
+                            hi - lo);
+  }
+  Publish();
+}
+
 void ZeroStrategy::Update(float lr, float grad_scale) {
   store_.Update(lr, grad_scale);  // also rounds this rank's slice into the bf16 working copy
   if (store_.compact()) return PublishCompact();

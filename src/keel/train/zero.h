@@ -49,6 +49,11 @@ class ZeroStrategy final : public model::ParamAccess {
 
   // After the master weights are set (init, checkpoint): the working weights from them.
   void PublishWeights();
+  // After only the master's elements [lo, hi) of this rank's state changed (streaming DiLoCo's
+  // fragment): those narrowed into the working copy, the rest as PublishWeights does. Where the
+  // working copy is not the master's plain rounding in memory (ZeRO > 0, a tier, a compact
+  // state), the whole of PublishWeights.
+  void PublishWeights(size_t lo, size_t hi);
 
   void BeginStep();
   void BeginMicroBatch(bool last);
