@@ -16,6 +16,7 @@
 #include "keel/core/error.h"
 #include "keel/model/config.h"
 #include "keel/plan/search.h"
+#include "keel/train/config.h"
 
 namespace keel::cli {
 
@@ -146,16 +147,15 @@ plan::Job MakeJob(const PlanArgs& a) {
                   ": expected >= 0 (0: synchronous)");
   job.diloco_inner_steps = a.diloco_inner_steps;
   if (a.diloco_fragments != 1 || a.diloco_overlap_steps != 0) {
-    const int h = a.diloco_inner_steps;
-    if (h <= 0)
+    if (a.diloco_inner_steps <= 0)
       ThrowBadInput(
           "plan: --diloco-fragments and --diloco-overlap-steps need --diloco-inner-steps");
-    if (a.diloco_fragments < 1 || a.diloco_fragments > h)
-      ThrowBadInput("plan: --diloco-fragments " + std::to_string(a.diloco_fragments) +
-                    ": expected an integer in [1, " + std::to_string(h) + "]");
-    if (a.diloco_overlap_steps < 0 || a.diloco_overlap_steps >= h)
-      ThrowBadInput("plan: --diloco-overlap-steps " + std::to_string(a.diloco_overlap_steps) +
-                    ": expected an integer in [0, " + std::to_string(h) + ")");
+    auto [key, what] = train::DilocoScheduleProblem(a.diloco_inner_steps, a.diloco_fragments,
+                                                    a.diloco_overlap_steps);
+    if (!key.empty()) {
+      std::replace(key.begin(), key.end(), '_', '-');
+      ThrowBadInput("plan: --diloco-" + key + ": " + what);
+    }
     job.diloco_streaming = true;
   }
   if (job.bf16_grads && (job.precision != plan::Precision::kBf16 || a.lora_rank > 0))

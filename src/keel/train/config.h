@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/model/config.h"
@@ -207,6 +208,12 @@ struct DilocoSection {
 
   bool operator==(const DilocoSection&) const = default;
 };
+
+// The streaming schedule's one rule, for `keel train`'s [diloco] and `keel plan`'s flags: the key
+// that breaks it ("fragments" or "overlap_steps") and what was expected, or {"", ""}. Needs
+// inner_steps > 0.
+std::pair<std::string, std::string> DilocoScheduleProblem(int inner_steps, int fragments,
+                                                          int overlap_steps);
 
 struct CheckpointSection {
   bool save_final = true;        // write model.safetensors at the end (and on Ctrl-C)

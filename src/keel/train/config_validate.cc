@@ -348,17 +348,11 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
   if (!(cfg.diloco.outer_momentum >= 0 && cfg.diloco.outer_momentum < 1))
     diloco.Fail("outer_momentum",
                 "expected a number in [0, 1), got " + std::to_string(cfg.diloco.outer_momentum));
-  if (cfg.diloco.inner_steps > 0 &&
-      !(cfg.diloco.fragments >= 1 && cfg.diloco.fragments <= cfg.diloco.inner_steps))
-    diloco.Fail("fragments", "expected an integer in [1, inner_steps = " +
-                                 std::to_string(cfg.diloco.inner_steps) + "], got " +
-                                 std::to_string(cfg.diloco.fragments));
-  if (cfg.diloco.inner_steps > 0 &&
-      !(cfg.diloco.overlap_steps >= 0 && cfg.diloco.overlap_steps < cfg.diloco.inner_steps))
-    diloco.Fail("overlap_steps", "expected an integer in [0, inner_steps = " +
-                                     std::to_string(cfg.diloco.inner_steps) + "), got " +
-                                     std::to_string(cfg.diloco.overlap_steps) +
-                                     " (a fragment lands before its next round ends)");
+  if (cfg.diloco.inner_steps > 0) {
+    const auto [key, what] = DilocoScheduleProblem(cfg.diloco.inner_steps, cfg.diloco.fragments,
+                                                   cfg.diloco.overlap_steps);
+    if (!key.empty()) diloco.Fail(key, what);
+  }
 
   const Checker ckpt(prov, "checkpoint");
   const CheckpointSection& k = cfg.checkpoint;
@@ -471,6 +465,19 @@ void ValidateValues(const RunConfig& cfg, const Provenance& prov) {
 }
 
 }  // namespace internal
+
+std::pair<std::string, std::string> DilocoScheduleProblem(int inner_steps, int fragments,
+                                                          int overlap_steps) {
+  const std::string h = std::to_string(inner_steps);
+  if (!(fragments >= 1 && fragments <= inner_steps))
+    return {"fragments", "expected an integer in [1, inner_steps = " + h + "], got " +
+                             std::to_string(fragments)};
+  if (!(overlap_steps >= 0 && overlap_steps < inner_steps))
+    return {"overlap_steps", "expected an integer in [0, inner_steps = " + h + "), got " +
+                                 std::to_string(overlap_steps) +
+                                 " (a fragment lands before its next round ends)"};
+  return {};
+}
 
 model::ModelConfig RunConfig::ResolvedModel() const {
   const internal::Provenance prov(source);
