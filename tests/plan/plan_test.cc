@@ -220,8 +220,9 @@ TEST(Comm, DilocoSumsOncePerRoundAndKeepsToDataParallelism) {
 
 // LoRA on Llama-3-8B, rank 16 on every projection: the adapters are 0.44% of the model, the data
 // parallel group reduces their fp32 gradients only, the frozen base's dW products leave the FLOPs,
-// tp cuts all but the whole factors (whose gradients the tp group sums), and the search keeps to
-// the trainer's ZeRO 0/1, and to the tp an nf4 base's groups allow.
+// tp cuts all but the whole factors (whose gradients the tp group sums), ZeRO 3 shards the frozen
+// base (a dp-th of its bf16 bytes a rank, gathered for the forward and again for the backward),
+// and the search keeps to the trainer's ZeRO 0, 1 and 3, and to the tp an nf4 base's groups allow.
 TEST(Lora, AdaptersAloneAreReducedAndTheFrozenBaseSkipsItsWeightGradients) {
   Job job = KeelJob("llama3-8b", 8, 64);
   job.accounting = Accounting::kKeel;
@@ -249,12 +250,22 @@ TEST(Lora, AdaptersAloneAreReducedAndTheFrozenBaseSkipsItsWeightGradients) {
   // 2 FLOPs per frozen matrix weight fewer (the embedding is a lookup; lm_head is a product).
   EXPECT_DOUBLE_EQ(ModelFlopsPerToken(job.model, n),
                    flops_full + 6 * adapters - 2 * (n_full - 128256.0 * 4096));
-  bool split = false;
+  const Layout z1 = Layout::Of({8, 1, 1, 1}, 1, Recompute::kNone, false);
+  const Layout z3 = Layout::Of({8, 1, 1, 3}, 1, Recompute::kNone, false);
+  EXPECT_DOUBLE_EQ(EstimateComm(job, z1).dp_bytes, 3 * (7.0 / 8) * adapters * 4);
+  const double base_bytes = 2 * n;  // bf16, adapters included; each segment's pieces padded
+  EXPECT_NEAR(EstimateComm(job, z3).dp_bytes - EstimateComm(job, z1).dp_bytes,
+              2 * (7.0 / 8) * base_bytes, 1e-6 * base_bytes);
+  EXPECT_NEAR(EstimateMemory(job, z1).state.params, base_bytes, 1e-3 * base_bytes);
+  EXPECT_NEAR(EstimateMemory(job, z3).state.params, base_bytes / 8, 1e-3 * base_bytes / 8);
+  bool split = false, sharded_base = false;
   for (const Estimate& e : Search(job, Constraints{})) {
     split = split || e.layout.tp > 1;
-    EXPECT_LE(e.layout.zero, 1);
+    sharded_base = sharded_base || e.layout.zero == 3;
+    EXPECT_NE(e.layout.zero, 2);
   }
   EXPECT_TRUE(split);
+  EXPECT_TRUE(sharded_base);
   EXPECT_THROW(Search(job, Constraints{.zero = 2}), Error);
   // A quantized base is cut as the unquantized one is (int8 rows cut by columns take the whole
   // row's scale); nf4 where each rank's rows are whole groups of 64.

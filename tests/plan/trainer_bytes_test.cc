@@ -119,8 +119,10 @@ void ExpectAllocations(const train::StepSpec& spec, const train::StepGroups& gro
     arenas += double(a);
   }
   EXPECT_EQ(arenas, plan.activations);
-  // A quantized base: its codes and its scales, two allocations.
-  const size_t scales = 4 * model::ParamLayout::Stage(spec.model, chunks, tp).quant_scales();
+  // A quantized base: its codes and its scales, two allocations (a LoRA run's at ZeRO 3: within
+  // the working copy's packed shard).
+  const size_t scales =
+      b.quantized ? 4 * model::ParamLayout::Stage(spec.model, chunks, tp).quant_scales() : 0;
   for (size_t x : {b.working, b.biases, b.quantized - scales, scales})
     if (x) want.push_back(Round64(double(x)));
   std::vector<size_t> rest = got;
@@ -385,10 +387,10 @@ TEST(TrainerBytes, OffloadedWeightShardIsCountedToTheByte) {
 }
 
 // LoRA: the planner's compact state is the trainer's to the byte (master weights and moments of
-// the adapters, packed and sharded at ZeRO 1; their gradients; the working copy holding the
-// frozen base, or the part of it a quantized base leaves there and the codes and scales), and it
-// is what the adapter count says. DoRA adds its magnitudes to the adapters (kept fp32 beside the
-// biases) and its kept products to the arena.
+// the adapters, packed and sharded at ZeRO 1 and 3; their gradients; the working copy holding the
+// frozen base, or the part of it a quantized base leaves there and the codes and scales; at ZeRO
+// 3 a dp-th of all that, packed per segment), and it is what the adapter count says. DoRA adds
+// its magnitudes to the adapters (kept fp32 beside the biases) and its kept products to the arena.
 TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
   using model::BaseQuant;
   struct Case {
@@ -404,7 +406,7 @@ TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
                                     {"gpt2-tiny", BaseQuant::kNone, true},
                                     {"llama-tiny", BaseQuant::kInt8, true}})
       for (int dp : {1, 2, 3})
-        for (int zero : {0, 1}) {
+        for (int zero : {0, 1, 3}) {
           SCOPED_TRACE(std::string(name) + " " + PrecisionName(prec) + " dp " + std::to_string(dp) +
                        " zero " + std::to_string(zero) + " base " + model::BaseQuantName(base) +
                        (dora ? " DoRA" : ""));
@@ -423,22 +425,26 @@ TEST(TrainerBytes, LoraStateIsTheAdaptersAndEqualsThePlanners) {
           // The adapters' gradients and the frozen norms' scratch (2·C), nothing for the base.
           EXPECT_EQ(plan.state.grads, 4 * (adapters + 2 * job.model.hidden));
           const double wb = prec == Precision::kBf16 ? 2 : 4;
-          if (base == BaseQuant::kNone) {
-            EXPECT_GE(plan.state.params, wb * n);
-            continue;
-          }
           // Quantized: the blocks' matrices at 1 byte (int8) or half (nf4) and a scale per row or
           // per 64 weights, the rest in the working dtype.
           const model::ParamLayout lay = model::ParamLayout::Whole(plan::ToModelConfig(m));
           const double q = double(lay.quant_elems());
+          ASSERT_EQ(q > 0, base != BaseQuant::kNone);
           double rows = 0;
           for (const model::ParamInfo& p : lay.params())
             if (p.quantized()) rows += p.shape[0];
           const double codes = base == BaseQuant::kInt8 ? q : q / 2;
           const double scales = base == BaseQuant::kInt8 ? rows : q / 64;
           const double biases = prec == Precision::kBf16 ? 4 * double(lay.n_bias()) : 0;
-          EXPECT_EQ(plan.state.params, wb * (n - q) + codes + 4 * scales + biases);
-          ASSERT_GT(q, 0);
+          const double whole = wb * (n - q) + codes + 4 * scales;
+          if (zero < 3) {
+            EXPECT_EQ(plan.state.params, whole + biases);
+            continue;
+          }
+          // ZeRO 3: a dp-th of the whole, with each segment's three pieces padded to 64 bytes.
+          const double pad = 3 * 64 * double(lay.segments());
+          EXPECT_GE(plan.state.params - biases, whole / dp);
+          EXPECT_LE(plan.state.params - biases, (whole + pad) / dp + 4);
         }
 }
 

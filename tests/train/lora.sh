@@ -11,6 +11,10 @@
 #     and resumes bitwise; an int8 base at tp 2 gives the int8 run's losses within 1e-7 (a row
 #     cut by columns is quantized with the whole row's scale); ZeRO 2, and an nf4 base whose
 #     rows on a tp rank are not whole groups of 64, are refused with one line;
+#  4a. ZeRO 3 (the frozen base, and a quantized one's codes and scales, sharded over dp and
+#     gathered a block at a time): dp 2 gives ZeRO 1's losses bitwise (LoRA, and DoRA with
+#     dropout), a run stopped at ZeRO 1 resumes at ZeRO 3 bitwise, int8 and nf4 bases give one
+#     process's losses within 1e-5, and each rank holds at most 51% of the base's bytes;
 #     `keel ckpt verify` passes the adapter-only checkpoints;
 #  4b. dropout ([lora] dropout = 0.3): the masks depend on the seed, step, product and the
 #     element's place in the global batch only, so dp 2 (ZeRO 1, 2 micro-batches), pp 2 and tp 2
@@ -58,6 +62,11 @@ lora=(--set train.steps=12 --set train.batch_size=8 --set optim.lr=1e-2 --set lo
       --set lora.targets=all --set model.init_from="$tmp/base/model.safetensors")
 run single -- "${lora[@]}"
 run dp "${mpi[@]}" -- "${lora[@]}" --set parallel.zero=1 --set train.micro_batch_size=2
+run z3 "${mpi[@]}" -- "${lora[@]}" --set parallel.zero=3 --set train.micro_batch_size=2
+run z3r "${mpi[@]}" -- "${lora[@]}" --set parallel.zero=1 --set train.micro_batch_size=2 \
+  --set train.stop_at=6
+run z3r "${mpi[@]}" -- "${lora[@]}" --set parallel.zero=3 --set train.micro_batch_size=2 \
+  --resume auto
 run dp0 "${mpi[@]}" -- "${lora[@]}"
 run pp "${mpi[@]}" -- "${lora[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
 run tp "${mpi[@]}" -- "${lora[@]}" --set parallel.tp=2
@@ -90,6 +99,7 @@ run llamadoratp "${mpi[@]}" -- "${llama[@]}" --set lora.dora=true --set parallel
 dd=("${dora[@]}" --set lora.dropout=0.3)
 run dd -- "${dd[@]}"
 run dddp "${mpi[@]}" -- "${dd[@]}" --set parallel.zero=1 --set train.micro_batch_size=2
+run ddz3 "${mpi[@]}" -- "${dd[@]}" --set parallel.zero=3 --set train.micro_batch_size=2
 run ddpp "${mpi[@]}" -- "${dd[@]}" --set parallel.pp=2 --set train.micro_batch_size=2
 run ddtp "${mpi[@]}" -- "${dd[@]}" --set parallel.tp=2 --set parallel.sp=true
 run ddtp0 "${mpi[@]}" -- "${dd[@]}" --set parallel.tp=2
@@ -100,6 +110,8 @@ run resumed -- "${lora[@]}" --resume auto
 run bf16 -- "${lora[@]}" --set train.precision=bf16
 run int8 -- "${lora[@]}" --set lora.base=int8
 run int8tp "${mpi[@]}" -- "${lora[@]}" --set lora.base=int8 --set parallel.tp=2
+run int8z3 "${mpi[@]}" -- "${lora[@]}" --set lora.base=int8 --set parallel.zero=3 \
+  --set train.micro_batch_size=2
 run int8r -- "${lora[@]}" --set lora.base=int8 --set train.stop_at=6
 run int8r -- "${lora[@]}" --set lora.base=int8 --resume auto
 run f16 -- "${lora[@]}" --set train.precision=fp16
@@ -140,7 +152,10 @@ refused() {  # NAME LINE [ARGS...]: 2 ranks, exit 2 with LINE in the log
 lora=("${scratch[@]}" --set model.n_embd=64)  # random weights of a 64-wide GPT (nf4's groups)
 refused tpq "base = \"nf4\": h.0.attn.c_proj.weight's rows are 32 weights on each of" \
   --set parallel.tp=2 --set lora.base=nf4
-refused z2 "use zero = 0 or 1" --set parallel.zero=2
+refused z2 "use zero = 1 to shard their master and moments, or 3" --set parallel.zero=2
+run nf4 -- "${lora[@]}" --set lora.base=nf4
+run nf4z3 "${mpi[@]}" -- "${lora[@]}" --set lora.base=nf4 --set parallel.zero=3 \
+  --set train.micro_batch_size=2
 refused int4 'lora.base.*expected one of' --set lora.base=int4
 "$keel" ckpt verify "$tmp/single" >"$tmp/verify.log" 2>&1 || { cat "$tmp/verify.log"; exit 1; }
 for name in single tp dora doratp; do  # tp 2's cut adapters (and magnitudes) come back whole
@@ -178,6 +193,20 @@ close("int8 base, from the unquantized base", "int8", ref, limit=1e-3)
 # measured 2.9e-6 here, under the other checks' 1e-5.
 close("int8 base, tp 2 (rows cut by columns take the whole row's scale)", "int8tp", int8,
       limit=1e-7)
+# ZeRO 3 shards the frozen base (and a quantized one's codes and scales) and gathers it a block at
+# a time: the products see the same weights as at ZeRO 1, whose adapters' state it shares.
+assert losses("z3") == losses("dp"), "ZeRO 3's losses differ from ZeRO 1's"
+assert losses("z3r") == losses("dp"), "stopped at ZeRO 1, resumed at ZeRO 3: the losses differ"
+close("int8 base, dp 2 ZeRO 3", "int8z3", int8)
+close("nf4 base (random weights), dp 2 ZeRO 3", "nf4z3", losses("nf4"), steps=8)
+def base_mib(name):  # the memory line's working copy and quantized base, MiB per rank
+    line = next(l for l in open(f"{d}/{name}.log") if "memory per rank" in l)
+    kinds = dict(kv.rsplit(" ", 1) for kv in line.split("(MiB): ")[1].split(";")[0].split(", "))
+    return float(kinds["working"]) + float(kinds.get("quantized_base", 0))
+for one, three in (("dp", "z3"), ("int8", "int8z3")):
+    w1, w3 = base_mib(one), base_mib(three)
+    print(f"frozen base per rank: {one} {w1:.4f} MiB, {three} (dp 2 ZeRO 3) {w3:.4f} MiB")
+    assert w3 <= 0.51 * w1, (one, w1, three, w3)
 assert losses("int8r") == int8, "the resumed int8 run's losses differ"
 close("fp16, from fp32", "f16", ref, limit=1e-4)
 close("fp16 on an int8 base, from fp32's int8 run", "f16int8", int8, limit=1e-4)
@@ -197,6 +226,7 @@ assert len(dd) == 12 and dd != dora, "DoRA's dropout changed nothing"
 for name in ("dddp", "ddpp", "ddtp", "ddtp0"):
     close(f"DoRA with dropout 0.3, {name[2:]}", name, dd)
 assert losses("ddr") == dd, "the resumed DoRA run with dropout differs"
+assert losses("ddz3") == losses("dddp"), "DoRA with dropout at ZeRO 3 differs from ZeRO 1"
 close("DoRA on a grouped-query Llama, tp 2", "llamadoratp", losses("llamadora"), steps=8)
 sent = {json.loads(l)["comm_bytes"] for l in open(f"{d}/dp0/metrics.jsonl")}
 print(f"dp 2 ZeRO 0: {sorted(sent)} bytes sent per step for {adapters} adapter parameters")

@@ -20,8 +20,9 @@ namespace keel::model {
 
 enum class Pass { kForward, kBackward };
 
-// A quantized base's codes and scales (ParamLayout::quant_code_bytes(), quant_scales()), indexed
-// by ParamInfo::quant_offset and scale_offset; null where the base is not quantized.
+// A segment's quantized base: its codes and scales, element 0 its first quantized element and
+// first scale (ParamLayout::segment_quant_start, segment_scale_start), so that a matrix's are at
+// its quant_offset and scale_offset less those; null where the base is not quantized.
 struct QuantizedWeights {
   const uint8_t* codes = nullptr;
   const float* scales = nullptr;
@@ -34,8 +35,8 @@ class ParamAccess {
   // Segment s's working weights (the model's dtype), element 0 = the segment's first element
   // (ParamLayout::segment_work_start: a quantized base's matrices are not among them).
   virtual const void* Weights(int s) = 0;
-  // The quantized base of the layout (all of it, whichever segment is in use).
-  virtual QuantizedWeights Quantized() { return {}; }
+  // Segment s's quantized base (valid as Weights(s) is).
+  virtual QuantizedWeights Quantized(int /*s*/) { return {}; }
   // The matrix products' biases in fp32 (ParamInfo::bias_index), read by bf16 runs.
   virtual const float* Biases() = 0;
   // Segment s's gradient accumulator for this micro-batch, element 0 = its first element. The

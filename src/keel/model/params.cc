@@ -10,6 +10,7 @@
 #include "keel/core/error.h"
 #include "keel/core/rng.h"
 #include "keel/model/quantize.h"
+#include "keel/model/segment_pack.h"
 
 namespace keel::model {
 
@@ -91,10 +92,16 @@ void ParamLayout::AssignWork(BaseQuant q) {
   quant_ = q;
   work_total_ = quant_elems_ = quant_scales_ = 0;
   seg_work_start_.assign(seg_start_.size(), 0);
+  seg_quant_start_.assign(seg_start_.size(), 0);
+  seg_scale_start_.assign(seg_start_.size(), 0);
   size_t s = 0;
+  auto open = [&](size_t seg) {
+    seg_work_start_[seg] = work_total_;
+    seg_quant_start_[seg] = quant_elems_;
+    seg_scale_start_[seg] = quant_scales_;
+  };
   for (ParamInfo& info : params_) {
-    for (; s < seg_start_.size() && seg_start_[s] <= info.offset; ++s)
-      seg_work_start_[s] = work_total_;
+    for (; s < seg_start_.size() && seg_start_[s] <= info.offset; ++s) open(s);
     info.work_offset = info.quant_offset = info.scale_offset = SIZE_MAX;
     if (QuantizedParam(q, info)) {
       info.quant_offset = quant_elems_;
@@ -106,7 +113,7 @@ void ParamLayout::AssignWork(BaseQuant q) {
       work_total_ += info.numel;
     }
   }
-  for (; s < seg_start_.size(); ++s) seg_work_start_[s] = work_total_;
+  for (; s < seg_start_.size(); ++s) open(s);
 }
 
 size_t ParamLayout::quant_code_bytes() const { return QuantCodeBytes(quant_, quant_elems_); }
@@ -359,6 +366,16 @@ parallel::StateShape StateShapeOf(const ParamLayout& layout, DType dtype) {
   s.working = layout.work_total();
   s.quantized = layout.quant_code_bytes() + 4 * layout.quant_scales();
   s.quant_scales = layout.quant_scales();
+  if (s.compact()) {
+    const std::vector<SegmentPack> packs = SegmentPacks(layout, dtype);
+    s.packed = PackedBytes(packs);
+    size_t block = 0;
+    for (const StageRange& c : layout.chunks())
+      for (int l = c.l0; l < c.l1; ++l)
+        block = std::max(block, packs[size_t(layout.block_segment(l))].bytes);
+    s.packed_slots =
+        (e < 0 ? 0 : packs[size_t(e)].bytes) + (f < 0 ? 0 : packs[size_t(f)].bytes) + 2 * block;
+  }
   return s;
 }
 
@@ -406,6 +423,7 @@ parallel::StateShape StateShapeOf(const ModelConfig& cfg, const std::vector<Stag
   s.working += (blocks - k) * ((two.working - s.working) / k);
   s.quantized += (blocks - k) * ((two.quantized - s.quantized) / k);
   s.quant_scales += (blocks - k) * ((two.quant_scales - s.quant_scales) / k);
+  s.packed += (blocks - k) * ((two.packed - s.packed) / k);  // the slots: one block's pack, alike
   return s;
 }
 

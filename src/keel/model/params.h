@@ -178,6 +178,20 @@ class ParamLayout {
   BaseQuant base_quant() const { return quant_; }
   size_t work_total() const { return work_total_; }
   size_t segment_work_start(int s) const { return seg_work_start_[size_t(s)]; }
+  size_t segment_work_end(int s) const {
+    return s + 1 == segments() ? work_total_ : seg_work_start_[size_t(s) + 1];
+  }
+  // Segment s's first quantized element and first scale (its first quantized matrix's
+  // quant_offset and scale_offset, or the next one's): a segment's codes and scales are
+  // contiguous, [segment_quant_start(s), segment_quant_end(s)).
+  size_t segment_quant_start(int s) const { return seg_quant_start_[size_t(s)]; }
+  size_t segment_scale_start(int s) const { return seg_scale_start_[size_t(s)]; }
+  size_t segment_quant_end(int s) const {
+    return s + 1 == segments() ? quant_elems_ : seg_quant_start_[size_t(s) + 1];
+  }
+  size_t segment_scale_end(int s) const {
+    return s + 1 == segments() ? quant_scales_ : seg_scale_start_[size_t(s) + 1];
+  }
   size_t quant_elems() const { return quant_elems_; }
   size_t quant_scales() const { return quant_scales_; }
   size_t quant_code_bytes() const;
@@ -191,7 +205,8 @@ class ParamLayout {
   std::vector<ParamInfo> params_;
   // Find runs per layer per step (and per token in generation): a hash, not a scan of 150 names.
   std::unordered_map<std::string, size_t> index_;
-  std::vector<size_t> seg_start_, seg_grad_start_, seg_work_start_;
+  std::vector<size_t> seg_start_, seg_grad_start_, seg_work_start_, seg_quant_start_,
+      seg_scale_start_;
   size_t grad_total_ = 0, grad_trained_ = 0;
   BaseQuant quant_ = BaseQuant::kNone;
   size_t work_total_ = 0, quant_elems_ = 0, quant_scales_ = 0;

@@ -57,7 +57,10 @@ class DenseParams final : public ParamAccess {
     if (!separate_) return master.as<float>() + layout_.segment_start(s);
     return working.as<char>() + layout_.segment_work_start(s) * DTypeSize(dtype_);
   }
-  QuantizedWeights Quantized() override { return {codes.as<uint8_t>(), scales.as<float>()}; }
+  QuantizedWeights Quantized(int s) override {
+    return {codes.as<uint8_t>() + CodeByte(layout_.base_quant(), layout_.segment_quant_start(s)),
+            scales.as<float>() + layout_.segment_scale_start(s)};
+  }
   const float* Biases() override { return biases.as<float>(); }
   float* Grads(int s) override { return grads.as<float>() + layout_.segment_grad_start(s); }
 
@@ -103,6 +106,7 @@ struct MatW {
   const T* w = nullptr;
   const ParamInfo* q = nullptr;
   size_t n = 0;
+  int seg = -1;  // q's segment (ParamAccess::Quantized)
 };
 
 struct Transformer::Impl {
@@ -326,7 +330,7 @@ struct Transformer::Impl {
   template <typename U>
   MatW<U> Matrix(const U* w, int s, const ParamInfo& p, size_t n) const {
     if (!p.quantized()) return {w + (p.work_offset - layout.segment_work_start(s)), nullptr, n};
-    return {nullptr, &p, n};
+    return {nullptr, &p, n, s};
   }
   // Its elements in the working dtype: the working copy's, or dequantized into the shared buffer
   // (valid until the next Mat).
@@ -335,9 +339,11 @@ struct Transformer::Impl {
     if (mw.w) return mw.w;
     U* out = Act<U>("dequant");
     const BaseQuant q = layout.base_quant();
-    const QuantizedWeights qw = acc->Quantized();
-    KEEL_PROFILED("dequant", be->Dequantize(out, qw.codes + CodeByte(q, mw.q->quant_offset),
-                                            qw.scales + mw.q->scale_offset, mw.n,
+    const QuantizedWeights qw = acc->Quantized(mw.seg);
+    const size_t code = CodeByte(q, mw.q->quant_offset) -
+                        CodeByte(q, layout.segment_quant_start(mw.seg)),
+                 scale = mw.q->scale_offset - layout.segment_scale_start(mw.seg);
+    KEEL_PROFILED("dequant", be->Dequantize(out, qw.codes + code, qw.scales + scale, mw.n,
                                             QuantGroup(q, size_t(mw.q->shape[1])), FormatOf(q)));
     return out;
   }

@@ -60,7 +60,7 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
       shard_(parallel::Shard(state_total(), dims.replicas(), dp_rank)),
       state_lo_(dims.zero >= 1 ? shard_.lo : 0),
       state_hi_(dims.zero >= 1 ? shard_.hi : state_total()),
-      grads_lo_(dims.zero >= 2 ? shard_.lo : 0),
+      grads_lo_(dims.zero >= 2 && !compact_ ? shard_.lo : 0),
       grads_size_(compact_ ? shape.grads : HeldBy(shard_, shape.total, dims.zero >= 2)),
       master_(Buffer::Zeroed(
           be, shape.master && !shape.master_offloaded() ? 4 * (state_hi_ - state_lo_) : 0)),
@@ -75,19 +75,21 @@ ParamStore::ParamStore(const parallel::StateShape& shape, const parallel::Parall
   KEEL_CHECK(shape.grad_bytes == 4 || !compact_,
              "ParamStore: bf16 gradients are a full state's (LoRA's are the adapters' alone)");
   if (compact_) {
-    KEEL_CHECK(dims.zero <= 1, "ParamStore: a compact state shards at ZeRO 0 and 1 only");
+    KEEL_CHECK(dims.zero != 2, "ParamStore: a compact state shards at ZeRO 0, 1 and 3");
     size_t n = 0;
     for (const ParamRange& r : trainable_) n += r.numel;
     KEEL_CHECK(n == shape.trainable, "ParamStore: the shape's trainable count is not the ranges'");
   }
   const parallel::StateBytes b = parallel::StateBytesPerRank(shape, dims);
   working_ = Buffer::Zeroed(be, b.working);
-  if (shape.quantized) {
+  // At ZeRO 3 a compact state's working copy is its shard of the packed one, codes and scales
+  // among them (model/segment_pack.h).
+  if (shape.quantized && !(compact_ && dims.zero >= 3)) {
     KEEL_CHECK(compact_, "ParamStore: a quantized base is a compact state's (LoRA's)");
     codes_ = Buffer::Zeroed(be, shape.quantized - 4 * shape.quant_scales);
     scales_ = Buffer::Zeroed(be, 4 * shape.quant_scales);
   }
-  working_lo_ = dims.zero >= 3 ? shard_.lo : 0;
+  working_lo_ = dims.zero >= 3 && !compact_ ? shard_.lo : 0;
   // A compact state's gradients are the trainable ones, packed as its master: nothing frozen.
   if (!compact_)
     for (const ParamRange& r : Clip(ranges, grads_lo_, grads_lo_ + grads_size_))

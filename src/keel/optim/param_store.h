@@ -18,7 +18,11 @@
 // after them): the state's flat indices count trainable elements, and ZeRO 1 shards that count.
 // The working weights keep the layout's working offsets (model::ParamInfo::work_offset); the
 // frozen ones live there alone (bf16 runs: as bf16) or, for a quantized base's matrices, as codes
-// and scales; set once by TrainStep::SetWeights. ZeRO 0 and 1 only.
+// and scales; set once by TrainStep::SetWeights. ZeRO 0, 1 and 3: at 3 the master and moments are
+// sharded as at 1 (the gradients stay whole: the adapters' are a few MB), and the working copy,
+// codes and scales are this rank's shard of their packed form (model/segment_pack.h, in 4-byte
+// words: parallel::Shard(StateShape::packed / 4)), which the ZeRO strategy gathers a segment at a
+// time: the frozen base is sharded over the data-parallel group (FSDP-QLoRA).
 //
 // The moments are fp32 or bf16 (StateShape::moment_bytes; the hyper's bf16_moments is set from
 // it). A bf16 run

@@ -17,7 +17,10 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   b.moments = 2 * size_t(s.moment_bytes) * held;
   b.grads = size_t(s.grad_bytes) * (s.compact() ? s.grads : d.zero >= 2 ? shard : s.total);
   b.biases = bf16 ? 4 * s.n_bias : 0;
-  if (s.compact()) {
+  if (s.compact() && d.zero >= 3) {
+    // This rank's shard of the packed copy (the first rank's, the largest), in 4-byte words.
+    b.working = 4 * Shard(s.packed / 4, d.replicas(), 0).size;
+  } else if (s.compact()) {
     // The frozen weights' only copy: in the working dtype, or a quantized base's codes.
     b.working = size_t(s.working_bytes) * (s.working ? s.working : s.total);
     b.quantized = s.quantized;
@@ -28,8 +31,9 @@ StateBytes StateBytesPerRank(const StateShape& s, const ParallelDims& d) {
   else
     b.working = bf16 ? 2 * shard : 0;  // gathered from the bf16 shard, or the fp32 master shard
   // Gradient scratch: reduce-scattered in place (ZeRO >= 2), or the fp32 buckets of bf16 ones.
-  if (d.zero >= 2 || s.grad_bytes == 2) b.zero_buffers += 4 * segs;
-  if (d.zero >= 3) b.zero_buffers += size_t(s.working_bytes) * segs;
+  // A compact state's gradients (a few MB of adapters') are all-reduced whole at every stage.
+  if ((d.zero >= 2 && !s.compact()) || s.grad_bytes == 2) b.zero_buffers += 4 * segs;
+  if (d.zero >= 3) b.zero_buffers += s.compact() ? s.packed_slots : size_t(s.working_bytes) * segs;
   b.zero_buffers += 4 * GradSumScratchElems(s, d);
   b.zero_buffers += 4 * GradResidualElems(s, d);
   if (s.diloco) b.zero_buffers += (s.diloco_streaming ? 4 : 2) * 4 * held;

@@ -66,6 +66,11 @@ struct StateShape : StateTiers {
   size_t working = 0;
   size_t quantized = 0;
   size_t quant_scales = 0;  // of which fp32 scales (the rest: codes)
+  // A compact state at ZeRO 3 shards that working copy and quantized base instead, as one run of
+  // bytes (model::SegmentPacks: each segment's pieces padded to 64 bytes), and gathers it a
+  // segment at a time into slots of `packed_slots` bytes in all (the embeddings', the final
+  // LayerNorm's, two of the largest block's).
+  size_t packed = 0, packed_slots = 0;
   bool compact() const { return trainable > 0 && trainable < total; }
   // Whether the master is on the tier: a bf16 run's (an fp32 run's master is its working
   // weights at ZeRO 0 and 3, and the source of the all-gather at 1 and 2).
@@ -106,7 +111,8 @@ size_t OffloadChunkElems(size_t chunk_bytes, size_t bytes_per_elem, size_t held)
 size_t OffloadBufferBytes(size_t held, size_t chunk_elems, size_t bytes_per_elem);
 
 struct StateBytes {
-  size_t working = 0;  // weights the forward pass reads (bf16 copy; fp32 ZeRO 1-2: a full copy)
+  size_t working = 0;  // weights the forward pass reads (bf16 copy; fp32 ZeRO 1-2: a full copy;
+                       // compact ZeRO 3: the packed copy's shard, quantized base included)
   size_t biases = 0;   // fp32 biases of bf16 runs
   size_t grads = 0;    // gradients (fp32, or bf16): all, or this rank's shard (ZeRO >= 2);
                        // compact: the trainable ones'
@@ -114,8 +120,9 @@ struct StateBytes {
                        // of the trainable parameters, and every working weight is kept; none
                        // without a master
   size_t moments = 0;  // AdamW m and v (fp32 or bf16), over what the master would cover
-  // ZeRO >= 2, or bf16 gradients: per-segment fp32 gradient scratch (the embeddings, the final
-  // LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of the same segments;
+  // ZeRO >= 2 (not compact), or bf16 gradients: per-segment fp32 gradient scratch (the
+  // embeddings, the final LayerNorm, two blocks in flight); ZeRO 3: also the gathered weights of
+  // the same segments (compact: their packs);
   // bf16 gradients with tp or pp: the sums' scratch (GradSumScratchElems); int8 gradient sums:
   // the error-feedback residual (GradResidualElems; DiLoCo's pseudo-gradients' under diloco);
   // DiLoCo's anchor and momentum.

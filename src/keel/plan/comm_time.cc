@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "keel/model/params.h"
 #include "keel/plan/memory.h"
 
 namespace keel::plan {
@@ -47,13 +48,23 @@ CommVolume EstimateComm(const Job& job, const Layout& l) {
           ? bpp.grads
           : double(parallel::WireBytes(job.grad_comm, size_t(1) << 20)) / double(size_t(1) << 20);
   if (m.lora_rank > 0) {
-    // LoRA (ZeRO 0/1): the adapters' fp32 gradients are all-reduced, and at ZeRO 1 their fp32
-    // master shards all-gathered; the frozen base sends nothing. Under tp a rank holds its shard
-    // of the cut factors and all of the whole ones, whose gradients the tp group sums first.
+    // LoRA: the adapters' fp32 gradients are all-reduced, and at ZeRO 1 and 3 their fp32
+    // master shards all-gathered; the frozen base sends nothing below ZeRO 3, where its packed
+    // shards (model/segment_pack.h: the working weights, codes and scales) are all-gathered for
+    // the forward and again for the backward. Under tp a rank holds its shard of the cut factors
+    // and all of the whole ones, whose gradients the tp group sums first.
     const double whole = TrainableWholeUnderTp(m) / l.pp;
     const double adapters = (TrainableParams(m) / l.pp - whole) / l.tp + whole;
     const double lora_wire = job.grad_comm == parallel::GradWire::kF32 ? 4 : grad_wire;
-    c.dp_bytes = 2 * r * adapters * lora_wire + (l.zero == 1 ? r * adapters * 4 : 0);
+    c.dp_bytes = 2 * r * adapters * lora_wire + (l.zero >= 1 ? r * adapters * 4 : 0);
+    if (l.zero >= 3) {
+      const DType dt = job.precision == Precision::kFp32 ? DType::kF32 : DType::kBF16;
+      const model::ModelConfig cfg = ToModelConfig(m);
+      c.dp_bytes +=
+          2 * r *
+          double(
+              model::StateShapeOf(cfg, model::RankChunks(cfg, l.pp, 0, 1), {l.tp, 0}, dt).packed);
+    }
     if (l.tp > 1) c.tp_bytes += 2 * Ring(l.tp) * whole * 4;
   } else if (l.zero == 0)
     c.dp_bytes = 2 * r * psi * grad_wire;

@@ -121,10 +121,12 @@ Layout Layout::Of(const parallel::ParallelDims& dims, int micro_batch, Recompute
 void CheckLayout(const Job& job, const Layout& l) {
   if (l.micro_batch < 1)
     ThrowBadInput("plan: micro-batch " + std::to_string(l.micro_batch) + ": expected >= 1");
-  // The trainer's refusals (train/run_setup.cc): the adapters' state is too small to shard
-  // further, and an nf4 base whose shards' rows are not whole groups.
-  if (job.model.lora_rank > 0 && l.zero > 1)
-    ThrowBadInput("plan: LoRA runs with ZeRO 0 or 1 (got zero " + std::to_string(l.zero) + ")");
+  // The trainer's refusals (train/run_setup.cc): ZeRO 2 would shard the adapters' gradients
+  // alone, and an nf4 base whose shards' rows are not whole groups.
+  if (job.model.lora_rank > 0 && l.zero == 2)
+    ThrowBadInput(
+        "plan: LoRA runs with ZeRO 0, 1 or 3 (got zero 2: its gradients are the "
+        "adapters' alone)");
   if (job.diloco_inner_steps > 0 && (l.zero > 0 || l.tp > 1 || l.pp > 1 || l.cp > 1))
     ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = cp = 1 (got zero " +
                   std::to_string(l.zero) + ", tp " + std::to_string(l.tp) + ", pp " +

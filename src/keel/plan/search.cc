@@ -84,15 +84,15 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
                   n(c.dp > 0 ? c.dp : 1) + " x micro-batch " +
                   n(c.micro_batch > 0 ? c.micro_batch : 1) + " = " + n(batch_unit));
   if (c.zero > 3) ThrowBadInput("plan: zero stage " + n(c.zero) + " not in 0..3");
-  // LoRA: the trainer's ZeRO 0/1, and no tp an nf4 base's groups cannot be cut by (job.h's
-  // CheckLayout).
+  // LoRA: the trainer's ZeRO 0, 1 and 3, and no tp an nf4 base's groups cannot be cut by
+  // (job.h's CheckLayout).
   const bool lora = job.model.lora_rank > 0;
   const model::ModelConfig mcfg = ToModelConfig(job.model);
   auto tp_cuts_base = [&](int tp) { return !model::TpQuantProblem(mcfg, tp).empty(); };
-  if (lora && c.zero > 1)
+  if (lora && c.zero == 2)
     ThrowBadInput(
-        "plan: LoRA runs with ZeRO 0 or 1 (the adapters' state is too small to shard "
-        "further)");
+        "plan: LoRA runs with ZeRO 0, 1 or 3 (ZeRO 2 would shard the adapters' gradients "
+        "alone, a few MB)");
   if (c.tp > 1 && tp_cuts_base(c.tp))
     ThrowBadInput("plan: --lora-base nf4: " + model::TpQuantProblem(mcfg, c.tp));
   // DiLoCo: the trainer's ZeRO 0 with data parallelism alone (job.h's CheckLayout).
@@ -137,7 +137,8 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
           if (c.micro_batch > 0 && mb != c.micro_batch) continue;
           if (per_dp % mb) continue;
           if (v > 1 && (per_dp / mb) % pp) continue;
-          for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero) {
+          for (int zero = 0; zero <= (diloco ? 0 : 3); ++zero) {
+            if (lora && zero == 2) continue;
             if (c.zero >= 0 && zero != c.zero) continue;
             if (c.zero < 0 && zero > 0 && dp * cp == 1) continue;  // nothing to shard over
             for (Recompute rc : rcs) {
@@ -152,10 +153,11 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
         // An explicitly requested micro-batch that is not a power of two.
         if (c.micro_batch > 0 && (c.micro_batch & (c.micro_batch - 1)) &&
             per_dp % c.micro_batch == 0)
-          for (int zero = 0; zero <= (diloco ? 0 : lora ? 1 : 3); ++zero)
+          for (int zero = 0; zero <= (diloco ? 0 : 3); ++zero)
             for (Recompute rc : rcs)
               for (int sp = 0; sp <= 1; ++sp) {
                 if ((c.zero >= 0 && zero != c.zero) || (c.sp >= 0 && sp != c.sp)) continue;
+                if (lora && zero == 2) continue;
                 if ((c.zero < 0 && zero > 0 && dp * cp == 1) || (c.sp < 0 && sp && tp == 1))
                   continue;
                 if (v > 1 && (per_dp / c.micro_batch) % pp) continue;

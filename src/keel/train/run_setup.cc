@@ -109,12 +109,12 @@ Setup Validate(const RunConfig& cfg, int world) {
   if (const std::string why = model::TpQuantProblem(s.mcfg, s.layout.tp); !why.empty())
     ThrowBadInput("[lora] base = \"" + cfg.lora.base + "\": " + why +
                   " (parallel.tp); use base = \"int8\" or a smaller tp");
-  // A LoRA run's state is its adapters' (optim::ParamStore's compact state): nothing to shard
-  // further, and the frozen base is every rank's working copy.
-  if (s.mcfg.lora_rank > 0 && s.layout.zero >= 2)
-    ThrowBadInput("[parallel] zero = " + std::to_string(s.layout.zero) +
-                  ": a LoRA run keeps master weights, moments and gradients for its adapters "
-                  "only; use zero = 0 or 1 (ZeRO 2/3 would shard a few MB)");
+  // A LoRA run's state is its adapters' (optim::ParamStore's compact state): their gradients
+  // are a few MB, not worth sharding; ZeRO 3 shards the frozen base.
+  if (s.mcfg.lora_rank > 0 && s.layout.zero == 2)
+    ThrowBadInput(
+        "[parallel] zero = 2: a LoRA run's gradients are its adapters' alone (a few MB); use "
+        "zero = 1 to shard their master and moments, or 3 to shard the frozen base as well");
   if (s.mcfg.lora_rank > 0 && !cfg.optim.freeze.empty())
     ThrowBadInput(
         "[optim] freeze: a LoRA run freezes everything but its adapters already; "

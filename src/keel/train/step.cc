@@ -214,13 +214,43 @@ void TrainStep::SetWeights(const TensorValues& values) {
   std::vector<char> w;  // staging where the backend's memory is not the host's
   std::vector<uint8_t> codes;
   std::vector<float> scales;
+  // ZeRO 3: each segment's pack is built in host memory and this rank keeps its shard of it
+  // (model/segment_pack.h), so that no rank ever holds the whole base.
+  const bool in_packs = spec_.layout.zero >= 3;
+  const std::vector<model::SegmentPack> packs =
+      in_packs ? model::SegmentPacks(layout_, spec_.dtype) : std::vector<model::SegmentPack>{};
+  const parallel::ShardRange own =
+      parallel::Shard(model::PackedBytes(packs) / 4, comm_.size(), comm_.rank());
+  std::vector<char> pack;
+  int pack_seg = -1;
+  auto keep_own = [&] {
+    if (pack_seg < 0) return;
+    const size_t a = packs[size_t(pack_seg)].start, b = a + pack.size();
+    const size_t lo = std::max(a, 4 * own.lo), hi = std::min(b, 4 * own.hi);
+    if (lo < hi)
+      be_.FromHost(static_cast<char*>(store_->working()) + (lo - 4 * own.lo),
+                   pack.data() + (lo - a), hi - lo);
+  };
   auto next = store_->trainable().begin();
   for (const model::ParamInfo& p : layout_.params()) {
     const float* x = values(p, scratch);
     char* wd = nullptr;
     uint8_t* cd = nullptr;
     float* sd = nullptr;
-    if (p.quantized()) {
+    if (in_packs) {
+      if (const int seg = model::SegmentOf(layout_, p); seg != pack_seg) {
+        keep_own();
+        pack_seg = seg;
+        pack.assign(packs[size_t(seg)].bytes, 0);
+      }
+      const model::SegmentPack& sp = packs[size_t(pack_seg)];
+      if (p.quantized()) {
+        cd = reinterpret_cast<uint8_t*>(pack.data() + model::PackCodesAt(layout_, sp, pack_seg, p));
+        sd = reinterpret_cast<float*>(pack.data() + model::PackScalesAt(layout_, sp, pack_seg, p));
+      } else {
+        wd = pack.data() + model::PackWorkAt(layout_, spec_.dtype, pack_seg, p);
+      }
+    } else if (p.quantized()) {
       cd = store_->codes() + model::CodeByte(q, p.quant_offset);
       sd = store_->scales() + p.scale_offset;
       codes.resize(host ? 0 : model::QuantCodeBytes(q, p.numel));
@@ -240,12 +270,13 @@ void TrainStep::SetWeights(const TensorValues& values) {
       g_.tp->AllReduceMax(wide.data(), wide.size());
       std::copy(wide.begin(), wide.end(), amax.begin());
     }
-    model::WriteTensor(q, spec_.dtype, p, x, host ? wd : w.data(), host ? cd : codes.data(),
-                       host ? sd : scales.data(), amax.empty() ? nullptr : amax.data());
-    if (!host && p.quantized()) {
+    const bool direct = host || in_packs;  // written where it lives, or into the host's pack
+    model::WriteTensor(q, spec_.dtype, p, x, direct ? wd : w.data(), direct ? cd : codes.data(),
+                       direct ? sd : scales.data(), amax.empty() ? nullptr : amax.data());
+    if (!direct && p.quantized()) {
       be_.FromHost(cd, codes.data(), codes.size());
       be_.FromHost(sd, scales.data(), 4 * scales.size());
-    } else if (!host) {
+    } else if (!direct) {
       be_.FromHost(wd, w.data(), w.size());
     }
     if (p.bias_index != SIZE_MAX && spec_.dtype != DType::kF32)
@@ -256,6 +287,7 @@ void TrainStep::SetWeights(const TensorValues& values) {
       ++next;
     }
   }
+  keep_own();
   KEEL_CHECK(next == store_->trainable().end(), "TrainStep: a trainable range is no tensor");
   if (spec_.dtype != DType::kF32) be_.FromHost(store_->biases(), b.data(), 4 * b.size());
   be_.FromHost(store_->master(), packed.data() + store_->state_lo(),

@@ -6,6 +6,8 @@
 
 #include "keel/core/error.h"
 #include "keel/model/params.h"
+#include "keel/model/quantize.h"
+#include "keel/model/segment_pack.h"
 #include "keel/model/working_copy.h"
 #include "keel/parallel/comm_wait.h"
 #include "keel/parallel/wire_reduce.h"
@@ -34,6 +36,7 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       zero_(store.dims().zero),
       dp_(store.dims().replicas()),
       bf16_grads_(store.grad_dtype() == DType::kBF16),
+      packed_(store.compact() && zero_ >= 3),
       wire_(wire),
       local_(local),
       L_(layout.segments() - 2),
@@ -55,7 +58,20 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
     residual_ = Buffer(store.backend(), 4 * n);
     store.backend().Zero(residual_.data(), 4 * n);
   }
-  if (zero_ < 2 && !bf16_grads_) {
+  if (packed_) {
+    packs_ = model::SegmentPacks(layout, store.dtype());
+    own_ = parallel::Shard(model::PackedBytes(packs_) / 4, dp_, comm.rank());
+    for (const optim::ParamRange& r : store.trainable()) {
+      const model::ParamInfo* p = nullptr;
+      for (const model::ParamInfo& q : layout.params())
+        if (q.offset == r.at) p = &q;
+      KEEL_CHECK(p && !p->quantized(), "ZeroStrategy: a trainable range is no working tensor");
+      const int seg = model::SegmentOf(layout, *p);
+      trained_at_.push_back(packs_[size_t(seg)].start +
+                            model::PackWorkAt(layout, store.dtype(), seg, *p));
+    }
+  }
+  if ((zero_ < 2 || packed_) && !bf16_grads_) {
     // Stages 0 and 1 hold every gradient, so the frozen ranges are flat indices; adjacent ones
     // merge into one.
     std::vector<std::pair<size_t, size_t>> frozen;
@@ -73,15 +89,23 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
   // blocks by parity, so that the block in use and the next one (prefetched, or still reducing)
   // never share a buffer. Sized by the state's shape, as the planner sizes them.
   const size_t sizes[4] = {sh.embed, sh.final_norm, sh.max_block, sh.max_block};
-  for (size_t n : sizes) {
-    if (zero_ >= 2 || bf16_grads_) {
+  size_t packed[4] = {0, 0, 0, 0};  // a compact state's: the slots' packs, in bytes
+  if (packed_) {
+    const int e = layout.embed_segment(), f = layout.final_segment();
+    packed[0] = e < 0 ? 0 : packs_[size_t(e)].bytes;
+    packed[1] = f < 0 ? 0 : packs_[size_t(f)].bytes;
+    packed[2] = packed[3] = (sh.packed_slots - packed[0] - packed[1]) / 2;
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    const size_t n = sizes[i];
+    if ((zero_ >= 2 && !packed_) || bf16_grads_) {
       auto g = std::make_unique<Slot>();
       g->buf = Buffer(store.backend(), 4 * n);
       grad_slots_.push_back(std::move(g));
     }
     if (zero_ >= 3) {
       auto w = std::make_unique<Slot>();
-      w->buf = Buffer(store.backend(), ElemBytes() * n);
+      w->buf = Buffer(store.backend(), packed_ ? packed[i] : ElemBytes() * n);
       weight_slots_.push_back(std::move(w));
     }
   }
@@ -146,6 +170,16 @@ void ZeroStrategy::Gather(int s, Slot& slot) {
   const size_t a = layout_.segment_start(s), b = layout_.segment_end(s);
   const size_t from = std::clamp(a, store_.shard().lo, store_.shard().hi) - store_.working_lo();
   slot.seg = s;
+  if (packed_) {
+    // The segment's pack, as 4-byte words of the packed copy that each rank holds a shard of.
+    const size_t wa = packs_[size_t(s)].start / 4, wb = wa + packs_[size_t(s)].bytes / 4;
+    const size_t words = model::PackedBytes(packs_) / 4;
+    const size_t own = std::clamp(wa, own_.lo, own_.hi) - own_.lo;
+    sent_bytes_ += 4.0 * double(wb - wa) * (dp_ - 1) / dp_;
+    slot.op = comm_.AllGatherAsync(static_cast<const float*>(store_.working()) + own,
+                                   slot.buf.data(), Counts(wa, wb, words), DType::kF32);
+    return;
+  }
   sent_bytes_ += double(b - a) * ElemBytes() * (dp_ - 1) / dp_;
   if (store_.offloaded(optim::ParamStore::Kind::kWorking)) {
     // This rank's part is read into its place in the gathered segment by the tier's I/O thread,
@@ -193,7 +227,16 @@ const void* ZeroStrategy::Weights(int s) {
 
 const float* ZeroStrategy::Biases() { return store_.biases(); }
 
-model::QuantizedWeights ZeroStrategy::Quantized() { return {store_.codes(), store_.scales()}; }
+model::QuantizedWeights ZeroStrategy::Quantized(int s) {
+  if (packed_) {
+    const char* pack = static_cast<const char*>(Weights(s));
+    return {reinterpret_cast<const uint8_t*>(pack + packs_[size_t(s)].codes),
+            reinterpret_cast<const float*>(pack + packs_[size_t(s)].scales)};
+  }
+  if (!store_.codes()) return {};
+  return {store_.codes() + model::CodeByte(layout_.base_quant(), layout_.segment_quant_start(s)),
+          store_.scales() + layout_.segment_scale_start(s)};
+}
 
 void ZeroStrategy::Use(int s, model::Pass p) {
   if (zero_ < 3) return;
@@ -390,12 +433,31 @@ void ZeroStrategy::PublishCompact() {
   const kernels::Backend& be = store_.backend();
   Buffer tmp;
   const float* all = AllCompactMaster(tmp);
-  for (const optim::ParamRange& r : store_.trainable()) {
-    if (store_.dtype() != DType::kF32)
-      be.Narrow(store_.dtype(), static_cast<char*>(store_.working()) + ElemBytes() * r.work,
-                all + r.offset, r.numel);
-    else
-      be.Copy(static_cast<float*>(store_.working()) + r.work, all + r.offset, 4 * r.numel);
+  if (packed_) {
+    // Each trained tensor's elements that fall in this rank's shard of the packed copy. Shards
+    // cut at 4-byte words and every piece starts on 64 bytes: no element is split.
+    const size_t eb = ElemBytes(), lo = 4 * own_.lo, hi = 4 * own_.hi;
+    for (size_t i = 0; i < trained_at_.size(); ++i) {
+      const optim::ParamRange& r = store_.trainable()[i];
+      const size_t a = std::max(lo, trained_at_[i]),
+                   e = std::min(hi, trained_at_[i] + eb * r.numel);
+      if (a >= e) continue;
+      char* dst = static_cast<char*>(store_.working()) + (a - lo);
+      const float* src = all + r.offset + (a - trained_at_[i]) / eb;
+      if (store_.dtype() != DType::kF32)
+        be.Narrow(store_.dtype(), dst, src, (e - a) / eb);
+      else
+        be.Copy(dst, src, e - a);
+    }
+    for (auto& s : weight_slots_) s->seg = -1;  // gathered again, with the new adapters
+  } else {
+    for (const optim::ParamRange& r : store_.trainable()) {
+      if (store_.dtype() != DType::kF32)
+        be.Narrow(store_.dtype(), static_cast<char*>(store_.working()) + ElemBytes() * r.work,
+                  all + r.offset, r.numel);
+      else
+        be.Copy(static_cast<float*>(store_.working()) + r.work, all + r.offset, 4 * r.numel);
+    }
   }
   if (store_.dtype() == DType::kF32) return;
   for (const TrainedBias& b : trained_biases_)
@@ -425,12 +487,24 @@ std::vector<float> ZeroStrategy::GatherMaster() {
     // The frozen weights from the working copy and a quantized base (the values the model
     // computed with) and the fp32 biases, then the trainable ones from the master. Read in place
     // where the backend's memory is the host's (a 3B base: 6 GB not staged).
-    const bool host = be.host_visible();
+    // ZeRO 3: the packed copy gathered, then laid out as one rank's.
+    const bool host = be.host_visible() && !packed_;
     const size_t wbytes = layout_.work_total() * ElemBytes();
     std::vector<char> w(host ? 0 : wbytes);
     std::vector<uint8_t> codes(host ? 0 : layout_.quant_code_bytes());
     std::vector<float> scales(host ? 0 : layout_.quant_scales());
-    if (!host) {
+    if (packed_) {
+      const size_t words = model::PackedBytes(packs_) / 4;
+      Buffer gathered(be, 4 * words);
+      auto op = comm_.AllGatherAsync(store_.working(), gathered.data(), Counts(0, words, words),
+                                     DType::kF32);
+      Wait(*op, "weight all-gather");
+      std::vector<char> staged(be.host_visible() ? 0 : 4 * words);
+      if (!staged.empty()) be.ToHost(staged.data(), gathered.data(), staged.size());
+      model::UnpackSegments(layout_, store_.dtype(), packs_,
+                            staged.empty() ? gathered.as<char>() : staged.data(), w.data(),
+                            codes.data(), scales.data());
+    } else if (!host) {
       be.ToHost(w.data(), store_.working(), wbytes);
       be.ToHost(codes.data(), store_.codes(), codes.size());
       be.ToHost(scales.data(), store_.scales(), 4 * scales.size());

@@ -11,6 +11,11 @@
 //            forward and again before its backward, the next block's gather issued while the
 //            current one computes; the embeddings and final LayerNorm stay gathered for the step
 //
+// A compact state (LoRA) runs stages 0, 1 and 3: its adapters' gradients are all-reduced whole
+// (a few MB) and their master and moments sharded from stage 1 on; at stage 3 the frozen base
+// (with a quantized base's codes and scales, and the adapters' working weights) is sharded too,
+// as the segments' packs (model/segment_pack.h), and gathered a segment at a time as above.
+//
 // bf16 gradients (optim.grad_dtype): backward writes each segment into an fp32 slot, as at stage 2,
 // which is added into the bf16 buffer rounded once: at stages 0 and 1 every micro-batch (the last
 // one's, with peers, all-reduced in fp32 per segment first, this rank's bf16 part widened into
@@ -34,6 +39,7 @@
 #include "keel/core/memory.h"
 #include "keel/model/param_access.h"
 #include "keel/model/params.h"
+#include "keel/model/segment_pack.h"
 #include "keel/optim/param_store.h"
 #include "keel/parallel/comm.h"
 #include "keel/train/grad_sync.h"
@@ -88,7 +94,7 @@ class ZeroStrategy final : public model::ParamAccess {
   // model::ParamAccess
   const void* Weights(int s) override;
   const float* Biases() override;
-  model::QuantizedWeights Quantized() override;
+  model::QuantizedWeights Quantized(int s) override;
   float* Grads(int s) override;
   void Use(int s, model::Pass p) override;
   void GradsDone(int s) override;
@@ -122,10 +128,17 @@ class ZeroStrategy final : public model::ParamAccess {
   const model::ParamLayout& layout_;
   parallel::Comm& comm_;
   const int zero_, dp_;
-  const bool bf16_grads_;          // optim.grad_dtype = "bf16": backward writes fp32 slots (Grads)
-  const parallel::GradWire wire_;  // [parallel] grad_comm
-  const bool local_;               // DiLoCo's inner steps: each replica keeps its own gradients
-  Buffer residual_;                // int8's error feedback (GradResidualElems floats)
+  const bool bf16_grads_;  // optim.grad_dtype = "bf16": backward writes fp32 slots (Grads)
+  // A compact state at ZeRO 3 (FSDP-QLoRA): the working copy is this rank's shard `own_` (4-byte
+  // words) of the segments' packs, gathered per segment like stage 3's weights; the gradients are
+  // all-reduced whole as at stages 0 and 1 (GradSync), the master sharded as at 1.
+  const bool packed_;
+  std::vector<model::SegmentPack> packs_;
+  parallel::ShardRange own_;
+  std::vector<size_t> trained_at_;  // each trainable range's first byte in the packed copy
+  const parallel::GradWire wire_;   // [parallel] grad_comm
+  const bool local_;                // DiLoCo's inner steps: each replica keeps its own gradients
+  Buffer residual_;                 // int8's error feedback (GradResidualElems floats)
   const int L_;
   const double timeout_s_;
   std::unique_ptr<GradSync> sync_;  // stages 0 and 1
