@@ -10,6 +10,7 @@
 #include "keel/core/validate.h"
 #include "keel/model/activations.h"
 #include "keel/model/params.h"
+#include "keel/model/segment_pack.h"
 #include "keel/parallel/pipeline_schedule.h"
 #include "keel/parallel/state_bytes.h"
 
@@ -80,9 +81,21 @@ double WholeFp32Bytes(const model::ModelConfig& m) {
 // The start: the initial weights are whole in fp32 on every rank, whatever its layout, while its
 // state is set from them (run_setup.cc): read from model.init_from, or drawn (a run that may
 // resume draws them once it finds no checkpoint), unless a LoRA run draws its base a tensor at a
-// time.
-double InitialCopyBytes(const RunConfig& cfg, const model::ModelConfig& m) {
-  return !cfg.model.init_from.empty() || m.lora_rank == 0 ? WholeFp32Bytes(m) : 0;
+// time: then its largest tensor in fp32, and at ZeRO 3 the pack of a segment (segment_pack.h)
+// that it builds before keeping its shard (TrainStep::SetWeights).
+double InitialCopyBytes(const RunConfig& cfg, const model::ModelConfig& m, int zero) {
+  if (!cfg.model.init_from.empty() || m.lora_rank == 0) return WholeFp32Bytes(m);
+  // Every block holds the same tensors: a one-block model has the largest tensor and pack.
+  model::ModelConfig one = m;
+  one.n_layer = 1;
+  const model::ParamLayout whole = model::ParamLayout::Whole(one);
+  size_t largest = 0, pack = 0;
+  for (const model::ParamInfo& p : whole.params()) largest = std::max(largest, p.numel);
+  if (zero >= 3)
+    for (const model::SegmentPack& sp :
+         model::SegmentPacks(whole, cfg.train.precision == "fp32" ? DType::kF32 : DType::kBF16))
+      pack = std::max(pack, sp.bytes);
+  return 4.0 * double(largest) + double(pack);
 }
 
 }  // namespace
@@ -130,8 +143,11 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
                         std::string(bf16 && cfg.optim.master_weights ? " and fp32 master" : "") +
                         " are on disk in " + cfg.offload.dir + ")",
                     double(b.state.offload_buffers)};
-  if (const double init = InitialCopyBytes(cfg, m); init > 0)
-    items.push_back({"the initial weights, whole in fp32 while the state is set from them", init});
+  if (const double init = InitialCopyBytes(cfg, m, d.zero); init > 0)
+    items.push_back({m.lora_rank > 0 && cfg.model.init_from.empty()
+                         ? "the largest tensor in fp32 while the base is drawn a tensor at a time"
+                         : "the initial weights, whole in fp32 while the state is set from them",
+                     init});
   if (b.state.zero_buffers > 0)
     items.push_back({"ZeRO-" + std::to_string(d.zero) +
                          "'s per-segment buffers (gradient scratch, gathered weights)",
@@ -176,7 +192,7 @@ void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, doubl
   const model::ModelConfig m = cfg.ResolvedModel();
   const double whole = (samples ? 2 : 1) * WholeFp32Bytes(m);
   // What the run holds then: its state and arenas, not the initial copy, which is gone.
-  const double held = cfg.train.device == "cpu" ? total - InitialCopyBytes(cfg, m) : 0;
+  const double held = cfg.train.device == "cpu" ? total - InitialCopyBytes(cfg, m, layout.zero) : 0;
   if (held + whole <= available) return;
   ThrowBadInput("this run needs " + GiB(total) + " per rank while it trains and " + GiB(whole) +
                 " more at its end, where each rank gathers the whole model in fp32 for "
