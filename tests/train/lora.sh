@@ -19,6 +19,10 @@
 #  4b. dropout ([lora] dropout = 0.3): the masks depend on the seed, step, product and the
 #     element's place in the global batch only, so dp 2 (ZeRO 1, 2 micro-batches), pp 2 and tp 2
 #     give one process's losses within 1e-5, and a resume is bitwise; they differ from no dropout;
+#  4c. the base read a tensor at a time (a keel model file, an HF Llama folder; never whole in
+#     fp32) gives the losses of the same base read whole (an HF GPT-2 file), bitwise, LoRA and
+#     DoRA; a Llama from its HF folder equals it from the keel file, and at tp 2 (each rank cuts its
+#     shards from the file's tensors) within 1e-5;
 #  5. checkpoints hold the adapters alone (master and moments), the frozen base named in
 #     state.base: `keel ckpt export` of the last checkpoint, which rebuilds the base from
 #     init_from, writes the same bytes as the export of the run's model file, fp32 and bf16 (whose
@@ -96,6 +100,19 @@ run doratp "${mpi[@]}" -- "${dora[@]}" --set parallel.tp=2
 run doratpsp "${mpi[@]}" -- "${dora[@]}" --set parallel.tp=2 --set parallel.sp=true
 run llamadora -- "${llama[@]}" --set lora.dora=true
 run llamadoratp "${mpi[@]}" -- "${llama[@]}" --set lora.dora=true --set parallel.tp=2
+# The base file read a tensor at a time (a keel file, an HF Llama folder) against one read whole
+# (an HF GPT-2 file: its Conv1D matrices are transposed whole).
+"$keel" ckpt export "$tmp/base/model.safetensors" --out "$tmp/base-hf.safetensors" >/dev/null
+hf=(--set model.init_from="$tmp/base-hf.safetensors")
+run hfgpt2 -- "${lora[@]}" "${hf[@]}"
+run hfdora -- "${dora[@]}" "${hf[@]}"
+run llamabase -- --set model.name=llama-tiny --set train.steps=3 --set optim.lr=1e-2
+"$keel" ckpt export "$tmp/llamabase/model.safetensors" --out "$tmp/llama-hf" >/dev/null
+fromfile=(--set model.init_from="$tmp/llamabase/model.safetensors")
+run llamafile -- "${llama[@]}" --set lora.dora=true "${fromfile[@]}"
+run llamahf -- "${llama[@]}" --set lora.dora=true --set model.init_from="$tmp/llama-hf"
+run llamahftp "${mpi[@]}" -- "${llama[@]}" --set lora.dora=true \
+  --set model.init_from="$tmp/llama-hf" --set parallel.tp=2
 dd=("${dora[@]}" --set lora.dropout=0.3)
 run dd -- "${dd[@]}"
 run dddp "${mpi[@]}" -- "${dd[@]}" --set parallel.zero=1 --set train.micro_batch_size=2
@@ -227,6 +244,12 @@ for name in ("dddp", "ddpp", "ddtp", "ddtp0"):
     close(f"DoRA with dropout 0.3, {name[2:]}", name, dd)
 assert losses("ddr") == dd, "the resumed DoRA run with dropout differs"
 assert losses("ddz3") == losses("dddp"), "DoRA with dropout at ZeRO 3 differs from ZeRO 1"
+# The base streamed from a keel file (every run above) is the one read whole from an HF file.
+assert losses("hfgpt2") == ref, "LoRA from the HF GPT-2 file differs from the keel file's"
+assert losses("hfdora") == dora, "DoRA from the HF GPT-2 file differs from the keel file's"
+llamafile = losses("llamafile")
+assert len(llamafile) == 8 and losses("llamahf") == llamafile, "HF Llama folder != keel file"
+close("DoRA on a Llama read from an HF folder, tp 2", "llamahftp", llamafile, steps=8)
 close("DoRA on a grouped-query Llama, tp 2", "llamadoratp", losses("llamadora"), steps=8)
 sent = {json.loads(l)["comm_bytes"] for l in open(f"{d}/dp0/metrics.jsonl")}
 print(f"dp 2 ZeRO 0: {sorted(sent)} bytes sent per step for {adapters} adapter parameters")

@@ -4,6 +4,7 @@
 #include <climits>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
@@ -99,15 +100,18 @@ model::ModelConfig ConfigFromJson(const nlohmann::json& j, const std::string& wh
   } catch (const Error& e) {
     ThrowBadInput(where + ": " + e.what());
   }
-  // Sized before anything is allocated (a hidden_size of 10^9 is a typo, not a model), in doubles
-  // so that the product cannot wrap.
+  return c;
+}
+
+// A whole model in fp32, sized before anything is allocated (a hidden_size of 10^9 is a typo, not
+// a model), in doubles so that the product cannot wrap. A tensor at a time needs no such check.
+void CheckWholeFits(const model::ModelConfig& c, const std::string& where) {
   const double C = c.n_embd, F = c.ffn_hidden, L = c.n_layer, V = c.vocab_size;
   const double kv = double(c.n_kv_head) / double(c.n_head);
   CheckAllocation(where + ": a Llama of hidden_size " + std::to_string(c.n_embd) + ", " +
                       std::to_string(c.n_layer) + " layers and vocab_size " +
                       std::to_string(c.vocab_size),
                   4.0 * (L * (C * C * (2 + 2 * kv) + 3 * C * F + 2 * C) + 2 * V * C + C));
-  return c;
 }
 
 // The shard files of a folder: those of model.safetensors.index.json, else model.safetensors.
@@ -186,54 +190,72 @@ bool IsHfLlamaFolder(const std::string& path) {
   }
 }
 
-LoadedModel ReadHfLlama(const std::string& dir) {
+TensorSource OpenHfLlama(const std::string& dir) {
   const std::string config_path = (fs::path(dir) / "config.json").string();
   const nlohmann::json config = ReadJson(config_path);
-  LoadedModel m;
-  m.config = ConfigFromJson(config, config_path);
+  const model::ModelConfig cfg = ConfigFromJson(config, config_path);
   if (config.contains("tie_word_embeddings") && !config.at("tie_word_embeddings").is_boolean() &&
       !config.at("tie_word_embeddings").is_null())
     ThrowBadInput(config_path + ": tie_word_embeddings: expected true or false, got " +
                   config.at("tie_word_embeddings").dump());
   const bool tied = config.value("tie_word_embeddings", false);
-  const model::ParamLayout layout = model::ParamLayout::Whole(m.config);
-  m.weights.assign(layout.total(), 0.0f);                 // padded vocabulary rows stay zero
+  const model::ParamLayout layout = model::ParamLayout::Whole(cfg);
   std::map<std::string, const model::ParamInfo*> wanted;  // HF name → keel tensor
   for (const model::ParamInfo& p : layout.params())
     if (!(tied && p.name == "lm_head.weight")) wanted[HfLlamaName(p.name)] = &p;
-  std::map<std::string, std::string> found;  // HF name → the file it came from
-  const size_t C = size_t(m.config.n_embd);
+  // keel name → the shard that holds it and its HF name; every header checked before any data.
+  struct Where {
+    std::shared_ptr<const SafetensorsIndex> file;
+    std::string hf;
+  };
+  auto found = std::make_shared<std::map<std::string, Where>>();
+  std::map<std::string, std::string> seen;  // HF name → the file it came from
   for (const std::string& file : ShardFiles(dir)) {
-    const SafetensorsFile f = SafetensorsFile::Read(file);
-    for (const auto& [name, t] : f.tensors()) {
+    auto f = std::make_shared<const SafetensorsIndex>(SafetensorsIndex::Open(file));
+    for (const auto& [name, t] : f->entries()) {
       auto it = wanted.find(name);
       if (it == wanted.end()) {
         if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // a buffer
         ThrowBadInput(file + ": tensor \"" + name + "\": not part of a Llama of " +
-                      std::to_string(m.config.n_layer) + " layers");
+                      std::to_string(cfg.n_layer) + " layers");
       }
       const model::ParamInfo& p = *it->second;
       std::vector<int64_t> want(p.shape.begin(), p.shape.end());
-      if (Vocabulary(p.name)) want[0] = m.config.vocab_size;
+      if (Vocabulary(p.name)) want[0] = cfg.vocab_size;
       if (t.shape != want)
         ThrowBadInput(file + ": tensor \"" + name + "\": expected shape " + ShapeText(want) +
                       ", got " + ShapeText(t.shape));
-      if (const auto seen = found.find(name); seen != found.end())
-        ThrowBadInput(file + ": tensor \"" + name + "\": also in " + seen->second +
+      if (const auto s = seen.find(name); s != seen.end())
+        ThrowBadInput(file + ": tensor \"" + name + "\": also in " + s->second +
                       " (expected each tensor in one file; which copy is meant?)");
-      std::copy(t.data.begin(), t.data.end(), m.weights.begin() + long(p.offset));
-      found.emplace(name, file);
+      seen.emplace(name, file);
+      (*found)[p.name] = {f, name};
     }
   }
   for (const auto& [name, p] : wanted)
-    if (!found.count(name))
+    if (!seen.count(name))
       ThrowBadInput(dir + ": no tensor \"" + name + "\" in its safetensors files");
-  if (tied) {
-    const size_t wte = layout.Find("wte.weight").offset,
-                 head = layout.Find("lm_head.weight").offset;
-    std::copy_n(m.weights.begin() + long(wte), size_t(m.config.vocab_size) * C,
-                m.weights.begin() + long(head));
-  }
+  // A tied folder's lm_head starts as a copy of its embedding; padded vocabulary rows stay zero.
+  if (tied) (*found)["lm_head.weight"] = (*found)["wte.weight"];
+  return TensorSource(cfg, [found](const model::ParamInfo& p, float* out) {
+    const Where& w = found->at(p.name);
+    const size_t n = w.file->Get(w.hf).numel;
+    // host: a tensor read from a file into host memory
+    std::fill(out + n, out + p.numel, 0.0f);
+    w.file->ReadInto(w.hf, out);
+  });
+}
+
+LoadedModel ReadHfLlama(const std::string& dir) {
+  // The whole model's size first: a typo'd shape is refused before any shard is opened.
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  CheckWholeFits(ConfigFromJson(ReadJson(config_path), config_path), config_path);
+  const TensorSource src = OpenHfLlama(dir);
+  LoadedModel m;
+  m.config = src.config();
+  m.weights.resize(src.layout().total());
+  for (const model::ParamInfo& p : src.layout().params())
+    src.Read(p.name, m.weights.data() + p.offset);
   return m;
 }
 

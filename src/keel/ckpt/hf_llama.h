@@ -36,6 +36,9 @@ bool IsHfLlamaFolder(const std::string& path);
 //   llama/model-00002-of-00002.safetensors: tensor "model.norm.weight": expected shape [64], got
 //   [32]
 LoadedModel ReadHfLlama(const std::string& dir);
+// The same a tensor at a time: every config key, shard header and tensor shape checked here, the
+// data read by TensorSource::Read.
+TensorSource OpenHfLlama(const std::string& dir);
 
 // Writes `master` (keel's layout for `cfg`) to `path` (F32, HF names) and config.json beside it.
 void WriteHfLlama(const std::string& path, const model::ModelConfig& cfg,

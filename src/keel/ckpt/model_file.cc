@@ -1,6 +1,7 @@
 #include "keel/ckpt/model_file.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/error.h"
@@ -17,30 +18,38 @@ void WriteModel(const std::string& path, const model::ModelConfig& cfg,
   w.Write(path);
 }
 
-LoadedModel ReadModel(const std::string& path) {
-  SafetensorsFile f = SafetensorsFile::Read(path);
-  LoadedModel m;
+TensorSource OpenModel(const std::string& path) {
+  auto f = std::make_shared<const SafetensorsIndex>(SafetensorsIndex::Open(path));
+  model::ModelConfig config;
   // Model files from before Llama carry the five GPT-2 keys only: their family is gpt2.
   for (const char* key :
        {"keel.n_layer", "keel.n_head", "keel.n_embd", "keel.vocab_size", "keel.block_size"})
-    if (!f.metadata().count(key))
+    if (!f->metadata().count(key))
       ThrowBadInput(path + ": metadata has no \"" + key + "\" (expected a model written by keel)");
-  for (const auto& [key, value] : f.metadata())
+  for (const auto& [key, value] : f->metadata())
     if (key.rfind("keel.", 0) == 0)
-      model::SetShapeKey(m.config, key.substr(5), value, path + ": metadata");
+      model::SetShapeKey(config, key.substr(5), value, path + ": metadata");
   try {
-    model::Validate(m.config);
+    model::Validate(config);
   } catch (const Error& e) {
     ThrowBadInput(path + ": metadata keel.*: " + e.what());
   }
-  const auto layout = model::ParamLayout::Whole(m.config);
-  m.weights.resize(layout.total());
-  for (const auto& p : layout.params()) {
-    const Fp32Tensor& t = f.Get(p.name);
-    if (!std::equal(t.shape.begin(), t.shape.end(), p.shape.begin(), p.shape.end()))
+  TensorSource src(config,
+                   [f](const model::ParamInfo& p, float* out) { f->ReadInto(p.name, out); });
+  for (const auto& p : src.layout().params()) {
+    const std::vector<int64_t>& shape = f->Get(p.name).shape;
+    if (!std::equal(shape.begin(), shape.end(), p.shape.begin(), p.shape.end()))
       ThrowBadInput(path + ": tensor \"" + p.name + "\" has the wrong shape for its config");
-    std::copy(t.data.begin(), t.data.end(), m.weights.begin() + p.offset);
   }
+  return src;
+}
+
+LoadedModel ReadModel(const std::string& path) {
+  const TensorSource src = OpenModel(path);
+  LoadedModel m;
+  m.config = src.config();
+  m.weights.resize(src.layout().total());
+  for (const auto& p : src.layout().params()) src.Read(p.name, m.weights.data() + p.offset);
   return m;
 }
 

@@ -66,6 +66,29 @@ LoadedModel ReadAnyModelFile(const std::string& path, int n_head) {
   return IsHfGpt2File(path) ? ReadHfGpt2(path, n_head) : ReadModel(path);
 }
 
+namespace {
+
+void CheckInitConfig(const std::string& where, const model::ModelConfig& file,
+                     const model::ModelConfig& cfg) {
+  // A LoRA run starts its model's own weights from the file and keeps its adapters' initial ones.
+  if (auto d = model::FirstDifference(file, model::BaseModel(cfg)))
+    ThrowBadInput(where + ": " + d->key + " is " + d->a + " in the file, " + d->b +
+                  " in the config");
+}
+
+}  // namespace
+
+std::unique_ptr<TensorSource> OpenInitTensors(const std::string& path,
+                                              const model::ModelConfig& cfg) {
+  const std::string where = "[model] init_from " + path;
+  if (!std::filesystem::exists(path)) ThrowBadInput(where + ": no such file");
+  if (!IsHfLlamaFolder(path) && IsHfGpt2File(path)) return nullptr;
+  auto src =
+      std::make_unique<TensorSource>(IsHfLlamaFolder(path) ? OpenHfLlama(path) : OpenModel(path));
+  CheckInitConfig(where, src->config(), cfg);
+  return src;
+}
+
 void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master,
                      const std::string& adapter) {
   const std::string where = "[model] init_from " + path;
@@ -74,10 +97,7 @@ void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, flo
   LoadedModel m = IsHfLlamaFolder(path)
                       ? ReadHfLlama(path)
                       : ReadAnyModelFile(path, IsHfGpt2File(path) ? cfg.n_head : 0);
-  // A LoRA run starts its model's own weights from the file and keeps its adapters' initial ones.
-  if (auto d = model::FirstDifference(m.config, model::BaseModel(cfg)))
-    ThrowBadInput(where + ": " + d->key + " is " + d->a + " in the file, " + d->b +
-                  " in the config");
+  CheckInitConfig(where, m.config, cfg);
   if (!adapter.empty()) MergePeftAdapter(adapter, m.config, &m.weights);
   if (cfg.lora_rank == 0) {
     std::copy(m.weights.begin(), m.weights.end(), master);

@@ -6,6 +6,7 @@
 //   LoadInitWeights("gpt2.safetensors", cfg, model.master());    // keel or HF GPT-2 file
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "keel/ckpt/model_file.h"
@@ -36,5 +37,11 @@ LoadedModel ReadAnyModelFile(const std::string& path, int n_head = 0);
 // LoRA `cfg` takes the file's weights for its base and keeps its adapters' initial values.
 void LoadInitWeights(const std::string& path, const model::ModelConfig& cfg, float* master,
                      const std::string& adapter = "");
+
+// `path` (a keel model file or an HF Llama folder) opened a tensor at a time for a LoRA `cfg`'s
+// frozen base, its shapes checked against cfg's base as LoadInitWeights checks them; null for an
+// HF GPT-2 file (its Conv1D matrices are transposed whole: LoadInitWeights reads it).
+std::unique_ptr<TensorSource> OpenInitTensors(const std::string& path,
+                                              const model::ModelConfig& cfg);
 
 }  // namespace keel::ckpt

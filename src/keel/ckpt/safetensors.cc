@@ -77,7 +77,7 @@ void SafetensorsWriter::Write(const std::string& path) const {
     ThrowRuntime("rename " + tmp + " to " + path + ": " + std::strerror(errno));
 }
 
-SafetensorsFile SafetensorsFile::Read(const std::string& path) {
+SafetensorsIndex SafetensorsIndex::Open(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) ThrowBadInput(path + ": cannot open (expected a .safetensors file)");
   in.seekg(0, std::ios::end);
@@ -97,9 +97,10 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
   } catch (const std::exception& e) {
     ThrowBadInput(path + ": header is not valid JSON (" + e.what() + ")");
   }
-  SafetensorsFile f;
+  SafetensorsIndex f;
   f.path_ = path;
-  const uint64_t data_start = 8 + hlen, data_size = size - data_start;
+  f.data_start_ = 8 + hlen;
+  const uint64_t data_size = size - f.data_start_;
   std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;  // to check the tiling
   // Checked here, not left to nlohmann's exceptions, which would escape as internal errors.
   if (!header.is_object()) ThrowBadInput(path + ": header is not a JSON object");
@@ -115,50 +116,29 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
     }
     const std::string where = path + ": tensor \"" + it.key() + "\"";
     try {
-      const std::string dtype = it->at("dtype").get<std::string>();
+      Entry e;
+      e.dtype = it->at("dtype").get<std::string>();
       // Integers only: nlohmann casts a number such as 1e30 to an integer type, which is undefined
       // behaviour out of the type's range.
       for (const char* key : {"shape", "data_offsets"})
         for (const auto& v : it->at(key))
           if (!v.is_number_integer()) ThrowBadInput(where + ": " + key + ": expected integers");
-      Fp32Tensor t;
-      t.shape = it->at("shape").get<std::vector<int64_t>>();
+      e.shape = it->at("shape").get<std::vector<int64_t>>();
       auto off = it->at("data_offsets").get<std::vector<uint64_t>>();
       // A negative or overflowing shape could otherwise wrap to a count that matches the range.
       size_t n = 1;
-      for (int64_t d : t.shape)
+      for (int64_t d : e.shape)
         if (d < 0 || __builtin_mul_overflow(n, size_t(d), &n))
           ThrowBadInput(where + ": shape " + it->at("shape").dump() + " is negative or too large");
-      const size_t esize = dtype == "F32" ? 4 : (dtype == "BF16" || dtype == "F16") ? 2 : 0;
-      if (esize == 0) ThrowBadInput(where + ": dtype " + dtype + " (expected F32, BF16 or F16)");
+      const size_t esize = e.dtype == "F32" ? 4 : (e.dtype == "BF16" || e.dtype == "F16") ? 2 : 0;
+      if (esize == 0) ThrowBadInput(where + ": dtype " + e.dtype + " (expected F32, BF16 or F16)");
       if (off.size() != 2 || off[1] < off[0] || off[1] > data_size || n > data_size / esize ||
           off[1] - off[0] != n * esize)
         ThrowBadInput(where + ": data_offsets do not match its shape and the file's size");
       ranges.emplace_back(off[0], off[1], it.key());
-      std::vector<char> raw(off[1] - off[0]);
-      in.seekg(std::streamoff(data_start + off[0]));
-      in.read(raw.data(), std::streamsize(raw.size()));
-      t.data.resize(n);
-      if (dtype == "F32") {
-        if (n > 0) std::memcpy(t.data.data(), raw.data(), n * 4);  // else data() may be null
-      } else if (dtype == "BF16") {
-        ConvertBf16ToF32(t.data.data(), reinterpret_cast<const bf16*>(raw.data()), n);
-      } else {
-        for (size_t i = 0; i < n; ++i) {
-          uint16_t hbits;
-          std::memcpy(&hbits, raw.data() + 2 * i, 2);
-          _Float16 hv;
-          std::memcpy(&hv, &hbits, 2);
-          t.data[i] = float(hv);
-        }
-      }
-      // NaN or Inf weights are never a model to start from or sample: refuse them by name.
-      for (size_t i = 0; i < n; ++i)
-        if (!std::isfinite(t.data[i]))
-          ThrowBadInput(where + ": element " + std::to_string(i) + " is " +
-                        (std::isnan(t.data[i]) ? "NaN" : "infinite") +
-                        " (the weights are not finite)");
-      f.tensors_[it.key()] = std::move(t);
+      e.begin = off[0];
+      e.numel = n;
+      f.entries_[it.key()] = std::move(e);
     } catch (const nlohmann::json::exception& e) {
       ThrowBadInput(where + ": malformed entry (" + e.what() + ")");
     }
@@ -181,6 +161,60 @@ SafetensorsFile SafetensorsFile::Read(const std::string& path) {
   if (end != data_size)
     ThrowBadInput(path + ": data bytes [" + std::to_string(end) + ", " + std::to_string(data_size) +
                   ") after the last tensor belong to no tensor (the format allows no holes)");
+  return f;
+}
+
+const SafetensorsIndex::Entry& SafetensorsIndex::Get(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) ThrowBadInput(path_ + ": no tensor named \"" + name + "\"");
+  return it->second;
+}
+
+void SafetensorsIndex::ReadInto(const std::string& name, float* out) const {
+  const Entry& e = Get(name);
+  const std::string where = path_ + ": tensor \"" + name + "\"";
+  const size_t n = e.numel, esize = e.dtype == "F32" ? 4 : 2;
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) ThrowBadInput(path_ + ": cannot open (expected a .safetensors file)");
+  in.seekg(std::streamoff(data_start_ + e.begin));
+  if (e.dtype == "F32") {
+    // host: a tensor read from a file into host memory
+    in.read(reinterpret_cast<char*>(out), std::streamsize(n * esize));
+  } else {
+    std::vector<char> raw(n * esize);
+    in.read(raw.data(), std::streamsize(raw.size()));
+    if (e.dtype == "BF16") {
+      ConvertBf16ToF32(out, reinterpret_cast<const bf16*>(raw.data()), n);
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t hbits;
+        std::memcpy(&hbits, raw.data() + 2 * i, 2);
+        _Float16 hv;
+        std::memcpy(&hv, &hbits, 2);
+        out[i] = float(hv);
+      }
+    }
+  }
+  if (!in) ThrowBadInput(where + ": the file ended inside its data (was it changed while read?)");
+  // NaN or Inf weights are never a model to start from or sample: refuse them by name.
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(out[i]))
+      ThrowBadInput(where + ": element " + std::to_string(i) + " is " +
+                    (std::isnan(out[i]) ? "NaN" : "infinite") + " (the weights are not finite)");
+}
+
+SafetensorsFile SafetensorsFile::Read(const std::string& path) {
+  const SafetensorsIndex index = SafetensorsIndex::Open(path);
+  SafetensorsFile f;
+  f.path_ = path;
+  f.metadata_ = index.metadata();
+  for (const auto& [name, e] : index.entries()) {
+    Fp32Tensor t;
+    t.shape = e.shape;
+    t.data.resize(e.numel);
+    index.ReadInto(name, t.data.data());
+    f.tensors_[name] = std::move(t);
+  }
   return f;
 }
 

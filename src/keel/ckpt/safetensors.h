@@ -11,6 +11,8 @@
 //   const auto& t = f.Get("wte.weight");      // t.shape, t.data (fp32)
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -37,6 +39,34 @@ class SafetensorsWriter {
     const float* data;
   };
   std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A file's header, checked as SafetensorsFile::Read checks it (dtypes, shapes, offsets that tile
+// the data), with each tensor read when asked for: what reads a model larger than memory in fp32
+// a tensor at a time.
+class SafetensorsIndex {
+ public:
+  struct Entry {
+    std::string dtype;  // F32, BF16 or F16
+    std::vector<int64_t> shape;
+    uint64_t begin = 0;  // from the data's start
+    size_t numel = 0;
+  };
+  static SafetensorsIndex Open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::map<std::string, Entry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const Entry& Get(const std::string& name) const;  // throws (bad input) if missing
+  // Tensor `name` converted to fp32 into `out` (its numel floats). Throws keel::Error (bad input)
+  // naming the file and the tensor where an element is not finite, or the file is short.
+  void ReadInto(const std::string& name, float* out) const;
+
+ private:
+  std::string path_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };
 

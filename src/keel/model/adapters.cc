@@ -148,15 +148,22 @@ void InitDoraMagnitudes(const ModelConfig& cfg, float* whole) {
 
 void InitDoraMagnitude(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* w,
                        TpShard tp) {
-  // The norms of the base's initial rows: its tensors (a fused product spans several) drawn
-  // again here, whole, as InitParams would have them; then this shard's.
+  // The base's initial rows drawn again here, whole, as InitParams would have them.
+  DoraMagnitudeFrom(
+      p, cfg, [&](const ParamInfo& q, float* out) { InitTensor(q, cfg, seed, out); }, w, tp);
+}
+
+void DoraMagnitudeFrom(const ParamInfo& p, const ModelConfig& cfg,
+                       const std::function<void(const ParamInfo& q, float* out)>& fill, float* w,
+                       TpShard tp) {
+  // The norms of the base's rows: its tensors (a fused product spans several) whole; then this
+  // shard's.
   const DoraBase b = DoraBaseOf(cfg, p.name);
   const ParamLayout lay = ParamLayout::Whole(cfg);
   const size_t w0 = lay.Find(b.weight).offset, n = size_t(b.out) * size_t(b.in);
   std::vector<float> base(n), norms(static_cast<size_t>(b.out));
   for (const ParamInfo& q : lay.params())
-    if (q.offset >= w0 && q.offset < w0 + n)
-      InitTensor(q, cfg, seed, base.data() + (q.offset - w0));
+    if (q.offset >= w0 && q.offset < w0 + n) fill(q, base.data() + (q.offset - w0));
   AsComputed(cfg, lay, w0, n, base.data());
   RowNorms(base.data(), b.out, b.in, norms.data());
   ForEachShardRun(p, tp.size, tp.rank, [&](size_t local, size_t global, size_t k) {

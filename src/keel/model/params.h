@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -229,6 +230,11 @@ void InitDoraMagnitudes(const ModelConfig& cfg, float* whole);
 // DoRA: magnitude tensor `p` (this tp shard of it) as InitDoraMagnitudes sets it, from the base
 // rows drawn again with `seed`: InitTensor's, for a run that draws its base a tensor at a time.
 void InitDoraMagnitude(const ParamInfo& p, const ModelConfig& cfg, uint64_t seed, float* w,
+                       TpShard tp);
+// The same from base tensors `base` gives (q: a tensor of ParamLayout::Whole(cfg), whole, into
+// q.numel floats): a run that reads its base from a file a tensor at a time.
+void DoraMagnitudeFrom(const ParamInfo& p, const ModelConfig& cfg,
+                       const std::function<void(const ParamInfo& q, float* out)>& base, float* w,
                        TpShard tp);
 // DoRA's merge of W (out, in) = W₀ + s·B·A: each row scaled to magnitude[o] / its norm (fp64).
 void DoraRescaleRows(float* W, const float* magnitude, int out, int in);

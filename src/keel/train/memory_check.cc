@@ -4,8 +4,11 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
+#include "keel/ckpt/hf_gpt2.h"
+#include "keel/ckpt/hf_llama.h"
 #include "keel/core/error.h"
 #include "keel/core/validate.h"
 #include "keel/model/activations.h"
@@ -84,7 +87,7 @@ double WholeFp32Bytes(const model::ModelConfig& m) {
 // time: then its largest tensor in fp32, and at ZeRO 3 the pack of a segment (segment_pack.h)
 // that it builds before keeping its shard (TrainStep::SetWeights).
 double InitialCopyBytes(const RunConfig& cfg, const model::ModelConfig& m, int zero) {
-  if (!cfg.model.init_from.empty() || m.lora_rank == 0) return WholeFp32Bytes(m);
+  if (!LoraBaseStreams(cfg)) return WholeFp32Bytes(m);
   // Every block holds the same tensors: a one-block model has the largest tensor and pack.
   model::ModelConfig one = m;
   one.n_layer = 1;
@@ -144,8 +147,8 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
                         " are on disk in " + cfg.offload.dir + ")",
                     double(b.state.offload_buffers)};
   if (const double init = InitialCopyBytes(cfg, m, d.zero); init > 0)
-    items.push_back({m.lora_rank > 0 && cfg.model.init_from.empty()
-                         ? "the largest tensor in fp32 while the base is drawn a tensor at a time"
+    items.push_back({LoraBaseStreams(cfg)
+                         ? "the largest tensor in fp32 while the base is set a tensor at a time"
                          : "the initial weights, whole in fp32 while the state is set from them",
                      init});
   if (b.state.zero_buffers > 0)
@@ -161,6 +164,14 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
   items.push_back({"the classifier's logit tile", 512.0 * (V / d.tp) * (bf16 ? 6 : 4)});
   std::sort(items.begin(), items.end(), [](auto& a, auto& b) { return a.second > b.second; });
   return items;
+}
+
+bool LoraBaseStreams(const RunConfig& cfg) {
+  if (cfg.lora.rank <= 0 || !cfg.model.init_adapter.empty()) return false;
+  const std::string& from = cfg.model.init_from;
+  // A missing file takes the whole path, which says so.
+  return from.empty() || ckpt::IsHfLlamaFolder(from) ||
+         (std::filesystem::is_regular_file(from) && !ckpt::IsHfGpt2File(from));
 }
 
 void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, double available) {

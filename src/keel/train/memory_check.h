@@ -39,4 +39,9 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
 // divided by the ranks on this machine, $OMPI_COMM_WORLD_LOCAL_SIZE).
 void CheckMemoryFits(const RunConfig& cfg, const parallel::Layout& layout, double available = -1);
 
+// Whether a LoRA run's frozen base is set a tensor at a time, never whole in fp32: drawn from the
+// seed, or read from [model] init_from where that is a keel model file or an HF Llama folder (an
+// HF GPT-2 file, or [model] init_adapter's merge, takes the whole model).
+bool LoraBaseStreams(const RunConfig& cfg);
+
 }  // namespace keel::train

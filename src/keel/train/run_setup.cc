@@ -203,6 +203,8 @@ struct Prepared {
   Setup s;
   RunData d;
   std::vector<float> init;  // the whole model's initial weights
+  // A LoRA run's base file, read a tensor at a time as the step sets its weights (LoraBaseStreams)
+  std::unique_ptr<ckpt::TensorSource> base;
   Fingerprint fingerprint;
   std::unique_ptr<ShardCheck> shard_check;
 };
@@ -221,8 +223,13 @@ Prepared Prepare(const RunConfig& cfg, int rank, int world) {
   // 124M normal values takes seconds of every restart (TrainRun draws them if none is found).
   // A fine-tuning file is read here all the same, so that a bad one fails before anything else.
   // LoRA's checkpoints hold its adapters only: the frozen base is read at every start, or drawn
-  // a tensor at a time by the step (Run's constructor).
-  if ((cfg.checkpoint.resume.empty() && p.s.mcfg.lora_rank == 0) || !cfg.model.init_from.empty()) {
+  // a tensor at a time by the step (Run's constructor); a base file that reads a tensor at a
+  // time is opened here (every header and shape checked) and read there.
+  if (LoraBaseStreams(cfg) && !cfg.model.init_from.empty()) {
+    p.base = ckpt::OpenInitTensors(cfg.model.init_from, p.s.mcfg);
+    KEEL_CHECK(p.base, "Prepare: a streamed LoRA base whose file does not read tensor by tensor");
+  } else if ((cfg.checkpoint.resume.empty() && p.s.mcfg.lora_rank == 0) ||
+             !cfg.model.init_from.empty()) {
     const model::ParamLayout params = model::ParamLayout::Whole(p.s.mcfg);
     p.init.resize(params.total());
     model::InitParams(params, p.s.mcfg, cfg.train.seed, p.init.data());
@@ -339,16 +346,35 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   step = std::make_unique<TrainStep>(spec, groups.ForStep());
   pipelined = layout.pp > 1;
   bubble_predicted = parallel::PipelineBubble(layout.pp, layout.n_micro, layout.virtual_stages);
-  // LoRA from random weights: the base drawn a tensor at a time, never whole in fp32.
+  // LoRA: the base drawn, or read from its file, a tensor at a time, never whole in fp32; the
+  // adapters start from their draws as in InitParams.
   const bool streamed = mcfg.lora_rank > 0 && prep->init.empty();
   const bool init_later = prep->init.empty() && !streamed;
-  if (streamed)
+  if (streamed) {
+    const ckpt::TensorSource* file = prep->base.get();
+    const model::TpShard tp = step->layout().tp();
+    std::vector<float> whole;  // a file's tensor before this tp rank's shard is cut from it
+    auto read = [&](const model::ParamInfo& q, float* out) { file->Read(q.name, out); };
     step->SetWeights([&](const model::ParamInfo& p, std::vector<float>& scratch) {
       scratch.resize(p.numel);
-      model::InitTensor(p, mcfg, cfg.train.seed, scratch.data(), step->layout().tp());
+      if (!file || (model::IsLoraParam(p.name) && !model::IsDoraMagnitude(p.name))) {
+        model::InitTensor(p, mcfg, cfg.train.seed, scratch.data(), tp);
+      } else if (model::IsDoraMagnitude(p.name)) {
+        model::DoraMagnitudeFrom(p, mcfg, read, scratch.data(), tp);
+      } else if (tp.size == 1) {
+        file->Read(p.name, scratch.data());
+      } else {
+        whole.resize(file->layout().Find(p.name).numel);
+        file->Read(p.name, whole.data());
+        model::ForEachShardRun(p, tp.size, tp.rank, [&](size_t local, size_t global, size_t n) {
+          // host: the file's tensor, cut in host memory
+          std::copy_n(whole.data() + global, n, scratch.data() + local);
+        });
+      }
       return scratch.data();
     });
-  else if (!init_later)
+    prep->base.reset();
+  } else if (!init_later)
     step->SetWeights(prep->init.data());
   std::vector<float>().swap(prep->init);
   if (lead && !cfg.model.init_from.empty())
