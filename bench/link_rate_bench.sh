@@ -11,8 +11,11 @@
 # diloco:H:FORMAT:F:TAU streaming DiLoCo (F fragments, each landing TAU inner steps after its send).
 # Steps and bytes are means over steps 3 to the last but one (DiLoCo's outer steps are rare and
 # long; its last step ends every round at once, a cost paid once per run, not per step). Needs root.
-#   [WIRES="fp32 bf16 int8 diloco:4:int8"] bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]
-#                                                    (default: 8 steps; 10gbit 1gbit 200mbit; fp32)
+# HOSTS (default 2) hosts of one rank each; TRAIN_ARGS: --set overrides after the quickstart's
+# (e.g. GPT-2 124M: "--set model.name=gpt2 --set data.seq_len=256 --set train.batch_size=16").
+#   [WIRES="fp32 bf16 int8 diloco:4:int8"] [HOSTS=4] [TRAIN_ARGS="..."] \
+#     bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]   (default: 8 steps; 10gbit 1gbit
+#                                                           200mbit; fp32)
 set -euo pipefail
 keel=$(realpath "${1:-build/keel}")
 steps=${2:-8}
@@ -20,6 +23,8 @@ shift $(($# > 2 ? 2 : $#))
 rates=("$@")
 ((${#rates[@]})) || rates=(10gbit 1gbit 200mbit)
 read -r -a wires <<<"${WIRES:-fp32}"
+read -r -a train_args <<<"${TRAIN_ARGS:-}"
+hosts=${HOSTS:-2}
 [[ ${wires[0]} == fp32 ]] || wires=(fp32 "${wires[@]}")  # the peer runs first
 src=$(cd "$(dirname "$0")/.." && pwd)
 shared=$src/../shared/data
@@ -29,11 +34,12 @@ p=klr
 tmp=$(mktemp -d)
 trap 'cluster_down "$p" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
 cluster_down "$p" >/dev/null 2>&1 || true
-cluster_up "$p" 2
+cluster_up "$p" "$hosts"
 cluster_mpi_env "$p"
 cluster_hostfile "$p" "$tmp/hosts" 1
 
-echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores;" \
+  "$hosts hosts of one rank${TRAIN_ARGS:+; $TRAIN_ARGS}"
 run() {  # NAME WIRE: the quickstart over both hosts, one rank each
   local sync=() h w f t
   if [[ $2 == diloco:* ]]; then
@@ -43,11 +49,11 @@ run() {  # NAME WIRE: the quickstart over both hosts, one rank each
   else
     sync=(--set parallel.grad_comm="$2")
   fi
-  timeout 900 mpirun --hostfile "$tmp/hosts" -np 2 --map-by node -x OMP_NUM_THREADS=1 "$keel" train \
+  timeout 1800 mpirun --hostfile "$tmp/hosts" -np "$hosts" --map-by node -x OMP_NUM_THREADS=1 "$keel" train \
     "$src/configs/quickstart.toml" --set data.train="$shared/brown/brown.gpt2.u16" \
     --set data.val= --set train.val_every=0 --set train.sample_count=0 --set train.steps="$steps" \
     --set train.log_every=1 --set checkpoint.every_minutes=0 --set checkpoint.save_final=false \
-    "${sync[@]}" --set train.out_dir="$tmp" --set train.name="$1" \
+    "${train_args[@]}" "${sync[@]}" --set train.out_dir="$tmp" --set train.name="$1" \
     >"$tmp/$1.log" 2>&1 || { echo "$1 failed:"; tail "$tmp/$1.log"; exit 1; }
 }
 stats() {  # NAME -> "ms dp_wait_ms MB_sent MB_of_gradients last_loss", means over steps 3..N-1
@@ -65,7 +71,9 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 base=
 for r in unlimited "${rates[@]}"; do
-  if [[ $r != unlimited ]]; then for i in 1 2; do cluster_link_rate "$p" "$i" "$r"; done; fi
+  if [[ $r != unlimited ]]; then
+    for ((i = 1; i <= hosts; ++i)); do cluster_link_rate "$p" "$i" "$r"; done
+  fi
   peer=
   for w in "${wires[@]}"; do
     run "${r}_${w//:/-}" "$w"

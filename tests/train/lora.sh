@@ -14,7 +14,8 @@
 #  4a. ZeRO 3 (the frozen base, and a quantized one's codes and scales, sharded over dp and
 #     gathered a block at a time): dp 2 gives ZeRO 1's losses bitwise (LoRA, and DoRA with
 #     dropout), a run stopped at ZeRO 1 resumes at ZeRO 3 bitwise, int8 and nf4 bases give one
-#     process's losses within 1e-5, and each rank holds at most 51% of the base's bytes;
+#     process's losses within 1e-5, and each rank holds at most 51% of the base's bytes; the
+#     frozen embeddings are gathered at the first step only (fewer bytes from the second on);
 #     `keel ckpt verify` passes the adapter-only checkpoints;
 #  4b. dropout ([lora] dropout = 0.3): the masks depend on the seed, step, product and the
 #     element's place in the global batch only, so dp 2 (ZeRO 1, 2 micro-batches), pp 2 and tp 2
@@ -214,6 +215,10 @@ close("int8 base, tp 2 (rows cut by columns take the whole row's scale)", "int8t
 # a time: the products see the same weights as at ZeRO 1, whose adapters' state it shares.
 assert losses("z3") == losses("dp"), "ZeRO 3's losses differ from ZeRO 1's"
 assert losses("z3r") == losses("dp"), "stopped at ZeRO 1, resumed at ZeRO 3: the losses differ"
+# The frozen embeddings and final norm are gathered once: an update regathers the blocks alone.
+sent = [json.loads(l)["comm_bytes"] for l in open(f"{d}/z3/metrics.jsonl")]
+print(f"ZeRO 3 bytes sent a step: {sent[0]:.0f} at step 1, {sent[1]:.0f} after")
+assert len(set(sent[1:])) == 1 and sent[1] < sent[0], sent
 close("int8 base, dp 2 ZeRO 3", "int8z3", int8)
 close("nf4 base (random weights), dp 2 ZeRO 3", "nf4z3", losses("nf4"), steps=8)
 def base_mib(name):  # the memory line's working copy and quantized base, MiB per rank

@@ -61,6 +61,7 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
   if (packed_) {
     packs_ = model::SegmentPacks(layout, store.dtype());
     own_ = parallel::Shard(model::PackedBytes(packs_) / 4, dp_, comm.rank());
+    seg_trained_.assign(size_t(layout.segments()), 0);
     for (const optim::ParamRange& r : store.trainable()) {
       const model::ParamInfo* p = nullptr;
       for (const model::ParamInfo& q : layout.params())
@@ -69,6 +70,7 @@ ZeroStrategy::ZeroStrategy(optim::ParamStore& store, const model::ParamLayout& l
       const int seg = model::SegmentOf(layout, *p);
       trained_at_.push_back(packs_[size_t(seg)].start +
                             model::PackWorkAt(layout, store.dtype(), seg, *p));
+      seg_trained_[size_t(seg)] = 1;
     }
   }
   if ((zero_ < 2 || packed_) && !bf16_grads_) {
@@ -415,7 +417,7 @@ void ZeroStrategy::PublishWeights(size_t lo, size_t hi) {
 
 void ZeroStrategy::Update(float lr, float grad_scale) {
   store_.Update(lr, grad_scale);  // also rounds this rank's slice into the bf16 working copy
-  if (store_.compact()) return PublishCompact();
+  if (store_.compact()) return PublishCompact(/*adapters_only=*/true);
   Publish();
 }
 
@@ -429,7 +431,7 @@ const float* ZeroStrategy::AllCompactMaster(Buffer& tmp) {
   return tmp.as<float>();
 }
 
-void ZeroStrategy::PublishCompact() {
+void ZeroStrategy::PublishCompact(bool adapters_only) {
   const kernels::Backend& be = store_.backend();
   Buffer tmp;
   const float* all = AllCompactMaster(tmp);
@@ -449,7 +451,10 @@ void ZeroStrategy::PublishCompact() {
       else
         be.Copy(dst, src, e - a);
     }
-    for (auto& s : weight_slots_) s->seg = -1;  // gathered again, with the new adapters
+    // Gathered again, with the new adapters; a segment without any (the embeddings, the final
+    // norm and lm_head) stays as gathered, its frozen weights unchanged by an update.
+    for (auto& s : weight_slots_)
+      if (!adapters_only || (s->seg >= 0 && seg_trained_[size_t(s->seg)])) s->seg = -1;
   } else {
     for (const optim::ParamRange& r : store_.trainable()) {
       if (store_.dtype() != DType::kF32)

@@ -119,7 +119,9 @@ class ZeroStrategy final : public model::ParamAccess {
   // A compact state's trainable weights, all of them (ZeRO 1: gathered), into the working copy,
   // and in bf16 the trained ones that have an fp32 copy beside the biases (DoRA's magnitudes)
   // into it; the frozen ones (the base's biases among them) never change.
-  void PublishCompact();
+  // `adapters_only` (after an update): the frozen base is as it was, so a gathered segment
+  // without adapters stays valid at ZeRO 3.
+  void PublishCompact(bool adapters_only = false);
   // The trainable parameters' master weights, all of them: the store's, or gathered into `tmp`.
   const float* AllCompactMaster(Buffer& tmp);
   size_t ElemBytes() const;
@@ -136,6 +138,7 @@ class ZeroStrategy final : public model::ParamAccess {
   std::vector<model::SegmentPack> packs_;
   parallel::ShardRange own_;
   std::vector<size_t> trained_at_;  // each trainable range's first byte in the packed copy
+  std::vector<char> seg_trained_;   // per segment: it holds a trainable range
   const parallel::GradWire wire_;   // [parallel] grad_comm
   const bool local_;                // DiLoCo's inner steps: each replica keeps its own gradients
   Buffer residual_;                 // int8's error feedback (GradResidualElems floats)
