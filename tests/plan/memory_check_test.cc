@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "bad_input.h"
@@ -111,7 +112,11 @@ TEST(MemoryCheck, CountsALlamasUntiedLmHead) {
       BadInputMessage([&] { CheckMemoryFits(cfg, LayoutOf(cfg, dims, 1, 8), between); });
   EXPECT_NE(msg.find("this run needs "), std::string::npos) << msg;
   EXPECT_NE(msg.find(" per rank, "), std::string::npos) << msg;
-  EXPECT_NE(msg.find("the largest items are the weights, gradients and fp32 master copy of "
+  // The checkpoint's staging (master and moments in fp32, 12 bytes a parameter at dp 1) and the
+  // state: the two largest.
+  EXPECT_NE(msg.find("the largest items are the checkpoint's staging copy"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("and the weights, gradients and fp32 master copy of "
                      "1.622e+08 parameters (model.n_layer 12, n_embd 768)"),
             std::string::npos)
       << msg;
@@ -240,10 +245,39 @@ TEST(MemoryCheck, NamesTheLargestItemsAndShrinksWithSharding) {
   EXPECT_LT(total({1, 2, 1, 0}), 0.7 * one);
   EXPECT_NO_THROW(CheckMemoryFits(cfg, layout({1, 1, 1, 0}), 64e9));
   const std::string msg = BadInputMessage([&] { CheckMemoryFits(cfg, layout({1, 1, 1, 0}), 1e9); });
-  EXPECT_NE(msg.find("per rank, 0.9 GiB is available: the largest items are the weights, "
-                     "gradients and fp32 master copy of 1.245e+08 parameters"),
+  EXPECT_NE(msg.find("per rank, 0.9 GiB is available: the largest items are the checkpoint's "
+                     "staging copy of this rank's part of the master and moments in fp32 "
+                     "(model.n_layer 12, n_embd 768; [checkpoint] saves set it) (1.4 GiB) and "
+                     "the weights, gradients and fp32 master copy of 1.245e+08 parameters"),
             std::string::npos)
       << msg;
+}
+
+// The checkpoint writer's staging, touched at the start when the run saves at all: the rank's part
+// of the master and moments in fp32, and a DiLoCo replica's own state whole (four 124M replicas
+// on a 24 GiB host were OOM-killed by it while the check passed).
+TEST(MemoryCheck, CountsTheCheckpointStagingAndDilocosOwnState) {
+  RunConfig cfg;  // bf16, saves every 30 minutes and at the end
+  cfg.model.name = "gpt2";
+  cfg.data.seq_len = 256;
+  auto staging = [&] {
+    for (const auto& [what, bytes] : RunMemoryItems(cfg, LayoutOf(cfg, {4, 1, 1, 0}, 1, 1)))
+      if (what.rfind("the checkpoint's staging copy", 0) == 0) return bytes;
+    return 0.0;
+  };
+  const model::ModelConfig m = cfg.ResolvedModel();
+  const double n = double(model::StateShapeOf(m, {model::WholeModel(m)}, {}, DType::kBF16).total);
+  const double part = std::ceil(n / 4);
+  EXPECT_EQ(staging(), 4 * 3 * part);
+  cfg.parallel.dp_sync = "diloco";
+  cfg.diloco.inner_steps = 4;
+  cfg.parallel.grad_comm = "int8";
+  // Its master, moments, outer momentum and int8 residual, whole.
+  EXPECT_EQ(staging(), 4 * (3 * part + 5 * n));
+  cfg.checkpoint.every_minutes = 0;
+  cfg.checkpoint.at_end = false;
+  cfg.checkpoint.on_signal = false;
+  EXPECT_EQ(staging(), 0);
 }
 
 // The end of a run gathers the whole model in fp32 on every rank (the model file, the samples): a

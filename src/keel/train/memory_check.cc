@@ -52,8 +52,32 @@ void CheckShapesFit(const model::ModelConfig& m) {
 struct StageBytes {
   parallel::StateBytes state;
   double arena = 0;
-  double total() const { return double(state.total()) + arena; }
+  double staging = 0;  // the checkpoint writer's (CheckpointStaging)
+  double total() const { return double(state.total()) + arena + staging; }
 };
+
+// The checkpoint writer's staging buffer (ckpt/writer_snapshot.cc), allocated and touched at the
+// start when the run saves at all: this rank's part of the master and both moments, widened to
+// fp32 (the data-parallel ranks split the tensors), and its own tensors whole (DiLoCo's replica:
+// its master, moments, outer momentum, int8 residual, streaming's sends and averages; int8
+// gradient sums' residual). Four 124M DiLoCo replicas on one host were OOM-killed by 2.5 GB each
+// of it that the check did not count.
+double CheckpointStaging(const RunConfig& cfg, const parallel::StateShape& s,
+                         const parallel::Layout& d) {
+  const CheckpointSection& c = cfg.checkpoint;
+  if (!(c.every_steps > 0 || c.every_minutes > 0 || c.at_end || c.on_signal || c.peer_every > 0))
+    return 0;
+  const size_t state = s.compact() ? s.trainable : s.total;
+  const double part = double(parallel::Shard(state, d.replicas(), 0).size);
+  const int staged = (s.master_offloaded() ? 0 : 1) + (s.offload_chunk > 0 ? 0 : 2);
+  // Under DiLoCo GradResidualElems is the outer loop's residual, counted with its replica.
+  double own = s.diloco ? 0 : double(parallel::GradResidualElems(s, d));
+  if (s.diloco) {
+    const bool residual = s.grad_comm == parallel::GradWire::kInt8 && d.replicas() > 1;
+    own += double(state) * (4 + (residual ? 1 : 0) + (cfg.diloco.overlap_steps > 0 ? 2 : 0));
+  }
+  return 4.0 * (staged * part + own);
+}
 
 StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
                         const parallel::Layout& d, int stage) {
@@ -62,8 +86,10 @@ StageBytes BytesOfStage(const RunConfig& cfg, const model::ModelConfig& m,
   const std::vector<model::StageRange> chunks =
       model::RankChunks(m, d.pp, stage, v, d.pp > 1 ? d.stage_layers : std::vector<int>{});
   StageBytes b;
-  b.state = parallel::StateBytesPerRank(
-      parallel::WithTiers(model::StateShapeOf(m, chunks, {d.tp, 0}, dt), TiersOf(cfg)), d);
+  const parallel::StateShape shape =
+      parallel::WithTiers(model::StateShapeOf(m, chunks, {d.tp, 0}, dt), TiersOf(cfg));
+  b.state = parallel::StateBytesPerRank(shape, d);
+  b.staging = CheckpointStaging(cfg, shape, d);
   // One slot without a pipeline (PipelineSlots would list every micro-batch's units first).
   const std::vector<int> slots =
       d.pp > 1 ? parallel::PipelineSlots(d.pp, stage, int(chunks.size()), d.n_micro)
@@ -151,6 +177,15 @@ std::vector<std::pair<std::string, double>> RunMemoryItems(const RunConfig& cfg,
                          ? "the largest tensor in fp32 while the base is set a tensor at a time"
                          : "the initial weights, whole in fp32 while the state is set from them",
                      init});
+  if (b.staging > 0)
+    items.push_back(
+        {"the checkpoint's staging copy of this rank's part of the master and moments "
+         "in fp32" +
+             std::string(cfg.parallel.dp_sync == "diloco" ? " and of its DiLoCo replica's own state"
+                                                          : "") +
+             " (model.n_layer " + std::to_string(m.n_layer) + ", n_embd " +
+             std::to_string(m.n_embd) + "; [checkpoint] saves set it)",
+         b.staging});
   if (b.state.zero_buffers > 0)
     items.push_back({"ZeRO-" + std::to_string(d.zero) +
                          "'s per-segment buffers (gradient scratch, gathered weights)",
