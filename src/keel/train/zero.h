@@ -88,6 +88,11 @@ class ZeroStrategy final : public model::ParamAccess {
 
   // The full fp32 master weights, gathered (every rank).
   std::vector<float> GatherMaster();
+  // A compact state at ZeRO 3 (`packed`): the segments' packs and this rank's shard of them, in
+  // 4-byte words, which TrainStep::SetWeights fills.
+  bool packed() const { return packed_; }
+  const std::vector<model::SegmentPack>& packs() const { return packs_; }
+  parallel::ShardRange packed_shard() const { return own_; }
   // ZeRO-owned bytes beyond the store's (scratch, receive and gather buffers).
   size_t buffer_bytes() const;
 
