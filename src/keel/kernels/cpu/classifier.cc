@@ -26,11 +26,10 @@ namespace {
 // the tile stays bounded (512 × 50304 floats = 103 MB) whatever the batch.
 constexpr int kRowTile = 512;
 
-// log Σ exp over row[0..V); -inf for none.
-float RowLogSumExp(const float* row, int V) {
-  if (V <= 0) return -INFINITY;
+// max over row[0..V); -inf for none.
+float RowMax(const float* row, int V) {
   // GCC 12 leaves `omp simd reduction(max)` over std::max scalar (vmaxss, one dependent chain):
-  // that loop alone was 77% of this function. Four accumulators hide vmaxps' latency.
+  // that loop alone was 77% of the row's log-sum-exp. Four accumulators hide vmaxps' latency.
   float mx = -INFINITY;
   int v = 0;
 #if defined(KEEL_ISA_AVX512)
@@ -58,40 +57,58 @@ float RowLogSumExp(const float* row, int V) {
   mx = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
 #endif
   for (; v < V; ++v) mx = std::max(mx, row[v]);
+  return mx;
+}
+
+// Σ exp(row[v] - mx) over v < V. With kStore, each exp(row[v] - mx) replaces row[v]: the gradient
+// then scales them instead of computing every exponential a second time (the exponentials were
+// half of the row pass, and the row is still in L2 when it is read back).
+template <bool kStore>
+float RowExpSum(float* row, int V, float mx) {
   float sum = 0;
+  int v = 0;
 #if defined(KEEL_ISA_AVX512)
   __m512 acc = _mm512_setzero_ps();
-  __m512 vmx = _mm512_set1_ps(mx);
-  v = 0;
-  for (; v + 16 <= V; v += 16)
-    acc = _mm512_add_ps(acc, ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + v), vmx)));
+  const __m512 vmx = _mm512_set1_ps(mx);
+  for (; v + 16 <= V; v += 16) {
+    const __m512 e = ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + v), vmx));
+    if constexpr (kStore) _mm512_storeu_ps(row + v, e);
+    acc = _mm512_add_ps(acc, e);
+  }
   sum = _mm512_reduce_add_ps(acc);
-  for (; v < V; ++v) sum += ExpApprox(row[v] - mx);
 #elif defined(KEEL_ISA_AVX2)
   __m256 acc = _mm256_setzero_ps();
-  __m256 vmx = _mm256_set1_ps(mx);
-  v = 0;
-  for (; v + 8 <= V; v += 8)
-    acc = _mm256_add_ps(acc, ExpApprox8(_mm256_sub_ps(_mm256_loadu_ps(row + v), vmx)));
+  const __m256 vmx = _mm256_set1_ps(mx);
+  for (; v + 8 <= V; v += 8) {
+    const __m256 e = ExpApprox8(_mm256_sub_ps(_mm256_loadu_ps(row + v), vmx));
+    if constexpr (kStore) _mm256_storeu_ps(row + v, e);
+    acc = _mm256_add_ps(acc, e);
+  }
   __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   sum = _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4)));
-  for (; v < V; ++v) sum += ExpApprox(row[v] - mx);
-#else
-  for (v = 0; v < V; ++v) sum += ExpApprox(row[v] - mx);
 #endif
-  return mx + std::log(sum);
+  for (; v < V; ++v) {
+    const float e = ExpApprox(row[v] - mx);
+    if constexpr (kStore) row[v] = e;
+    sum += e;
+  }
+  return sum;
 }
 
-// g[v] = (softmax[v] - [v == target]) · dloss for v < V, 0 for the padding. g may alias row.
+// g[v] = (softmax[v] - [v == target]) · dloss for v < V, 0 for the padding, from e[v] =
+// exp(logit[v] - mx) (RowExpSum's stored row): softmax[v] = e[v] · exp(mx - lse). g may alias e.
 template <typename T>
-void RowGradient(T* g, const float* row, float lse, int target, float dloss, int V, int Vp) {
-  const float p_target = target >= 0 ? ExpApprox(row[target] - lse) : 0.0f;
+void RowGradient(T* g, const float* e, float mx, float lse, int target, float dloss, int V,
+                 int Vp) {
+  const float k = ExpApprox(mx - lse);
+  const float p_target = target >= 0 ? e[target] * k : 0.0f;
+  const float kd = k * dloss;
   int v = 0;
 #if defined(KEEL_ISA_AVX512)
-  const __m512 vlse = _mm512_set1_ps(lse), vd = _mm512_set1_ps(dloss);
+  const __m512 vk = _mm512_set1_ps(kd);
   for (; v + 16 <= V; v += 16) {
-    __m512 p = _mm512_mul_ps(ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + v), vlse)), vd);
+    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(e + v), vk);
     if constexpr (std::is_same_v<T, float>) {
       _mm512_storeu_ps(g + v, p);
     } else if constexpr (std::is_same_v<T, f16>) {
@@ -108,9 +125,9 @@ void RowGradient(T* g, const float* row, float lse, int target, float dloss, int
     }
   }
 #elif defined(KEEL_ISA_AVX2)
-  const __m256 vlse = _mm256_set1_ps(lse), vd = _mm256_set1_ps(dloss);
+  const __m256 vk = _mm256_set1_ps(kd);
   for (; v + 8 <= V; v += 8) {
-    __m256 p = _mm256_mul_ps(ExpApprox8(_mm256_sub_ps(_mm256_loadu_ps(row + v), vlse)), vd);
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(e + v), vk);
     if constexpr (std::is_same_v<T, float>) {
       _mm256_storeu_ps(g + v, p);
     } else if constexpr (std::is_same_v<T, f16>) {
@@ -129,7 +146,7 @@ void RowGradient(T* g, const float* row, float lse, int target, float dloss, int
     }
   }
 #endif
-  for (; v < V; ++v) g[v] = FromFloat<T>(ExpApprox(row[v] - lse) * dloss);
+  for (; v < V; ++v) g[v] = FromFloat<T>(e[v] * kd);
   if (target >= 0) g[target] = FromFloat<T>((p_target - 1.0f) * dloss);
   for (int v = V; v < Vp; ++v) g[v] = FromFloat<T>(0.0f);
 }
@@ -155,8 +172,9 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
   static AlignedScratch<float> logits_buf, stats_buf;
   static AlignedScratch<T> grad_buf;
   float* logits = logits_buf.Get(size_t(kRowTile) * Vp);
-  float* lse = stats_buf.Get(size_t(2) * kRowTile);
+  float* lse = stats_buf.Get(size_t(3) * kRowTile);
   float* target_logit = lse + kRowTile;
+  float* row_max = target_logit + kRowTile;
   // This shard's real ids: [v0, v0 + live) of the vocabulary, columns [0, live) of its logits.
   const int v0 = shard ? shard->v0 : 0;
   const int live = std::clamp(V - v0, 0, Vp);
@@ -177,8 +195,8 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
       const bool scored = targets[r0 + r] >= 0;
       losses[r0 + r] = scored ? lse[r] - target_logit[r] : 0.0f;
       if (dx)
-        RowGradient(grad + size_t(r) * Vp, logits + size_t(r) * Vp, lse[r], local(targets[r0 + r]),
-                    scored ? dloss : 0.0f, live, Vp);
+        RowGradient(grad + size_t(r) * Vp, logits + size_t(r) * Vp, row_max[r], lse[r],
+                    local(targets[r0 + r]), scored ? dloss : 0.0f, live, Vp);
     };
     Logits(logits, x + size_t(r0) * C, wte, rows, C, Vp);
     // One pass per row while it sits in L2 (200 KB for GPT-2's vocabulary), unless a vocabulary
@@ -186,10 +204,14 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
     const bool fused = !(shard && shard->combine);
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; ++r) {
-      const float* row = logits + size_t(r) * Vp;
+      float* row = logits + size_t(r) * Vp;
       const int t = local(targets[r0 + r]);
-      lse[r] = RowLogSumExp(row, live);
       target_logit[r] = t >= 0 ? row[t] : 0.0f;
+      row_max[r] = live > 0 ? RowMax(row, live) : -INFINITY;
+      const float sum = live <= 0 ? 0.0f
+                        : dx      ? RowExpSum<true>(row, live, row_max[r])
+                                  : RowExpSum<false>(row, live, row_max[r]);
+      lse[r] = live > 0 ? row_max[r] + std::log(sum) : -INFINITY;
       if (fused) Finish(r);
     }
     if (!fused) {
