@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -67,14 +68,15 @@ TEST(PeerHolder, KeepsWhatArrivesWholeAndGivesBackAnyRange) {
   EXPECT_THROW(c.Get("run/step_00000003/rank_00001.bin", 0, 1, got), Error);   // not held
   // Bytes whose hash does not match what the sender says are refused, and replace nothing.
   peer::Socket s = peer::Socket::Connect("127.0.0.1", h.address.port, 5);
-  s.SendLine("PUT run/step_00000003/rank_00000.bin 4 " + HashHex(Hash("abcd", 4)));
+  s.SendLine("PUT run/step_00000003/rank_00000.bin 4");
   s.SendAll("abce", 4);
+  s.SendLine(HashHex(Hash("abcd", 4)));
   EXPECT_EQ(s.RecvLine().rfind("ERR run/step_00000003/rank_00000.bin: xxh3", 0), 0u);
   c.Get("run/step_00000003/rank_00000.bin", 0, 4, got);
   EXPECT_STREQ(got, "0123");
   // Lengths and keys that do not parse are refused with a line, and the holder goes on.
   peer::Socket bad = peer::Socket::Connect("127.0.0.1", h.address.port, 5);
-  bad.SendLine("PUT run/x -1 0000000000000000");
+  bad.SendLine("PUT run/x -1");
   EXPECT_EQ(bad.RecvLine().rfind("ERR PUT run/x: length \"-1\"", 0), 0u);
   EXPECT_THROW(c.Put("../escape", "a", 1), Error);
   peer::Socket trim = peer::Socket::Connect("127.0.0.1", h.address.port, 5);
@@ -103,6 +105,37 @@ TEST(PeerHolder, KeepsTheNewestTwoStepsOfEachFileAndTrimsALeftTimeline) {
   EXPECT_EQ(Keys(c, "other/").size(), 1u);  // another run's files are not touched
   EXPECT_EQ(c.Trim("run", -1), 2);
   EXPECT_TRUE(Keys(c, "run/").empty());
+}
+
+// A PUT receives into the bytes of the step it retires (Store::Recycle): the new step holds
+// exactly what was sent, and a transfer cut off half-way loses only the retired step, never the
+// newer one kept beside it.
+TEST(PeerHolder, ACopyReceivedIntoTheRetiredStepsBytesKeepsTheNewerStepWhole) {
+  Holder h;
+  const peer::Client c = h.client();
+  const std::string file = "/rank_00000.bin";
+  const std::string a(1 << 16, 'a'), b(1 << 16, 'b'), d(1 << 16, 'd');
+  c.Put("run/" + StepDirName(3) + file, a.data(), a.size());
+  c.Put("run/" + StepDirName(6) + file, b.data(), b.size());
+  {
+    peer::Socket s = peer::Socket::Connect("127.0.0.1", h.address.port, 5);
+    s.SendLine("PUT run/" + StepDirName(9) + file + " " + std::to_string(d.size()));
+    s.SendAll(d.data(), d.size() / 2);
+  }  // closed half-way
+  // The holder notices the close on its own thread; step 3 left when the transfer began.
+  for (int i = 0; i < 100 && Keys(c, "run/").size() != 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(Keys(c, "run/"), std::vector<std::string>{"run/" + StepDirName(6) + file});
+  std::string got(b.size(), '?');
+  c.Get("run/" + StepDirName(6) + file, 0, got.size(), got.data());
+  EXPECT_EQ(got, b);
+  c.Put("run/" + StepDirName(9) + file, d.data(), d.size());
+  c.Put("run/" + StepDirName(12) + file, a.data(), a.size());  // into step 6's bytes
+  c.Get("run/" + StepDirName(9) + file, 0, got.size(), got.data());
+  EXPECT_EQ(got, d);
+  c.Get("run/" + StepDirName(12) + file, 0, got.size(), got.data());
+  EXPECT_EQ(got, a);
+  EXPECT_EQ(Keys(c, "run/").size(), 2u);
 }
 
 TEST(PeerHolder, AFullHolderRefusesAndKeepsWhatItHas) {

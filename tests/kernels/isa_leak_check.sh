@@ -8,8 +8,9 @@
 set -euo pipefail
 bin=${1:?usage: isa_leak_check.sh BINARY}
 command -v objdump >/dev/null || { echo "isa_leak_check: objdump (binutils) is missing" >&2; exit 1; }
-# Probe loops run only after CPUID says yes (monitor/machine_probe.cc).
-allowed='FmaLoop|FmaLoop256|DpbfLoop|AmxLoop|Sink'
+# Probe loops run only after CPUID says yes (monitor/machine_probe.cc), and so does the VZEROUPPER
+# after a checkpoint hash (ckpt/manifest.cc).
+allowed='FmaLoop|FmaLoop256|DpbfLoop|AmxLoop|Sink|ZeroUpper'
 objdump -d --no-show-raw-insn -C "$bin" | awk -v allowed="$allowed" '
   /^[0-9a-f]+ <.*>:$/ { fn = substr($0, index($0, "<") + 1); sub(/>:$/, "", fn); next }
   # The other half of the check: the AVX-512 copy really is (its #pragma took).

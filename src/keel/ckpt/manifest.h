@@ -73,6 +73,21 @@ Manifest ManifestFromJsonText(const std::string& text, const std::string& where)
 using keel::HashHex;
 uint64_t ParseHexHash(const std::string& s, const std::string& where);
 uint64_t Hash(const void* data, size_t bytes);  // xxh3-64
+// xxh3-64 a slice at a time (Hash, or PieceHash with PieceSeed's seed, of the slices end to end):
+// a transfer hashes each slice while it is in cache.
+class HashStream {
+ public:
+  explicit HashStream(uint64_t seed = 0);
+  ~HashStream();
+  HashStream(HashStream&& o) noexcept : state_(o.state_) { o.state_ = nullptr; }
+  HashStream(const HashStream&) = delete;
+  HashStream& operator=(const HashStream&) = delete;
+  void Update(const void* data, size_t bytes);
+  uint64_t Digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t
+};
 // A piece's hash as manifest `version` defines it: from version 2, the xxh3 of its bytes seeded
 // with the xxh3 of "NAME|KIND|START|COUNT", binding the bytes to the tensor, kind and box.
 uint64_t PieceHash(const void* data, size_t bytes, const std::string& name, const std::string& kind,

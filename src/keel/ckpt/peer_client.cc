@@ -61,20 +61,25 @@ std::vector<Address> ParseAddresses(const std::string& list, const std::string& 
   return out;
 }
 
-void Client::Put(const std::string& key, const void* data, size_t n, double rate_mbit) const {
+void Client::Put(const std::string& key, const void* data, size_t n, double rate_mbit,
+                 const std::function<void(size_t, size_t)>& each_slice) const {
   Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
-  s.SendLine("PUT " + key + " " + std::to_string(n) + " " + HashHex(Hash(data, n)));
+  s.SendLine("PUT " + key + " " + std::to_string(n));
   const auto* p = static_cast<const uint8_t*>(data);
   constexpr size_t kSlice = size_t(1) << 20;
+  HashStream hash;
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t done = 0; done < n;) {
     const size_t k = std::min(kSlice, n - done);
+    if (each_slice) each_slice(done, k);
+    hash.Update(p + done, k);
     s.SendAll(p + done, k);
     done += k;
     if (rate_mbit > 0)
       std::this_thread::sleep_until(
           t0 + std::chrono::duration<double>(double(done) * 8 / (rate_mbit * 1e6)));
   }
+  s.SendLine(HashHex(hash.Digest()));
   Expect(s, "PUT " + key);
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,9 +49,12 @@ class Client {
  public:
   explicit Client(Address a, double timeout_s = 10) : a_(std::move(a)), timeout_s_(timeout_s) {}
   // Stores `n` bytes under `key`, replacing what was there once all of them arrived and their xxh3
-  // matched. `rate_mbit` > 0 paces the send to that rate (so that it yields the link to gradient
-  // traffic).
-  void Put(const std::string& key, const void* data, size_t n, double rate_mbit = 0) const;
+  // matched (hashed a slice at a time as they go, and sent after them). `rate_mbit` > 0 paces the
+  // send to that rate (so that it yields the link to gradient traffic). `each_slice(offset, bytes)`
+  // sees each slice just before it goes, while it is in cache: the writer hashes its pieces there
+  // rather than in passes of their own over the copy.
+  void Put(const std::string& key, const void* data, size_t n, double rate_mbit = 0,
+           const std::function<void(size_t offset, size_t bytes)>& each_slice = {}) const;
   std::vector<Item> List(const std::string& prefix) const;
   void Get(const std::string& key, uint64_t offset, uint64_t n, void* dst) const;
   // Drops the items of `run` whose step is above `max_step` (a timeline a restart left behind).
