@@ -164,7 +164,8 @@ class Store {
         const KeyParts p = Split(it->first);
         if (p.run == k.run && p.file == k.file && p.step != k.step) steps.emplace(p.step, it);
       }
-      if (int(steps.size()) < o_.keep || steps.empty()) return {};
+      // With one step kept, the retired step is the only whole copy: never taken early.
+      if (o_.keep < 2 || int(steps.size()) < o_.keep) return {};
       const auto oldest = steps.begin()->second;
       // The map's pointer is the only one: Find hands out copies under mu_, so none is in use.
       if (oldest->second.use_count() != 1 || oldest->second->bytes.size() != n) return {};

@@ -1,5 +1,6 @@
 // Blocking TCP with timeouts, for tier-0 checkpoints (peer_client.h, peer_holder.h): a line of
-// text then raw bytes, both ways. Every call throws keel::Error (runtime) naming the peer and what
+// text then raw bytes, both ways (a PUT's xxh3 follows its bytes, so the sender hashes as it
+// sends). Every call throws keel::Error (runtime) naming the peer and what
 // failed. The timeout bounds each wait for the peer (connect, and every send or receive that makes
 // no progress), not a whole transfer: a holder on a host that vanished costs one timeout, a slow
 // one as long as it keeps moving bytes.
