@@ -123,7 +123,7 @@ TEST(PeerHolder, ACopyReceivedIntoTheRetiredStepsBytesKeepsTheNewerStepWhole) {
     s.SendAll(d.data(), d.size() / 2);
   }  // closed half-way
   // The holder notices the close on its own thread; step 3 left when the transfer began.
-  for (int i = 0; i < 100 && Keys(c, "run/").size() != 1; ++i)
+  for (int i = 0; i < 1000 && Keys(c, "run/").size() != 1; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(Keys(c, "run/"), std::vector<std::string>{"run/" + StepDirName(6) + file});
   std::string got(b.size(), '?');
@@ -136,6 +136,26 @@ TEST(PeerHolder, ACopyReceivedIntoTheRetiredStepsBytesKeepsTheNewerStepWhole) {
   c.Get("run/" + StepDirName(12) + file, 0, got.size(), got.data());
   EXPECT_EQ(got, a);
   EXPECT_EQ(Keys(c, "run/").size(), 2u);
+}
+
+// A restore's GETs share one connection (peer::Reader); an error answer drops it, and the next GET
+// opens a fresh one.
+TEST(PeerHolder, AReaderKeepsOneConnectionForItsGets) {
+  Holder h;
+  const peer::Client c = h.client();
+  std::string bytes(1 << 20, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char(i * 7 + i / 4096);
+  const std::string key = "run/" + StepDirName(4) + "/rank_00000.bin";
+  c.Put(key, bytes.data(), bytes.size());
+  peer::Reader r(h.address, 5);
+  std::string got(bytes.size(), '?');
+  for (size_t off = 0; off < bytes.size(); off += 100000)
+    r.Get(key, off, std::min<size_t>(100000, bytes.size() - off), got.data() + off);
+  EXPECT_EQ(got, bytes);
+  EXPECT_THROW(r.Get("run/" + StepDirName(4) + "/rank_00001.bin", 0, 1, got.data()), Error);
+  char four[4];
+  r.Get(key, 8, 4, four);
+  EXPECT_EQ(std::string(four, 4), bytes.substr(8, 4));
 }
 
 TEST(PeerHolder, AFullHolderRefusesAndKeepsWhatItHas) {

@@ -102,10 +102,26 @@ std::vector<Item> Client::List(const std::string& prefix) const {
 }
 
 void Client::Get(const std::string& key, uint64_t offset, uint64_t n, void* dst) const {
-  Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
-  s.SendLine("GET " + key + " " + std::to_string(offset) + " " + std::to_string(n));
-  Expect(s, "GET " + key);
-  s.RecvAll(dst, n);
+  Reader(a_, timeout_s_).Get(key, offset, n, dst);
+}
+
+Reader::Reader(Address a, double timeout_s) : a_(std::move(a)), timeout_s_(timeout_s) {}
+Reader::~Reader() = default;
+Reader::Reader(Reader&&) noexcept = default;
+
+void Reader::Get(const std::string& key, uint64_t offset, uint64_t n, void* dst) {
+  for (bool kept = s_ != nullptr;; kept = false) {
+    try {
+      if (!s_) s_ = std::make_unique<Socket>(Socket::Connect(a_.host, a_.port, timeout_s_));
+      s_->SendLine("GET " + key + " " + std::to_string(offset) + " " + std::to_string(n));
+      Expect(*s_, "GET " + key);
+      s_->RecvAll(dst, n);
+      return;
+    } catch (const Error&) {
+      s_.reset();  // what is left on it cannot be told from the next reply
+      if (!kept) throw;
+    }
+  }
 }
 
 int Client::Trim(const std::string& run, int64_t max_step) const {

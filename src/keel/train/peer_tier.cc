@@ -26,6 +26,7 @@ using ckpt::RankFile;
 using ckpt::peer::Address;
 using ckpt::peer::Client;
 using ckpt::peer::Item;
+using ckpt::peer::Reader;
 
 std::string Short(const std::string& h) { return h.substr(0, h.find('.')); }
 
@@ -204,7 +205,10 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
   // fails mid-way hands the file to the next).
   auto chosen = std::make_shared<std::map<std::string, int>>();
   auto mu = std::make_shared<std::mutex>();
-  auto source = [t, files, prefix, name, chosen, mu, read, writer, disk, step](
+  // A connection kept open per holder for the whole load (ckpt::peer::Reader).
+  auto readers = std::make_shared<std::map<int, Reader>>();
+  auto readers_mu = std::make_shared<std::mutex>();
+  auto source = [t, files, prefix, name, chosen, mu, readers, readers_mu, read, writer, disk, step](
                     const std::string& file, uint64_t offset, uint64_t bytes, void* dst) {
     const auto it = files.find(file);
     if (it == files.end()) ThrowBadInput(name + "/" + file + ": no holder keeps it");
@@ -220,7 +224,11 @@ ckpt::CheckpointReader OpenPeerCopy(const PeerTier& t, int64_t step, PeerRead* r
         if (c != chosen->end() && c->second != h) continue;
       }
       try {
-        Client(t.ring[size_t(h)], 10).Get(prefix + file, offset, bytes, dst);
+        {
+          std::lock_guard<std::mutex> lock(*readers_mu);
+          readers->try_emplace(h, t.ring[size_t(h)], 10)
+              .first->second.Get(prefix + file, offset, bytes, dst);
+        }
         std::lock_guard<std::mutex> lock(*mu);
         if (chosen->emplace(file, h).second && read) {
           if (disk.count({step, file, h})) ++read->from_local_disk;
