@@ -9,6 +9,7 @@
 #include "keel/ckpt/peer_holder.h"
 
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -383,6 +384,11 @@ void RunHolder(const HolderOptions& o, const std::atomic<bool>& stop,
       ::usleep(100000);  // out of descriptors (EMFILE): let connections end rather than spin
       continue;
     }
+    // A GET's reply is a line then the bytes: with Nagle's algorithm the second write waits for
+    // the ACK of the first, which a reader kept on the connection delays by up to 40 ms (a restore
+    // of GPT-2 124M's 450 pieces took 14 s instead of 2).
+    const int one = 1;
+    ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     std::thread([store, quit, c] { Serve(*store, Socket(c, "client"), *quit); }).detach();
   }
   ::close(fd);
