@@ -106,6 +106,40 @@ TEST(CkptStore, WrittenByNRanksReadsBackWholeOnAnyLayout) {
   }
 }
 
+// Own tensors (a DiLoCo replica's state) load by their name, or else by a stand-in pattern: the
+// state of the replica saved as r of another number of replicas.
+TEST(CkptStore, OwnTensorsLoadByNameOrByAStandInOfTheSameSize) {
+  Dir d;
+  Fake fake(1.0f);
+  std::vector<std::vector<float>> mine = {{1, 2, 3}, {4, 5, 6}};
+  std::vector<std::unique_ptr<CheckpointWriter>> ws;
+  for (int r = 0; r < 2; ++r)
+    ws.push_back(std::make_unique<CheckpointWriter>(d.str(), r, 2, Retention{}));
+  for (int r = 0; r < 2; ++r) {
+    StateView v = fake.View(7);
+    v.own = {{"x.dp" + std::to_string(r) + "of2", mine[r].data(), 3, false, ""}};
+    ws[r]->Begin(v);
+  }
+  for (auto& w : ws) ASSERT_EQ(w->WaitWritten(), CheckpointWriter::kWritten);
+  for (auto& w : ws) w->Commit();
+  for (auto& w : ws) w->Drain();
+  const CheckpointReader reader = CheckpointReader::Open(d.str() + "/step_00000007");
+  std::vector<float> a(3, -1), b(3, -1), c(3, -1), e(4, -1), f(3, -1);
+  const std::vector<std::string> missing = reader.LoadOwn({
+      {"x.dp1of2", a.data(), 3, false, ""},          // its own name
+      {"x.dp0of1", b.data(), 3, false, "x.dp0of*"},  // replica 0 of a narrower run
+      {"x.dp2of3", c.data(), 3, false, "x.dp2of*"},  // a replica the checkpoint lacks
+      {"x.dp1of3", e.data(), 4, true, "x.dp1of*"},   // a stand-in of another size
+      {"x.dp0of3", f.data(), 3, false, ""},          // no stand-in
+  });
+  EXPECT_EQ(a, mine[1]);
+  EXPECT_EQ(b, mine[0]);
+  EXPECT_EQ(c, std::vector<float>(3, 0.0f));
+  EXPECT_EQ(e, std::vector<float>(4, -1.0f)) << "kept when missing";
+  EXPECT_EQ(f, std::vector<float>(3, 0.0f));
+  EXPECT_EQ(missing, (std::vector<std::string>{"x.dp2of3", "x.dp1of3", "x.dp0of3"}));
+}
+
 TEST(CkptStore, ReadBoxAssemblesAnySliceFromOverlappingPieces) {
   Dir d;
   Fake fake(3.0f);

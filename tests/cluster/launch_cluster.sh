@@ -7,7 +7,9 @@
 #             10 with a fragment in flight): each replica resumes its own weights, moments, outer
 #             state and what was in flight, and the final weights equal the uninterrupted run's
 #             bitwise (tests/train/diloco.sh resumes from a flight deterministically);
-#   twice     host 2's ranks killed in two starts: host 2 is excluded, the job shrinks to dp 2;
+#   twice     host 2's ranks killed in two starts of the DiLoCo run: host 2 is excluded, the job
+#             shrinks to dp 2, whose replicas go on with the rounds of the checkpoint's replicas 0
+#             and 1 (replicas 2 and 3 are dropped from theirs);
 #   flap      host 2's link goes down and comes back before the restart: restarted on the same
 #             layout, the final weights equal the uninterrupted run's bitwise;
 #   linkdown  host 2's link goes down: the job exits 75 within the collective timeout, host 2
@@ -93,15 +95,16 @@ cmp "$tmp/dref/model.safetensors" "$tmp/dkill/model.safetensors" ||
 echo "diloco: rank $rank killed after step $step; each replica resumed its own state; bitwise the same weights"
 
 # --- twice: host 2's ranks fail twice, so host 2 is excluded and the job shrinks to host 1 ---
-launch twice "$tmp/hosts2"
+launch twice "$tmp/hosts2" "${diloco[@]}"
 kill -KILL "$(beat twice 2 5 pid)"
 for _ in $(seq 600); do grep -q "start 2:" "$tmp/twice.log" && break; sleep 0.1; done
 kill -KILL "$(beat twice 3 12 pid)"
 finish twice 0
 expect twice "host ${p}2 excluded: its ranks failed 2 times"
 expect twice "start 3: 2 rank(s) on ${p}1, dp 2 (shrunk"
+expect twice "DiLoCo: the checkpoint's 4 replica(s) go on as 2: replicas 0-1 go on with their rounds; replicas 2-3 are dropped from theirs"
 expect twice "keel launch: finished at step 40"
-echo "twice: $(grep -m1 'excluded' "$tmp/twice.log")"
+echo "twice: $(grep -m1 'excluded' "$tmp/twice.log"); $(grep -m1 -o 'DiLoCo: the checkpoint.*' "$tmp/twice.log")"
 
 # --- flap: host 2's link goes down and is back before the restart: the same layout, bitwise ---
 launch flap "$tmp/hosts2" --set launch.backoff_s=2

@@ -16,7 +16,13 @@
 #     whole one); a stop at step 16, with a fragment in flight, resumes bitwise (and at dp 4 in
 #     int8 with 3 fragments and 2 steps of overlap), and a resume
 #     with another overlap says it lacks the sends of its schedule (and lands none);
-#  5. ZeRO > 0, tensor parallelism and fp16 are refused with one line, and so is a [diloco] key
+#  5. a lost replica (the supervisor's elastic dp: a checkpoint of 2 replicas resumed by 1) is
+#     dropped from its round while the one left goes on with its own: its first loss is its own
+#     weights' (below the anchor's), its outer momentum is the saved replica 0's bitwise (and
+#     four streaming int8 replicas resumed by two keep their residuals); resumed by 2 again, the
+#     new replica joins from the anchor with the same outer momentum and a zero residual, and the
+#     run trains to within 2% of synchronous;
+#  6. ZeRO > 0, tensor parallelism and fp16 are refused with one line, and so is a [diloco] key
 #     without dp_sync = "diloco", fragments beyond inner_steps and an overlap of a whole round.
 #   tests/train/diloco.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
@@ -117,6 +123,65 @@ run resched 2 "${stream[@]}" --set diloco.overlap_steps=2 \
   --set checkpoint.resume="$tmp/scut/checkpoints/step_00000016"
 grep -q "no fragments in flight for this schedule (h10f2t2): fragment(s) 0 (sent at step 15) are dropped" \
   "$tmp/resched.log" || { echo "resched: the start does not say what it drops"; cat "$tmp/resched.log"; exit 1; }
+
+own() {  # own "OP RUN/STEP:TENSOR [RUN/STEP:TENSOR...]"...: OP EQ (all equal the first), ZERO, NONZERO
+  /usr/bin/python3 - "$tmp" "$@" <<'PY'
+import json, sys
+tmp, checks = sys.argv[1], sys.argv[2:]
+def read(spec):  # RUN/STEP:NAME -> the tensor's bytes
+    where, name = spec.split(":")
+    d = f"{tmp}/{where.split('/')[0]}/checkpoints/step_{int(where.split('/')[1]):08d}"
+    t = next(t for t in json.load(open(f"{d}/manifest.json"))["tensors"]
+             if t["kind"] == "own" and t["name"] == name + ".tp0of1.pp0of1")
+    out = b""
+    for p in t["pieces"]:
+        with open(f"{d}/{p['file']}", "rb") as f:
+            f.seek(p["offset"])
+            out += f.read(p["bytes"])
+    return out
+for c in checks:
+    op, a, *b = c.split(" ")
+    x = read(a)
+    ok = {"EQ": lambda: all(read(y) == x for y in b), "ZERO": lambda: not any(x),
+          "NONZERO": lambda: any(x)}[op]()
+    print(f"{'ok' if ok else 'FAILED'}: {c}")
+    if not ok: sys.exit(1)
+PY
+}
+says() {  # says RUN TEXT: TEXT is in the run's log
+  grep -q -F -- "$2" "$tmp/$1.log" || { echo "$1: no \"$2\" in the log"; cat "$tmp/$1.log"; exit 1; }
+}
+loss_at() {  # loss_at RUN STEP
+  /usr/bin/python3 -c 'import json, sys
+print(next(d["loss"] for d in map(json.loads, open(sys.argv[1])) if d.get("step") == int(sys.argv[2]) and "loss" in d))' \
+    "$tmp/$1/metrics.jsonl" "$2"
+}
+d10i8=("${diloco[@]}" --set diloco.inner_steps=10 --set parallel.grad_comm=int8)
+run shrink 1 "${d10i8[@]}" --set checkpoint.resume="$tmp/cut/checkpoints/step_00000015" \
+  --set train.stop_at=16
+says shrink "DiLoCo: the checkpoint's 2 replica(s) go on as 1: replica 0 goes on with its round; replica 1 is dropped from its round"
+# as_sync's step 16 ran the anchor's weights on the same 8 rows.
+/usr/bin/python3 -c 'import sys; a, b = map(float, sys.argv[1:])
+print(f"shrink: loss at step 16 {a:.4f}, the anchor'"'"'s {b:.4f}"); sys.exit(not a < 0.995 * b)' \
+  "$(loss_at shrink 16)" "$(loss_at as_sync 16)"
+own "EQ shrink/16:diloco.momentum.dp0of1 cut/15:diloco.momentum.dp0of2" \
+  "NONZERO shrink/16:diloco.momentum.dp0of1"
+# Four streaming replicas in int8 go on as two: replica 1 keeps its residual (step 15 sends no
+# fragment), and the fragment in flight since 14 is dropped.
+run shrink4 2 "${s4[@]}" --set checkpoint.resume="$tmp/s4cut/checkpoints/step_00000014" \
+  --set train.stop_at=15
+says shrink4 "the checkpoint's 4 replica(s) go on as 2: replicas 0-1 go on with their rounds; replicas 2-3 are dropped from theirs"
+own "EQ shrink4/15:diloco.residual.dp1of2 s4cut/14:diloco.residual.dp1of4" \
+  "NONZERO s4cut/14:diloco.residual.dp1of4"
+run grow 2 "${d10i8[@]}" --set checkpoint.resume="$tmp/shrink/checkpoints/step_00000016" \
+  --set train.stop_at=17
+says grow "DiLoCo: the checkpoint's 1 replica(s) go on as 2: replica 0 goes on with its round; replica 1 joins from the anchor"
+own "EQ grow/17:diloco.momentum.dp1of2 grow/17:diloco.momentum.dp0of2 shrink/16:diloco.momentum.dp0of1" \
+  "ZERO grow/17:diloco.residual.dp1of2"
+run grow 2 "${d10i8[@]}" --resume auto
+/usr/bin/python3 -c 'import sys; a, b = map(float, sys.argv[1:])
+print(f"grow: loss at step 40 {a:.4f}, synchronous {b:.4f} ({100 * (a - b) / b:+.2f}%, limit +2%)")
+sys.exit(not a <= 1.02 * b)' "$(loss_at grow 40)" "$(loss_at sync 40)"
 
 refused zero1 2 "parallel.dp_sync" "${diloco[@]}" --set parallel.zero=1
 refused stray 2 "diloco.inner_steps" --set diloco.inner_steps=5

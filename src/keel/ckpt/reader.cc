@@ -1,6 +1,7 @@
 #include "keel/ckpt/reader.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -278,8 +279,18 @@ VerifyResult Verify(const std::string& dir, bool progress) {
 std::vector<std::string> CheckpointReader::LoadOwn(const std::vector<OwnBuffer>& own) const {
   std::vector<std::string> missing;
   for (const OwnBuffer& o : own) {
+    const std::vector<int64_t> shape{int64_t(o.n)};
     const TensorEntry* t = manifest_.Find(o.name, kOwnKind);
-    if (t && t->shape == std::vector<int64_t>{int64_t(o.n)})
+    if (!(t && t->shape == shape) && !o.stand_in.empty()) {
+      t = nullptr;
+      for (const TensorEntry& e : manifest_.tensors)
+        if (e.kind == kOwnKind && e.shape == shape &&
+            ::fnmatch(o.stand_in.c_str(), e.name.c_str(), 0) == 0) {
+          t = &e;
+          break;
+        }
+    }
+    if (t && t->shape == shape)
       ReadBox(*t, {0}, {int64_t(o.n)}, o.data);
     else {
       missing.push_back(o.name);

@@ -48,9 +48,9 @@ class CheckpointReader {
             size_t lo = 0, size_t hi = 0, bool progress = false,
             const Memory& mem = HostMemory()) const;
 
-  // Reads each of `own` that the checkpoint holds under its name and size (verified as above) and
-  // returns the names of the others, which it zeroes unless they keep_if_missing (a run whose
-  // layout changed starts its own state afresh).
+  // Reads each of `own` that the checkpoint holds under its name and size, or else under a name its
+  // stand_in matches (verified as above), and returns the names of the others, which it zeroes
+  // unless they keep_if_missing (a run whose layout changed starts its own state afresh).
   std::vector<std::string> LoadOwn(const std::vector<OwnBuffer>& own) const;
 
  private:

@@ -68,12 +68,16 @@ struct FlatBuffer {
 // residual): written whole by that rank as a one-axis tensor of kind kOwnKind under `name`,
 // which must differ between ranks, and loaded by the rank that asks for the same name and size.
 // A save copies it when it begins (it may change before the next update). A load that does not
-// find it zeroes it, unless `keep_if_missing` (the owner fills it another way).
+// find it zeroes it, unless `keep_if_missing` (the owner fills it another way). `stand_in`, where
+// set, is an fnmatch pattern for a tensor of the same size to load instead when `name` is not
+// there: the first own tensor of the manifest it matches (a DiLoCo replica's state, saved when the
+// run had another number of replicas, under that width's name).
 struct OwnBuffer {
   std::string name;
   float* data = nullptr;
   size_t n = 0;
   bool keep_if_missing = false;
+  std::string stand_in;
 };
 
 struct StateView {

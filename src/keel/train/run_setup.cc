@@ -478,7 +478,7 @@ void Run::ResumeOrInit(bool init_later) {
   if (resumed) {
     start_step = int(resumed->step);
     step->Restored(resumed->state.at("optimizer").at("step").get<int>(), start_step,
-                   resumed->own_missing);
+                   resumed->own_missing, ReplicasThatSaved(resumed->state));
     // The scaler goes on where it was; a checkpoint without one (or a run that adds one) starts
     // it afresh.
     const nlohmann::json ls = resumed->state.value("loss_scaler", nlohmann::json::object());

@@ -13,4 +13,8 @@ int RanksThatSaved(const nlohmann::json& state) {
   return l.value("dp", 1) * l.value("tp", 1) * l.value("pp", 1) * l.value("cp", 1);
 }
 
+int ReplicasThatSaved(const nlohmann::json& state) {
+  return state.value("layout", nlohmann::json::object()).value("dp", 1);
+}
+
 }  // namespace keel::train

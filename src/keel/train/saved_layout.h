@@ -15,5 +15,8 @@ nlohmann::json LayoutJson(const parallel::ParallelDims& dims);
 
 // dp·tp·pp·cp of a manifest state's "layout"; a key it lacks counts 1.
 int RanksThatSaved(const nlohmann::json& state);
+// Its dp: the number of replicas that saved it (DiLoCo's, which may differ from the resuming
+// run's after the supervisor's elastic dp lost or regained a host).
+int ReplicasThatSaved(const nlohmann::json& state);
 
 }  // namespace keel::train

@@ -188,7 +188,7 @@ std::string TrainStep::Fp8OwnName() const {
 }
 
 void TrainStep::Restored(int optimizer_step, int step_done,
-                         const std::vector<std::string>& own_missing) {
+                         const std::vector<std::string>& own_missing, int saved_replicas) {
   store_->set_step(optimizer_step);
   if (!fp8_saved_.empty()) {
     // Found: the scales, spike tests and fallbacks go on where they were. Else (another layout,
@@ -210,9 +210,30 @@ void TrainStep::Restored(int optimizer_step, int step_done,
       const std::string mine = OwnName(std::string("diloco.") + what);
       return std::find(own_missing.begin(), own_missing.end(), mine) == own_missing.end();
     };
-    const std::string tag = "." + outer_->InFlightTag();
+    const std::string tag = std::string(".") + outer_->InFlightTag();
     outer_->Loaded(step_done, found("master"),
                    found(("sends" + tag).c_str()) && found(("arrived" + tag).c_str()));
+    const int now = comm_.size();
+    // Replica 0 always finds its own state in a DiLoCo checkpoint saved at another width (not
+    // in a synchronous run's, which the checkpointer's line covers).
+    if (saved_replicas > 0 && saved_replicas != now && found("master") && comm_.rank() == 0 &&
+        (!g_.pp || g_.pp->rank() == 0)) {
+      // "replica 1 joins", "replicas 1-3 join"
+      auto span = [](int a, int b, const char* one, const char* many) {
+        return b - a == 1
+                   ? "replica " + std::to_string(a) + " " + one
+                   : "replicas " + std::to_string(a) + "-" + std::to_string(b - 1) + " " + many;
+      };
+      const std::string kept = span(0, std::min(saved_replicas, now), "goes on with its round",
+                                    "go on with their rounds");
+      const std::string rest =
+          now < saved_replicas
+              ? span(now, saved_replicas, "is dropped from its round", "are dropped from theirs")
+              : span(saved_replicas, now, "joins", "join") +
+                    " from the anchor (the replicas' common weights) with the outer momentum";
+      Log("keel: DiLoCo: the checkpoint's %d replica(s) go on as %d: %s; %s", saved_replicas, now,
+          kept.c_str(), rest.c_str());
+    }
   }
   // bf16 working weights: the rounding of the restored master, exactly (without a master they
   // were loaded in place).
@@ -441,38 +462,48 @@ ckpt::StateView TrainStep::StateView() {
     // moments' shared copy is pieced from the replicas' (one part each) for the other layouts.
     v.buffers[0] = {"master", outer_->anchor(), DType::kF32};
     const size_t n = outer_->size();
-    auto own = [&](const char* what, void* p, bool keep = false) {
-      v.own.push_back({OwnName(std::string("diloco.") + what), static_cast<float*>(p), n, keep});
+    // Saved by another number of replicas (the supervisor's elastic dp lost or regained a host),
+    // replica r goes on with the round of the one saved as replica r, and the replicas past the
+    // new width are dropped from theirs; one the checkpoint lacks starts from the anchor, with the
+    // outer momentum, which every replica holds alike. Fragments in flight are not carried over:
+    // their names hold the width, so every replica drops them together.
+    const std::string kept = std::to_string(comm_.rank()) + "of*";
+    auto own = [&](const char* what, void* p, bool keep = false, const std::string& from = "") {
+      const std::string w = std::string("diloco.") + what;
+      v.own.push_back(
+          {OwnName(w), static_cast<float*>(p), n, keep, from.empty() ? "" : OwnName(w, from)});
     };
     // Without it Restored starts the replica from the anchor.
-    own("master", store_->master_data(), /*keep=*/true);
+    own("master", store_->master_data(), /*keep=*/true, kept);
     // Without them the replica keeps the moments pieced from the shared ones: not zeroed.
-    own("adam_m", store_->adam_m(), true);
-    own("adam_v", store_->adam_v(), true);
-    own("momentum", outer_->momentum());
-    if (outer_->residual()) own("residual", outer_->residual());
+    own("adam_m", store_->adam_m(), true, kept);
+    own("adam_v", store_->adam_v(), true, kept);
+    own("momentum", outer_->momentum(), false, "*of*");
+    if (outer_->residual()) own("residual", outer_->residual(), false, kept);
     if (spec_.diloco.overlap_steps > 0) {
       // The fragments in flight: each replica's sends and the averages to land (Run::SaveView
       // waits for them to arrive first).
-      const std::string tag = "." + outer_->InFlightTag();
+      const std::string tag = std::string(".") + outer_->InFlightTag();
       own(("sends" + tag).c_str(), outer_->sends(), true);
       own(("arrived" + tag).c_str(), outer_->arrived(), true);
     }
   }
   if (zero_->residual_elems() > 0)
-    v.own.push_back({OwnName("grad_comm.residual"), zero_->residual(), zero_->residual_elems()});
+    v.own.push_back(
+        {OwnName("grad_comm.residual"), zero_->residual(), zero_->residual_elems(), false, ""});
   // Kept when missing: Restored says the trackers start afresh.
   if (!fp8_saved_.empty())
-    v.own.push_back({Fp8OwnName(), fp8_saved_.data(), fp8_saved_.size(), /*keep=*/true});
+    v.own.push_back({Fp8OwnName(), fp8_saved_.data(), fp8_saved_.size(), /*keep=*/true, ""});
   return v;
 }
 
-std::string TrainStep::OwnName(const std::string& what) const {
+std::string TrainStep::OwnName(const std::string& what, const std::string& dp_part) const {
   auto at = [](const parallel::Comm* c, const char* dim) {
     const int r = c ? c->rank() : 0, n = c ? c->size() : 1;
     return std::string(".") + dim + std::to_string(r) + "of" + std::to_string(n);
   };
-  return what + at(&comm_, "dp") + at(g_.tp, "tp") + at(g_.pp, "pp");
+  return what + (dp_part.empty() ? at(&comm_, "dp") : ".dp" + dp_part) + at(g_.tp, "tp") +
+         at(g_.pp, "pp");
 }
 
 size_t TrainStep::ActivationBytes() const {

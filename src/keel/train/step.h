@@ -91,9 +91,10 @@ class TrainStep {
   void SetWeights(const TensorValues& values);
   // After a checkpoint filled the store's master and moments: the working weights follow.
   // `own_missing`: the names of StateView().own the checkpoint did not have (DiLoCo: a replica
-  // without its own master starts from the anchor).
-  void Restored(int optimizer_step, int step_done,
-                const std::vector<std::string>& own_missing = {});
+  // without its own master starts from the anchor). `saved_replicas`: the data-parallel width
+  // that saved it (0: this run's), which DiLoCo's start line compares with its own.
+  void Restored(int optimizer_step, int step_done, const std::vector<std::string>& own_missing = {},
+                int saved_replicas = 0);
   // Before a checkpoint copies StateView's buffers: streaming DiLoCo's fragments in flight
   // arrive, and the fp8 trackers' state is written where StateView().own points.
   void BeforeSave();
@@ -188,8 +189,9 @@ class TrainStep {
   std::vector<float> fp8_saved_;
   std::string Fp8OwnName() const;  // "fp8.trackers.n<floats>" by OwnName
   // The name of this rank's own checkpoint tensor `what` (StateView::own): by its place in the
-  // layout, so that a resume under the same layout finds its own.
-  std::string OwnName(const std::string& what) const;
+  // layout, so that a resume under the same layout finds its own. `dp_part` replaces the
+  // data-parallel "<rank>of<size>" (a stand-in's pattern: "0of*").
+  std::string OwnName(const std::string& what, const std::string& dp_part = "") const;
   std::vector<std::unique_ptr<model::Transformer>> models_;  // one per chunk
   std::unique_ptr<Pipeline> pipe_;
   Buffer sum_scratch_;  // parallel::GradSumScratchElems fp32 elements
