@@ -13,7 +13,9 @@
 # long; its last step ends every round at once, a cost paid once per run, not per step). Needs root.
 # HOSTS (default 2) hosts of one rank each; TRAIN_ARGS: --set overrides after the quickstart's
 # (e.g. GPT-2 124M: "--set model.name=gpt2 --set data.seq_len=256 --set train.batch_size=16").
-#   [WIRES="fp32 bf16 int8 diloco:4:int8"] [HOSTS=4] [TRAIN_ARGS="..."] \
+# PEER_STEPS (default STEPS): the fp32 peer's steps; the figures are means per step, and DiLoCo
+# needs more than H steps to hold one outer step where a synchronous step repeats itself.
+#   [WIRES="fp32 bf16 int8 diloco:4:int8"] [HOSTS=4] [TRAIN_ARGS="..."] [PEER_STEPS=8] \
 #     bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]   (default: 8 steps; 10gbit 1gbit
 #                                                           200mbit; fp32)
 set -euo pipefail
@@ -40,7 +42,7 @@ cluster_hostfile "$p" "$tmp/hosts" 1
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores;" \
   "$hosts hosts of one rank${TRAIN_ARGS:+; $TRAIN_ARGS}"
-run() {  # NAME WIRE: the quickstart over both hosts, one rank each
+run() {  # NAME WIRE STEPS: the quickstart over the hosts, one rank each
   local sync=() h w f t
   if [[ $2 == diloco:* ]]; then
     IFS=: read -r _ h w f t <<<"$2"
@@ -51,7 +53,7 @@ run() {  # NAME WIRE: the quickstart over both hosts, one rank each
   fi
   timeout 1800 mpirun --hostfile "$tmp/hosts" -np "$hosts" --map-by node -x OMP_NUM_THREADS=1 "$keel" train \
     "$src/configs/quickstart.toml" --set data.train="$shared/brown/brown.gpt2.u16" \
-    --set data.val= --set train.val_every=0 --set train.sample_count=0 --set train.steps="$steps" \
+    --set data.val= --set train.val_every=0 --set train.sample_count=0 --set train.steps="$3" \
     --set train.log_every=1 --set checkpoint.every_minutes=0 --set checkpoint.save_final=false \
     "${train_args[@]}" "${sync[@]}" --set train.out_dir="$tmp" --set train.name="$1" \
     >"$tmp/$1.log" 2>&1 || { echo "$1 failed:"; tail "$tmp/$1.log"; exit 1; }
@@ -76,7 +78,9 @@ for r in unlimited "${rates[@]}"; do
   fi
   peer=
   for w in "${wires[@]}"; do
-    run "${r}_${w//:/-}" "$w"
+    n=$steps
+    [[ $w == fp32 ]] && n=${PEER_STEPS:-$steps}
+    run "${r}_${w//:/-}" "$w" "$n"
     read -r ms wait sent grads loss < <(stats "${r}_${w//:/-}")
     base=${base:-$ms}
     peer=${peer:-$ms}
