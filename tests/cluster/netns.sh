@@ -147,6 +147,9 @@ cluster_mpi_env() {
   # Only the bridge: eth0 of the root namespace is not reachable from the namespaces.
   export OMPI_MCA_oob_tcp_if_include="$cidr" OMPI_MCA_btl_tcp_if_include="$cidr"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  # The namespaces share this machine's cores: bound, every host's daemon would put its first
+  # rank on core 0 (mpirun binds to a core when it starts two ranks or fewer).
+  export OMPI_MCA_hwloc_base_binding_policy=${OMPI_MCA_hwloc_base_binding_policy:-none}
   # TCP keepalive on the mpirun<->orted links (answered by the kernel, so a busy host is not
   # "lost"), so that mpirun notices a host whose link is gone: about time + intvl * probes after
   # the loss it prints "ORTE has lost communication with a remote daemon" and exits 205, and the

@@ -2,6 +2,7 @@
 // heartbeats and goodput accounting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "bad_input.h"
@@ -109,6 +110,18 @@ TEST(Launcher, CommandLines) {
   EXPECT_NE(line.find("-x KEEL_HEARTBEAT_DIR -np 4 --host kh1:2,kh2:2 --bind-to none keel train"),
             std::string::npos)
       << line;
+  // Unbound unless launcher_args bind: mpirun's default puts a rank on one core when it starts
+  // two or fewer. The user's binding is the only one.
+  EXPECT_EQ(std::count(a.begin(), a.end(), "--bind-to"), 1) << line;
+  job.launcher_args = SplitArgs("--bind-to core --map-by slot:PE=4");
+  const auto bound = JobArgv(job, {"keel", "train"});
+  EXPECT_EQ(std::count(bound.begin(), bound.end(), "--bind-to"), 1);
+  EXPECT_NE(std::find(bound.begin(), bound.end(), "core"), bound.end());
+  job.launcher_args.clear();
+  const auto unbound = JobArgv(job, {"keel", "train"});
+  const auto at = std::find(unbound.begin(), unbound.end(), "--bind-to");
+  ASSERT_NE(at, unbound.end());
+  EXPECT_EQ(*(at + 1), "none");
   job.launcher = Launcher::kSlurm;
   const auto s = JobArgv(job, {"keel", "train"});
   EXPECT_EQ(s[0], "srun");

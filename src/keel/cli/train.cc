@@ -1,5 +1,6 @@
 // keel train: run a training job from a TOML config.
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -18,15 +19,26 @@
 namespace keel::cli {
 namespace {
 
-// Ranks that share a machine split its cores, unless the user chose a thread count: two ranks
-// with all cores each would oversubscribe them and spin in each other's OpenMP barriers.
+// Ranks that share a machine split its cores, unless the user chose a thread count.
 void SplitCoresAmongLocalRanks() {
-  if (std::getenv("OMP_NUM_THREADS")) return;
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const int n = local ? std::atoi(local) : 1;
-  // OpenMP already starts from the CPUs the launcher bound this rank to (mpirun binds each rank to
-  // a core by default); this only narrows an unbound rank's share.
-  const int share = int(std::thread::hardware_concurrency()) / std::max(1, n);
+  const int cores = int(std::thread::hardware_concurrency());
+  const int share = cores / std::max(1, n);
+  // OpenMP starts from the CPUs the launcher bound this rank to: mpirun binds each rank to one
+  // core when it starts two or fewer, so `mpirun -np 2` on a 16-core host trains on 2 of them.
+  // Said once per host; keel launch passes --bind-to none.
+  cpu_set_t set;
+  const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  if (local && local_rank && std::atoi(local_rank) == 0 &&
+      ::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < share)
+    Log("keel: the launcher bound each rank to %d CPU(s) of this host's %d: %d thread(s) a rank "
+        "(mpirun binds to a core when it starts 2 ranks or fewer; `mpirun --bind-to none`, as "
+        "keel launch does, lets the %d rank(s) here share all of them)",
+        CPU_COUNT(&set), cores, CPU_COUNT(&set), n);
+  if (std::getenv("OMP_NUM_THREADS")) return;
+  // Unbound ranks split the cores: two with all of them each would oversubscribe them and spin
+  // in each other's OpenMP barriers.
   if (n > 1) omp_set_num_threads(std::max(1, std::min(omp_get_max_threads(), share)));
 }
 

@@ -72,6 +72,13 @@ void AddMpirunCommon(const JobLine& job, std::vector<std::string>& a) {
     a.insert(a.end(), {"--mca", "oob_tcp_keepalive_time", "5", "--mca", "oob_tcp_keepalive_intvl",
                        "2", "--mca", "oob_tcp_keepalive_probes", "3"});
   for (const auto& e : job.env) a.insert(a.end(), {"-x", e});
+  // mpirun binds each rank to one core when it starts two or fewer (to a socket beyond): two hosts
+  // of one rank each would train on one core apiece whatever they have, since OpenMP starts from
+  // the CPUs a rank is bound to. Unbound, each rank takes its share of its host's cores
+  // (cli/train.cc). A binding in launcher_args or Open MPI's environment wins.
+  bool bound = std::getenv("OMPI_MCA_hwloc_base_binding_policy") != nullptr;
+  for (const auto& x : job.launcher_args) bound = bound || x.rfind("--bind-to", 0) == 0;
+  if (!bound) a.insert(a.end(), {"--bind-to", "none"});
 }
 
 }  // namespace
