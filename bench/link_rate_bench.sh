@@ -15,7 +15,10 @@
 # (e.g. GPT-2 124M: "--set model.name=gpt2 --set data.seq_len=256 --set train.batch_size=16").
 # PEER_STEPS (default STEPS): the fp32 peer's steps; the figures are means per step, and DiLoCo
 # needs more than H steps to hold one outer step where a synchronous step repeats itself.
-#   [WIRES="fp32 bf16 int8 diloco:4:int8"] [HOSTS=4] [TRAIN_ARGS="..."] [PEER_STEPS=8] \
+# ALONE=1: first, each host trains its rank's share of the batch alone (dp 1, no communication),
+# all hosts at once so that they share the machine as the data-parallel ranks do (PEER_STEPS
+# steps); every line then gives its scaling efficiency, the alone step over its step.
+#   [WIRES="fp32 bf16 int8 diloco:4:int8"] [HOSTS=4] [TRAIN_ARGS="..."] [PEER_STEPS=8] [ALONE=1] \
 #     bench/link_rate_bench.sh [KEEL] [STEPS] [RATES...]   (default: 8 steps; 10gbit 1gbit
 #                                                           200mbit; fp32)
 set -euo pipefail
@@ -51,13 +54,14 @@ run() {  # NAME WIRE STEPS: the quickstart over the hosts, one rank each
   else
     sync=(--set parallel.grad_comm="$2")
   fi
-  timeout 1800 mpirun --hostfile "$tmp/hosts" -np "$hosts" --map-by node -x OMP_NUM_THREADS=1 "$keel" train \
-    "$src/configs/quickstart.toml" --set data.train="$shared/brown/brown.gpt2.u16" \
-    --set data.val= --set train.val_every=0 --set train.sample_count=0 --set train.steps="$3" \
-    --set train.log_every=1 --set checkpoint.every_minutes=0 --set checkpoint.save_final=false \
-    "${train_args[@]}" "${sync[@]}" --set train.out_dir="$tmp" --set train.name="$1" \
+  timeout 1800 mpirun --hostfile "$tmp/hosts" -np "$hosts" --map-by node -x OMP_NUM_THREADS=1 \
+    "$keel" train "${train[@]}" --set train.steps="$3" "${sync[@]}" --set train.name="$1" \
     >"$tmp/$1.log" 2>&1 || { echo "$1 failed:"; tail "$tmp/$1.log"; exit 1; }
 }
+train=("$src/configs/quickstart.toml" --set data.train="$shared/brown/brown.gpt2.u16"
+       --set data.val= --set train.val_every=0 --set train.sample_count=0 --set train.log_every=1
+       --set checkpoint.every_minutes=0 --set checkpoint.save_final=false "${train_args[@]}"
+       --set train.out_dir="$tmp")
 stats() {  # NAME -> "ms dp_wait_ms MB_sent MB_of_gradients last_loss", means over steps 3..N-1
   /usr/bin/python3 - "$tmp/$1/metrics.jsonl" <<'PY'
 import json, statistics, sys
@@ -71,6 +75,20 @@ PY
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
+alone=
+if [[ ${ALONE:-0} == 1 ]]; then
+  batch=16  # the quickstart's global batch, unless TRAIN_ARGS sets another
+  for a in "${train_args[@]}"; do [[ $a == train.batch_size=* ]] && batch=${a#*=}; done
+  for ((i = 1; i <= hosts; ++i)); do
+    OMP_NUM_THREADS=1 timeout 1800 "$keel" train "${train[@]}" --set train.batch_size=$((batch / hosts)) \
+      --set train.steps="${PEER_STEPS:-$steps}" --set train.name="alone$i" >"$tmp/alone$i.log" 2>&1 &
+  done
+  for ((i = 1; i <= hosts; ++i)); do
+    wait -n || { echo "a rank alone failed:"; tail "$tmp"/alone*.log; exit 1; }
+  done
+  alone=$(for ((i = 1; i <= hosts; ++i)); do stats "alone$i"; done | awk '{ s += $1 } END { printf "%.0f", s / NR }')
+  echo "alone      $hosts x dp 1     $alone ms/step (each host its rank's $((batch / hosts)) rows, no communication, side by side)"
+fi
 base=
 for r in unlimited "${rates[@]}"; do
   if [[ $r != unlimited ]]; then
@@ -88,6 +106,7 @@ for r in unlimited "${rates[@]}"; do
       "$r" "$w" "$ms" "$wait" "$sent" "$grads" "$loss")
     [[ $r == unlimited && $w == fp32 ]] || line+=": $(ratio "$ms" "$base")x unlimited fp32"
     [[ $w == fp32 ]] || line+=", $(ratio "$ms" "$peer")x fp32 at $r"
+    [[ -z $alone ]] || line+="; scaling $(awk -v a="$alone" -v b="$ms" 'BEGIN { printf "%.0f%%", 100 * a / b }')"
     echo "$line"
   done
 done
