@@ -117,6 +117,10 @@ TEST(Launcher, CommandLines) {
   const auto bound = JobArgv(job, {"keel", "train"});
   EXPECT_EQ(std::count(bound.begin(), bound.end(), "--bind-to"), 1);
   EXPECT_NE(std::find(bound.begin(), bound.end(), "core"), bound.end());
+  // Cores per rank (PE) bind them too: --bind-to none would undo it.
+  job.launcher_args = SplitArgs("--map-by slot:PE=4");
+  const auto pe = JobArgv(job, {"keel", "train"});
+  EXPECT_EQ(std::count(pe.begin(), pe.end(), "--bind-to"), 0);
   job.launcher_args.clear();
   const auto unbound = JobArgv(job, {"keel", "train"});
   const auto at = std::find(unbound.begin(), unbound.end(), "--bind-to");

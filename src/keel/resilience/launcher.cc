@@ -75,9 +75,11 @@ void AddMpirunCommon(const JobLine& job, std::vector<std::string>& a) {
   // mpirun binds each rank to one core when it starts two or fewer (to a socket beyond): two hosts
   // of one rank each would train on one core apiece whatever they have, since OpenMP starts from
   // the CPUs a rank is bound to. Unbound, each rank takes its share of its host's cores
-  // (cli/train.cc). A binding in launcher_args or Open MPI's environment wins.
+  // (cli/train.cc). A binding in launcher_args (--bind-to, or --map-by ...:PE=N, which binds
+  // each rank to N cores) or Open MPI's environment wins.
   bool bound = std::getenv("OMPI_MCA_hwloc_base_binding_policy") != nullptr;
-  for (const auto& x : job.launcher_args) bound = bound || x.rfind("--bind-to", 0) == 0;
+  for (const auto& x : job.launcher_args)
+    bound = bound || x.rfind("--bind-to", 0) == 0 || x.find("PE=") != std::string::npos;
   if (!bound) a.insert(a.end(), {"--bind-to", "none"});
 }
 
