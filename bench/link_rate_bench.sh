@@ -14,7 +14,8 @@
 # HOSTS (default 2) hosts of one rank each; TRAIN_ARGS: --set overrides after the quickstart's
 # (e.g. GPT-2 124M: "--set model.name=gpt2 --set data.seq_len=256 --set train.batch_size=16").
 # PEER_STEPS (default STEPS): the fp32 peer's steps; the figures are means per step, and DiLoCo
-# needs more than H steps to hold one outer step where a synchronous step repeats itself.
+# needs more than H steps to hold one outer step where a synchronous step repeats itself. A WIRES
+# entry WIRE@N runs N steps instead (e.g. "bf16@8 int8@8 diloco:50:int8" with STEPS 55).
 # ALONE=1: first, each host trains its rank's share of the batch alone (dp 1, no communication),
 # all hosts at once so that they share the machine as the data-parallel ranks do (PEER_STEPS
 # steps); every line then gives its scaling efficiency, the alone step over its step.
@@ -98,6 +99,7 @@ for r in unlimited "${rates[@]}"; do
   for w in "${wires[@]}"; do
     n=$steps
     [[ $w == fp32 ]] && n=${PEER_STEPS:-$steps}
+    [[ $w == *@* ]] && n=${w#*@} w=${w%@*}
     run "${r}_${w//:/-}" "$w" "$n"
     read -r ms wait sent grads loss < <(stats "${r}_${w//:/-}")
     base=${base:-$ms}

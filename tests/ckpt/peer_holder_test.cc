@@ -4,6 +4,8 @@
 #include "keel/ckpt/peer_holder.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -83,6 +85,44 @@ TEST(PeerHolder, KeepsWhatArrivesWholeAndGivesBackAnyRange) {
   trim.SendLine("TRIM run abc");
   EXPECT_EQ(trim.RecvLine().rfind("ERR TRIM run: step", 0), 0u);
   EXPECT_EQ(c.List("run/").size(), 1u);  // an unreadable TRIM wiped nothing
+}
+
+// A memfd holding `bytes` at offset 3, for a PUTFD.
+int MemfdOf(const std::string& bytes) {
+  const int fd = ::memfd_create("test", MFD_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 3), ssize_t(bytes.size()));
+  return fd;
+}
+
+TEST(PeerHolder, ARankOfThisHostHandsItsCopyOverByDescriptor) {
+  Holder h;
+  const peer::Client c = h.client();
+  ASSERT_TRUE(c.local());
+  const std::string bytes = "0123456789abcdef";
+  const int fd = MemfdOf(bytes);
+  const std::string key = "run/step_00000003/rank_00000.bin";
+  ASSERT_TRUE(c.PutLocal(key, fd, 3, bytes.size(), Hash(bytes.data(), bytes.size())));
+  std::string got(bytes.size(), '\0');
+  c.Get(key, 0, bytes.size(), got.data());
+  EXPECT_EQ(got, bytes);
+  EXPECT_EQ(c.List("run/").at(0).xxh3, Hash(bytes.data(), bytes.size()));
+  // Bytes that do not match the hash the sender gives, or fewer bytes than it says, are refused
+  // and replace nothing.
+  EXPECT_THROW(c.PutLocal(key, fd, 4, bytes.size() - 1, Hash(bytes.data(), bytes.size() - 1)),
+               Error);
+  EXPECT_THROW(c.PutLocal(key, fd, 3, bytes.size() + 1, Hash(bytes.data(), bytes.size())), Error);
+  c.Get(key, 0, bytes.size(), got.data());
+  EXPECT_EQ(got, bytes);
+  ::close(fd);
+  // Over TCP no descriptor can come: refused with a line.
+  peer::Socket s = peer::Socket::Connect("127.0.0.1", h.address.port, 5);
+  s.SendLine("PUTFD " + key + " 0 4 " + HashHex(Hash("0123", 4)));
+  EXPECT_EQ(s.RecvLine(), "ERR PUTFD " + key + ": no descriptor came with it");
+  // A holder on another host is not handed anything: the caller sends over TCP.
+  const peer::Client remote({"192.0.2.1", h.address.port}, 1);  // TEST-NET-1, never local
+  EXPECT_FALSE(remote.local());
+  EXPECT_FALSE(remote.PutLocal(key, 0, 0, 1, 0));
 }
 
 TEST(PeerHolder, KeepsTheNewestTwoStepsOfEachFileAndTrimsALeftTimeline) {
@@ -238,6 +278,7 @@ TEST(PeerHolder, ASaveSentByThreeRanksReadsBackThroughTheReader) {
   PeerTarget to{"run", {h.address}, 0};
   for (int r = 0; r < world; ++r) {
     CheckpointWriter w("/nonexistent-root", r, world, {});
+    if (r == 1) w.ShareStaging();  // its copy goes by descriptor, the others' over TCP
     StateView v;
     v.step = 12;
     v.tokens = 1200;
@@ -251,6 +292,7 @@ TEST(PeerHolder, ASaveSentByThreeRanksReadsBackThroughTheReader) {
     for (const SaveReport& rep : w.TakeReports()) {
       EXPECT_EQ(rep.error, "");
       EXPECT_EQ(rep.holders, std::vector<std::string>{"127.0.0.1"});
+      EXPECT_EQ(rep.handed_over, r == 1);
     }
   }
   const peer::Client c = h.client();

@@ -83,6 +83,9 @@ grep -q '"event":"holder_lost".*"host":"'"$p"'2"' "$tmp/buddy/events.jsonl" ||
 cmp "$tmp/ref/model.safetensors" "$tmp/buddy/model.safetensors" ||
   { echo "buddy: final weights differ from the uninterrupted run"; exit 1; }
 ((disk == 0)) || { echo "buddy: $disk files from a local disk, but no holder spills"; exit 1; }
+# Rank 0's copies to its own host's holder went by descriptor (PUTFD), the buddy's over TCP.
+grep -q '"handed_over":true' "$tmp/buddy/events.jsonl" ||
+  { echo "buddy: no tier-0 copy was handed over to its own host's holder by descriptor"; exit 1; }
 echo "buddy: host ${p}2 killed after step 14; resumed from the tier-0 copy of step $step ($own file reads from own copies, $buddy_files from the buddy's); bitwise the same weights"
 
 # --- disk: every process dies, the disks stay: the holders start again with their spilled copies ---

@@ -15,8 +15,11 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -249,23 +252,12 @@ class Store {
   std::unique_ptr<Spill> spill_;
 };
 
-// Receives a PUT's `n` bytes (after its header) and the xxh3 line that follows them into the
-// store, or discards them and says why.
-void ServePut(Store& store, Socket& s, const std::string& key, uint64_t n) {
-  std::string refused = SafeKey(key) ? store.Reserve(key, n) : "ERR \"" + key + "\": not a key";
-  if (refused != "OK") {
-    // The sender does not wait for a reply before its bytes: take them, so that it reads the
-    // reason rather than a reset connection.
-    std::vector<char> sink(size_t(1) << 20);
-    for (uint64_t left = n; left > 0;) {
-      const size_t k = size_t(std::min<uint64_t>(left, sink.size()));
-      s.RecvAll(sink.data(), k);
-      left -= k;
-    }
-    s.RecvLine();
-    s.SendLine(refused);
-    return;
-  }
+// Takes an item's `n` bytes from `read(dst, offset, bytes)`, a slice at a time in order, into the
+// store, and checks them against the xxh3 that `sent_hash()` gives once they are in; answers on
+// `s`. The item has its `n` bytes reserved.
+void Receive(Store& store, Socket& s, const std::string& key, uint64_t n,
+             const std::function<void(char*, uint64_t, size_t)>& read,
+             const std::function<std::string()>& sent_hash) {
   std::shared_ptr<Held> h;
   std::string hex;
   try {
@@ -277,12 +269,12 @@ void ServePut(Store& store, Socket& s, const std::string& key, uint64_t n) {
     constexpr uint64_t kSlice = uint64_t(4) << 20;
     for (uint64_t done = 0; done < n;) {
       const size_t k = size_t(std::min(kSlice, n - done));
-      s.RecvAll(h->bytes.data() + done, k);
+      read(h->bytes.data() + done, done, k);
       hash.Update(h->bytes.data() + done, k);
       done += k;
     }
     h->xxh3 = hash.Digest();
-    hex = s.RecvLine();
+    hex = sent_hash();
   } catch (...) {
     store.Unreserve(n);
     throw;
@@ -298,6 +290,61 @@ void ServePut(Store& store, Socket& s, const std::string& key, uint64_t n) {
   store.SpillItem(key, h);
 }
 
+std::string Admit(Store& store, const std::string& key, uint64_t n) {
+  return SafeKey(key) ? store.Reserve(key, n) : "ERR \"" + key + "\": not a key";
+}
+
+// A PUT's `n` bytes (after its header) and the xxh3 line that follows them.
+void ServePut(Store& store, Socket& s, const std::string& key, uint64_t n) {
+  const std::string refused = Admit(store, key, n);
+  if (refused != "OK") {
+    // The sender does not wait for a reply before its bytes: take them, so that it reads the
+    // reason rather than a reset connection.
+    std::vector<char> sink(size_t(1) << 20);
+    for (uint64_t left = n; left > 0;) {
+      const size_t k = size_t(std::min<uint64_t>(left, sink.size()));
+      s.RecvAll(sink.data(), k);
+      left -= k;
+    }
+    s.RecvLine();
+    s.SendLine(refused);
+    return;
+  }
+  Receive(
+      store, s, key, n, [&](char* dst, uint64_t, size_t k) { s.RecvAll(dst, k); },
+      [&] { return s.RecvLine(); });
+}
+
+// A PUTFD from a rank of this host (Client::PutLocal): the bytes [at, at + n) of the descriptor
+// that came with the request, read here; what the sender says their xxh3 is.
+void ServePutFd(Store& store, Socket& s, const std::string& key, uint64_t at, uint64_t n,
+                const std::string& hex) {
+  struct Fd {
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);  // the sender's memory, held no longer than the copy
+    }
+  } f{s.TakeFd()};
+  if (f.fd < 0) return s.SendLine("ERR PUTFD " + key + ": no descriptor came with it");
+  const std::string refused = Admit(store, key, n);
+  if (refused != "OK") return s.SendLine(refused);
+  Receive(
+      store, s, key, n,
+      [&](char* dst, uint64_t off, size_t k) {
+        for (size_t got = 0; got < k;) {
+          const ssize_t r = ::pread(f.fd, dst + got, k - got, off_t(at + off + got));
+          if (r < 0 && errno == EINTR) continue;
+          if (r <= 0)
+            throw Error(ExitCode::kRuntime,
+                        key + ": the sender's descriptor " +
+                            (r < 0 ? std::string("cannot be read: ") + std::strerror(errno)
+                                   : "ends before the bytes it was to hold"));
+          got += size_t(r);
+        }
+      },
+      [&] { return hex; });
+}
+
 void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
   s.SetTimeout(60);
   try {
@@ -309,8 +356,8 @@ void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
         return;  // the client closed the connection
       }
       std::istringstream in(line);
-      std::string verb, key, a, b;
-      in >> verb >> key >> a >> b;
+      std::string verb, key, a, b, c;
+      in >> verb >> key >> a >> b >> c;
       uint64_t x = 0, y = 0;
       int64_t step = 0;
       if (verb == "PUT") {
@@ -318,6 +365,10 @@ void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
         if (!ParseNumber(a, &x) || x > (uint64_t(1) << 42))
           return s.SendLine("ERR PUT " + key + ": length \"" + a + "\" is not a byte count");
         ServePut(store, s, key, x);
+      } else if (verb == "PUTFD") {
+        if (!ParseNumber(a, &x) || !ParseNumber(b, &y) || y > (uint64_t(1) << 42))
+          return s.SendLine("ERR PUTFD " + key + ": expected an offset and a byte count");
+        ServePutFd(store, s, key, x, y, c);
       } else if (verb == "GET") {
         const auto h = ParseNumber(a, &x) && ParseNumber(b, &y) ? store.Find(key) : nullptr;
         if (!h) {
@@ -342,7 +393,8 @@ void Serve(Store& store, Socket s, std::atomic<bool>& quit) {
         quit = true;
         return;
       } else {
-        s.SendLine("ERR unknown request \"" + verb + "\" (expected PUT, GET, LIST, TRIM or QUIT)");
+        s.SendLine("ERR unknown request \"" + verb +
+                   "\" (expected PUT, PUTFD, GET, LIST, TRIM or QUIT)");
         return;
       }
     }
@@ -373,13 +425,16 @@ void RunHolder(const HolderOptions& o, const std::atomic<bool>& stop,
   sockaddr_in bound{};
   socklen_t len = sizeof bound;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  // Ranks of this host hand their copies over here without a socket carrying the bytes.
+  const int local = ListenLocal(bound);
   if (on_listening) on_listening(ntohs(bound.sin_port));
   auto store = std::make_shared<Store>(o);
   auto quit = std::make_shared<std::atomic<bool>>(false);
   while (!stop.load() && !quit->load()) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) continue;
-    const int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
+    pollfd p[2] = {{fd, POLLIN, 0}, {local, POLLIN, 0}};
+    if (::poll(p, local >= 0 ? 2 : 1, 200) <= 0) continue;
+    const bool tcp = p[0].revents & POLLIN;
+    const int c = ::accept4(tcp ? fd : local, nullptr, nullptr, SOCK_CLOEXEC);
     if (c < 0) {
       ::usleep(100000);  // out of descriptors (EMFILE): let connections end rather than spin
       continue;
@@ -388,9 +443,12 @@ void RunHolder(const HolderOptions& o, const std::atomic<bool>& stop,
     // the ACK of the first, which a reader kept on the connection delays by up to 40 ms (a restore
     // of GPT-2 124M's 450 pieces took 14 s instead of 2).
     const int one = 1;
-    ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    std::thread([store, quit, c] { Serve(*store, Socket(c, "client"), *quit); }).detach();
+    if (tcp) ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    std::thread([store, quit, c, tcp] {
+      Serve(*store, Socket(c, tcp ? "client" : "local client"), *quit);
+    }).detach();
   }
+  if (local >= 0) ::close(local);
   ::close(fd);
 }
 

@@ -2,7 +2,8 @@
 // checkpoint files ranks send it (peer_client.h) in its own memory, so that they outlive the
 // trainer's processes but not the host. Each item arrives whole and checked (xxh3) before it
 // replaces anything; of each run's file it keeps the newest `keep` steps, so that a save cut off
-// half-way leaves the previous one complete.
+// half-way leaves the previous one complete. Ranks of its own host hand their files over by
+// descriptor through a local door (peer_socket.h, ListenLocal) rather than send the bytes.
 //
 //   peer::HolderOptions o{"node2", 29790};
 //   peer::RunHolder(o, stop_flag);   // until stop_flag is set

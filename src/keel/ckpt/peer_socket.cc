@@ -1,13 +1,16 @@
 #include "keel/ckpt/peer_socket.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "keel/core/error.h"
@@ -31,20 +34,39 @@ addrinfo* Resolve(const std::string& host, int port, bool passive) {
   return res;
 }
 
+// The local door of the holder listening on TCP ip:port: "\0keel-holder-IP-PORT" (abstract: no
+// file to leave behind, or to collide in a /tmp that namespace hosts share).
+socklen_t LocalAddress(const std::string& ip, int port, sockaddr_un* a) {
+  *a = {};
+  a->sun_family = AF_UNIX;
+  const std::string name = "keel-holder-" + ip + "-" + std::to_string(port);
+  std::memcpy(a->sun_path + 1, name.data(), name.size());
+  return socklen_t(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+
 }  // namespace
 
 Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
+    if (received_fd_ >= 0) ::close(received_fd_);
     fd_ = o.fd_;
+    received_fd_ = o.received_fd_;
     peer_ = std::move(o.peer_);
-    o.fd_ = -1;
+    o.fd_ = o.received_fd_ = -1;
   }
   return *this;
 }
 
 Socket::~Socket() {
   if (fd_ >= 0) ::close(fd_);
+  if (received_fd_ >= 0) ::close(received_fd_);
+}
+
+int Socket::TakeFd() {
+  const int fd = received_fd_;
+  received_fd_ = -1;
+  return fd;
 }
 
 void Socket::SetTimeout(double seconds) {
@@ -74,6 +96,50 @@ Socket Socket::Connect(const std::string& host, int port, double timeout_s) {
   return s;
 }
 
+Socket Socket::ConnectLocal(const std::string& host, int port, double timeout_s) {
+  const std::string name = host + ":" + std::to_string(port) + " (local)";
+  addrinfo* res = Resolve(host, port, false);
+  char ip[INET_ADDRSTRLEN] = "";
+  ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, ip, sizeof ip);
+  freeaddrinfo(res);
+  // As TCP would route it: to a holder bound to that address, else to one bound to all.
+  int err = 0;
+  for (const std::string& bound : {std::string(ip), std::string("0.0.0.0")}) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) Fail(name, std::string("socket: ") + std::strerror(errno));
+    Socket s(fd, name);
+    s.SetTimeout(timeout_s);
+    sockaddr_un a;
+    const socklen_t len = LocalAddress(bound, port, &a);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), len) == 0) return s;
+    err = errno;
+  }
+  Fail(name, std::string("cannot connect: ") + std::strerror(err));
+}
+
+void Socket::SendLineWithFd(const std::string& line, int fd) {
+  const std::string text = line + "\n";
+  iovec io{const_cast<char*>(text.data()), text.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr m{};
+  m.msg_iov = &io;
+  m.msg_iovlen = 1;
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  ssize_t w;
+  do {
+    w = ::sendmsg(fd_, &m, MSG_NOSIGNAL);
+  } while (w < 0 && errno == EINTR);
+  if (w < 0) Fail(peer_, std::string("send failed: ") + std::strerror(errno));
+  // The descriptor went with the first byte; the rest of a long line goes plainly.
+  if (size_t(w) < text.size()) SendAll(text.data() + w, text.size() - size_t(w));
+}
+
 void Socket::SendAll(const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
@@ -91,7 +157,23 @@ void Socket::SendAll(const void* p, size_t n) {
 void Socket::RecvAll(void* p, size_t n) {
   char* c = static_cast<char*>(p);
   while (n > 0) {
-    const ssize_t r = ::recv(fd_, c, n, 0);
+    // recvmsg, not recv: on a local socket a descriptor may come with the bytes, and recv would
+    // drop it (on TCP there is never one).
+    iovec io{c, n};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr m{};
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    const ssize_t r = ::recvmsg(fd_, &m, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* h = r > 0 ? CMSG_FIRSTHDR(&m) : nullptr; h; h = CMSG_NXTHDR(&m, h)) {
+      if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+      int got;
+      std::memcpy(&got, CMSG_DATA(h), sizeof got);
+      if (received_fd_ >= 0) ::close(received_fd_);
+      received_fd_ = got;
+    }
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) Fail(peer_, "connection closed early");
     if (r < 0)
@@ -129,6 +211,38 @@ int Listen(const std::string& bind_addr, int port) {
                 "keel holder: cannot listen on " + name + ": " + std::strerror(err));
   }
   return fd;
+}
+
+int ListenLocal(const sockaddr_in& bound) {
+  char ip[INET_ADDRSTRLEN] = "";
+  ::inet_ntop(AF_INET, &bound.sin_addr, ip, sizeof ip);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un a;
+  const socklen_t len = LocalAddress(ip, ntohs(bound.sin_port), &a);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0 || ::listen(fd, 64) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool IsLocalAddress(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  bool local = false;
+  // Binding succeeds only to an address of one of this namespace's interfaces.
+  for (addrinfo* r = res; r && !local; r = r->ai_next) {
+    const int fd = ::socket(r->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    local = ::bind(fd, r->ai_addr, r->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return local;
 }
 
 }  // namespace keel::ckpt::peer

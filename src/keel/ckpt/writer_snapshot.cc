@@ -1,8 +1,11 @@
 // The snapshot side of the checkpoint writer: the staging buffer, the copy of the state into it
 // (shared with the trainer's threads when it falls behind), and bf16's widening on the way.
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -52,6 +55,12 @@ std::pair<size_t, size_t> WriteRangeOf(const StateView& view, int rank, int worl
 
 }  // namespace
 
+void StagingDeleter::operator()(uint8_t* p) const {
+  if (mapped == 0) return std::free(p);
+  ::munmap(p, mapped);
+  ::close(fd);
+}
+
 void CheckpointWriter::EnsureStaging(size_t bytes) {
   if (staging_bytes_ >= bytes) return;
   // In whole huge pages (AllocHostAligned): the copy then faults once per 2 MiB instead of per
@@ -62,11 +71,26 @@ void CheckpointWriter::EnsureStaging(size_t bytes) {
   staging_.reset();  // unpinned: released before the larger one, and never unpinned twice
   staging_bytes_ = 0;
   // host: staging is host memory by design (the file's bytes), pinned for the device's copies.
-  try {
-    staging_.reset(static_cast<uint8_t*>(AllocHostAligned(size)));
-  } catch (const std::bad_alloc&) {
-    throw Error(ExitCode::kRuntime,
-                "checkpoint staging: cannot allocate " + std::to_string(size >> 20) + " MiB");
+  if (share_staging_) {
+    const int fd = ::memfd_create("keel-checkpoint-staging", MFD_CLOEXEC);
+    void* p = fd < 0 || ::ftruncate(fd, off_t(size)) != 0
+                  ? MAP_FAILED
+                  : ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      throw Error(ExitCode::kRuntime, "checkpoint staging: cannot map a memfd of " +
+                                          std::to_string(size >> 20) +
+                                          " MiB: " + std::strerror(err));
+    }
+    staging_ = {static_cast<uint8_t*>(p), StagingDeleter{size, fd}};
+  } else {
+    try {
+      staging_ = {static_cast<uint8_t*>(AllocHostAligned(size)), StagingDeleter{}};
+    } catch (const std::bad_alloc&) {
+      throw Error(ExitCode::kRuntime,
+                  "checkpoint staging: cannot allocate " + std::to_string(size >> 20) + " MiB");
+    }
   }
   std::memset(staging_.get(), 0, size);  // host: touches the pages (see Prepare)
   mem_->PinHost(staging_.get(), size);

@@ -55,6 +55,7 @@ Checkpointer::Checkpointer(const RunConfig& cfg, parallel::Comm& comm, std::stri
       ThrowBadInput(std::string("[checkpoint] peer_every: tier-0 copies go to the holders that "
                                 "keel launch starts on each host ($") +
                     kPeerHoldersEnv + " is not set): run under keel launch, or set peer_every = 0");
+    writer_->ShareStaging();  // this host's holder reads the copies from the staging memfd
   }
 }
 
@@ -410,9 +411,10 @@ void Checkpointer::ReportPeer(const ckpt::SaveReport& r) {
   if (comm_.rank() != 0) return;
   std::string to;
   for (const std::string& h : r.holders) to += (to.empty() ? "" : ", ") + h;
-  Log("keel: tier-0 copy of step %lld: this rank's %.1f MiB to the holders on %s in %.0f ms, the "
-      "step was blocked %.1f ms",
-      static_cast<long long>(r.step), r.bytes / 1048576.0, to.c_str(), r.total_ms,
+  Log("keel: tier-0 copy of step %lld: this rank's %.1f MiB to the holders on %s%s in %.0f ms, "
+      "the step was blocked %.1f ms",
+      static_cast<long long>(r.step), r.bytes / 1048576.0, to.c_str(),
+      r.handed_over ? " (its own host's read it from memory)" : "", r.total_ms,
       pending_blocked_ms_);
   if (events_)
     events_->Write({{"event", "checkpoint"},
@@ -420,6 +422,7 @@ void Checkpointer::ReportPeer(const ckpt::SaveReport& r) {
                     {"step", r.step},
                     {"bytes", r.bytes},
                     {"holders", r.holders},
+                    {"handed_over", r.handed_over},
                     {"blocked_ms", pending_blocked_ms_},
                     {"overlapped_steps", pending_overlapped_},
                     {"steps_lost_ms", pending_lost_ms_},
