@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "keel/core/error.h"
 #include "keel/kernels/backend.h"
@@ -64,6 +65,30 @@ TEST(CpuIsa, WideConstantStoresKeepTheirZeros) {
   EXPECT_EQ(v[1], 1u);
   EXPECT_EQ(v[2], 0u) << "GCC broadcast the low word (CMakeLists.txt, -mmove-max)";
   EXPECT_EQ(v[3], 0u);
+}
+
+// A subnormal product and a subnormal operand, where the compiler cannot fold them.
+float SubnormalProduct() {
+  volatile float a = 1e-20f, b = 1e-19f;
+  return a * b;
+}
+float SubnormalOperand() {
+  volatile float a = 1e-39f, one = 1.0f;
+  return a * one;
+}
+
+TEST(CpuIsa, DenormalsAreFlushedInThePoolAndInThreadsStartedAfter) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "keel flushes them on x86-64 only";
+#endif
+  FlushDenormals();
+  EXPECT_TRUE(DenormalsFlushed());
+  EXPECT_EQ(SubnormalProduct(), 0.0f) << "flush-to-zero is off";
+  EXPECT_EQ(SubnormalOperand(), 0.0f) << "denormals-are-zero is off";
+  float later[2] = {1, 1};
+  std::thread([&] { later[0] = SubnormalProduct(), later[1] = SubnormalOperand(); }).join();
+  EXPECT_EQ(later[0], 0.0f);
+  EXPECT_EQ(later[1], 0.0f);
 }
 
 }  // namespace

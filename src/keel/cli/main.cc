@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   try {
     // KEEL_CPU_ISA is read once, here, so that a bad value is one line before any work or thread.
     keel::kernels::ChosenCpuIsa();
+    keel::kernels::FlushDenormals();  // before any thread starts, so that all inherit it
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);

@@ -1,7 +1,13 @@
 #include "keel/kernels/cpu_isa.h"
 
+#include <omp.h>
+
 #include <atomic>
 #include <cstdlib>
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "keel/core/error.h"
 #include "keel/kernels/backend.h"
@@ -113,6 +119,41 @@ const Backend& CpuBackendFor(CpuIsa isa) {
     default:
       return cpu::isa_sse42::CpuBackend();
   }
+}
+
+namespace {
+
+#if defined(__x86_64__)
+constexpr unsigned kFtzDaz = 0x8040;  // MXCSR's flush-to-zero (bit 15), denormals-are-zero (6)
+#endif
+
+void FlushHere() {
+#if defined(__x86_64__)
+  _mm_setcsr(_mm_getcsr() | kFtzDaz);
+#endif
+}
+
+bool FlushedHere() {
+#if defined(__x86_64__)
+  return (_mm_getcsr() & kFtzDaz) == kFtzDaz;
+#else
+  return true;
+#endif
+}
+
+}  // namespace
+
+void FlushDenormals() {
+  FlushHere();
+#pragma omp parallel
+  FlushHere();
+}
+
+bool DenormalsFlushed() {
+  bool all = FlushedHere();
+#pragma omp parallel reduction(&& : all)
+  all = all && FlushedHere();
+  return all;
 }
 
 }  // namespace keel::kernels

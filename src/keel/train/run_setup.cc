@@ -341,6 +341,9 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
   // CPU).
   if (!gpu && comm.size() > 1)
     kernels::LimitCpuIsa(kernels::CpuIsa(int(-comm.AllReduceMax(-int(kernels::ChosenCpuIsa())))));
+  // Again for a trainer embedded in another program (keel's main has flushed already): before
+  // the step's threads start.
+  kernels::FlushDenormals();
   if (gpu) kernels::Get(spec.device);  // binds this rank to its GPU before NCCL does
   groups = parallel::MakeGroups(comm, layout, /*nccl=*/gpu);
   step = std::make_unique<TrainStep>(spec, groups.ForStep());
