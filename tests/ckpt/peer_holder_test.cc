@@ -58,7 +58,14 @@ TEST(PeerHolder, KeepsWhatArrivesWholeAndGivesBackAnyRange) {
   Holder h;
   const peer::Client c = h.client();
   const std::string bytes = "0123456789abcdef";
-  c.Put("run/step_00000003/rank_00000.bin", bytes.data(), bytes.size());
+  EXPECT_EQ(c.Put("run/step_00000003/rank_00000.bin", bytes.data(), bytes.size()),
+            Hash(bytes.data(), bytes.size()));
+  // A hash the caller passes is the one sent (the writer's buddy copy sends the one the first copy
+  // took): a wrong one is refused, and the right one stores the bytes.
+  EXPECT_THROW(c.Put("given/step_00000002/rank_00000.bin", "abcd", 4, 0, {}, Hash("abce", 4)),
+               Error);
+  EXPECT_EQ(c.Put("given/step_00000002/rank_00000.bin", "abcd", 4, 0, {}, Hash("abcd", 4)),
+            Hash("abcd", 4));
   const std::vector<peer::Item> items = c.List("run/");
   ASSERT_EQ(items.size(), 1u);
   EXPECT_EQ(items[0].bytes, bytes.size());

@@ -61,8 +61,9 @@ std::vector<Address> ParseAddresses(const std::string& list, const std::string& 
   return out;
 }
 
-void Client::Put(const std::string& key, const void* data, size_t n, double rate_mbit,
-                 const std::function<void(size_t, size_t)>& each_slice) const {
+uint64_t Client::Put(const std::string& key, const void* data, size_t n, double rate_mbit,
+                     const std::function<void(size_t, size_t)>& each_slice,
+                     std::optional<uint64_t> xxh3) const {
   Socket s = Socket::Connect(a_.host, a_.port, timeout_s_);
   s.SendLine("PUT " + key + " " + std::to_string(n));
   const auto* p = static_cast<const uint8_t*>(data);
@@ -72,15 +73,17 @@ void Client::Put(const std::string& key, const void* data, size_t n, double rate
   for (size_t done = 0; done < n;) {
     const size_t k = std::min(kSlice, n - done);
     if (each_slice) each_slice(done, k);
-    hash.Update(p + done, k);
+    if (!xxh3) hash.Update(p + done, k);
     s.SendAll(p + done, k);
     done += k;
     if (rate_mbit > 0)
       std::this_thread::sleep_until(
           t0 + std::chrono::duration<double>(double(done) * 8 / (rate_mbit * 1e6)));
   }
-  s.SendLine(HashHex(hash.Digest()));
+  if (!xxh3) xxh3 = hash.Digest();
+  s.SendLine(HashHex(*xxh3));
   Expect(s, "PUT " + key);
+  return *xxh3;
 }
 
 bool Client::local() const { return IsLocalAddress(a_.host); }

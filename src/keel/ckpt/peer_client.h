@@ -55,9 +55,11 @@ class Client {
   // matched (hashed a slice at a time as they go, and sent after them). `rate_mbit` > 0 paces the
   // send to that rate (so that it yields the link to gradient traffic). `each_slice(offset, bytes)`
   // sees each slice just before it goes, while it is in cache: the writer hashes its pieces there
-  // rather than in passes of their own over the copy.
-  void Put(const std::string& key, const void* data, size_t n, double rate_mbit = 0,
-           const std::function<void(size_t offset, size_t bytes)>& each_slice = {}) const;
+  // rather than in passes of their own over the copy. A caller that knows the bytes' xxh3 passes
+  // it and they are not hashed again (the holder checks it all the same). Returns the xxh3 sent.
+  uint64_t Put(const std::string& key, const void* data, size_t n, double rate_mbit = 0,
+               const std::function<void(size_t offset, size_t bytes)>& each_slice = {},
+               std::optional<uint64_t> xxh3 = std::nullopt) const;
   // The same item handed to the holder of this client's address when it runs on this host: the
   // bytes [offset, offset + n) of the file `fd` (a memfd), with their xxh3, which the holder reads
   // and checks itself. No socket carries the bytes (a loopback send costs two kernel copies and

@@ -466,9 +466,10 @@ void CheckpointWriter::DoSend(const PeerTarget& t) {
       handed_over = c.PutLocal(key(RankFile(rank_, "bin")), staging_fd(), 0, total, *file_hash);
       current_.handed_over = current_.handed_over || handed_over;
     }
+    // The file's hash is taken once, by the first copy: a later one sends it as it is.
     if (!handed_over)
-      c.Put(key(RankFile(rank_, "bin")), base, total, t.rate_mbit,
-            hashed ? std::function<void(size_t, size_t)>() : hash_slice);
+      file_hash = c.Put(key(RankFile(rank_, "bin")), base, total, t.rate_mbit,
+                        hashed ? std::function<void(size_t, size_t)>() : hash_slice, file_hash);
     hashed = true;
     if (side.empty()) {
       for (size_t i = 0; i < pieces.size(); ++i)
