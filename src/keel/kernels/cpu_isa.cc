@@ -137,7 +137,7 @@ bool FlushedHere() {
 #if defined(__x86_64__)
   return (_mm_getcsr() & kFtzDaz) == kFtzDaz;
 #else
-  return true;
+  return false;
 #endif
 }
 

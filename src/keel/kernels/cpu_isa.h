@@ -36,7 +36,7 @@ const Backend& CpuBackendFor(CpuIsa isa);
 // they were flushed, and the values lost are below 1.2e-38. (XLA and TensorFlow flush on CPU
 // too.) Not done on other architectures.
 void FlushDenormals();
-// Whether the calling thread and every thread of its OpenMP pool flush them.
+// Whether the calling thread and every thread of its OpenMP pool flush them (false off x86-64).
 bool DenormalsFlushed();
 
 }  // namespace keel::kernels
