@@ -110,5 +110,27 @@ TEST(WireReduce, Int8AllReduceAgreesEverywhereAndErrorFeedbackCancelsItsBias) {
   EXPECT_TRUE(SameOnEveryRank(mean));
 }
 
+// A reduction gives its buffers back for the next one: fresh ones are fresh pages, a step's whole
+// gradients' worth of page faults every step. Two in flight at once hold a pair each.
+TEST(WireReduce, TheNextReductionTakesTheLastOnesBuffersBack) {
+  const size_t n = 4096;
+  std::vector<float> x = Mine(n), y = Mine(n);
+  ASSERT_TRUE(AllReduceOnWire(*g_comm, GradWire::kBF16, x.data(), n, nullptr)->Wait(30));
+  const size_t kept = WireScratchBytesFree();
+  EXPECT_GT(kept, 0u);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(AllReduceOnWire(*g_comm, GradWire::kBF16, x.data(), n, nullptr)->Wait(30));
+    EXPECT_EQ(WireScratchBytesFree(), kept) << "reduction " << i << " made or grew a pair";
+  }
+  {
+    auto a = AllReduceOnWire(*g_comm, GradWire::kBF16, x.data(), n, nullptr);
+    auto b = AllReduceOnWire(*g_comm, GradWire::kBF16, y.data(), n, nullptr);
+    EXPECT_LT(WireScratchBytesFree(), kept);  // both in flight hold theirs
+    ASSERT_TRUE(a->Wait(30));
+    ASSERT_TRUE(b->Wait(30));
+  }
+  EXPECT_GE(WireScratchBytesFree(), kept);
+}
+
 }  // namespace
 }  // namespace keel::parallel

@@ -1,6 +1,7 @@
 #include "keel/parallel/wire_reduce.h"
 
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -12,7 +13,58 @@ namespace {
 // The buffers of one reduction, kept alive by its handle.
 struct Scratch {
   std::unique_ptr<char[]> send, recv;  // uninitialized: every byte read is written first
+  size_t send_cap = 0, recv_cap = 0;
 };
+
+// Scratch kept from one reduction for the next: fresh buffers are fresh pages, and a 26 MB
+// bucket's pair cost 18.6 ms of page faults on the communication thread, against 2.3 ms to write
+// them again (one core of the AMX Xeon), a step's whole gradients' worth every step. A request
+// takes the smallest free pair that fits, else grows the largest free one, else makes one: the
+// pool holds as many pairs as were ever in flight at once, as large as the largest request.
+class ScratchPool {
+ public:
+  std::shared_ptr<Scratch> Take(size_t send, size_t recv) {
+    std::unique_ptr<Scratch> s;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto fits = [&](const auto& f) { return f->send_cap >= send && f->recv_cap >= recv; };
+      auto size = [](const auto& f) { return f->send_cap + f->recv_cap; };
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it)
+        if (best == free_.end() || (fits(*it) && (!fits(*best) || size(*it) < size(*best))) ||
+            (!fits(*it) && !fits(*best) && size(*it) > size(*best)))
+          best = it;
+      if (best != free_.end()) {
+        s = std::move(*best);
+        free_.erase(best);
+      }
+    }
+    if (!s) s = std::make_unique<Scratch>();
+    if (s->send_cap < send) s->send.reset(new char[s->send_cap = send]);
+    if (s->recv_cap < recv) s->recv.reset(new char[s->recv_cap = recv]);
+    return std::shared_ptr<Scratch>(s.release(), [this](Scratch* back) { Give(back); });
+  }
+  size_t bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (const auto& f : free_) n += f->send_cap + f->recv_cap;
+    return n;
+  }
+
+ private:
+  void Give(Scratch* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace_back(s);
+  }
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Scratch>> free_;
+};
+
+// Never destroyed: a reduction's handle may return its scratch during static destruction.
+ScratchPool& Pool() {
+  static auto* pool = new ScratchPool;
+  return *pool;
+}
 
 // The operations of one reduction, waited in order under one deadline.
 class ChainWork final : public Work {
@@ -61,9 +113,8 @@ std::unique_ptr<Work> OnWire(Comm& c, GradWire w, float* x, const std::vector<si
     total += bytes[k];
   }
   const size_t mine = counts[r], mb = bytes[r];
-  auto s = std::make_shared<Scratch>();
-  s->send.reset(new char[std::max<size_t>(total, 1)]);
-  s->recv.reset(new char[std::max<size_t>(size_t(p) * mb, 1)]);
+  std::shared_ptr<Scratch> s =
+      Pool().Take(std::max<size_t>(total, 1), std::max<size_t>(size_t(p) * mb, 1));
   char *send = s->send.get(), *recv = s->recv.get();
 
   std::vector<std::unique_ptr<Work>> ops;
@@ -110,5 +161,7 @@ std::unique_ptr<Work> ReduceScatterOnWire(Comm& c, GradWire w, float* x,
     return c.ReduceScatterSumAsync(x, x, counts, DType::kF32);
   return OnWire(c, w, x, counts, err, /*all_reduce=*/false);
 }
+
+size_t WireScratchBytesFree() { return Pool().bytes(); }
 
 }  // namespace keel::parallel

@@ -34,4 +34,7 @@ std::unique_ptr<Work> AllReduceOnWire(Comm& c, GradWire w, float* x, size_t n, f
 std::unique_ptr<Work> ReduceScatterOnWire(Comm& c, GradWire w, float* x,
                                           const std::vector<size_t>& counts, float* err);
 
+// The bytes of send and receive buffers kept for the next reduction (none in flight holds them).
+size_t WireScratchBytesFree();
+
 }  // namespace keel::parallel
