@@ -1,5 +1,6 @@
 #include "keel/parallel/wire_reduce.h"
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -27,13 +28,15 @@ class ScratchPool {
     std::unique_ptr<Scratch> s;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto fits = [&](const auto& f) { return f->send_cap >= send && f->recv_cap >= recv; };
       auto size = [](const auto& f) { return f->send_cap + f->recv_cap; };
-      auto best = free_.end();
+      auto best = free_.end();  // the smallest that fits
       for (auto it = free_.begin(); it != free_.end(); ++it)
-        if (best == free_.end() || (fits(*it) && (!fits(*best) || size(*it) < size(*best))) ||
-            (!fits(*it) && !fits(*best) && size(*it) > size(*best)))
+        if ((*it)->send_cap >= send && (*it)->recv_cap >= recv &&
+            (best == free_.end() || size(*it) < size(*best)))
           best = it;
+      if (best == free_.end())  // else the largest, to grow
+        best = std::max_element(free_.begin(), free_.end(),
+                                [&](const auto& a, const auto& b) { return size(a) < size(b); });
       if (best != free_.end()) {
         s = std::move(*best);
         free_.erase(best);
