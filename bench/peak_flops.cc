@@ -3,7 +3,8 @@
 // tdpbf16ps (16384 FLOP each), on 1 thread and on N threads at once (default 2), each thread's
 // rate taken over its own CPU time (robust to other load, exact on a quiet machine). MFU in
 // bench/train_throughput.sh is taken against these figures. The loops live in
-// keel/monitor/machine_probe.cc, shared with `keel plan --accelerator this-cpu` and preflight.
+// keel/core/cpu_rates.cc, shared with the kernels (how bf16 products run), `keel plan --accelerator
+// this-cpu` and preflight.
 //
 //   build/peak_flops [threads=2] [seconds_per_run=0.3]
 // prints one JSON line: fp32_fma_gflops, bf16_dpbf16_gflops, amx_bf16_gflops (0 without AMX), the
@@ -11,7 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "keel/monitor/machine_probe.h"
+#include "keel/core/cpu_rates.h"
 
 int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "peak_flops: needs AVX-512F and AVX512-BF16\n");
     return 1;
   }
-  using keel::monitor::MeasurePeakRates;
+  using keel::MeasurePeakRates;
   const auto one = MeasurePeakRates(1, seconds, 3), all = MeasurePeakRates(threads, seconds, 3);
   std::printf(
       "{\"threads\": %d, \"fp32_fma_gflops\": %.1f, \"bf16_dpbf16_gflops\": %.1f, "

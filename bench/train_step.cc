@@ -174,6 +174,8 @@ int main(int argc, char** argv) {
                         {"memory_bytes", st.MemoryBytes()},
                         {"activation_mib", st.ActivationBytes() / 1048576.0},
                         {"breakdown_ms", breakdown}};
+  // The dtype the matrix products ran in: "fp32" where bf16 ones widen (kernels/cpu_isa.h).
+  out["products"] = st.backend().ProductsEmulated(DType(dtype)) ? "fp32" : DTypeName(DType(dtype));
   // Each kernel against its roofline: single process only (the shapes are the whole model's).
   if (comm->size() == 1) {
     // memcpy reads and writes each byte: its memory traffic is twice the bytes it copies.

@@ -9,6 +9,7 @@
 #include "fd_check.h"
 #include "keel/kernels/cpu/classifier.h"
 #include "keel/kernels/cpu/vec_math.h"
+#include "keel/kernels/cpu_isa.h"
 
 namespace keel::kernels::cpu {
 namespace {
@@ -78,11 +79,12 @@ TEST(Matmul, Bf16MatchesFiniteDifferences) { CheckLinear<bf16>(6, 19, 13, 1e-2, 
 TEST(Matmul, Fp16MatchesFiniteDifferences) { CheckLinear<f16>(6, 19, 13, 2e-3, 2e-3); }
 
 // The probe per type: fp32 is never widened; bf16 is native where the CPU has bf16 dot products
-// and widened where it has no AVX-512 (oneDNN 2.6 has no bf16 matmul there).
+// faster than its FMAs (kernels/cpu_isa.h) and widened where they are slower or where it has no
+// AVX-512 (oneDNN 2.6 has no bf16 matmul there).
 TEST(Matmul, ProbeFindsTheCpusProducts) {
   EXPECT_FALSE(ProductsEmulated(DType::kF32));
   if (__builtin_cpu_supports("avx512bf16")) {
-    EXPECT_FALSE(ProductsEmulated(DType::kBF16));
+    EXPECT_EQ(ProductsEmulated(DType::kBF16), Bf16ProductsInFp32());
   }
   if (!__builtin_cpu_supports("avx512f")) {
     EXPECT_TRUE(ProductsEmulated(DType::kBF16));
@@ -170,6 +172,46 @@ void CheckClassifier(int M, int C, int V, double fwd_tol, double bwd_tol) {
 TEST(Classifier, Fp32MatchesFiniteDifferences) { CheckClassifier<float>(5, 12, 37, 1e-5, 1e-3); }
 TEST(Classifier, Fp32MoreRowsThanATile) { CheckClassifier<float>(131, 3, 5, 1e-5, 1e-3); }
 TEST(Classifier, Bf16MatchesFiniteDifferences) { CheckClassifier<bf16>(4, 9, 21, 1e-4, 2e-2); }
+
+// bf16 over several row tiles (512 rows each) and a vocabulary wider than the fp32 path's 8192-row
+// chunks, against gradients computed in float64 from the same bf16 inputs: the path where the
+// classifier widens its operands once (CPUs whose bf16 products run in fp32) and the native one.
+TEST(Classifier, Bf16SeveralTilesAndAWideVocabulary) {
+  const int M = 1100, C = 8, V = 9000, Vp = 9088;
+  auto x = RoundTrip<bf16>(RandomVector(size_t(M) * C, 11));
+  auto wte = RoundTrip<bf16>(RandomVector(size_t(Vp) * C, 12, 0.5));
+  std::vector<int32_t> tgt(M);
+  for (int m = 0; m < M; ++m) tgt[m] = (m * 7919) % V;
+  const double dloss = 1.0 / M;
+  auto x_t = ToTyped<bf16>(x), w_t = ToTyped<bf16>(wte);
+  std::vector<float> losses(M), dwte(size_t(Vp) * C, 0.0f);
+  std::vector<bf16> dx(size_t(M) * C);
+  ClassifierForwardBackward(losses.data(), dx.data(), dwte.data(), x_t.data(), w_t.data(),
+                            tgt.data(), float(dloss), M, C, V, Vp);
+  std::vector<double> ref_dx(size_t(M) * C, 0.0), ref_dw(size_t(Vp) * C, 0.0);
+  auto ref = RefLosses(x, wte, tgt, M, C, V);
+  std::vector<double> p(V);
+  for (int m = 0; m < M; ++m) {
+    double mx = -1e300, sum = 0;
+    for (int v = 0; v < V; ++v) {
+      p[v] = 0;
+      for (int c = 0; c < C; ++c) p[v] += x[size_t(m) * C + c] * wte[size_t(v) * C + c];
+      mx = std::max(mx, p[v]);
+    }
+    for (int v = 0; v < V; ++v) sum += p[v] = std::exp(p[v] - mx);
+    for (int v = 0; v < V; ++v) {
+      const double g = (p[v] / sum - (v == tgt[m])) * dloss;
+      for (int c = 0; c < C; ++c) {
+        ref_dx[size_t(m) * C + c] += g * wte[size_t(v) * C + c];
+        ref_dw[size_t(v) * C + c] += g * x[size_t(m) * C + c];
+      }
+    }
+  }
+  EXPECT_LT(MaxRelError(std::vector<double>(losses.begin(), losses.end()), ref), 1e-4);
+  EXPECT_LT(MaxRelError(ToDouble(dx), ref_dx), 2e-2);
+  EXPECT_LT(MaxRelError(std::vector<double>(dwte.begin(), dwte.end()), ref_dw), 2e-2);
+  for (size_t i = size_t(V) * C; i < dwte.size(); ++i) ASSERT_EQ(dwte[i], 0.0f) << i;
+}
 
 // V = 50257 (GPT-2): only the loss is compared (finite differences over 50257·C entries would be
 // slow), and the gradient's rows must sum to zero over the vocabulary (softmax minus one-hot).

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "keel/core/cpu_rates.h"
 #include "keel/monitor/machine_probe.h"
 #include "keel/plan/hardware.h"
 #include "keel/plan/search.h"
@@ -23,7 +24,7 @@ namespace {
 
 TEST(MachineProbe, PeakRatesArePositiveAndPlausiblePerThread) {
   __builtin_cpu_init();
-  const auto r = keel::monitor::MeasurePeakRates(1, 0.05, 2);
+  const auto r = keel::MeasurePeakRates(1, 0.05, 2);
   if (!__builtin_cpu_supports("avx512f")) {
     // AVX2 + FMA: the 256-bit loop, 16 FLOP per instruction: 0.5-6 GHz with 1-2 FMA ports is
     // 8..200 GFLOP/s on one core. No bf16 instructions without AVX-512.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "keel/cli/verbs.h"
+#include "keel/core/cpu_rates.h"
 #include "keel/core/dtype.h"
 #include "keel/core/error.h"
 #include "keel/kernels/backend.h"
@@ -27,11 +28,11 @@ plan::Accelerator MeasureThisCpu() {
   // uses (OMP_NUM_THREADS, else every hardware thread); the per-thread CPU time keeps the peaks
   // honest on a busy machine.
   const int threads = std::max(1, omp_get_max_threads());
-  const monitor::PeakRates r = monitor::MeasurePeakRates(threads, 0.05, 2);
+  const PeakRates r = MeasurePeakRates(threads, 0.05, 2);
   plan::CpuFigures f;
-  // Without bf16 instructions keel's bf16 products run in fp32 (kernels/cpu/matmul.h): the fp32
-  // peak.
-  f.bf16_flops = r.bf16() > 0 ? r.bf16() : r.fp32_fma;
+  // Without bf16 instructions, or with one slower than the FMA, keel's bf16 products run in fp32
+  // (kernels/cpu/matmul.h): the fp32 peak.
+  f.bf16_flops = r.bf16_products();
   f.fp32_flops = r.fp32_fma;
   f.memory_bytes = monitor::MemTotalBytes();
   f.copy_bytes_per_s = monitor::MeasureCopyRate(threads, size_t(128) << 20, 3);
@@ -40,9 +41,12 @@ plan::Accelerator MeasureThisCpu() {
   plan::Accelerator a = plan::ThisCpu(f);
   // Which loops gave the peaks, for the output.
   if (r.fma_bits == 512)
-    a.measured_note = std::string("Peaks: AVX-512 FMA loop") + (r.amx_bf16 > 0 ? ", AMX tdpbf16ps"
-                                                                : r.bf16_dpbf16 > 0 ? ", vdpbf16ps"
-                                                                                    : "");
+    a.measured_note =
+        std::string("Peaks: AVX-512 FMA loop") +
+        (r.amx_bf16 > 0               ? ", AMX tdpbf16ps"
+         : r.bf16_dpbf16 > r.fp32_fma ? ", vdpbf16ps"
+         : r.bf16_dpbf16 > 0          ? " (vdpbf16ps is slower here: bf16 products run in fp32)"
+                                      : " (no bf16 instructions: bf16 products run in fp32)");
   else if (r.fma_bits == 256)
     a.measured_note = "Peaks: AVX2 FMA loop (no AVX-512; bf16 products run in fp32)";
   else

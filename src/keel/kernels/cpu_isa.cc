@@ -9,6 +9,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "keel/core/cpu_rates.h"
 #include "keel/core/error.h"
 #include "keel/kernels/backend.h"
 
@@ -104,6 +105,24 @@ void LimitCpuIsa(CpuIsa isa) {
   int now = Chosen().load();
   while (int(isa) < now && !Chosen().compare_exchange_weak(now, int(isa))) {
   }
+}
+
+bool Bf16SlowerThanFp32(double bf16_flops, double fp32_flops) { return bf16_flops < fp32_flops; }
+
+bool Bf16ProductsInFp32() {
+  static const bool in_fp32 = [] {
+    const char* env = std::getenv("KEEL_BF16_PRODUCTS");
+    if (env && *env) {
+      const std::string v = env;
+      if (v != "native" && v != "fp32")
+        ThrowBadInput("KEEL_BF16_PRODUCTS=" + v + ": expected native or fp32");
+      return v == "fp32";
+    }
+    // One thread, 3 runs of 3 ms per loop: the best run of each is the core's rate.
+    const PeakRates r = MeasurePeakRates(1, 0.003, 3);
+    return Bf16SlowerThanFp32(r.bf16(), r.fp32_fma);
+  }();
+  return in_fp32;
 }
 
 const Backend& CpuBackendFor(CpuIsa isa) {

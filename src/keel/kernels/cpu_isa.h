@@ -29,6 +29,19 @@ void LimitCpuIsa(CpuIsa isa);
 // The CPU backend whose kernels are compiled for `isa` (available or not: the caller checks).
 const Backend& CpuBackendFor(CpuIsa isa);
 
+// Whether bf16 matrix products run in fp32 on widened copies (kernels/cpu/matmul.h) even where
+// oneDNN has a bf16 kernel: true where this CPU's fastest bf16 instruction gives fewer FLOP/s than
+// its fp32 FMA (core/cpu_rates.h, measured on one thread in ~30 ms at the first call). vdpbf16ps
+// runs at half the FMA rate on Sapphire Rapids, whose AMX a hypervisor may hide: 169 against 349
+// GFLOP/s on two such vCPUs, where widening took GPT-2 124M's bf16 step from 5.2 to 3.3 s. The
+// ratio is a property of the core (0.5 there, 2 on AMD Zen 4, 15-30 with AMX), far from 1, so the
+// choice does not flip from run to run. KEEL_BF16_PRODUCTS=native (oneDNN's bf16 kernels wherever
+// it has them) or fp32 (always widened) chooses instead; another value throws BadInput naming it.
+// Fixed at the first call.
+bool Bf16ProductsInFp32();
+// The rule itself, from a core's rates: the bf16 instruction slower than the fp32 FMA.
+bool Bf16SlowerThanFp32(double bf16_flops, double fp32_flops);
+
 // Flush-to-zero and denormals-are-zero on the calling thread and on every thread of its OpenMP
 // pool; threads started later inherit them from their starter. As a model trains, backward's fp32
 // intermediates drift into subnormal range, and each subnormal operand costs the x86 core a

@@ -2,12 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "keel/monitor/machine_probe.h"
+#include "keel/core/cpu_rates.h"
 
 namespace keel::monitor {
 namespace {
@@ -83,8 +84,10 @@ Peak MachinePeak(DType dtype, int threads, double override_gflops, PeakScope sco
     if (fp32_256 <= 0) return {0, "this CPU has no AVX2 FMA loop keel can time"};
     return {fp32_256, source + " (AVX2 FMA)"};
   }
-  // fp16 products run in fp32 here (kernels/cpu/matmul.cc): the fp32 peak is theirs.
-  return {dtype != DType::kBF16 || bf16 <= 0 ? fp32 : bf16, source};
+  // fp16 products run in fp32 here (kernels/cpu/matmul.cc): the fp32 peak is theirs. bf16 ones
+  // run in fp32 too where the bf16 instruction is slower (PeakRates::bf16_products); caches
+  // written before that rule hold the instruction's rate, so the larger is taken here.
+  return {dtype != DType::kBF16 ? fp32 : std::max(bf16, fp32), source};
 }
 
 }  // namespace keel::monitor

@@ -65,8 +65,9 @@ void StepReporter::LogStart(const Run& run, const RunFacts& facts) {
                  : "in fp16 through oneDNN, accumulated in fp32",
         cfg_.loss_scale.initial);
   if (run.dtype == DType::kBF16 && emulated)
-    Log("keel: this CPU has no bf16 matrix unit oneDNN can use; bf16 products run in fp32 "
-        "(slower)");
+    Log("keel: bf16 products run in fp32 on widened copies: this CPU has no bf16 instruction "
+        "faster than its fp32 FMA (MFU is against the FMA's peak; KEEL_BF16_PRODUCTS=native|fp32 "
+        "chooses)");
   if (dims.tp > 1)
     Log("keel: tensor parallel: %d ranks, each with %d of %d heads, %d of %d MLP units and %d "
         "of %d vocabulary rows%s",

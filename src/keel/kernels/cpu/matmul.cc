@@ -29,6 +29,7 @@
 
 #include "keel/core/error.h"
 #include "keel/kernels/cpu/scratch.h"
+#include "keel/kernels/cpu_isa.h"
 
 // This copy's ISA from here on (isa_begin.h), and the kernel-private headers that need it.
 #include "keel/kernels/cpu/isa_begin.h"
@@ -116,6 +117,7 @@ bool GemmDirect(const GemmArgs& g);
 
 // The probe: one small product of the type, created (and cached) at the first product of it.
 // Only the probe decides for the whole type; a shape refused later widens alone (GemmDirect).
+// bf16 products widen also where the CPU's bf16 instruction is slower than its FMA (cpu_isa.h).
 bool Native(DType t) {
   static std::once_flag once[2];
   std::call_once(once[t == DType::kF16 ? 1 : 0], [t] {
@@ -125,7 +127,7 @@ bool Native(DType t) {
     g.A = a.data(), g.B = a.data(), g.C = c.data();
     g.lda = g.ldb = g.ldc = 64;
     g.ab_type = g.c_type = t;
-    if (!GemmDirect(g)) MarkRefused(t);
+    if ((t == DType::kBF16 && Bf16ProductsInFp32()) || !GemmDirect(g)) MarkRefused(t);
   });
   return !Refused(t).load(std::memory_order_relaxed);
 }
@@ -180,25 +182,6 @@ void ConvertRows(D* dst, size_t dst_ld, const S* src, size_t src_ld, int rows, i
 #pragma omp simd
     for (int i = 0; i < width; ++i) d[i] = convert(s[i]);
   }
-}
-
-// A 16-bit format's (`t`: kBF16 or kF16) rows widened to fp32, and fp32 rows rounded to it.
-void WidenRows(DType t, float* dst, size_t dst_ld, const void* src, size_t src_ld, int rows,
-               int width) {
-  if (t == DType::kF16)
-    return ConvertRows(dst, dst_ld, static_cast<const f16*>(src), src_ld, rows, width,
-                       [](f16 x) { return ToFloat(x); });
-  ConvertRows(dst, dst_ld, static_cast<const bf16*>(src), src_ld, rows, width,
-              [](bf16 x) { return ToFloat(x); });
-}
-
-void NarrowRows(DType t, void* dst, size_t dst_ld, const float* src, size_t src_ld, int rows,
-                int width) {
-  if (t == DType::kF16)
-    return ConvertRows(static_cast<f16*>(dst), dst_ld, src, src_ld, rows, width,
-                       [](float x) { return ToF16(x); });
-  ConvertRows(static_cast<bf16*>(dst), dst_ld, src, src_ld, rows, width,
-              [](float x) { return ToBf16(x); });
 }
 
 // A 16-bit (`t`) operand as stored: `rows` rows of `width` elements, `ld` apart, widened into
@@ -257,6 +240,24 @@ void GemmNative(const GemmArgs& g) {
 }
 
 }  // namespace
+
+void WidenRows(DType t, float* dst, size_t dst_ld, const void* src, size_t src_ld, int rows,
+               int width) {
+  if (t == DType::kF16)
+    return ConvertRows(dst, dst_ld, static_cast<const f16*>(src), src_ld, rows, width,
+                       [](f16 x) { return ToFloat(x); });
+  ConvertRows(dst, dst_ld, static_cast<const bf16*>(src), src_ld, rows, width,
+              [](bf16 x) { return ToFloat(x); });
+}
+
+void NarrowRows(DType t, void* dst, size_t dst_ld, const float* src, size_t src_ld, int rows,
+                int width) {
+  if (t == DType::kF16)
+    return ConvertRows(static_cast<f16*>(dst), dst_ld, src, src_ld, rows, width,
+                       [](float x) { return ToF16(x); });
+  ConvertRows(static_cast<bf16*>(dst), dst_ld, src, src_ld, rows, width,
+              [](float x) { return ToBf16(x); });
+}
 
 bool ProductsEmulated(DType t) { return t != DType::kF32 && !Native(t); }
 

@@ -1,6 +1,7 @@
 // Matrix products on the CPU through oneDNN (brgemm kernels, AVX-512 / AMX / bf16 dot products).
-// On CPUs where oneDNN has no bf16 product (no AVX-512), bf16 products run in fp32 on widened
-// copies: same results, slower.
+// On CPUs where oneDNN has no bf16 product (no AVX-512), or where the CPU's bf16 instruction is
+// slower than its fp32 FMA (kernels/cpu_isa.h), bf16 products run in fp32 on widened copies: the
+// same inputs and fp32 accumulation, in another order.
 //
 // Legend: M rows of the input (B*T), K input features, N output features.
 // Forward/backward pair in llm.c's order (outputs, inputs, weights, sizes). Backward *adds* into
@@ -42,6 +43,14 @@ void Gemm(const GemmArgs& args);
 // Whether products of `t` (bf16, fp16) run in fp32 on widened copies: this CPU has no oneDNN
 // kernel for them (probed once per type). fp32: false.
 bool ProductsEmulated(DType t);
+
+// A 16-bit format's (`t`: kBF16 or kF16) `rows` rows of `width` elements, `ld` apart, widened
+// exactly to fp32, and fp32 rows rounded to nearest even into it; what lies between rows is left
+// alone. For callers that reuse a widened operand across products (the classifier).
+void WidenRows(DType t, float* dst, size_t dst_ld, const void* src, size_t src_ld, int rows,
+               int width);
+void NarrowRows(DType t, void* dst, size_t dst_ld, const float* src, size_t src_ld, int rows,
+                int width);
 
 // `alpha` scales the product (not the bias): LoRA's s·h·Bᵀ.
 template <typename T>
