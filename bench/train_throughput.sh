@@ -11,7 +11,10 @@
 #   CONFIGS="small6:8:256" STEPS=1 WARMUP=1 bench/train_throughput.sh   # smoke
 #
 # The PyTorch peer runs at its best: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset in its command
-# only (keel's runs keep the environment); OpenBLAS rather than Debian's reference libblas.so.3
+# only (keel's runs keep the environment), except where OpenBLAS takes this CPU for a generic one
+# (a VM whose CPUID model it does not know: "Core: Prescott", SSE3 kernels, 4x slower on an
+# AVX-512 Xeon): then OPENBLAS_CORETYPE names the family the CPU's flags say (SKYLAKEX with
+# AVX-512, HASWELL with AVX2; PEER_CORETYPE=NAME sets it); OpenBLAS rather than Debian's reference libblas.so.3
 # (PEER_BLAS=openblas-openmp|openblas-pthread|system; the Debian package is fetched with
 # `apt-get download` into BUILD/torch-peer when the system BLAS is not OpenBLAS);
 # the allocator and OpenMP wait policy matter a lot, so the peer runs under every combination of
@@ -49,6 +52,19 @@ if [[ $blas != system ]] && ! readlink -f $lib/libblas.so.3 | grep -q openblas; 
     rm -rf "$tmp"
   fi
 fi
+# Which kernels OpenBLAS picks here by itself (OPENBLAS_VERBOSE=2 prints "Core: NAME").
+coretype=${PEER_CORETYPE:-}
+if [[ -z $coretype ]]; then
+  core=$(env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2 \
+    ${blas_dir:+LD_LIBRARY_PATH=$blas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} \
+    "$py" -c 'import torch; torch.ones(64, 64) @ torch.ones(64, 64)' 2>&1 | sed -n 's/^Core: //p' | head -1)
+  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+  if [[ $core == Prescott || $core == Nehalem ]]; then
+    if [[ " $flags " == *" avx512f "* ]]; then coretype=SKYLAKEX
+    elif [[ " $flags " == *" avx2 "* ]]; then coretype=HASWELL; fi
+    [[ -n $coretype ]] && echo "peer: OpenBLAS took this CPU for $core; its runs set OPENBLAS_CORETYPE=$coretype"
+  fi
+fi
 mallocs=
 for m in ${PEER_MALLOC:-auto}; do
   [[ $m == auto ]] && m="tcmalloc_minimal tcmalloc glibc"
@@ -64,12 +80,13 @@ waits=${PEER_WAIT:-auto}
 [[ $waits == auto ]] && waits="PASSIVE ACTIVE"
 
 peer() {  # MALLOC WAIT MODEL B T DTYPE
-  local preload= script=gpt2
+  local preload='' script=gpt2
   [[ $3 == llama* ]] && script=llama
   [[ $1 != glibc ]] && preload=$lib/lib$1.so.4
   local wait=$2
   shift 2
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 OMP_WAIT_POLICY="$wait" \
+    ${coretype:+OPENBLAS_CORETYPE=$coretype} \
     ${preload:+LD_PRELOAD=$preload} \
     ${blas_dir:+LD_LIBRARY_PATH=$blas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} \
     "$py" "$root/bench/torch_${script}.py" "$@" --steps "$steps" --warmup "$warmup" --threads 2
