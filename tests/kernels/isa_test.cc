@@ -74,13 +74,20 @@ TEST(CpuIsa, WideConstantStoresKeepTheirZeros) {
 // against 234) or with AMX; always without bf16 instructions. On this CPU the choice follows its
 // rates, measured here again and longer than the choice's own probe.
 TEST(CpuIsa, Bf16ProductsWidenWhereTheDotIsSlowerThanTheFma) {
-  EXPECT_TRUE(Bf16SlowerThanFp32(169e9, 349e9));
-  EXPECT_FALSE(Bf16SlowerThanFp32(468e9, 234e9));
-  EXPECT_FALSE(Bf16SlowerThanFp32(6376e9, 426e9));
-  EXPECT_TRUE(Bf16SlowerThanFp32(0, 188e9));
+  auto rates = [](double dpbf16, double amx, double fma) {
+    PeakRates r;
+    r.bf16_dpbf16 = dpbf16, r.amx_bf16 = amx, r.fp32_fma = fma;
+    return r;
+  };
+  EXPECT_TRUE(rates(169e9, 0, 349e9).bf16_in_fp32());
+  EXPECT_EQ(rates(169e9, 0, 349e9).bf16_products(), 349e9);
+  EXPECT_FALSE(rates(468e9, 0, 234e9).bf16_in_fp32());
+  EXPECT_EQ(rates(468e9, 0, 234e9).bf16_products(), 468e9);
+  EXPECT_FALSE(rates(169e9, 6376e9, 426e9).bf16_in_fp32());
+  EXPECT_TRUE(rates(0, 0, 188e9).bf16_in_fp32());
   ASSERT_EQ(std::getenv("KEEL_BF16_PRODUCTS"), nullptr) << "the test lets keel choose";
   const PeakRates r = MeasurePeakRates(1, 0.02, 3);
-  EXPECT_EQ(Bf16ProductsInFp32(), Bf16SlowerThanFp32(r.bf16(), r.fp32_fma))
+  EXPECT_EQ(Bf16ProductsInFp32(), r.bf16_in_fp32())
       << "bf16 " << r.bf16() / 1e9 << " GFLOP/s, fp32 FMA " << r.fp32_fma / 1e9;
 }
 

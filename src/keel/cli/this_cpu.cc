@@ -43,10 +43,10 @@ plan::Accelerator MeasureThisCpu() {
   if (r.fma_bits == 512)
     a.measured_note =
         std::string("Peaks: AVX-512 FMA loop") +
-        (r.amx_bf16 > 0               ? ", AMX tdpbf16ps"
-         : r.bf16_dpbf16 > r.fp32_fma ? ", vdpbf16ps"
-         : r.bf16_dpbf16 > 0          ? " (vdpbf16ps is slower here: bf16 products run in fp32)"
-                                      : " (no bf16 instructions: bf16 products run in fp32)");
+        (r.amx_bf16 > 0      ? ", AMX tdpbf16ps"
+         : !r.bf16_in_fp32() ? ", vdpbf16ps"
+         : r.bf16_dpbf16 > 0 ? " (vdpbf16ps is slower here: bf16 products run in fp32)"
+                             : " (no bf16 instructions: bf16 products run in fp32)");
   else if (r.fma_bits == 256)
     a.measured_note = "Peaks: AVX2 FMA loop (no AVX-512; bf16 products run in fp32)";
   else

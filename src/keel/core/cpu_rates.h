@@ -20,10 +20,13 @@ struct PeakRates {
   int fma_bits = 0;        // the register width fp32_fma was measured on: 512, 256, or 0 (none)
   // The fastest bf16 instruction; 0 on CPUs with none.
   double bf16() const { return amx_bf16 > bf16_dpbf16 ? amx_bf16 : bf16_dpbf16; }
-  // The rate keel's bf16 products can reach: the bf16 instruction's, or the fp32 FMA's where that
-  // is faster (they run in fp32 on widened copies there: no bf16 instruction, or one slower than
-  // the FMA, as vdpbf16ps at half the FMA rate on Xeons whose AMX is hidden).
-  double bf16_products() const { return bf16() > fp32_fma ? bf16() : fp32_fma; }
+  // Whether keel's bf16 products run in fp32 on widened copies here (kernels/cpu_isa.h): no bf16
+  // instruction, or one slower than the FMA, as vdpbf16ps at half the FMA rate on Xeons whose AMX
+  // is hidden.
+  bool bf16_in_fp32() const { return bf16() < fp32_fma; }
+  // The rate keel's bf16 products can reach: the bf16 instruction's, or the FMA's where they run
+  // in fp32.
+  double bf16_products() const { return bf16_in_fp32() ? fp32_fma : bf16(); }
 };
 
 // Best of `reps` runs of each loop on `threads` threads at once, each run `seconds` long.

@@ -107,8 +107,6 @@ void LimitCpuIsa(CpuIsa isa) {
   }
 }
 
-bool Bf16SlowerThanFp32(double bf16_flops, double fp32_flops) { return bf16_flops < fp32_flops; }
-
 bool Bf16ProductsInFp32() {
   static const bool in_fp32 = [] {
     const char* env = std::getenv("KEEL_BF16_PRODUCTS");
@@ -119,8 +117,7 @@ bool Bf16ProductsInFp32() {
       return v == "fp32";
     }
     // One thread, 3 runs of 3 ms per loop: the best run of each is the core's rate.
-    const PeakRates r = MeasurePeakRates(1, 0.003, 3);
-    return Bf16SlowerThanFp32(r.bf16(), r.fp32_fma);
+    return MeasurePeakRates(1, 0.003, 3).bf16_in_fp32();
   }();
   return in_fp32;
 }

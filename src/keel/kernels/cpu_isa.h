@@ -39,8 +39,6 @@ const Backend& CpuBackendFor(CpuIsa isa);
 // it has them) or fp32 (always widened) chooses instead; another value throws BadInput naming it.
 // Fixed at the first call.
 bool Bf16ProductsInFp32();
-// The rule itself, from a core's rates: the bf16 instruction slower than the fp32 FMA.
-bool Bf16SlowerThanFp32(double bf16_flops, double fp32_flops);
 
 // Flush-to-zero and denormals-are-zero on the calling thread and on every thread of its OpenMP
 // pool; threads started later inherit them from their starter. As a model trains, backward's fp32
