@@ -151,18 +151,23 @@ void RowGradient(T* g, const float* e, float mx, float lse, int target, float dl
   for (int v = V; v < Vp; ++v) g[v] = FromFloat<T>(0.0f);
 }
 
-// logits (rows, cols) fp32 = x (rows, C) · wte[0:cols]ᵀ
+// logits (rows, cols) fp32 = x (rows, C) · wte[0:cols]ᵀ. In fp32, oneDNN 2.6 runs this short-K
+// product 13% faster as products over vocabulary chunks (512 × 256 × 50304 on an AVX-512 Xeon:
+// 52 → 45.5 ms, the same 1-2% slower or faster at 4096-16384 columns); bf16's is left whole.
 template <typename T>
 void Logits(float* logits, const T* x, const T* wte, int rows, int C, int cols) {
-  GemmArgs g;
-  g.trans_b = true;
-  g.M = rows, g.N = cols, g.K = C;
-  g.A = x, g.lda = C;
-  g.B = wte, g.ldb = C;
-  g.C = logits, g.ldc = cols;
-  g.ab_type = DTypeOf<T>();
-  g.c_type = DType::kF32;
-  Gemm(g);
+  const int chunk = std::is_same_v<T, float> ? 16384 : cols;
+  for (int v0 = 0; v0 < cols; v0 += chunk) {
+    GemmArgs g;
+    g.trans_b = true;
+    g.M = rows, g.N = std::min(chunk, cols - v0), g.K = C;
+    g.A = x, g.lda = C;
+    g.B = wte + size_t(v0) * C, g.ldb = C;
+    g.C = logits + v0, g.ldc = cols;
+    g.ab_type = DTypeOf<T>();
+    g.c_type = DType::kF32;
+    Gemm(g);
+  }
 }
 
 template <typename T>
