@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "fd_check.h"
 #include "keel/kernels/cpu/classifier.h"
@@ -211,6 +212,46 @@ TEST(Classifier, Bf16SeveralTilesAndAWideVocabulary) {
   EXPECT_LT(MaxRelError(ToDouble(dx), ref_dx), 2e-2);
   EXPECT_LT(MaxRelError(std::vector<double>(dwte.begin(), dwte.end()), ref_dw), 2e-2);
   for (size_t i = size_t(V) * C; i < dwte.size(); ++i) ASSERT_EQ(dwte[i], 0.0f) << i;
+}
+
+// How many of one row's weight gradients dwte[v][c] = g[v]·x[c] (x powers of two, so exact) show
+// a g[v] that T cannot hold: the products must read the gradient rounded to T, also where they
+// run in fp32 on widened operands (a native product reads it as stored).
+template <typename T>
+int UnroundedGradients() {
+  const int C = 4, V = 300, Vp = 304;
+  const std::vector<double> x = {1, 2, 0.5, -1};
+  auto wte = RoundTrip<T>(RandomVector(size_t(Vp) * C, 21, 0.5));
+  auto x_t = ToTyped<T>(x), w_t = ToTyped<T>(wte);
+  const int32_t target = 17;
+  float loss;
+  std::vector<T> dx(C);
+  std::vector<float> dwte(size_t(Vp) * C, 0.0f);
+  ClassifierForwardBackward(&loss, dx.data(), dwte.data(), x_t.data(), w_t.data(), &target, 1.0f, 1,
+                            C, V, Vp);
+  int unrounded = 0;
+  for (int v = 0; v < V; ++v)
+    for (int c = 0; c < C; ++c) {
+      const float g = dwte[size_t(v) * C + c] / float(x[c]);
+      unrounded += ToFloat(FromFloat<T>(g)) != g || (g == 0.0f && v != target);
+    }
+  return unrounded;
+}
+
+// In a fresh process per setting (the products' path is chosen once per process).
+TEST(Classifier, ProductsReadGradientsRoundedToTheirType) {
+  testing::GTEST_FLAG(death_test_style) = "threadsafe";
+  for (const char* products : {"native", "fp32"})
+    EXPECT_EXIT(
+        {
+          setenv("KEEL_BF16_PRODUCTS", products, 1);
+          const int n = UnroundedGradients<bf16>();
+          std::fprintf(stderr, "%d unrounded\n", n);
+          std::exit(n == 0 ? 0 : 1);
+        },
+        testing::ExitedWithCode(0), "^0 unrounded")
+        << "KEEL_BF16_PRODUCTS=" << products;
+  EXPECT_EQ(UnroundedGradients<f16>(), 0);
 }
 
 // V = 50257 (GPT-2): only the loss is compared (finite differences over 50257·C entries would be

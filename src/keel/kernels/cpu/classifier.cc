@@ -98,9 +98,19 @@ float RowExpSum(float* row, int V, float mx) {
 
 // g[v] = (softmax[v] - [v == target]) · dloss for v < V, 0 for the padding, from e[v] =
 // exp(logit[v] - mx) (RowExpSum's stored row): softmax[v] = e[v] · exp(mx - lse). g may alias e.
-template <typename T>
+// Each g[v] is rounded to R (to nearest even) and stored as T: T = R, or T = float for products
+// that run in fp32 on widened operands, which then read the rounded values where they are.
+template <typename T, typename R = T>
 void RowGradient(T* g, const float* e, float mx, float lse, int target, float dloss, int V,
                  int Vp) {
+  static_assert(std::is_same_v<T, R> || std::is_same_v<T, float>);
+  constexpr bool kWide = std::is_same_v<T, float> && !std::is_same_v<R, float>;
+  auto round = [](float x) -> T {
+    if constexpr (kWide)
+      return ToFloat(FromFloat<R>(x));
+    else
+      return FromFloat<T>(x);
+  };
   const float k = ExpApprox(mx - lse);
   const float p_target = target >= 0 ? e[target] * k : 0.0f;
   const float kd = k * dloss;
@@ -109,45 +119,63 @@ void RowGradient(T* g, const float* e, float mx, float lse, int target, float dl
   const __m512 vk = _mm512_set1_ps(kd);
   for (; v + 16 <= V; v += 16) {
     __m512 p = _mm512_mul_ps(_mm512_loadu_ps(e + v), vk);
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<R, float>) {
       _mm512_storeu_ps(g + v, p);
-    } else if constexpr (std::is_same_v<T, f16>) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + v),
-                          _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else if constexpr (std::is_same_v<R, f16>) {
+      const __m256i h = _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      if constexpr (kWide)
+        _mm512_storeu_ps(g + v, _mm512_cvtph_ps(h));
+      else
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + v), h);
     } else {
       // Round to nearest even, as ToBf16 does (softmax values are finite).
       __m512i u = _mm512_castps_si512(p);
       __m512i bias =
           _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
                            _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
-      __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(u, bias), 16));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + v), h);
+      u = _mm512_add_epi32(u, bias);
+      if constexpr (kWide) {
+        _mm512_storeu_ps(g + v, _mm512_castsi512_ps(
+                                    _mm512_and_si512(u, _mm512_set1_epi32(int32_t(0xffff0000)))));
+      } else {
+        __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(g + v), h);
+      }
     }
   }
 #elif defined(KEEL_ISA_AVX2)
   const __m256 vk = _mm256_set1_ps(kd);
   for (; v + 8 <= V; v += 8) {
     __m256 p = _mm256_mul_ps(_mm256_loadu_ps(e + v), vk);
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<R, float>) {
       _mm256_storeu_ps(g + v, p);
-    } else if constexpr (std::is_same_v<T, f16>) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(g + v),
-                       _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else if constexpr (std::is_same_v<R, f16>) {
+      const __m128i h = _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      if constexpr (kWide)
+        _mm256_storeu_ps(g + v, _mm256_cvtph_ps(h));
+      else
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(g + v), h);
     } else {
       // Round to nearest even, as ToBf16 does (softmax values are finite).
       __m256i u = _mm256_castps_si256(p);
       __m256i bias =
           _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
                            _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
-      __m256i w = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-      // The 16-bit results (< 2^16, so packus does not saturate) of both halves, in order.
-      __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(g + v), h);
+      u = _mm256_add_epi32(u, bias);
+      if constexpr (kWide) {
+        _mm256_storeu_ps(g + v, _mm256_castsi256_ps(
+                                    _mm256_and_si256(u, _mm256_set1_epi32(int32_t(0xffff0000)))));
+      } else {
+        __m256i w = _mm256_srli_epi32(u, 16);
+        // The 16-bit results (< 2^16, so packus does not saturate) of both halves, in order.
+        __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(g + v), h);
+      }
     }
   }
 #endif
-  for (; v < V; ++v) g[v] = FromFloat<T>(e[v] * kd);
-  if (target >= 0) g[target] = FromFloat<T>((p_target - 1.0f) * dloss);
+  for (; v < V; ++v) g[v] = round(e[v] * kd);
+  if (target >= 0) g[target] = round((p_target - 1.0f) * dloss);
   for (int v = V; v < Vp; ++v) g[v] = FromFloat<T>(0.0f);
 }
 
@@ -185,10 +213,12 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
   const int live = std::clamp(V - v0, 0, Vp);
   auto local = [&](int t) { return t >= v0 && t < v0 + live ? t - v0 : -1; };
   // Where 16-bit products run in fp32 (matmul.h), each product would widen its operands again:
-  // the whole vocabulary's weights twice per row tile, the gradient tile twice. They are widened
-  // once here instead, the weights per call and the gradient per tile (over the dead logits), and
-  // the products run in fp32 on the same values (quickstart classifier on a Xeon whose AMX is
-  // hidden: 695 -> 631 ms, fp32 609; GPT-2 124M 931 -> 818, fp32 826).
+  // the whole vocabulary's weights twice per row tile, the gradient tile twice. The weights are
+  // widened once per call here instead, and the gradient is written in fp32 over the logits,
+  // rounded to T as it is made, so that the products run in fp32 on the values a native product
+  // would read (quickstart classifier on a Xeon whose AMX is hidden: 695 -> 631 ms, fp32 609;
+  // GPT-2 124M 931 -> 818, fp32 826; rounding in place of a bf16 tile widened again: 608-678 ->
+  // 568-650 ms).
   const bool widened = !std::is_same_v<T, float> && ProductsEmulated(DTypeOf<T>());
   static AlignedScratch<float> wide_wte_buf, wide_x_buf, wide_dx_buf;
   const float* wide_wte = nullptr;
@@ -197,9 +227,9 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
     WidenRows(DTypeOf<T>(), w, C, wte, C, Vp, C);
     wide_wte = w;
   }
-  // fp32 gradients are written over the logits; bf16 ones need their own tile.
+  // fp32 gradients (and widened ones) are written over the logits; 16-bit ones need their own.
   T* grad = nullptr;
-  if (dx) {
+  if (dx && !widened) {
     if constexpr (std::is_same_v<T, float>)
       grad = logits;
     else
@@ -212,9 +242,14 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
     auto Finish = [&](int r) {
       const bool scored = targets[r0 + r] >= 0;
       losses[r0 + r] = scored ? lse[r] - target_logit[r] : 0.0f;
-      if (dx)
-        RowGradient(grad + size_t(r) * Vp, logits + size_t(r) * Vp, row_max[r], lse[r],
-                    local(targets[r0 + r]), scored ? dloss : 0.0f, live, Vp);
+      if (!dx) return;
+      float* e = logits + size_t(r) * Vp;
+      const int t = local(targets[r0 + r]);
+      if (widened)
+        RowGradient<float, T>(e, e, row_max[r], lse[r], t, scored ? dloss : 0.0f, live, Vp);
+      else
+        RowGradient(grad + size_t(r) * Vp, e, row_max[r], lse[r], t, scored ? dloss : 0.0f, live,
+                    Vp);
     };
     float* wide_x = nullptr;
     if (widened) {
@@ -245,14 +280,13 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
       for (int r = 0; r < rows; ++r) Finish(r);
     }
     if (!dx) continue;
-    // The products' operands: as stored, or widened (the gradient tile over the dead logits).
+    // The products' operands: as stored, or widened (the gradient tile is the logits').
     const DType ab = widened ? DType::kF32 : DTypeOf<T>();
     const void* g_in = grad;
     const void* w_in = wte;
     const void* x_in = x + size_t(r0) * C;
     void* dx_out = dx + size_t(r0) * C;
     if (widened) {
-      WidenRows(DTypeOf<T>(), logits, Vp, grad, Vp, rows, Vp);
       g_in = logits, w_in = wide_wte, x_in = wide_x;
       dx_out = wide_dx_buf.Get(size_t(kRowTile) * C);
     }
