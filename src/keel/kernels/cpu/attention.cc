@@ -154,22 +154,14 @@ enum class Tri {
   kFull,
   kColsFromRow,  // C[m][n] is read only for n ≥ m (rows keys, columns queries: S, dP)
   kKFromRow,     // A(m, k) = 0 for k < m (rows keys, k queries: dV, dK)
-  kKToRow,       // A(m, k) = 0 for k > m (rows queries, k keys: dQ)
-  kKToCol,       // B[k][n] = 0 for k > n (columns queries, k keys: the forward's O += V·P)
+  kKToRow,       // A(m, k) = 0 for k > m (rows queries, k keys: dQ, the forward's O += P·V)
 };
 
 // Small matrix product on padded scratch: M % 4 == 0 and N % kLanes == 0 (callers pad with zeros).
 // A triangular `tri` needs a diagonal tile's two kTile-long dimensions: kColsFromRow M = N,
-// kKFromRow and kKToRow M = K, kKToCol N = K (the third is hsp).
+// kKFromRow and kKToRow M = K (the third is hsp).
 void Gemm(float* c, ptrdiff_t ldc, const float* a, ptrdiff_t a_rs, ptrdiff_t a_cs, const float* b,
           ptrdiff_t ldb, int M, int N, int K, bool accumulate, Tri tri = Tri::kFull) {
-  if (tri == Tri::kKToCol) {
-    // Keys [k0, k0 + kLanes) feed query columns [k0, N) only; each column still sums keys in order.
-    for (int k0 = 0; k0 < K; k0 += kLanes)
-      Gemm(c + k0, ldc, a + k0 * a_cs, a_rs, a_cs, b + k0 * ldb + k0, ldb, M, N - k0,
-           std::min(kLanes, K - k0), accumulate || k0 > 0);
-    return;
-  }
   for (int m = 0; m < M; m += 4) {
     int n = 0, k0 = 0, k1 = K;
     if (tri == Tri::kColsFromRow) n = m / kLanes * kLanes;
@@ -345,16 +337,15 @@ template <typename T>
 void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const float* V, int qt,
                       int T_, int C, int hsp, int hs, float* work, const Window& win) {
   const int i0 = qt * kTile, nq = std::min(kTile, T_ - i0);
-  float* Qt = work;                      // (hsp, kTile)
-  float* Ot = Qt + size_t(hsp) * kTile;  // (hsp, kTile)
-  float* St = Ot + size_t(hsp) * kTile;  // (kTile keys, kTile queries)
+  float* Qt = work;                     // (hsp, kTile)
+  float* O = Qt + size_t(hsp) * kTile;  // (kTile, hsp)
+  float* St = O + size_t(hsp) * kTile;  // (kTile keys, kTile queries)
   float* m = St + kTileArea;
   float* l = m + kTile;
-  float* row = l + kTile;  // (hsp)
 
   for (int d = 0; d < hsp; ++d)
     for (int r = 0; r < kTile; ++r) Qt[d * kTile + r] = Q[size_t(i0 + r) * hsp + d];
-  std::memset(Ot, 0, sizeof(float) * size_t(hsp) * kTile);
+  std::memset(O, 0, sizeof(float) * size_t(hsp) * kTile);
   std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
   std::fill(l, l + kTile, 0.0f);
 
@@ -384,18 +375,20 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
       Store(l + r, Fma(Load(l + r), alpha, sum));
       Store(m + r, m_new);
       if (kt > kt_lo)
-        for (ptrdiff_t d = 0; d < hsp; ++d)
-          Store(Ot + d * kTile + r, Load(Ot + d * kTile + r) * alpha);
+        for (int i = 0; i < kLanes; ++i) {
+          const Vec a = Splat(alpha[i]);
+          float* o = O + size_t(r + i) * hsp;
+          for (ptrdiff_t d = 0; d < hsp; d += kLanes) Store(o + d, Load(o + d) * a);
+        }
     }
-    // Ot[d][r] += Σ_j V[j][d]·P[j][r]
-    Gemm(Ot, kTile, Vj, 1, hsp, St, kTile, hsp, kTile, kTile, true,
-         diag ? Tri::kKToCol : Tri::kFull);
+    // O[r][d] += Σ_j P[j][r]·V[j][d]. Rows of O are query rows, so that the output leaves them
+    // as they are (a transposed O read back one float at a time stalled the stores that followed).
+    Gemm(O, hsp, St, 1, kTile, Vj, hsp, kTile, hsp, kTile, true, diag ? Tri::kKToRow : Tri::kFull);
   }
 
   for (int r = 0; r < nq; ++r) {
     if (r + kAhead < nq) PrefetchRow<1>(out + size_t(i0 + r + kAhead) * C, hs);
-    for (int d = 0; d < hs; ++d) row[d] = Ot[d * kTile + r];
-    StoreRow(out + size_t(i0 + r) * C, row, hs, 1.0f / l[r]);
+    StoreRow(out + size_t(i0 + r) * C, O + size_t(r) * hsp, hs, 1.0f / l[r]);
     lse[i0 + r] = m[r] + std::log(l[r]);
   }
 }
@@ -424,7 +417,7 @@ void AttentionForward(T* out, float* lse, const T* qkv, int B, int T_, int C, in
     const int qt_lo = per_head ? 0 : qt_hi;
     const int nrows = std::min(T_, (qt_hi + 1) * kTile);
     const size_t rows = size_t(qt_hi + 1) * kTile * hsp;
-    const size_t work = 2 * size_t(hsp) * kTile + kTileArea + 2 * size_t(kTile) + hsp;
+    const size_t work = 2 * size_t(hsp) * kTile + kTileArea + 2 * size_t(kTile);
 
     Scratch& scratch = ThreadScratch();
     scratch.Reserve(3 * Scratch::RoundUp(rows) + work);
