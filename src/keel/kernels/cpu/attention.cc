@@ -68,6 +68,49 @@ inline Vec Splat(float x) {
 }
 inline Vec Max(Vec a, Vec b) { return a > b ? a : b; }
 
+// dst[c][r] = src[r][c] for r < rows, c < cols (multiples of kSquare), rows `lds` and `ldd` floats
+// apart: squares transposed in registers. One float at a time, the transposes that feed the
+// score products were a third of the attention's own time at the quickstart's shape (T = 128).
+#if defined(KEEL_ISA_AVX512) || defined(KEEL_ISA_AVX2)
+constexpr int kSquare = 8;
+inline void TransposeSquare(float* dst, size_t ldd, const float* src, size_t lds) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    const __m256 a = _mm256_loadu_ps(src + i * lds), b = _mm256_loadu_ps(src + (i + 1) * lds);
+    t[i] = _mm256_unpacklo_ps(a, b);      // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[i + 1] = _mm256_unpackhi_ps(a, b);  // a2 b2 a3 b3 | a6 b6 a7 b7
+  }
+  for (int h = 0; h < 8; h += 4) {  // rows h..h+3: columns c and c + 4 of them in u[h + c]
+    u[h + 0] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+    _mm256_storeu_ps(dst + (c + 4) * ldd, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+  }
+}
+#else
+constexpr int kSquare = 4;
+inline void TransposeSquare(float* dst, size_t ldd, const float* src, size_t lds) {
+  __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + lds), r2 = _mm_loadu_ps(src + 2 * lds),
+         r3 = _mm_loadu_ps(src + 3 * lds);
+  _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+  _mm_storeu_ps(dst, r0);
+  _mm_storeu_ps(dst + ldd, r1);
+  _mm_storeu_ps(dst + 2 * ldd, r2);
+  _mm_storeu_ps(dst + 3 * ldd, r3);
+}
+#endif
+static_assert(kTile % kSquare == 0 && kLanes % kSquare == 0);
+
+void Transpose(float* dst, size_t ldd, const float* src, size_t lds, int rows, int cols) {
+  for (int r = 0; r < rows; r += kSquare)
+    for (int c = 0; c < cols; c += kSquare)
+      TransposeSquare(dst + size_t(c) * ldd + r, ldd, src + size_t(r) * lds + c, lds);
+}
+
 // a·b + c, fused where the target has it. Written out because -std=c++20 (not gnu++20) turns off
 // the compiler's own contraction.
 inline Vec Fma(Vec a, Vec b, Vec c) {
@@ -343,8 +386,7 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
   float* m = St + kTileArea;
   float* l = m + kTile;
 
-  for (int d = 0; d < hsp; ++d)
-    for (int r = 0; r < kTile; ++r) Qt[d * kTile + r] = Q[size_t(i0 + r) * hsp + d];
+  Transpose(Qt, kTile, Q + size_t(i0) * hsp, hsp, kTile, hsp);
   std::memset(O, 0, sizeof(float) * size_t(hsp) * kTile);
   std::fill(m, m + kTile, -std::numeric_limits<float>::infinity());
   std::fill(l, l + kTile, 0.0f);
@@ -507,12 +549,10 @@ void AttentionBackward(T* dqkv, const T* dout, const T* qkv, const T* out, const
       // The transposed copies are tile-major (each query tile's hsp × kTile block contiguous):
       // with a row stride of Tp floats, often a power of two, a tile's rows would share a few L1
       // sets and evict each other inside the matrix product.
-      for (int i0 = 0; i0 < Tp; i0 += kTile)
-        for (int d = 0; d < hsp; ++d)
-          for (int i = i0; i < i0 + kTile; ++i) {
-            Qt[size_t(i0) * hsp + size_t(d) * kTile + i - i0] = Q[size_t(i) * hsp + d];
-            dOt[size_t(i0) * hsp + size_t(d) * kTile + i - i0] = dO[size_t(i) * hsp + d];
-          }
+      for (int i0 = 0; i0 < Tp; i0 += kTile) {
+        Transpose(Qt + size_t(i0) * hsp, kTile, Q + size_t(i0) * hsp, hsp, kTile, hsp);
+        Transpose(dOt + size_t(i0) * hsp, kTile, dO + size_t(i0) * hsp, hsp, kTile, hsp);
+      }
       std::memset(dQ, 0, sizeof(float) * head);
 
       for (int kt = 0; kt < ntiles; ++kt) {
