@@ -5,8 +5,8 @@
 // standard library's and keel/core's inline functions and templates above stay baseline code, so
 // the linker, which keeps one copy of each, can never keep an AVX-512 one that baseline code then
 // calls on a CPU without AVX-512 (tests/kernels/isa_leak_check.sh checks the linked binary). The
-// headers used below the pragma (vec_math.h, row_blocks.h) include nothing that is not included
-// here first.
+// headers used below the pragma (vec_math.h, row_blocks.h, attention_tiles.h) include nothing that
+// is not included here first.
 //
 // No include guard: each .cc includes it once.
 #include <immintrin.h>
