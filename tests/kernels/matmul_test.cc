@@ -105,6 +105,41 @@ TEST(Matmul, AccumulateAddsIntoOutput) {
   for (int i = 0; i < M * N; ++i) EXPECT_NEAR(b[i], a[i] + 2.0f, 1e-5);
 }
 
+// Output rows 4 KiB apart (GPT-2's 4·768-float hidden rows) and untransposed products run on
+// oneDNN's gemm kernel, where its brgemm is slow (kernels/cpu/matmul.cc); both against float64,
+// with a bias and adding into what C holds.
+TEST(Matmul, Fp32FourKibRowsAndUntransposedProducts) {
+  const int M = 8, K = 16, N = 1024;  // N floats: 4 KiB rows
+  auto inp = RandomVector(size_t(M) * K, 7), w = RandomVector(size_t(N) * K, 8, 0.5);
+  auto b = RandomVector(N, 9);
+  auto inp_t = ToTyped<float>(inp), w_t = ToTyped<float>(w);
+  std::vector<float> bias(b.begin(), b.end()), out(size_t(M) * N, 1.0f);
+  MatmulForward(out.data(), inp_t.data(), w_t.data(), bias.data(), M, K, N, /*accumulate=*/true);
+  auto ref = RefLinear(inp, w, b, M, K, N);
+  for (double& x : ref) x += 1.0;
+  EXPECT_LT(MaxRelError(ToDouble(out), ref), 1e-5);
+
+  GemmArgs fwd;  // MatmulForward's product above
+  fwd.trans_b = true;
+  fwd.M = M, fwd.N = N, fwd.K = K, fwd.lda = K, fwd.ldb = K, fwd.ldc = N;
+  fwd.beta = 1.0f, fwd.bias = bias.data();
+  EXPECT_EQ(GemmKernel(fwd).rfind("gemm:", 0), 0u) << GemmKernel(fwd);
+
+  // dinp (M,N) = dout (M,K) · w read as (K,N): rows of N floats again, and no transposes.
+  std::vector<float> dinp(size_t(M) * N);
+  auto dout = RandomVector(size_t(M) * K, 10);
+  auto dout_t = ToTyped<float>(dout);
+  MatmulBackward<float>(dinp.data(), nullptr, nullptr, dout_t.data(), nullptr, w_t.data(), M, N, K);
+  std::vector<double> dref(size_t(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k)
+      for (int n = 0; n < N; ++n) dref[size_t(m) * N + n] += dout[m * K + k] * w[size_t(k) * N + n];
+  EXPECT_LT(MaxRelError(ToDouble(dinp), dref), 1e-5);
+  GemmArgs nn;
+  nn.M = nn.N = nn.K = nn.lda = nn.ldb = nn.ldc = 96;
+  EXPECT_EQ(GemmKernel(nn).rfind("gemm:", 0), 0u) << GemmKernel(nn);
+}
+
 // Loss of every row, float64, with the padded columns masked.
 std::vector<double> RefLosses(const std::vector<double>& x, const std::vector<double>& wte,
                               const std::vector<int32_t>& tgt, int M, int C, int V) {

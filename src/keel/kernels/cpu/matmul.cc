@@ -19,7 +19,6 @@
 #include "keel/kernels/cpu/matmul.h"
 
 #include <atomic>
-#include <cstring>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
@@ -56,6 +55,7 @@ Engine& GetEngine() {
 struct CachedGemm {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, c, bias;
+  std::string kernel;  // oneDNN's name for the implementation
 };
 
 std::string Key(const GemmArgs& g) {
@@ -64,6 +64,24 @@ std::string Key(const GemmArgs& g) {
                 g.N, g.K, g.lda, g.ldb, g.ldc, int(g.ab_type), int(g.c_type), g.alpha, g.beta,
                 g.bias != nullptr);
   return buf;
+}
+
+// oneDNN 2.6's matmul offers its brgemm kernel first, but for two kinds of fp32 product its older
+// gemm kernel ("gemm:jit", the one behind dnnl_sgemm) is faster (AMX-hidden Sapphire Rapids, 2
+// threads, bench/gemm_kernels.cc):
+// - no transposes, the input gradients' form: GPT-2 124M's classifier input gradient (512 × 768 ×
+//   50304) 270-287 → 231-241 ms a step, the MLP's and attention's 10% faster;
+// - output rows whose stride is a multiple of 4 KiB (GPT-2's 4·768-float hidden rows): brgemm's
+//   partial sums alias in the cache's sets and it runs at a third of its speed (104 vs 296
+//   GFLOP/s for the MLP's input gradient), gemm:jit does not. Before, such products wrote into a
+//   scratch with padded rows and copied out (~45 ms of a 124M step).
+// Elsewhere (a transposed operand, other strides) brgemm is as fast or faster (124M's MLP
+// projection forward 188 vs 201 ms a step).
+bool AliasingStride(int ld, DType t) { return (size_t(ld) * DTypeSize(t)) % 4096 == 0; }
+
+bool PreferJitGemm(const GemmArgs& g) {
+  return g.ab_type == DType::kF32 &&
+         ((!g.trans_a && !g.trans_b) || AliasingStride(g.ldc, g.c_type));
 }
 
 CachedGemm Create(const GemmArgs& g) {
@@ -82,28 +100,26 @@ CachedGemm Create(const GemmArgs& g) {
     po.append_sum(1.0f);
     attr.set_post_ops(po);
   }
-  auto pd =
-      g.bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, bias, c), attr,
-                                            GetEngine().engine)
-             : dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, GetEngine().engine);
+  // The iterator behind a primitive descriptor keeps a pointer to the operation's descriptor: it
+  // must outlive the walk below.
+  const dnnl::matmul::desc op =
+      g.bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
+  auto make = [&] { return dnnl::matmul::primitive_desc(op, attr, GetEngine().engine); };
+  auto pd = make();
+  if (PreferJitGemm(g)) {
+    // The iterator is shared by copies of a descriptor: walk a second one.
+    for (auto alt = make();;) {
+      if (std::string(alt.impl_info_str()).rfind("gemm:", 0) == 0) {
+        pd = alt;
+        break;
+      }
+      if (!alt.next_impl()) break;
+    }
+  }
   // A 16-bit type with only the reference kernel is slower than widening it: treated as refused.
   if (g.ab_type != DType::kF32 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
     throw dnnl::error(dnnl_unimplemented, "only a reference 16-bit matmul");
-  return {dnnl::matmul(pd), a, b, c, bias};
-}
-
-// Output rows whose stride is a multiple of 4 KiB alias in the cache's sets, and oneDNN 2.6's
-// brgemm then runs at a third of its speed (GPT-2's 4·768-float rows: 104 → 296 GFLOP/s fp32 for
-// the MLP's input gradient). Such products write into a scratch with rows padded by 64 bytes and
-// copy out, which costs ~2 ms per 12 MB.
-bool AliasingStride(int ld, DType t) { return (size_t(ld) * DTypeSize(t)) % 4096 == 0; }
-
-void CopyRows(void* dst, size_t dst_ld, const void* src, size_t src_ld, int rows,
-              size_t row_bytes) {
-#pragma omp parallel for schedule(static)
-  for (int r = 0; r < rows; ++r)
-    std::memcpy(static_cast<char*>(dst) + r * dst_ld, static_cast<const char*>(src) + r * src_ld,
-                row_bytes);
+  return {dnnl::matmul(pd), a, b, c, bias, pd.impl_info_str()};
 }
 
 // Set once the CPU has refused a product of the type (bf16, fp16): from then on they run in fp32.
@@ -132,29 +148,31 @@ bool Native(DType t) {
   return !Refused(t).load(std::memory_order_relaxed);
 }
 
-// Returns false, running nothing, if the CPU has no product for a 16-bit `g`'s shape; the
-// refusal is kept, so that the shape takes the same path every time.
+// The product for `g`'s shape, created at its first use; null if the CPU has none for a 16-bit
+// `g`. The refusal is kept, so that the shape takes the same path every time.
+const CachedGemm* Lookup(const GemmArgs& g) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::optional<CachedGemm>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = Key(g);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    try {
+      it = cache.emplace(key, Create(g)).first;
+    } catch (const dnnl::error&) {
+      if (g.ab_type == DType::kF32) throw;
+      it = cache.emplace(key, std::nullopt).first;
+    }
+  }
+  return it->second ? &*it->second : nullptr;
+}
+
+// Returns false, running nothing, if the CPU has no product for a 16-bit `g`'s shape.
 bool GemmDirect(const GemmArgs& g) {
   KEEL_CHECK(g.beta == 0.0f || g.beta == 1.0f, "Gemm: beta must be 0 or 1");
   KEEL_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "Gemm: empty product");
-  static std::mutex mu;
-  static std::unordered_map<std::string, std::optional<CachedGemm>> cache;
-  const CachedGemm* cg;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto key = Key(g);
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-      try {
-        it = cache.emplace(key, Create(g)).first;
-      } catch (const dnnl::error&) {
-        if (g.ab_type == DType::kF32) throw;
-        it = cache.emplace(key, std::nullopt).first;
-      }
-    }
-    if (!it->second) return false;
-    cg = &*it->second;
-  }
+  const CachedGemm* cg = Lookup(g);
+  if (!cg) return false;
   auto& e = GetEngine();
   dnnl::memory a(cg->a, e.engine, const_cast<void*>(g.A));
   dnnl::memory b(cg->b, e.engine, const_cast<void*>(g.B));
@@ -221,22 +239,7 @@ void Gemm16ViaF32(const GemmArgs& g) {
 
 // Products the CPU runs as they are (fp32 always; bf16 and fp16 where oneDNN has a kernel).
 void GemmNative(const GemmArgs& g) {
-  // Only fp32 products are slow enough for the copy to pay; AMX bf16 ones are not.
-  if (g.ab_type != DType::kF32 || !AliasingStride(g.ldc, g.c_type) || g.M < 64) {
-    if (!GemmDirect(g)) Gemm16ViaF32(g);
-    return;
-  }
-  thread_local AlignedScratch<char> scratch;
-  const size_t es = DTypeSize(g.c_type);
-  const int padded_ld = g.ldc + int(64 / es);
-  const size_t row_bytes = size_t(g.N) * es;
-  char* padded = scratch.Get(size_t(g.M) * padded_ld * es);
-  if (g.beta != 0.0f) CopyRows(padded, padded_ld * es, g.C, g.ldc * es, g.M, row_bytes);
-  GemmArgs p = g;
-  p.C = padded;
-  p.ldc = padded_ld;
-  GemmDirect(p);
-  CopyRows(g.C, g.ldc * es, padded, padded_ld * es, g.M, row_bytes);
+  if (!GemmDirect(g)) Gemm16ViaF32(g);
 }
 
 }  // namespace
@@ -264,6 +267,11 @@ bool ProductsEmulated(DType t) { return t != DType::kF32 && !Native(t); }
 void Gemm(const GemmArgs& g) {
   if (ProductsEmulated(g.ab_type)) return Gemm16ViaF32(g);
   GemmNative(g);
+}
+
+std::string GemmKernel(const GemmArgs& g) {
+  const CachedGemm* cg = ProductsEmulated(g.ab_type) ? nullptr : Lookup(g);
+  return cg ? cg->kernel : "widened to fp32";
 }
 
 template <typename T>

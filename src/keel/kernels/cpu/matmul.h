@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "keel/core/dtype.h"
 #include "keel/kernels/cpu/isa.h"
@@ -37,6 +38,10 @@ struct GemmArgs {
   const float* bias = nullptr;  // fp32 bias, added after alpha·AB
 };
 void Gemm(const GemmArgs& args);
+
+// The oneDNN implementation that runs `args`' product ("gemm:jit", "brg:avx512_core", ...; created
+// and cached as Gemm would), or "widened to fp32" for a 16-bit product the CPU has none for.
+std::string GemmKernel(const GemmArgs& args);
 
 // out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N); bias may be null. If `accumulate`, the product
 // is added to what `out` holds (used to fold a residual add into the projection).
