@@ -21,6 +21,7 @@
 #include "keel/core/memory.h"
 #include "keel/core/timer.h"
 #include "keel/kernels/backend.h"
+#include "keel/kernels/cpu/matmul.h"
 #include "keel/model/config.h"
 #include "keel/monitor/flops.h"
 
@@ -93,16 +94,17 @@ class Plain {
   std::vector<float> pad_;
 };
 
-// keel's products through the CPU backend, in the forms the model calls them.
+// keel's products as its kernels call them. Gemm's copy for the build's baseline instruction set
+// (kernels/cpu/isa.h): every copy hands its products to the same oneDNN kernels.
 void RunKeel(const Product& p) {
-  const kernels::Backend& be = kernels::Cpu();
-  if (!p.ta && p.tb)  // out = inp · weightᵀ
-    be.MatmulForward(p.C, p.A, p.B, nullptr, p.M, p.K, p.N, p.accumulate);
-  else if (!p.ta && !p.tb)  // dinp = dout · weight
-    be.MatmulBackward<float>(p.C, nullptr, nullptr, p.A, nullptr, p.B, p.M, p.N, p.K, 1.0f,
-                             p.accumulate);
-  else  // dweight += doutᵀ · inp
-    be.MatmulBackward<float>(nullptr, p.C, nullptr, p.A, p.B, nullptr, p.K, p.N, p.M);
+  kernels::cpu::GemmArgs g;
+  g.trans_a = p.ta, g.trans_b = p.tb;
+  g.M = p.M, g.N = p.N, g.K = p.K;
+  g.A = p.A, g.lda = p.lda;
+  g.B = p.B, g.ldb = p.ldb;
+  g.C = p.C, g.ldc = p.ldc;
+  g.beta = p.accumulate ? 1.0f : 0.0f;
+  kernels::cpu::Gemm(g);
 }
 
 float* Fill(std::vector<Buffer>& keep, size_t n, float scale) {
@@ -142,10 +144,12 @@ int main(int argc, char** argv) {
   float *wte = Fill(keep, size_t(V) * C, 1e-3f), *dwte = Fill(keep, size_t(V) * C, 0);
   float *h = Fill(keep, size_t(M) * C, 1e-2f), *dh = Fill(keep, size_t(M) * C, 0);
   float* logits = Fill(keep, size_t(R) * V, 1e-3f);
-  constexpr int kChunk = 8192;  // the classifier's chunks of the vocabulary for its input gradient
+  // The classifier's chunks of the vocabulary for its fp32 logits and input gradient.
+  constexpr int kLogitChunk = 16384, kChunk = 8192;
   for (int r0 = 0; r0 < M; r0 += R) {
-    step.push_back({"classifier logits", false, true, R, V, C, h + size_t(r0) * C, wte, logits, C,
-                    C, V, false});
+    for (int v0 = 0; v0 < V; v0 += kLogitChunk)
+      step.push_back({"classifier logits", false, true, R, std::min(kLogitChunk, V - v0), C,
+                      h + size_t(r0) * C, wte + size_t(v0) * C, logits + v0, C, C, V, false});
     for (int v0 = 0; v0 < V; v0 += kChunk)
       step.push_back({"classifier input grad", false, false, R, C, std::min(kChunk, V - v0),
                       logits + v0, wte + size_t(v0) * C, dh + size_t(r0) * C, V, C, C, v0 > 0});
