@@ -96,7 +96,7 @@ class Plain {
 
 // keel's products as its kernels call them. Gemm's copy for the build's baseline instruction set
 // (kernels/cpu/isa.h): every copy hands its products to the same oneDNN kernels.
-void RunKeel(const Product& p) {
+kernels::cpu::GemmArgs Args(const Product& p) {
   kernels::cpu::GemmArgs g;
   g.trans_a = p.ta, g.trans_b = p.tb;
   g.M = p.M, g.N = p.N, g.K = p.K;
@@ -104,8 +104,10 @@ void RunKeel(const Product& p) {
   g.B = p.B, g.ldb = p.ldb;
   g.C = p.C, g.ldc = p.ldc;
   g.beta = p.accumulate ? 1.0f : 0.0f;
-  kernels::cpu::Gemm(g);
+  return g;
 }
+
+void RunKeel(const Product& p) { kernels::cpu::Gemm(Args(p)); }
 
 float* Fill(std::vector<Buffer>& keep, size_t n, float scale) {
   keep.emplace_back(kernels::Cpu(), n * sizeof(float));
@@ -160,10 +162,12 @@ int main(int argc, char** argv) {
 
   Plain plain;
   std::map<std::string, double> flops, ms[2];
+  std::map<std::string, std::string> kernel;  // keel's, for the kind's first product
   double total_flops = 0;
   for (const Product& p : step) {
     flops[p.kind] += 2.0 * p.M * p.N * p.K;
     total_flops += 2.0 * p.M * p.N * p.K;
+    if (!kernel.count(p.kind)) kernel[p.kind] = kernels::cpu::GemmKernel(Args(p));
   }
   for (int s = 0; s <= steps; ++s)
     for (int impl = 0; impl < 2; ++impl)  // alternating, so that both see the same machine
@@ -175,14 +179,14 @@ int main(int argc, char** argv) {
   const double peak = monitor::MachinePeak(DType::kF32, omp_get_max_threads()).flops;
   std::printf("%s B=%d T=%d fp32 products, %d threads, peak %.0f GFLOP/s\n", name.c_str(), B, T,
               omp_get_max_threads(), peak / 1e9);
-  std::printf("%-24s %10s %8s %12s %8s %8s\n", "product", "keel ms", "GFLOP/s", "oneDNN ms",
-              "GFLOP/s", "ratio");
+  std::printf("%-24s %10s %8s %12s %8s %8s  %s\n", "product", "keel ms", "GFLOP/s", "oneDNN ms",
+              "GFLOP/s", "ratio", "keel's kernel");
   double tk = 0, tp = 0;
   for (const auto& [kind, f] : flops) {
     const double k = ms[0][kind], p = ms[1][kind];
     tk += k, tp += p;
-    std::printf("%-24s %10.1f %8.0f %12.1f %8.0f %7.2fx\n", kind.c_str(), k, f / k / 1e6, p,
-                f / p / 1e6, p / k);
+    std::printf("%-24s %10.1f %8.0f %12.1f %8.0f %7.2fx  %s\n", kind.c_str(), k, f / k / 1e6, p,
+                f / p / 1e6, p / k, kernel[kind].c_str());
   }
   std::printf("%-24s %10.1f %8.0f %12.1f %8.0f %7.2fx\n", "all (a step)", tk,
               total_flops / tk / 1e6, tp, total_flops / tp / 1e6, tp / tk);
