@@ -53,7 +53,10 @@ inline std::map<std::string, KernelCost> StepCosts(const model::ModelConfig& m, 
   if (m.llama()) {
     // SwiGLU: forward reads gate and up, writes h; backward reads both and dh, writes two.
     k["swiglu"] = {L * BT * F * 8 * s, L * BT * F * 30, false};
-    k["rope"] = {L * BT * C * 8 * s, L * BT * C * 12, false};
+    // RoPE: the query and key heads of each row read and written in place, forward and
+    // backward (the value heads are not touched).
+    const double rotated = C + double(m.kv_heads()) * m.head_size();
+    k["rope"] = {L * BT * rotated * 4 * s, L * BT * rotated * 6, false};
   } else {
     // GELU (tanh form): forward reads and writes 4C per row; backward reads x and dy, writes dx.
     k["gelu"] = {L * BT * F * 5 * s, L * BT * F * 50, false};

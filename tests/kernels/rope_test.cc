@@ -81,5 +81,18 @@ TEST(Rope, Bf16MatchesFloat64) {
   for (const Shape& s : kShapes) Check<bf16>(s, 8e-3, 8e-3);
 }
 
+// The angle table is kept between calls: a call whose positions differ from the last one's in
+// pos0 alone (same T and head size: decoding, context-parallel chunks) must not reuse it.
+TEST(Rope, EachCallRotatesByItsOwnPositions) {
+  for (int pos0 : {0, 7, 0, 300, 300}) {
+    const Shape s{2, 4, 2, 1, 8, pos0};
+    SCOPED_TRACE(pos0);
+    const std::vector<double> x = RandomVector(s.size(), pos0 + 3);
+    std::vector<float> xt = ToTyped<float>(x);
+    RopeForward(xt.data(), s.B, s.T, s.NH, s.NKV, s.hs, kTheta, s.pos0);
+    EXPECT_LE(MaxRelError(ToDouble(xt), RopeRef(x, s)), 1e-6);
+  }
+}
+
 }  // namespace
 }  // namespace keel::kernels::cpu

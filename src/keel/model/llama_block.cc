@@ -85,7 +85,7 @@ LlamaActs<T> Acts(Transformer::Impl& m, int l, int slot) {
 template <typename T>
 void AttentionSublayer(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& a) {
   const int C = m.cfg.n_embd;
-  KEEL_PROFILED("layernorm",
+  KEEL_PROFILED("rmsnorm",
                 m.be->RmsNormForward(a.ln1, a.ln1_rstd, a.in, p.ln1, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
@@ -99,7 +99,7 @@ void Forward(Transformer::Impl& m, const LlamaParams<T>& p, const LlamaActs<T>& 
   const int BT = m.B * m.T, C = m.cfg.n_embd;
   AttentionSublayer(m, p, a);
   RowParallelForward<T>(m, a.res2, a.in, a.atty, m.Mat(p.o), nullptr, m.Cl, p.o_lora);
-  KEEL_PROFILED("layernorm",
+  KEEL_PROFILED("rmsnorm",
                 m.be->RmsNormForward(a.ln2, a.ln2_rstd, a.res2, p.ln2, m.R, C, m.cfg.norm_eps));
   const T* x = nullptr;
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln2));
@@ -141,7 +141,7 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
   AdaptedBackward<T>(m, dtmp, p.d_gate_up, nullptr, dfch, x, m.Mat(p.gate_up), C, 2 * m.Fl,
                      p.gate_up_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
-  KEEL_PROFILED("layernorm",
+  KEEL_PROFILED("rmsnorm",
                 m.be->RmsNormBackward(dres, p.d_ln2, dtmp, a.res2, p.ln2, a.ln2_rstd, m.R, C));
   KEEL_PROFILED("tp_comm", x = m.Whole(dres));
   AdaptedBackward(m, dtmp, p.d_o, nullptr, x, a.atty, m.Mat(p.o), m.Cl, C, p.o_lora);
@@ -150,7 +150,7 @@ void LlamaBlockBackward(Transformer::Impl& m, int l, int slot, T* dres) {
   KEEL_PROFILED("tp_comm", x = m.Whole(a.ln1));
   AdaptedBackward<T>(m, dtmp, p.d_qkv, nullptr, dqkv, x, m.Mat(p.qkv), C, m.QKVl, p.qkv_lora);
   KEEL_PROFILED("tp_comm", m.SumRows(dtmp, dtmp));
-  KEEL_PROFILED("layernorm",
+  KEEL_PROFILED("rmsnorm",
                 m.be->RmsNormBackward(dres, p.d_ln1, dtmp, a.in, p.ln1, a.ln1_rstd, m.R, C));
 }
 

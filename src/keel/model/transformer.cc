@@ -232,8 +232,8 @@ void StageForward(Transformer::Impl& m, int slot, const int32_t* tokens) {
   const T* x = m.Resid<T>(slot, m.stage.layers());
   const T* lnfw = FinalWeight<T>(m, "ln_f.weight");
   if (m.cfg.llama())
-    KEEL_PROFILED("layernorm", m.be->RmsNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_rstd"), x,
-                                                    lnfw, m.R, C, m.cfg.norm_eps));
+    KEEL_PROFILED("rmsnorm", m.be->RmsNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_rstd"), x,
+                                                  lnfw, m.R, C, m.cfg.norm_eps));
   else
     KEEL_PROFILED("layernorm", m.be->LayerNormForward(m.Act<T>("lnf"), m.Act<float>("lnf_mean"),
                                                       m.Act<float>("lnf_rstd"), x, lnfw,
@@ -308,8 +308,8 @@ double StageBackward(Transformer::Impl& m, int slot, const int32_t* tokens, cons
     const T* lnfw = FinalWeight<T>(m, "ln_f.weight");
     float* dlnfw = FinalGrad(m, gf, "ln_f.weight");
     if (m.cfg.llama())
-      KEEL_PROFILED("layernorm", m.be->RmsNormBackward(dres, dlnfw, dtmp, lnf_in, lnfw,
-                                                       m.Act<float>("lnf_rstd"), m.R, C));
+      KEEL_PROFILED("rmsnorm", m.be->RmsNormBackward(dres, dlnfw, dtmp, lnf_in, lnfw,
+                                                     m.Act<float>("lnf_rstd"), m.R, C));
     else
       KEEL_PROFILED("layernorm", m.be->LayerNormBackward(
                                      dres, dlnfw, FinalGrad(m, gf, "ln_f.bias"), dtmp, lnf_in, lnfw,
