@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -476,6 +477,27 @@ TEST(Backend, CpuMemoryRoundTrips) {
   Buffer moved = std::move(copy);
   EXPECT_EQ(copy.data(), nullptr);
   EXPECT_EQ(moved.bytes(), 4u * 1000);
+}
+
+// Zero and Copy split large buffers across the OpenMP threads: every byte of an odd-sized range
+// (not a multiple of the threads' 64-byte pieces), at an odd offset, is zeroed or copied, and the
+// bytes beside it are left as they were. Sizes on both sides of the split's threshold (1 MiB).
+TEST(Backend, CpuZeroAndCopyCoverOddRanges) {
+  const Backend& be = Cpu();
+  for (size_t n : {size_t(5), size_t(1) << 20, (size_t(3) << 20) + 37}) {
+    SCOPED_TRACE(n);
+    std::vector<unsigned char> a(n + 2), b(n + 2);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<unsigned char>(i * 7 + 1);
+    b.assign(b.size(), 0xAB);
+    be.Copy(b.data() + 1, a.data() + 1, n);
+    ASSERT_EQ(b.front(), 0xAB);
+    ASSERT_EQ(b.back(), 0xAB);
+    ASSERT_TRUE(std::equal(a.begin() + 1, a.end() - 1, b.begin() + 1));
+    be.Zero(a.data() + 1, n);
+    ASSERT_EQ(a.front(), 1);
+    ASSERT_EQ(a.back(), static_cast<unsigned char>((n + 1) * 7 + 1));
+    ASSERT_TRUE(std::all_of(a.begin() + 1, a.end() - 1, [](unsigned char c) { return c == 0; }));
+  }
 }
 
 // bf16 gradient buffers (optim.grad_dtype): a bucket is added into them with one rounding (the
