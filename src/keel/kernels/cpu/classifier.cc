@@ -63,14 +63,22 @@ float RowMax(const float* row, int V) {
 // Σ exp(row[v] - mx) over v < V. With kStore, each exp(row[v] - mx) replaces row[v]: the gradient
 // then scales them instead of computing every exponential a second time (the exponentials were
 // half of the row pass, and the row is still in L2 when it is read back).
+// `next` (or null): the row the caller takes next, prefetched into L2 a line per vector meanwhile.
+// The logits tile outgrows the caches, so RowMax fetched each row from memory while the cores
+// waited, as long as this pass took to compute (quickstart: 1.5% of the step each); fetched
+// behind these exponentials instead, it arrives in L2.
 template <bool kStore>
-float RowExpSum(float* row, int V, float mx) {
+float RowExpSum(float* row, int V, float mx, const float* next) {
   float sum = 0;
   int v = 0;
+  [[maybe_unused]] auto prefetch = [next](int at) {
+    if (next) _mm_prefetch(reinterpret_cast<const char*>(next + at), _MM_HINT_T1);
+  };
 #if defined(KEEL_ISA_AVX512)
   __m512 acc = _mm512_setzero_ps();
   const __m512 vmx = _mm512_set1_ps(mx);
   for (; v + 16 <= V; v += 16) {
+    prefetch(v);
     const __m512 e = ExpApprox16(_mm512_sub_ps(_mm512_loadu_ps(row + v), vmx));
     if constexpr (kStore) _mm512_storeu_ps(row + v, e);
     acc = _mm512_add_ps(acc, e);
@@ -80,6 +88,7 @@ float RowExpSum(float* row, int V, float mx) {
   __m256 acc = _mm256_setzero_ps();
   const __m256 vmx = _mm256_set1_ps(mx);
   for (; v + 8 <= V; v += 8) {
+    if (v % 16 == 0) prefetch(v);
     const __m256 e = ExpApprox8(_mm256_sub_ps(_mm256_loadu_ps(row + v), vmx));
     if constexpr (kStore) _mm256_storeu_ps(row + v, e);
     acc = _mm256_add_ps(acc, e);
@@ -268,9 +277,10 @@ void Run(float* losses, T* dx, float* dwte, const T* x, const T* wte, const int3
       const int t = local(targets[r0 + r]);
       target_logit[r] = t >= 0 ? row[t] : 0.0f;
       row_max[r] = live > 0 ? RowMax(row, live) : -INFINITY;
+      const float* next = r + 1 < rows ? row + Vp : nullptr;
       const float sum = live <= 0 ? 0.0f
-                        : dx      ? RowExpSum<true>(row, live, row_max[r])
-                                  : RowExpSum<false>(row, live, row_max[r]);
+                        : dx      ? RowExpSum<true>(row, live, row_max[r], next)
+                                  : RowExpSum<false>(row, live, row_max[r], next);
       lse[r] = live > 0 ? row_max[r] + std::log(sum) : -INFINITY;
       if (fused) Finish(r);
     }
