@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "determinism.h"
 #include "fd_check.h"
 #include "keel/kernels/cpu/classifier.h"
 #include "keel/kernels/cpu/vec_math.h"
@@ -78,6 +79,30 @@ TEST(Matmul, Bf16MatchesFiniteDifferences) { CheckLinear<bf16>(6, 19, 13, 1e-2, 
 // fp16: the same with fp16's finer rounding (2^-11); oneDNN's fp16 product on AVX512-FP16 CPUs,
 // the widened fp32 one elsewhere.
 TEST(Matmul, Fp16MatchesFiniteDifferences) { CheckLinear<f16>(6, 19, 13, 2e-3, 2e-3); }
+
+// The bias gradient adds each column's rows in row order, in fp32, into what was there: the same
+// bits as that scalar loop, whatever the thread count (N not a multiple of a vector, more threads
+// than blocks of columns). A split of the rows across threads would change the bits.
+TEST(Matmul, BiasGradientSumsRowsInOrderWhateverTheThreads) {
+  for (int N : {5, 77, 1000}) {
+    SCOPED_TRACE(N);
+    const int M = 37;
+    const std::vector<double> r = RandomVector(size_t(M) * N, 5);
+    const std::vector<float> dout(r.begin(), r.end());
+    std::vector<float> want(N, 0.25f);
+    for (int n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (int m = 0; m < M; ++m) acc += dout[size_t(m) * N + n];
+      want[n] += acc;
+    }
+    for (int threads : {1, 2, 3, 8}) {
+      test::ScopedNumThreads scoped(threads);
+      std::vector<float> db(N, 0.25f);
+      MatmulBackward<float>(nullptr, nullptr, db.data(), dout.data(), nullptr, nullptr, M, 1, N);
+      EXPECT_TRUE(test::BitwiseEqual(db, want)) << threads << " threads";
+    }
+  }
+}
 
 // The probe per type: fp32 is never widened; bf16 is native where the CPU has bf16 dot products
 // faster than its FMAs (kernels/cpu_isa.h) and widened where they are slower or where it has no
