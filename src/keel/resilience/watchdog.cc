@@ -120,8 +120,10 @@ void HangWatchdog::Loop() {
       const std::vector<Heartbeat> beats = ReadHeartbeats(dir_);
       const std::vector<int> stuck = StuckRanks(beats);
       const std::string wait = DescribeWait(rank_, CollectiveProgress(), beats);
+      // A waiting rank names the stuck ones too: the job ends when its first rank exits, which
+      // may be this one, before the stuck rank's own watchdog has said where it is.
       if (!wait.empty() && std::find(stuck.begin(), stuck.end(), rank_) == stuck.end())
-        line += ": " + wait;
+        line += ": " + (stuck.empty() ? "" : DescribeStuck(beats, stuck) + "; ") + wait;
       else if (stuck.empty())
         line += "; every rank's heartbeat is at the same step and phase (stuck inside MPI?)";
       else
