@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 #include "determinism.h"
 #include "fd_check.h"
@@ -312,6 +313,24 @@ TEST(Classifier, ProductsReadGradientsRoundedToTheirType) {
         testing::ExitedWithCode(0), "^0 unrounded")
         << "KEEL_BF16_PRODUCTS=" << products;
   EXPECT_EQ(UnroundedGradients<f16>(), 0);
+}
+
+// A NaN in one vocabulary row (a corrupted weight) enters every row's softmax normalizer: every
+// loss must be NaN, not only a row whose target it is. A max or exp that drops NaN would leave
+// the losses finite and the corruption unseen.
+TEST(Classifier, NanInOneVocabularyRowReachesEveryLoss) {
+  const int M = 3, C = 4, V = 300, Vp = 304;
+  auto x = ToTyped<float>(RandomVector(size_t(M) * C, 22));
+  auto wte = ToTyped<float>(RandomVector(size_t(Vp) * C, 23, 0.5));
+  for (int bad : {7, 150, 299}) {  // the max's and exp's first, middle and tail vectors
+    std::vector<float> w = wte;
+    w[size_t(bad) * C + 2] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<int32_t> targets = {17, 18, 19};
+    std::vector<float> losses(M), dx(size_t(M) * C), dwte(size_t(Vp) * C, 0.0f);
+    ClassifierForwardBackward(losses.data(), dx.data(), dwte.data(), x.data(), w.data(),
+                              targets.data(), 1.0f, M, C, V, Vp);
+    for (int m = 0; m < M; ++m) EXPECT_TRUE(std::isnan(losses[m])) << "row " << m << " bad " << bad;
+  }
 }
 
 // V = 50257 (GPT-2): only the loss is compared (finite differences over 50257·C entries would be

@@ -3,6 +3,9 @@
 //
 // ExpApprox: Cody-Waite range reduction to 2^n · e^r with |r| ≤ ln2/2 and a degree-6 polynomial;
 // max relative error ~2e-7 over the float range (tested against std::exp). Inputs below -87 give 0.
+// NaN gives NaN: the clamps keep it (x86's max and min return their second operand when either is
+// NaN, so x goes second), so that a corrupted logit or score reaches the sum it enters instead of
+// vanishing as e^-87.
 #pragma once
 
 #include <cmath>
@@ -37,7 +40,7 @@ inline float ExpApprox(float x) {
 inline __m512 ExpApprox16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.0f);
   __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.0f));
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(lo, x));  // NaN stays NaN (above)
   __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
@@ -59,7 +62,7 @@ inline __m512 ExpApprox16(__m512 x) {
 inline __m256 ExpApprox8(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.0f);
   __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(lo, x));  // NaN stays NaN
   __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
