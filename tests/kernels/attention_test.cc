@@ -247,5 +247,27 @@ TEST(Attention, IndependentOfThreadCount) {
   }
 }
 
+// A NaN in one query or key (a corrupted activation) reaches exactly the outputs whose softmax
+// reads it: a vectorized exp that turned NaN into a number would leave those rows finite, and the
+// corruption would pass the loss unseen.
+TEST(Attention, NanReachesTheRowsThatReadIt) {
+  const Shape s{1, 130, 32, 2};  // hs 16; T past two query tiles
+  const int hs = s.C / s.NH, nan_q = 70, nan_k = 100;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> qkv = ToTyped<float>(RandomVector(size_t(s.T) * s.Row(), 10));
+  qkv[size_t(nan_q) * s.Row() + 3] = nan;             // head 0's query at 70
+  qkv[size_t(nan_k) * s.Row() + s.C + hs + 5] = nan;  // head 1's key at 100
+  std::vector<float> out(size_t(s.T) * s.C), lse(size_t(s.NH) * s.T);
+  AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  for (int i = 0; i < s.T; ++i)
+    for (int h = 0; h < s.NH; ++h) {
+      const bool reads_nan = h == 0 ? i == nan_q : i >= nan_k;
+      const float* o = &out[size_t(i) * s.C + size_t(h) * hs];
+      for (int d = 0; d < hs; ++d)
+        ASSERT_EQ(std::isnan(o[d]), reads_nan) << "row " << i << " head " << h << " d " << d;
+      ASSERT_EQ(std::isnan(lse[size_t(h) * s.T + i]), reads_nan) << "row " << i << " head " << h;
+    }
+}
+
 }  // namespace
 }  // namespace keel::kernels::cpu

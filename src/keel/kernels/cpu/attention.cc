@@ -32,6 +32,11 @@
 // Kept below isa_begin.h (not sorted above it): it compiles for this copy's ISA.
 #include "keel/kernels/cpu/attention_tiles.h"
 
+// GCC 12 reports the pass-through operand of AVX-512 intrinsics (_mm512_undefined_ps, a
+// self-initialized variable by design) as maybe uninitialized once the exp is inlined into the
+// OpenMP regions below; nothing here reads it.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 namespace {
 

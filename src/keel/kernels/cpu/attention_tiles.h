@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "keel/kernels/cpu/isa.h"
+#include "keel/kernels/cpu/vec_math.h"
 
 namespace keel::kernels::cpu::inline KEEL_ISA_NS::internal {
 
@@ -116,9 +117,17 @@ constexpr int kMaxNV = 4;
 constexpr int kMaxNV = 3;
 #endif
 
-// e^x, about 2 ulp (Cephes' polynomial after x = n·ln2 + r). Inputs below -87, -inf included, give
-// 0: softmax only exponentiates s − max ≤ 0 (or s − lse), where e^-87 ≈ 1.6e-38 is nothing.
+// e^x: vec_math.h's on AVX-512 and AVX2 (scalef builds 2^n in one instruction on AVX-512: the
+// attention's forward 1-3% faster than this copy's own); on 4 lanes Cephes' polynomial after
+// x = n·ln2 + r, about 2 ulp, 2^n built in the exponent bits. Inputs below -87, -inf included, give
+// 0: softmax only exponentiates s − max ≤ 0 (or s − lse), where e^-87 ≈ 1.6e-38 is nothing. NaN
+// gives NaN (a corrupted score must reach the output that reads it).
 inline Vec Exp(Vec x) {
+#if defined(KEEL_ISA_AVX512)
+  return ExpApprox16(x);  // (attention.cc silences GCC 12's false warning about it)
+#elif defined(KEEL_ISA_AVX2)
+  return ExpApprox8(x);
+#else
   const Vec lo = Splat(-87.0f);
   Vec xc = x < lo ? lo : x;
   xc = xc > Splat(88.0f) ? Splat(88.0f) : xc;
@@ -138,6 +147,7 @@ inline Vec Exp(Vec x) {
   VecI two_n = (((VecI)t - 0x4B400000) + 127) << 23;  // n ∈ [-126, 127]: a normal 2^n
   Vec y = p * (Vec)two_n;
   return x < lo ? Vec{} : y;
+#endif
 }
 
 // C[m][n] = (or +=) Σ_k A(m, k)·B[k][n] for a block of 4 rows and NV vectors of columns. A(m, k) =
