@@ -10,17 +10,9 @@
 #   QUICK=1 bench/train_throughput.sh    # only 124M B=4 T=256
 #   CONFIGS="small6:8:256" STEPS=1 WARMUP=1 bench/train_throughput.sh   # smoke
 #
-# The PyTorch peer runs at its best: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset in its command
-# only (keel's runs keep the environment), except where OpenBLAS takes this CPU for a generic one
-# (a VM whose CPUID model it does not know: "Core: Prescott", SSE3 kernels, 4x slower on an
-# AVX-512 Xeon): then OPENBLAS_CORETYPE names the family the CPU's flags say (SKYLAKEX with
-# AVX-512, HASWELL with AVX2; PEER_CORETYPE=NAME sets it); OpenBLAS rather than Debian's reference libblas.so.3
-# (PEER_BLAS=openblas-openmp|openblas-pthread|system; the Debian package is fetched with
-# `apt-get download` into BUILD/torch-peer when the system BLAS is not OpenBLAS);
-# the allocator and OpenMP wait policy matter a lot, so the peer runs under every combination of
-# PEER_MALLOC (default auto = "tcmalloc_minimal tcmalloc glibc": Debian libtcmalloc-minimal4,
-# libgoogle-perftools4, no preload) and PEER_WAIT (default auto = "PASSIVE ACTIVE") and its fastest
-# run counts. Raw JSON lines go to BUILD/train_throughput.jsonl.
+# The PyTorch peer runs at its best (bench/torch_peer.sh: its BLAS, OpenBLAS's core type, every
+# combination of PEER_MALLOC and PEER_WAIT, the fastest counting). Raw JSON lines go to
+# BUILD/train_throughput.jsonl.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-$root/build}
@@ -30,66 +22,20 @@ configs=${CONFIGS:-gpt2:4:256 gpt2:4:64 small6:8:256}
 [[ ${QUICK:-0} == 1 ]] && configs="gpt2:4:256"
 dtypes=${DTYPES:-fp32 bf16}
 out=$build/train_throughput.jsonl
-lib=/usr/lib/x86_64-linux-gnu
 
 [[ -f $build/build.ninja ]] || cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C "$build" -j2 bench_train_step peak_flops >/dev/null
 
-# The peer's BLAS: PyTorch's fp32 matmuls go through libblas.so.3.
-blas_dir=
-blas=${PEER_BLAS:-openblas-openmp}
-if [[ $blas != system ]] && ! readlink -f $lib/libblas.so.3 | grep -q openblas; then
-  blas_dir=$build/torch-peer/$blas
-  if [[ ! -e $blas_dir/libblas.so.3 ]]; then
-    tmp=$(mktemp -d)
-    if (cd "$tmp" && apt-get download "libopenblas0-${blas#openblas-}" >/dev/null 2>&1); then
-      dpkg -x "$tmp"/*.deb "$tmp/x"
-      mkdir -p "$blas_dir" && cp -a "$tmp/x/usr/lib/x86_64-linux-gnu/$blas"/. "$blas_dir"
-    else
-      echo "warning: could not fetch libopenblas0-${blas#openblas-}; PyTorch fp32 uses $(readlink -f $lib/libblas.so.3)" >&2
-      blas_dir=
-    fi
-    rm -rf "$tmp"
-  fi
-fi
-# Which kernels OpenBLAS picks here by itself (OPENBLAS_VERBOSE=2 prints "Core: NAME").
-coretype=${PEER_CORETYPE:-}
-if [[ -z $coretype ]]; then
-  core=$(env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2 \
-    ${blas_dir:+LD_LIBRARY_PATH=$blas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} \
-    "$py" -c 'import torch; torch.ones(64, 64) @ torch.ones(64, 64)' 2>&1 | sed -n 's/^Core: //p' | head -1)
-  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
-  if [[ $core == Prescott || $core == Nehalem ]]; then
-    if [[ " $flags " == *" avx512f "* ]]; then coretype=SKYLAKEX
-    elif [[ " $flags " == *" avx2 "* ]]; then coretype=HASWELL; fi
-    [[ -n $coretype ]] && echo "peer: OpenBLAS took this CPU for $core; its runs set OPENBLAS_CORETYPE=$coretype"
-  fi
-fi
-mallocs=
-for m in ${PEER_MALLOC:-auto}; do
-  [[ $m == auto ]] && m="tcmalloc_minimal tcmalloc glibc"
-  for a in $m; do
-    if [[ $a == glibc || -e $lib/lib$a.so.4 ]]; then
-      mallocs+=" $a"
-    else
-      echo "warning: $lib/lib$a.so.4 missing (apt-get install libtcmalloc-minimal4 libgoogle-perftools4)" >&2
-    fi
-  done
-done
-waits=${PEER_WAIT:-auto}
-[[ $waits == auto ]] && waits="PASSIVE ACTIVE"
+# PyTorch at its best (bench/torch_peer.sh): blas_dir, coretype, mallocs, waits, peer_exec.
+source "$root/bench/torch_peer.sh"
 
 peer() {  # MALLOC WAIT MODEL B T DTYPE
-  local preload='' script=gpt2
+  local script=gpt2
   [[ $3 == llama* ]] && script=llama
-  [[ $1 != glibc ]] && preload=$lib/lib$1.so.4
-  local wait=$2
+  local malloc=$1 wait=$2
   shift 2
-  env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OMP_NUM_THREADS=2 OMP_WAIT_POLICY="$wait" \
-    ${coretype:+OPENBLAS_CORETYPE=$coretype} \
-    ${preload:+LD_PRELOAD=$preload} \
-    ${blas_dir:+LD_LIBRARY_PATH=$blas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}} \
-    "$py" "$root/bench/torch_${script}.py" "$@" --steps "$steps" --warmup "$warmup" --threads 2
+  peer_exec "$malloc" "$wait" "$py" "$root/bench/torch_${script}.py" "$@" --steps "$steps" \
+    --warmup "$warmup" --threads 2
 }
 
 if ! peak=$("$build/peak_flops" 2 2>/dev/null); then
