@@ -214,8 +214,13 @@ void ForwardQueryTile(T* out, float* lse, const float* Q, const float* K, const 
     win.Mask(St, i0, nq, kt * kTile);
     // Online softmax, a vector of query rows at a time.
     for (int r = 0; r < kTile; r += kLanes) {
-      Vec m_old = Load(m + r), m_new = m_old;
-      for (ptrdiff_t j = 0; j < kTile; ++j) m_new = Max(m_new, Load(St + j * kTile + r));
+      // Four running maxima: one chain of 64 dependent max operations was ~15% of the forward's
+      // own time at T = 1024 (the max is exact, so the grouping changes no value).
+      const Vec m_old = Load(m + r);
+      Vec mj[4] = {m_old, m_old, m_old, m_old};
+      for (ptrdiff_t j = 0; j < kTile; j += 4)
+        for (int k = 0; k < 4; ++k) mj[k] = Max(mj[k], Load(St + (j + k) * kTile + r));
+      const Vec m_new = Max(Max(mj[0], mj[1]), Max(mj[2], mj[3]));
       const Vec m_sub = win.any() ? FiniteOrZero(m_new) : m_new;
       Vec sum{};
       for (ptrdiff_t j = 0; j < kTile; ++j) {
