@@ -19,7 +19,11 @@ namespace keel::kernels::cpu::inline KEEL_ISA_NS {
 inline float ExpApprox(float x) {
   if (x < -87.0f) return 0.0f;
   if (x > 88.0f) return INFINITY;
-  float n = std::nearbyint(x * 1.44269504088896341f);
+  // Adding 1.5·2^23 rounds x·log2(e) to the nearest integer n (ties to even, as nearbyint) and
+  // leaves n in the low mantissa bits, read back as bits: a NaN x flows through to a NaN result
+  // with no float-to-int conversion, which is undefined for NaN.
+  const float t = x * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
   float r = x - n * 0.693145751953125f;
   r = r - n * 1.428606765330187045e-06f;
   float p = 1.0f / 720;
@@ -29,7 +33,9 @@ inline float ExpApprox(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t bits = (int32_t(n) + 127) << 23;
+  uint32_t bits;
+  std::memcpy(&bits, &t, 4);
+  bits = (bits - 0x4B400000u + 127u) << 23;  // n ∈ [-126, 127]: a normal 2^n
   float scale;
   std::memcpy(&scale, &bits, 4);
   return p * scale;
@@ -74,15 +80,11 @@ inline __m256 ExpApprox8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  // n ∈ [-126, 128] after the clamp: 2^128 overflows the exponent field, so split it in two
-  // halves that each stay normal (2^(n/2) · 2^(n - n/2)).
-  __m256i ni = _mm256_cvtps_epi32(n);
-  __m256i half = _mm256_srai_epi32(ni, 1);
-  __m256 s1 =
-      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-  __m256 s2 = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
-  __m256 e = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  // n ∈ [-126, 127] after the clamp (88·log2 e rounds to 127): 2^n is a normal float.
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256 scale =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, _mm256_set1_epi32(127)), 23));
+  __m256 e = _mm256_mul_ps(p, scale);
   return _mm256_andnot_ps(under, e);
 }
 #endif
