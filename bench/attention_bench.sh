@@ -11,10 +11,13 @@ py=${PYTHON:-/usr/bin/python3}
 export REPS=${REPS:-5}
 lengths=("$@")
 [ ${#lengths[@]} -gt 0 ] || lengths=(256 1024 2048)
+[[ -f $build/build.ninja ]] || cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C "$build" -j2 attention_bench >/dev/null
 source "$root/bench/torch_peer.sh"
+[[ -n ${mallocs// /} ]] || mallocs=glibc
 
-keel=$(OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} "$build/attention_bench" "${lengths[@]}")
+# Both sides on 2 threads, as the peer always runs.
+keel=$(OMP_NUM_THREADS=2 "$build/attention_bench" "${lengths[@]}")
 echo "$keel"
 peer=$(for m in $mallocs; do
   for w in $waits; do

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the benchmarks that run PyTorch beside keel (train_throughput.sh, attention_bench.sh):
 # the peer at its best. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset in its command only
 # (keel's runs keep the environment), except where OpenBLAS takes this CPU for a generic one (a VM
@@ -11,7 +12,9 @@
 # libtcmalloc-minimal4, libgoogle-perftools4, no preload) and `waits` (PEER_WAIT, default auto =
 # "PASSIVE ACTIVE") and keep the fastest.
 #   needs: build (keel's build folder), py (the python with torch)
-#   sets:  lib blas_dir coretype mallocs waits;  peer_exec MALLOC WAIT COMMAND...
+#   sets:  lib blas_dir coretype mallocs waits (and its scratch: blas core flags tmp m a);
+#          peer_exec MALLOC WAIT COMMAND...
+: "${build:?torch_peer.sh needs build}" "${py:?torch_peer.sh needs py}"
 lib=/usr/lib/x86_64-linux-gnu
 
 # The peer's BLAS: PyTorch's fp32 matmuls go through libblas.so.3.
