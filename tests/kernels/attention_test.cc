@@ -269,5 +269,37 @@ TEST(Attention, NanReachesTheRowsThatReadIt) {
     }
 }
 
+// The backward, a NaN in one output gradient (head 0, row 70): that row's query gradient and the
+// key and value gradients of every key it saw turn NaN. A key just past it (71, in the same
+// 4-row block of the diagonal tile, whose dS is 0·(0 − D) with D NaN) does too: harmless, the
+// step is lost anyway. So only keys from the next tile on are held finite, with every other
+// row's query gradient and head 1 whole.
+TEST(Attention, NanInAnOutputGradientReachesWhatItsRowSaw) {
+  const Shape s{1, 200, 32, 2};
+  const int hs = s.C / s.NH, bad = 70;
+  std::vector<float> qkv = ToTyped<float>(RandomVector(size_t(s.T) * s.Row(), 11));
+  std::vector<float> dout = ToTyped<float>(RandomVector(size_t(s.T) * s.C, 12));
+  dout[size_t(bad) * s.C + 3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> out(size_t(s.T) * s.C), lse(size_t(s.NH) * s.T), dqkv(qkv.size());
+  AttentionForward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  AttentionBackward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T, s.C,
+                    s.NH);
+  auto any_nan = [&](int row, int col0) {
+    bool nan = false;
+    for (int d = 0; d < hs; ++d) nan |= std::isnan(dqkv[size_t(row) * s.Row() + col0 + d]);
+    return nan;
+  };
+  for (int i = 0; i < s.T; ++i) {
+    EXPECT_EQ(any_nan(i, 0), i == bad) << "dq head 0 row " << i;
+    EXPECT_FALSE(any_nan(i, hs)) << "dq head 1 row " << i;
+    for (int part : {1, 2}) {  // k, v
+      const int head0 = s.C * part, head1 = head0 + hs;
+      if (i <= bad) EXPECT_TRUE(any_nan(i, head0)) << "part " << part << " head 0 row " << i;
+      if (i >= 128) EXPECT_FALSE(any_nan(i, head0)) << "part " << part << " head 0 row " << i;
+      EXPECT_FALSE(any_nan(i, head1)) << "part " << part << " head 1 row " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace keel::kernels::cpu

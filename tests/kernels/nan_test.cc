@@ -14,6 +14,7 @@
 #include "keel/kernels/cpu/gelu.h"
 #include "keel/kernels/cpu/layernorm.h"
 #include "keel/kernels/cpu/rmsnorm.h"
+#include "keel/kernels/cpu/rope.h"
 #include "keel/kernels/cpu/swiglu.h"
 #include "kernels/fd_check.h"
 
@@ -95,18 +96,46 @@ TEST(Nan, LayerNormReachesItsRowAndTheWeightGradients) {
   }
 }
 
-TEST(Nan, RmsNormReachesItsRow) {
+TEST(Nan, RmsNormReachesItsRowAndTheWeightGradient) {
   const int N = 3, C = kN;
   for (int bad : kBad) {
     std::vector<bf16> x = ToTyped<bf16>(RandomVector(size_t(N) * C, 6));
     x[size_t(C) + bad] = FromFloat<bf16>(kNan);
     std::vector<bf16> w = ToTyped<bf16>(RandomVector(C, 7)), out(x.size());
-    std::vector<float> rstd(N);
+    std::vector<bf16> dout(x.size(), FromFloat<bf16>(1.0f)), dx(x.size());
+    std::vector<float> rstd(N), dw(C, 0.0f);
     RmsNormForward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+    RmsNormBackward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
     for (int r = 0; r < N; ++r)
-      for (int c = 0; c < C; ++c)
+      for (int c = 0; c < C; ++c) {
         EXPECT_EQ(IsNan(out[size_t(r) * C + c]), r == 1) << r << "," << c << " bad " << bad;
+        EXPECT_EQ(IsNan(dx[size_t(r) * C + c]), r == 1) << r << "," << c << " bad " << bad;
+      }
+    for (int c = 0; c < C; ++c) EXPECT_TRUE(std::isnan(dw[c])) << c << " bad " << bad;
   }
+}
+
+// RoPE mixes channel i with i + hs/2 of the same head vector, also at position 0 (where sin is 0,
+// and 0·NaN is NaN): a NaN reaches its pair and nothing else, forward and backward.
+TEST(Nan, RopeReachesItsChannelPairOnly) {
+  const int T = 9, NH = 4, NKV = 2, hs = 40, row = (NH + 2 * NKV) * hs;
+  for (int t_bad : {0, 7})
+    for (int col : {hs + 3, NH * hs + hs / 2 + 17}) {  // query head 1's; key head 0's upper half
+      const int partner = (col % hs) < hs / 2 ? col + hs / 2 : col - hs / 2;
+      std::vector<float> x = ToTyped<float>(RandomVector(size_t(T) * row, 8));
+      x[size_t(t_bad) * row + col] = kNan;
+      for (bool backward : {false, true}) {
+        std::vector<float> y = x;
+        if (backward)
+          RopeBackward(y.data(), 1, T, NH, NKV, hs, 10000.0f);
+        else
+          RopeForward(y.data(), 1, T, NH, NKV, hs, 10000.0f);
+        for (int t = 0; t < T; ++t)
+          for (int c = 0; c < row; ++c)
+            EXPECT_EQ(std::isnan(y[size_t(t) * row + c]), t == t_bad && (c == col || c == partner))
+                << "t " << t << " c " << c << " backward " << backward;
+      }
+    }
 }
 
 // The gradients' norm is where the trainer looks first: one NaN gradient must make it NaN.
