@@ -30,17 +30,19 @@ keel = {}
 for line in os.environ["KEEL_OUT"].splitlines():
     m = re.match(r"(\w+)\s+B=(\d+)\s+T=(\d+)\s+forward\s+([\d.]+) ms.*backward\s+([\d.]+) ms", line)
     if m:
-        keel[(m[1], int(m[3]))] = (float(m[4]), float(m[5]))
+        keel[(m[1], int(m[3]))] = (float(m[4]), float(m[5]), int(m[2]))
 best = {}
 for line in os.environ["PEER_OUT"].splitlines():
     r = json.loads(line)
     k = (r["dtype"], r["T"])
+    if r["B"] != keel[k][2]:
+        raise SystemExit(f"attention_bench.sh: {k}: PyTorch ran B={r['B']}, keel B={keel[k][2]}")
     f, b = best.get(k, (math.inf, math.inf))
     best[k] = (min(f, r["fwd_ms"]), min(b, r["bwd_ms"]))
     version = r["torch"]
 print(f"PyTorch {version} (matmul, mask, softmax, matmul; autograd), 2 threads, best settings")
 print(f"{'':5} {'T':>5} {'PyTorch fwd':>12} {'bwd':>10}   PyTorch ms / keel ms: fwd   bwd")
 for (dtype, T), (f, b) in best.items():
-    kf, kb = keel[(dtype, T)]
+    kf, kb, _ = keel[(dtype, T)]
     print(f"{dtype:5} {T:5} {f:9.2f} ms {b:7.2f} ms   {f / kf:25.2f}x {b / kb:5.2f}x")
 PY
