@@ -1,6 +1,6 @@
 // A quantized frozen base (model/quantize.h), int8 and nf4:
 //  - dequantize(quantize(W)) is within the documented bound of W, weight by weight, and a row or
-//    block of zeros stays zero;
+//    block of zeros stays zero; a NaN or an infinity makes its group NaN;
 //  - the layout keeps the quantized matrices out of the working copy and packs their codes;
 //  - a model with a quantized base computes exactly what the same model computes from the
 //    dequantized weights (RoundTripWorking), fp32 and bf16: loss, logits and adapter gradients;
@@ -72,6 +72,41 @@ TEST(Quantize, RoundTripIsWithinTheBoundOfEachGroup) {
     // fail above, one that never rounds far would not come near.
     EXPECT_GT(worst, 0.5);
   }
+}
+
+// A NaN or an infinity in the base makes its whole group NaN (the scale NaN), every other group
+// as without it; with a tensor-parallel row's amax that skipped the NaN (an all-reduce's max may)
+// too. Before, a NaN took the lowest NF4 level or int8 code 0: finite, for the whole run.
+TEST(Quantize, ANanOrInfinityMakesItsWholeGroupNan) {
+  const size_t rows = 6, cols = 128;
+  const std::vector<float> clean = Matrix(rows, cols, 7);
+  std::vector<float> w = clean;
+  const size_t nan_at = 2 * cols + 70, inf_at = 4 * cols + 5;
+  w[nan_at] = std::nanf("");
+  w[inf_at] = -INFINITY;
+  for (BaseQuant q : kFormats) {
+    SCOPED_TRACE(BaseQuantName(q));
+    const size_t group = QuantGroup(q, cols);
+    const std::vector<float> d = RoundTrip(q, w, rows, cols),
+                             want = RoundTrip(q, clean, rows, cols);
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (i / group == nan_at / group || i / group == inf_at / group)
+        ASSERT_TRUE(std::isnan(d[i])) << "weight " << i << " dequantized to " << d[i];
+      else
+        ASSERT_EQ(d[i], want[i]) << "weight " << i;
+    }
+  }
+  std::vector<float> amax(rows);
+  GroupAbsMax(BaseQuant::kInt8, clean.data(), rows, cols, amax.data());  // the NaN dropped
+  std::vector<uint8_t> codes(rows * cols);
+  std::vector<float> scales(rows);
+  Quantize(BaseQuant::kInt8, w.data(), rows, cols, codes.data(), scales.data(), amax.data());
+  for (size_t r = 0; r < rows; ++r)
+    EXPECT_EQ(std::isnan(scales[r]), r == 2 || r == 4) << "row " << r << ": " << scales[r];
+  std::vector<float> blocks(rows * cols / QuantGroup(BaseQuant::kNf4, cols));
+  GroupAbsMax(BaseQuant::kNf4, w.data(), rows, cols, blocks.data());
+  for (size_t g = 0; g < blocks.size(); ++g)
+    EXPECT_EQ(std::isnan(blocks[g]), g == nan_at / 64 || g == inf_at / 64) << "block " << g;
 }
 
 ModelConfig WithAdapters(ModelConfig c, BaseQuant q) {

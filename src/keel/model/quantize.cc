@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "keel/core/error.h"
 #include "keel/model/params.h"
@@ -11,10 +12,26 @@ namespace {
 
 constexpr size_t kNf4Group = 64;
 
+// The largest magnitude in w, or NaN where w holds a NaN or an infinity. Such a group is stored
+// with a NaN scale, so that all of it dequantizes to NaN and the first loss shows it: std::max
+// skips a NaN, which then took the lowest NF4 level (-amax) or int8 code 0 (an undefined
+// conversion): a corrupted frozen weight no detector could see for the whole run.
 float MaxAbs(const float* w, size_t n) {
   float m = 0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(w[i]));
-  return m;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(w[i]);
+    m = std::max(m, a);
+    finite &= a <= std::numeric_limits<float>::max();  // false for NaN and infinity
+  }
+  return finite ? m : std::numeric_limits<float>::quiet_NaN();
+}
+
+// A group's scale's amax: the group's own, or `shared` (a tensor-parallel row's, over every
+// shard) unless the group's own is NaN, which an all-reduce's max may have dropped.
+float GroupScaleMax(const float* w, size_t n, const float* shared) {
+  const float own = MaxAbs(w, n);
+  return shared && !std::isnan(own) ? *shared : own;
 }
 
 // The index of the NF4 level nearest x (x in [-1, 1]): the levels are sorted, so the first
@@ -78,7 +95,7 @@ void Quantize(BaseQuant q, const float* w, size_t rows, size_t cols, uint8_t* co
 #pragma omp parallel for schedule(static)
     for (size_t r = 0; r < rows; ++r) {
       const float* x = w + r * cols;
-      const float s = (group_amax ? group_amax[r] : MaxAbs(x, cols)) / 127.0f;
+      const float s = GroupScaleMax(x, cols, group_amax ? group_amax + r : nullptr) / 127.0f;
       scales[r] = s;
       auto* c = reinterpret_cast<int8_t*>(codes) + r * cols;
       for (size_t i = 0; i < cols; ++i)
@@ -91,7 +108,7 @@ void Quantize(BaseQuant q, const float* w, size_t rows, size_t cols, uint8_t* co
 #pragma omp parallel for schedule(static)
   for (size_t g = 0; g < n / kNf4Group; ++g) {
     const float* x = w + g * kNf4Group;
-    const float s = group_amax ? group_amax[g] : MaxAbs(x, kNf4Group);
+    const float s = GroupScaleMax(x, kNf4Group, group_amax ? group_amax + g : nullptr);
     scales[g] = s;
     uint8_t* c = codes + g * kNf4Group / 2;
     for (size_t i = 0; i < kNf4Group; i += 2) {

@@ -45,14 +45,16 @@ bool QuantizedParam(BaseQuant q, const ParamInfo& p);
 // (rows·cols / QuantGroup(q, cols)). nf4 needs rows·cols to be a multiple of 64. `group_amax`
 // (one per scale; null: each group's own) is each group's largest magnitude where the group is
 // wider than `w`: a tensor-parallel shard cut by columns holds part of each int8 row, whose scale
-// is the whole row's (the max over the tp ranks of GroupAbsMax).
+// is the whole row's (the max over the tp ranks of GroupAbsMax). A group holding a NaN or an
+// infinity gets a NaN scale, whatever `group_amax` says: all of it dequantizes to NaN.
 void Quantize(BaseQuant q, const float* w, size_t rows, size_t cols, uint8_t* codes, float* scales,
               const float* group_amax = nullptr);
 // Why cfg's quantized base cannot be cut for tensor parallelism `tp`, or "": a shard must
 // quantize the groups one process does. int8 always can (a row cut by columns takes the whole
 // row's scale: TrainStep::SetWeights); nf4's rows on each rank must be whole groups of 64.
 std::string TpQuantProblem(const ModelConfig& cfg, int tp);
-// Each of Quantize's groups' largest magnitude (rows·cols / QuantGroup(q, cols) of them).
+// Each of Quantize's groups' largest magnitude (rows·cols / QuantGroup(q, cols) of them); NaN for
+// a group holding a NaN or an infinity.
 void GroupAbsMax(BaseQuant q, const float* w, size_t rows, size_t cols, float* amax);
 
 }  // namespace keel::model
