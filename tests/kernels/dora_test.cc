@@ -1,6 +1,7 @@
 // DoRA's kernels (cpu/dora.h; contracts: Backend::DoraNorm, DoraScale, DoraMagnitudeGrad) against
 // their definitions in fp64, in fp32 and bf16, on widths that are no multiple of a vector or of
-// the magnitude gradient's column blocks; the norm's zero row gives a zero scale, not a NaN; and
+// the magnitude gradient's column blocks; the norm's zero row gives a zero scale, not a NaN, while
+// a NaN in W or A reaches the norms of the rows that read it; and
 // without a magnitude the norm kernel leaves each row's sum of squares (a tensor-parallel shard's
 // part), whose sum over two halves of the columns is the whole row's.
 #include "keel/kernels/cpu/dora.h"
@@ -127,6 +128,34 @@ void CheckScaleAndGrad(double tol) {
 TEST(Dora, ScaleAndMagnitudeGradientFollowTheirDefinitions) {
   CheckScaleAndGrad<float>(1e-6);
   CheckScaleAndGrad<bf16>(8e-3);  // one bf16 rounding of the result
+}
+
+// A NaN in a row of W, or anywhere in A (every row reads it through B·A), makes those rows'
+// inverse norm and scale NaN, so that the backward's dz = dy ⊙ scale carries it too; a zero row's
+// stay 0. (`n > 0 ? 1/n : 0` made a NaN norm's 0.)
+TEST(Dora, ANanReachesTheNormsOfTheRowsThatReadIt) {
+  const int out = 9, in = 40, r = 3;
+  std::vector<float> W = Values(size_t(out) * in, 1), A = Values(size_t(r) * in, 2),
+                     B = Values(size_t(out) * r, 3);
+  const std::vector<float> mag = Values(size_t(out), 4);
+  std::fill_n(W.begin() + 5 * in, in, 0.0f);  // row 5: W, and B's row, zero
+  std::fill_n(B.begin() + 5 * r, r, 0.0f);
+  W[size_t(2) * in + 7] = std::nanf("");
+  std::vector<float> scale(static_cast<size_t>(out)), inv(static_cast<size_t>(out));
+  DoraNorm(scale.data(), inv.data(), mag.data(), W.data(), A.data(), B.data(), out, in, r, 1.0f);
+  for (int o = 0; o < out; ++o) {
+    EXPECT_EQ(std::isnan(inv[size_t(o)]), o == 2) << o << ": " << inv[size_t(o)];
+    EXPECT_EQ(std::isnan(scale[size_t(o)]), o == 2) << o << ": " << scale[size_t(o)];
+  }
+  EXPECT_EQ(inv[5], 0.0f);
+  EXPECT_EQ(scale[5], 0.0f);
+  W[size_t(2) * in + 7] = 1.0f;
+  A[size_t(1) * in + 11] = std::nanf("");  // every row: B·A reads it (0·NaN too, as in PyTorch)
+  DoraNorm(scale.data(), inv.data(), mag.data(), W.data(), A.data(), B.data(), out, in, r, 1.0f);
+  for (int o = 0; o < out; ++o) {
+    EXPECT_TRUE(std::isnan(inv[size_t(o)])) << o << ": " << inv[size_t(o)];
+    EXPECT_TRUE(std::isnan(scale[size_t(o)])) << o << ": " << scale[size_t(o)];
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "keel/kernels/op_args.h"
 #include "keel/model/fp8_products.h"
 #include "keel/model/transformer_impl.h"
 
@@ -171,7 +172,7 @@ std::pair<T*, float*> DoraZ(Transformer::Impl& m, const T* x, const T* weight, i
   KEEL_PROFILED("tp_comm", m.TpSum(sq, size_t(N), DType::kF32));
   for (int o = 0; o < N; ++o) {  // host memory: tensor parallelism runs on the CPU backend
     const float n = std::sqrt(sq[o]);
-    sq[o] = n > 0 ? 1.0f / n : 0.0f;
+    sq[o] = kernels::DoraInverseNorm(n);
     g[o] = a.mag[o] * sq[o];
   }
   return {z, g};

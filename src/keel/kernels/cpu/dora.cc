@@ -7,6 +7,8 @@
 #include <cmath>
 #include <vector>
 
+#include "keel/kernels/op_args.h"
+
 // This copy's ISA from here on (isa_begin.h).
 #include "keel/kernels/cpu/isa_begin.h"
 
@@ -37,7 +39,7 @@ void DoraNorm(float* scale, float* inv_norm, const float* magnitude, const T* W,
         continue;
       }
       const float n = float(std::sqrt(sq));
-      inv_norm[o] = n > 0 ? 1.0f / n : 0.0f;
+      inv_norm[o] = DoraInverseNorm(n);
       scale[o] = magnitude[o] * inv_norm[o];
     }
   }

@@ -4,6 +4,7 @@
 // loads across a warp), its 8 warps each summing every 8th row, then the 8 partial sums added in
 // warp order: a fixed order, whatever the launch.
 #include "keel/kernels/cuda/dora.cuh"
+#include "keel/kernels/op_args.h"
 
 namespace keel::kernels::cuda {
 namespace {
@@ -32,7 +33,7 @@ __global__ void Norm(float* scale, float* inv_norm, const float* magnitude, cons
       return;
     }
     const float n = sqrtf(total);
-    inv_norm[o] = n > 0 ? 1.0f / n : 0.0f;
+    inv_norm[o] = DoraInverseNorm(n);
     scale[o] = magnitude[o] * inv_norm[o];
   }
 }
