@@ -5,7 +5,9 @@
 // max relative error ~2e-7 over the float range (tested against std::exp). Inputs below -87 give 0.
 // NaN gives NaN: the clamps keep it (x86's max and min return their second operand when either is
 // NaN, so x goes second), so that a corrupted logit or score reaches the sum it enters instead of
-// vanishing as e^-87.
+// vanishing as e^-87. Above 88 the scalar form gives +inf and the vector forms e^88 (1.65e38,
+// finite): their callers (the classifier's and attention's softmax) pass x - max, never above 0,
+// so a vector form needs an overflow mask before it serves an x that can be large.
 #pragma once
 
 #include <cmath>
