@@ -42,16 +42,23 @@ void CheckMatmul(const kernels::Backend& be, double* max_error, double* gflops) 
   be.Synchronize();
   *gflops = 2.0 * M * K * N * reps / Seconds(t0) / 1e9;
   be.ToHost(out.data(), dout.data(), dout.bytes());
-  *max_error = 0;
+  *max_error = LargestProductError(a.data(), w.data(), out.data(), M, K, N);
+}
+
+}  // namespace
+
+double LargestProductError(const float* a, const float* w, const float* out, int M, int K, int N) {
+  double largest = 0;
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j) {
       double want = 0;
       for (int k = 0; k < K; ++k) want += double(a[size_t(i) * K + k]) * w[size_t(j) * K + k];
-      *max_error = std::max(*max_error, std::abs(want - out[size_t(i) * N + j]));
+      const double e = std::abs(want - out[size_t(i) * N + j]);
+      if (std::isnan(e)) return e;
+      largest = std::max(largest, e);
     }
+  return largest;
 }
-
-}  // namespace
 
 nlohmann::json CheckThisHost(const HealthOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -66,7 +73,7 @@ nlohmann::json CheckThisHost(const HealthOptions& o) {
   CheckMatmul(be, &err, &gflops);
   r["matmul_max_error"] = err;
   r["matmul_gflops"] = gflops;
-  if (err != 0)
+  if (!(err == 0))
     problems.push_back("matrix product wrong (largest error " + std::to_string(err) + ")");
   if (o.min_gflops > 0 && gflops < o.min_gflops)
     problems.push_back("matrix product at " + std::to_string(int(gflops)) +

@@ -18,6 +18,11 @@ struct HealthOptions {
   kernels::Device device = kernels::Device::kCpu;  // where the product runs
 };
 
+// The largest |a·wᵀ - out| over the (M, N) product of a (M, K) and w (N, K), summed in fp64; NaN
+// when an element of `out` is NaN, so that a device returning NaN fails the check (std::max
+// skips a NaN, which made such a product's error 0).
+double LargestProductError(const float* a, const float* w, const float* out, int M, int K, int N);
+
 // Runs the checks here and returns {"host", "ok", "problems": [...], "device", "matmul_gflops",
 // "matmul_max_error", "free_mem_gb", "free_disk_gb", "build", "seconds"}.
 nlohmann::json CheckThisHost(const HealthOptions& o);
