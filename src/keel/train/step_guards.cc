@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 #include "keel/core/error.h"
 #include "keel/core/log.h"
@@ -243,8 +244,15 @@ nlohmann::json StepGuards::State() const {
   return {{"resilience", judge_.ToJson()}, {"metrics", {{"recent_losses", recent_losses_}}}};
 }
 
+std::vector<double> RecentLossesFromJson(const nlohmann::json& j) {
+  std::vector<double> losses;
+  for (const nlohmann::json& v : j.get_ref<const nlohmann::json::array_t&>())
+    losses.push_back(v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>());
+  return losses;
+}
+
 void StepGuards::Restore(const nlohmann::json& st) {
-  recent_losses_ = st.at("metrics").at("recent_losses").get<std::vector<double>>();
+  recent_losses_ = RecentLossesFromJson(st.at("metrics").at("recent_losses"));
   judge_.FromJson(st.value("resilience", nlohmann::json::object()));
 }
 

@@ -39,6 +39,11 @@
 
 namespace keel::train {
 
+// The recent losses a checkpoint's state keeps (StepGuards::State), read back. A skipped step's
+// NaN or infinite loss is written as null (JSON has no such numbers) and reads as NaN: read as a
+// double it threw, and every resume or rollback from that checkpoint with it.
+std::vector<double> RecentLossesFromJson(const nlohmann::json& j);
+
 class StepGuards {
  public:
   // Collective over the world (hosts) and the data-parallel group. Restores the detectors' state
