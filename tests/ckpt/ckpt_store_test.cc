@@ -426,6 +426,49 @@ TEST(CkptStore, FailedWriteLeavesNoCheckpointAndOldOnesIntact) {
   EXPECT_FALSE(fs::exists(d.str() + "/step_00000002"));
 }
 
+// Once renamed into place a checkpoint is committed: a failure to name it `latest` (here a
+// folder sits where the file goes; a full disk does the same) is reported with the save and
+// leaves it, while the save's error path used to remove it.
+TEST(CkptStore, AFailureAfterTheRenameKeepsTheCommittedCheckpoint) {
+  Dir d;
+  Fake fake(1.0f);
+  SaveAsRanks(d.str(), fake, 1, 1);
+  fs::remove(d.str() + "/latest");
+  fs::create_directories(d.str() + "/latest/in_the_way");
+  CheckpointWriter w(d.str(), 0, 1, {1, 0});
+  w.Begin(fake.View(2));
+  ASSERT_EQ(w.WaitWritten(), CheckpointWriter::kWritten);
+  w.Commit();
+  w.Drain();
+  auto reports = w.TakeReports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].error, "");
+  EXPECT_NE(reports[0].warning.find("latest"), std::string::npos) << reports[0].warning;
+  EXPECT_EQ(reports[0].path, d.str() + "/step_00000002");
+  EXPECT_EQ(Verify(d.str() + "/step_00000002").status, "committed");
+  EXPECT_EQ(Verify(d.str() + "/step_00000001").status, "committed");  // retention did not run
+}
+
+// Saving a step that has a checkpoint already (a resume from an older one) replaces it whole.
+TEST(CkptStore, SavingAStepAgainReplacesItsCheckpoint) {
+  Dir d;
+  Fake first(1.0f), second(5.0f);
+  SaveAsRanks(d.str(), first, 3, 2);
+  SaveAsRanks(d.str(), second, 3, 1);
+  const std::string dir = d.str() + "/step_00000003";
+  EXPECT_EQ(Verify(dir).status, "committed");
+  CheckpointReader reader = CheckpointReader::Open(dir);
+  EXPECT_EQ(reader.manifest().state["layout"]["dp"], 1);
+  EXPECT_FALSE(fs::exists(dir + "/rank_00001.bin"));
+  Fake back(0.0f);
+  reader.Load(back.specs, {{"master", back.master.data()}});
+  EXPECT_EQ(back.master, second.master);
+  for (const auto& e : fs::directory_iterator(d.str()))
+    EXPECT_EQ(e.path().filename().string().rfind("step_00000003.", 0), std::string::npos)
+        << "left over: " << e.path();
+  EXPECT_FALSE(fs::exists(d.str() + "/.replaced_step_00000003"));
+}
+
 TEST(CkptStore, StepDirNames) {
   EXPECT_EQ(StepDirName(20), "step_00000020");
   EXPECT_EQ(ParseStepDirName("step_00000020"), 20);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -38,6 +39,30 @@ double NowMs() {
   return std::chrono::duration<double, std::milli>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// The committed folder `tmp` in place of `final_dir`, which holds a checkpoint of the same step
+// from an earlier attempt (a resume from an older one). Where the file system exchanges two
+// names in one rename (RENAME_EXCHANGE: ext4, XFS, btrfs, tmpfs) there is no moment without a
+// step folder; elsewhere (NFS) the old one is moved aside, and put back if the new one cannot
+// take its place. The old one is removed only once the new name is durable.
+void ReplaceStepDir(const std::string& root, const std::string& tmp, const std::string& final_dir,
+                    const std::string& aside) {
+  std::error_code ec;  // the old one's removal may fail: it goes with retention then
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    SyncDir(root);
+    fs::remove_all(tmp, ec);  // now the old one
+    return;
+  }
+  fs::remove_all(aside);
+  fs::rename(final_dir, aside);
+  fs::rename(tmp, final_dir, ec);
+  if (ec) {
+    fs::rename(aside, final_dir);
+    throw fs::filesystem_error("cannot put the new checkpoint in place", tmp, final_dir, ec);
+  }
+  SyncDir(root);
+  fs::remove_all(aside, ec);
 }
 
 }  // namespace
@@ -514,28 +539,31 @@ void CheckpointWriter::DoCommit() {
   WriteFileAtomic(tmp + "/COMMIT", "xxh3 " + HashHex(Hash(text.data(), text.size())) + "\n");
   SyncDir(tmp);
   MaybeCrash("commit");
-  if (fs::exists(final_dir)) {
-    // A checkpoint of this step from an earlier attempt (a resume from an older one): replaced.
-    const std::string old = root_ + "/.replaced_" + name;
-    fs::remove_all(old);
-    fs::rename(final_dir, old);
+  if (fs::exists(final_dir))
+    ReplaceStepDir(root_, tmp, final_dir, root_ + "/.replaced_" + name);
+  else
     fs::rename(tmp, final_dir);
-    fs::remove_all(old);
-  } else {
-    fs::rename(tmp, final_dir);
-  }
   SyncDir(root_);
   current_.path = final_dir;
   MaybeCrash("rename");
-  WriteFileAtomic(root_ + "/latest", name + "\n");
-  MaybeCrash("latest");
-  current_.deleted = ApplyRetention(root_, meta_.step, retention_);
+  // Committed: resume finds it without `latest`. A failure from here on (a full disk for
+  // `latest`, a folder retention cannot remove) is reported with the save and never undoes it;
+  // Commit's error path used to remove the folder just renamed into place (and, where the step
+  // had been saved before, both copies).
+  try {
+    WriteFileAtomic(root_ + "/latest", name + "\n");
+    MaybeCrash("latest");
+    current_.deleted = ApplyRetention(root_, meta_.step, retention_);
+  } catch (const std::exception& e) {
+    current_.warning = e.what();
+  }
 }
 
 void CheckpointWriter::DoAbort() {
   std::error_code ec;
   const std::string tmp = current_.path;
   if (tmp.rfind("peer:", 0) == 0) return;  // the holders keep the previous complete copy
+  if (!tmp.ends_with(".tmp")) return;      // renamed into place: committed, never undone
   if (rank_ == 0) {
     fs::remove_all(tmp, ec);
   } else {

@@ -68,6 +68,8 @@ struct SaveReport {
   bool handed_over = false;  // a tier-0 copy's own-host holder read it from the staging memfd
   std::vector<std::string> deleted;  // by retention
   std::string error;                 // empty when it succeeded
+  // Committed, but naming it `latest` or applying retention failed (rank 0): said, not undone.
+  std::string warning;
 };
 
 // Frees a writer's staging buffer: plain memory, or a memfd's mapping
