@@ -42,6 +42,13 @@ void Comm::AllReduceSum(double* data, size_t n) { AllReduceDoubles(data, n, /*ma
 
 void Comm::AllReduceMax(double* data, size_t n) { AllReduceDoubles(data, n, /*max=*/true); }
 
+void Comm::BroadcastString(std::string& s, int root) {
+  uint64_t n = s.size();
+  Broadcast(&n, sizeof n, root);
+  s.resize(n);
+  if (n) Broadcast(s.data(), n, root);
+}
+
 std::unique_ptr<Comm> CreateComm() {
   // KEEL_COMM=local|mpi overrides the guess, e.g. to exercise the MPI path with one process.
   if (const char* forced = std::getenv("KEEL_COMM"); forced != nullptr && *forced != '\0') {

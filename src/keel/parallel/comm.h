@@ -112,7 +112,8 @@ class Comm {
   double AllReduceSum(double x);              // a scalar, e.g. a loss or a squared norm
   void AllReduceSum(double* data, size_t n);  // elementwise
   double AllReduceMax(double x);
-  void AllReduceMax(double* data, size_t n);  // elementwise, e.g. several flags in one call
+  void AllReduceMax(double* data, size_t n);       // elementwise, e.g. several flags in one call
+  void BroadcastString(std::string& s, int root);  // root's text, resized on the others
 
  protected:
   virtual void AllReduceDoubles(double* data, size_t n, bool max) = 0;

@@ -137,10 +137,19 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
 std::optional<Resumed> Checkpointer::RollBack(const ckpt::StateView& view, int64_t max_step) {
   Complete();  // a save in flight commits (or fails) first: it may be the one to return to
   Report();
+  // Rank 0 lists the candidates for every rank: only its Complete() committed the save in flight
+  // (the others' returned once their own files were written), so a list of their own could miss
+  // that folder, and ranks that load different steps end the run.
+  std::string names;
+  if (comm_.rank() == 0) {
+    auto dirs = ckpt::ListStepDirs(root_);
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
+      if (it->step <= max_step) names += it->path + "\n";
+  }
+  comm_.BroadcastString(names, 0);
   std::vector<Candidate> candidates;
-  auto dirs = ckpt::ListStepDirs(root_);
-  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
-    if (it->step <= max_step) candidates.push_back({it->path});
+  for (size_t at = 0, end; (end = names.find('\n', at)) != std::string::npos; at = end + 1)
+    candidates.push_back({names.substr(at, end - at)});
   if (candidates.empty()) return std::nullopt;
   return LoadFirst(view, candidates, /*search=*/true, root_);
 }
@@ -465,6 +474,15 @@ void Checkpointer::Report() {
         r.path.c_str(), r.total_bytes / 1048576.0, unchanged, r.total_ms, r.bytes / 1048576.0,
         r.write_ms, pending_blocked_ms_, lost, deleted.empty() ? "" : "; deleted ",
         deleted.c_str());
+    if (!r.warning.empty()) {
+      Log("keel: checkpoint %s is committed, but %s (resume finds it all the same)", r.path.c_str(),
+          r.warning.c_str());
+      if (events_)
+        events_->Write({{"event", "checkpoint_warning"},
+                        {"step", r.step},
+                        {"path", r.path},
+                        {"warning", r.warning}});
+    }
     if (on_commit_) on_commit_();
     if (events_)
       events_->Write({{"event", "checkpoint"},

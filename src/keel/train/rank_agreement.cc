@@ -19,13 +19,6 @@
 namespace keel::train {
 namespace {
 
-void BroadcastString(parallel::Comm& comm, std::string& s, int root) {
-  uint64_t n = s.size();
-  comm.Broadcast(&n, sizeof n, root);
-  s.resize(n);
-  if (n) comm.Broadcast(s.data(), n, root);
-}
-
 // If a rank holds an error, every rank throws the lowest such rank's (see AgreeOnSetup), prefixed
 // with "rank N on HOST: " when `name_rank` and N is not 0.
 void ThrowLowest(parallel::Comm& comm, const std::optional<Error>& mine, bool name_rank) {
@@ -40,7 +33,7 @@ void ThrowLowest(parallel::Comm& comm, const std::optional<Error>& mine, bool na
   }
   int32_t code = rank == root ? int32_t(mine->code()) : 0;
   comm.Broadcast(&code, sizeof code, root);
-  BroadcastString(comm, msg, root);
+  comm.BroadcastString(msg, root);
   // Rank 0 prints before any rank exits: mpirun ends the whole job at the first non-zero exit,
   // and a quiet rank that left first would cut rank 0 off before its line.
   if (rank == 0) std::fprintf(stderr, "keel: error: %s\n", msg.c_str());
@@ -149,7 +142,7 @@ void AgreeOnSetup(parallel::Comm& comm, const std::optional<Error>& failed,
   if (comm.size() == 1) return;
   // Rank 0's fingerprint to every rank; each names its first difference.
   std::string ref = comm.rank() == 0 ? nlohmann::json(fingerprint).dump() : std::string();
-  BroadcastString(comm, ref, 0);
+  comm.BroadcastString(ref, 0);
   const auto theirs = nlohmann::json::parse(ref).get<Fingerprint>();
   std::optional<std::string> differs;
   for (size_t i = 0; i < std::max(theirs.size(), fingerprint.size()) && !differs; ++i) {
