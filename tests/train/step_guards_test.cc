@@ -1,13 +1,18 @@
 // The state StepGuards keeps in a checkpoint (train/step_guards.h): a skipped step's NaN or
 // infinite loss in the recent-loss record survives the manifest's JSON text (written as null),
-// so that a resume or a rollback from that checkpoint reads it back instead of throwing.
+// so that a resume or a rollback from that checkpoint reads it back instead of throwing. And the
+// rollbacks' skips (train/guards.h): a skip inside a rolled-back window does not fire again.
 #include "keel/train/step_guards.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <vector>
+
+#include "data/temp_dir.h"
+#include "keel/train/guards.h"
 
 namespace keel::train {
 namespace {
@@ -25,6 +30,24 @@ TEST(StepGuards, RecentLossesReadBackWithANanAndAnInfinity) {
   EXPECT_TRUE(std::isnan(losses[2]));
   EXPECT_EQ(losses[3], 3.0);
   EXPECT_TRUE(RecentLossesFromJson(nlohmann::json::array()).empty());
+}
+
+// A rollback from the spike at step 16 (1-based; step index 15) to the checkpoint at 10 skips
+// the 11 batches the steps 10-15 read, the 5 that `skip_batches = "12:5"` skipped at 12 among
+// them: replayed, step 12 must not skip 5 more (fresh data). A skip after the window still fires,
+// and the file gives a later run (a resume) the same skips.
+TEST(RollbackLog, ASkipInsideTheRolledBackWindowDoesNotFireAgain) {
+  data::TempDir dir;
+  const std::map<int, int> configured = {{12, 5}, {30, 2}};
+  RollbackLog log(dir / "rollbacks.json", configured);
+  ASSERT_EQ(log.SkipAt(12), 5);
+  log.Record(/*spike_step=*/16, /*to_step=*/10, /*batches=*/11, "loss spike", /*write=*/true);
+  for (const RollbackLog& l : {log, RollbackLog(dir / "rollbacks.json", configured)}) {
+    EXPECT_EQ(l.SkipAt(10), 11);
+    EXPECT_EQ(l.SkipAt(12), 0);
+    EXPECT_EQ(l.SkipAt(16), 0);
+    EXPECT_EQ(l.SkipAt(30), 2);
+  }
 }
 
 }  // namespace

@@ -282,6 +282,10 @@ int RollbackLog::SkipAt(int step) const {
 
 void RollbackLog::Record(int spike_step, int to_step, int batches, const std::string& why,
                          bool write) {
+  // `batches` runs from the checkpoint's position to the spike's, so it holds every skip the
+  // steps after `to_step` made on the way: replayed, they would skip fresh data a second time.
+  for (int s = to_step + 1; s < spike_step; ++s)
+    if (SkipAt(s) > 0) recorded_[s] = 0;
   recorded_[to_step] = batches;
   rollbacks_.push_back({{"spike_step", spike_step},
                         {"to_step", to_step},

@@ -105,7 +105,8 @@ class RollbackLog {
   // Global batches to skip at step boundary `step` (0 if none).
   int SkipAt(int step) const;
   // Records a rollback from `spike_step` (1-based, as logged) to `to_step` that skips `batches` at
-  // `to_step` (replacing an earlier skip there: it covers it); rank 0 writes the file.
+  // `to_step` (replacing an earlier skip there, and silencing those at the steps replayed after
+  // it: the batches cover them); rank 0 writes the file.
   void Record(int spike_step, int to_step, int batches, const std::string& why, bool write);
   // Rollbacks whose spike fell within `window` steps up to `step`.
   int RecentRollbacks(int step, int window) const;
