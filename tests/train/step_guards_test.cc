@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "data/temp_dir.h"
+#include "keel/parallel/comm.h"
 #include "keel/train/guards.h"
 
 namespace keel::train {
@@ -39,10 +40,12 @@ TEST(StepGuards, RecentLossesReadBackWithANanAndAnInfinity) {
 TEST(RollbackLog, ASkipInsideTheRolledBackWindowDoesNotFireAgain) {
   data::TempDir dir;
   const std::map<int, int> configured = {{12, 5}, {30, 2}};
-  RollbackLog log(dir / "rollbacks.json", configured);
+  RollbackLog log(dir / "rollbacks.json", "", configured);
   ASSERT_EQ(log.SkipAt(12), 5);
   log.Record(/*spike_step=*/16, /*to_step=*/10, /*batches=*/11, "loss spike", /*write=*/true);
-  for (const RollbackLog& l : {log, RollbackLog(dir / "rollbacks.json", configured)}) {
+  const auto comm = parallel::MakeLocalComm();
+  const std::string text = SharedRollbackFile(*comm, dir / "rollbacks.json");
+  for (const RollbackLog& l : {log, RollbackLog(dir / "rollbacks.json", text, configured)}) {
     EXPECT_EQ(l.SkipAt(10), 11);
     EXPECT_EQ(l.SkipAt(12), 0);
     EXPECT_EQ(l.SkipAt(16), 0);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "keel/core/error.h"
 #include "keel/core/file_util.h"
@@ -262,11 +261,24 @@ void FlipBit(TrainStep& step, const resilience::Fault& f, int rank) {
       std::min(f.index, p.numel - 1), eb == 4 ? "" : " (bf16, no master)");
 }
 
-RollbackLog::RollbackLog(std::string path, std::map<int, int> configured)
+std::string SharedRollbackFile(parallel::Comm& comm, const std::string& path) {
+  std::string text;
+  if (comm.rank() == 0 && std::filesystem::exists(path)) {
+    try {
+      text = ReadWholeFile(path);
+    } catch (const Error& e) {
+      text = std::string(1, '\0') + e.what();  // said by every rank below
+    }
+  }
+  comm.BroadcastString(text, 0);
+  if (!text.empty() && text[0] == '\0') ThrowBadInput(text.substr(1));
+  return text;
+}
+
+RollbackLog::RollbackLog(std::string path, const std::string& text, std::map<int, int> configured)
     : path_(std::move(path)), configured_(std::move(configured)) {
-  if (!std::filesystem::exists(path_)) return;
-  std::ifstream in(path_);
-  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (text.empty()) return;
+  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("skips") || !j["skips"].is_object())
     ThrowBadInput(path_ + ": expected {\"skips\": {STEP: BATCHES}, \"rollbacks\": [...]} " +
                   "(written by keel); move it away to train without its skips");

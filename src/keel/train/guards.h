@@ -101,7 +101,8 @@ void FlipBit(TrainStep& step, const resilience::Fault& f, int rank);
 // on every later resume, and [resilience] skip_batches adds the user's own.
 class RollbackLog {
  public:
-  RollbackLog(std::string path, std::map<int, int> configured);
+  // `text`: the file at `path` as rank 0 read it (SharedRollbackFile; empty: none yet).
+  RollbackLog(std::string path, const std::string& text, std::map<int, int> configured);
   // Global batches to skip at step boundary `step` (0 if none).
   int SkipAt(int step) const;
   // Records a rollback from `spike_step` (1-based, as logged) to `to_step` that skips `batches` at
@@ -116,5 +117,11 @@ class RollbackLog {
   std::map<int, int> configured_, recorded_;
   nlohmann::json rollbacks_ = nlohmann::json::array();
 };
+
+// The rollbacks' file (RUN/rollbacks.json) as rank 0 reads it, on every rank of `comm`
+// (collective): only rank 0 writes it, and every rank must skip the same batches, also where the
+// run folder is not on storage every rank sees. Empty when there is none; an unreadable one is
+// the same error on every rank.
+std::string SharedRollbackFile(parallel::Comm& comm, const std::string& path);
 
 }  // namespace keel::train

@@ -21,7 +21,9 @@ StepGuards::StepGuards(Run& run, resilience::HeartbeatWriter& heartbeat)
       rs_(run.cfg.resilience),
       // Faults to inject (KEEL_FAULT), fired once per run: the markers live in the run folder.
       faults_(resilience::FaultInjector::FromEnv(run.comm.rank())),
-      rollbacks_(run.sum.run_dir + "/rollbacks.json", *ParseSkipBatches(rs_.skip_batches)),
+      rollbacks_(run.sum.run_dir + "/rollbacks.json",
+                 SharedRollbackFile(run.comm, run.sum.run_dir + "/rollbacks.json"),
+                 *ParseSkipBatches(rs_.skip_batches)),
       judge_(rs_),
       stragglers_(rs_.straggler_ratio, rs_.straggler_checks) {
   faults_.SetMarkerDir(run.sum.run_dir + "/faults");
