@@ -130,9 +130,9 @@ TEST(Dora, ScaleAndMagnitudeGradientFollowTheirDefinitions) {
   CheckScaleAndGrad<bf16>(8e-3);  // one bf16 rounding of the result
 }
 
-// A NaN in a row of W, or anywhere in A (every row reads it through B·A), makes those rows'
-// inverse norm and scale NaN, so that the backward's dz = dy ⊙ scale carries it too; a zero row's
-// stay 0. (`n > 0 ? 1/n : 0` made a NaN norm's 0.)
+// A NaN or an infinity in a row of W, or a NaN anywhere in A (every row reads it through B·A),
+// makes those rows' inverse norm and scale NaN, so that the backward's dz = dy ⊙ scale carries it
+// too; a zero row's stay 0. (`n > 0 ? 1/n : 0` made a NaN norm's 0.)
 TEST(Dora, ANanReachesTheNormsOfTheRowsThatReadIt) {
   const int out = 9, in = 40, r = 3;
   std::vector<float> W = Values(size_t(out) * in, 1), A = Values(size_t(r) * in, 2),
@@ -141,15 +141,17 @@ TEST(Dora, ANanReachesTheNormsOfTheRowsThatReadIt) {
   std::fill_n(W.begin() + 5 * in, in, 0.0f);  // row 5: W, and B's row, zero
   std::fill_n(B.begin() + 5 * r, r, 0.0f);
   W[size_t(2) * in + 7] = std::nanf("");
+  W[size_t(6) * in + 1] = INFINITY;  // 1/inf would be 0: as silent as the NaN's
   std::vector<float> scale(static_cast<size_t>(out)), inv(static_cast<size_t>(out));
   DoraNorm(scale.data(), inv.data(), mag.data(), W.data(), A.data(), B.data(), out, in, r, 1.0f);
   for (int o = 0; o < out; ++o) {
-    EXPECT_EQ(std::isnan(inv[size_t(o)]), o == 2) << o << ": " << inv[size_t(o)];
-    EXPECT_EQ(std::isnan(scale[size_t(o)]), o == 2) << o << ": " << scale[size_t(o)];
+    EXPECT_EQ(std::isnan(inv[size_t(o)]), o == 2 || o == 6) << o << ": " << inv[size_t(o)];
+    EXPECT_EQ(std::isnan(scale[size_t(o)]), o == 2 || o == 6) << o << ": " << scale[size_t(o)];
   }
   EXPECT_EQ(inv[5], 0.0f);
   EXPECT_EQ(scale[5], 0.0f);
   W[size_t(2) * in + 7] = 1.0f;
+  W[size_t(6) * in + 1] = 1.0f;
   A[size_t(1) * in + 11] = std::nanf("");  // every row: B·A reads it (0·NaN too, as in PyTorch)
   DoraNorm(scale.data(), inv.data(), mag.data(), W.data(), A.data(), B.data(), out, in, r, 1.0f);
   for (int o = 0; o < out; ++o) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "data/temp_dir.h"
@@ -34,21 +35,24 @@ TEST(StepGuards, RecentLossesReadBackWithANanAndAnInfinity) {
 }
 
 // A rollback from the spike at step 16 (1-based; step index 15) to the checkpoint at 10 skips
-// the 11 batches the steps 10-15 read, the 5 that `skip_batches = "12:5"` skipped at 12 among
-// them: replayed, step 12 must not skip 5 more (fresh data). A skip after the window still fires,
-// and the file gives a later run (a resume) the same skips.
+// the 12 batches from there to the spike, the 5 and 1 that `skip_batches = "12:5,15:1"` skipped
+// at 12 and 15 among them: replayed, those steps must not skip more (fresh data). A skip after
+// the window (16, 30) still fires, and the file gives a later run (a resume) the same skips.
 TEST(RollbackLog, ASkipInsideTheRolledBackWindowDoesNotFireAgain) {
   data::TempDir dir;
-  const std::map<int, int> configured = {{12, 5}, {30, 2}};
-  RollbackLog log(dir / "rollbacks.json", "", configured);
-  ASSERT_EQ(log.SkipAt(12), 5);
-  log.Record(/*spike_step=*/16, /*to_step=*/10, /*batches=*/11, "loss spike", /*write=*/true);
+  const std::map<int, int> configured = {{12, 5}, {15, 1}, {16, 2}, {30, 2}};
   const auto comm = parallel::MakeLocalComm();
-  const std::string text = SharedRollbackFile(*comm, dir / "rollbacks.json");
+  EXPECT_FALSE(SharedRollbackFile(*comm, dir / "rollbacks.json"));  // none yet
+  RollbackLog log(dir / "rollbacks.json", std::nullopt, configured);
+  ASSERT_EQ(log.SkipAt(12), 5);
+  log.Record(/*spike_step=*/16, /*to_step=*/10, /*batches=*/12, "loss spike", /*write=*/true);
+  const std::optional<std::string> text = SharedRollbackFile(*comm, dir / "rollbacks.json");
+  ASSERT_TRUE(text);
   for (const RollbackLog& l : {log, RollbackLog(dir / "rollbacks.json", text, configured)}) {
-    EXPECT_EQ(l.SkipAt(10), 11);
+    EXPECT_EQ(l.SkipAt(10), 12);
     EXPECT_EQ(l.SkipAt(12), 0);
-    EXPECT_EQ(l.SkipAt(16), 0);
+    EXPECT_EQ(l.SkipAt(15), 0);  // the spike's own step: inside the window too
+    EXPECT_EQ(l.SkipAt(16), 2);  // never reached before the rollback: still due
     EXPECT_EQ(l.SkipAt(30), 2);
   }
 }

@@ -45,7 +45,8 @@ double NowMs() {
 // from an earlier attempt (a resume from an older one). Where the file system exchanges two
 // names in one rename (RENAME_EXCHANGE: ext4, XFS, btrfs, tmpfs) there is no moment without a
 // step folder; elsewhere (NFS) the old one is moved aside, and put back if the new one cannot
-// take its place. The old one is removed only once the new name is durable.
+// take its place. The old one is removed only once the new name is durable. (renameat2 and
+// RENAME_EXCHANGE come from <cstdio> under _GNU_SOURCE, which g++ and clang++ define on Linux.)
 void ReplaceStepDir(const std::string& root, const std::string& tmp, const std::string& final_dir,
                     const std::string& aside) {
   std::error_code ec;  // the old one's removal may fail: it goes with retention then
@@ -54,12 +55,20 @@ void ReplaceStepDir(const std::string& root, const std::string& tmp, const std::
     fs::remove_all(tmp, ec);  // now the old one
     return;
   }
+  if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)  // not "cannot exchange here"
+    throw Error(ExitCode::kRuntime,
+                "cannot put " + tmp + " in place of " + final_dir + ": " + std::strerror(errno));
   fs::remove_all(aside);
   fs::rename(final_dir, aside);
   fs::rename(tmp, final_dir, ec);
   if (ec) {
-    fs::rename(aside, final_dir);
-    throw fs::filesystem_error("cannot put the new checkpoint in place", tmp, final_dir, ec);
+    std::error_code back;
+    fs::rename(aside, final_dir, back);
+    throw Error(ExitCode::kRuntime,
+                "cannot put " + tmp + " in place of " + final_dir + ": " + ec.message() +
+                    (back ? "; the earlier checkpoint could not be put back either and is in " +
+                                aside + " (" + back.message() + ")"
+                          : ""));
   }
   SyncDir(root);
   fs::remove_all(aside, ec);

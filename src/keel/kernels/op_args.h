@@ -39,10 +39,13 @@ inline constexpr float kNf4Levels[16] = {-1.0f,        -0.6961928f,  -0.52507305
                                          0.44070983f,  0.562617f,    0.72295684f,  1.0f};
 
 // DoRA's 1/‖W + s·B·A‖ for a row's norm n: 0 for a zero row (its scale then 0, not a NaN), and
-// NaN for a NaN norm, so that a NaN in W, A or B reaches the backward's dz of its column too
-// (`n > 0 ? 1/n : 0` took NaN for a zero row). Used by every backend and by tensor parallelism's
-// norms summed over shards (model/adapted_products.h).
-KEEL_HOST_DEVICE inline float DoraInverseNorm(float n) { return n == 0.0f ? 0.0f : 1.0f / n; }
+// NaN for a NaN or infinite norm (n - n), so that a NaN or an infinity in W, A or B reaches the
+// backward's dz of its column too (`n > 0 ? 1/n : 0` took NaN for a zero row, and 1/inf is 0).
+// Used by every backend and by tensor parallelism's norms summed over shards
+// (model/adapted_products.h).
+KEEL_HOST_DEVICE inline float DoraInverseNorm(float n) {
+  return n == 0.0f ? 0.0f : n - n == 0.0f ? 1.0f / n : n - n;
+}
 
 // LoRA dropout's mask (Backend::Dropout): element (r, c) of a block of a (rows, cols) matrix is
 // kept when DropoutKeep(DropoutRowKey(key, row0 + r), col0 + c, threshold): a pure function of

@@ -115,7 +115,7 @@ std::optional<Resumed> Checkpointer::Resume(const ckpt::StateView& view) {
     // Saves cut short are never loaded; say so, since they may be newer than what is resumed.
     for (const auto& t : ckpt::ListTmpDirs(root)) {
       if (!lead) break;
-      Log("keel: ignoring %s: a save that never committed", t.path.c_str());
+      Log("keel: ignoring %s: a save that never committed (or a replaced copy)", t.path.c_str());
       if (events_)
         events_->Write({{"event", "checkpoint_rejected"},
                         {"path", t.path},

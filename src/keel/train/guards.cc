@@ -261,24 +261,28 @@ void FlipBit(TrainStep& step, const resilience::Fault& f, int rank) {
       std::min(f.index, p.numel - 1), eb == 4 ? "" : " (bf16, no master)");
 }
 
-std::string SharedRollbackFile(parallel::Comm& comm, const std::string& path) {
-  std::string text;
-  if (comm.rank() == 0 && std::filesystem::exists(path)) {
+std::optional<std::string> SharedRollbackFile(parallel::Comm& comm, const std::string& path) {
+  // One status byte ahead of the text: '-' no file, 'F' the file, 'E' why rank 0 could not read it.
+  std::string msg = "-";
+  if (comm.rank() == 0) {
     try {
-      text = ReadWholeFile(path);
-    } catch (const Error& e) {
-      text = std::string(1, '\0') + e.what();  // said by every rank below
+      std::error_code ec;
+      if (std::filesystem::exists(path, ec) || ec) msg = "F" + ReadWholeFile(path);
+    } catch (const std::exception& e) {
+      msg = std::string("E") + e.what();
     }
   }
-  comm.BroadcastString(text, 0);
-  if (!text.empty() && text[0] == '\0') ThrowBadInput(text.substr(1));
-  return text;
+  comm.BroadcastString(msg, 0);
+  if (msg[0] == 'E') ThrowBadInput(msg.substr(1));
+  if (msg[0] == '-') return std::nullopt;
+  return msg.substr(1);
 }
 
-RollbackLog::RollbackLog(std::string path, const std::string& text, std::map<int, int> configured)
+RollbackLog::RollbackLog(std::string path, const std::optional<std::string>& text,
+                         std::map<int, int> configured)
     : path_(std::move(path)), configured_(std::move(configured)) {
-  if (text.empty()) return;
-  auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!text) return;
+  auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("skips") || !j["skips"].is_object())
     ThrowBadInput(path_ + ": expected {\"skips\": {STEP: BATCHES}, \"rollbacks\": [...]} " +
                   "(written by keel); move it away to train without its skips");

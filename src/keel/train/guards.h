@@ -101,8 +101,9 @@ void FlipBit(TrainStep& step, const resilience::Fault& f, int rank);
 // on every later resume, and [resilience] skip_batches adds the user's own.
 class RollbackLog {
  public:
-  // `text`: the file at `path` as rank 0 read it (SharedRollbackFile; empty: none yet).
-  RollbackLog(std::string path, const std::string& text, std::map<int, int> configured);
+  // `text`: the file at `path` as rank 0 read it (SharedRollbackFile; none yet: nullopt).
+  RollbackLog(std::string path, const std::optional<std::string>& text,
+              std::map<int, int> configured);
   // Global batches to skip at step boundary `step` (0 if none).
   int SkipAt(int step) const;
   // Records a rollback from `spike_step` (1-based, as logged) to `to_step` that skips `batches` at
@@ -120,8 +121,8 @@ class RollbackLog {
 
 // The rollbacks' file (RUN/rollbacks.json) as rank 0 reads it, on every rank of `comm`
 // (collective): only rank 0 writes it, and every rank must skip the same batches, also where the
-// run folder is not on storage every rank sees. Empty when there is none; an unreadable one is
+// run folder is not on storage every rank sees. nullopt when there is none; an unreadable one is
 // the same error on every rank.
-std::string SharedRollbackFile(parallel::Comm& comm, const std::string& path);
+std::optional<std::string> SharedRollbackFile(parallel::Comm& comm, const std::string& path);
 
 }  // namespace keel::train
