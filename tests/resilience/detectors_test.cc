@@ -118,6 +118,20 @@ TEST(Straggler, ScoresAgainstTheMedianOfTheOthers) {
   EXPECT_EQ(t.streaks()[2], 0);
 }
 
+// A pipeline's last stage also runs the head and the loss: ranks are scored against their own
+// stage's, so a healthy last stage is not a straggler, and a slow rank within a stage still is.
+TEST(Straggler, RanksAreScoredWithinTheirGroup) {
+  const std::vector<int> stage = {0, 1, 0, 1};
+  for (double s : StragglerScores({100, 200, 100, 200}, stage)) EXPECT_DOUBLE_EQ(s, 1.0);
+  EXPECT_DOUBLE_EQ(StragglerScores({100, 200, 100, 200})[1], 2.0);  // across stages: named
+  const auto slow = StragglerScores({100, 400, 100, 200, 100, 200}, {0, 1, 0, 1, 0, 1});
+  EXPECT_DOUBLE_EQ(slow[1], 2.0);
+  EXPECT_DOUBLE_EQ(slow[0], 1.0);
+  EXPECT_DOUBLE_EQ(StragglerScores({100, 900}, {0, 1})[1], 1.0);  // alone in its stage
+  StragglerTracker t(1.3, 1);
+  EXPECT_TRUE(t.Update({100, 200, 100, 200}, stage).empty());
+}
+
 TEST(Sdc, TheMinorityIsNamedOnlyWhenThereIsAMajority) {
   EXPECT_TRUE(FindDisagreement({7, 7, 7}).suspects.empty());
   auto d = FindDisagreement({7, 7, 9, 7});

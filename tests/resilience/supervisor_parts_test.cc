@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 
 #include "bad_input.h"
@@ -91,6 +92,16 @@ TEST(Placement, SparesReplaceLostHostsThenTheJobShrinks) {
   EXPECT_EQ(p.hosts, std::vector<std::string>{"h1"});
   EXPECT_EQ(p.ranks, 2);
   EXPECT_EQ(p.dp, 2);
+}
+
+// A fault drill aimed at a rank on another host reaches it: KEEL_FAULT is forwarded by name.
+TEST(Launcher, TheFaultDrillAndKernelChoicesReachRemoteRanks) {
+  ::setenv("KEEL_FAULT", "kill@10:3", 1);
+  ::unsetenv("KEEL_OFFLOAD_CRASH_AT");
+  const std::vector<std::string> env = ForwardedEnv();
+  ::unsetenv("KEEL_FAULT");
+  EXPECT_NE(std::find(env.begin(), env.end(), "KEEL_FAULT"), env.end());
+  EXPECT_EQ(std::find(env.begin(), env.end(), "KEEL_OFFLOAD_CRASH_AT"), env.end());  // not set
 }
 
 TEST(Launcher, CommandLines) {
@@ -185,6 +196,20 @@ TEST(Goodput, SplitsWallTimeIntoItsCauses) {
   EXPECT_NEAR(g.other_s, 5, 1e-9);
   EXPECT_EQ(g.restarts, 1);
   EXPECT_NEAR(g.goodput(), 50.0 / 90, 1e-12);
+}
+
+// A start that dies in its setup (it never reached the loop) between two that trained: the steps
+// the first trained past the checkpoint the third resumed from are still recomputed, not counted
+// as useful twice.
+TEST(Goodput, LossBeforeAFailedStartupIsStillRecomputed) {
+  std::vector<Attempt> a(3);
+  a[0] = {0, 10, 40, 44, 50, 0, 30, "failed: x"};
+  a[1] = {50, 0, 0, 60, 65, -1, -1, "failed: setup"};
+  a[2] = {65, 70, 100, 101, 0, 20, 50, "finished"};
+  const Goodput g = Account(a, 0, 105);
+  EXPECT_NEAR(g.recompute_s, 10, 1e-9);
+  EXPECT_NEAR(g.useful_s, 50, 1e-9);
+  EXPECT_EQ(g.restarts, 2);
 }
 
 }  // namespace

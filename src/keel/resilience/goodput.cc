@@ -21,9 +21,12 @@ Goodput Account(const std::vector<Attempt>& attempts, double wall_start, double 
     if (steps > 0 && a.last_step_end > a.loop_start) {
       const double t = a.last_step_end - a.loop_start;
       trained += t;
-      // Steps past the checkpoint the next start resumed from were trained for nothing.
-      if (i + 1 < attempts.size() && attempts[i + 1].start_step >= 0) {
-        const int lost = std::clamp(a.end_step - attempts[i + 1].start_step, 0, steps);
+      // Steps past the checkpoint the next start to train resumed from were trained for nothing
+      // (a start that died in its setup resumed nothing in between).
+      size_t next = i + 1;
+      while (next < attempts.size() && attempts[next].start_step < 0) ++next;
+      if (next < attempts.size()) {
+        const int lost = std::clamp(a.end_step - attempts[next].start_step, 0, steps);
         g.recompute_s += t * lost / steps;
       }
     }

@@ -85,6 +85,15 @@ void AddMpirunCommon(const JobLine& job, std::vector<std::string>& a) {
 
 }  // namespace
 
+std::vector<std::string> ForwardedEnv() {
+  std::vector<std::string> out;
+  for (const char* v :
+       {"OMP_NUM_THREADS", "KEEL_BUILD_TAG", "KEEL_CKPT_CRASH_AT", "KEEL_FAULT",
+        "KEEL_OFFLOAD_CRASH_AT", "KEEL_CPU_ISA", "KEEL_BF16_PRODUCTS", "ONEDNN_MAX_CPU_ISA"})
+    if (std::getenv(v)) out.push_back(v);
+  return out;
+}
+
 std::vector<std::string> JobArgv(const JobLine& job, const std::vector<std::string>& command) {
   std::vector<std::string> a;
   switch (job.launcher) {

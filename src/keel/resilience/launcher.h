@@ -27,6 +27,12 @@ struct JobLine {
   std::vector<std::string> env;            // variables the ranks need, forwarded by name
 };
 
+// The variables of this environment, among those a rank reads, that are set: what a job's ranks
+// on other hosts are given by name (mpirun -x; a local job inherits them anyway): threads, the
+// fault drills (a KEEL_FAULT aimed at a remote rank would otherwise never fire, and the drill
+// would pass), and the kernel choices.
+std::vector<std::string> ForwardedEnv();
+
 // The argv that runs `command` as the job.
 std::vector<std::string> JobArgv(const JobLine& job, const std::vector<std::string>& command);
 // The argv that runs `command` once on `host`.

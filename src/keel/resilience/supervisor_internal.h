@@ -88,8 +88,7 @@ class Supervisor {
     l.launcher_args = spec_.launcher_args;
     l.env = {"KEEL_HEARTBEAT_DIR", "KEEL_RUN_LOCK_HOLDER"};
     if (spec_.holders.on) l.env.push_back("KEEL_PEER_HOLDERS");
-    for (const char* v : {"OMP_NUM_THREADS", "KEEL_BUILD_TAG", "KEEL_CKPT_CRASH_AT"})
-      if (std::getenv(v)) l.env.push_back(v);
+    for (const std::string& v : ForwardedEnv()) l.env.push_back(v);
     return l;
   }
   void HealthCheck(bool only_unhealthy);

@@ -204,7 +204,8 @@ void Supervisor::ChargeHosts(std::vector<const Heartbeat*> culprits) {
 
 // Restart, unless the policy says enough: nullopt after the backoff, else the exit code.
 std::optional<int> Supervisor::Restart(const Start& s, const StopScope& stop) {
-  const int restarts = s.attempt;  // a restart would be this many
+  // Failures so far, this one included: a start that stopped to regrow was no failure.
+  const int restarts = int(history_.size());
   if (restarts > spec_.policy.max_restarts) {
     Say("giving up: max_restarts = %d reached. Failures:\n%s", spec_.policy.max_restarts,
         History().c_str());

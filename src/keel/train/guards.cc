@@ -144,18 +144,21 @@ void StepJudge::FromJson(const nlohmann::json& j) {
 }
 
 std::vector<double> CheckStragglers(resilience::StragglerTracker& tracker, parallel::Comm& world,
-                                    double compute_ms, int step_done, const ResilienceSection& rs,
+                                    double compute_ms, int group, int step_done,
+                                    const ResilienceSection& rs,
                                     const std::vector<std::string>& hosts,
                                     monitor::JsonlWriter* events,
                                     const std::function<void()>& blame_self,
                                     std::string* named_line) {
   if (rs.straggler_every <= 0 || world.size() < 2 || step_done % rs.straggler_every != 0) return {};
-  const std::vector<int> named = tracker.Update(GatherPerRank(world, compute_ms));
+  std::vector<int> groups;
+  for (double g : GatherPerRank(world, double(group))) groups.push_back(int(g));
+  const std::vector<int> named = tracker.Update(GatherPerRank(world, compute_ms), groups);
   for (int r : named) {
     const double score = tracker.scores()[size_t(r)];
     const std::string line =
         "straggler: rank " + std::to_string(r) + " on " + hosts[size_t(r)] + " computes " +
-        std::to_string(score).substr(0, 4) + "x as long as the median of the others (" +
+        std::to_string(score).substr(0, 4) + "x as long as the median of its peers (" +
         std::to_string(rs.straggler_checks) + " checks in a row, [resilience] " +
         "straggler_ratio = " + std::to_string(rs.straggler_ratio).substr(0, 4) + ")";
     if (named_line && named_line->empty())

@@ -64,12 +64,14 @@ class StepJudge {
 };
 
 // Every `straggler_every` steps (collective over `world`): each rank's compute since the last
-// check, scored; a rank named (`straggler_checks` slow checks in a row) goes to the log and
-// `events` (rank 0's, else null). Returns the scores, empty when no check ran. With
-// `straggler_fails` a named rank ends the job: keel::Error, exit 75 (`blame_self` first on it).
-// `named_line` (optional) receives the first named rank's line.
+// check, scored against the ranks of its `group` (its pipeline stage); a rank named
+// (`straggler_checks` slow checks in a row) goes to the log and `events` (rank 0's, else null).
+// Returns the scores, empty when no check ran. With `straggler_fails` a named rank ends the job:
+// keel::Error, exit 75 (`blame_self` first on it). `named_line` (optional) receives the first named
+// rank's line.
 std::vector<double> CheckStragglers(resilience::StragglerTracker& tracker, parallel::Comm& world,
-                                    double compute_ms, int step_done, const ResilienceSection& rs,
+                                    double compute_ms, int group, int step_done,
+                                    const ResilienceSection& rs,
                                     const std::vector<std::string>& hosts,
                                     monitor::JsonlWriter* events,
                                     const std::function<void()>& blame_self,

@@ -218,7 +218,7 @@ void StepGuards::AfterUpdate(bool applied, double loss, double norm) {
 void StepGuards::AfterStep(double loss, StepFigures* fig, nlohmann::json* extra) {
   heartbeat_.StepDone(step_i_ + 1);
   const std::vector<double> scores = CheckStragglers(
-      stragglers_, run_.comm, compute_since_, step_i_ + 1, rs_, hosts_,
+      stragglers_, run_.comm, compute_since_, run_.groups.at.pp, step_i_ + 1, rs_, hosts_,
       run_.lead ? &run_.events : nullptr, [&] { heartbeat_.BlameSelf(); }, &fig->straggler);
   if (!scores.empty()) {
     compute_since_ = 0;
