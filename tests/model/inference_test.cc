@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "keel/core/error.h"
 #include "keel/model/transformer.h"
 
 namespace keel::model {
@@ -65,6 +66,34 @@ TEST(Generator, GreedyIsDeterministicAndStopsAtTheContext) {
   opt.seed = 9;
   EXPECT_EQ(gen.Generate({1}, opt), gen.Generate({1}, opt));
   EXPECT_THROW(gen.Generate({}, opt), std::exception);
+}
+
+// A NaN weight (a diverged run's last checkpoint) is an error, not one token printed again and
+// again: greedy decoding took token 0 (max_element never picks past a NaN at 0).
+TEST(Generator, ANanWeightIsAnErrorNotARepeatedToken) {
+  const ModelConfig cfg{1, 2, 16, 50257, 8};
+  auto layout = ParamLayout::Whole(cfg);
+  std::vector<float> w(layout.total());
+  InitParams(layout, cfg, 3, w.data());
+  w[layout.Find("wte.weight").offset] = NAN;  // token 0's embedding row: logit 0 is NaN
+  Generator gen(cfg, w);
+  SampleOptions opt;
+  opt.temperature = 0;
+  opt.max_tokens = 3;
+  EXPECT_THROW(gen.Generate({1, 2}, opt), Error);
+  opt.temperature = 1.0f;
+  EXPECT_THROW(gen.Generate({1, 2}, opt), Error);
+}
+
+// A draw at the very top (Philox's Uniform may return 1.0) leaves u a rounding error above 0
+// after every candidate: it goes to the last candidate that has a probability, not to one of 0.
+TEST(Sampler, ADrawPastTheSumTakesTheLastCandidateWithAProbability) {
+  const double probs[] = {1.0, 0.2, 0.1, 0.0};
+  const double sum = 1.0 + 0.2 + 0.1;
+  EXPECT_EQ(SampleIndex(probs, 4, 0.0), 0);
+  EXPECT_EQ(SampleIndex(probs, 4, 1.1), 1);
+  EXPECT_EQ(SampleIndex(probs, 4, sum), 2);
+  EXPECT_EQ(SampleIndex(probs, 4, sum + 1e-12), 2);
 }
 
 }  // namespace

@@ -8,7 +8,10 @@
 #     1e-5 (each rank counts the whole global batch's trained targets, with no collective);
 #  4. exact resume: stop at step 10, resume to 20: bitwise the losses of the run that never stopped;
 #  5. keel eval of the run on the val split prints the trainer's final validation loss;
-#  6. keel generate --chat answers in one line (the plain template's turn ends at the eos).
+#  6. keel generate --chat answers in one line (the plain template's turn ends at the eos);
+#  7. a split with no trained target in its windows is refused by keel eval (not loss 0);
+#  8. a run on cl100k data generates with cl100k (its meta.json); eval refuses a GPT-2 split and
+#     generate GPT-2's tokenizer (the default for a bare model file).
 #   tests/train/masked_data.sh KEEL_BINARY SOURCE_DIR
 set -euo pipefail
 keel=$1 src=$2
@@ -63,3 +66,35 @@ ev = json.load(open(f"{d}/eval.json"))
 print(f"losses {losses[0]:.4f} -> {losses[-1]:.4f}; trainer's validation {val[-1]!r}, keel eval {ev['loss']!r}")
 assert abs(ev["loss"] - val[-1]) <= 1e-6 * abs(val[-1]), "keel eval disagrees with the trainer"
 PY
+
+# 7. A masked split with no trained target in its windows (every reply is past seq_len + 1 tokens)
+# is refused rather than scored as loss 0, perplexity 1.
+rc=0
+"$keel" eval "$tmp/single" --seq-len 4 >"$tmp/err" 2>&1 || rc=$?
+[[ $rc == 2 ]] && grep -q "no target the loss mask trains on" "$tmp/err" ||
+  { echo "eval --seq-len 4: exit $rc"; cat "$tmp/err"; exit 1; }
+echo "refused: $(cat "$tmp/err")"
+
+# 8. A run on data of another tokenizer (cl100k): generate encodes and decodes with it (its
+# meta.json says which) and its chat template; eval refuses a GPT-2 split whose ids fit.
+"$keel" data prepare "$src/examples/chat/arithmetic.jsonl" --format chat --tokenizer cl100k \
+  --out "$tmp/chat100k" --val-fraction 0.1 >"$tmp/prepare100k.log"
+run cl100k -- --set data.train="$tmp/chat100k/train" --set data.val="$tmp/chat100k/val" \
+  --set model.vocab_size=100277 --set train.steps=2 --set train.sample_count=1
+ask=(generate --run "$tmp/cl100k" --chat --prompt "What is 3 plus 4?" --temperature 0
+     --max-tokens 6)
+own=$("$keel" "${ask[@]}")
+given=$("$keel" "${ask[@]}" --tokenizer cl100k)
+[[ $own == "$given" ]] || { echo "generate: '$own' with the run's tokenizer, '$given' with cl100k"; exit 1; }
+rc=0
+"$keel" eval "$tmp/cl100k" --data "$tmp/chat/val" >"$tmp/err" 2>&1 || rc=$?
+[[ $rc == 2 ]] && grep -q "prepared with the tokenizer gpt2 (50257 ids)" "$tmp/err" ||
+  { echo "eval of a GPT-2 split with a cl100k model: exit $rc"; cat "$tmp/err"; exit 1; }
+echo "refused: $(cat "$tmp/err")"
+# Its bare model file says nothing of a tokenizer: GPT-2's, the default, does not fit its
+# vocabulary and is refused, naming both sizes.
+rc=0
+"$keel" generate --run "$tmp/cl100k/model.safetensors" --prompt x >"$tmp/err" 2>&1 || rc=$?
+[[ $rc == 2 ]] && grep -q "has 50257 ids, the model's vocabulary 100277" "$tmp/err" ||
+  { echo "generate from a cl100k model file with GPT-2's tokenizer: exit $rc"; cat "$tmp/err"; exit 1; }
+echo "refused: $(cat "$tmp/err")"

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -13,10 +12,12 @@
 
 #include "keel/ckpt/model_source.h"
 #include "keel/ckpt/peft.h"
+#include "keel/cli/model_tokenizer.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
 #include "keel/core/validate.h"
 #include "keel/data/dataset.h"
+#include "keel/data/dataset_meta.h"
 #include "keel/model/activations.h"
 #include "keel/model/params.h"
 #include "keel/model/transformer.h"
@@ -27,19 +28,6 @@
 
 namespace keel::cli {
 namespace {
-
-namespace fs = std::filesystem;
-
-// The run a source belongs to: a run folder's config.toml, or a checkpoint's run (two levels up:
-// RUN/checkpoints/step_N). None for a model file.
-std::optional<train::RunConfig> RunConfigOf(const std::string& source) {
-  fs::path p(source);
-  for (const fs::path& dir : {p, p.parent_path().parent_path()}) {
-    const fs::path config = dir / "config.toml";
-    if (fs::is_directory(p) && fs::exists(config)) return train::LoadConfig(config.string(), {});
-  }
-  return std::nullopt;
-}
 
 struct Args {
   std::string source, data, precision, adapter;
@@ -92,6 +80,13 @@ std::unique_ptr<Prepared> Prepare(const Args& a) {
   p->ds = std::make_unique<data::TokenDataset>(data::TokenDataset::Open(data));
   const data::TokenDataset& ds = *p->ds;
   ds.CheckIds(cfg.vocab_size);
+  // Ids of another tokenizer that happen to fit the model's vocabulary would score as a loss.
+  const std::optional<KnownTokenizer> known = TokenizerOfModel(a.source, run);
+  if (known && ds.meta() && ds.meta()->vocab_size != known->vocab_size)
+    ThrowBadInput("eval: " + data + " was prepared with the tokenizer " + ds.meta()->tokenizer +
+                  " (" + std::to_string(ds.meta()->vocab_size) + " ids); the model was trained " +
+                  "with " + known->from + "'s (" + known->spec + ", " +
+                  std::to_string(known->vocab_size) + " ids)");
   const size_t max_windows = a.max_tokens > 0 ? size_t(a.max_tokens) / size_t(T) : 0;
   if (a.max_tokens > 0 && max_windows == 0)
     ThrowBadInput("eval: --max-tokens " + std::to_string(a.max_tokens) +

@@ -6,9 +6,9 @@
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/model_source.h"
 #include "keel/ckpt/peft.h"
+#include "keel/cli/model_tokenizer.h"
 #include "keel/cli/verbs.h"
 #include "keel/core/error.h"
-#include "keel/data/assets.h"
 #include "keel/data/chat_format.h"
 #include "keel/data/tokenizer.h"
 #include "keel/model/inference.h"
@@ -27,9 +27,12 @@ void RegisterGenerate(CLI::App& app) {
       "--run takes a run folder (its newest checkpoint, else its model.safetensors), a checkpoint\n"
       "folder, or a model file (keel's or Hugging Face GPT-2's).\n"
       "--chat: --prompt is a user's message to a model tuned on chat data (keel data prepare\n"
-      "--format chat); it goes through the plain chat template (\"User: ...\\nAssistant:\") and\n"
-      "the assistant's reply is printed, up to its end of turn.");
-  static std::string run, prompt, system, adapter;
+      "--format chat); it goes through the chat template that data was prepared with (plain:\n"
+      "\"User: ...\\nAssistant:\", or llama3's) and the assistant's reply is printed, up to its\n"
+      "end of turn.\n"
+      "The tokenizer is the model's: its run's training data's (meta.json), or a Hugging Face\n"
+      "folder's tokenizer.json; GPT-2's for a bare model file. --tokenizer overrides it.");
+  static std::string run, prompt, system, adapter, tokenizer;
   static bool chat = false;
   static int max_tokens = 64, top_k = 40, count = 1;
   static float temperature = 0.8f;
@@ -44,6 +47,8 @@ void RegisterGenerate(CLI::App& app) {
   cmd->add_option("--count", count, "number of samples")->capture_default_str();
   cmd->add_flag("--chat", chat, "--prompt is a user's message: print the assistant's reply");
   cmd->add_option("--system", system, "with --chat: a system message before the user's");
+  cmd->add_option("--tokenizer", tokenizer,
+                  "gpt2, cl100k, o200k, llama3 or a tokenizer.json (default: the model's)");
   cmd->add_option("--adapter", adapter,
                   "a PEFT LoRA adapter folder merged into the model first (keel ckpt export "
                   "--adapter writes one)");
@@ -56,17 +61,26 @@ void RegisterGenerate(CLI::App& app) {
           " and " + std::to_string(temperature));
     ckpt::LoadedModel m = ckpt::LoadAnyModel(run);
     if (!adapter.empty()) ckpt::MergePeftAdapter(adapter, m.config, &m.weights);
-    auto tok = data::Tokenizer::LoadGpt2(data::TokenizerDir());
-    model::Generator gen(m.config, std::move(m.weights));
+    // A run whose config no longer loads (its data moved) leaves the tokenizer unknown: GPT-2's
+    // must then match the model's vocabulary exactly.
+    std::optional<KnownTokenizer> known;
+    try {
+      known = TokenizerOfModel(run, RunConfigOf(run));
+    } catch (const Error&) {
+    }
+    const data::Tokenizer tok = LoadModelTokenizer(tokenizer, known, m.config, "generate");
     if (!system.empty() && !chat) ThrowBadInput("generate: --system needs --chat");
-    // The template keel data prepare --format chat chose for GPT-2's vocabulary (chat_format.h).
+    // The template keel data prepare --format chat chose for the run's data (chat_format.h).
+    const data::ChatTemplate tmpl = data::ChooseChatTemplate(
+        known && tokenizer.empty() && !known->chat_template.empty() ? known->chat_template : "auto",
+        tok);
+    model::Generator gen(m.config, std::move(m.weights));
     int32_t stop = tok.eos_id();
     std::vector<data::ChatMessage> messages;
     if (!system.empty()) messages.push_back({"system", system});
     messages.push_back({"user", prompt});
     const std::vector<int32_t> ids =
-        chat ? data::ChatPrompt(messages, data::ChatTemplate::kPlain, tok, &stop)
-             : tok.Encode(prompt);
+        chat ? data::ChatPrompt(messages, tmpl, tok, &stop) : tok.Encode(prompt);
     for (int i = 0; i < count; ++i) {
       model::SampleOptions opt{max_tokens, temperature, top_k, seed + uint64_t(i), stop};
       auto out = gen.Generate(ids, opt);

@@ -64,6 +64,11 @@ uint64_t DatasetMeta::documents() const {
   return n;
 }
 
+std::string TokenizerSpec(const DatasetMeta* meta) {
+  if (!meta) return "gpt2";
+  return meta->tokenizer.rfind("hf:", 0) == 0 ? meta->tokenizer.substr(3) : meta->tokenizer;
+}
+
 DatasetMeta ReadDatasetMeta(const std::string& dir) {
   const std::string path = dir + "/meta.json";
   std::string text;

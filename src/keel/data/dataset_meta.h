@@ -71,4 +71,8 @@ DatasetMeta ReadDatasetMeta(const std::string& dir);
 
 std::string DatasetMetaToJson(const DatasetMeta& meta);
 
+// What data::Tokenizer::Load takes for the tokenizer a dataset was prepared with: its meta.json's
+// "tokenizer" (a tokenizer.json's "hf:PATH" as PATH); "gpt2" for a flat token file (no meta).
+std::string TokenizerSpec(const DatasetMeta* meta);
+
 }  // namespace keel::data

@@ -126,6 +126,18 @@ const std::vector<float>& Generator::Step(int32_t token) {
   return logits_;
 }
 
+int SampleIndex(const double* probs, int n, double u) {
+  // u may end a rounding error above 0 after every subtraction (a draw of exactly 1): the last
+  // candidate with any probability takes it, never one of probability 0.
+  int last = 0;
+  for (int i = 0; i < n; ++i) {
+    if (probs[i] > 0) last = i;
+    u -= probs[i];
+    if (u <= 0 && probs[i] > 0) return i;
+  }
+  return last;
+}
+
 std::vector<int32_t> Generator::Generate(const std::vector<int32_t>& prompt,
                                          const SampleOptions& opt) {
   if (prompt.empty()) ThrowBadInput("generate: the prompt is empty (expected at least one token)");
@@ -141,6 +153,12 @@ std::vector<int32_t> Generator::Generate(const std::vector<int32_t>& prompt,
   std::vector<double> probs(cfg_.vocab_size);
   while (int(out.size()) < opt.max_tokens && pos_ < cfg_.block_size) {
     const std::vector<float>& lg = *logits;
+    // A NaN logit would make greedy decoding repeat token 0 and sampling its last candidate.
+    for (float v : lg)
+      if (!std::isfinite(v))
+        ThrowRuntime("generate: the model's logits at position " + std::to_string(pos_) +
+                     " are not finite (" + std::to_string(v) + "): its weights hold a NaN or an " +
+                     "infinity (keel eval names which)");
     int next;
     if (opt.temperature <= 0) {
       next = int(std::max_element(lg.begin(), lg.end()) - lg.begin());
@@ -153,15 +171,7 @@ std::vector<int32_t> Generator::Generate(const std::vector<int32_t>& prompt,
       double sum = 0;
       for (int i = 0; i < keep; ++i)
         sum += (probs[i] = std::exp((lg[order[i]] - mx) / opt.temperature));
-      double u = rng.Uniform(out.size()) * sum;
-      next = order[keep - 1];
-      for (int i = 0; i < keep; ++i) {
-        u -= probs[i];
-        if (u <= 0) {
-          next = order[i];
-          break;
-        }
-      }
+      next = order[SampleIndex(probs.data(), keep, rng.Uniform(out.size()) * sum)];
     }
     out.push_back(next);
     if (next == opt.stop_token || pos_ >= cfg_.block_size) break;

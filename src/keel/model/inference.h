@@ -24,6 +24,11 @@ struct SampleOptions {
   int stop_token = -1;  // e.g. <|endoftext|>; -1 = never stop early
 };
 
+// The sampler's pick among `n` candidates of unnormalized probabilities `probs` (descending) for a
+// draw u in [0, their sum]: the first whose running sum reaches u; a u past them all (rounding)
+// takes the last with a probability above 0.
+int SampleIndex(const double* probs, int n, double u);
+
 class Generator {
  public:
   Generator(const ModelConfig& cfg, std::vector<float> weights);

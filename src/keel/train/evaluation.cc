@@ -83,10 +83,17 @@ EvalResult Evaluate(const data::TokenDataset& ds, const EvalPlan& plan, parallel
   // Every rank of a replica (its pipeline stages and tensor-parallel ranks) filled the batch and
   // counted its targets; its loss is counted once (BatchLoss).
   scored /= double(std::max(1, world.size() / dp));
+  // Loss 0 and perplexity 1 would read as a perfect model. Every rank holds the same sums, so all
+  // throw alike.
+  if (scored == 0)
+    ThrowBadInput(ds.path() + ": no target the loss mask trains on in its first " +
+                  std::to_string(plan.windows) + " windows of " + std::to_string(plan.T) +
+                  " tokens (a conversation is cut at seq_len + 1 tokens: are its replies past " +
+                  "that?)");
   EvalResult r;
   r.tokens = size_t(scored);
   r.windows = plan.windows;
-  r.loss = scored > 0 ? total / scored : 0;
+  r.loss = total / scored;
   r.seconds = timer.Seconds();
   return r;
 }

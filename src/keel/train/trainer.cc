@@ -174,7 +174,8 @@ void Finish(Run& run) {
   if (run.lead && cfg.checkpoint.save_final && need_weights)
     ckpt::WriteModel(sum.run_dir + "/model.safetensors", base, base_params, final_w.data());
   if (run.lead && !sum.interrupted && need_weights)
-    PrintSamples(cfg, base, base_params, final_w.data());
+    PrintSamples(cfg, base, base_params, final_w.data(),
+                 run.data.train_ds.empty() ? nullptr : run.data.train_ds.front().meta());
   run.ckpt->Finish();  // after the model file: a failed last save must not cost the weights too
   if (const optim::OffloadTier* t = run.step->store().tier(); t && !t->host() && run.lead) {
     // What the tier cost: its traffic, its bandwidth while busy, and the update's wait for it.
