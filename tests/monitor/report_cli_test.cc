@@ -32,6 +32,8 @@ std::string RunWithLongLines(const TempDir& dir) {
     if (step == 4) j["pad"] = std::string(2 << 20, 'y');
     m << j.dump() << "\n";
   }
+  // A line a crash cut short, with a resumed run's first line appended to it: not JSON.
+  std::ofstream(run + "/events.jsonl") << "{\"event\":\"checkpo{\"event\":\"start\"}\n";
   return run;
 }
 
@@ -52,15 +54,16 @@ TEST(ReportCli, NeverOverwritesWhatItReadsOrAFileThatIsNotAReport) {
                 "keel report --png-size: expected a number in [100, 10000], got 0");
   ExpectOneLine(RunCommand(kKeel + " report " + run + " --png-size -3"), "got -3");
 
-  // The report has every line under 1 MiB (1, 3 and 5) and says 2 were skipped; a second report
-  // over the first is allowed.
+  // The report has every line under 1 MiB (1, 3 and 5) and says 3 were skipped (the two long
+  // ones and the damaged event); a second report over the first is allowed.
   for (int i = 0; i < 2; ++i) {
     const RunResult r = RunCommand(kKeel + " report " + run + " --out " + (dir / "r.html"));
     ASSERT_EQ(r.code, 0) << r.err;
-    EXPECT_NE(r.err.find("2 line(s) over 1 MiB skipped"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("3 line(s) skipped (not JSON, or over 1 MiB)"), std::string::npos)
+        << r.err;
   }
   const std::string html = ReadFile(dir / "r.html");
-  EXPECT_NE(html.find("\"skipped\":2"), std::string::npos);
+  EXPECT_NE(html.find("\"skipped\":3"), std::string::npos);
   for (const char* step : {"\"step\":1", "\"step\":3", "\"step\":5"})
     EXPECT_NE(html.find(step), std::string::npos) << step;
 }

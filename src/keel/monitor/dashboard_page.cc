@@ -148,6 +148,8 @@ function addLines(i, metrics, events) {
 
 function fmt(v, d = 4) { return v === undefined || v === null ? "-" :
   (typeof v === "number" ? (Math.abs(v) >= 1e5 ? v.toExponential(2) : +v.toPrecision(d)) : v); }
+// metrics.jsonl writes a NaN or infinite loss as null.
+function finite(v) { return v === null ? "not finite" : v; }
 function summary() {
   const rows = [["steps", r => r.metrics.length ? r.metrics[r.metrics.length - 1].step : 0],
     ["tokens", r => r.metrics.reduce((a, m) => a + m.tokens_per_s * m.ms / 1e3, 0)],
@@ -156,11 +158,12 @@ function summary() {
         s.toFixed(1) + " s"; }],
     ["goodput", r => r.summary.goodput !== undefined ? (100 * r.summary.goodput).toFixed(1) +
       "%" : "-"],
-    ["final train loss", r => r.metrics.length ? r.metrics[r.metrics.length - 1].loss : null],
+    ["final train loss", r => r.metrics.length ? finite(r.metrics[r.metrics.length - 1].loss) :
+      null],
     ["final validation loss", r => { const v = r.metrics.filter(m => m.val_loss !== undefined);
-      return v.length ? v[v.length - 1].val_loss : null; }],
-    ["best validation loss", r => { const v = r.metrics.filter(m => m.val_loss !== undefined)
-      .map(m => m.val_loss); return v.length ? Math.min(...v) : null; }],
+      return v.length ? finite(v[v.length - 1].val_loss) : null; }],
+    ["best validation loss", r => { const v = r.metrics.map(m => m.val_loss)
+      .filter(x => typeof x === "number"); return v.length ? Math.min(...v) : null; }],
     ["MFU (median)", r => { const v = r.metrics.map(m => m.mfu).sort((a, b) => a - b);
       return v.length ? (100 * v[v.length >> 1]).toFixed(1) + "%" : "-"; }],
     ["events", r => { const n = {}; for (const e of r.events) if (e.event !== "memory")
@@ -182,9 +185,9 @@ function render() {
   try {
     for (const c of Object.values(charts)) c.update();
     summary();
-    // Lines the server left out (over 1 MiB each: not lines keel writes).
+    // Lines the server left out (damaged, or over 1 MiB each: not lines keel writes).
     document.getElementById("warnings").textContent = runs.filter(r => r.skipped)
-      .map(r => `${r.name}: ${r.skipped} line(s) over 1 MiB skipped`).join("; ");
+      .map(r => `${r.name}: ${r.skipped} line(s) skipped (not JSON, or over 1 MiB)`).join("; ");
   } catch (err) {
     errors.push(String(err));
   }
@@ -198,6 +201,9 @@ async function poll() {
         if (!r.ok) throw new Error(`api/${kind}: HTTP ${r.status}`); return r.json(); });
     const [m, e] = await Promise.all([q("metrics", runs[i].mNext), q("events", runs[i].eNext)]);
     runs[i].mNext = m.next; runs[i].eNext = e.next;
+    // A file rewritten under the page (a resumed or rolled-back run): read again from its start.
+    if (m.reset) runs[i].metrics = [];
+    if (e.reset) runs[i].events = [];
     runs[i].skipped += (m.skipped || 0) + (e.skipped || 0);
     addLines(i, m.lines, e.lines);
     if (m.summary) runs[i].summary = m.summary;

@@ -20,15 +20,6 @@
 namespace keel::monitor {
 namespace {
 
-nlohmann::json ParseLines(const std::vector<std::string>& lines) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const std::string& l : lines) {
-    nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object()) out.push_back(std::move(j));  // a damaged line is left out, not fatal
-  }
-  return out;
-}
-
 std::string PercentEncode(const std::string& s) {
   static const char* kHex = "0123456789ABCDEF";
   std::string out;
@@ -119,8 +110,10 @@ std::unique_ptr<GuardedServer> MakeDashboardServer(const DashboardOptions& o,
         return;
       }
       const LinesRead r = ReadLinesFrom(o.runs[run] + "/" + file, since);
-      nlohmann::json out = {{"lines", ParseLines(r.lines)}, {"next", r.next}};
-      if (r.skipped) out["skipped"] = r.skipped;
+      size_t skipped = r.skipped;
+      nlohmann::json out = {{"lines", ParseJsonLines(r.lines, &skipped)}, {"next", r.next}};
+      if (r.reset) out["reset"] = true;
+      if (skipped) out["skipped"] = skipped;
       out["summary"] = RunSummary(o.runs[run]);
       res.set_content(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                       "application/json");

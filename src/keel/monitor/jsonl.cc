@@ -16,15 +16,12 @@ namespace keel::monitor {
 JsonlWriter::JsonlWriter(const std::string& path)
     : fd_(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644)), path_(path) {
   if (fd_ < 0) ThrowRuntime("open " + path + ": " + std::strerror(errno));
-  struct stat st;
-  if (::fstat(fd_, &st) == 0) size_ = uint64_t(st.st_size);
 }
 
 JsonlWriter& JsonlWriter::operator=(JsonlWriter&& o) noexcept {
   std::swap(mu_, o.mu_);
   std::swap(fd_, o.fd_);
   std::swap(path_, o.path_);
-  std::swap(size_, o.size_);
   std::swap(failed_, o.failed_);
   std::swap(failure_, o.failure_);
   return *this;
@@ -45,15 +42,19 @@ void JsonlWriter::Write(const nlohmann::json& obj) {
     if (n <= 0) break;
     done += size_t(n);
   }
-  if (done == line.size()) {
-    size_ += done;
-    return;
-  }
+  if (done == line.size()) return;
   const int err = errno;
-  // Never leave half a line: a reader of the file sees whole lines or none.
-  if (done > 0 && ::ftruncate(fd_, off_t(size_)) != 0)
-    Log("keel: warning: %s: could not cut a partly written line back off (%s)", path_.c_str(),
-        std::strerror(errno));
+  // Never leave half a line: a reader of the file sees whole lines or none. Another process may
+  // append to the same file (the supervisor and rank 0 share events.jsonl): the cut starts where
+  // this line began, and only while the file still ends with it.
+  if (done > 0) {
+    const off_t end = ::lseek(fd_, 0, SEEK_CUR);
+    struct stat st {};
+    const bool last = end >= off_t(done) && ::fstat(fd_, &st) == 0 && st.st_size == end;
+    if (!last || ::ftruncate(fd_, end - off_t(done)) != 0)
+      Log("keel: warning: %s: could not cut a partly written line back off (%s)", path_.c_str(),
+          last ? std::strerror(errno) : "another writer appended after it");
+  }
   if (failed_++ == 0) {
     failure_ = std::strerror(err ? err : ENOSPC);
     Log("keel: warning: cannot write %s (%s): this line and any later one that fails are lost; "

@@ -36,7 +36,6 @@ class JsonlWriter {
   std::unique_ptr<std::mutex> mu_ = std::make_unique<std::mutex>();
   int fd_ = -1;
   std::string path_;
-  uint64_t size_ = 0;  // the file's length after its last complete line
   int64_t failed_ = 0;
   std::string failure_;
 };

@@ -24,11 +24,9 @@ nlohmann::json AllLines(const std::string& path, size_t* skipped) {
   uint64_t at = 0;
   for (;;) {
     const LinesRead r = ReadLinesFrom(path, at);
+    if (r.reset) out = nlohmann::json::array();  // rewritten while read: its lines again
     *skipped += r.skipped;
-    for (const std::string& l : r.lines) {
-      nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
-      if (j.is_object()) out.push_back(std::move(j));
-    }
+    for (nlohmann::json& j : ParseJsonLines(r.lines, skipped)) out.push_back(std::move(j));
     if (r.next == at) return out;
     at = r.next;
   }
@@ -61,8 +59,8 @@ std::vector<std::string> WriteReport(const std::vector<std::string>& runs, const
                     {"summary", RunSummary(runs[i])}});
     list.back()["skipped"] = skipped;
     if (skipped)
-      std::fprintf(stderr, "keel report: %s: %zu line(s) over 1 MiB skipped\n", runs[i].c_str(),
-                   skipped);
+      std::fprintf(stderr, "keel report: %s: %zu line(s) skipped (not JSON, or over 1 MiB)\n",
+                   runs[i].c_str(), skipped);
     charts.push_back(runs.size() > 1 ? "breakdown-" + std::to_string(i) : "breakdown");
   }
   std::ifstream in(ChartJsPath());

@@ -18,6 +18,18 @@ LinesRead ReadLinesFrom(const std::string& path, uint64_t offset, size_t max_byt
   if (!in) return r;
   in.seekg(0, std::ios::end);
   const uint64_t size = uint64_t(in.tellg());
+  if (offset > 0) {
+    char before = 0;
+    if (offset <= size) {
+      in.seekg(std::streamoff(offset - 1));
+      in.get(before);
+    }
+    if (before != '\n') {
+      r.reset = true;
+      r.next = offset = 0;
+      in.clear();
+    }
+  }
   if (offset >= size) return r;
   std::string buf(size_t(std::min<uint64_t>(size - offset, max_bytes)), '\0');
   in.seekg(std::streamoff(offset));
@@ -48,6 +60,18 @@ LinesRead ReadLinesFrom(const std::string& path, uint64_t offset, size_t max_byt
     at += got;
   }
   return r;
+}
+
+nlohmann::json ParseJsonLines(const std::vector<std::string>& lines, size_t* damaged) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const std::string& l : lines) {
+    nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object())
+      out.push_back(std::move(j));
+    else
+      ++*damaged;
+  }
+  return out;
 }
 
 std::string CheckRunDir(const std::string& dir) {

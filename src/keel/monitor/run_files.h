@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -17,12 +18,19 @@ struct LinesRead {
   std::vector<std::string> lines;  // complete lines, without their newline
   uint64_t next = 0;               // the offset to read from next time
   size_t skipped = 0;              // complete lines over kMaxLineBytes, left out
+  bool reset = false;              // the file was rewritten: `lines` are its lines from the start
 };
 
 // A missing file, or one that is not a regular file, reads as no lines (a run that has not
 // written it yet; a FIFO would block). `max_bytes` bounds one read (a large file comes in
-// pieces); a line longer than that is skipped as a whole once its end is written.
+// pieces); a line longer than that is skipped as a whole once its end is written. An offset past
+// the end, or not just after a line's end, is one of a file since rewritten (a resumed or
+// rolled-back run keeps its metrics up to the checkpoint's step): it reads from 0, with `reset`.
 LinesRead ReadLinesFrom(const std::string& path, uint64_t offset, size_t max_bytes = 8 << 20);
+
+// The lines that are JSON objects, parsed; the others (a line damaged by a crash mid-write, or a
+// resumed run's first line appended to it) are counted in *damaged and left out.
+nlohmann::json ParseJsonLines(const std::vector<std::string>& lines, size_t* damaged);
 
 // Checks that `dir` is a keel run folder (it has metrics.jsonl or events.jsonl, as regular
 // files); throws keel::Error (bad input) naming it otherwise. Returns the run's name (the
