@@ -12,7 +12,6 @@
 //                          model's block_size raises it: GPT-2's learned positions grow)
 //   mpirun -np 2 build/bench_train_step gpt2-mini 1 8192 bf16 2 1 none 0 1 1 1 equal 1 0 2 ring
 #include <omp.h>
-#include <strings.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -131,12 +130,8 @@ int main(int argc, char** argv) {
   const double params = double(model::MatmulParams(cfg));
   const double flops = monitor::TrainFlopsPerToken(params, cfg.n_layer, cfg.n_embd, T);
   const int threads = omp_get_max_threads();
-  // A run held to AVX2 on a wider CPU (bench/perf_smoke.sh's quickstart-avx2) is measured against
-  // 256-bit FMAs: what its products may use.
-  const char* onednn_isa = std::getenv("ONEDNN_MAX_CPU_ISA");
-  const bool held_to_avx2 = kernels::ChosenCpuIsa() != kernels::CpuIsa::kAvx512 && onednn_isa &&
-                            strncasecmp(onednn_isa, "avx2", 4) == 0;
-  const auto scope = held_to_avx2 ? monitor::PeakScope::kAvx2 : monitor::PeakScope::kCpu;
+  const auto scope =
+      kernels::ProductsHeldToAvx2() ? monitor::PeakScope::kAvx2 : monitor::PeakScope::kCpu;
   const double peak = monitor::MachinePeak(DType(dtype), threads, 0, scope).flops;
   const auto breakdown = kernels::ProfileReport(steps);
   nlohmann::json out = {{"impl", "keel"},

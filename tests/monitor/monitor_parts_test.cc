@@ -2,7 +2,11 @@
 // the step-time tiling, the ETA and its formatting, resident memory.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "keel/core/progress.h"
@@ -49,6 +53,27 @@ TEST(Alerts, NonFiniteFiresOncePerEpisode) {
                 {"alert", "nonfinite"}, {"alert_resolved", "nonfinite"}, {"alert", "nonfinite"}}));
 }
 
+// A loss-scale overflow the scaler answered (an infinite norm of a finite loss, fp16's ordinary
+// back-off) is not a fault; a non-finite validation loss is one, though the step's are finite.
+TEST(Alerts, NonFiniteSkipsScalerOverflowsAndJudgesValidation) {
+  Fired f;
+  Alerts a(AlertConfig{}, f.sink());
+  StepSignals overflow = Sig(1, 3.0, INFINITY);
+  overflow.overflow = true;
+  a.Step(overflow);
+  EXPECT_TRUE(f.events.empty());
+  StepSignals validated = Sig(2, 3.0, 1.0);
+  validated.val_loss = 3.2;
+  a.Step(validated);
+  EXPECT_TRUE(f.events.empty());
+  validated.step = 3;
+  validated.val_loss = NAN;
+  a.Step(validated);
+  a.Step(Sig(4, 3.0, 1.0));
+  using P = std::pair<std::string, std::string>;
+  EXPECT_EQ(f.events, (std::vector<P>{{"alert", "nonfinite"}, {"alert_resolved", "nonfinite"}}));
+}
+
 TEST(Alerts, LossCeilingWaitsForWarmup) {
   Fired f;
   AlertConfig c;
@@ -92,6 +117,41 @@ TEST(Alerts, StragglerJudgedOnlyOnCheckSteps) {
   EXPECT_EQ(f.events.size(), 1u);
   a.Step(Sig(15, 3.0, 1.0, 0, true, ""));
   EXPECT_EQ(f.events.size(), 2u);
+}
+
+// The checkpoint folder is made at the first save: until then the disk it will be on is judged
+// (statvfs of a missing folder failed, and the rule was silently never judged).
+TEST(Alerts, DiskSpaceJudgesAFolderNotMadeYet) {
+  std::atomic<bool> fired{false};
+  AlertConfig cfg;
+  cfg.min_free_disk_gb = 1e12;  // no disk has a petabyte free
+  cfg.disk_path =
+      (std::filesystem::temp_directory_path() / "keel_no_such_run/checkpoints").string();
+  ASSERT_FALSE(std::filesystem::exists(cfg.disk_path));
+  Alerts a(cfg, [&](const nlohmann::json& e, const std::string&) {
+    if (e["rule"] == "disk_space" && e["event"] == "alert") fired = true;
+  });
+  for (int i = 0; i < 40 && !fired; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(fired);
+}
+
+// After the last step, the end's work (model file, samples, the last save) is not a stall.
+TEST(Alerts, NoStepIsNotJudgedAfterTheStepsEnd) {
+  std::atomic<int> ended{0}, stalled{0};  // no_step alerts of each
+  AlertConfig cfg;
+  cfg.no_step_s = 0.2;
+  auto count = [](std::atomic<int>& n) {
+    return [&n](const nlohmann::json& e, const std::string&) {
+      if (e["rule"] == "no_step") ++n;
+    };
+  };
+  Alerts a(cfg, count(ended)), b(cfg, count(stalled));
+  a.Step(Sig(1, 3.0, 1.0));
+  b.Step(Sig(1, 3.0, 1.0));
+  a.StepsEnded();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_EQ(ended, 0);
+  EXPECT_EQ(stalled, 1);  // the same wait with steps to come is one
 }
 
 TEST(StepTimes, OtherIsWhatThePhasesLeave) {

@@ -2,7 +2,8 @@
 # Usage: step_metrics.sh KEEL SRC SHARED_DATA
 # Runs tiny trainings in four layouts and checks every metrics.jsonl line: the phases are never
 # negative and leave under 2% of the step unexplained; MFU is the model's FLOPs over the peak the
-# log names; memory per rank and the ETA are there. Then the peak's cache, and the Prometheus
+# log names; memory per rank and the ETA are there. Then the peak's cache (and AVX2's for a run
+# held to it), and the Prometheus
 # endpoint: scraped twice during a run, refused without its token.
 set -euo pipefail
 keel=$1 src=$2
@@ -48,6 +49,12 @@ grep -q "peak of 7.5 GFLOP/s for rank 0's 1 thread(s) in fp32 (\[monitor\] peak_
   "$tmp/one.log" || { echo "one: the override is not the peak:"; grep "MFU" "$tmp/one.log"; exit 1; }
 grep -q "| ETA " "$tmp/one.log" || { echo "no ETA on the step line"; exit 1; }
 echo "peak: measured, cached, read back, overridden"
+# A run held to AVX2 (keel's kernels and oneDNN's) is measured against 256-bit FMAs, as the
+# benchmark's quickstart-avx2 is, not against the host's AVX-512 or AMX peak.
+KEEL_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 run avx2 1 --set train.steps=2
+grep -q "MFU against .*(AVX2 FMA)" "$tmp/avx2.log" ||
+  { echo "avx2: not measured against the AVX2 peak:"; grep "MFU against" "$tmp/avx2.log"; exit 1; }
+echo "avx2: $(grep -o 'MFU against.*' "$tmp/avx2.log")"
 
 # Prometheus: a non-loopback address needs a token; a request without it gets 401.
 refused open 1 "metrics_addr: \"0.0.0.0\" is reachable from other machines" \

@@ -95,9 +95,21 @@ TEST(LossScaler, CountsOverflowsAtTheMinimumAndNeverGoesBelow) {
   for (int i = 0; i < 10; ++i) s.Update(true);
   EXPECT_EQ(s.scale(), 1);
   EXPECT_EQ(s.state().steps_at_minimum, 8);  // 4 -> 2 -> 1, then eight at 1 (the 3rd..10th)
+  EXPECT_TRUE(s.at_minimum());
   LossScaler t({4, 1, 2, 0.5, 1000, 1});
   t.Restore(s.state());
   EXPECT_EQ(t.state(), s.state());
+}
+
+// A state saved under a longer growth interval than the resumed run's (800 clean steps, now 200)
+// grows at the next clean step instead of never again.
+TEST(LossScaler, GrowsAfterAResumeIntoAShorterGrowthInterval) {
+  LossScaler s({1024, 1, 2, 0.5, 200, 2});
+  EXPECT_FALSE(s.at_minimum());
+  s.Restore({1024, 800, 2, 0});
+  s.Update(false);
+  EXPECT_EQ(s.scale(), 2048);
+  EXPECT_EQ(s.state().growth_tracker, 0);
 }
 
 }  // namespace

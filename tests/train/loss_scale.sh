@@ -15,7 +15,9 @@
 #  5. the switch: overflows that persist at the minimum scale ([loss_scale] switch_after in a row)
 #     switch an fp16 run to bf16 with an event, a checkpoint and a metrics field, and it
 #     finishes; a stop after the switch and --resume auto with the same fp16 config stays in bf16
-#     and ends with the uninterrupted run's weights bitwise.
+#     and ends with the uninterrupted run's weights bitwise;
+#  6. with no switch to come, overflows at the minimum are the non-finite guard's (it stops a
+#     run with stop_on_nonfinite instead of skipping every step).
 #   tests/train/loss_scale.sh KEEL_BINARY SOURCE_DIR SHARED_DATA
 set -euo pipefail
 keel=$1 src=$2 shared=$3
@@ -40,7 +42,9 @@ over=(3 4 9 10 11 12 13 14 15 16 17 18 19 20)
 fault=""
 for s in "${over[@]}"; do fault+="nan_grad@$s:0; "; done
 for prec in fp32 fp16; do
-  p=(--set train.precision=$prec)
+  # fp32 has no switch to come: its overflows at the minimum are the non-finite guard's, which
+  # skips them like the scaler (part 6) when no rollback is due.
+  p=(--set train.precision=$prec --set resilience.max_skips=100)
   KEEL_FAULT="$fault" run "faults_$prec" 2 "${scaled[@]}" "${p[@]}"
   KEEL_FAULT="$fault" run "cut_$prec" 2 "${scaled[@]}" "${p[@]}" --set train.stop_at=12
   KEEL_FAULT="$fault" run "cut_$prec" 2 "${scaled[@]}" "${p[@]}" --resume auto
@@ -147,6 +151,24 @@ assert all(math.isfinite(rows[s]["loss"]) for s in rows) and len(rows) == 30
 print(f"switch: fp16 to bf16 after step 10 ({switch[0]['overflows_at_minimum']} overflows at the "
       f"minimum); loss at step 30 {rows[30]['loss']:.4f}")
 PY
+# 6. With no switch to come (bf16 under dynamic scaling; fp16 with switch_after = 0), overflows
+# at the minimum are the non-finite guard's: stop_on_nonfinite stops the run (NaN gradients of
+# another cause once skipped every step to an exit 0). Overflows at 0-based steps 3..11: the
+# second backs off to the minimum, the third is judged.
+fault=""
+for s in 3 4 5 6 7 8 9 10 11; do fault+="nan_grad@$s:0; "; done
+for stuck in "bf16 16" "fp16 0"; do
+  read -r prec after <<<"$stuck"
+  rc=0
+  KEEL_FAULT="$fault" OMP_NUM_THREADS=1 "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" \
+    --set train.name="stuck_$prec" --set train.steps=12 --set train.precision=$prec \
+    "${scaled[@]}" --set loss_scale.initial=256 --set loss_scale.switch_after=$after \
+    --set resilience.stop_on_nonfinite=true >"$tmp/stuck_$prec.log" 2>&1 || rc=$?
+  grep -q "step 6: .*stop_on_nonfinite = true" "$tmp/stuck_$prec.log" && ((rc == 1)) ||
+    { echo "stuck_$prec: exit $rc, expected 1 at step 6:"; cat "$tmp/stuck_$prec.log"; exit 1; }
+  echo "$prec, switch_after $after: stopped at step 6 by the guard (exit 1)"
+done
+
 refused fp16_unscaled 1 "train.precision" --set train.precision=fp16 --set loss_scale.kind=none
 
 refused bad_kind 1 "loss_scale.kind" --set loss_scale.kind=static

@@ -99,6 +99,28 @@ TEST(TrainCli, InterruptSavesTheModelAndExitsZero) {
   EXPECT_EQ(RunCommand(kKeel + " ckpt verify " + ckpts + "/" + name).code, 0);
 }
 
+// A resume under another learning-rate schedule (train.steps raised to go on, as a finished run
+// is told to) says so once, with the lr the next step takes under each; one under the same says
+// nothing.
+TEST(TrainCli, AResumeUnderAnotherScheduleSaysSo) {
+  TempDir dir;
+  auto data = FlatTokens(dir);
+  const std::string args = "--set optim.warmup_steps=1 --set checkpoint.every_steps=2 ";
+  ASSERT_EQ(
+      RunCommand(TrainCmd(dir, data, args + "--set train.steps=4 --set train.stop_at=2")).code, 0);
+  auto same = RunCommand(TrainCmd(dir, data, args + "--set train.steps=4 --resume auto"));
+  ASSERT_EQ(same.code, 0) << same.err;
+  EXPECT_EQ(same.err.find("schedule differs"), std::string::npos) << same.err;
+  auto longer = RunCommand(TrainCmd(dir, data, args + "--set train.steps=8 --resume auto"));
+  ASSERT_EQ(longer.code, 0) << longer.err;
+  EXPECT_NE(longer.err.find("the learning-rate schedule differs from the checkpoint's "
+                            "(total_steps 4 -> 8): step 5 trains at lr"),
+            std::string::npos)
+      << longer.err;
+  const std::string events = ReadFile(dir / "test-tiny/events.jsonl");
+  EXPECT_NE(events.find("\"event\":\"schedule_changed\""), std::string::npos) << events;
+}
+
 // Resumes that do not fit the run are refused with one line, before anything is written: another
 // model shape, train.steps below the checkpoint, a stop_at already passed. A finished run says
 // there is nothing left to train and leaves its outputs as they are.
@@ -106,7 +128,11 @@ TEST(TrainCli, ResumesThatDoNotFitAreRefused) {
   TempDir dir;
   auto data = FlatTokens(dir);
   const std::string run = dir / "test-tiny";
-  ASSERT_EQ(RunCommand(TrainCmd(dir, data, "--set train.steps=4")).code, 0);
+  const auto first = RunCommand(TrainCmd(dir, data, "--set train.steps=4"));
+  ASSERT_EQ(first.code, 0) << first.err;
+  // The default warmup (10 steps) is longer than this run: said, not refused.
+  EXPECT_NE(first.err.find("warmup_steps = 10 is not below train.steps = 4"), std::string::npos)
+      << first.err;
   const std::string metrics = ReadFile(run + "/metrics.jsonl");
   struct Case {
     const char* args;

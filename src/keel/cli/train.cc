@@ -91,7 +91,7 @@ void RegisterTrain(CLI::App& app) {
     }
     std::printf("\nrun %s: %d steps, final train loss %.4f", s.run_dir.c_str(), s.steps_done,
                 s.last_loss);
-    if (s.val_loss >= 0) std::printf(", validation loss %.4f", s.val_loss);
+    if (s.val_loss) std::printf(", validation loss %.4f", *s.val_loss);
     std::printf(" (unigram entropy of the data: %.4f nats/token)\n", s.unigram_entropy);
     // The run's config.toml holds every key as this run resolved it, --set flags included.
     if (s.interrupted)

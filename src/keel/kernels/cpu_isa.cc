@@ -1,6 +1,7 @@
 #include "keel/kernels/cpu_isa.h"
 
 #include <omp.h>
+#include <strings.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -120,6 +121,11 @@ bool Bf16ProductsInFp32() {
     return MeasurePeakRates(1, 0.003, 3).bf16_in_fp32();
   }();
   return in_fp32;
+}
+
+bool ProductsHeldToAvx2() {
+  const char* onednn = std::getenv("ONEDNN_MAX_CPU_ISA");
+  return ChosenCpuIsa() != CpuIsa::kAvx512 && onednn && strncasecmp(onednn, "avx2", 4) == 0;
 }
 
 const Backend& CpuBackendFor(CpuIsa isa) {

@@ -26,6 +26,10 @@ CpuIsa ChosenCpuIsa();
 // Narrows the choice to `isa` when that is narrower: a job whose ranks run on different CPU
 // generations runs the narrowest set everywhere. Call it before the backend is first used.
 void LimitCpuIsa(CpuIsa isa);
+// Whether a run's products are held to AVX2 on a wider CPU: keel's kernels chosen narrower than
+// AVX-512 and oneDNN limited by ONEDNN_MAX_CPU_ISA=AVX2 (bench/perf_smoke.sh's quickstart-avx2).
+// MFU is then measured against 256-bit FMAs (monitor::PeakScope::kAvx2), what its products may use.
+bool ProductsHeldToAvx2();
 // The CPU backend whose kernels are compiled for `isa` (available or not: the caller checks).
 const Backend& CpuBackendFor(CpuIsa isa);
 

@@ -3,10 +3,14 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 
+#include "keel/core/log.h"
 #include "keel/core/stats.h"
 #include "keel/monitor/webhook.h"
 
@@ -61,10 +65,13 @@ void Alerts::Step(const StepSignals& s) {
   std::lock_guard<std::mutex> lock(mu_);
   last_step_ = s.step;
   if (cfg_.nonfinite) {
-    const bool bad = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);
+    const bool bad_val = s.val_loss && !std::isfinite(*s.val_loss);
+    const bool bad =
+        !std::isfinite(s.loss) || (!std::isfinite(s.grad_norm) && !s.overflow) || bad_val;
     Set("nonfinite", bad,
         bad ? Fmt("step %.0f: the loss is %g", s.step, s.loss) +
-                  Fmt(" and the gradient norm %g", s.grad_norm)
+                  Fmt(" and the gradient norm %g", s.grad_norm) +
+                  (bad_val ? Fmt("; the validation loss is %g", *s.val_loss) : "")
             : Fmt("step %.0f: finite again", s.step),
         s.step);
   }
@@ -115,7 +122,7 @@ void Alerts::Timer() {
   Clock::time_point next_disk;
   std::unique_lock<std::mutex> lock(mu_);
   while (!wake_.wait_for(lock, std::chrono::milliseconds(250), [&] { return stop_; })) {
-    if (cfg_.no_step_s > 0) {
+    if (cfg_.no_step_s > 0 && !steps_ended_) {
       const double idle = age_s(last_step_at_);
       Set("no_step", idle > cfg_.no_step_s,
           idle > cfg_.no_step_s
@@ -133,8 +140,21 @@ void Alerts::Timer() {
     }
     if (cfg_.min_free_disk_gb > 0 && Clock::now() >= next_disk) {
       next_disk = Clock::now() + std::chrono::seconds(5);
+      // The checkpoint folder appears at the first save: until then its nearest existing folder
+      // is on the disk it will use.
+      std::filesystem::path where(cfg_.disk_path);
+      std::error_code ec;
+      while (!std::filesystem::exists(where, ec) && where.has_relative_path())
+        where = where.parent_path();
+      if (where.empty()) where = ".";
       struct statvfs st {};
-      if (statvfs(cfg_.disk_path.c_str(), &st) == 0) {
+      if (statvfs(where.c_str(), &st) != 0) {
+        if (!disk_unreadable_)
+          Log("keel: alerts: cannot read the free space of %s (%s): "
+              "disk_space is not judged",
+              where.c_str(), std::strerror(errno));
+        disk_unreadable_ = true;
+      } else {
         const double gb = double(st.f_bavail) * double(st.f_frsize) / 1e9;
         Set("disk_space", gb < cfg_.min_free_disk_gb,
             Fmt("%.1f GB free in the checkpoint folder (limit %g)", gb, cfg_.min_free_disk_gb) +

@@ -17,7 +17,8 @@ void LossScaler::Update(bool overflow) {
     return;
   }
   st_.steps_at_minimum = 0;
-  if (++st_.growth_tracker == cfg_.growth_interval) {
+  // >=: a state saved under a longer growth_interval than the one resumed with still grows.
+  if (++st_.growth_tracker >= cfg_.growth_interval) {
     st_.growth_tracker = 0;
     st_.hysteresis_tracker = cfg_.hysteresis;
     st_.scale *= cfg_.growth;

@@ -4,9 +4,11 @@
 // `hysteresis` overflows since the last growth the scale backs off (×backoff, not below `min`);
 // `growth_interval` clean steps in a row grow it (×growth) and re-arm the hysteresis.
 //
-// Unlike DeepSpeed (whose runs die with "Current loss scale already at minimum"), keel never
-// aborts on overflows: at the minimum the steps are skipped and counted (steps_at_minimum), and
-// the trainer says so.
+// At the minimum the scaler can do no more: the trainer hands such steps to its non-finite guard
+// (skip, roll back, stop: [resilience]) unless an fp16 run may still switch to bf16, where they
+// are skipped and counted (steps_at_minimum) until it does. DeepSpeed's runs die there instead
+// ("Current loss scale already at minimum"); skipping forever would end a run whose gradients
+// are NaN for another reason with exit 0 and weights that stopped at the first NaN.
 //
 //   LossScaler s(cfg);
 //   backward with dloss · s.scale(); norm = GradNorm() / s.scale();
@@ -37,6 +39,7 @@ class LossScaler {
  public:
   explicit LossScaler(const LossScalerConfig& cfg);
   double scale() const { return st_.scale; }
+  bool at_minimum() const { return st_.scale <= cfg_.min; }
   // After a step: `overflow` when its gradients were not finite (the step is skipped).
   void Update(bool overflow);
   const LossScalerState& state() const { return st_; }

@@ -399,6 +399,11 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
     Log("keel: [optim] freeze: %zu of %zu parameters are not trained", n_frozen, params.total());
   sched = optim::LrSchedule{optim::LrSchedule::ParseKind(cfg.optim.schedule), cfg.optim.lr,
                             cfg.optim.min_lr, cfg.optim.warmup_steps, cfg.train.steps};
+  // Not refused (short test runs keep the default warmup), but the lr never reaches [optim] lr.
+  if (lead && cfg.optim.warmup_steps >= cfg.train.steps)
+    Log("keel: warning: [optim] warmup_steps = %d is not below train.steps = %d: the whole run "
+        "warms up and its last step trains at lr %.3g of %.3g",
+        cfg.optim.warmup_steps, cfg.train.steps, sched.At(cfg.train.steps - 1), cfg.optim.lr);
 
   sum.run_dir = (std::filesystem::path(cfg.train.out_dir) / cfg.train.name).string();
   ckpt = std::make_unique<Checkpointer>(cfg, comm, sum.run_dir, lead ? &events : nullptr,
@@ -456,6 +461,7 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
                   {"step", start_step},
                   {"ranks", comm.size()},
                   {"resumed_from", sum.resumed_from}});
+    if (resumed) SayScheduleChange();
   }
 
   MeasureAndLogStart();
@@ -466,6 +472,42 @@ Run::Run(const RunConfig& cfg_in, parallel::Comm& comm_in)
 }
 
 Run::~Run() = default;
+
+// A resume under another learning-rate schedule (train.steps raised to go on, a new lr or warmup)
+// moves the lr at once: said in one line and an event, with the lr the next step takes under each,
+// since only the step line's lr figure would show it otherwise. Not refused: raising train.steps
+// is how a finished run goes on.
+void Run::SayScheduleChange() {
+  const nlohmann::json saved = resumed->state.value("scheduler", nlohmann::json::object());
+  if (!saved.is_object() || saved.empty()) return;
+  std::string changed;
+  auto differs = [&](const char* key, const nlohmann::json& now) {
+    const nlohmann::json was = saved.value(key, now);
+    if (was == now) return;
+    changed +=
+        std::string(changed.empty() ? "" : ", ") + key + " " + was.dump() + " -> " + now.dump();
+  };
+  differs("kind", cfg.optim.schedule);
+  differs("lr", cfg.optim.lr);
+  differs("min_lr", cfg.optim.min_lr);
+  differs("warmup_steps", cfg.optim.warmup_steps);
+  differs("total_steps", cfg.train.steps);
+  if (changed.empty()) return;
+  const optim::LrSchedule before{
+      optim::LrSchedule::ParseKind(saved.value("kind", cfg.optim.schedule)),
+      saved.value("lr", cfg.optim.lr), saved.value("min_lr", cfg.optim.min_lr),
+      saved.value("warmup_steps", cfg.optim.warmup_steps),
+      saved.value("total_steps", cfg.train.steps)};
+  const double lr = sched.At(start_step), was = before.At(start_step);
+  Log("keel: the learning-rate schedule differs from the checkpoint's (%s): step %d trains at lr "
+      "%.3g, %.3g under the checkpoint's schedule",
+      changed.c_str(), start_step + 1, lr, was);
+  events.Write({{"event", "schedule_changed"},
+                {"step", start_step},
+                {"changed", changed},
+                {"lr", lr},
+                {"checkpoint_lr", was}});
+}
 
 void Run::ResumeOrInit(bool init_later) {
   if (cfg.loss_scale.kind == "dynamic" ||
@@ -517,7 +559,9 @@ void Run::MeasureAndLogStart() {
                            "'s dense peak (0: not in keel's table; set [monitor] "
                            "peak_gflops)"};
   else
-    facts.rank_peak = monitor::MachinePeak(dtype, facts.threads, cfg.monitor.peak_gflops);
+    facts.rank_peak = monitor::MachinePeak(
+        dtype, facts.threads, cfg.monitor.peak_gflops,
+        kernels::ProductsHeldToAvx2() ? monitor::PeakScope::kAvx2 : monitor::PeakScope::kCpu);
   peak = comm.AllReduceSum(facts.rank_peak.flops);
   tokens_per_step = double(cfg.train.batch_size) * T;
   scored = tokens_per_step;
@@ -533,8 +577,7 @@ void Run::MeasureAndLogStart() {
   // The step's record: console, metrics.jsonl, Prometheus, [monitor.alerts] (rank 0's).
   report = std::make_unique<StepReporter>(
       cfg, comm, cfg.train.stop_at > 0 ? cfg.train.stop_at : cfg.train.steps,
-      lead ? &events : nullptr, std::filesystem::exists(ckpt->root()) ? ckpt->root() : sum.run_dir,
-      std::move(exporter));
+      lead ? &events : nullptr, ckpt->root(), std::move(exporter));
   ckpt->set_on_commit(report->CommitHook());
   if (lead) report->LogStart(*this, facts);
 }

@@ -122,6 +122,7 @@ struct Run {
  private:
   // The checkpoint's state (`resumed`), or the initial weights when Prepare left them for later.
   void ResumeOrInit(bool init_later);
+  void SayScheduleChange();
   // MFU's peak, the memory allocated, the reporter and its startup log (collective).
   void MeasureAndLogStart();
 };

@@ -65,7 +65,7 @@ void StepReporter::Report(const StepFigures& f, const nlohmann::json& extra,
         "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | MFU %5.1f%% | %7.1f ms%s%s"
         " | ETA %s\n",
         f.step, cfg_.train.steps, f.loss, f.lr, f.grad_norm, tok_s, 100 * mfu, f.ms,
-        f.val_loss >= 0 ? (" | val " + std::to_string(f.val_loss).substr(0, 6)).c_str() : "",
+        f.val_loss ? (" | val " + std::to_string(*f.val_loss).substr(0, 6)).c_str() : "",
         monitor::ShareLine(f.times, f.ms).c_str(), FormatDuration(eta_s).c_str());
     std::fflush(stdout);
   }
@@ -88,7 +88,7 @@ void StepReporter::Report(const StepFigures& f, const nlohmann::json& extra,
                         {"peak_rss_bytes", rss_peak}};
     for (size_t i = 0; i < monitor::kPhases; ++i)
       m[monitor::PhaseKey(monitor::Phase(i))] = f.times.ms[i];
-    if (f.val_loss >= 0) m["val_loss"] = f.val_loss;
+    if (f.val_loss) m["val_loss"] = *f.val_loss;  // a NaN is written as null
     if (f.skipped) m["skipped"] = true;
     m.update(extra);
     metrics->Write(m);
@@ -101,6 +101,8 @@ void StepReporter::Report(const StepFigures& f, const nlohmann::json& extra,
   sig.step = f.step;
   sig.loss = f.loss;
   sig.grad_norm = f.grad_norm;
+  sig.overflow = f.overflow;
+  sig.val_loss = f.val_loss;
   sig.tokens_per_s = train_ms > 0 ? f.tokens / (train_ms / 1e3) : 0;
   sig.straggler_checked = f.straggler_checked;
   sig.straggler = f.straggler;
@@ -113,7 +115,7 @@ void StepReporter::Serve(const StepFigures& f, const std::vector<double>& all, d
   const double s = f.ms / 1e3;
   e.Gauge("keel_step", "the last step done", f.step);
   e.Gauge("keel_loss", "training loss of the last step", f.loss);
-  if (f.val_loss >= 0) e.Gauge("keel_val_loss", "the last validation loss", f.val_loss);
+  if (f.val_loss) e.Gauge("keel_val_loss", "the last validation loss", *f.val_loss);
   e.Gauge("keel_learning_rate", "learning rate of the last step", f.lr);
   e.Gauge("keel_grad_norm", "gradient norm of the last step (before clipping)", f.grad_norm);
   e.Gauge("keel_tokens_per_second", "tokens per second, all ranks, last step", f.tokens / s);

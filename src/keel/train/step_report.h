@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,11 +30,12 @@ namespace keel::train {
 struct StepFigures {
   int step = 0;  // 1-based, done
   double loss = 0, lr = 0, grad_norm = 0;
-  double val_loss = -1;   // < 0: no validation this step
-  double tokens = 0;      // the step's tokens, all ranks
-  double flops = 0;       // the step's model FLOPs, all ranks
-  double peak_flops = 0;  // all ranks
+  std::optional<double> val_loss;  // none: no validation this step (NaN: a non-finite one)
+  double tokens = 0;               // the step's tokens, all ranks
+  double flops = 0;                // the step's model FLOPs, all ranks
+  double peak_flops = 0;           // all ranks
   bool skipped = false;
+  bool overflow = false;  // skipped as a loss-scale overflow the scaler answered: not a fault
   bool straggler_checked = false;  // the straggler check ran this step
   std::string straggler;           // the line naming one, "" when none
   monitor::StepTimes times;        // this rank's; `other` closed against `ms`
@@ -68,6 +70,11 @@ class StepReporter {
   // layout, the peak MFU is measured against, the shards of tensor and pipeline parallelism,
   // memory per rank and stage (also as an event), and the data sources.
   void LogStart(const Run& run, const RunFacts& facts);
+
+  // After the loop: the time rules stop waiting for steps (monitor::Alerts::StepsEnded).
+  void StepsEnded() {
+    if (alerts_) alerts_->StepsEnded();
+  }
 
   // Collective. `extra` (rank 0's) is merged into the metrics line: layout-specific figures.
   void Report(const StepFigures& f, const nlohmann::json& extra, monitor::JsonlWriter* metrics);

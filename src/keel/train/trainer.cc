@@ -78,9 +78,17 @@ void Update(Run& run, bool apply, float lr, double norm, double scale, const Tim
   if (ckpt_ms > 0) (*extra)["ckpt_blocked_ms"] = ckpt_ms;
 }
 
+// Whether the scaler can still answer an overflow: back off, or (an fp16 run at the minimum)
+// count toward [loss_scale] switch_after. Every rank sees the same scaler.
+bool ScalerCanAct(const Run& run) {
+  return !run.scaler->at_minimum() ||
+         (run.dtype == DType::kF16 && run.cfg.loss_scale.switch_after > 0);
+}
+
 // The loss scaler's part of step `step` (1-based): its new scale, the overflow's event, and a
-// line when overflows persist at the minimum scale (the steps are skipped; the run goes on).
-void ScaleAfterStep(Run& run, int step, bool overflow, nlohmann::json* extra) {
+// line when overflows persist at the minimum scale. `judged`: the step's fate was the non-finite
+// guard's (StepGuards::Decide), not the scaler's.
+void ScaleAfterStep(Run& run, int step, bool overflow, bool judged, nlohmann::json* extra) {
   optim::LossScaler& s = *run.scaler;
   const double before = s.scale();
   s.Update(overflow);
@@ -93,8 +101,10 @@ void ScaleAfterStep(Run& run, int step, bool overflow, nlohmann::json* extra) {
   const int at_min = s.state().steps_at_minimum;
   if (at_min > 0 && (at_min & (at_min - 1)) == 0) {  // 1, 2, 4, 8, ... in a row
     Log("keel: step %d: the gradients overflowed at the minimum loss scale %g (%d step(s) in a "
-        "row); the update is skipped and the run goes on",
-        step, s.scale(), at_min);
+        "row); %s",
+        step, s.scale(), at_min,
+        judged ? "the scaler can do no more: the non-finite guard judges the step ([resilience])"
+               : "the update is skipped and the run goes on");
     run.events.Write({{"event", "loss_scale_at_minimum"}, {"step", step}, {"in_a_row", at_min}});
   }
 }
@@ -228,9 +238,11 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     const double scale = run.scaler ? run.scaler->scale() : 1.0;
     const double own_norm = step.GradNorm() / scale;  // what this rank clips by
     const double norm = step.JudgedNorm(own_norm);    // the same on every rank
-    // Non-finite gradients of a finite loss under loss scaling are the scaler's overflow: the
-    // step is skipped and the scale backs off; the judge does not count it as a fault.
-    const bool overflow = run.scaler && std::isfinite(loss) && !std::isfinite(norm);
+    // Non-finite gradients of a finite loss under loss scaling are the scaler's overflow while it
+    // can act (back off, or switch fp16 to bf16): the step is skipped and the judge does not count
+    // it as a fault. Past that, they are the judge's like any non-finite step.
+    const bool overflow =
+        run.scaler && std::isfinite(loss) && !std::isfinite(norm) && ScalerCanAct(run);
     StepGuards::Verdict verdict;
     verdict.apply = false;
     if (!overflow) verdict = guards.Decide(loss, norm);
@@ -239,8 +251,11 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       continue;
     }
     if (run.scaler) {
-      ScaleAfterStep(run, i + 1, overflow, &extra);
-      if (overflow || run.scaler->scale() != scale) step.strategy().ResetResidual();
+      // A step the judge skipped is an overflow to the scaler too (as Megatron-LM's found_inf):
+      // counted as clean, it would grow the scale and reset the count toward fp16's switch.
+      const bool nonfinite = !std::isfinite(loss) || !std::isfinite(norm);
+      ScaleAfterStep(run, i + 1, nonfinite, /*judged=*/!overflow, &extra);
+      if (nonfinite || run.scaler->scale() != scale) step.strategy().ResetResidual();
     }
     const bool switching = SwitchesNow(run, i + 1);
     Update(run, verdict.apply, lr, own_norm, scale, optimizer_timer, &fig.times, &extra);
@@ -262,7 +277,6 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     guards.AfterStep(loss, &fig, &extra);
     fig.times[Phase::kChecks] += checks_timer.Millis();
     const bool last_step = i + 1 == cfg.train.steps || i + 1 == cfg.train.stop_at;
-    fig.val_loss = -1;
     if (run.data.val_plan &&
         ((cfg.train.val_every > 0 && (i + 1) % cfg.train.val_every == 0) || last_step)) {
       guards.Phase(i + 1, "validate");
@@ -287,6 +301,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
     fig.flops = run.flops_per_token * run.tokens_per_step;
     fig.peak_flops = run.peak;
     fig.skipped = !verdict.apply;
+    fig.overflow = overflow;
     fig.ms = step_timer.Millis();
     fig.times.CloseWith(fig.ms);
     extra.update({{"comm_wait_ms", step.comm_wait_ms()},
@@ -315,6 +330,7 @@ TrainSummary TrainRun(const RunConfig& cfg, parallel::Comm& comm,
       break;
     }
   }
+  run.report->StepsEnded();
   guards.Finish(sum.steps_done);
   Finish(run);
   return sum;

@@ -5,6 +5,9 @@
 //   TrainSummary s = keel::train::Train(cfg, *comm);
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include "keel/parallel/comm.h"
 #include "keel/train/config.h"
 
@@ -13,10 +16,10 @@ namespace keel::train {
 struct TrainSummary {
   int steps_done = 0;
   double last_loss = 0;
-  double val_loss = -1;        // < 0 when there is no validation set
-  double unigram_entropy = 0;  // nats per token of the training data
-  bool interrupted = false;    // stopped by SIGINT/SIGTERM
-  bool nothing_left = false;   // resumed at train.steps: the run was already finished
+  std::optional<double> val_loss;  // none when there is no validation set
+  double unigram_entropy = 0;      // nats per token of the training data
+  bool interrupted = false;        // stopped by SIGINT/SIGTERM
+  bool nothing_left = false;       // resumed at train.steps: the run was already finished
   std::string run_dir;
   std::string resumed_from;  // the checkpoint folder a resumed run started from; "" otherwise
   bool switched = false;     // an fp16 run switched to bf16 at its last step (and saved there)
