@@ -11,7 +11,8 @@
 #  6. keel generate --chat answers in one line (the plain template's turn ends at the eos);
 #  7. a split with no trained target in its windows is refused by keel eval (not loss 0);
 #  8. a run on cl100k data generates with cl100k (its meta.json); eval refuses a GPT-2 split and
-#     generate GPT-2's tokenizer (the default for a bare model file).
+#     generate GPT-2's tokenizer (the default for a bare model file); keel train refuses a val
+#     split of another tokenizer than its training data.
 #   tests/train/masked_data.sh KEEL_BINARY SOURCE_DIR
 set -euo pipefail
 keel=$1 src=$2
@@ -97,4 +98,13 @@ rc=0
 "$keel" generate --run "$tmp/cl100k/model.safetensors" --prompt x >"$tmp/err" 2>&1 || rc=$?
 [[ $rc == 2 ]] && grep -q "has 50257 ids, the model's vocabulary 100277" "$tmp/err" ||
   { echo "generate from a cl100k model file with GPT-2's tokenizer: exit $rc"; cat "$tmp/err"; exit 1; }
+echo "refused: $(cat "$tmp/err")"
+# A run whose validation split is of another tokenizer than its training data (ids that both fit
+# a vocabulary of 100277) is refused before anything is written.
+rc=0
+OMP_NUM_THREADS=1 "$keel" train "$src/configs/test-tiny.toml" "${common[@]}" --set train.name=mixed \
+  --set model.vocab_size=100277 --set data.val="$tmp/chat100k/val" >"$tmp/err" 2>&1 || rc=$?
+[[ $rc == 2 ]] && grep -q "\[data\] val .* was prepared with the tokenizer cl100k_base (100277 ids" \
+  "$tmp/err" && [[ ! -e $tmp/mixed ]] ||
+  { echo "train on GPT-2 data with a cl100k val split: exit $rc"; cat "$tmp/err"; exit 1; }
 echo "refused: $(cat "$tmp/err")"

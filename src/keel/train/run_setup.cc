@@ -17,6 +17,7 @@
 #include "keel/core/file_util.h"
 #include "keel/core/log.h"
 #include "keel/core/validate.h"
+#include "keel/data/dataset_meta.h"
 #include "keel/kernels/cpu_isa.h"
 #include "keel/model/quantize.h"
 #include "keel/monitor/flops.h"
@@ -141,6 +142,29 @@ void CheckFaultSpec(const RunConfig& cfg, const model::ModelConfig& mcfg, int wo
   }
 }
 
+// A blend's sources and the validation split must be token ids of one tokenizer: ids of two that
+// fit the model's vocabulary would train (or score) as one language silently. Named tokenizers
+// are compared by name; a tokenizer.json (named by its path) by its size and end-of-document id.
+void CheckOneTokenizer(const std::vector<std::pair<std::string, const data::TokenDataset*>>& all) {
+  auto describe = [](const data::TokenDataset& d) {
+    return data::TokenizerSpec(d.meta()) + " (" + std::to_string(d.vocab_size()) + " ids, eos " +
+           std::to_string(d.eos_id()) + ")";
+  };
+  const auto& [first_what, first] = all.front();
+  for (const auto& [what, d] : all) {
+    const bool named = d->meta() == nullptr || first->meta() == nullptr ||
+                       (d->meta()->tokenizer.rfind("hf:", 0) != 0 &&
+                        first->meta()->tokenizer.rfind("hf:", 0) != 0);
+    const bool same =
+        d->vocab_size() == first->vocab_size() && d->eos_id() == first->eos_id() &&
+        (!named || data::TokenizerSpec(d->meta()) == data::TokenizerSpec(first->meta()));
+    if (!same)
+      ThrowBadInput(what + " " + d->path() + " was prepared with the tokenizer " + describe(*d) +
+                    ", " + first_what + " " + first->path() + " with " + describe(*first) +
+                    ": a run's datasets must share one tokenizer");
+  }
+}
+
 RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_rank, int dp,
                  int micro_batch) {
   const int T = cfg.data.seq_len;
@@ -160,6 +184,11 @@ RunData OpenData(const RunConfig& cfg, const model::ModelConfig& mcfg, int dp_ra
     d.val_ds = std::make_unique<data::TokenDataset>(data::TokenDataset::Open(cfg.data.val));
     d.val_ds->CheckIds(mcfg.vocab_size);
   }
+  std::vector<std::pair<std::string, const data::TokenDataset*>> all;
+  for (const data::TokenDataset& ds : d.train_ds)
+    all.push_back({cfg.data.sources.empty() ? "[data] train" : "[[data.sources]]", &ds});
+  if (d.val_ds) all.push_back({"[data] val", d.val_ds.get()});
+  CheckOneTokenizer(all);
   d.loader =
       d.train_ds.size() == 1
           ? std::make_unique<data::BatchLoader>(d.train_ds[0], T, cfg.train.batch_size, dp_rank, dp,
