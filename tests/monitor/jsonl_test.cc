@@ -39,6 +39,13 @@ TEST(JsonlWriter, AFailedLineIsCutWithoutTheOtherWritersLines) {
   EXPECT_EQ(ReadWholeFile(path), whole);  // both earlier lines, and no part of the failed one
   a.Write({{"event", "after"}});
   EXPECT_EQ(ReadWholeFile(path), whole + "{\"event\":\"after\"}\n");
+  // Opened again on a file replaced under it (a rollback's metrics.jsonl): it writes to the new
+  // file and still counts the line it lost.
+  WriteFileAtomic(path, "{\"step\":1}\n");
+  a.Reopen();
+  a.Write({{"step", 2}});
+  EXPECT_EQ(ReadWholeFile(path), "{\"step\":1}\n{\"step\":2}\n");
+  EXPECT_EQ(a.failed_lines(), 1);
 }
 
 // A resumed run keeps its metrics up to the checkpoint's step (a shorter file, then new steps):

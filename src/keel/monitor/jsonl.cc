@@ -18,6 +18,14 @@ JsonlWriter::JsonlWriter(const std::string& path)
   if (fd_ < 0) ThrowRuntime("open " + path + ": " + std::strerror(errno));
 }
 
+void JsonlWriter::Reopen() {
+  const std::lock_guard<std::mutex> lock(*mu_);
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) ThrowRuntime("open " + path_ + ": " + std::strerror(errno));
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
 JsonlWriter& JsonlWriter::operator=(JsonlWriter&& o) noexcept {
   std::swap(mu_, o.mu_);
   std::swap(fd_, o.fd_);

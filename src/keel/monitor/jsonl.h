@@ -26,6 +26,10 @@ class JsonlWriter {
   ~JsonlWriter();
 
   void Write(const nlohmann::json& obj);
+  // Opens the path again (a file replaced under the writer: a resumed or rolled-back run's
+  // metrics.jsonl), keeping the count of lines already lost: the run must still exit 1 for them.
+  // Throws keel::Error if it cannot open.
+  void Reopen();
   bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
   // Lines that could not be written, and why the first one failed.

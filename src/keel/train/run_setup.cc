@@ -631,7 +631,11 @@ void Run::SkipBatches(int step_i, int n) {
 
 void Run::RestartRecordAt(int step_done) {
   KeepMetricsUpTo(sum.run_dir + "/metrics.jsonl", step_done);
-  if (cfg.monitor.metrics_jsonl) metrics = monitor::JsonlWriter(sum.run_dir + "/metrics.jsonl");
+  // A rollback's writer keeps its count of lost lines (a fresh one would let the run exit 0).
+  if (metrics.is_open())
+    metrics.Reopen();
+  else if (cfg.monitor.metrics_jsonl)
+    metrics = monitor::JsonlWriter(sum.run_dir + "/metrics.jsonl");
 }
 
 double Run::Validate() {
