@@ -358,10 +358,15 @@ Supervisor::Watch Supervisor::WatchJob(Start& s, const StopScope& stop) {
 void Supervisor::OnStopRequest(Start& s, Watch& w, const StopScope& stop, double now) {
   if (stop.requested() && !w.user_stop) {
     w.user_stop = true;
-    w.stop_sent = now;
     Say("stop requested: the job saves a checkpoint and exits (up to %.0f s)",
         spec_.policy.stop_grace_s);
-    ::kill(s.job->pid(), SIGUSR2);  // mpirun forwards it to every rank
+    // Already stopping to regrow, the job is saving: a second SIGUSR2 would make its ranks stop
+    // at once, mid-save. It is not signalled again, and not restarted after.
+    w.regrow = false;
+    if (w.stop_sent == 0) {
+      w.stop_sent = now;
+      ::kill(s.job->pid(), SIGUSR2);  // mpirun forwards it to every rank
+    }
   }
   if (w.stop_sent > 0 && now - w.stop_sent > spec_.policy.stop_grace_s && !w.killed) {
     Say("the job did not stop within stop_grace_s; killing it");

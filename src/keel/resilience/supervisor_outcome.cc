@@ -133,9 +133,10 @@ int Supervisor::EndStopped(Start& s, const Watch& w, const Ending& e) {
   s.a.outcome = "stopped";
   attempts_.push_back(s.a);
   // Stopped before its training loop, the job had nothing to save: SIGUSR2's default action
-  // ended it, and the newest checkpoint stays as it was.
-  const bool before_loop =
-      e.code == 128 + SIGUSR2 || (WIFSIGNALED(w.status) && WTERMSIG(w.status) == SIGUSR2);
+  // ended it, and the newest checkpoint stays as it was. One that had resumed and died of the
+  // signal was cut short (mid-save, maybe): that is a failure.
+  const bool before_loop = !w.resumed && (e.code == 128 + SIGUSR2 ||
+                                          (WIFSIGNALED(w.status) && WTERMSIG(w.status) == SIGUSR2));
   Say("the job ended with %s after the stop request%s", DescribeStatus(w.status).c_str(),
       before_loop ? " (it had not resumed training; the newest checkpoint stays)" : "");
   return Finish(e.code == 0 || before_loop ? 0 : 1, "stopped");
