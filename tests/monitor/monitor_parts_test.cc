@@ -124,7 +124,7 @@ TEST(Alerts, StragglerJudgedOnlyOnCheckSteps) {
 TEST(Alerts, DiskSpaceJudgesAFolderNotMadeYet) {
   std::atomic<bool> fired{false};
   AlertConfig cfg;
-  cfg.min_free_disk_gb = 1e12;  // no disk has a petabyte free
+  cfg.min_free_disk_gb = 1e12;  // no disk has a zettabyte free
   cfg.disk_path =
       (std::filesystem::temp_directory_path() / "keel_no_such_run/checkpoints").string();
   ASSERT_FALSE(std::filesystem::exists(cfg.disk_path));

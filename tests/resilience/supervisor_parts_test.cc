@@ -98,10 +98,16 @@ TEST(Placement, SparesReplaceLostHostsThenTheJobShrinks) {
 TEST(Launcher, TheFaultDrillAndKernelChoicesReachRemoteRanks) {
   ::setenv("KEEL_FAULT", "kill@10:3", 1);
   ::unsetenv("KEEL_OFFLOAD_CRASH_AT");
-  const std::vector<std::string> env = ForwardedEnv();
+  JobLine job;
+  job.launcher = Launcher::kMpirun;
+  job.hosts = {"kh1", "kh2"};
+  job.ranks = 2;
+  job.env = ForwardedEnv();
   ::unsetenv("KEEL_FAULT");
-  EXPECT_NE(std::find(env.begin(), env.end(), "KEEL_FAULT"), env.end());
-  EXPECT_EQ(std::find(env.begin(), env.end(), "KEEL_OFFLOAD_CRASH_AT"), env.end());  // not set
+  std::string line;
+  for (const std::string& x : JobArgv(job, {"keel", "train"})) line += x + " ";
+  EXPECT_NE(line.find("-x KEEL_FAULT "), std::string::npos) << line;
+  EXPECT_EQ(line.find("KEEL_OFFLOAD_CRASH_AT"), std::string::npos) << line;  // not set
 }
 
 TEST(Launcher, CommandLines) {

@@ -89,13 +89,18 @@ given=$("$keel" "${ask[@]}" --tokenizer cl100k)
 [[ $own == "$given" ]] || { echo "generate: '$own' with the run's tokenizer, '$given' with cl100k"; exit 1; }
 rc=0
 "$keel" eval "$tmp/cl100k" --data "$tmp/chat/val" >"$tmp/err" 2>&1 || rc=$?
-[[ $rc == 2 ]] && grep -q "prepared with the tokenizer gpt2 (50257 ids)" "$tmp/err" ||
+[[ $rc == 2 ]] && grep -q "holds ids of the tokenizer gpt2 (50257 ids)" "$tmp/err" ||
   { echo "eval of a GPT-2 split with a cl100k model: exit $rc"; cat "$tmp/err"; exit 1; }
 echo "refused: $(cat "$tmp/err")"
-# Its bare model file says nothing of a tokenizer: GPT-2's, the default, does not fit its
-# vocabulary and is refused, naming both sizes.
+# Its model file beside its run's config.toml generates with cl100k too; copied out of the run it
+# says nothing of a tokenizer: GPT-2's, the default, does not fit its vocabulary and is refused,
+# naming both sizes.
+in_run=$("$keel" generate --run "$tmp/cl100k/model.safetensors" --chat --prompt "What is 3 plus 4?" \
+  --temperature 0 --max-tokens 6)
+[[ $in_run == "$own" ]] || { echo "generate from the run's model file: '$in_run', not '$own'"; exit 1; }
+cp "$tmp/cl100k/model.safetensors" "$tmp/bare.safetensors"
 rc=0
-"$keel" generate --run "$tmp/cl100k/model.safetensors" --prompt x >"$tmp/err" 2>&1 || rc=$?
+"$keel" generate --run "$tmp/bare.safetensors" --prompt x >"$tmp/err" 2>&1 || rc=$?
 [[ $rc == 2 ]] && grep -q "has 50257 ids, the model's vocabulary 100277" "$tmp/err" ||
   { echo "generate from a cl100k model file with GPT-2's tokenizer: exit $rc"; cat "$tmp/err"; exit 1; }
 echo "refused: $(cat "$tmp/err")"

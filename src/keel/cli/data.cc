@@ -117,11 +117,9 @@ void Inspect(const std::string& path) {
   }
   // The tokenizer meta.json names ("hf:PATH" for a tokenizer.json), else GPT-2's; none when its
   // vocabulary files are not here (scripts/fetch_tokenizers.sh makes cl100k's, o200k's, Llama 3's).
-  const std::string name = ds.meta() ? ds.meta()->tokenizer : "gpt2";
   std::optional<data::Tokenizer> loaded;
   try {
-    loaded.emplace(data::Tokenizer::Load(name.rfind("hf:", 0) == 0 ? name.substr(3) : name,
-                                         data::AssetsDir()));
+    loaded.emplace(data::Tokenizer::Load(data::TokenizerSpec(ds.meta()), data::AssetsDir()));
   } catch (const Error& e) {
     std::printf("sample: not decoded (%s)\n", e.what());
   }

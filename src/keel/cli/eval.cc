@@ -82,11 +82,12 @@ std::unique_ptr<Prepared> Prepare(const Args& a) {
   ds.CheckIds(cfg.vocab_size);
   // Ids of another tokenizer that happen to fit the model's vocabulary would score as a loss.
   const std::optional<KnownTokenizer> known = TokenizerOfModel(a.source, run);
-  if (known && ds.meta() && ds.meta()->vocab_size != known->vocab_size)
-    ThrowBadInput("eval: " + data + " was prepared with the tokenizer " + ds.meta()->tokenizer +
-                  " (" + std::to_string(ds.meta()->vocab_size) + " ids); the model was trained " +
-                  "with " + known->from + "'s (" + known->spec + ", " +
-                  std::to_string(known->vocab_size) + " ids)");
+  if (known && ds.vocab_size() != known->vocab_size)
+    ThrowBadInput("eval: " + data + " holds ids of the tokenizer " +
+                  data::TokenizerSpec(ds.meta()) + " (" + std::to_string(ds.vocab_size()) + " ids" +
+                  (ds.meta() ? "" : ", a flat token file") + "); the model was " + "trained with " +
+                  known->from + "'s (" + known->spec + ", " + std::to_string(known->vocab_size) +
+                  " ids)");
   const size_t max_windows = a.max_tokens > 0 ? size_t(a.max_tokens) / size_t(T) : 0;
   if (a.max_tokens > 0 && max_windows == 0)
     ThrowBadInput("eval: --max-tokens " + std::to_string(a.max_tokens) +

@@ -1,28 +1,26 @@
 #include "keel/cli/model_tokenizer.h"
 
 #include <filesystem>
+#include <vector>
 
 #include "keel/core/error.h"
 #include "keel/data/assets.h"
 #include "keel/data/dataset_meta.h"
 
 namespace keel::cli {
-namespace {
 
 namespace fs = std::filesystem;
 
-data::Tokenizer LoadSpec(const std::string& spec) {
-  return spec == "gpt2" ? data::Tokenizer::LoadGpt2(data::TokenizerDir())
-                        : data::Tokenizer::Load(spec, data::AssetsDir());
-}
-
-}  // namespace
-
 std::optional<train::RunConfig> RunConfigOf(const std::string& source) {
-  fs::path p(source);
-  for (const fs::path& dir : {p, p.parent_path().parent_path()}) {
+  fs::path p = fs::path(source).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "RUN/checkpoints/step_N/"
+  // A run folder, a checkpoint in it, or its model file (RUN/model.safetensors).
+  const std::vector<fs::path> dirs = fs::is_directory(p)
+                                         ? std::vector<fs::path>{p, p.parent_path().parent_path()}
+                                         : std::vector<fs::path>{p.parent_path()};
+  for (const fs::path& dir : dirs) {
     const fs::path config = dir / "config.toml";
-    if (fs::is_directory(p) && fs::exists(config)) return train::LoadConfig(config.string(), {});
+    if (fs::exists(config)) return train::LoadConfig(config.string(), {});
   }
   return std::nullopt;
 }
@@ -34,7 +32,11 @@ std::optional<KnownTokenizer> TokenizerOfModel(const std::string& source,
   if (fs::is_directory(source) && fs::exists(hf)) {
     k.spec = hf.string();
     k.from = k.spec;
-    k.vocab_size = LoadSpec(k.spec).vocab_size();
+    try {
+      k.vocab_size = data::Tokenizer::Load(k.spec, data::AssetsDir()).vocab_size();
+    } catch (const Error&) {
+      return std::nullopt;  // one keel does not read (SentencePiece's): unknown, not an error
+    }
     return k;
   }
   if (!run) return std::nullopt;
@@ -60,7 +62,7 @@ data::Tokenizer LoadModelTokenizer(const std::string& flag,
                                    const std::optional<KnownTokenizer>& known,
                                    const model::ModelConfig& cfg, const std::string& verb) {
   const std::string spec = !flag.empty() ? flag : known ? known->spec : "gpt2";
-  data::Tokenizer tok = LoadSpec(spec);
+  data::Tokenizer tok = data::Tokenizer::Load(spec, data::AssetsDir());
   const std::string what = !flag.empty() ? "--tokenizer " + flag
                            : known       ? "the tokenizer of " + known->from + " (" + spec + ")"
                                          : "GPT-2's tokenizer (the default for a model file)";

@@ -16,8 +16,9 @@
 
 namespace keel::cli {
 
-// The run a source belongs to: a run folder's config.toml, or a checkpoint's run (two levels up:
-// RUN/checkpoints/step_N). None for a model file.
+// The run a source belongs to: a run folder's config.toml, a checkpoint's run (two levels up:
+// RUN/checkpoints/step_N) or a model file's (the folder it is in). None for a file or folder
+// outside a run.
 std::optional<train::RunConfig> RunConfigOf(const std::string& source);
 
 struct KnownTokenizer {
@@ -29,7 +30,7 @@ struct KnownTokenizer {
 
 // The tokenizer the model of `source` was trained with where the source says: a Hugging Face
 // folder's tokenizer.json, or the meta.json of its run's (first) training dataset (GPT-2's for a
-// flat token file). None for a bare model file.
+// flat token file). None for a bare model file, or a tokenizer.json keel does not read.
 std::optional<KnownTokenizer> TokenizerOfModel(const std::string& source,
                                                const std::optional<train::RunConfig>& run);
 

@@ -111,6 +111,12 @@ void Alerts::Step(const StepSignals& s) {
         s.straggler.empty() ? Fmt("step %.0f: no straggler", s.step) : s.straggler, s.step);
 }
 
+void Alerts::StepsEnded() {
+  std::lock_guard<std::mutex> lock(mu_);
+  steps_ended_ = true;
+  Set("no_step", false, Fmt("the steps ended (the last: step %.0f)", last_step_), last_step_);
+}
+
 void Alerts::Checkpointed() { last_save_at_ = Clock::now().time_since_epoch().count(); }
 
 void Alerts::Timer() {

@@ -59,8 +59,8 @@ class Alerts {
   void Step(const StepSignals& s);
   void Checkpointed();
   // The last step is done: what follows (the final gather, model file, samples, the last save's
-  // wait) is no stall, and no_step is judged no more.
-  void StepsEnded() { steps_ended_ = true; }
+  // wait) is no stall, and no_step is judged no more (resolved if it had fired).
+  void StepsEnded();
 
  private:
   // Fires `rule` on a false -> true change and resolves it on true -> false.

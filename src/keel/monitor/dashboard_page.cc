@@ -202,6 +202,7 @@ async function poll() {
     const [m, e] = await Promise.all([q("metrics", runs[i].mNext), q("events", runs[i].eNext)]);
     runs[i].mNext = m.next; runs[i].eNext = e.next;
     // A file rewritten under the page (a resumed or rolled-back run): read again from its start.
+    if (m.reset || e.reset) runs[i].skipped = 0;  // counted again as the files are read again
     if (m.reset) runs[i].metrics = [];
     if (e.reset) runs[i].events = [];
     runs[i].skipped += (m.skipped || 0) + (e.skipped || 0);

@@ -22,12 +22,19 @@ namespace {
 nlohmann::json AllLines(const std::string& path, size_t* skipped) {
   nlohmann::json out = nlohmann::json::array();
   uint64_t at = 0;
+  size_t here = 0;  // this file's skipped lines
   for (;;) {
     const LinesRead r = ReadLinesFrom(path, at);
-    if (r.reset) out = nlohmann::json::array();  // rewritten while read: its lines again
-    *skipped += r.skipped;
-    for (nlohmann::json& j : ParseJsonLines(r.lines, skipped)) out.push_back(std::move(j));
-    if (r.next == at) return out;
+    if (r.reset) {  // rewritten while read: its lines again
+      out = nlohmann::json::array();
+      here = 0;
+    }
+    here += r.skipped;
+    for (nlohmann::json& j : ParseJsonLines(r.lines, &here)) out.push_back(std::move(j));
+    if (r.next == at) {
+      *skipped += here;
+      return out;
+    }
     at = r.next;
   }
 }

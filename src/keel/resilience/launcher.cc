@@ -87,9 +87,11 @@ void AddMpirunCommon(const JobLine& job, std::vector<std::string>& a) {
 
 std::vector<std::string> ForwardedEnv() {
   std::vector<std::string> out;
+  // Not the paths (KEEL_ASSETS, KEEL_CACHE_DIR): another host's may differ.
   for (const char* v :
        {"OMP_NUM_THREADS", "KEEL_BUILD_TAG", "KEEL_CKPT_CRASH_AT", "KEEL_FAULT",
-        "KEEL_OFFLOAD_CRASH_AT", "KEEL_CPU_ISA", "KEEL_BF16_PRODUCTS", "ONEDNN_MAX_CPU_ISA"})
+        "KEEL_OFFLOAD_CRASH_AT", "KEEL_CPU_ISA", "KEEL_BF16_PRODUCTS", "ONEDNN_MAX_CPU_ISA",
+        "KEEL_TF32", "KEEL_FP8_EMULATE", "KEEL_CUDA_ATTENTION", "KEEL_COMM"})
     if (std::getenv(v)) out.push_back(v);
   return out;
 }

@@ -30,7 +30,8 @@ struct JobLine {
 // The variables of this environment, among those a rank reads, that are set: what a job's ranks
 // on other hosts are given by name (mpirun -x; a local job inherits them anyway): threads, the
 // fault drills (a KEEL_FAULT aimed at a remote rank would otherwise never fire, and the drill
-// would pass), and the kernel choices.
+// would pass), and the kernel and transport choices (replicas computing differently would fail
+// the silent-corruption check).
 std::vector<std::string> ForwardedEnv();
 
 // The argv that runs `command` as the job.

@@ -29,8 +29,18 @@ EvalPlan PlanEval(const data::TokenDataset& ds, int T, int B, size_t max_windows
                   const std::string& what) {
   if (!ds.masked()) return PlanEval(ds.size(), T, B, max_windows, what);
   EvalPlan p = PlanEval(size_t(T) + 1, T, B, max_windows, what);  // checks T and B
-  p.windows = data::SampleWindows(ds, T).count();
+  data::SampleWindows windows(ds, T);
+  p.windows = windows.count();
   if (max_windows > 0) p.windows = std::min(p.windows, max_windows);
+  // Windows without a trained target would score loss 0, perplexity 1: a perfect model. Said at
+  // the start (keel eval, or a run's setup), not at a run's first validation.
+  size_t w = 0;
+  while (w < p.windows && windows.Scored(w) == 0) ++w;
+  if (w == p.windows)
+    ThrowBadInput(what + ": no target the loss mask trains on in its first " +
+                  std::to_string(p.windows) + " windows of " + std::to_string(T) +
+                  " tokens (a conversation is cut at seq_len + 1 tokens: are its replies past " +
+                  "that?)");
   p.batches = (p.windows + size_t(B) - 1) / size_t(B);
   return p;
 }
@@ -83,13 +93,6 @@ EvalResult Evaluate(const data::TokenDataset& ds, const EvalPlan& plan, parallel
   // Every rank of a replica (its pipeline stages and tensor-parallel ranks) filled the batch and
   // counted its targets; its loss is counted once (BatchLoss).
   scored /= double(std::max(1, world.size() / dp));
-  // Loss 0 and perplexity 1 would read as a perfect model. Every rank holds the same sums, so all
-  // throw alike.
-  if (scored == 0)
-    ThrowBadInput(ds.path() + ": no target the loss mask trains on in its first " +
-                  std::to_string(plan.windows) + " windows of " + std::to_string(plan.T) +
-                  " tokens (a conversation is cut at seq_len + 1 tokens: are its replies past " +
-                  "that?)");
   EvalResult r;
   r.tokens = size_t(scored);
   r.windows = plan.windows;

@@ -513,8 +513,15 @@ void Run::SayScheduleChange() {
   auto differs = [&](const char* key, const nlohmann::json& now) {
     const nlohmann::json was = saved.value(key, now);
     if (was == now) return;
+    // An lr saved from a float reads back as 0.0006000000284984708: shown as %g.
+    auto text = [](const nlohmann::json& j) {
+      if (!j.is_number_float()) return j.dump();
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%g", j.get<double>());
+      return std::string(buf);
+    };
     changed +=
-        std::string(changed.empty() ? "" : ", ") + key + " " + was.dump() + " -> " + now.dump();
+        std::string(changed.empty() ? "" : ", ") + key + " " + text(was) + " -> " + text(now);
   };
   differs("kind", cfg.optim.schedule);
   differs("lr", cfg.optim.lr);

@@ -18,8 +18,7 @@ void PrintSamples(const RunConfig& cfg, const model::ModelConfig& mcfg,
   if (t.sample_count <= 0 || t.sample_prompt.empty()) return;
   const std::string spec = data::TokenizerSpec(meta);
   try {
-    const data::Tokenizer tok = spec == "gpt2" ? data::Tokenizer::LoadGpt2(data::TokenizerDir())
-                                               : data::Tokenizer::Load(spec, data::AssetsDir());
+    const data::Tokenizer tok = data::Tokenizer::Load(spec, data::AssetsDir());
     model::Generator gen(mcfg, std::vector<float>(weights, weights + layout.total()));
     auto prompt = tok.Encode(t.sample_prompt);
     std::printf("\nsamples (temperature 0.8, top-k 40):\n");
