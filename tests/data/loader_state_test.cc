@@ -14,6 +14,7 @@
 #include "keel/core/error.h"
 #include "keel/data/loader.h"
 #include "keel/data/prefetcher.h"
+#include "keel/data/shard_writer.h"
 
 namespace keel::data {
 namespace {
@@ -165,6 +166,41 @@ TEST(LoaderState, MismatchIsRejectedNamingTheField) {
     }
   }
   EXPECT_EQ(l.state(), good) << "a refused restore leaves the loader as it was";
+}
+
+// A dataset prepared again with other tokens of the same count (same size, same windows) is
+// refused by its shards' hashes; the same tokens prepared again restore. A flat file has no hashes
+// and leaves the field out, so its JSON is what it was.
+TEST(LoaderState, ADatasetOfOtherTokensOfTheSameSizeIsRefused) {
+  TempDir dir;
+  auto prepare = [&](const std::string& name, int32_t first) {
+    ShardWriter w(dir / name, ShardWriterOptions{});
+    std::vector<int32_t> doc(kT * 50);
+    for (size_t i = 0; i < doc.size(); ++i) doc[i] = int32_t(i % 50000);
+    doc[0] = first;
+    w.AddDocument(doc);
+    w.Finish();
+    return TokenDataset::Open(dir / name);
+  };
+  const TokenDataset a = prepare("a", 1), same = prepare("same", 1), other = prepare("other", 2);
+  ASSERT_EQ(a.size(), other.size());
+  const LoaderState st = BatchLoader(a, kT, 12, 0, 1, 7, true).state();
+  EXPECT_EQ(st.content_xxh3.size(), 16u);
+  EXPECT_EQ(LoaderStateFromJson(ToJson(st)), st);
+  BatchLoader(same, kT, 12, 0, 1, 7, true).restore(st);
+  try {
+    BatchLoader(other, kT, 12, 0, 1, 7, true).restore(st);
+    FAIL() << "expected a bad-input error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    EXPECT_NE(std::string(e.what()).find("content_xxh3"), std::string::npos) << e.what();
+  }
+  LoaderState old = st;  // saved before the field existed
+  old.content_xxh3.clear();
+  BatchLoader(other, kT, 12, 0, 1, 7, true).restore(old);
+  TempDir flat_dir;
+  const TokenDataset flat = MakeDataset(flat_dir);
+  EXPECT_FALSE(ToJson(BatchLoader(flat, kT, 12, 0, 1, 7, true).state()).contains("content_xxh3"));
 }
 
 TEST(LoaderState, StateMidStepIsAnError) {

@@ -1,6 +1,9 @@
 #include "keel/data/loader.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iomanip>
 #include <nlohmann/json.hpp>
@@ -9,6 +12,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/rng.h"
+#include "keel/data/dataset_meta.h"
 
 namespace keel::data {
 
@@ -95,8 +99,29 @@ LoaderState BatchLoader::state() const {
   return Identity();
 }
 
+namespace {
+
+// The sources' content as their meta.json records it: the shards' token, index and mask hashes in
+// order, hashed. "" when a source has none (a flat file).
+std::string ContentHash(const std::vector<const TokenDataset*>& sources) {
+  std::string all;
+  for (const TokenDataset* ds : sources) {
+    const DatasetMeta* meta = ds->meta();
+    if (!meta) return "";
+    for (const ShardMeta& s : meta->shards) all += s.xxh3 + s.index_xxh3 + s.mask_xxh3 + ";";
+    all += "|";
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(all.data(), all.size())));
+  return hex;
+}
+
+}  // namespace
+
 LoaderState BatchLoader::Identity() const {
-  LoaderState st{position_, seed_, T_, uint64_t(ds_->size()), {}, {}};
+  LoaderState st{position_, seed_, T_, uint64_t(ds_->size()), {}, {}, {}};
+  st.content_xxh3 = ContentHash(blend_ ? sources_ : std::vector<const TokenDataset*>{ds_});
   if (blend_) {
     st.dataset_tokens = 0;
     for (const TokenDataset* ds : sources_) {
@@ -135,6 +160,12 @@ void BatchLoader::restore(const LoaderState& st) {
   if (st.dataset_tokens != here.dataset_tokens)
     differs("dataset_tokens", std::to_string(st.dataset_tokens),
             std::to_string(here.dataset_tokens));
+  if (!st.content_xxh3.empty() && !here.content_xxh3.empty() &&
+      st.content_xxh3 != here.content_xxh3)
+    differs(
+        "content_xxh3 (the shards' hashes in meta.json: prepared again with other tokens of the "
+        "same count?)",
+        st.content_xxh3, here.content_xxh3);
   position_ = st.position;
   local_offset_ = 0;
 }
@@ -178,6 +209,7 @@ nlohmann::json ToJson(const LoaderState& st) {
     j["weights"] = st.weights;
     j["source_tokens"] = st.source_tokens;
   }
+  if (!st.content_xxh3.empty()) j["content_xxh3"] = st.content_xxh3;
   return j;
 }
 
@@ -218,6 +250,14 @@ LoaderState LoaderStateFromJson(const nlohmann::json& j) {
             x.dump());
       st.source_tokens.push_back(x.get<uint64_t>());
     }
+  }
+  if (j.contains("content_xxh3")) {
+    const auto& h = j.at("content_xxh3");
+    if (!h.is_string() || h.get<std::string>().size() != 16 ||
+        h.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos)
+      ThrowBadInput("loader state: field \"content_xxh3\" must be 16 lowercase hex digits, got " +
+                    h.dump());
+    st.content_xxh3 = h.get<std::string>();
   }
   return st;
 }

@@ -58,6 +58,11 @@ struct LoaderState {
   // g is, so a state saved for another blend must not restore.
   std::vector<double> weights;
   std::vector<uint64_t> source_tokens;
+  // XXH3 of the shards' hashes in every source's meta.json (16 hex digits); "" when a source is a
+  // flat file (no hashes to read). A dataset prepared again with other content of the same size
+  // would otherwise restore and train on another order. Compared only when both states have one
+  // (those saved before it existed restore as before).
+  std::string content_xxh3;
 
   bool operator==(const LoaderState&) const = default;
 };
