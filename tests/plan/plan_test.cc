@@ -95,6 +95,30 @@ Job KeelJob(const std::string& model, int world, int batch) {
   return job;
 }
 
+// The search offers only layouts the trainer runs: every estimate passes CheckLayout (ZeRO 2/3
+// refused with pipeline stages, fewer micro-batches than stages, tp not dividing the kv heads or
+// the padded vocabulary), and a request only refused layouts meet says the trainer's reason.
+TEST(Search, OffersOnlyLayoutsTheTrainerRuns) {
+  for (const char* model : {"7B", "llama3-8b", "gpt2-xl"}) {
+    const Job job = KeelJob(model, 16, 64);
+    const std::vector<Estimate> all = Search(job, Constraints{});
+    ASSERT_FALSE(all.empty()) << model;
+    for (const Estimate& e : all)
+      EXPECT_NO_THROW(CheckLayout(job, e.layout))
+          << model << ": dp " << e.layout.dp << " tp " << e.layout.tp << " pp " << e.layout.pp
+          << " zero " << e.layout.zero << " micro-batch " << e.layout.micro_batch;
+  }
+  Constraints c;
+  c.pp = 4;
+  c.zero = 3;
+  try {
+    Search(KeelJob("7B", 64, 512), c);
+    FAIL() << "pp 4 with ZeRO 3 was offered";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ZeRO"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Memory, KeelAccountingIsExactlyWhatTheTrainerAllocates) {
   Job job = KeelJob("gpt2", 1, 4);
   job.accounting = Accounting::kKeel;
@@ -119,6 +143,17 @@ TEST(Memory, NamedModelsHaveTheirParameterCounts) {
   EXPECT_NEAR(TotalParams(NamedModel("175B")), 175e9, 3e9);
   EXPECT_NEAR(TotalParams(NamedModel("7B")), 6.6e9, 0.3e9);  // GPT shape, 4h MLP
   EXPECT_NEAR(ParamsPerRank(NamedModel("175B"), 8, 1), TotalParams(NamedModel("175B")) / 8, 1);
+  // Pipeline stages hold what the trainer gives them: a tied GPT-2's last stage its own wte, an
+  // untied Llama's its lm_head alone (its wte was counted twice there).
+  for (const char* name : {"gpt2", "llama3-8b"}) {
+    const ModelSpec m = NamedModel(name);
+    const model::ModelConfig cfg = ToModelConfig(m);
+    double busiest = 0;
+    for (int s = 0; s < 2; ++s)
+      busiest = std::max(busiest,
+                         double(model::ParamLayout::Stage(cfg, model::StageOf(cfg, 2, s)).total()));
+    EXPECT_NEAR(ParamsPerRank(m, 1, 2), busiest, 1) << name;
+  }
 }
 
 // Llama-3-8B: 8,030,261,248 parameters; 6N counts the matrix parameters only (not the input

@@ -134,8 +134,8 @@ void CheckLayout(const Job& job, const Layout& l) {
   if (const std::string why = model::TpQuantProblem(ToModelConfig(job.model), l.tp); !why.empty())
     ThrowBadInput("plan: --lora-base nf4: " + why);
 
-  // The checks the trainer makes too, in one place, over the micro-batches the planner counts.
-  // The planner's vocabulary is not padded, and it has no sequence length of its own.
+  // The checks the trainer makes too, in one place, over the micro-batches the planner counts and
+  // the vocabulary the trainer pads (to a multiple of 128: tp must divide it).
   parallel::Layout t = l;
   if (l.dp >= 1) t.n_micro = job.global_batch / (l.dp * l.micro_batch);
   t.Validate({.world = job.cluster.world,
@@ -143,7 +143,7 @@ void CheckLayout(const Job& job, const Layout& l) {
               .n_layer = job.model.layers,
               .n_kv_head = job.model.kv_heads,
               .ffn_hidden = job.model.ffn,
-              .padded_vocab = 0,
+              .padded_vocab = ToModelConfig(job.model).padded_vocab(),
               .global_batch = job.global_batch,
               .seq_len = job.model.seq},
              "plan: ");

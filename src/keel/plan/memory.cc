@@ -64,7 +64,8 @@ namespace {
 // about: a search evaluates thousands of layouts of one model, and the 1T registry has 1500
 // named tensors.
 struct ParamSizes {
-  double embed = 0, per_layer = 0, ln_f = 0, wte = 0, total = 0;
+  double embed = 0, per_layer = 0, ln_f = 0, total = 0;
+  double wte_replica = 0;      // the last stage's copy of a tied wte; 0 untied (lm_head is in ln_f)
   double trainable = 0;        // LoRA: the adapters; else total
   double trainable_whole = 0;  // LoRA: the adapter factors tensor parallelism does not cut
   double frozen_matmul = 0;    // LoRA: the base's matrix-product weights (no dW products)
@@ -83,7 +84,7 @@ const ParamSizes& Sizes(const ModelSpec& m) {
   sizes.embed = double(layout.layer_start(0));  // wte (+ GPT-2's wpe)
   sizes.per_layer = double(layout.layer_start(1) - layout.layer_start(0));
   sizes.ln_f = double(layout.total() - layout.layer_start(m.layers));
-  sizes.wte = double(layout.Find("wte.weight").numel);
+  sizes.wte_replica = ToModelConfig(m).tied() ? double(layout.Find("wte.weight").numel) : 0;
   sizes.total = double(layout.total());
   sizes.trainable = sizes.trainable_whole = 0;
   sizes.frozen_matmul = 0;
@@ -117,8 +118,9 @@ double ParamsPerRank(const ModelSpec& m, int tp, int pp) {
   const double layers = z.per_layer * (m.layers / pp);
   if (pp == 1) return (z.embed + layers + z.ln_f) / tp;
   // The first stage holds the embeddings; the last holds ln_f and (tied weights) its own copy of
-  // wte for the classifier, as Megatron-LM does. The busier of the two bounds the memory.
-  return std::max(z.embed + layers, z.wte + layers + z.ln_f) / tp;
+  // wte for the classifier, as Megatron-LM does, or (untied: Llama) lm_head, counted in ln_f's
+  // part. The busier of the two bounds the memory.
+  return std::max(z.embed + layers, z.wte_replica + layers + z.ln_f) / tp;
 }
 
 parallel::StateTiers TiersOf(const Job& job) {

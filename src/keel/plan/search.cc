@@ -116,12 +116,21 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
         (cp == 1 || c.cp > 0 || job.model.seq >= kCpSearchFrom))
       cps.push_back(cp);
   std::vector<Estimate> out;
+  std::string refused;  // the trainer's first refusal of a candidate, said when none is left
   for (int cp : cps) {
     const int world_cp = world / cp;
-    auto of = [&](int dp, int tp, int pp, int zero, int mb, Recompute rc, bool sp) {
+    // A layout the trainer would refuse (ZeRO 2/3 with pp > 1, kv heads or the padded vocabulary
+    // not divisible by tp, fewer micro-batches than stages) is no candidate.
+    auto add = [&](int dp, int tp, int pp, int zero, int mb, Recompute rc, bool sp) {
       Layout l = Layout::Of({dp, tp, pp, zero, cp}, mb, rc, sp, v);
       l.cp_comm = c.cp_comm;
-      return Evaluate(job, l);
+      try {
+        CheckLayout(job, l);
+      } catch (const Error& e) {
+        if (refused.empty()) refused = e.what();
+        return;
+      }
+      out.push_back(Evaluate(job, l));
     };
     for (int tp : Candidates(c.tp, world_cp)) {
       if (world_cp % tp || job.model.heads % tp || tp_cuts_base(tp) || (diloco && tp > 1)) continue;
@@ -145,7 +154,7 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
               for (int sp = 0; sp <= 1; ++sp) {
                 if (c.sp >= 0 && sp != c.sp) continue;
                 if (c.sp < 0 && sp && tp == 1) continue;  // sp means nothing without tp
-                out.push_back(of(dp, tp, pp, zero, mb, rc, sp == 1));
+                add(dp, tp, pp, zero, mb, rc, sp == 1);
               }
             }
           }
@@ -161,11 +170,12 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
                 if ((c.zero < 0 && zero > 0 && dp * cp == 1) || (c.sp < 0 && sp && tp == 1))
                   continue;
                 if (v > 1 && (per_dp / c.micro_batch) % pp) continue;
-                out.push_back(of(dp, tp, pp, zero, c.micro_batch, rc, sp == 1));
+                add(dp, tp, pp, zero, c.micro_batch, rc, sp == 1);
               }
       }
     }
   }
+  if (out.empty() && !refused.empty()) ThrowBadInput(refused);
   if (out.empty())
     ThrowBadInput("plan: no layout of " + std::to_string(world) +
                   " accelerators satisfies the request (global batch " +
