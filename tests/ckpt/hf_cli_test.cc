@@ -139,6 +139,22 @@ TEST(CkptCli, LlamaFolderRoundTripsAndRefusesWhatKeelCannotRun) {
   auto import = [&] {
     return RunCommand(kKeel + " ckpt import " + (dir / "hf") + " --out " + (dir / "k.safetensors"));
   };
+  // transformers 5's rope_parameters: its base is read (it was the default 10000), a scaled type
+  // is refused as rope_scaling is, and a top-level rope_theta that disagrees is refused.
+  {
+    nlohmann::json j = nlohmann::json::parse(original);
+    j.erase("rope_theta");
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+    std::ofstream(config_path) << j.dump();
+    EXPECT_EQ(ckpt::ReadHfLlama(dir / "hf").config.rope_theta, 500000.0f);
+    j["rope_parameters"]["rope_type"] = "llama3";
+    std::ofstream(config_path) << j.dump();
+    ExpectBadInput(import(), "rope_parameters");
+    j["rope_parameters"]["rope_type"] = "default";
+    j["rope_theta"] = 10000.0;
+    std::ofstream(config_path) << j.dump();
+    ExpectBadInput(import(), "disagree");
+  }
   with("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}});
   ExpectBadInput(import(), "rope_scaling");
   with("attention_bias", true);

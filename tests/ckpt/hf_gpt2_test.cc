@@ -8,13 +8,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "keel/ckpt/model_file.h"
 #include "keel/ckpt/model_source.h"
+#include "keel/ckpt/peft.h"
 #include "keel/ckpt/safetensors.h"
 #include "keel/core/error.h"
 #include "keel/core/rng.h"
@@ -343,6 +346,12 @@ TEST(ModelSource, InitWeightsFromKeelOrHfFileCheckTheConfig) {
   Rewrite(keel_file, bad, [](auto&, auto& meta) { meta["keel.n_head"] = "0"; });
   const std::string e = ErrorOf([&] { ReadModel(bad); });
   EXPECT_NE(e.find(bad + ": metadata keel.*: [model] n_head"), std::string::npos) << e;
+  // A tensor its metadata has no place for (an untied lm_head) was dropped in silence.
+  const std::string extra = dir / "extra.safetensors";
+  Rewrite(keel_file, extra, [](auto& t, auto&) { t["lm_head.weight"] = t.at("wte.weight"); });
+  const std::string e2 = ErrorOf([&] { ReadModel(extra); });
+  EXPECT_NE(e2.find("tensor \"lm_head.weight\" is not one of its config's"), std::string::npos)
+      << e2;
 
   for (const std::string& path : {hf, keel_file}) {
     std::vector<float> master(layout.total(), -1.0f);
@@ -363,6 +372,32 @@ TEST(ModelSource, InitWeightsFromKeelOrHfFileCheckTheConfig) {
   EXPECT_NE(
       ErrorOf([&] { LoadInitWeights(dir / "none", kCfg, master.data()); }).find("no such file"),
       std::string::npos);
+}
+
+// PEFT's per-module alphas and ranks: keel's merge has one scale, so an adapter with an
+// alpha_pattern (whose shapes still fit) merged those modules at the wrong strength; refused now.
+// Without one, the adapter merges as before.
+TEST(Peft, PerModuleAlphasAreRefusedNotMergedAtTheWrongScale) {
+  TempDir dir;
+  model::ModelConfig lora = model::NamedConfig("gpt2-tiny");
+  lora.lora_rank = 2;
+  lora.lora_alpha = 4;
+  lora.lora_targets = model::kLoraQkv;
+  const model::ParamLayout with = model::ParamLayout::Whole(lora);
+  std::vector<float> adapters(with.grad_total(), 0.5f);
+  WritePeftAdapter(dir / "a", lora, adapters.data());
+  const model::ModelConfig base = model::BaseModel(lora);
+  std::vector<float> w(model::ParamLayout::Whole(base).total(), 0.0f);
+  MergePeftAdapter(dir / "a", base, &w);
+  EXPECT_NE(std::count(w.begin(), w.end(), 0.0f), std::ptrdiff_t(w.size()));  // merged
+  nlohmann::json c = nlohmann::json::parse(test::ReadFile(dir / "a/adapter_config.json"));
+  c["alpha_pattern"] = {{"c_attn", 16}};
+  std::ofstream(dir / "a/adapter_config.json") << c.dump();
+  const std::string e = ErrorOf([&] { MergePeftAdapter(dir / "a", base, &w); });
+  EXPECT_NE(e.find("alpha_pattern: {\"c_attn\":16}: per-module ranks and alphas are not "
+                   "supported"),
+            std::string::npos)
+      << e;
 }
 
 TEST(ModelSource, ExportSourceIsARunDirectoryOrAModelFile) {

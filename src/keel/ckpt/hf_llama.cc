@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -69,6 +70,27 @@ model::ModelConfig ConfigFromJson(const nlohmann::json& j, const std::string& wh
   if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
     ThrowBadInput(where + ": rope_scaling: " + j.at("rope_scaling").dump() +
                   ": scaled rotary positions (Llama 3.1's long context) are not supported");
+  // transformers 5 writes the rotary settings as rope_parameters (rope_type, rope_theta) instead
+  // of rope_theta and rope_scaling: read past, its base silently became the default 10000.
+  std::optional<double> rope_theta;
+  if (j.contains("rope_parameters") && !j.at("rope_parameters").is_null()) {
+    const nlohmann::json& rp = j.at("rope_parameters");
+    if (!rp.is_object() || (rp.contains("rope_type") && rp.at("rope_type") != "default"))
+      ThrowBadInput(where + ": rope_parameters: " + rp.dump() +
+                    ": only rope_type \"default\" is supported (scaled rotary positions, as "
+                    "Llama 3.1's long context, are not)");
+    if (rp.contains("rope_theta")) {
+      if (!rp.at("rope_theta").is_number())
+        ThrowBadInput(where + ": rope_parameters.rope_theta: expected a number, got " +
+                      rp.at("rope_theta").dump());
+      rope_theta = rp.at("rope_theta").get<double>();
+      if (j.contains("rope_theta") && j.at("rope_theta").is_number() &&
+          j.at("rope_theta").get<double>() != *rope_theta)
+        ThrowBadInput(where + ": rope_theta " + j.at("rope_theta").dump() +
+                      " and rope_parameters.rope_theta " + rp.at("rope_theta").dump() +
+                      " disagree");
+    }
+  }
   refuse_true("attention_bias", "attention biases");
   refuse_true("mlp_bias", "MLP biases");
   if (j.contains("hidden_act") && j.at("hidden_act") != "silu")
@@ -88,7 +110,7 @@ model::ModelConfig ConfigFromJson(const nlohmann::json& j, const std::string& wh
   c.vocab_size = integer("vocab_size", -1);
   c.n_kv_head = integer("num_key_value_heads", c.n_head);
   c.block_size = integer("max_position_embeddings", 2048);
-  c.rope_theta = float(number("rope_theta", 10000.0));
+  c.rope_theta = float(rope_theta ? *rope_theta : number("rope_theta", 10000.0));
   c.norm_eps = float(number("rms_norm_eps", 1e-6));  // LlamaConfig's default
   if (c.n_head > 0 && j.contains("head_dim") && !j.at("head_dim").is_null() &&
       integer("head_dim", -1) != c.n_embd / c.n_head)

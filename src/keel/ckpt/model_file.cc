@@ -41,6 +41,16 @@ TensorSource OpenModel(const std::string& path) {
     if (!std::equal(shape.begin(), shape.end(), p.shape.begin(), p.shape.end()))
       ThrowBadInput(path + ": tensor \"" + p.name + "\" has the wrong shape for its config");
   }
+  // A tensor its config has no place for (a layer past n_layer, an untied lm_head) would be
+  // dropped without a word; the file is not what its metadata says.
+  if (f->entries().size() != src.layout().params().size())
+    for (const auto& [name, entry] : f->entries()) {
+      bool known = false;
+      for (const auto& p : src.layout().params()) known = known || p.name == name;
+      if (!known)
+        ThrowBadInput(path + ": tensor \"" + name + "\" is not one of its config's (keel." +
+                      "n_layer and the family's tensors); the file is not what its metadata says");
+    }
   return src;
 }
 

@@ -130,6 +130,14 @@ void MergePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
   if (!c.contains("r") || !c["r"].is_number_integer() || c["r"].get<int>() <= 0 ||
       !c.contains("lora_alpha") || !c["lora_alpha"].is_number())
     ThrowBadInput(config_path + ": expected a positive integer \"r\" and a number \"lora_alpha\"");
+  // Per-module ranks and alphas would merge those modules at the wrong scale (the shapes of an
+  // alpha_pattern still fit); keel's merge has one rank and one alpha.
+  for (const char* key : {"alpha_pattern", "rank_pattern"})
+    if (c.contains(key) && !c[key].is_null() && !(c[key].is_object() && c[key].empty()))
+      ThrowBadInput(config_path + ": " + key + ": " + c[key].dump() +
+                    ": per-module ranks and alphas are not supported (one r and one lora_alpha)");
+  if (c.contains("use_rslora") && !c["use_rslora"].is_boolean())
+    ThrowBadInput(config_path + ": use_rslora: expected true or false");
   const int r = c["r"].get<int>();
   if (!c.value("use_dora", nlohmann::json(false)).is_boolean())
     ThrowBadInput(config_path + ": use_dora: expected true or false");
