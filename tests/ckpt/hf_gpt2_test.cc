@@ -240,6 +240,22 @@ TEST(HfGpt2, HeadsComeFromMetadataGpt2WidthsOrTheCaller) {
   WriteHfGpt2(gpt2, small, layout, w.data());
   Rewrite(gpt2, gpt2_bare, [](auto&, auto& meta) { meta.clear(); });
   EXPECT_EQ(ReadHfGpt2(gpt2_bare).config.n_head, 12);
+
+  // A Hugging Face folder: model.safetensors says nothing, its config.json says n_head 8 (the
+  // width table said 12); settings keel's GPT-2 does not compute are refused.
+  const model::ModelConfig eight{1, 8, 768, 10, 4};
+  std::filesystem::create_directories(dir / "hf");
+  const std::string folder = dir / "hf/model.safetensors";
+  WriteHfGpt2(folder, eight, model::ParamLayout::Whole(eight), w.data());
+  Rewrite(folder, folder, [](auto&, auto& meta) { meta = {{"format", "pt"}}; });
+  EXPECT_EQ(ReadHfGpt2(folder).config.n_head, 8);
+  EXPECT_NE(ErrorOf([&] { ReadHfGpt2(folder, 12); }).find("config.json says n_head 8"),
+            std::string::npos);
+  nlohmann::json c = nlohmann::json::parse(test::ReadFile(dir / "hf/config.json"));
+  c["activation_function"] = "gelu";
+  std::ofstream(dir / "hf/config.json") << c.dump();
+  EXPECT_NE(ErrorOf([&] { ReadHfGpt2(folder); }).find("activation_function: \"gelu\""),
+            std::string::npos);
 }
 
 TEST(HfGpt2, BadInputIsOneLineNamingFileAndTensor) {

@@ -1,6 +1,7 @@
 #include "keel/ckpt/hf_gpt2.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -76,8 +77,39 @@ nlohmann::json ReadHeader(const std::string& path) {
   }
 }
 
-// n_head from the metadata, the GPT-2 family's widths, or the caller, in that order; a caller's
-// value that contradicts the metadata is an error rather than a silent choice.
+// A Hugging Face folder's config.json (beside model.safetensors, whose metadata holds only
+// {"format": "pt"}): its n_head (0 when it has none or there is no such folder), after refusing
+// the settings keel's GPT-2 does not compute (its attention and GELU would differ in silence).
+int HeadsFromFolderConfig(const std::string& path) {
+  if (std::filesystem::path(path).filename() != "model.safetensors") return 0;
+  const std::string config = ConfigBeside(path);
+  if (!std::filesystem::exists(config)) return 0;
+  const nlohmann::json j = nlohmann::json::parse(ReadWholeFile(config), nullptr, false);
+  if (!j.is_object() || j.value("model_type", "") != "gpt2") return 0;  // another model's
+  auto refuse = [&](const char* key, const std::string& what) {
+    ThrowBadInput(config + ": " + key + ": " + j.at(key).dump() + ": " + what +
+                  " (keel's GPT-2 computes the tanh GELU, attention scaled by 1/sqrt(head size) "
+                  "and LayerNorm epsilon 1e-5)");
+  };
+  if (j.contains("activation_function") && j.at("activation_function") != "gelu_new" &&
+      j.at("activation_function") != "gelu_pytorch_tanh")
+    refuse("activation_function", "not the tanh GELU");
+  if (j.value("scale_attn_by_inverse_layer_idx", false))
+    refuse("scale_attn_by_inverse_layer_idx", "attention scaled per layer");
+  if (!j.value("scale_attn_weights", true)) refuse("scale_attn_weights", "unscaled attention");
+  if (j.contains("layer_norm_epsilon") &&
+      (!j.at("layer_norm_epsilon").is_number() ||
+       std::abs(j.at("layer_norm_epsilon").get<double>() - 1e-5) > 1e-12))
+    refuse("layer_norm_epsilon", "another epsilon");
+  if (!j.contains("n_head")) return 0;
+  if (!j.at("n_head").is_number_integer() || j.at("n_head").get<int>() <= 0)
+    refuse("n_head", "expected a positive integer");
+  return j.at("n_head").get<int>();
+}
+
+// n_head from the metadata, the folder's config.json, the GPT-2 family's widths, or the caller,
+// in that order; a caller's value that contradicts the metadata or the config is an error rather
+// than a silent choice.
 int ResolveHeads(const std::string& path, const std::map<std::string, std::string>& meta,
                  int n_embd, int n_head_arg) {
   for (const char* key : {"n_head", "keel.n_head"}) {
@@ -92,6 +124,12 @@ int ResolveHeads(const std::string& path, const std::map<std::string, std::strin
     }
     if (n_head_arg > 0 && n_head_arg != v)
       ThrowBadInput(path + ": metadata says n_head " + std::to_string(v) + ", but " + "n_head " +
+                    std::to_string(n_head_arg) + " was given");
+    return v;
+  }
+  if (const int v = HeadsFromFolderConfig(path); v > 0) {
+    if (n_head_arg > 0 && n_head_arg != v)
+      ThrowBadInput(ConfigBeside(path) + " says n_head " + std::to_string(v) + ", but n_head " +
                     std::to_string(n_head_arg) + " was given");
     return v;
   }
