@@ -407,6 +407,12 @@ TEST(Peft, PerModuleAlphasAreRefusedNotMergedAtTheWrongScale) {
   MergePeftAdapter(dir / "a", base, &w);
   EXPECT_NE(std::count(w.begin(), w.end(), 0.0f), std::ptrdiff_t(w.size()));  // merged
   nlohmann::json c = nlohmann::json::parse(test::ReadFile(dir / "a/adapter_config.json"));
+  c["alpha_pattern"] = nlohmann::json::object();  // PEFT's default
+  c["rank_pattern"] = {{"c_attn", 2}};            // the global r again
+  std::ofstream(dir / "a/adapter_config.json") << c.dump();
+  std::vector<float> again(w.size(), 0.0f);
+  MergePeftAdapter(dir / "a", base, &again);
+  EXPECT_NE(std::count(again.begin(), again.end(), 0.0f), std::ptrdiff_t(again.size()));
   c["alpha_pattern"] = {{"c_attn", 16}};
   std::ofstream(dir / "a/adapter_config.json") << c.dump();
   const std::string e = ErrorOf([&] { MergePeftAdapter(dir / "a", base, &w); });

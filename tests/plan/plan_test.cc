@@ -108,15 +108,32 @@ TEST(Search, OffersOnlyLayoutsTheTrainerRuns) {
           << model << ": dp " << e.layout.dp << " tp " << e.layout.tp << " pp " << e.layout.pp
           << " zero " << e.layout.zero << " micro-batch " << e.layout.micro_batch;
   }
+  // Split layouts are still offered.
+  bool split = false;
+  for (const Estimate& e : Search(KeelJob("7B", 16, 64), Constraints{}))
+    split = split || e.layout.tp > 1 || e.layout.pp > 1;
+  EXPECT_TRUE(split);
+  auto refusal = [](const Job& job, const Constraints& c) {
+    try {
+      Search(job, c);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(offered)");
+  };
   Constraints c;
   c.pp = 4;
   c.zero = 3;
-  try {
-    Search(KeelJob("7B", 64, 512), c);
-    FAIL() << "pp 4 with ZeRO 3 was offered";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ZeRO"), std::string::npos) << e.what();
-  }
+  EXPECT_NE(refusal(KeelJob("7B", 64, 512), c).find("--zero 3 with --pp 4"), std::string::npos);
+  // gpt2-xl's 25 heads take tp 5, its vocabulary padded to 50304 does not; Llama 3 8B's 32 heads
+  // take tp 16, its 8 kv heads do not. The old search offered both.
+  Constraints tp5;
+  tp5.tp = 5;
+  EXPECT_NE(refusal(KeelJob("gpt2-xl", 5, 10), tp5).find("50304"), std::string::npos);
+  Constraints tp16;
+  tp16.tp = 16;
+  EXPECT_NE(refusal(KeelJob("llama3-8b", 16, 64), tp16).find("keel train refuses"),
+            std::string::npos);
 }
 
 TEST(Memory, KeelAccountingIsExactlyWhatTheTrainerAllocates) {

@@ -85,7 +85,8 @@ int HeadsFromFolderConfig(const std::string& path) {
   const std::string config = ConfigBeside(path);
   if (!std::filesystem::exists(config)) return 0;
   const nlohmann::json j = nlohmann::json::parse(ReadWholeFile(config), nullptr, false);
-  if (!j.is_object() || j.value("model_type", "") != "gpt2") return 0;  // another model's
+  if (!j.is_object() || !j.contains("model_type") || j.at("model_type") != "gpt2")
+    return 0;  // another model's
   auto refuse = [&](const char* key, const std::string& what) {
     ThrowBadInput(config + ": " + key + ": " + j.at(key).dump() + ": " + what +
                   " (keel's GPT-2 computes the tanh GELU, attention scaled by 1/sqrt(head size) "
@@ -94,9 +95,13 @@ int HeadsFromFolderConfig(const std::string& path) {
   if (j.contains("activation_function") && j.at("activation_function") != "gelu_new" &&
       j.at("activation_function") != "gelu_pytorch_tanh")
     refuse("activation_function", "not the tanh GELU");
-  if (j.value("scale_attn_by_inverse_layer_idx", false))
+  // A flag other than the default (or not a boolean at all) is refused.
+  auto flag_is = [&](const char* key, bool fallback) {
+    return !j.contains(key) || j.at(key).is_null() || j.at(key) == fallback;
+  };
+  if (!flag_is("scale_attn_by_inverse_layer_idx", false))
     refuse("scale_attn_by_inverse_layer_idx", "attention scaled per layer");
-  if (!j.value("scale_attn_weights", true)) refuse("scale_attn_weights", "unscaled attention");
+  if (!flag_is("scale_attn_weights", true)) refuse("scale_attn_weights", "unscaled attention");
   if (j.contains("layer_norm_epsilon") &&
       (!j.at("layer_norm_epsilon").is_number() ||
        std::abs(j.at("layer_norm_epsilon").get<double>() - 1e-5) > 1e-12))

@@ -10,8 +10,9 @@
 //   vocab   keel pads wte to a multiple of 128 rows; the file holds the real vocabulary only.
 // The classifier is tied to wte in both; "lm_head.weight", when a file has it, must equal wte.
 // n_head is not visible in the shapes: it comes from the metadata ("n_head", which the export
-// writes), else from the GPT-2 family's widths (768/1024/1280/1600 → 12/16/20/25), else from the
-// caller.
+// writes), else from the config.json beside a model.safetensors (a Hugging Face folder; settings
+// keel's GPT-2 does not compute, as the erf GELU, are refused), else from the caller, else from
+// the GPT-2 family's widths (768/1024/1280/1600 → 12/16/20/25).
 //
 //   WriteHfGpt2("gpt2.safetensors", cfg, layout, master);
 //   LoadedModel m = ReadHfGpt2("gpt2.safetensors");    // m.config inferred, m.weights keel's

@@ -131,11 +131,17 @@ void MergePeftAdapter(const std::string& dir, const model::ModelConfig& cfg,
       !c.contains("lora_alpha") || !c["lora_alpha"].is_number())
     ThrowBadInput(config_path + ": expected a positive integer \"r\" and a number \"lora_alpha\"");
   // Per-module ranks and alphas would merge those modules at the wrong scale (the shapes of an
-  // alpha_pattern still fit); keel's merge has one rank and one alpha.
-  for (const char* key : {"alpha_pattern", "rank_pattern"})
-    if (c.contains(key) && !c[key].is_null() && !(c[key].is_object() && c[key].empty()))
+  // alpha_pattern still fit); keel's merge has one rank and one alpha. A pattern that repeats
+  // them changes nothing.
+  for (const auto& [key, global] : {std::pair{"alpha_pattern", c["lora_alpha"]},
+                                    std::pair{"rank_pattern", c.value("r", nlohmann::json())}}) {
+    if (!c.contains(key) || c[key].is_null()) continue;
+    bool uniform = c[key].is_object();
+    for (const auto& v : c[key]) uniform = uniform && v.is_number() && v == global;
+    if (!uniform)
       ThrowBadInput(config_path + ": " + key + ": " + c[key].dump() +
                     ": per-module ranks and alphas are not supported (one r and one lora_alpha)");
+  }
   if (c.contains("use_rslora") && !c["use_rslora"].is_boolean())
     ThrowBadInput(config_path + ": use_rslora: expected true or false");
   const int r = c["r"].get<int>();

@@ -102,15 +102,22 @@ LoaderState BatchLoader::state() const {
 namespace {
 
 // The sources' content as their meta.json records it: the shards' token, index and mask hashes in
-// order, hashed. "" when a source has none (a flat file).
+// order, hashed. A flat file has none: its size stands in (the blend's other sources keep their
+// protection); "" when no source has any.
 std::string ContentHash(const std::vector<const TokenDataset*>& sources) {
   std::string all;
+  bool any = false;
   for (const TokenDataset* ds : sources) {
     const DatasetMeta* meta = ds->meta();
-    if (!meta) return "";
+    if (!meta) {
+      all += "flat:" + std::to_string(ds->size()) + "|";
+      continue;
+    }
+    any = true;
     for (const ShardMeta& s : meta->shards) all += s.xxh3 + s.index_xxh3 + s.mask_xxh3 + ";";
     all += "|";
   }
+  if (!any) return "";
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(XXH3_64bits(all.data(), all.size())));
@@ -164,7 +171,7 @@ void BatchLoader::restore(const LoaderState& st) {
       st.content_xxh3 != here.content_xxh3)
     differs(
         "content_xxh3 (the shards' hashes in meta.json: prepared again with other tokens of the "
-        "same count?)",
+        "same count, or cut into other shards?)",
         st.content_xxh3, here.content_xxh3);
   position_ = st.position;
   local_offset_ = 0;

@@ -131,7 +131,8 @@ void CheckLayout(const Job& job, const Layout& l) {
     ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = cp = 1 (got zero " +
                   std::to_string(l.zero) + ", tp " + std::to_string(l.tp) + ", pp " +
                   std::to_string(l.pp) + ", cp " + std::to_string(l.cp) + ")");
-  if (const std::string why = model::TpQuantProblem(ToModelConfig(job.model), l.tp); !why.empty())
+  const model::ModelConfig cfg = ToModelConfig(job.model);
+  if (const std::string why = model::TpQuantProblem(cfg, l.tp); !why.empty())
     ThrowBadInput("plan: --lora-base nf4: " + why);
 
   // The checks the trainer makes too, in one place, over the micro-batches the planner counts and
@@ -143,7 +144,7 @@ void CheckLayout(const Job& job, const Layout& l) {
               .n_layer = job.model.layers,
               .n_kv_head = job.model.kv_heads,
               .ffn_hidden = job.model.ffn,
-              .padded_vocab = ToModelConfig(job.model).padded_vocab(),
+              .padded_vocab = cfg.padded_vocab(),
               .global_batch = job.global_batch,
               .seq_len = job.model.seq},
              "plan: ");

@@ -127,8 +127,9 @@ struct Job {
 // Throws bad input, one line with the numbers, if the layout cannot run this job: micro-batch >= 1,
 // LoRA's ZeRO 0, 1 or 3 and an nf4 base's whole groups under tp,
 // and the trainer's own checks (parallel::Layout::Validate: dims >= 1, zero stage,
-// world = tp*pp*dp, heads % tp, layers % pp, global batch % (dp*micro_batch), sp, virtual stages,
-// the pipeline's ZeRO and micro-batches).
+// world = tp*pp*dp, heads, kv heads and the padded vocabulary % tp, layers % pp, global batch %
+// (dp*micro_batch), sp, virtual stages, the pipeline's ZeRO and micro-batches). Search keeps to
+// the layouts it passes.
 void CheckLayout(const Job& job, const Layout& l);
 
 }  // namespace keel::plan

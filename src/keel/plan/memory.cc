@@ -80,15 +80,15 @@ const ParamSizes& Sizes(const ModelSpec& m) {
       key.lora_targets == m.lora_targets && key.lora_base == m.lora_base &&
       key.lora_dora == m.lora_dora)
     return sizes;
-  const auto layout = model::ParamLayout::Whole(ToModelConfig(m));
+  const model::ModelConfig cfg = ToModelConfig(m);
+  const auto layout = model::ParamLayout::Whole(cfg);
   sizes.embed = double(layout.layer_start(0));  // wte (+ GPT-2's wpe)
   sizes.per_layer = double(layout.layer_start(1) - layout.layer_start(0));
   sizes.ln_f = double(layout.total() - layout.layer_start(m.layers));
-  sizes.wte_replica = ToModelConfig(m).tied() ? double(layout.Find("wte.weight").numel) : 0;
+  sizes.wte_replica = cfg.tied() ? double(layout.Find("wte.weight").numel) : 0;
   sizes.total = double(layout.total());
   sizes.trainable = sizes.trainable_whole = 0;
   sizes.frozen_matmul = 0;
-  const model::ModelConfig cfg = ToModelConfig(m);
   for (const model::ParamInfo& p : layout.params()) {
     if (!model::IsLoraParam(p.name)) continue;
     sizes.trainable += double(p.numel);

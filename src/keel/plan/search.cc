@@ -100,6 +100,9 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
   if (diloco && (c.zero > 0 || c.tp > 1 || c.pp > 1 || c.cp > 1))
     ThrowBadInput("plan: DiLoCo runs with ZeRO 0 and tp = pp = cp = 1");
   const int v = c.virtual_stages;
+  if (c.pp > 1 && c.zero >= 2)
+    ThrowBadInput("plan: --zero " + n(c.zero) + " with --pp " + n(c.pp) +
+                  ": pipeline stages take ZeRO 0 or 1 (their gradients are not sharded)");
   if (v < 1) ThrowBadInput("plan: --virtual-stages " + n(v) + ": expected >= 1");
   if (v > 1 && c.pp > 0 && job.model.layers % (long(c.pp) * v))
     ThrowBadInput("plan: layers " + n(job.model.layers) + " % (pp " + n(c.pp) +
@@ -175,7 +178,12 @@ std::vector<Estimate> Search(const Job& job, const Constraints& c) {
       }
     }
   }
-  if (out.empty() && !refused.empty()) ThrowBadInput(refused);
+  // The trainer's words name its config keys ([parallel] zero, ...): said as the reason.
+  if (out.empty() && !refused.empty())
+    ThrowBadInput(
+        "plan: every layout that meets the request is one keel train refuses; the "
+        "first: " +
+        refused);
   if (out.empty())
     ThrowBadInput("plan: no layout of " + std::to_string(world) +
                   " accelerators satisfies the request (global batch " +

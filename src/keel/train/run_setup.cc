@@ -152,9 +152,10 @@ void CheckOneTokenizer(const std::vector<std::pair<std::string, const data::Toke
   };
   const auto& [first_what, first] = all.front();
   for (const auto& [what, d] : all) {
-    const bool named = d->meta() == nullptr || first->meta() == nullptr ||
-                       (d->meta()->tokenizer.rfind("hf:", 0) != 0 &&
-                        first->meta()->tokenizer.rfind("hf:", 0) != 0);
+    auto json_file = [](const data::TokenDataset* x) {  // named by its path, not its name
+      return x->meta() && x->meta()->tokenizer.rfind("hf:", 0) == 0;
+    };
+    const bool named = !json_file(d) && !json_file(first);
     const bool same =
         d->vocab_size() == first->vocab_size() && d->eos_id() == first->eos_id() &&
         (!named || data::TokenizerSpec(d->meta()) == data::TokenizerSpec(first->meta()));
