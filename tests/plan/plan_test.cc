@@ -136,6 +136,24 @@ TEST(Search, OffersOnlyLayoutsTheTrainerRuns) {
             std::string::npos);
 }
 
+// The paper's estimate counts keel's own sums too: DiLoCo's anchor and momentum (8 bytes a
+// parameter, 16 streaming) and the int8 wire's residual (4) were left out, and a layout that
+// does not fit was called one that does.
+TEST(Memory, PaperEstimateCountsDiLoCoAndTheInt8Residual) {
+  Job job = KeelJob("7B", 8, 64);
+  const Layout l = Layout::Of({8, 1, 1, 0, 1}, 1, Recompute::kFull, false, 1);
+  const double psi = ParamsPerRank(job.model, 1, 1);
+  const double plain = EstimateMemory(job, l).used();
+  job.diloco_inner_steps = 50;
+  EXPECT_NEAR(EstimateMemory(job, l).used() - plain, 8 * psi, 1);
+  job.diloco_streaming = true;
+  EXPECT_NEAR(EstimateMemory(job, l).used() - plain, 16 * psi, 1);
+  job.diloco_inner_steps = 0;
+  job.diloco_streaming = false;
+  job.grad_comm = parallel::GradWire::kInt8;
+  EXPECT_NEAR(EstimateMemory(job, l).used() - plain, 4 * psi, 1);
+}
+
 TEST(Memory, KeelAccountingIsExactlyWhatTheTrainerAllocates) {
   Job job = KeelJob("gpt2", 1, 4);
   job.accounting = Accounting::kKeel;

@@ -248,6 +248,11 @@ MemoryBreakdown EstimateMemory(const Job& job, const Layout& l) {
     const double per_layer_params = psi / std::max(1, m.layers / l.pp);
     mem.comm_buffers += 2 * per_layer_params * bpp.weights;
   }
+  // keel's own sums beside the paper's (what StateBytesPerRank allocates, counted with the ZeRO
+  // buffers there): DiLoCo's anchor and momentum (8 bytes a parameter, 16 streaming) and an int8
+  // wire's fp32 residual (4 bytes a gradient element when there is a sum to make).
+  if (job.diloco_inner_steps > 0) mem.comm_buffers += (job.diloco_streaming ? 16 : 8) * psi;
+  if (job.grad_comm == parallel::GradWire::kInt8 && l.replicas() > 1) mem.comm_buffers += 4 * psi;
   return mem;
 }
 
