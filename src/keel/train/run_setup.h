@@ -29,25 +29,13 @@
 #include "keel/train/checkpointing.h"
 #include "keel/train/config.h"
 #include "keel/train/evaluation.h"
+#include "keel/train/run_data.h"
 #include "keel/train/shard_check.h"
 #include "keel/train/step.h"
 #include "keel/train/step_report.h"
 #include "keel/train/trainer.h"
 
 namespace keel::train {
-
-// The run's data: the training sources (a blend, or one plain dataset) and the validation set,
-// opened and checked against the model's vocabulary, with this data-parallel rank's loader.
-struct RunData {
-  std::vector<DataSource> sources;
-  std::vector<data::TokenDataset> train_ds;
-  std::vector<const data::TokenDataset*> train_ptrs;
-  std::vector<double> weights;
-  std::unique_ptr<data::TokenDataset> val_ds;
-  std::unique_ptr<data::BatchLoader> loader;
-  // The validation windows (evaluation.h): the same ones at every validation and in `keel eval`.
-  std::optional<EvalPlan> val_plan;
-};
 
 // What Run's setup refuses that one process can check alone, for `world` ranks: the config and
 // layout, KEEL_FAULT, and (with `open_data`) the datasets against the model. keel launch runs it
