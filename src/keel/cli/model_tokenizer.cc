@@ -14,10 +14,13 @@ namespace fs = std::filesystem;
 std::optional<train::RunConfig> RunConfigOf(const std::string& source) {
   fs::path p = fs::path(source).lexically_normal();
   if (!p.has_filename()) p = p.parent_path();  // "RUN/checkpoints/step_N/"
-  // A run folder, a checkpoint in it, or its model file (RUN/model.safetensors).
-  const std::vector<fs::path> dirs = fs::is_directory(p)
-                                         ? std::vector<fs::path>{p, p.parent_path().parent_path()}
-                                         : std::vector<fs::path>{p.parent_path()};
+  // A run folder, a checkpoint in it, or its model file (RUN/model.safetensors: another file
+  // beside a config.toml is not taken for a run's).
+  std::vector<fs::path> dirs;
+  if (fs::is_directory(p))
+    dirs = {p, p.parent_path().parent_path()};
+  else if (p.filename() == "model.safetensors")
+    dirs = {p.parent_path()};
   for (const fs::path& dir : dirs) {
     const fs::path config = dir / "config.toml";
     if (fs::exists(config)) return train::LoadConfig(config.string(), {});

@@ -17,8 +17,8 @@
 namespace keel::cli {
 
 // The run a source belongs to: a run folder's config.toml, a checkpoint's run (two levels up:
-// RUN/checkpoints/step_N) or a model file's (the folder it is in). None for a file or folder
-// outside a run.
+// RUN/checkpoints/step_N) or its model.safetensors's (the folder it is in). None for a file or
+// folder outside a run.
 std::optional<train::RunConfig> RunConfigOf(const std::string& source);
 
 struct KnownTokenizer {
